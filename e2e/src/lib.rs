@@ -1,0 +1,41 @@
+//! palisade-lab: a Kubernetes node on one Linux machine, for trying Palisade
+//! and for its end-to-end tests.
+//!
+//! Pods are network namespaces wired by the real CNI chain (ptp + host-local,
+//! then palisade-cni), the real controller reads the lab's manifests, the
+//! real enforcer runs in the node's namespace, and probes send real traffic.
+//!
+//! ```no_run
+//! use palisade_e2e::{Lab, LabConfig, Scenario};
+//! let scenario = Scenario::from_file("examples/quickstart.yaml".as_ref())?;
+//! let mut lab = Lab::start(LabConfig::default())?;
+//! let report = palisade_e2e::run_scenario(&mut lab, &scenario, &mut std::io::stdout());
+//! lab.shutdown()?;
+//! assert!(report?.passed());
+//! # Ok::<(), anyhow::Error>(())
+//! ```
+//!
+//! The API is synchronous (the lab owns its tokio runtime); call it from
+//! plain threads and `#[test]`s, not from inside an async runtime.
+
+pub mod cancel;
+pub mod cni;
+pub mod grpc;
+pub mod lab;
+pub mod listener;
+pub mod manifests;
+pub mod netns;
+pub mod preflight;
+pub mod probe;
+pub mod process;
+pub mod realized;
+pub mod report;
+pub mod runner;
+pub mod scenario;
+
+pub use cancel::{Cancel, Interrupted};
+pub use lab::{Footprint, Lab, LabConfig};
+pub use probe::Outcome;
+pub use report::Report;
+pub use runner::run_scenario;
+pub use scenario::{Object, ObjectKey, PodName, ProbeSpec, Protocol, Scenario, Verdict};

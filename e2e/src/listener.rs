@@ -1,0 +1,99 @@
+//! The servers inside each pod: an echo on every declared port.
+//!
+//! Sockets are created on a thread inside the pod's namespace (a socket
+//! belongs to the namespace it was created in, for good) and then served on
+//! the lab's tokio runtime, so one runtime serves every pod.
+
+use std::net::{Ipv4Addr, SocketAddr};
+
+use anyhow::{Context, Result};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::runtime::Handle;
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::netns::NetNs;
+use crate::scenario::{Protocol, ServedPort};
+
+/// The servers of one pod; dropping it stops them and closes their sockets.
+#[derive(Default)]
+pub struct Listeners {
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Listeners {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+enum Bound {
+    Tcp(std::net::TcpListener),
+    Udp(std::net::UdpSocket),
+}
+
+/// Binds every TCP and UDP port in `ns` and serves them. SCTP ports are
+/// skipped: std has no SCTP sockets, and scenarios cannot probe SCTP.
+pub fn start(rt: &Handle, ns: &NetNs, ports: &[ServedPort]) -> Result<Listeners> {
+    let bound = ns.run(|| {
+        ports
+            .iter()
+            .filter(|p| p.protocol != Protocol::Sctp)
+            .map(|p| {
+                let addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, p.port));
+                let sock = match p.protocol {
+                    Protocol::Tcp => std::net::TcpListener::bind(addr).map(Bound::Tcp),
+                    _ => std::net::UdpSocket::bind(addr).map(Bound::Udp),
+                };
+                sock.with_context(|| format!("binding {} {addr} in netns {}", p.protocol, ns.name()))
+            })
+            .collect::<Result<Vec<_>>>()
+    })??;
+    let _guard = rt.enter();
+    let mut listeners = Listeners::default();
+    for b in bound {
+        let task = match b {
+            Bound::Tcp(l) => {
+                l.set_nonblocking(true)?;
+                rt.spawn(serve_tcp(tokio::net::TcpListener::from_std(l)?))
+            }
+            Bound::Udp(s) => {
+                s.set_nonblocking(true)?;
+                rt.spawn(serve_udp(tokio::net::UdpSocket::from_std(s)?))
+            }
+        };
+        listeners.tasks.push(task);
+    }
+    Ok(listeners)
+}
+
+async fn serve_tcp(listener: tokio::net::TcpListener) {
+    // Connections live in this set, so aborting the accept task closes them.
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((mut stream, _)) = accepted else { continue };
+                conns.spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n) = stream.read(&mut buf).await {
+                        if n == 0 || stream.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+}
+
+async fn serve_udp(socket: tokio::net::UdpSocket) {
+    let mut buf = [0u8; 65536];
+    loop {
+        if let Ok((n, peer)) = socket.recv_from(&mut buf).await {
+            let _ = socket.send_to(&buf[..n], peer).await;
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! palisade-lab: runs a scenario on a lab node built on this machine.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use palisade_e2e::preflight::{Missing, NotRoot};
+use palisade_e2e::{run_scenario, Cancel, Interrupted, Lab, LabConfig, Scenario};
+
+/// Exit codes, stable for scripts and CI.
+const EXIT_FAILED: u8 = 1;
+const EXIT_CANNOT_RUN: u8 = 2;
+const EXIT_LAB_ERROR: u8 = 3;
+const EXIT_INTERRUPTED: u8 = 130;
+
+#[derive(Parser)]
+#[command(
+    name = "palisade-lab",
+    about = "A Kubernetes node on this machine: netns pods, the CNI chain, the Palisade controller and enforcer, real traffic",
+    after_help = "Exit codes: 0 every expectation met, 1 an expectation failed, 2 cannot run (not root, missing pieces, bad scenario), 3 the lab failed, 130 interrupted."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Build a lab, play the scenario, print the probe table, clean up.
+    Run {
+        scenario: PathBuf,
+        /// Where palisade-controller, palisade-enforcer and palisade-cni are
+        /// [default: the directory of this executable].
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+        /// Where the standard CNI plugins (ptp, host-local) are.
+        #[arg(long, default_value = "/usr/lib/cni")]
+        cni_bin_dir: PathBuf,
+        /// Keep the process logs after the run and print where they are.
+        #[arg(long)]
+        keep_logs: bool,
+        /// Seconds to wait for each change to be realized on the node.
+        #[arg(long, default_value_t = 30)]
+        realize_timeout: u64,
+        /// Plain ptp networking, no Palisade process: checks the lab itself.
+        #[arg(long)]
+        baseline: bool,
+    },
+    /// Check a scenario file without building anything.
+    Validate { scenario: PathBuf },
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Cmd::Validate { scenario } => match Scenario::from_file(&scenario) {
+            Ok(s) => {
+                let probes: usize = s.steps.iter().map(|s| s.probes.len()).sum();
+                println!(
+                    "{}: ok ({} objects, {} steps, {probes} probes)",
+                    scenario.display(),
+                    s.objects.len(),
+                    s.steps.len()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("palisade-lab: {e:#}");
+                ExitCode::from(EXIT_CANNOT_RUN)
+            }
+        },
+        Cmd::Run {
+            scenario,
+            bin_dir,
+            cni_bin_dir,
+            keep_logs,
+            realize_timeout,
+            baseline,
+        } => {
+            let mut config = LabConfig {
+                cni_bin_dir,
+                keep_logs,
+                with_palisade: !baseline,
+                realize_timeout: Duration::from_secs(realize_timeout),
+                ..LabConfig::default()
+            };
+            if let Some(dir) = bin_dir {
+                config.bin_dir = dir;
+            }
+            ExitCode::from(run(&scenario, config))
+        }
+    }
+}
+
+fn run(path: &std::path::Path, config: LabConfig) -> u8 {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("palisade-lab: {NotRoot}");
+        return EXIT_CANNOT_RUN;
+    }
+    let scenario = match Scenario::from_file(path) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("palisade-lab: {e:#}");
+            return EXIT_CANNOT_RUN;
+        }
+    };
+    watch_signals(config.cancel.clone());
+    let keep_logs = config.keep_logs;
+    let mut lab = match Lab::start(config) {
+        Ok(lab) => lab,
+        Err(e) if e.is::<Interrupted>() => {
+            eprintln!("palisade-lab: interrupted");
+            return EXIT_INTERRUPTED;
+        }
+        Err(e) => {
+            eprintln!("palisade-lab: {e:#}");
+            return if e.chain().any(|c| c.is::<Missing>() || c.is::<NotRoot>()) {
+                EXIT_CANNOT_RUN
+            } else {
+                EXIT_LAB_ERROR
+            };
+        }
+    };
+    println!(
+        "lab {} (node {}, logs {})",
+        lab.id(),
+        lab.node_name(),
+        lab.log_dir().display()
+    );
+    let result = run_scenario(&mut lab, &scenario, &mut std::io::stdout());
+    let code = match &result {
+        Ok(report) => {
+            println!("{}", report.summary());
+            if report.passed() {
+                0
+            } else {
+                EXIT_FAILED
+            }
+        }
+        Err(e) if e.is::<Interrupted>() => {
+            eprintln!("palisade-lab: interrupted, cleaning up");
+            EXIT_INTERRUPTED
+        }
+        Err(e) => {
+            eprintln!("palisade-lab: {e:#}");
+            EXIT_LAB_ERROR
+        }
+    };
+    if code != 0 && !keep_logs {
+        eprint!("{}", lab.log_tails(40));
+    }
+    let log_dir = lab.log_dir().to_path_buf();
+    if let Err(e) = lab.shutdown() {
+        eprintln!("palisade-lab: {e:#}");
+        return if code == 0 { EXIT_LAB_ERROR } else { code };
+    }
+    if keep_logs {
+        println!("logs kept in {}", log_dir.display());
+    }
+    code
+}
+
+/// SIGINT/SIGTERM only set the cancel flag: the main thread notices at its
+/// next wait and tears the lab down in order.
+fn watch_signals(cancel: Cancel) {
+    std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+            return;
+        };
+        rt.block_on(async {
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+                return;
+            };
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            eprintln!("palisade-lab: signal received, stopping and cleaning up");
+            cancel.cancel();
+        });
+    });
+}

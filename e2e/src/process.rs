@@ -1,0 +1,239 @@
+//! Child processes: the long-running controller and enforcer, and one-shot
+//! CNI plugin runs.
+//!
+//! Every child gets its own process group, so a Ctrl-C on the terminal
+//! reaches only the lab, which then tears its children down in order (the CNI
+//! DELs need a live enforcer).
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use crate::cancel::Cancel;
+use crate::netns::NetNs;
+
+const POLL: Duration = Duration::from_millis(20);
+
+/// Makes `cmd` start inside `ns` and in its own process group.
+pub fn prepare(cmd: &mut Command, ns: Option<&NetNs>) -> Result<Option<File>> {
+    cmd.process_group(0);
+    let Some(ns) = ns else { return Ok(None) };
+    let file = ns.open()?;
+    let fd = file.as_raw_fd();
+    // SAFETY: setns is async-signal-safe, and the fd stays open until the
+    // caller drops the returned File after spawn.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(Some(file))
+}
+
+/// A long-running child whose output goes to a log file.
+pub struct Daemon {
+    name: String,
+    child: Child,
+    log: PathBuf,
+    exited: Option<ExitStatus>,
+}
+
+impl Daemon {
+    pub fn spawn(name: &str, mut cmd: Command, ns: Option<&NetNs>, log: &Path) -> Result<Self> {
+        let out = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("opening log {}", log.display()))?;
+        let err = out.try_clone()?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        let ns_file = prepare(&mut cmd, ns)?;
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {name} ({:?})", cmd.get_program()))?;
+        drop(ns_file);
+        Ok(Self {
+            name: name.to_string(),
+            child,
+            log: log.to_path_buf(),
+            exited: None,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// Fails, with the end of the log, if the process has exited.
+    pub fn check_running(&mut self) -> Result<()> {
+        if let Some(status) = self.poll_exit() {
+            bail!(
+                "{} exited ({status}); last lines of {}:\n{}",
+                self.name,
+                self.log.display(),
+                tail(&self.log, 30)
+            );
+        }
+        Ok(())
+    }
+
+    fn poll_exit(&mut self) -> Option<ExitStatus> {
+        if self.exited.is_none() {
+            self.exited = self.child.try_wait().ok().flatten();
+        }
+        self.exited
+    }
+
+    /// SIGTERM, then SIGKILL once `grace` is over; always reaps the child.
+    pub fn stop(&mut self, grace: Duration) -> Result<()> {
+        if self.poll_exit().is_some() {
+            return Ok(());
+        }
+        let pid = Pid::from_raw(self.child.id() as i32);
+        let _ = kill(pid, Signal::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if self.poll_exit().is_some() {
+                return Ok(());
+            }
+            std::thread::sleep(POLL);
+        }
+        let _ = self.child.kill();
+        let status = self
+            .child
+            .wait()
+            .with_context(|| format!("waiting for {}", self.name))?;
+        self.exited = Some(status);
+        bail!(
+            "{} did not stop within {grace:?} of SIGTERM and was killed",
+            self.name
+        )
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.poll_exit().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+pub struct Finished {
+    pub status: ExitStatus,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// Runs a one-shot command with `input` on stdin, killing it after
+/// `timeout` or when the lab is cancelled.
+pub fn run_with_input(
+    mut cmd: Command,
+    ns: Option<&NetNs>,
+    input: &[u8],
+    timeout: Duration,
+    cancel: &Cancel,
+) -> Result<Finished> {
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    // Output goes to anonymous files, not pipes, so a chatty child can never
+    // block on a full pipe while we wait for it.
+    let mut out = tempfile::tempfile()?;
+    let mut err = tempfile::tempfile()?;
+    cmd.stdin(Stdio::piped())
+        .stdout(out.try_clone()?)
+        .stderr(err.try_clone()?);
+    let ns_file = prepare(&mut cmd, ns)?;
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("starting {program}"))?;
+    drop(ns_file);
+    let write_result = child.stdin.take().map(|mut s| s.write_all(input));
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if Instant::now() >= deadline || cancel.is_cancelled() {
+            let _ = child.kill();
+            let _ = child.wait();
+            if cancel.is_cancelled() {
+                return Err(crate::cancel::Interrupted.into());
+            }
+            bail!("{program} did not finish within {timeout:?} and was killed");
+        }
+        std::thread::sleep(POLL);
+    };
+    // A plugin that exits without reading stdin makes the write fail; its
+    // exit status is the real answer then.
+    if let Some(Err(e)) = write_result {
+        if status.success() {
+            return Err(e).with_context(|| format!("writing stdin of {program}"));
+        }
+    }
+    Ok(Finished {
+        status,
+        stdout: read_all(&mut out)?,
+        stderr: read_all(&mut err)?,
+    })
+}
+
+fn read_all(f: &mut File) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    f.seek(SeekFrom::Start(0))?;
+    f.read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+/// The last `lines` lines of a log file, for error messages.
+pub fn tail(path: &Path, lines: usize) -> String {
+    match std::fs::read(path) {
+        Ok(data) => {
+            let text = String::from_utf8_lossy(&data);
+            let all: Vec<&str> = text.lines().collect();
+            let start = all.len().saturating_sub(lines);
+            if all.is_empty() {
+                "  (empty)".to_string()
+            } else {
+                all[start..]
+                    .iter()
+                    .map(|l| format!("  | {l}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            }
+        }
+        Err(e) => format!("  (cannot read: {e})"),
+    }
+}
+
+/// Whether a process with this pid still exists (zombies count as gone).
+pub fn is_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            // The state follows the parenthesised command name, which may
+            // itself contain spaces or parentheses.
+            let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+            !matches!(state, Some('Z') | Some('X') | None)
+        }
+        Err(_) => false,
+    }
+}

@@ -1,0 +1,708 @@
+//! The scenario file: the Kubernetes objects a lab starts with, then steps
+//! that change them and probe real traffic.
+//!
+//! Everything is validated here, before the lab builds anything, so a typo
+//! costs a clear message instead of a half-built node.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// Probe timeout when the scenario does not set `timeoutMs`.
+pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "TCP" => Some(Self::Tcp),
+            "UDP" => Some(Self::Udp),
+            "SCTP" => Some(Self::Sctp),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "TCP",
+            Self::Udp => "UDP",
+            Self::Sctp => "SCTP",
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    Namespace,
+    Pod,
+    NetworkPolicy,
+}
+
+impl Kind {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "Namespace" => Some(Self::Namespace),
+            "Pod" => Some(Self::Pod),
+            "NetworkPolicy" => Some(Self::NetworkPolicy),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Namespace => "Namespace",
+            Self::Pod => "Pod",
+            Self::NetworkPolicy => "NetworkPolicy",
+        }
+    }
+
+    fn api_version(self) -> &'static str {
+        match self {
+            Self::Namespace | Self::Pod => "v1",
+            Self::NetworkPolicy => "networking.k8s.io/v1",
+        }
+    }
+
+    fn namespaced(self) -> bool {
+        !matches!(self, Self::Namespace)
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Identifies one object. `namespace` is `None` exactly for namespaces.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey {
+    pub kind: Kind,
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn pod(name: &PodName) -> Self {
+        Self {
+            kind: Kind::Pod,
+            namespace: Some(name.namespace.clone()),
+            name: name.name.clone(),
+        }
+    }
+
+    pub fn pod_name(&self) -> Option<PodName> {
+        match (self.kind, &self.namespace) {
+            (Kind::Pod, Some(ns)) => Some(PodName {
+                namespace: ns.clone(),
+                name: self.name.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// The namespace this object lives in, or names, for a Namespace.
+    pub fn namespace_scope(&self) -> &str {
+        self.namespace.as_deref().unwrap_or(&self.name)
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {}/{}", self.kind, ns, self.name),
+            None => write!(f, "{} {}", self.kind, self.name),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl PodName {
+    /// Parses `namespace/name`.
+    pub fn parse(s: &str) -> Result<Self> {
+        let (namespace, name) = s
+            .split_once('/')
+            .filter(|(ns, n)| !ns.is_empty() && !n.is_empty() && !n.contains('/'))
+            .ok_or_else(|| anyhow!("expected <namespace>/<pod>, got {s:?}"))?;
+        Ok(Self {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        })
+    }
+}
+
+impl fmt::Display for PodName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A port a pod serves: the lab listens on it and echoes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServedPort {
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+/// A validated Kubernetes object. `body` is the object as given, with
+/// defaults (apiVersion, metadata.namespace) filled in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Object {
+    key: ObjectKey,
+    body: Value,
+    ports: Vec<ServedPort>,
+}
+
+impl Object {
+    /// Validates one object; errors name the offending field.
+    pub fn from_value(value: Value) -> Result<Self> {
+        let mut body = match value {
+            Value::Object(map) => map,
+            other => bail!("expected a Kubernetes object (a mapping), got {other}"),
+        };
+        let kind_str = body
+            .get("kind")
+            .and_then(Value::as_str)
+            .ok_or_else(|| anyhow!("kind: missing or not a string"))?;
+        let kind = Kind::parse(kind_str).ok_or_else(|| {
+            anyhow!("kind: {kind_str:?} is not supported by the lab (Namespace, Pod, NetworkPolicy)")
+        })?;
+        match body.get("apiVersion") {
+            None => {
+                body.insert("apiVersion".into(), kind.api_version().into());
+            }
+            Some(Value::String(v)) if v == kind.api_version() => {}
+            Some(other) => bail!(
+                "apiVersion: {kind} must be {:?}, got {other}",
+                kind.api_version()
+            ),
+        }
+        let metadata = body
+            .get_mut("metadata")
+            .and_then(Value::as_object_mut)
+            .ok_or_else(|| anyhow!("metadata: missing or not a mapping"))?;
+        let name = metadata
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| anyhow!("metadata.name: missing or not a string"))?
+            .to_string();
+        check_name("metadata.name", &name)?;
+        let namespace = if kind.namespaced() {
+            let ns = match metadata.get("namespace") {
+                None => "default".to_string(),
+                Some(Value::String(ns)) => ns.clone(),
+                Some(other) => bail!("metadata.namespace: expected a string, got {other}"),
+            };
+            check_name("metadata.namespace", &ns)?;
+            metadata.insert("namespace".into(), ns.clone().into());
+            Some(ns)
+        } else {
+            if metadata.contains_key("namespace") {
+                bail!("metadata.namespace: a Namespace has no namespace");
+            }
+            None
+        };
+        if let Some(labels) = metadata.get("labels") {
+            check_labels(labels)?;
+        }
+        let ports = if kind == Kind::Pod {
+            pod_ports(&body)?
+        } else {
+            Vec::new()
+        };
+        Ok(Self {
+            key: ObjectKey {
+                kind,
+                namespace,
+                name,
+            },
+            body: Value::Object(body),
+            ports,
+        })
+    }
+
+    pub fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+
+    pub fn body(&self) -> &Value {
+        &self.body
+    }
+
+    /// The ports the pod's containers declare (empty for other kinds).
+    pub fn ports(&self) -> &[ServedPort] {
+        &self.ports
+    }
+}
+
+fn check_name(field: &str, name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric();
+    if !ok {
+        bail!("{field}: {name:?} is not a valid Kubernetes name (lowercase letters, digits, '-' and '.', starting and ending alphanumeric)");
+    }
+    Ok(())
+}
+
+fn check_labels(labels: &Value) -> Result<()> {
+    let map = labels
+        .as_object()
+        .ok_or_else(|| anyhow!("metadata.labels: expected a mapping, got {labels}"))?;
+    for (k, v) in map {
+        if !v.is_string() {
+            bail!("metadata.labels.{k}: label values must be strings, got {v} (quote it)");
+        }
+    }
+    Ok(())
+}
+
+fn pod_ports(body: &Map<String, Value>) -> Result<Vec<ServedPort>> {
+    let containers = body
+        .get("spec")
+        .and_then(|s| s.get("containers"))
+        .ok_or_else(|| anyhow!("spec.containers: missing"))?
+        .as_array()
+        .ok_or_else(|| anyhow!("spec.containers: expected a list"))?;
+    let mut seen = BTreeSet::new();
+    let mut ports = Vec::new();
+    for (ci, container) in containers.iter().enumerate() {
+        let Some(list) = container.get("ports") else {
+            continue;
+        };
+        let list = list
+            .as_array()
+            .ok_or_else(|| anyhow!("spec.containers[{ci}].ports: expected a list"))?;
+        for (pi, p) in list.iter().enumerate() {
+            let field = format!("spec.containers[{ci}].ports[{pi}]");
+            let port = p
+                .get("containerPort")
+                .and_then(Value::as_i64)
+                .ok_or_else(|| anyhow!("{field}.containerPort: missing or not an integer"))?;
+            let port = u16::try_from(port)
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| anyhow!("{field}.containerPort: {port} is not a port (1-65535)"))?;
+            let protocol = match p.get("protocol") {
+                None => Protocol::Tcp,
+                Some(v) => v.as_str().and_then(Protocol::parse).ok_or_else(|| {
+                    anyhow!("{field}.protocol: expected TCP, UDP or SCTP, got {v}")
+                })?,
+            };
+            let served = ServedPort { port, protocol };
+            if !seen.insert(served) {
+                bail!("{field}: {protocol} port {port} is declared twice in the pod");
+            }
+            ports.push(served);
+        }
+    }
+    Ok(ports)
+}
+
+/// Where a probe goes: a pod of the lab, or a literal address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Pod(PodName),
+    Ip(IpAddr),
+}
+
+impl Target {
+    pub fn parse(s: &str) -> Result<Self> {
+        if let Ok(ip) = s.parse::<IpAddr>() {
+            return Ok(Self::Ip(ip));
+        }
+        PodName::parse(s)
+            .map(Self::Pod)
+            .map_err(|_| anyhow!("expected <namespace>/<pod> or an IP address, got {s:?}"))
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Pod(p) => p.fmt(f),
+            Self::Ip(ip) => ip.fmt(f),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Allow,
+    Deny,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allow => "allow",
+            Self::Deny => "deny",
+        }
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeSpec {
+    pub from: PodName,
+    pub to: Target,
+    pub port: u16,
+    pub protocol: Protocol,
+    pub expect: Option<Verdict>,
+    pub timeout: Duration,
+}
+
+impl ProbeSpec {
+    pub fn new(from: &str, to: &str, port: u16, protocol: Protocol) -> Result<Self> {
+        Ok(Self {
+            from: PodName::parse(from).context("from")?,
+            to: Target::parse(to).context("to")?,
+            port,
+            protocol,
+            expect: None,
+            timeout: DEFAULT_PROBE_TIMEOUT,
+        })
+    }
+
+    pub fn expect(mut self, verdict: Verdict) -> Self {
+        self.expect = Some(verdict);
+        self
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub name: String,
+    pub apply: Vec<Object>,
+    pub delete: Vec<ObjectKey>,
+    pub probes: Vec<ProbeSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scenario {
+    pub objects: Vec<Object>,
+    pub steps: Vec<Step>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScenario {
+    #[serde(default)]
+    objects: Vec<Value>,
+    #[serde(default)]
+    steps: Vec<RawStep>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStep {
+    name: Option<String>,
+    #[serde(default)]
+    apply: Vec<Value>,
+    #[serde(default)]
+    delete: Vec<RawRef>,
+    #[serde(default)]
+    probes: Vec<RawProbe>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRef {
+    kind: String,
+    namespace: Option<String>,
+    name: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawProbe {
+    from: String,
+    to: String,
+    port: i64,
+    protocol: Option<String>,
+    expect: Option<String>,
+    timeout_ms: Option<i64>,
+}
+
+impl Scenario {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading scenario {}", path.display()))?;
+        Self::from_yaml(&text).with_context(|| format!("scenario {}", path.display()))
+    }
+
+    pub fn from_yaml(text: &str) -> Result<Self> {
+        let raw: RawScenario = serde_yaml::from_str(text)?;
+        let objects = parse_objects("objects", raw.objects)?;
+        let mut steps = Vec::with_capacity(raw.steps.len());
+        for (i, step) in raw.steps.into_iter().enumerate() {
+            let name = step.name.unwrap_or_else(|| format!("step {}", i + 1));
+            let at = format!("steps[{i}] ({name:?})");
+            let apply = parse_objects(&format!("{at}.apply"), step.apply)?;
+            let delete = step
+                .delete
+                .into_iter()
+                .enumerate()
+                .map(|(j, r)| parse_ref(r).with_context(|| format!("{at}.delete[{j}]")))
+                .collect::<Result<Vec<_>>>()?;
+            let probes = step
+                .probes
+                .into_iter()
+                .enumerate()
+                .map(|(j, p)| parse_probe(p).with_context(|| format!("{at}.probes[{j}]")))
+                .collect::<Result<Vec<_>>>()?;
+            steps.push(Step {
+                name,
+                apply,
+                delete,
+                probes,
+            });
+        }
+        let scenario = Self { objects, steps };
+        scenario.check_references()?;
+        Ok(scenario)
+    }
+
+    /// Follows the objects through the steps so that a probe from a pod that
+    /// does not exist at that step, or a delete of nothing, fails before the
+    /// lab starts.
+    fn check_references(&self) -> Result<()> {
+        let mut live: BTreeSet<ObjectKey> = BTreeSet::new();
+        add_all(&mut live, &self.objects).context("objects")?;
+        for (i, step) in self.steps.iter().enumerate() {
+            let at = format!("steps[{i}] ({:?})", step.name);
+            add_all(&mut live, &step.apply).with_context(|| format!("{at}.apply"))?;
+            for (j, key) in step.delete.iter().enumerate() {
+                if !live.remove(key) {
+                    bail!("{at}.delete[{j}]: {key} does not exist at this step");
+                }
+                if key.kind == Kind::Namespace {
+                    live.retain(|k| k.namespace.as_deref() != Some(&key.name));
+                }
+            }
+            for (j, probe) in step.probes.iter().enumerate() {
+                if !live.contains(&ObjectKey::pod(&probe.from)) {
+                    bail!(
+                        "{at}.probes[{j}].from: pod {} does not exist at this step",
+                        probe.from
+                    );
+                }
+                if let Target::Pod(to) = &probe.to {
+                    if !live.contains(&ObjectKey::pod(to)) {
+                        bail!("{at}.probes[{j}].to: pod {to} does not exist at this step");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn add_all(live: &mut BTreeSet<ObjectKey>, objects: &[Object]) -> Result<()> {
+    for o in objects {
+        live.insert(o.key().clone());
+    }
+    for (i, o) in objects.iter().enumerate() {
+        if let Some(ns) = &o.key().namespace {
+            let ns_key = ObjectKey {
+                kind: Kind::Namespace,
+                namespace: None,
+                name: ns.clone(),
+            };
+            if !live.contains(&ns_key) {
+                bail!("[{i}] ({}): namespace {ns} is not declared", o.key());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn parse_objects(field: &str, values: Vec<Value>) -> Result<Vec<Object>> {
+    let mut seen = BTreeSet::new();
+    let mut objects = Vec::with_capacity(values.len());
+    for (i, v) in values.into_iter().enumerate() {
+        let o = Object::from_value(v).with_context(|| format!("{field}[{i}]"))?;
+        if !seen.insert(o.key().clone()) {
+            bail!("{field}[{i}]: {} appears twice in the list", o.key());
+        }
+        objects.push(o);
+    }
+    Ok(objects)
+}
+
+fn parse_ref(r: RawRef) -> Result<ObjectKey> {
+    let kind = Kind::parse(&r.kind).ok_or_else(|| {
+        anyhow!(
+            "kind: {:?} is not supported (Namespace, Pod, NetworkPolicy)",
+            r.kind
+        )
+    })?;
+    check_name("name", &r.name)?;
+    let namespace = match (kind.namespaced(), r.namespace) {
+        (true, Some(ns)) => {
+            check_name("namespace", &ns)?;
+            Some(ns)
+        }
+        (true, None) => Some("default".to_string()),
+        (false, None) => None,
+        (false, Some(_)) => bail!("namespace: a Namespace has no namespace"),
+    };
+    Ok(ObjectKey {
+        kind,
+        namespace,
+        name: r.name,
+    })
+}
+
+fn parse_probe(p: RawProbe) -> Result<ProbeSpec> {
+    let from = PodName::parse(&p.from).context("from")?;
+    let to = Target::parse(&p.to).context("to")?;
+    let port = u16::try_from(p.port)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| anyhow!("port: {} is not a port (1-65535)", p.port))?;
+    let protocol = match p.protocol.as_deref() {
+        None => Protocol::Tcp,
+        Some("TCP") => Protocol::Tcp,
+        Some("UDP") => Protocol::Udp,
+        Some("SCTP") => bail!("protocol: SCTP probes are not supported by the lab (TCP, UDP)"),
+        Some(other) => bail!("protocol: expected TCP or UDP, got {other:?}"),
+    };
+    let expect = match p.expect.as_deref() {
+        None => None,
+        Some("allow") => Some(Verdict::Allow),
+        Some("deny") => Some(Verdict::Deny),
+        Some(other) => bail!("expect: expected allow or deny, got {other:?}"),
+    };
+    let timeout = match p.timeout_ms {
+        None => DEFAULT_PROBE_TIMEOUT,
+        Some(ms) if (1..=60_000).contains(&ms) => Duration::from_millis(ms as u64),
+        Some(ms) => bail!("timeoutMs: {ms} is out of range (1-60000)"),
+    };
+    Ok(ProbeSpec {
+        from,
+        to,
+        port,
+        protocol,
+        expect,
+        timeout,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+objects:
+  - {apiVersion: v1, kind: Namespace, metadata: {name: x, labels: {ns: x}}}
+  - {kind: Pod, metadata: {name: a, namespace: x, labels: {app: a}}, spec: {containers: [{name: c, image: none, ports: [{containerPort: 80}, {containerPort: 53, protocol: UDP}]}]}}
+  - {kind: Pod, metadata: {name: b, namespace: x}, spec: {containers: [{name: c, image: none}]}}
+steps:
+  - name: first
+    probes:
+      - {from: x/a, to: x/b, port: 80, expect: allow}
+      - {from: x/b, to: x/a, port: 53, protocol: UDP, expect: deny, timeoutMs: 300}
+  - delete: [{kind: Pod, namespace: x, name: b}]
+    probes:
+      - {from: x/a, to: 10.0.0.1, port: 80}
+"#;
+
+    #[test]
+    fn parses_a_good_scenario() {
+        let s = Scenario::from_yaml(GOOD).unwrap();
+        assert_eq!(s.objects.len(), 3);
+        assert_eq!(
+            s.objects[1].ports(),
+            &[
+                ServedPort {
+                    port: 80,
+                    protocol: Protocol::Tcp
+                },
+                ServedPort {
+                    port: 53,
+                    protocol: Protocol::Udp
+                }
+            ]
+        );
+        assert_eq!(s.objects[1].body()["apiVersion"], "v1");
+        assert_eq!(s.steps[1].name, "step 2");
+        assert_eq!(s.steps[0].probes[1].timeout, Duration::from_millis(300));
+        assert_eq!(s.steps[0].probes[1].expect, Some(Verdict::Deny));
+        assert_eq!(s.steps[1].probes[0].to, Target::Ip("10.0.0.1".parse().unwrap()));
+    }
+
+    fn err(text: &str) -> String {
+        format!("{:#}", Scenario::from_yaml(text).unwrap_err())
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = err("objects: [{kind: Service, metadata: {name: s}}]");
+        assert!(e.contains("objects[0]") && e.contains("Service"), "{e}");
+        let e = err("objects: [{kind: Namespace, metadata: {name: x}}, {kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: [{ports: [{containerPort: 70000}]}]}}]");
+        assert!(
+            e.contains("objects[1]") && e.contains("containerPort: 70000"),
+            "{e}"
+        );
+        let e = err("steps: [{probes: [{from: a, to: x/b, port: 80}]}]");
+        assert!(e.contains("steps[0]") && e.contains("probes[0]") && e.contains("from"), "{e}");
+        let e = err("steps: [{probes: [{from: x/a, to: x/b, port: 80, expect: maybe}]}]");
+        assert!(e.contains("expect"), "{e}");
+        let e = err("stepz: []");
+        assert!(e.contains("stepz"), "{e}");
+        let e = err("objects: [{kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: []}}]");
+        assert!(e.contains("namespace x is not declared"), "{e}");
+        let e = err("objects: [{kind: Namespace, metadata: {name: x, labels: {n: 1}}}]");
+        assert!(e.contains("metadata.labels.n"), "{e}");
+    }
+
+    #[test]
+    fn references_follow_the_steps() {
+        let base = "objects: [{kind: Namespace, metadata: {name: x}}, {kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: []}}]\n";
+        let e = err(&format!(
+            "{base}steps: [{{probes: [{{from: x/a, to: x/z, port: 80}}]}}]"
+        ));
+        assert!(e.contains("pod x/z does not exist"), "{e}");
+        let e = err(&format!(
+            "{base}steps: [{{delete: [{{kind: Namespace, name: x}}], probes: [{{from: x/a, to: 10.0.0.1, port: 80}}]}}]"
+        ));
+        assert!(e.contains("pod x/a does not exist"), "{e}");
+        let e = err(&format!(
+            "{base}steps: [{{delete: [{{kind: NetworkPolicy, namespace: x, name: p}}]}}]"
+        ));
+        assert!(e.contains("NetworkPolicy x/p does not exist"), "{e}");
+    }
+}

@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Layout of every map Palisade shares with user space.  The Rust mirrors in
+ * ebpf/src/lib.rs assert the same sizes at compile time; change both or
+ * neither.
+ */
+#ifndef PALISADE_H
+#define PALISADE_H
+
+#include <linux/types.h>
+
+/* Which hook wrote a conntrack entry.  A reply is only trusted when the
+ * forward packet was allowed by the *other* hook of the same pod. */
+#define OWNER_FROM_POD 0 /* the pod's egress policy (TC ingress of host veth) */
+#define OWNER_TO_POD 1   /* the pod's ingress policy (TC egress of host veth) */
+
+/* Indices into pal_stats. */
+#define STAT_ALLOWED_POLICY 0
+#define STAT_ALLOWED_REPLY 1
+#define STAT_ALLOWED_UNISOLATED 2
+#define STAT_DENIED 3
+#define STAT_ALLOWED_NDP 4
+#define STAT_MAX 5
+
+/* LPM prefix lengths of a full (host) lookup. */
+#define POLICY_ID_BITS 32
+#define POLICY_FULL_PREFIX (POLICY_ID_BITS + 128)
+#define PORT_FULL_PREFIX (32 + 8 + 16)
+
+/* Key of pal_endpoints is the host-side veth ifindex (__u32). */
+struct endpoint {
+	__u32 ingress_policy; /* 0: not isolated for ingress */
+	__u32 egress_policy;  /* 0: not isolated for egress */
+};
+
+/* Peer address as IPv6; IPv4 is stored IPv4-mapped (::ffff:a.b.c.d) so one
+ * trie serves both families. */
+struct policy_key {
+	__u32 prefixlen;
+	__u32 policy_id;
+	__u8 addr[16];
+};
+
+struct policy_value {
+	__u32 portset_id;
+};
+
+/* Port in network order so that an aligned port range is a bit prefix. */
+struct port_key {
+	__u32 prefixlen;
+	__u32 portset_id;
+	__u8 proto;
+	__u8 port[2];
+	__u8 pad;
+};
+
+struct port_value {
+	__u32 allow;
+};
+
+struct ct_key {
+	__u8 src[16];
+	__u8 dst[16];
+	__u16 sport; /* network order */
+	__u16 dport; /* network order */
+	__u8 proto;
+	__u8 owner; /* OWNER_FROM_POD or OWNER_TO_POD */
+	__u8 pad[2];
+};
+
+struct ct_value {
+	__u64 last_seen_ns; /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
+};
+
+_Static_assert(sizeof(struct endpoint) == 8, "endpoint layout");
+_Static_assert(sizeof(struct policy_key) == 24, "policy_key layout");
+_Static_assert(sizeof(struct port_key) == 12, "port_key layout");
+_Static_assert(sizeof(struct ct_key) == 40, "ct_key layout");
+_Static_assert(sizeof(struct ct_value) == 8, "ct_value layout");
+
+#endif

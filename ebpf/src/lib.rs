@@ -1,0 +1,491 @@
+//! Palisade's TC programs and the Rust view of the maps they share with the
+//! node-enforcer.
+//!
+//! The programs live in `c/palisade.bpf.c` and are compiled by clang at build
+//! time; [`OBJECT`] is the resulting ELF, ready for `aya::EbpfLoader::load`.
+//! Every map is pinned by name, so loading with
+//! `EbpfLoader::default_map_pin_directory(dir)` shares one copy of each map
+//! at `dir/<map name>` across all loads.
+//!
+//! Addresses are always 16 bytes: IPv6 as is, IPv4 as IPv4-mapped IPv6
+//! (`::ffff:a.b.c.d`, see [`mapped_addr`]), so one trie serves both families.
+
+use std::net::{IpAddr, Ipv6Addr};
+
+use aya::maps::lpm_trie::Key;
+
+#[repr(C, align(8))]
+struct Aligned<B: ?Sized>(B);
+
+// aya parses the ELF in place, which needs the 8-byte alignment that
+// include_bytes! alone does not promise.
+static ALIGNED_OBJECT: &Aligned<[u8]> =
+    &Aligned(*include_bytes!(concat!(env!("OUT_DIR"), "/palisade.bpf.o")));
+
+/// The compiled eBPF object (ELF with BTF) holding both programs and all maps.
+pub static OBJECT: &[u8] = &ALIGNED_OBJECT.0;
+
+/// Attach at TC ingress of a pod's host-side veth: judges what the pod sends
+/// (its egress policy).
+pub const PROG_FROM_POD: &str = "palisade_from_pod";
+/// Attach at TC egress of a pod's host-side veth: judges what the pod
+/// receives (its ingress policy).
+pub const PROG_TO_POD: &str = "palisade_to_pod";
+
+/// `HashMap<u32 /*host veth ifindex*/, Endpoint>`.
+pub const MAP_ENDPOINTS: &str = "pal_endpoints";
+/// `LpmTrie<PolicyKey, PolicyValue>`.
+pub const MAP_POLICY: &str = "pal_policy";
+/// `LpmTrie<PortKey, PortValue>`.
+pub const MAP_PORTS: &str = "pal_ports";
+/// `LruHashMap<CtKey, CtValue>` (open as `aya::maps::HashMap`).
+pub const MAP_CONNTRACK: &str = "pal_conntrack";
+/// `PerCpuArray<u64>` indexed by the `STAT_*` constants.
+pub const MAP_STATS: &str = "pal_stats";
+/// Every map name, in no particular order; all are pinned by name.
+pub const MAP_NAMES: [&str; 5] = [
+    MAP_ENDPOINTS,
+    MAP_POLICY,
+    MAP_PORTS,
+    MAP_CONNTRACK,
+    MAP_STATS,
+];
+
+/// `max_entries` of the maps, as compiled into [`OBJECT`].
+pub const MAX_ENDPOINTS: u32 = 16384;
+pub const MAX_POLICY_ENTRIES: u32 = 262_144;
+pub const MAX_PORT_ENTRIES: u32 = 262_144;
+pub const MAX_CONNTRACK_ENTRIES: u32 = 65536;
+
+/// Packets allowed by a policy rule.
+pub const STAT_ALLOWED_POLICY: u32 = 0;
+/// Packets allowed as replies to a flow the pod's other hook allowed.
+pub const STAT_ALLOWED_REPLY: u32 = 1;
+/// Packets allowed because the pod is not isolated in that direction.
+pub const STAT_ALLOWED_UNISOLATED: u32 = 2;
+/// Packets dropped.
+pub const STAT_DENIED: u32 = 3;
+/// ICMPv6 neighbour discovery (types 133..=137, hop limit 255), which is
+/// never filtered, as ARP is never filtered for IPv4.
+pub const STAT_ALLOWED_NDP: u32 = 4;
+/// Number of entries in [`MAP_STATS`].
+pub const STAT_COUNT: u32 = 5;
+
+/// [`CtKey::owner`] of an entry created by the source pod's egress hook.
+pub const OWNER_FROM_POD: u8 = 0;
+/// [`CtKey::owner`] of an entry created by the destination pod's ingress hook.
+pub const OWNER_TO_POD: u8 = 1;
+
+/// IP protocol numbers as the programs put them in [`PortKey::proto`].
+pub const PROTO_ICMP: u8 = 1;
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+pub const PROTO_ICMPV6: u8 = 58;
+pub const PROTO_SCTP: u8 = 132;
+
+/// Bits of `policy_id` at the front of every [`PolicyKey`].
+pub const POLICY_ID_BITS: u32 = 32;
+/// Prefix length the programs look policies up with (id + full address).
+pub const POLICY_FULL_PREFIX_LEN: u32 = POLICY_ID_BITS + 128;
+/// [`PortKey`] prefix length matching every protocol and port of a portset.
+pub const PORT_KEY_ANY_PROTO_PREFIX_LEN: u32 = 32;
+/// [`PortKey`] prefix length matching every port of one protocol.
+pub const PORT_KEY_ANY_PORT_PREFIX_LEN: u32 = 40;
+/// Prefix length the programs look ports up with (portset + proto + port).
+pub const PORT_KEY_FULL_PREFIX_LEN: u32 = 56;
+
+/// Value of [`MAP_ENDPOINTS`]; a policy id of 0 means "not isolated in that
+/// direction".
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Endpoint {
+    pub ingress_policy: u32,
+    pub egress_policy: u32,
+}
+
+/// Data part of a [`MAP_POLICY`] key (aya's [`Key`] adds the prefix length).
+/// `addr` is the peer address, see [`mapped_addr`]; `policy_id` is in host
+/// order (it is always matched in full, so its byte order never matters).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PolicyKey {
+    pub policy_id: u32,
+    pub addr: [u8; 16],
+}
+
+impl PolicyKey {
+    /// The trie key for `policy_id` and the CIDR `net/ip_prefix_len`, with
+    /// the host bits cleared so the same CIDR always yields the same key.
+    pub fn lpm(policy_id: u32, net: IpAddr, ip_prefix_len: u8) -> Key<PolicyKey> {
+        let prefix_len = policy_prefix_len(ip_prefix_len, net.is_ipv4());
+        let mut addr = mapped_addr(net);
+        mask_bits(&mut addr, (prefix_len - POLICY_ID_BITS) as usize);
+        Key::new(prefix_len, PolicyKey { policy_id, addr })
+    }
+}
+
+/// Value of [`MAP_POLICY`]: which portset applies to peers in that CIDR.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PolicyValue {
+    pub portset_id: u32,
+}
+
+/// Data part of a [`MAP_PORTS`] key. `port` is big-endian so an aligned port
+/// range is a bit prefix; `portset_id` is host order and always matched whole.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PortKey {
+    pub portset_id: u32,
+    pub proto: u8,
+    pub port: [u8; 2],
+    pub pad: u8,
+}
+
+impl PortKey {
+    /// Matches every protocol and every port (a rule without `ports`).
+    pub fn lpm_any_protocol(portset_id: u32) -> Key<PortKey> {
+        Key::new(
+            PORT_KEY_ANY_PROTO_PREFIX_LEN,
+            PortKey {
+                portset_id,
+                ..PortKey::default()
+            },
+        )
+    }
+
+    /// Matches `proto` and the aligned block of ports starting at `port`
+    /// whose first `port_bits` bits are fixed (see [`port_prefixes`]);
+    /// `port_bits` 0 means every port of `proto`. Bits past `port_bits` are
+    /// cleared so the same block always yields the same key.
+    pub fn lpm(portset_id: u32, proto: u8, port: u16, port_bits: u8) -> Key<PortKey> {
+        let port_bits = port_bits.min(16);
+        let mut port = port.to_be_bytes();
+        mask_bits(&mut port, port_bits as usize);
+        Key::new(
+            port_key_prefix_len(port_bits),
+            PortKey {
+                portset_id,
+                proto,
+                port,
+                pad: 0,
+            },
+        )
+    }
+}
+
+/// Value of [`MAP_PORTS`]; [`PortValue::ALLOW`] allows, 0 denies.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PortValue {
+    pub allow: u32,
+}
+
+impl PortValue {
+    pub const ALLOW: PortValue = PortValue { allow: 1 };
+}
+
+/// Key of [`MAP_CONNTRACK`]: a flow as seen by the hook that allowed it.
+/// `sport`/`dport` hold the network-order bytes (use [`CtKey::new`] and
+/// [`CtKey::sport`]/[`CtKey::dport`] to stay in host order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtKey {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub owner: u8,
+    pub pad: [u8; 2],
+}
+
+impl CtKey {
+    /// Ports in host order; `owner` is [`OWNER_FROM_POD`] or [`OWNER_TO_POD`].
+    pub fn new(src: IpAddr, dst: IpAddr, sport: u16, dport: u16, proto: u8, owner: u8) -> Self {
+        CtKey {
+            src: mapped_addr(src),
+            dst: mapped_addr(dst),
+            sport: sport.to_be(),
+            dport: dport.to_be(),
+            proto,
+            owner,
+            pad: [0; 2],
+        }
+    }
+
+    pub fn src_ip(&self) -> IpAddr {
+        unmapped_addr(self.src)
+    }
+
+    pub fn dst_ip(&self) -> IpAddr {
+        unmapped_addr(self.dst)
+    }
+
+    /// Source port in host order.
+    pub fn sport(&self) -> u16 {
+        u16::from_be(self.sport)
+    }
+
+    /// Destination port in host order.
+    pub fn dport(&self) -> u16 {
+        u16::from_be(self.dport)
+    }
+}
+
+/// Value of [`MAP_CONNTRACK`]. The programs write `bpf_ktime_get_ns()`,
+/// i.e. `CLOCK_MONOTONIC` (not counting suspend).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtValue {
+    pub last_seen_ns: u64,
+}
+
+// SAFETY: all of these are repr(C), made only of integers and byte arrays,
+// and have no padding (the size asserts below prove it), so every bit
+// pattern is a valid value and no uninitialised byte reaches the kernel.
+unsafe impl aya::Pod for Endpoint {}
+unsafe impl aya::Pod for PolicyKey {}
+unsafe impl aya::Pod for PolicyValue {}
+unsafe impl aya::Pod for PortKey {}
+unsafe impl aya::Pod for PortValue {}
+unsafe impl aya::Pod for CtKey {}
+unsafe impl aya::Pod for CtValue {}
+
+// Sizes of the C structs in c/palisade.h (which asserts them too).
+const _: () = {
+    use std::mem::size_of;
+    assert!(size_of::<Endpoint>() == 8);
+    assert!(size_of::<PolicyKey>() == 20);
+    assert!(size_of::<Key<PolicyKey>>() == 24);
+    assert!(size_of::<PolicyValue>() == 4);
+    assert!(size_of::<PortKey>() == 8);
+    assert!(size_of::<Key<PortKey>>() == 12);
+    assert!(size_of::<PortValue>() == 4);
+    assert!(size_of::<CtKey>() == 40);
+    assert!(size_of::<CtValue>() == 8);
+};
+
+/// The 16-byte form the maps use: IPv6 as is, IPv4 as `::ffff:a.b.c.d`.
+pub fn mapped_addr(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// Inverse of [`mapped_addr`].
+pub fn unmapped_addr(addr: [u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from(addr);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+/// Trie prefix length of a [`PolicyKey`] for a CIDR of `ip_prefix_len` bits:
+/// the 32 bits of the policy id, plus the 96 bits of `::ffff:` for IPv4,
+/// plus the CIDR bits. An out-of-range length is clamped to a host route;
+/// callers validate CIDRs before they get here.
+pub fn policy_prefix_len(ip_prefix_len: u8, is_v4: bool) -> u32 {
+    if is_v4 {
+        POLICY_ID_BITS + 96 + u32::from(ip_prefix_len.min(32))
+    } else {
+        POLICY_ID_BITS + u32::from(ip_prefix_len.min(128))
+    }
+}
+
+/// Trie prefix length of a [`PortKey`] whose port has `port_bits` (0..=16)
+/// fixed bits: portset id (32) + protocol (8) + port bits.
+pub fn port_key_prefix_len(port_bits: u8) -> u32 {
+    PORT_KEY_ANY_PORT_PREFIX_LEN + u32::from(port_bits.min(16))
+}
+
+/// Splits the inclusive range `start..=end` into the fewest aligned blocks,
+/// each as `(first port, fixed prefix bits 0..=16)`; a block of `b` bits
+/// covers `2^(16-b)` ports. Empty when `start > end`.
+pub fn port_prefixes(start: u16, end: u16) -> Vec<(u16, u8)> {
+    let mut blocks = Vec::new();
+    let (mut next, end) = (u32::from(start), u32::from(end));
+    while next <= end {
+        // Largest block that is aligned at `next` and does not pass `end`.
+        let mut free_bits = next.trailing_zeros().min(16);
+        while next + (1 << free_bits) - 1 > end {
+            free_bits -= 1;
+        }
+        blocks.push((next as u16, (16 - free_bits) as u8));
+        next += 1 << free_bits;
+    }
+    blocks
+}
+
+/// Clears every bit of `bytes` after the first `keep` bits.
+fn mask_bits(bytes: &mut [u8], keep: usize) {
+    for (i, byte) in bytes.iter_mut().enumerate() {
+        let first_bit = i * 8;
+        if keep <= first_bit {
+            *byte = 0;
+        } else if keep < first_bit + 8 {
+            *byte &= 0xffu8 << (8 - (keep - first_bit));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    /// Expands blocks back into the ports they cover.
+    fn covered(blocks: &[(u16, u8)]) -> Vec<u32> {
+        blocks
+            .iter()
+            .flat_map(|&(port, bits)| {
+                let size = 1u32 << (16 - bits);
+                assert_eq!(u32::from(port) % size, 0, "block {port}/{bits} not aligned");
+                u32::from(port)..u32::from(port) + size
+            })
+            .collect()
+    }
+
+    #[test]
+    fn whole_port_space_is_one_block() {
+        assert_eq!(port_prefixes(0, 65535), vec![(0, 0)]);
+    }
+
+    #[test]
+    fn single_port_is_a_full_prefix() {
+        assert_eq!(port_prefixes(80, 80), vec![(80, 16)]);
+        assert_eq!(port_prefixes(0, 0), vec![(0, 16)]);
+        assert_eq!(port_prefixes(65535, 65535), vec![(65535, 16)]);
+    }
+
+    #[test]
+    fn everything_but_port_zero() {
+        let blocks = port_prefixes(1, 65535);
+        assert_eq!(blocks.len(), 16);
+        assert_eq!(blocks.first(), Some(&(1, 16)));
+        assert_eq!(blocks.last(), Some(&(32768, 1)));
+        assert_eq!(covered(&blocks), (1..=65535).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn aligned_and_unaligned_ranges() {
+        assert_eq!(port_prefixes(8000, 8007), vec![(8000, 13)]);
+        assert_eq!(port_prefixes(1024, 2047), vec![(1024, 6)]);
+        assert_eq!(
+            port_prefixes(32000, 32768),
+            vec![(32000, 8), (32256, 7), (32768, 16)]
+        );
+        assert_eq!(port_prefixes(65534, 65535), vec![(65534, 15)]);
+        assert_eq!(port_prefixes(0, 32767), vec![(0, 1)]);
+    }
+
+    #[test]
+    fn empty_range() {
+        assert!(port_prefixes(10, 9).is_empty());
+    }
+
+    #[test]
+    fn blocks_cover_exactly_the_range_and_are_minimal() {
+        let cases = [
+            (0u16, 1u16),
+            (1, 2),
+            (3, 1000),
+            (80, 443),
+            (1000, 1999),
+            (30000, 32767),
+            (12345, 54321),
+            (0, 65534),
+            (65000, 65535),
+        ];
+        for (start, end) in cases {
+            let blocks = port_prefixes(start, end);
+            assert_eq!(
+                covered(&blocks),
+                (u32::from(start)..=u32::from(end)).collect::<Vec<_>>(),
+                "{start}..={end}"
+            );
+            // Minimal: no two neighbouring blocks could merge into one.
+            for pair in blocks.windows(2) {
+                let ((a, abits), (_, bbits)) = (pair[0], pair[1]);
+                let mergeable =
+                    abits == bbits && abits > 0 && u32::from(a) % (1 << (17 - abits)) == 0;
+                assert!(!mergeable, "{start}..={end}: {blocks:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn prefix_lengths() {
+        assert_eq!(policy_prefix_len(24, true), 32 + 96 + 24);
+        assert_eq!(policy_prefix_len(32, true), 160);
+        assert_eq!(policy_prefix_len(0, true), 128);
+        assert_eq!(policy_prefix_len(64, false), 96);
+        assert_eq!(policy_prefix_len(0, false), 32);
+        assert_eq!(policy_prefix_len(128, false), POLICY_FULL_PREFIX_LEN);
+        assert_eq!(port_key_prefix_len(0), PORT_KEY_ANY_PORT_PREFIX_LEN);
+        assert_eq!(port_key_prefix_len(16), PORT_KEY_FULL_PREFIX_LEN);
+    }
+
+    #[test]
+    fn mapped_addresses() {
+        let v4 = IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3));
+        let mapped = mapped_addr(v4);
+        assert_eq!(&mapped[..12], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]);
+        assert_eq!(&mapped[12..], &[10, 1, 2, 3]);
+        assert_eq!(unmapped_addr(mapped), v4);
+        let v6 = IpAddr::V6("fd00::1".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(unmapped_addr(mapped_addr(v6)), v6);
+    }
+
+    #[test]
+    fn keys_clear_host_bits() {
+        let key = PolicyKey::lpm(7, "10.1.2.3".parse().unwrap(), 16);
+        assert_eq!(key.prefix_len(), 32 + 96 + 16);
+        assert_eq!(key.data().policy_id, 7);
+        assert_eq!(
+            key.data().addr,
+            mapped_addr("10.1.0.0".parse().unwrap()),
+            "host bits must be cleared"
+        );
+        let key = PolicyKey::lpm(1, "fd00::1234".parse().unwrap(), 120);
+        assert_eq!(key.data().addr, mapped_addr("fd00::1200".parse().unwrap()));
+
+        let key = PortKey::lpm(3, PROTO_TCP, 8005, 13);
+        assert_eq!(key.prefix_len(), 40 + 13);
+        assert_eq!(key.data().port, 8000u16.to_be_bytes());
+        assert_eq!(key.data().proto, PROTO_TCP);
+        assert_eq!(PortKey::lpm_any_protocol(3).prefix_len(), 32);
+    }
+
+    #[test]
+    fn ct_key_ports_are_network_order() {
+        let key = CtKey::new(
+            "10.0.0.1".parse().unwrap(),
+            "10.0.0.2".parse().unwrap(),
+            40000,
+            80,
+            PROTO_TCP,
+            OWNER_FROM_POD,
+        );
+        let bytes = aya_bytes(&key);
+        assert_eq!(&bytes[32..34], &40000u16.to_be_bytes());
+        assert_eq!(&bytes[34..36], &80u16.to_be_bytes());
+        assert_eq!(bytes[36], PROTO_TCP);
+        assert_eq!(key.sport(), 40000);
+        assert_eq!(key.dport(), 80);
+        assert_eq!(key.src_ip(), "10.0.0.1".parse::<IpAddr>().unwrap());
+    }
+
+    fn aya_bytes(key: &CtKey) -> [u8; 40] {
+        // SAFETY: CtKey is Pod with size 40 (asserted above).
+        unsafe { std::mem::transmute::<CtKey, [u8; 40]>(*key) }
+    }
+
+    #[test]
+    fn object_is_an_aligned_bpf_elf() {
+        assert_eq!(&OBJECT[..4], b"\x7fELF");
+        assert_eq!(OBJECT.as_ptr() as usize % 8, 0);
+    }
+}

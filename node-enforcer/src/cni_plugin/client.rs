@@ -1,0 +1,195 @@
+//! The only I/O in the plugin: one gRPC call to the enforcer's unix socket.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use palisade_proto::v1::cni_service_client::CniServiceClient;
+use palisade_proto::v1::{
+    PodCheckRequest, PodCheckResponse, PodDownRequest, PodDownResponse, PodUpRequest, PodUpResponse,
+};
+use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::{Code, Status};
+
+use super::error::{code, error_chain, CniError};
+
+/// The enforcer's CniService at a socket path, with one deadline covering
+/// connect and call together: the runtime cares about total time, not phases.
+#[derive(Debug, Clone)]
+pub struct EnforcerClient {
+    socket: PathBuf,
+    timeout: Duration,
+}
+
+impl EnforcerClient {
+    pub fn new(socket: impl Into<PathBuf>, timeout: Duration) -> Self {
+        Self {
+            socket: socket.into(),
+            timeout,
+        }
+    }
+
+    pub fn pod_up(&self, request: PodUpRequest) -> Result<PodUpResponse, CniError> {
+        self.call("PodUp", request, |mut client, request| async move {
+            client.pod_up(request).await
+        })
+    }
+
+    pub fn pod_down(&self, request: PodDownRequest) -> Result<PodDownResponse, CniError> {
+        self.call("PodDown", request, |mut client, request| async move {
+            match client.pod_down(request).await {
+                // An unknown pod is already down, and DEL must be idempotent.
+                Err(status) if status.code() == Code::NotFound => {
+                    Ok(tonic::Response::new(PodDownResponse {}))
+                }
+                other => other,
+            }
+        })
+    }
+
+    pub fn pod_check(&self, request: PodCheckRequest) -> Result<PodCheckResponse, CniError> {
+        self.call("PodCheck", request, |mut client, request| async move {
+            client.pod_check(request).await
+        })
+    }
+
+    fn call<Req, Resp, F, Fut>(&self, rpc: &str, message: Req, f: F) -> Result<Resp, CniError>
+    where
+        F: FnOnce(CniServiceClient<Channel>, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+    {
+        // A plugin invocation makes one call; a multi-threaded runtime would
+        // only add start-up cost.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                CniError::new(code::INTERNAL, "failed to start the async runtime")
+                    .with_details(e.to_string())
+            })?;
+
+        let socket = self.socket.clone();
+        let timeout = self.timeout;
+        let outcome = runtime.block_on(async move {
+            tokio::time::timeout(timeout, async move {
+                let channel = connect(&socket).await.map_err(Failure::Connect)?;
+                let mut request = tonic::Request::new(message);
+                // Lets the enforcer give up on work whose result nobody will read.
+                request.set_timeout(timeout);
+                f(CniServiceClient::new(channel), request)
+                    .await
+                    .map_err(Failure::Status)
+            })
+            .await
+        });
+
+        match outcome {
+            Ok(Ok(response)) => Ok(response.into_inner()),
+            Ok(Err(Failure::Status(status))) if hit_deadline(&status) => {
+                Err(self.deadline_error(rpc))
+            }
+            Ok(Err(failure)) => Err(self.map_failure(rpc, failure)),
+            Err(_elapsed) => Err(self.deadline_error(rpc)),
+        }
+    }
+
+    fn deadline_error(&self, rpc: &str) -> CniError {
+        CniError::new(
+            code::TRY_AGAIN_LATER,
+            format!(
+                "the enforcer at {} did not complete {rpc} within {}s",
+                self.socket.display(),
+                self.timeout.as_secs()
+            ),
+        )
+        .with_details(
+            "deadline exceeded; raise timeoutSeconds in the network config if the \
+             enforcer is slow under load",
+        )
+    }
+
+    fn map_failure(&self, rpc: &str, failure: Failure) -> CniError {
+        let socket = self.socket.display();
+        match failure {
+            Failure::Connect(e) => CniError::new(
+                code::TRY_AGAIN_LATER,
+                format!("cannot reach the palisade enforcer at {socket} for {rpc}"),
+            )
+            .with_details(format!(
+                "{}; is the node-enforcer running on this node?",
+                error_chain(&e)
+            )),
+            Failure::Status(status) if is_transient(&status) => CniError::new(
+                code::TRY_AGAIN_LATER,
+                format!("the palisade enforcer at {socket} is unavailable for {rpc}"),
+            )
+            .with_details(describe_status(&status)),
+            Failure::Status(status) => CniError::new(
+                code::ENFORCER_REJECTED,
+                format!("the palisade enforcer rejected {rpc}: {}", status.message()),
+            )
+            .with_details(describe_status(&status)),
+        }
+    }
+}
+
+enum Failure {
+    Connect(tonic::transport::Error),
+    Status(Status),
+}
+
+async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> {
+    let socket = socket.to_path_buf();
+    // The URI is required by the API but never dialled: the connector below
+    // ignores it and opens the unix socket.
+    Endpoint::from_static("http://[::]:50051")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(&socket).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        }))
+        .await
+}
+
+/// The deadline can fire in three places (our timer, tonic's client-side
+/// grpc-timeout, or the enforcer's); all mean the same to the runtime.
+fn hit_deadline(status: &Status) -> bool {
+    if status.code() == Code::DeadlineExceeded {
+        return true;
+    }
+    let mut source = std::error::Error::source(status);
+    while let Some(err) = source {
+        if err.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// Whether retrying later could succeed. A status carrying a local source
+/// error was produced by our side of the connection (the enforcer went away
+/// mid-call), not sent by the enforcer.
+fn is_transient(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::DeadlineExceeded | Code::ResourceExhausted | Code::Aborted
+    ) || std::error::Error::source(status).is_some()
+}
+
+fn describe_status(status: &Status) -> String {
+    let mut text = format!("gRPC status {:?}", status.code());
+    if !status.message().is_empty() {
+        text.push_str(": ");
+        text.push_str(status.message());
+    }
+    if let Some(source) = std::error::Error::source(status) {
+        text.push_str(" (");
+        text.push_str(&error_chain(source));
+        text.push(')');
+    }
+    text
+}

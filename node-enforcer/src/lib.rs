@@ -1,0 +1,1 @@
+pub mod cni_plugin;

@@ -1,0 +1,62 @@
+//! The controller's view of the cluster: the objects policy resolution reads.
+//! Every source (kube-rs watchers, manifest files) produces this one type, so
+//! everything after parsing is one code path.
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+
+#[derive(Clone, Debug, Default)]
+pub struct ClusterState {
+    pub namespaces: Vec<Namespace>,
+    pub pods: Vec<Pod>,
+    pub policies: Vec<NetworkPolicy>,
+    /// The source's own marker of this view: the lab's manifest revision, or
+    /// the Kubernetes resourceVersions it reflects. Shown to operators.
+    pub marker: String,
+}
+
+/// One object as read from a source.
+#[derive(Clone, Debug)]
+pub enum Object {
+    Namespace(Namespace),
+    Pod(Pod),
+    NetworkPolicy(NetworkPolicy),
+}
+
+impl ClusterState {
+    /// Builds a state from objects in any order; later duplicates of the same
+    /// kind/namespace/name replace earlier ones. Output is sorted so the same
+    /// objects always give the same state.
+    pub fn from_objects(objects: impl IntoIterator<Item = Object>, marker: String) -> Self {
+        use std::collections::BTreeMap;
+        let mut namespaces = BTreeMap::new();
+        let mut pods = BTreeMap::new();
+        let mut policies = BTreeMap::new();
+        for object in objects {
+            match object {
+                Object::Namespace(ns) => {
+                    namespaces.insert(ns.metadata.name.clone().unwrap_or_default(), ns);
+                }
+                Object::Pod(pod) => {
+                    pods.insert(key(&pod.metadata), pod);
+                }
+                Object::NetworkPolicy(np) => {
+                    policies.insert(key(&np.metadata), np);
+                }
+            }
+        }
+        ClusterState {
+            namespaces: namespaces.into_values().collect(),
+            pods: pods.into_values().collect(),
+            policies: policies.into_values().collect(),
+            marker,
+        }
+    }
+}
+
+fn key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (String, String) {
+    (
+        meta.namespace.clone().unwrap_or_else(|| "default".into()),
+        meta.name.clone().unwrap_or_default(),
+    )
+}

@@ -1,0 +1,338 @@
+//! The plan hub: the versioned plan of every node, what each node reported,
+//! and the deltas between plans. Subscribers watch their node's plan and
+//! compute the delta from the last plan they sent, so a slow subscriber skips
+//! intermediate versions instead of queueing them, and cannot miss a change.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use palisade_proto::v1::{NodeState, PlanDelta, PlanSnapshot, PodPolicy, PodRef};
+use tokio::sync::watch;
+
+use crate::cluster::ClusterState;
+use crate::resolve::{resolve_with_errors, NodePlan, PodKey};
+
+/// A node's plan at one version.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct VersionedPlan {
+    pub version: u64,
+    /// The source revision this plan was (re)computed from; it advances even
+    /// when the plan itself does not change.
+    pub source_revision: u64,
+    pub plan: NodePlan,
+}
+
+impl VersionedPlan {
+    pub fn snapshot(&self) -> PlanSnapshot {
+        PlanSnapshot {
+            version: self.version,
+            pods: self.plan.pods.values().cloned().collect(),
+        }
+    }
+}
+
+/// The delta that turns `old` into `new`; None when the plans are equal.
+pub fn delta(old: &VersionedPlan, new: &VersionedPlan) -> Option<PlanDelta> {
+    if old.plan == new.plan {
+        return None;
+    }
+    let upserted: Vec<PodPolicy> = new
+        .plan
+        .pods
+        .iter()
+        .filter(|(k, v)| old.plan.pods.get(*k) != Some(*v))
+        .map(|(_, v)| v.clone())
+        .collect();
+    let removed: Vec<PodRef> = old
+        .plan
+        .pods
+        .keys()
+        .filter(|k| !new.plan.pods.contains_key(*k))
+        .map(pod_ref)
+        .collect();
+    Some(PlanDelta {
+        base_version: old.version,
+        version: new.version,
+        upserted,
+        removed,
+    })
+}
+
+/// Applies a delta to a plan; the enforcer does the same on its side.
+pub fn apply_delta(plan: &mut NodePlan, delta: &PlanDelta) {
+    for r in &delta.removed {
+        plan.pods.remove(&(r.namespace.clone(), r.name.clone()));
+    }
+    for p in &delta.upserted {
+        if let Some(r) = &p.pod {
+            plan.pods
+                .insert((r.namespace.clone(), r.name.clone()), p.clone());
+        }
+    }
+}
+
+fn pod_ref(k: &PodKey) -> PodRef {
+    PodRef {
+        namespace: k.0.clone(),
+        name: k.1.clone(),
+    }
+}
+
+struct NodeEntry {
+    plan: watch::Sender<Arc<VersionedPlan>>,
+    reported: Option<NodeState>,
+    subscribers: usize,
+}
+
+#[derive(Default)]
+struct HubState {
+    source_revision: u64,
+    source_marker: String,
+    errors: Vec<String>,
+    nodes: BTreeMap<String, NodeEntry>,
+}
+
+/// Shared between the source loop and the gRPC handlers. Each method holds
+/// the lock only for a few map operations; no I/O happens under it.
+#[derive(Clone)]
+pub struct Hub {
+    state: Arc<Mutex<HubState>>,
+    /// Versions start from the controller's start time so that they keep
+    /// increasing across controller restarts.
+    first_version: u64,
+}
+
+/// What the debug service shows of one node.
+#[derive(Clone, Debug)]
+pub struct NodeView {
+    pub node_name: String,
+    pub plan: Arc<VersionedPlan>,
+    pub subscribers: usize,
+    pub reported: Option<NodeState>,
+}
+
+#[derive(Clone, Debug)]
+pub struct HubView {
+    pub source_revision: u64,
+    pub source_marker: String,
+    pub errors: Vec<String>,
+    pub nodes: Vec<NodeView>,
+}
+
+impl Hub {
+    pub fn new(first_version: u64) -> Self {
+        Hub {
+            state: Arc::new(Mutex::new(HubState::default())),
+            first_version: first_version.max(1),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HubState> {
+        // A panic under the lock cannot leave the maps half-updated in a way
+        // that matters (each update is a whole-value replace), so keep going.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Resolves a new view of the cluster and publishes each node's plan.
+    pub fn update(&self, cluster: &ClusterState) {
+        let resolution = resolve_with_errors(cluster);
+        let mut st = self.lock();
+        st.source_revision += 1;
+        st.source_marker = cluster.marker.clone();
+        st.errors = resolution.errors;
+        let revision = st.source_revision;
+        let mut plans = resolution.plans;
+        // Nodes that lose their last isolated pod must get an empty plan.
+        let names: std::collections::BTreeSet<String> =
+            st.nodes.keys().chain(plans.keys()).cloned().collect();
+        for name in &names {
+            let plan = plans.remove(name).unwrap_or_default();
+            let first = self.first_version;
+            let entry = st.nodes.entry(name.clone()).or_insert_with(|| NodeEntry {
+                plan: watch::channel(Arc::new(VersionedPlan {
+                    version: first,
+                    ..Default::default()
+                }))
+                .0,
+                reported: None,
+                subscribers: 0,
+            });
+            entry.plan.send_modify(|current| {
+                let version = if current.plan == plan {
+                    current.version
+                } else {
+                    current.version + 1
+                };
+                *current = Arc::new(VersionedPlan {
+                    version,
+                    source_revision: revision,
+                    plan,
+                });
+            });
+        }
+    }
+
+    /// Subscribes to a node's plan; the receiver's current value is the
+    /// snapshot to send first.
+    pub fn subscribe(&self, node: &str) -> Subscription {
+        let mut st = self.lock();
+        let revision = st.source_revision;
+        let first = self.first_version;
+        let entry = st.nodes.entry(node.to_string()).or_insert_with(|| NodeEntry {
+            plan: watch::channel(Arc::new(VersionedPlan {
+                version: first,
+                source_revision: revision,
+                plan: NodePlan::default(),
+            }))
+            .0,
+            reported: None,
+            subscribers: 0,
+        });
+        entry.subscribers += 1;
+        Subscription {
+            rx: entry.plan.subscribe(),
+            hub: self.clone(),
+            node: node.to_string(),
+        }
+    }
+
+    pub fn report(&self, state: NodeState) {
+        let mut st = self.lock();
+        if let Some(entry) = st.nodes.get_mut(&state.node_name) {
+            entry.reported = Some(state);
+        } else {
+            // A report from a node we have no plan for yet still matters to
+            // whoever is debugging it.
+            let name = state.node_name.clone();
+            let revision = st.source_revision;
+            st.nodes.insert(
+                name,
+                NodeEntry {
+                    plan: watch::channel(Arc::new(VersionedPlan {
+                        version: self.first_version,
+                        source_revision: revision,
+                        plan: NodePlan::default(),
+                    }))
+                    .0,
+                    reported: Some(state),
+                    subscribers: 0,
+                },
+            );
+        }
+    }
+
+    pub fn view(&self) -> HubView {
+        let st = self.lock();
+        HubView {
+            source_revision: st.source_revision,
+            source_marker: st.source_marker.clone(),
+            errors: st.errors.clone(),
+            nodes: st
+                .nodes
+                .iter()
+                .map(|(name, e)| NodeView {
+                    node_name: name.clone(),
+                    plan: e.plan.borrow().clone(),
+                    subscribers: e.subscribers,
+                    reported: e.reported.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A node's live subscription; dropping it marks the node disconnected.
+pub struct Subscription {
+    pub rx: watch::Receiver<Arc<VersionedPlan>>,
+    hub: Hub,
+    node: String,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut st = self.hub.lock();
+        if let Some(e) = st.nodes.get_mut(&self.node) {
+            e.subscribers = e.subscribers.saturating_sub(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::Object;
+
+    fn cluster(policies: bool, marker: &str) -> ClusterState {
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "x", "labels": {"app": "a"}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c"}]},
+            "status": {"podIP": "10.0.0.1"}
+        }))
+        .unwrap();
+        let mut objects = vec![Object::Pod(pod)];
+        if policies {
+            objects.push(Object::NetworkPolicy(
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": "deny", "namespace": "x"},
+                    "spec": {"podSelector": {}}
+                }))
+                .unwrap(),
+            ));
+        }
+        ClusterState::from_objects(objects, marker.into())
+    }
+
+    #[test]
+    fn versions_advance_only_when_a_nodes_plan_changes() {
+        let hub = Hub::new(100);
+        let sub = hub.subscribe("n1");
+        assert_eq!(sub.rx.borrow().version, 100);
+        hub.update(&cluster(false, "1"));
+        assert_eq!(sub.rx.borrow().version, 100, "still empty");
+        assert_eq!(sub.rx.borrow().source_revision, 1);
+        hub.update(&cluster(true, "2"));
+        let v = sub.rx.borrow().clone();
+        assert_eq!((v.version, v.source_revision), (101, 2));
+        assert_eq!(v.plan.pods.len(), 1);
+        hub.update(&cluster(true, "3"));
+        assert_eq!(sub.rx.borrow().version, 101);
+        let view = hub.view();
+        assert_eq!(view.source_marker, "3");
+        assert_eq!(view.nodes[0].subscribers, 1);
+        drop(sub);
+        assert_eq!(hub.view().nodes[0].subscribers, 0);
+    }
+
+    #[test]
+    fn delta_applied_to_old_plan_gives_new_plan() {
+        let hub = Hub::new(1);
+        let sub = hub.subscribe("n1");
+        let empty = sub.rx.borrow().clone();
+        hub.update(&cluster(true, "1"));
+        let full = sub.rx.borrow().clone();
+        let d = delta(&empty, &full).expect("plans differ");
+        assert_eq!((d.base_version, d.version), (1, 2));
+        let mut plan = empty.plan.clone();
+        apply_delta(&mut plan, &d);
+        assert_eq!(plan, full.plan);
+        hub.update(&cluster(false, "2"));
+        let back = sub.rx.borrow().clone();
+        let d = delta(&full, &back).unwrap();
+        assert_eq!(d.removed.len(), 1);
+        apply_delta(&mut plan, &d);
+        assert_eq!(plan, back.plan);
+        assert!(delta(&back, &back).is_none());
+    }
+
+    #[test]
+    fn reports_are_kept_per_node() {
+        let hub = Hub::new(1);
+        hub.report(NodeState {
+            node_name: "n9".into(),
+            realized_version: 7,
+            ..Default::default()
+        });
+        let view = hub.view();
+        assert_eq!(view.nodes[0].reported.as_ref().unwrap().realized_version, 7);
+    }
+}

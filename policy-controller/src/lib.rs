@@ -1,0 +1,8 @@
+//! The policy-controller: watches the cluster, resolves NetworkPolicies into a
+//! plan per node, streams each node its plan and keeps what each node reports.
+
+pub mod cluster;
+pub mod hub;
+pub mod resolve;
+pub mod server;
+pub mod source;

@@ -1,0 +1,88 @@
+//! palisade-controller: resolves NetworkPolicies into per-node plans and
+//! streams each node-enforcer its own.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use palisade_proto::transport::{serve, Address};
+use policy_controller::{cluster::ClusterState, hub::Hub, server, source};
+use tokio::sync::watch;
+
+#[derive(Parser, Debug)]
+#[command(name = "palisade-controller", version, about)]
+struct Args {
+    /// Where to serve gRPC: unix:PATH or HOST:PORT.
+    #[arg(long, env = "PALISADE_LISTEN", default_value = "0.0.0.0:7443")]
+    listen: Address,
+    /// Read objects from manifest files in this directory (the lab) instead
+    /// of watching the Kubernetes API.
+    #[arg(long, env = "PALISADE_MANIFESTS")]
+    manifests: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = run(Args::parse()).await {
+        tracing::error!("{e}");
+        eprintln!("palisade-controller: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let start_micros = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(1);
+    let hub = Hub::new(start_micros);
+    let (tx, mut rx) = watch::channel::<Option<ClusterState>>(None);
+    let (err_tx, _err_rx) = watch::channel::<Vec<String>>(Vec::new());
+
+    let source_task = match args.manifests.clone() {
+        Some(dir) => {
+            tracing::info!(dir = %dir.display(), "reading manifests");
+            tokio::spawn(async move { source::manifest::run(dir, tx, err_tx).await })
+        }
+        None => {
+            let client = kube::Client::try_default()
+                .await
+                .map_err(|e| format!("cannot reach the Kubernetes API: {e}"))?;
+            tokio::spawn(async move { source::kube::run(client, tx).await })
+        }
+    };
+
+    let hub_for_source = hub.clone();
+    tokio::spawn(async move {
+        while rx.changed().await.is_ok() {
+            let state = rx.borrow_and_update().clone();
+            if let Some(state) = state {
+                hub_for_source.update(&state);
+            }
+        }
+    });
+
+    let router = server::router(hub).await?;
+    tracing::info!(listen = %args.listen, "serving");
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down");
+    };
+    let result = serve(router, &args.listen, shutdown).await;
+    source_task.abort();
+    if let Address::Unix(p) = &args.listen {
+        let _ = std::fs::remove_file(p);
+    }
+    result
+}

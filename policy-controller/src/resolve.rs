@@ -1,0 +1,601 @@
+//! Policy resolution: a pure function from the cluster's objects to the plan
+//! of every node. It follows NetworkPolicy v1 as upstream defines it: a pod is
+//! isolated in a direction once any policy selects it for that direction, and
+//! the rules of every such policy are unioned.
+//!
+//! A node's plan names only the pods that live on it and are isolated in some
+//! direction; peers appear as addresses, so a node learns nothing else about
+//! the cluster.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use palisade_proto::v1::{
+    DirectionPolicy, IpPrefix, PeerBlock, PodPolicy, PodRef, PortRange, Protocol, Rule,
+};
+
+use crate::cluster::ClusterState;
+
+/// Namespace and name of a pod.
+pub type PodKey = (String, String);
+
+/// Everything one node must enforce.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodePlan {
+    pub pods: BTreeMap<PodKey, PodPolicy>,
+}
+
+/// The plans of every node, and the problems found in the input. A problem
+/// never widens what is allowed: an invalid peer or port is left out of its
+/// rule (or the rule is dropped), while the policy still isolates its pods.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Resolution {
+    pub plans: BTreeMap<String, NodePlan>,
+    pub errors: Vec<String>,
+}
+
+/// The label Kubernetes puts on every namespace; manifests often omit it.
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+pub fn resolve(state: &ClusterState) -> BTreeMap<String, NodePlan> {
+    resolve_with_errors(state).plans
+}
+
+pub fn resolve_with_errors(state: &ClusterState) -> Resolution {
+    let index = Index::new(state);
+    let mut errors = Vec::new();
+    let mut plans: BTreeMap<String, NodePlan> = BTreeMap::new();
+
+    for target in &index.pods {
+        let Some(node) = target.node.as_ref() else {
+            continue;
+        };
+        if target.host_network {
+            // Host-network pods share the node's interfaces: no veth to guard.
+            continue;
+        }
+        let mut ingress: Option<DirectionPolicy> = None;
+        let mut egress: Option<DirectionPolicy> = None;
+        let mut names = Vec::new();
+        for policy in &state.policies {
+            let Some(spec) = policy.spec.as_ref() else {
+                continue;
+            };
+            let policy_ns = namespace_of(&policy.metadata);
+            if policy_ns != target.namespace {
+                continue;
+            }
+            let policy_name = format!(
+                "{}/{}",
+                policy_ns,
+                policy.metadata.name.as_deref().unwrap_or_default()
+            );
+            match selector_matches(&spec.pod_selector.clone().unwrap_or_default(), &target.labels) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => {
+                    errors.push(format!("NetworkPolicy {policy_name}: spec.podSelector: {e}"));
+                    continue;
+                }
+            }
+            let (applies_ingress, applies_egress) = policy_types(spec);
+            names.push(policy_name.clone());
+            let mut ctx = RuleContext {
+                index: &index,
+                policy_ns: &policy_ns,
+                policy_name: &policy_name,
+                errors: &mut errors,
+            };
+            if applies_ingress {
+                let dir = ingress.get_or_insert_with(DirectionPolicy::default);
+                for (i, r) in spec.ingress.iter().flatten().enumerate() {
+                    let field = format!("spec.ingress[{i}]");
+                    dir.rules.extend(ctx.ingress_rule(
+                        &field,
+                        r.from.as_deref(),
+                        r.ports.as_deref(),
+                        target,
+                    ));
+                }
+            }
+            if applies_egress {
+                let dir = egress.get_or_insert_with(DirectionPolicy::default);
+                for (i, r) in spec.egress.iter().flatten().enumerate() {
+                    let field = format!("spec.egress[{i}]");
+                    dir.rules
+                        .extend(ctx.egress_rule(&field, r.to.as_deref(), r.ports.as_deref()));
+                }
+            }
+        }
+        if ingress.is_none() && egress.is_none() {
+            continue;
+        }
+        names.sort();
+        let pod = PodPolicy {
+            pod: Some(PodRef {
+                namespace: target.namespace.clone(),
+                name: target.name.clone(),
+            }),
+            pod_ips: target.ips.iter().map(|ip| host_prefix(*ip)).collect(),
+            ingress,
+            egress,
+            policies: names,
+        };
+        plans
+            .entry(node.clone())
+            .or_default()
+            .pods
+            .insert((target.namespace.clone(), target.name.clone()), pod);
+    }
+    errors.sort();
+    errors.dedup();
+    Resolution { plans, errors }
+}
+
+/// policyTypes as upstream defaults them: Ingress always, Egress when the
+/// policy has egress rules.
+fn policy_types(spec: &NetworkPolicySpec) -> (bool, bool) {
+    match &spec.policy_types {
+        Some(types) if !types.is_empty() => (
+            types.iter().any(|t| t == "Ingress"),
+            types.iter().any(|t| t == "Egress"),
+        ),
+        _ => (true, spec.egress.is_some()),
+    }
+}
+
+/// A pod as resolution needs it.
+struct PodInfo {
+    namespace: String,
+    name: String,
+    labels: BTreeMap<String, String>,
+    node: Option<String>,
+    host_network: bool,
+    ips: Vec<IpAddr>,
+    /// Named container ports: name -> (protocol, number).
+    named_ports: BTreeMap<String, Vec<(Protocol, u16)>>,
+}
+
+struct Index {
+    pods: Vec<PodInfo>,
+    namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+impl Index {
+    fn new(state: &ClusterState) -> Self {
+        let mut namespace_labels = BTreeMap::new();
+        for ns in &state.namespaces {
+            namespace_labels.insert(ns.metadata.name.clone().unwrap_or_default(), ns_labels(ns));
+        }
+        let pods = state.pods.iter().filter_map(pod_info).collect::<Vec<_>>();
+        for pod in &pods {
+            // A pod's namespace may have no object yet (or in a manifest);
+            // it still has the name label the API server would give it.
+            namespace_labels
+                .entry(pod.namespace.clone())
+                .or_insert_with(|| BTreeMap::from([(NAMESPACE_NAME_LABEL.into(), pod.namespace.clone())]));
+        }
+        Index {
+            pods,
+            namespace_labels,
+        }
+    }
+}
+
+fn ns_labels(ns: &Namespace) -> BTreeMap<String, String> {
+    let mut labels = ns.metadata.labels.clone().unwrap_or_default();
+    labels
+        .entry(NAMESPACE_NAME_LABEL.into())
+        .or_insert_with(|| ns.metadata.name.clone().unwrap_or_default());
+    labels
+}
+
+fn namespace_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    meta.namespace.clone().unwrap_or_else(|| "default".into())
+}
+
+fn pod_info(pod: &Pod) -> Option<PodInfo> {
+    let spec = pod.spec.as_ref()?;
+    let status = pod.status.as_ref();
+    if matches!(
+        status.and_then(|s| s.phase.as_deref()),
+        Some("Succeeded") | Some("Failed")
+    ) {
+        // Finished pods hold no address that should still be trusted.
+        return None;
+    }
+    let mut ips: BTreeSet<IpAddr> = BTreeSet::new();
+    if let Some(status) = status {
+        for ip in status.pod_ips.iter().flatten() {
+            if let Ok(ip) = ip.ip.parse() {
+                ips.insert(ip);
+            }
+        }
+        if let Some(Ok(ip)) = status.pod_ip.as_deref().map(str::parse) {
+            ips.insert(ip);
+        }
+    }
+    let mut named_ports: BTreeMap<String, Vec<(Protocol, u16)>> = BTreeMap::new();
+    for c in &spec.containers {
+        for p in c.ports.iter().flatten() {
+            let (Some(name), Ok(number)) = (p.name.as_ref(), u16::try_from(p.container_port))
+            else {
+                continue;
+            };
+            if let Ok(proto) = parse_protocol(p.protocol.as_deref()) {
+                named_ports
+                    .entry(name.clone())
+                    .or_default()
+                    .push((proto, number));
+            }
+        }
+    }
+    Some(PodInfo {
+        namespace: namespace_of(&pod.metadata),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        labels: pod.metadata.labels.clone().unwrap_or_default(),
+        node: spec.node_name.clone().filter(|n| !n.is_empty()),
+        host_network: spec.host_network.unwrap_or(false),
+        ips: ips.into_iter().collect(),
+        named_ports,
+    })
+}
+
+fn parse_protocol(p: Option<&str>) -> Result<Protocol, String> {
+    match p.unwrap_or("TCP") {
+        "TCP" => Ok(Protocol::Tcp),
+        "UDP" => Ok(Protocol::Udp),
+        "SCTP" => Ok(Protocol::Sctp),
+        other => Err(format!("unknown protocol {other:?} (want TCP, UDP or SCTP)")),
+    }
+}
+
+/// Matches a label selector. An empty selector matches everything.
+pub fn selector_matches(
+    selector: &LabelSelector,
+    labels: &BTreeMap<String, String>,
+) -> Result<bool, String> {
+    for (k, v) in selector.match_labels.iter().flatten() {
+        if labels.get(k) != Some(v) {
+            return Ok(false);
+        }
+    }
+    for expr in selector.match_expressions.iter().flatten() {
+        let values = expr.values.as_deref().unwrap_or_default();
+        let value = labels.get(&expr.key);
+        let ok = match expr.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => !value.is_some_and(|v| values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            other => {
+                return Err(format!(
+                    "matchExpressions key {:?}: unknown operator {other:?}",
+                    expr.key
+                ))
+            }
+        };
+        if !ok {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+struct RuleContext<'a> {
+    index: &'a Index,
+    policy_ns: &'a str,
+    policy_name: &'a str,
+    errors: &'a mut Vec<String>,
+}
+
+/// A port entry of a rule before named ports are resolved.
+enum PortSpec {
+    Numbered(PortRange),
+    Named(Protocol, String),
+}
+
+/// A peer of a rule: an address block, or pods (which named ports need).
+enum PeerSpec<'a> {
+    Block(PeerBlock),
+    Pod(&'a PodInfo),
+}
+
+impl<'a> RuleContext<'a> {
+    fn error(&mut self, field: &str, msg: impl std::fmt::Display) {
+        self.errors
+            .push(format!("NetworkPolicy {}: {field}: {msg}", self.policy_name));
+    }
+
+    fn ingress_rule(
+        &mut self,
+        field: &str,
+        from: Option<&[NetworkPolicyPeer]>,
+        ports: Option<&[NetworkPolicyPort]>,
+        target: &PodInfo,
+    ) -> Vec<Rule> {
+        let Some(port_specs) = self.ports(field, ports) else {
+            return vec![];
+        };
+        // Named ports of an ingress rule name ports of the pod being guarded.
+        let mut resolved = Vec::new();
+        for spec in &port_specs {
+            match spec {
+                PortSpec::Numbered(p) => resolved.push(*p),
+                PortSpec::Named(proto, name) => resolved.extend(named(target, *proto, name)),
+            }
+        }
+        if !port_specs.is_empty() && resolved.is_empty() {
+            // The rule names ports, none of which exists here: it allows
+            // nothing. An empty list would mean "every port".
+            return vec![];
+        }
+        let peers = self.peers(field, "from", from);
+        let blocks: Vec<PeerBlock> = peers.into_iter().flat_map(peer_blocks).collect();
+        if blocks.is_empty() {
+            return vec![];
+        }
+        vec![Rule {
+            peers: blocks,
+            ports: resolved,
+        }]
+    }
+
+    fn egress_rule(
+        &mut self,
+        field: &str,
+        to: Option<&[NetworkPolicyPeer]>,
+        ports: Option<&[NetworkPolicyPort]>,
+    ) -> Vec<Rule> {
+        let Some(port_specs) = self.ports(field, ports) else {
+            return vec![];
+        };
+        let peers = self.peers(field, "to", to);
+        let numbered: Vec<PortRange> = port_specs
+            .iter()
+            .filter_map(|p| match p {
+                PortSpec::Numbered(r) => Some(*r),
+                PortSpec::Named(..) => None,
+            })
+            .collect();
+        let mut rules = Vec::new();
+        if port_specs.is_empty() || !numbered.is_empty() {
+            let blocks: Vec<PeerBlock> = peers.iter().flat_map(|p| peer_blocks_ref(p)).collect();
+            if !blocks.is_empty() {
+                rules.push(Rule {
+                    peers: blocks,
+                    ports: numbered,
+                });
+            }
+        }
+        // Named ports of an egress rule are resolved per destination pod, so
+        // each such pod gets a rule of its own.
+        for peer in &peers {
+            let PeerSpec::Pod(pod) = peer else { continue };
+            let ports: Vec<PortRange> = port_specs
+                .iter()
+                .filter_map(|p| match p {
+                    PortSpec::Named(proto, name) => Some(named(pod, *proto, name)),
+                    PortSpec::Numbered(_) => None,
+                })
+                .flatten()
+                .collect();
+            if !ports.is_empty() {
+                rules.push(Rule {
+                    peers: pod.ips.iter().map(|ip| block(host_prefix(*ip), vec![])).collect(),
+                    ports,
+                });
+            }
+        }
+        rules
+    }
+
+    /// The rule's ports; None when a port is invalid, which drops the rule so
+    /// an error can only narrow what is allowed.
+    fn ports(&mut self, field: &str, ports: Option<&[NetworkPolicyPort]>) -> Option<Vec<PortSpec>> {
+        let mut out = Vec::new();
+        for (i, p) in ports.unwrap_or_default().iter().enumerate() {
+            let f = format!("{field}.ports[{i}]");
+            let proto = match parse_protocol(p.protocol.as_deref()) {
+                Ok(proto) => proto,
+                Err(e) => {
+                    self.error(&f, e);
+                    return None;
+                }
+            };
+            match (&p.port, p.end_port) {
+                (None, None) => out.push(PortSpec::Numbered(range(proto, 0, 0))),
+                (None, Some(_)) => {
+                    self.error(&f, "endPort requires port");
+                    return None;
+                }
+                (Some(IntOrString::String(name)), None) => {
+                    if let Ok(n) = name.parse::<i32>() {
+                        // Tolerate quoted numbers from hand-written manifests.
+                        out.push(PortSpec::Numbered(self.number(&f, proto, n, None)?));
+                    } else {
+                        out.push(PortSpec::Named(proto, name.clone()));
+                    }
+                }
+                (Some(IntOrString::String(_)), Some(_)) => {
+                    self.error(&f, "endPort cannot be used with a named port");
+                    return None;
+                }
+                (Some(IntOrString::Int(n)), end) => {
+                    out.push(PortSpec::Numbered(self.number(&f, proto, *n, end)?));
+                }
+            }
+        }
+        Some(out)
+    }
+
+    fn number(&mut self, f: &str, proto: Protocol, port: i32, end: Option<i32>) -> Option<PortRange> {
+        if !(1..=65535).contains(&port) {
+            self.error(f, format!("port {port} is out of range 1-65535"));
+            return None;
+        }
+        if let Some(end) = end {
+            if !(1..=65535).contains(&end) || end < port {
+                self.error(f, format!("endPort {end} must be between port {port} and 65535"));
+                return None;
+            }
+        }
+        Some(range(proto, port as u32, end.map_or(0, |e| e as u32)))
+    }
+
+    fn peers(
+        &mut self,
+        field: &str,
+        key: &str,
+        peers: Option<&[NetworkPolicyPeer]>,
+    ) -> Vec<PeerSpec<'a>> {
+        let peers = peers.unwrap_or_default();
+        if peers.is_empty() {
+            // No peers listed: every address, in both families.
+            return vec![
+                PeerSpec::Block(block(prefix("0.0.0.0/0".parse().unwrap()), vec![])),
+                PeerSpec::Block(block(prefix("::/0".parse().unwrap()), vec![])),
+            ];
+        }
+        let mut out = Vec::new();
+        for (i, peer) in peers.iter().enumerate() {
+            let f = format!("{field}.{key}[{i}]");
+            if let Some(ip_block) = &peer.ip_block {
+                match parse_block(&ip_block.cidr, ip_block.except.as_deref().unwrap_or_default()) {
+                    Ok(b) => out.push(PeerSpec::Block(b)),
+                    Err(e) => self.error(&format!("{f}.ipBlock"), e),
+                }
+                continue;
+            }
+            if peer.pod_selector.is_none() && peer.namespace_selector.is_none() {
+                self.error(&f, "peer has none of podSelector, namespaceSelector, ipBlock");
+                continue;
+            }
+            match self.selected_pods(peer) {
+                Ok(pods) => out.extend(pods.into_iter().map(PeerSpec::Pod)),
+                Err(e) => self.error(&f, e),
+            }
+        }
+        out
+    }
+
+    fn selected_pods(&self, peer: &NetworkPolicyPeer) -> Result<Vec<&'a PodInfo>, String> {
+        let mut out = Vec::new();
+        for pod in &self.index.pods {
+            let ns_ok = match &peer.namespace_selector {
+                // Without a namespaceSelector, peers come from the policy's namespace.
+                None => pod.namespace == self.policy_ns,
+                Some(sel) => {
+                    let labels = self
+                        .index
+                        .namespace_labels
+                        .get(&pod.namespace)
+                        .cloned()
+                        .unwrap_or_default();
+                    selector_matches(sel, &labels).map_err(|e| format!("namespaceSelector: {e}"))?
+                }
+            };
+            if !ns_ok {
+                continue;
+            }
+            let pod_ok = match &peer.pod_selector {
+                None => true,
+                Some(sel) => {
+                    selector_matches(sel, &pod.labels).map_err(|e| format!("podSelector: {e}"))?
+                }
+            };
+            if pod_ok && !pod.host_network {
+                out.push(pod);
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn named(pod: &PodInfo, proto: Protocol, name: &str) -> Vec<PortRange> {
+    pod.named_ports
+        .get(name)
+        .into_iter()
+        .flatten()
+        .filter(|(p, _)| *p == proto)
+        .map(|(p, n)| range(*p, u32::from(*n), 0))
+        .collect()
+}
+
+fn peer_blocks(peer: PeerSpec<'_>) -> Vec<PeerBlock> {
+    peer_blocks_ref(&peer)
+}
+
+fn peer_blocks_ref(peer: &PeerSpec<'_>) -> Vec<PeerBlock> {
+    match peer {
+        PeerSpec::Block(b) => vec![b.clone()],
+        PeerSpec::Pod(pod) => pod.ips.iter().map(|ip| block(host_prefix(*ip), vec![])).collect(),
+    }
+}
+
+fn range(proto: Protocol, port: u32, end_port: u32) -> PortRange {
+    PortRange {
+        protocol: proto as i32,
+        port,
+        end_port,
+    }
+}
+
+fn block(cidr: IpPrefix, except: Vec<IpPrefix>) -> PeerBlock {
+    PeerBlock {
+        cidr: Some(cidr),
+        except,
+    }
+}
+
+/// Parses an ipBlock. Host bits set in a CIDR are an error, as the API server
+/// would reject them; an except must lie inside the CIDR.
+pub fn parse_block(cidr: &str, except: &[String]) -> Result<PeerBlock, String> {
+    let net = parse_cidr(cidr)?;
+    let mut out = Vec::new();
+    for e in except {
+        let ex = parse_cidr(e).map_err(|m| format!("except: {m}"))?;
+        if !net.contains(&ex) {
+            return Err(format!("except {e:?} is not inside cidr {cidr:?}"));
+        }
+        out.push(prefix(ex));
+    }
+    Ok(block(prefix(net), out))
+}
+
+fn parse_cidr(s: &str) -> Result<IpNet, String> {
+    let net: IpNet = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a CIDR (want e.g. 10.0.0.0/8 or fd00::/64)"))?;
+    if net.trunc() != net {
+        return Err(format!(
+            "{s:?} has host bits set (did you mean {}?)",
+            net.trunc()
+        ));
+    }
+    Ok(net)
+}
+
+pub fn prefix(net: IpNet) -> IpPrefix {
+    IpPrefix {
+        addr: match net.addr() {
+            IpAddr::V4(a) => a.octets().to_vec(),
+            IpAddr::V6(a) => a.octets().to_vec(),
+        },
+        prefix_len: u32::from(net.prefix_len()),
+    }
+}
+
+pub fn host_prefix(ip: IpAddr) -> IpPrefix {
+    prefix(IpNet::from(ip))
+}
+
+#[cfg(test)]
+mod tests;

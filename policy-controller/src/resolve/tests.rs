@@ -1,0 +1,320 @@
+use super::*;
+use crate::cluster::Object;
+
+fn state(yaml: &str) -> ClusterState {
+    let mut objects = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let v = serde_yaml::Value::deserialize(doc).unwrap();
+        let kind = v["kind"].as_str().unwrap().to_string();
+        objects.push(match kind.as_str() {
+            "Namespace" => Object::Namespace(serde_yaml::from_value(v).unwrap()),
+            "Pod" => Object::Pod(serde_yaml::from_value(v).unwrap()),
+            "NetworkPolicy" => Object::NetworkPolicy(serde_yaml::from_value(v).unwrap()),
+            k => panic!("kind {k}"),
+        });
+    }
+    ClusterState::from_objects(objects, String::new())
+}
+use serde::Deserialize;
+
+const PODS: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: x, labels: {team: red}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: y, labels: {team: blue}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: a, namespace: x, labels: {app: a}}
+spec: {nodeName: n1, containers: [{name: c, ports: [{containerPort: 80, name: http}]}]}
+status: {podIP: 10.0.0.1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: b, namespace: x, labels: {app: b}}
+spec: {nodeName: n1, containers: [{name: c, ports: [{containerPort: 8080, name: http}, {containerPort: 53, name: dns, protocol: UDP}]}]}
+status: {podIP: 10.0.0.2}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: c, namespace: x, labels: {app: c}}
+spec: {nodeName: n2, containers: [{name: c}]}
+status: {podIP: 10.0.0.3}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: d, namespace: y, labels: {app: a}}
+spec: {nodeName: n2, containers: [{name: c}]}
+status: {podIP: 10.0.1.4}
+"#;
+
+fn with(policies: &str) -> Resolution {
+    resolve_with_errors(&state(&format!("{PODS}\n---\n{policies}")))
+}
+
+fn pod<'a>(r: &'a Resolution, node: &str, ns: &str, name: &str) -> Option<&'a PodPolicy> {
+    r.plans.get(node)?.pods.get(&(ns.to_string(), name.to_string()))
+}
+
+fn v4(s: &str) -> IpPrefix {
+    prefix(s.parse().unwrap())
+}
+
+fn peer_cidrs(rule: &Rule) -> Vec<IpPrefix> {
+    rule.peers.iter().map(|p| p.cidr.clone().unwrap()).collect()
+}
+
+#[test]
+fn no_policy_means_empty_plans() {
+    let r = resolve_with_errors(&state(PODS));
+    assert!(r.plans.is_empty());
+    assert!(r.errors.is_empty());
+}
+
+#[test]
+fn default_deny_ingress_isolates_only_selected_pods_on_their_node() {
+    let r = with(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny, namespace: x}\nspec: {podSelector: {matchLabels: {app: b}}}",
+    );
+    let b = pod(&r, "n1", "x", "b").expect("b is in n1's plan");
+    assert_eq!(b.ingress, Some(DirectionPolicy { rules: vec![] }));
+    assert_eq!(b.egress, None, "policyTypes defaults to Ingress only");
+    assert_eq!(b.policies, vec!["x/deny"]);
+    assert_eq!(b.pod_ips, vec![v4("10.0.0.2/32")]);
+    assert!(pod(&r, "n1", "x", "a").is_none());
+    assert!(!r.plans.contains_key("n2"), "n2 has no selected pod");
+}
+
+#[test]
+fn pod_selector_peer_is_same_namespace_only() {
+    let r = with(
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: allow-a, namespace: x}
+spec:
+  podSelector: {matchLabels: {app: b}}
+  ingress: [{from: [{podSelector: {matchLabels: {app: a}}}], ports: [{port: 80}]}]"#,
+    );
+    let b = pod(&r, "n1", "x", "b").unwrap();
+    let rules = &b.ingress.as_ref().unwrap().rules;
+    assert_eq!(rules.len(), 1);
+    // y/d has app=a but lives in another namespace.
+    assert_eq!(peer_cidrs(&rules[0]), vec![v4("10.0.0.1/32")]);
+    assert_eq!(rules[0].ports, vec![range(Protocol::Tcp, 80, 0)]);
+}
+
+#[test]
+fn namespace_selector_alone_and_with_pod_selector() {
+    let r = with(
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {matchLabels: {app: b}}
+  ingress:
+  - from: [{namespaceSelector: {matchLabels: {team: blue}}}]
+  - from: [{namespaceSelector: {}, podSelector: {matchLabels: {app: a}}}]"#,
+    );
+    let rules = &pod(&r, "n1", "x", "b").unwrap().ingress.as_ref().unwrap().rules;
+    assert_eq!(peer_cidrs(&rules[0]), vec![v4("10.0.1.4/32")]);
+    assert_eq!(peer_cidrs(&rules[1]), vec![v4("10.0.0.1/32"), v4("10.0.1.4/32")]);
+}
+
+#[test]
+fn implicit_namespace_name_label_matches() {
+    let r = with(
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {}
+  ingress: [{from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]}]"#,
+    );
+    let rules = &pod(&r, "n1", "x", "a").unwrap().ingress.as_ref().unwrap().rules;
+    assert_eq!(peer_cidrs(&rules[0]), vec![v4("10.0.1.4/32")]);
+}
+
+#[test]
+fn empty_from_allows_every_address_of_both_families() {
+    let r = with(
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {matchLabels: {app: a}}
+  ingress: [{ports: [{port: 80, endPort: 90, protocol: UDP}]}]"#,
+    );
+    let rules = &pod(&r, "n1", "x", "a").unwrap().ingress.as_ref().unwrap().rules;
+    assert_eq!(peer_cidrs(&rules[0]), vec![v4("0.0.0.0/0"), prefix("::/0".parse().unwrap())]);
+    assert_eq!(rules[0].ports, vec![range(Protocol::Udp, 80, 90)]);
+}
+
+#[test]
+fn ip_block_with_except_and_egress_policy_type() {
+    let r = with(
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {matchLabels: {app: a}}
+  policyTypes: [Egress]
+  egress: [{to: [{ipBlock: {cidr: 10.0.0.0/16, except: [10.0.1.0/24]}}]}]"#,
+    );
+    let a = pod(&r, "n1", "x", "a").unwrap();
+    assert_eq!(a.ingress, None);
+    let rules = &a.egress.as_ref().unwrap().rules;
+    assert_eq!(
+        rules[0].peers,
+        vec![PeerBlock {
+            cidr: Some(v4("10.0.0.0/16")),
+            except: vec![v4("10.0.1.0/24")]
+        }]
+    );
+    assert!(rules[0].ports.is_empty());
+}
+
+#[test]
+fn named_ports_resolve_per_target_on_ingress_and_per_peer_on_egress() {
+    let r = with(
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: in, namespace: x}
+spec:
+  podSelector: {matchExpressions: [{key: app, operator: In, values: [a, b]}]}
+  ingress: [{ports: [{port: http}]}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: out, namespace: x}
+spec:
+  podSelector: {matchLabels: {app: c}}
+  policyTypes: [Egress]
+  egress: [{to: [{podSelector: {}}], ports: [{port: http}, {port: dns, protocol: UDP}]}]"#,
+    );
+    let ports = |ns, n, node| {
+        pod(&r, node, ns, n).unwrap().ingress.as_ref().unwrap().rules[0]
+            .ports
+            .clone()
+    };
+    assert_eq!(ports("x", "a", "n1"), vec![range(Protocol::Tcp, 80, 0)]);
+    assert_eq!(ports("x", "b", "n1"), vec![range(Protocol::Tcp, 8080, 0)]);
+    let egress = &pod(&r, "n2", "x", "c").unwrap().egress.as_ref().unwrap().rules;
+    // Only named ports: no rule for all peers; one rule per pod that has them.
+    assert_eq!(egress.len(), 2);
+    assert_eq!(peer_cidrs(&egress[0]), vec![v4("10.0.0.1/32")]);
+    assert_eq!(egress[0].ports, vec![range(Protocol::Tcp, 80, 0)]);
+    assert_eq!(peer_cidrs(&egress[1]), vec![v4("10.0.0.2/32")]);
+    assert_eq!(
+        egress[1].ports,
+        vec![range(Protocol::Tcp, 8080, 0), range(Protocol::Udp, 53, 0)]
+    );
+}
+
+#[test]
+fn unresolvable_named_port_allows_nothing_rather_than_everything() {
+    let r = with(
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {matchLabels: {app: a}}
+  ingress: [{ports: [{port: metrics}]}]"#,
+    );
+    let a = pod(&r, "n1", "x", "a").unwrap();
+    assert_eq!(a.ingress, Some(DirectionPolicy { rules: vec![] }));
+}
+
+#[test]
+fn bad_input_is_named_and_only_narrows() {
+    let r = with(
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: bad, namespace: x}
+spec:
+  podSelector: {matchLabels: {app: a}}
+  ingress:
+  - from: [{ipBlock: {cidr: 10.0.0.1/8}}, {ipBlock: {cidr: nonsense}}, {ipBlock: {cidr: 10.0.0.0/8, except: [192.168.0.0/16]}}]
+  - ports: [{port: 70000}]
+  - ports: [{port: 80, endPort: 79}]
+  - ports: [{port: 80, protocol: ICMP}]"#,
+    );
+    let a = pod(&r, "n1", "x", "a").unwrap();
+    assert_eq!(a.ingress, Some(DirectionPolicy { rules: vec![] }), "the policy still isolates");
+    let all = r.errors.join("\n");
+    for needle in [
+        "NetworkPolicy x/bad: spec.ingress[0].from[0].ipBlock: \"10.0.0.1/8\" has host bits set",
+        "spec.ingress[0].from[1].ipBlock: \"nonsense\" is not a CIDR",
+        "spec.ingress[0].from[2].ipBlock: except \"192.168.0.0/16\" is not inside cidr",
+        "spec.ingress[1].ports[0]: port 70000 is out of range",
+        "spec.ingress[2].ports[0]: endPort 79 must be between port 80",
+        "spec.ingress[3].ports[0]: unknown protocol \"ICMP\"",
+    ] {
+        assert!(all.contains(needle), "missing {needle:?} in:\n{all}");
+    }
+}
+
+#[test]
+fn rules_of_several_policies_are_unioned() {
+    let r = with(
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: one, namespace: x}
+spec:
+  podSelector: {matchLabels: {app: b}}
+  ingress: [{from: [{podSelector: {matchLabels: {app: a}}}]}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: two, namespace: x}
+spec:
+  podSelector: {}
+  ingress: [{from: [{podSelector: {matchLabels: {app: c}}}]}]"#,
+    );
+    let b = pod(&r, "n1", "x", "b").unwrap();
+    assert_eq!(b.policies, vec!["x/one", "x/two"]);
+    assert_eq!(b.ingress.as_ref().unwrap().rules.len(), 2);
+}
+
+#[test]
+fn finished_and_host_network_pods_are_not_peers() {
+    let r = resolve_with_errors(&state(&format!(
+        "{PODS}\n---\n{}",
+        r#"apiVersion: v1
+kind: Pod
+metadata: {name: done, namespace: x, labels: {app: a}}
+spec: {nodeName: n1, containers: [{name: c}]}
+status: {podIP: 10.0.0.9, phase: Succeeded}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: host, namespace: x, labels: {app: a}}
+spec: {nodeName: n1, hostNetwork: true, containers: [{name: c}]}
+status: {podIP: 192.168.1.1}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: p, namespace: x}
+spec:
+  podSelector: {}
+  ingress: [{from: [{podSelector: {matchLabels: {app: a}}}]}]"#
+    )));
+    let rules = &pod(&r, "n1", "x", "b").unwrap().ingress.as_ref().unwrap().rules;
+    assert_eq!(peer_cidrs(&rules[0]), vec![v4("10.0.0.1/32")]);
+    assert!(pod(&r, "n1", "x", "host").is_none());
+}
+
+#[test]
+fn resolution_does_not_depend_on_object_order() {
+    let text = format!(
+        "{PODS}\n---\n{}",
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p, namespace: x}\nspec: {podSelector: {}, ingress: [{from: [{podSelector: {}}]}]}"
+    );
+    let mut docs: Vec<&str> = text.split("\n---\n").collect();
+    let forward = resolve_with_errors(&state(&docs.join("\n---\n")));
+    docs.reverse();
+    let backward = resolve_with_errors(&state(&docs.join("\n---\n")));
+    assert_eq!(forward, backward);
+}

@@ -1,0 +1,158 @@
+//! The controller's gRPC services: the plan stream (one per node), state
+//! reports, and the debug dump. Handlers only read and write the hub.
+
+use std::pin::Pin;
+
+use futures::Stream;
+use palisade_proto::v1::{
+    debug_service_server::{DebugService, DebugServiceServer},
+    plan_service_server::{PlanService, PlanServiceServer},
+    subscribe_response::Update,
+    GetControllerStateRequest, GetControllerStateResponse, GetEnforcerStateRequest,
+    GetEnforcerStateResponse, NodeView, ReportStateRequest, ReportStateResponse,
+    SubscribeRequest, SubscribeResponse,
+};
+use tonic::{Request, Response, Status};
+
+use crate::hub::{delta, Hub};
+
+pub struct PlanServer {
+    hub: Hub,
+}
+
+type PlanStream = Pin<Box<dyn Stream<Item = Result<SubscribeResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl PlanService for PlanServer {
+    type SubscribeStream = PlanStream;
+
+    async fn subscribe(
+        &self,
+        request: Request<SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let req = request.into_inner();
+        if req.node_name.is_empty() {
+            return Err(Status::invalid_argument("node_name is required"));
+        }
+        tracing::info!(node = %req.node_name, enforcer = %req.enforcer_id, "enforcer subscribed");
+        let mut sub = self.hub.subscribe(&req.node_name);
+        let node = req.node_name.clone();
+        let stream = async_stream(move |tx| async move {
+            let mut sent = sub.rx.borrow_and_update().clone();
+            let first = SubscribeResponse {
+                update: Some(Update::Snapshot(sent.snapshot())),
+            };
+            if tx.send(Ok(first)).await.is_err() {
+                return;
+            }
+            while sub.rx.changed().await.is_ok() {
+                let next = sub.rx.borrow_and_update().clone();
+                if let Some(d) = delta(&sent, &next) {
+                    let msg = SubscribeResponse {
+                        update: Some(Update::Delta(d)),
+                    };
+                    if tx.send(Ok(msg)).await.is_err() {
+                        break;
+                    }
+                }
+                sent = next;
+            }
+            tracing::info!(%node, "enforcer stream ended");
+        });
+        Ok(Response::new(stream))
+    }
+
+    async fn report_state(
+        &self,
+        request: Request<ReportStateRequest>,
+    ) -> Result<Response<ReportStateResponse>, Status> {
+        let state = request
+            .into_inner()
+            .state
+            .ok_or_else(|| Status::invalid_argument("state is required"))?;
+        if state.node_name.is_empty() {
+            return Err(Status::invalid_argument("state.node_name is required"));
+        }
+        self.hub.report(state);
+        Ok(Response::new(ReportStateResponse {}))
+    }
+}
+
+/// Runs a producer task feeding a channel-backed stream; the task stops when
+/// the client goes away and the channel closes.
+fn async_stream<F, Fut>(f: F) -> PlanStream
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<SubscribeResponse, Status>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(f(tx));
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+pub struct DebugServer {
+    hub: Hub,
+}
+
+#[tonic::async_trait]
+impl DebugService for DebugServer {
+    async fn get_controller_state(
+        &self,
+        _: Request<GetControllerStateRequest>,
+    ) -> Result<Response<GetControllerStateResponse>, Status> {
+        let view = self.hub.view();
+        Ok(Response::new(GetControllerStateResponse {
+            source_revision: view.source_revision,
+            source_marker: view.source_marker,
+            errors: view.errors,
+            nodes: view
+                .nodes
+                .into_iter()
+                .map(|n| NodeView {
+                    node_name: n.node_name,
+                    plan_version: n.plan.version,
+                    plan_source_revision: n.plan.source_revision,
+                    connected: n.subscribers > 0,
+                    reported: n.reported,
+                    plan: Some(n.plan.snapshot()),
+                })
+                .collect(),
+        }))
+    }
+
+    async fn get_enforcer_state(
+        &self,
+        _: Request<GetEnforcerStateRequest>,
+    ) -> Result<Response<GetEnforcerStateResponse>, Status> {
+        Err(Status::unimplemented(
+            "this is the policy-controller; ask a node-enforcer (GetControllerState shows what each node reported)",
+        ))
+    }
+}
+
+/// Every service of the controller, with health and reflection.
+pub async fn router(hub: Hub) -> Result<tonic::transport::server::Router, String> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<PlanServiceServer<PlanServer>>()
+        .await;
+    health
+        .set_serving::<DebugServiceServer<DebugServer>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(palisade_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| format!("reflection: {e}"))?;
+    let reflection_alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(palisade_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(|e| format!("reflection: {e}"))?;
+    Ok(tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(reflection_alpha)
+        .add_service(PlanServiceServer::new(PlanServer { hub: hub.clone() }))
+        .add_service(DebugServiceServer::new(DebugServer { hub })))
+}

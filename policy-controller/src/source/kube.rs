@@ -1,0 +1,234 @@
+//! The real cluster: Namespaces, Pods and NetworkPolicies from the API server
+//! through kube-rs reflectors (list, then watch, all namespaces).
+//!
+//! Nothing is published until all three reflectors have finished their first
+//! list: resolving with the policies listed but the pods not yet would hand
+//! nodes a plan that drops every peer. After that, each burst of changes is
+//! coalesced for [`DEBOUNCE`] (at most [`MAX_DELAY`] under constant churn)
+//! and published once, if the objects actually differ from the last
+//! publication.
+//!
+//! The marker is `k8s namespaces=<rv> pods=<rv> networkpolicies=<rv>`: for
+//! each kind, the highest resourceVersion its watch has delivered (compared
+//! as numbers, as etcd issues them; a non-numeric one simply replaces the
+//! previous). Kinds are kept apart because each has its own watch stream: the
+//! view is at least that new for each kind, which one cluster-wide number
+//! could not promise.
+
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::time::Duration;
+
+use futures::stream::{self, BoxStream, StreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+
+use crate::cluster::{ClusterState, Object};
+
+pub const DEBOUNCE: Duration = Duration::from_millis(50);
+pub const MAX_DELAY: Duration = Duration::from_millis(500);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Namespaces,
+    Pods,
+    NetworkPolicies,
+}
+
+/// What one reflector reported, after its store took it in.
+struct Notice {
+    kind: Kind,
+    resource_version: Option<String>,
+    /// Whether the store may now differ. An object of a relist is only
+    /// buffered by the store until the relist completes.
+    changed: bool,
+}
+
+/// Watches the cluster through `client` and publishes `Some(state)` on `tx`
+/// after the initial lists and after every change. Returns only when `tx`
+/// has no receivers left or every watch stream has ended (they do not end on
+/// errors: those are logged and retried with backoff).
+pub async fn run(client: Client, tx: watch::Sender<Option<ClusterState>>) {
+    let (namespaces, ns_writer) = reflector::store::<Namespace>();
+    let (pods, pod_writer) = reflector::store::<Pod>();
+    let (policies, np_writer) = reflector::store::<NetworkPolicy>();
+    let mut notices = stream::select_all([
+        reflect(Api::all(client.clone()), ns_writer, Kind::Namespaces),
+        reflect(Api::all(client.clone()), pod_writer, Kind::Pods),
+        reflect(Api::all(client), np_writer, Kind::NetworkPolicies),
+    ]);
+    let mut versions = Versions::default();
+
+    // The stores fill only while their streams are polled, so wait for
+    // readiness while draining the notices.
+    let ready = async {
+        tokio::try_join!(
+            namespaces.wait_until_ready(),
+            pods.wait_until_ready(),
+            policies.wait_until_ready(),
+        )
+    };
+    tokio::pin!(ready);
+    loop {
+        tokio::select! {
+            result = &mut ready => {
+                if let Err(e) = result {
+                    tracing::error!(error = %e, "a reflector stopped before its first list");
+                    return;
+                }
+                break;
+            }
+            notice = notices.next() => match notice {
+                Some(notice) => versions.note(&notice),
+                None => {
+                    tracing::error!("watch streams ended before the first list");
+                    return;
+                }
+            },
+            _ = tx.closed() => return,
+        }
+    }
+
+    let mut published: Option<ClusterState> = None;
+    publish(&tx, &mut published, &namespaces, &pods, &policies, &versions);
+
+    loop {
+        let first = tokio::select! {
+            notice = notices.next() => notice,
+            _ = tx.closed() => return,
+        };
+        let Some(first) = first else {
+            tracing::error!("all watch streams ended");
+            return;
+        };
+        versions.note(&first);
+        if !first.changed {
+            continue;
+        }
+        let deadline = tokio::time::Instant::now() + MAX_DELAY;
+        loop {
+            let quiet = (tokio::time::Instant::now() + DEBOUNCE).min(deadline);
+            match tokio::time::timeout_at(quiet, notices.next()).await {
+                Ok(Some(notice)) => versions.note(&notice),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        publish(&tx, &mut published, &namespaces, &pods, &policies, &versions);
+    }
+}
+
+/// One kind's reflector as a stream of notices.
+fn reflect<K>(api: Api<K>, writer: reflector::store::Writer<K>, kind: Kind) -> BoxStream<'static, Notice>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone,
+{
+    watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        // managedFields are often the larger part of an object and policy
+        // never reads them; the store keeps every object of the cluster.
+        .modify(|obj: &mut K| obj.meta_mut().managed_fields = None)
+        .reflect(writer)
+        .filter_map(move |event| async move {
+            let (object, changed) = match event {
+                Ok(Event::Apply(obj) | Event::Delete(obj)) => (Some(obj), true),
+                Ok(Event::InitApply(obj)) => (Some(obj), false),
+                // The store swaps in the relisted objects here.
+                Ok(Event::InitDone) => (None, true),
+                Ok(Event::Init) => return None,
+                Err(e) => {
+                    // The backoff retries; a transient API error must never
+                    // stop the controller or withdraw the published state.
+                    tracing::warn!(?kind, error = %e, "watch failed; retrying with backoff");
+                    return None;
+                }
+            };
+            Some(Notice {
+                kind,
+                resource_version: object.and_then(|o| o.resource_version()),
+                changed,
+            })
+        })
+        .boxed()
+}
+
+#[derive(Default)]
+struct Versions {
+    namespaces: String,
+    pods: String,
+    policies: String,
+}
+
+impl Versions {
+    fn note(&mut self, notice: &Notice) {
+        let Some(rv) = notice.resource_version.as_deref().filter(|rv| !rv.is_empty()) else {
+            return;
+        };
+        let slot = match notice.kind {
+            Kind::Namespaces => &mut self.namespaces,
+            Kind::Pods => &mut self.pods,
+            Kind::NetworkPolicies => &mut self.policies,
+        };
+        let newer = match (rv.parse::<u64>(), slot.parse::<u64>()) {
+            (Ok(new), Ok(old)) => new > old,
+            _ => true,
+        };
+        if newer {
+            *slot = rv.to_string();
+        }
+    }
+
+    fn marker(&self) -> String {
+        format!(
+            "k8s namespaces={} pods={} networkpolicies={}",
+            self.namespaces, self.pods, self.policies
+        )
+    }
+}
+
+fn publish(
+    tx: &watch::Sender<Option<ClusterState>>,
+    published: &mut Option<ClusterState>,
+    namespaces: &Store<Namespace>,
+    pods: &Store<Pod>,
+    policies: &Store<NetworkPolicy>,
+    versions: &Versions,
+) {
+    let objects = namespaces
+        .state()
+        .into_iter()
+        .map(|o| Object::Namespace((*o).clone()))
+        .chain(pods.state().into_iter().map(|o| Object::Pod((*o).clone())))
+        .chain(
+            policies
+                .state()
+                .into_iter()
+                .map(|o| Object::NetworkPolicy((*o).clone())),
+        );
+    let state = ClusterState::from_objects(objects, versions.marker());
+    // A relist after a watch reconnect replays the whole cluster; without
+    // this, every reconnect would make every node's plan be recomputed.
+    if let Some(last) = published {
+        if last.namespaces == state.namespaces
+            && last.pods == state.pods
+            && last.policies == state.policies
+        {
+            return;
+        }
+    }
+    tracing::info!(
+        marker = %state.marker,
+        namespaces = state.namespaces.len(),
+        pods = state.pods.len(),
+        policies = state.policies.len(),
+        "cluster state changed"
+    );
+    *published = Some(state.clone());
+    tx.send_replace(Some(state));
+}

@@ -1,0 +1,402 @@
+//! Where the controller's view of the cluster comes from.
+//!
+//! Two sources produce the same [`ClusterState`](crate::cluster::ClusterState): [`kube`] watches a real API
+//! server, [`manifest`] watches a directory of manifests (the lab's cluster).
+//! Both publish through a `tokio::sync::watch` channel holding
+//! `Option<ClusterState>`: `None` until the source has a complete first view,
+//! so nothing downstream ever resolves a half-listed cluster.
+//!
+//! This module also holds the manifest parser both the manifest source and the
+//! tests use. Every document is untrusted: a malformed one is an error naming
+//! the document and the field, never a panic and never a silently dropped
+//! object (a dropped NetworkPolicy would open traffic).
+
+pub mod kube;
+pub mod manifest;
+
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::cluster::Object;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// One document (1-based, in the order of the text) could not be used.
+    #[error("document {document}: {problem}")]
+    Document { document: usize, problem: String },
+    /// A file's content could not be used.
+    #[error("{}: {problem}", path.display())]
+    File {
+        path: PathBuf,
+        problem: Box<SourceError>,
+    },
+    #[error("{}: {error}", path.display())]
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+}
+
+/// Parses manifests: YAML (several documents separated by `---`) or JSON (one
+/// or more concatenated values, or a top-level array). `List` objects (and
+/// typed lists such as `PodList`, as `kubectl get -o json` prints them) are
+/// flattened. Objects other than v1 Namespace, v1 Pod and
+/// networking.k8s.io/v1 NetworkPolicy are skipped; a namespaced object
+/// without a namespace lands in "default", as `kubectl apply` would put it.
+pub fn parse_objects(text: &str) -> Result<Vec<Object>, SourceError> {
+    let mut objects = Vec::new();
+    let trimmed = text.trim_start();
+    // JSON is nearly YAML, but serde_json reports JSON mistakes far better
+    // and handles concatenated values, so JSON-looking text goes there.
+    if trimmed.starts_with('{') || trimmed.starts_with('[') {
+        let stream = serde_json::Deserializer::from_str(text).into_iter::<Value>();
+        for (i, value) in stream.enumerate() {
+            let document = i + 1;
+            let value = value.map_err(|e| SourceError::Document {
+                document,
+                problem: format!("invalid JSON: {e}"),
+            })?;
+            decode_document(value, document, &mut objects)?;
+        }
+    } else {
+        for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+            let document = i + 1;
+            let value = Value::deserialize(doc).map_err(|e| SourceError::Document {
+                document,
+                problem: format!("invalid YAML: {e}"),
+            })?;
+            decode_document(value, document, &mut objects)?;
+        }
+    }
+    Ok(objects)
+}
+
+fn decode_document(
+    value: Value,
+    document: usize,
+    out: &mut Vec<Object>,
+) -> Result<(), SourceError> {
+    let err = |problem: String| SourceError::Document { document, problem };
+    match value {
+        // `---` at the start or end of a file, or an empty document.
+        Value::Null => Ok(()),
+        Value::Array(items) => {
+            for (i, item) in items.into_iter().enumerate() {
+                decode_object(item, &format!("[{i}]: "), None, out).map_err(err)?;
+            }
+            Ok(())
+        }
+        value => decode_object(value, "", None, out).map_err(err),
+    }
+}
+
+/// `inherited` is the (apiVersion, kind) of the items of a typed list, whose
+/// items may omit their own.
+fn decode_object(
+    value: Value,
+    at: &str,
+    inherited: Option<(&str, &str)>,
+    out: &mut Vec<Object>,
+) -> Result<(), String> {
+    let mut map = match value {
+        Value::Object(map) => map,
+        other => return Err(format!("{at}expected an object, found {}", json_type(&other))),
+    };
+    let field = |name: &str| -> Result<Option<String>, String> {
+        match map.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(format!(
+                "{at}{name}: expected a string, found {}",
+                json_type(other)
+            )),
+        }
+    };
+    let (api_version, kind) = match (field("apiVersion")?, field("kind")?, inherited) {
+        (Some(a), Some(k), _) => (a, k),
+        (None, None, Some((a, k))) => (a.to_string(), k.to_string()),
+        (None, _, _) => return Err(format!("{at}apiVersion is missing")),
+        (_, None, _) => return Err(format!("{at}kind is missing")),
+    };
+
+    if let Some(item_kind) = kind.strip_suffix("List") {
+        if let Some(items) = map.remove("items") {
+            let Value::Array(items) = items else {
+                return Err(format!(
+                    "{at}items: expected a sequence, found {}",
+                    json_type(&items)
+                ));
+            };
+            // A generic `List` carries fully typed items; `PodList` and the
+            // like may carry bare ones whose type the list implies.
+            let implied = (!item_kind.is_empty()).then_some((api_version.as_str(), item_kind));
+            for (i, item) in items.into_iter().enumerate() {
+                decode_object(item, &format!("{at}items[{i}]: "), implied, out)?;
+            }
+            return Ok(());
+        }
+    }
+
+    let display = {
+        let meta = map.get("metadata");
+        let get = |k: &str| meta.and_then(|m| m.get(k)).and_then(Value::as_str).unwrap_or("");
+        match (get("namespace"), get("name")) {
+            ("", name) => format!("{kind} {}", or_unnamed(name)),
+            (ns, name) => format!("{kind} {ns}/{}", or_unnamed(name)),
+        }
+    };
+    let value = Value::Object(map);
+
+    // Typed objects from a typed list may lack apiVersion/kind; k8s-openapi
+    // checks them only when present, so the value can be used as it is.
+    let object = match (api_version.as_str(), kind.as_str()) {
+        ("v1", "Namespace") => {
+            let mut ns: Namespace = typed(value, at, &display)?;
+            require_name(&ns.metadata, at, &kind)?;
+            // Namespaces are cluster-scoped; a stray namespace field must not
+            // make two manifests of one namespace look different.
+            ns.metadata.namespace = None;
+            Object::Namespace(ns)
+        }
+        ("v1", "Pod") => {
+            let mut pod: Pod = typed(value, at, &display)?;
+            require_name(&pod.metadata, at, &kind)?;
+            default_namespace(&mut pod.metadata);
+            Object::Pod(pod)
+        }
+        ("networking.k8s.io/v1", "NetworkPolicy") => {
+            let mut np: NetworkPolicy = typed(value, at, &display)?;
+            require_name(&np.metadata, at, &kind)?;
+            default_namespace(&mut np.metadata);
+            Object::NetworkPolicy(np)
+        }
+        _ => {
+            tracing::debug!(%api_version, %kind, "skipping object of a kind policy does not read");
+            return Ok(());
+        }
+    };
+    out.push(object);
+    Ok(())
+}
+
+fn typed<T: DeserializeOwned>(
+    value: Value,
+    at: &str,
+    display: &str,
+) -> Result<T, String> {
+    serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." || path.is_empty() {
+            format!("{at}{display}: {}", e.inner())
+        } else {
+            format!("{at}{display}: {path}: {}", e.inner())
+        }
+    })
+}
+
+fn require_name(meta: &ObjectMeta, at: &str, kind: &str) -> Result<(), String> {
+    match meta.name.as_deref() {
+        Some(name) if !name.is_empty() => Ok(()),
+        _ => Err(format!("{at}{kind}: metadata.name is missing")),
+    }
+}
+
+fn default_namespace(meta: &mut ObjectMeta) {
+    if meta.namespace.as_deref().unwrap_or("").is_empty() {
+        meta.namespace = Some("default".into());
+    }
+}
+
+fn or_unnamed(name: &str) -> &str {
+    if name.is_empty() {
+        "<unnamed>"
+    } else {
+        name
+    }
+}
+
+fn json_type(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a sequence",
+        Value::Object(_) => "a map",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(objects: &[Object]) -> Vec<String> {
+        objects
+            .iter()
+            .map(|o| match o {
+                Object::Namespace(n) => format!("ns {}", n.metadata.name.as_deref().unwrap()),
+                Object::Pod(p) => format!(
+                    "pod {}/{}",
+                    p.metadata.namespace.as_deref().unwrap(),
+                    p.metadata.name.as_deref().unwrap()
+                ),
+                Object::NetworkPolicy(p) => format!(
+                    "np {}/{}",
+                    p.metadata.namespace.as_deref().unwrap(),
+                    p.metadata.name.as_deref().unwrap()
+                ),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn multi_document_yaml_skips_unknown_kinds_and_defaults_namespace() {
+        let text = r#"
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: web
+  labels: {team: a}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p1}
+spec:
+  nodeName: n1
+  containers: [{name: c, image: i, ports: [{containerPort: 80, name: http}]}]
+status: {podIP: 10.0.0.1}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: d, namespace: web}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: s, namespace: web}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny, namespace: web}
+spec:
+  podSelector: {}
+  policyTypes: [Ingress]
+---
+"#;
+        let objects = parse_objects(text).unwrap();
+        assert_eq!(
+            names(&objects),
+            ["ns web", "pod default/p1", "np web/deny"]
+        );
+    }
+
+    #[test]
+    fn list_and_typed_list_are_flattened() {
+        let yaml = r#"
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Namespace
+  metadata: {name: a}
+- apiVersion: v1
+  kind: ConfigMap
+  metadata: {name: skip, namespace: a}
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: p, namespace: a}
+"#;
+        assert_eq!(
+            names(&parse_objects(yaml).unwrap()),
+            ["ns a", "pod a/p"]
+        );
+        // As the API serves it: items without apiVersion/kind.
+        let json = r#"{"apiVersion":"v1","kind":"PodList","metadata":{"resourceVersion":"7"},
+            "items":[{"metadata":{"name":"x","namespace":"b"}},{"metadata":{"name":"y","namespace":"b"}}]}"#;
+        assert_eq!(
+            names(&parse_objects(json).unwrap()),
+            ["pod b/x", "pod b/y"]
+        );
+    }
+
+    #[test]
+    fn json_single_concatenated_and_array() {
+        let one = r#"{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"a"}}"#;
+        assert_eq!(names(&parse_objects(one).unwrap()), ["ns a"]);
+        let two = format!("{one}\n{}", one.replace("\"a\"", "\"b\""));
+        assert_eq!(names(&parse_objects(&two).unwrap()), ["ns a", "ns b"]);
+        let array = format!("[{one}]");
+        assert_eq!(names(&parse_objects(&array).unwrap()), ["ns a"]);
+    }
+
+    #[test]
+    fn malformed_document_error_names_document_object_and_field() {
+        let text = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: x}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: y}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny, namespace: x}
+spec:
+  podSelector: {}
+  ingress:
+  - ports:
+    - port: [80]
+"#;
+        let err = parse_objects(text).unwrap_err().to_string();
+        assert!(
+            err.starts_with("document 3: NetworkPolicy x/deny: spec.ingress[0].ports[0].port: "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn every_kind_of_garbage_is_an_error_not_a_panic() {
+        let cases = [
+            ("a: [unclosed", "document 1: invalid YAML"),
+            ("{\"kind\": ", "document 1: invalid JSON"),
+            ("- 1\n- 2\n", "document 1: expected an object, found a sequence"),
+            ("42\n", "document 1: expected an object, found a number"),
+            ("kind: Pod\nmetadata: {name: x}\n", "document 1: apiVersion is missing"),
+            ("apiVersion: v1\nmetadata: {name: x}\n", "document 1: kind is missing"),
+            ("apiVersion: v1\nkind: 3\n", "document 1: kind: expected a string"),
+            ("apiVersion: v1\nkind: Pod\nmetadata: {}\n", "document 1: Pod: metadata.name is missing"),
+            ("apiVersion: v1\nkind: List\nitems: 3\n", "document 1: items: expected a sequence"),
+            (
+                "apiVersion: v1\nkind: List\nitems: [{apiVersion: v1, kind: Pod, metadata: {name: p}, spec: 5}]\n",
+                "document 1: items[0]: Pod p: spec: invalid type",
+            ),
+            (
+                "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {a: [1]}}\n",
+                "document 2: Pod p: metadata.labels.a: invalid type",
+            ),
+            (
+                "apiVersion: v2\nkind: Pod\nmetadata: {name: p}\n---\n[",
+                "document 2: invalid YAML",
+            ),
+        ];
+        for (text, want) in cases {
+            let got = parse_objects(text).unwrap_err().to_string();
+            assert!(got.starts_with(want), "{text:?}: got {got:?}, want {want:?}");
+        }
+    }
+
+    #[test]
+    fn empty_text_is_no_objects() {
+        assert!(parse_objects("").unwrap().is_empty());
+        assert!(parse_objects("---\n---\n").unwrap().is_empty());
+        assert!(parse_objects("# only a comment\n").unwrap().is_empty());
+    }
+}

@@ -1,0 +1,397 @@
+//! An in-process stand-in for the Kubernetes API server: just enough of list
+//! and watch, over real HTTP, for kube-rs's watcher to run unchanged.
+//!
+//! What kube 5's `watcher::Config::default()` sends, and how this answers:
+//!
+//! - LIST `GET <collection>?limit=500` (no resourceVersion: the default
+//!   `ListSemantic::MostRecent`; with `Any` it would add `resourceVersion=0`
+//!   and `resourceVersionMatch=NotOlderThan`). Answered with every object in
+//!   one page (no `continue`), `metadata.resourceVersion` = the current
+//!   revision, and items without `apiVersion`/`kind`, as the API server
+//!   serves typed lists.
+//! - WATCH `GET <collection>?watch=true&timeoutSeconds=290&
+//!   allowWatchBookmarks=true&resourceVersion=<list's>`. Answered with a
+//!   chunked body of newline-delimited `{"type", "object"}` events: every
+//!   change after that revision, then a BOOKMARK at the current revision,
+//!   then changes as they happen, until `timeoutSeconds` or
+//!   [`ApiDouble::drop_watches`].
+//! - `sendInitialEvents=true` (kube's opt-in streaming lists) is answered
+//!   too: ADDED for every object, then the BOOKMARK annotated
+//!   `k8s.io/initial-events-end`. `resourceVersion` 0 or empty starts with
+//!   ADDED for every object, as the API server's "any" watch does.
+//! - Selectors are refused (400): nothing here evaluates them, and a silent
+//!   unfiltered answer would hide a change in what the controller asks.
+//!
+//! Revisions are one counter across kinds, as etcd's are.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use serde_json::{json, Value};
+use tokio::sync::watch;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    Namespace,
+    Pod,
+    NetworkPolicy,
+}
+
+impl Kind {
+    fn of(kind: &str) -> Kind {
+        match kind {
+            "Namespace" => Kind::Namespace,
+            "Pod" => Kind::Pod,
+            "NetworkPolicy" => Kind::NetworkPolicy,
+            other => panic!("the double does not serve {other}"),
+        }
+    }
+    fn api_version(self) -> &'static str {
+        match self {
+            Kind::NetworkPolicy => "networking.k8s.io/v1",
+            _ => "v1",
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Namespace => "Namespace",
+            Kind::Pod => "Pod",
+            Kind::NetworkPolicy => "NetworkPolicy",
+        }
+    }
+    fn path(self) -> &'static str {
+        match self {
+            Kind::Namespace => "/api/v1/namespaces",
+            Kind::Pod => "/api/v1/pods",
+            Kind::NetworkPolicy => "/apis/networking.k8s.io/v1/networkpolicies",
+        }
+    }
+}
+
+/// One request as received, for asserting what the client asks.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub kind: Kind,
+    pub query: BTreeMap<String, String>,
+}
+
+impl Request {
+    pub fn is_watch(&self) -> bool {
+        self.query.get("watch").map(String::as_str) == Some("true")
+    }
+}
+
+#[derive(Default)]
+struct Store {
+    revision: u64,
+    /// Current objects by kind and (namespace, name).
+    objects: BTreeMap<Kind, BTreeMap<(String, String), Value>>,
+    /// Every change ever made, in order: (revision, kind, event).
+    log: Vec<(u64, Kind, Value)>,
+    requests: Vec<Request>,
+    /// Bumped to end every open watch, as an API server restart would.
+    watch_epoch: u64,
+}
+
+struct Shared {
+    store: Mutex<Store>,
+    /// Carries (revision, watch epoch); open watches wait on it.
+    changed: watch::Sender<(u64, u64)>,
+}
+
+#[derive(Clone)]
+pub struct ApiDouble {
+    pub url: String,
+    shared: Arc<Shared>,
+}
+
+impl ApiDouble {
+    /// Serves on 127.0.0.1 on a free port until the runtime ends.
+    pub async fn start() -> ApiDouble {
+        let shared = Arc::new(Shared {
+            store: Mutex::new(Store::default()),
+            changed: watch::channel((0, 0)).0,
+        });
+        let mut app = Router::new();
+        for kind in [Kind::Namespace, Kind::Pod, Kind::NetworkPolicy] {
+            app = app.route(
+                kind.path(),
+                get(
+                    move |State(shared): State<Arc<Shared>>,
+                          Query(query): Query<BTreeMap<String, String>>| async move {
+                        serve(shared, kind, query)
+                    },
+                ),
+            );
+        }
+        let app = app.with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        ApiDouble { url, shared }
+    }
+
+    /// Creates or replaces an object (ADDED or MODIFIED to watchers).
+    pub fn apply(&self, mut object: Value) {
+        let kind = Kind::of(object["kind"].as_str().expect("object without kind"));
+        let mut store = self.shared.store.lock().unwrap();
+        store.revision += 1;
+        let revision = store.revision;
+        let meta = object["metadata"].as_object_mut().expect("object without metadata");
+        let name = meta["name"].as_str().expect("object without name").to_string();
+        let namespace = if kind == Kind::Namespace {
+            String::new()
+        } else {
+            meta.entry("namespace")
+                .or_insert_with(|| json!("default"))
+                .as_str()
+                .unwrap()
+                .to_string()
+        };
+        meta.insert("resourceVersion".into(), json!(revision.to_string()));
+        meta.entry("uid")
+            .or_insert_with(|| json!(format!("uid-{namespace}-{name}")));
+        let existed = store
+            .objects
+            .entry(kind)
+            .or_default()
+            .insert((namespace, name), object.clone())
+            .is_some();
+        let kind_of_event = if existed { "MODIFIED" } else { "ADDED" };
+        store
+            .log
+            .push((revision, kind, json!({"type": kind_of_event, "object": object})));
+        self.notify(&store);
+    }
+
+    /// Deletes an object (DELETED to watchers, carrying the deletion's
+    /// revision as the API server does).
+    pub fn delete(&self, kind: Kind, namespace: Option<&str>, name: &str) {
+        let mut store = self.shared.store.lock().unwrap();
+        store.revision += 1;
+        let revision = store.revision;
+        let key = (namespace.unwrap_or("").to_string(), name.to_string());
+        let mut object = store
+            .objects
+            .entry(kind)
+            .or_default()
+            .remove(&key)
+            .unwrap_or_else(|| panic!("deleting {kind:?} {key:?}, which is not there"));
+        object["metadata"]["resourceVersion"] = json!(revision.to_string());
+        store
+            .log
+            .push((revision, kind, json!({"type": "DELETED", "object": object})));
+        self.notify(&store);
+    }
+
+    /// Ends every open watch stream, as an API server restart or a load
+    /// balancer timeout would; clients must resume from their revision.
+    pub fn drop_watches(&self) {
+        let mut store = self.shared.store.lock().unwrap();
+        store.watch_epoch += 1;
+        self.notify(&store);
+    }
+
+    pub fn requests(&self) -> Vec<Request> {
+        self.shared.store.lock().unwrap().requests.clone()
+    }
+
+    fn notify(&self, store: &Store) {
+        self.shared
+            .changed
+            .send_replace((store.revision, store.watch_epoch));
+    }
+}
+
+fn serve(shared: Arc<Shared>, kind: Kind, query: BTreeMap<String, String>) -> Response {
+    shared.store.lock().unwrap().requests.push(Request {
+        kind,
+        query: query.clone(),
+    });
+    for unsupported in ["labelSelector", "fieldSelector", "continue"] {
+        if query.contains_key(unsupported) {
+            return status(StatusCode::BAD_REQUEST, &format!("{unsupported} is not supported"));
+        }
+    }
+    if query.get("watch").map(String::as_str) == Some("true") {
+        watch_response(shared, kind, &query)
+    } else {
+        list_response(&shared, kind)
+    }
+}
+
+fn list_response(shared: &Shared, kind: Kind) -> Response {
+    let store = shared.store.lock().unwrap();
+    let items: Vec<Value> = store
+        .objects
+        .get(&kind)
+        .into_iter()
+        .flat_map(|objects| objects.values())
+        .map(|object| {
+            let mut item = object.clone();
+            let map = item.as_object_mut().unwrap();
+            map.remove("apiVersion");
+            map.remove("kind");
+            item
+        })
+        .collect();
+    let body = json!({
+        "kind": format!("{}List", kind.name()),
+        "apiVersion": kind.api_version(),
+        "metadata": {"resourceVersion": store.revision.to_string()},
+        "items": items,
+    });
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn watch_response(shared: Arc<Shared>, kind: Kind, query: &BTreeMap<String, String>) -> Response {
+    let flag = |name: &str| query.get(name).map(String::as_str) == Some("true");
+    let timeout = match query.get("timeoutSeconds").map(|t| t.parse::<u64>()) {
+        None => Duration::from_secs(1800),
+        Some(Ok(secs)) => Duration::from_secs(secs),
+        Some(Err(_)) => return status(StatusCode::BAD_REQUEST, "bad timeoutSeconds"),
+    };
+    let send_initial = flag("sendInitialEvents");
+    let bookmarks = flag("allowWatchBookmarks");
+    let from = query.get("resourceVersion").map(String::as_str).unwrap_or("");
+
+    let mut first = Vec::new();
+    let mut changes = shared.changed.subscribe();
+    let (cursor, epoch) = {
+        let store = shared.store.lock().unwrap();
+        let cursor = if send_initial || from.is_empty() || from == "0" {
+            for object in store.objects.get(&kind).into_iter().flat_map(|o| o.values()) {
+                first.push(json!({"type": "ADDED", "object": object}));
+            }
+            store.revision
+        } else {
+            match from.parse::<u64>() {
+                Ok(rv) if rv <= store.revision => rv,
+                _ => return status(StatusCode::BAD_REQUEST, "bad resourceVersion"),
+            }
+        };
+        (cursor, store.watch_epoch)
+    };
+
+    struct Cursor {
+        shared: Arc<Shared>,
+        kind: Kind,
+        revision: u64,
+        epoch: u64,
+        pending: VecDeque<Value>,
+        changes: watch::Receiver<(u64, u64)>,
+        deadline: tokio::time::Instant,
+        bookmark_due: bool,
+        initial_end: bool,
+    }
+    let cursor = Cursor {
+        shared,
+        kind,
+        revision: cursor,
+        epoch,
+        pending: first.into(),
+        changes: {
+            changes.borrow_and_update();
+            changes
+        },
+        deadline: tokio::time::Instant::now() + timeout,
+        // The streaming-list protocol needs its end-of-initial bookmark even
+        // from a client that did not ask for bookmarks.
+        bookmark_due: bookmarks || send_initial,
+        initial_end: send_initial,
+    };
+    let events = futures::stream::unfold(cursor, |mut c| async move {
+        loop {
+            if let Some(event) = c.pending.pop_front() {
+                let mut line = event.to_string();
+                line.push('\n');
+                return Some((Ok::<_, Infallible>(Bytes::from(line)), c));
+            }
+            let (mut newer, epoch) = {
+                let store = c.shared.store.lock().unwrap();
+                let newer: Vec<Value> = store
+                    .log
+                    .iter()
+                    .filter(|(rv, kind, _)| *rv > c.revision && *kind == c.kind)
+                    .map(|(_, _, event)| event.clone())
+                    .collect();
+                c.revision = c.revision.max(store.revision);
+                (newer, store.watch_epoch)
+            };
+            if std::mem::take(&mut c.bookmark_due) {
+                let mut annotations = serde_json::Map::new();
+                if c.initial_end {
+                    annotations.insert("k8s.io/initial-events-end".into(), json!("true"));
+                }
+                newer.push(json!({"type": "BOOKMARK", "object": {
+                    "kind": c.kind.name(),
+                    "apiVersion": c.kind.api_version(),
+                    "metadata": {
+                        "resourceVersion": c.revision.to_string(),
+                        "annotations": annotations,
+                    },
+                }}));
+            }
+            if epoch != c.epoch {
+                return None;
+            }
+            if !newer.is_empty() {
+                c.pending.extend(newer);
+                continue;
+            }
+            tokio::select! {
+                result = c.changes.changed() => {
+                    if result.is_err() {
+                        return None;
+                    }
+                    c.changes.borrow_and_update();
+                }
+                _ = tokio::time::sleep_until(c.deadline) => return None,
+            }
+        }
+    });
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from_stream(events),
+    )
+        .into_response()
+}
+
+fn status(code: StatusCode, message: &str) -> Response {
+    let body = json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": "BadRequest",
+        "code": code.as_u16(),
+    });
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// The manifest objects as the double serves them: YAML documents to JSON.
+pub fn yaml_documents(text: &str) -> Vec<Value> {
+    use serde::Deserialize;
+    serde_yaml::Deserializer::from_str(text)
+        .map(|doc| Value::deserialize(doc).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}

@@ -1,0 +1,29 @@
+//! Generated code for Palisade's gRPC API. `proto/` at the repository root is
+//! the one source of the wire format.
+
+pub mod palisade {
+    pub mod v1 {
+        tonic::include_proto!("palisade.v1");
+    }
+}
+
+/// The AWS VPC CNI's `NPBackend` service, reproduced wire-for-wire.
+pub mod rpc {
+    tonic::include_proto!("rpc");
+}
+
+pub use palisade::v1;
+
+/// Encoded `FileDescriptorSet` of every Palisade service, for gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/palisade_descriptor.bin"));
+
+/// Fully-qualified service names, as reflection and health report them.
+pub mod service_names {
+    pub const PLAN: &str = "palisade.v1.PlanService";
+    pub const CNI: &str = "palisade.v1.CniService";
+    pub const DEBUG: &str = "palisade.v1.DebugService";
+    pub const NP_BACKEND: &str = "rpc.NPBackend";
+}
+
+pub mod transport;

@@ -1,0 +1,167 @@
+//! Where a Palisade server listens and how a client reaches it: a unix socket
+//! (`unix:/run/palisade/cni.sock`) or TCP (`127.0.0.1:7443`,
+//! `http://controller:7443`). One parser for every process keeps the flags
+//! consistent.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Address {
+    Unix(PathBuf),
+    /// A URI tonic can dial, e.g. `http://10.0.0.1:7443`.
+    Tcp(String),
+}
+
+impl std::str::FromStr for Address {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(path) = s.strip_prefix("unix://").or_else(|| s.strip_prefix("unix:")) {
+            if path.is_empty() {
+                return Err(format!("{s:?}: unix socket path is empty"));
+            }
+            return Ok(Address::Unix(PathBuf::from(path)));
+        }
+        if s.starts_with('/') {
+            return Ok(Address::Unix(PathBuf::from(s)));
+        }
+        let uri = if s.starts_with("http://") || s.starts_with("https://") {
+            s.to_string()
+        } else {
+            format!("http://{s}")
+        };
+        uri.parse::<tonic::transport::Uri>()
+            .map_err(|e| format!("{s:?} is neither unix:PATH nor HOST:PORT: {e}"))?;
+        Ok(Address::Tcp(uri))
+    }
+}
+
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Address::Unix(p) => write!(f, "unix:{}", p.display()),
+            Address::Tcp(u) => f.write_str(u),
+        }
+    }
+}
+
+/// Connects lazily-failing: the error names the address.
+pub async fn connect(addr: &Address, timeout: Duration) -> Result<Channel, String> {
+    match addr {
+        Address::Unix(path) => {
+            let path = path.clone();
+            let shown = path.display().to_string();
+            // The URI is required by the API but unused: the connector dials
+            // the socket.
+            Endpoint::from_static("http://[::]:50051")
+                .connect_timeout(timeout)
+                .connect_with_connector(tower::service_fn(move |_| {
+                    let path = path.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                            tokio::net::UnixStream::connect(path).await?,
+                        ))
+                    }
+                }))
+                .await
+                .map_err(|e| format!("cannot connect to unix:{shown}: {}", source_chain(&e)))
+        }
+        Address::Tcp(uri) => Endpoint::from_shared(uri.clone())
+            .map_err(|e| format!("{uri}: {e}"))?
+            .connect_timeout(timeout)
+            .connect()
+            .await
+            .map_err(|e| format!("cannot connect to {uri}: {}", source_chain(&e))),
+    }
+}
+
+/// Binds a unix socket, replacing a stale socket file left by a dead process
+/// but refusing to replace anything that is not a socket.
+pub fn bind_unix(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    tokio::net::UnixListener::bind(path)
+}
+
+/// Serves a router on an address until `shutdown` resolves.
+pub async fn serve(
+    router: tonic::transport::server::Router,
+    addr: &Address,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), String> {
+    let result = match addr {
+        Address::Unix(path) => {
+            let l = bind_unix(path).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+            router
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::UnixListenerStream::new(l),
+                    shutdown,
+                )
+                .await
+        }
+        Address::Tcp(uri) => {
+            let authority = uri
+                .trim_start_matches("http://")
+                .trim_start_matches("https://")
+                .trim_end_matches('/');
+            let l = tokio::net::TcpListener::bind(authority)
+                .await
+                .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+            router
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(l),
+                    shutdown,
+                )
+                .await
+        }
+    };
+    result.map_err(|e| format!("serving {addr}: {}", source_chain(&e)))
+}
+
+/// Error chains from tonic hide the cause ("transport error"); show it.
+pub fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_addresses() {
+        assert_eq!(
+            "unix:/run/x.sock".parse::<Address>().unwrap(),
+            Address::Unix("/run/x.sock".into())
+        );
+        assert_eq!(
+            "/run/x.sock".parse::<Address>().unwrap(),
+            Address::Unix("/run/x.sock".into())
+        );
+        assert_eq!(
+            "127.0.0.1:7443".parse::<Address>().unwrap(),
+            Address::Tcp("http://127.0.0.1:7443".into())
+        );
+        assert!("unix:".parse::<Address>().is_err());
+        assert!("http://bad host:x".parse::<Address>().is_err());
+    }
+}
