@@ -216,15 +216,22 @@ impl CniChain {
         let Ok(mut f) = OpenOptions::new().create(true).append(true).open(&self.log) else {
             return;
         };
+        // One line per stream keeps the log's tail readable in reports.
+        let compact = |s: &str| match serde_json::from_str::<Value>(s) {
+            Ok(v) => v.to_string(),
+            Err(_) => s.trim_end().replace('\n', "\n    "),
+        };
         let _ = writeln!(
             f,
-            "=== {command} {kind} pod={} container={} ({status})\n--- stdin\n{}\n--- stdout\n{}\n--- stderr\n{}",
+            "{command} {kind} pod={} container={} ({status})\n  stdin:  {}\n  stdout: {}",
             sandbox.pod,
             sandbox.container_id,
             String::from_utf8_lossy(stdin),
-            stdout.trim_end(),
-            stderr.trim_end()
+            compact(stdout),
         );
+        if !stderr.trim().is_empty() {
+            let _ = writeln!(f, "  stderr: {}", compact(stderr));
+        }
     }
 }
 

@@ -146,7 +146,7 @@ fn run(path: &std::path::Path, config: LabConfig) -> u8 {
             EXIT_LAB_ERROR
         }
     };
-    if code != 0 && !keep_logs {
+    if (code == EXIT_FAILED || code == EXIT_LAB_ERROR) && !keep_logs {
         eprint!("{}", lab.log_tails(40));
     }
     let log_dir = lab.log_dir().to_path_buf();

@@ -1,1 +1,12 @@
+//! The node-enforcer: owns the node's datapath. One reconciler receives every
+//! event in order (see `reconciler`); the gRPC servers, the plan stream and
+//! the CNI plugin only talk to it.
+
 pub mod cni_plugin;
+pub mod compile;
+pub mod datapath;
+pub mod desired;
+pub mod handle;
+pub mod plan_client;
+pub mod reconciler;
+pub mod server;

@@ -83,7 +83,7 @@ fn unreachable_enforcer_is_a_cni_error() {
 }
 
 #[test]
-fn version_reports_supported_versions() {
+fn version_reports_supported_cni_versions() {
     let out = plugin("VERSION", "");
     assert!(out.status.success());
     assert_eq!(

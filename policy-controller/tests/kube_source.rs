@@ -136,7 +136,10 @@ fn manifest_state(dir: &Path, objects: &[Value], revision: &str) -> ClusterState
     let mut files: BTreeMap<String, String> = BTreeMap::new();
     for object in objects {
         let file = files
-            .entry(format!("{}.yaml", object["kind"].as_str().unwrap().to_lowercase()))
+            .entry(format!(
+                "{}.yaml",
+                object["kind"].as_str().unwrap().to_lowercase()
+            ))
             .or_default();
         file.push_str("---\n");
         file.push_str(&serde_yaml::to_string(object).unwrap());
@@ -151,7 +154,11 @@ fn manifest_state(dir: &Path, objects: &[Value], revision: &str) -> ClusterState
 }
 
 fn counts(state: &ClusterState) -> (usize, usize, usize) {
-    (state.namespaces.len(), state.pods.len(), state.policies.len())
+    (
+        state.namespaces.len(),
+        state.pods.len(),
+        state.policies.len(),
+    )
 }
 
 /// Waits until the kube source publishes a state that `done` accepts.
@@ -184,8 +191,15 @@ fn has_policy(state: &ClusterState, namespace: &str, name: &str) -> bool {
     })
 }
 
-fn pod_policies(plans: &BTreeMap<String, NodePlan>, node: &str, ns: &str, pod: &str) -> Vec<String> {
-    plans[node].pods[&(ns.to_string(), pod.to_string())].policies.clone()
+fn pod_policies(
+    plans: &BTreeMap<String, NodePlan>,
+    node: &str,
+    ns: &str,
+    pod: &str,
+) -> Vec<String> {
+    plans[node].pods[&(ns.to_string(), pod.to_string())]
+        .policies
+        .clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -207,7 +221,9 @@ async fn kube_source_yields_the_same_plans_as_the_manifest_source() {
     assert_eq!(counts(&from_manifest), (2, 5, 3));
     let from_kube = wait_for_state(&mut rx, "every object", |s| counts(s) == (2, 5, 3)).await;
     assert!(
-        from_kube.marker.starts_with("k8s namespaces=2 pods=7 networkpolicies=10"),
+        from_kube
+            .marker
+            .starts_with("k8s namespaces=2 pods=7 networkpolicies=10"),
         "{}",
         from_kube.marker
     );
@@ -219,9 +235,16 @@ async fn kube_source_yields_the_same_plans_as_the_manifest_source() {
         pod_policies(&plans, "node-a", "prod", "web-1"),
         ["prod/allow-web", "prod/default-deny"]
     );
-    assert!(plans["node-a"].pods[&("prod".into(), "web-1".into())].ingress.is_some());
-    assert_eq!(pod_policies(&plans, "node-b", "dev", "client-1"), ["dev/egress-out"]);
-    assert!(plans["node-b"].pods[&("dev".into(), "client-1".into())].egress.is_some());
+    assert!(plans["node-a"].pods[&("prod".into(), "web-1".into())]
+        .ingress
+        .is_some());
+    assert_eq!(
+        pod_policies(&plans, "node-b", "dev", "client-1"),
+        ["dev/egress-out"]
+    );
+    assert!(plans["node-b"].pods[&("dev".into(), "client-1".into())]
+        .egress
+        .is_some());
 
     // (b) Changes through the watch: a policy ADDED, a pod's labels MODIFIED,
     // a pod DELETED.
@@ -252,8 +275,12 @@ async fn kube_source_yields_the_same_plans_as_the_manifest_source() {
         pod_policies(&plans, "node-a", "prod", "db-1"),
         ["prod/allow-db", "prod/default-deny"]
     );
-    assert!(!plans["node-a"].pods.contains_key(&("dev".into(), "client-2".into())));
-    assert!(!plans.get("node-b").is_some_and(|p| p.pods.contains_key(&("prod".into(), "web-2".into()))));
+    assert!(!plans["node-a"]
+        .pods
+        .contains_key(&("dev".into(), "client-2".into())));
+    assert!(!plans
+        .get("node-b")
+        .is_some_and(|p| p.pods.contains_key(&("prod".into(), "web-2".into()))));
 
     // (c) Watches cut (an API server restart) and a change made meanwhile:
     // the watcher resumes from its resourceVersion and catches up.
@@ -276,13 +303,26 @@ async fn kube_source_yields_the_same_plans_as_the_manifest_source() {
         let lists: Vec<_> = of_kind.iter().filter(|r| !r.is_watch()).collect();
         assert_eq!(lists.len(), 1, "{kind:?}: {of_kind:?}");
         assert_eq!(lists[0].query.get("limit").map(String::as_str), Some("500"));
-        assert!(!lists[0].query.contains_key("resourceVersion"), "{:?}", lists[0]);
+        assert!(
+            !lists[0].query.contains_key("resourceVersion"),
+            "{:?}",
+            lists[0]
+        );
         let watches: Vec<_> = of_kind.iter().filter(|r| r.is_watch()).collect();
         assert!(watches.len() >= 2, "{kind:?} did not re-watch: {of_kind:?}");
         for w in watches {
-            assert_eq!(w.query.get("allowWatchBookmarks").map(String::as_str), Some("true"));
-            assert_eq!(w.query.get("timeoutSeconds").map(String::as_str), Some("290"));
-            assert!(w.query.get("resourceVersion").is_some_and(|rv| rv != "0"), "{w:?}");
+            assert_eq!(
+                w.query.get("allowWatchBookmarks").map(String::as_str),
+                Some("true")
+            );
+            assert_eq!(
+                w.query.get("timeoutSeconds").map(String::as_str),
+                Some("290")
+            );
+            assert!(
+                w.query.get("resourceVersion").is_some_and(|rv| rv != "0"),
+                "{w:?}"
+            );
             assert!(!w.query.contains_key("sendInitialEvents"), "{w:?}");
         }
     }
@@ -316,6 +356,13 @@ async fn double_serves_streaming_lists() {
     .await;
     assert!(outcome.is_ok(), "no InitDone");
     assert_eq!(seen, ["a"]);
-    let watch = double.requests().into_iter().find(|r| r.is_watch()).unwrap();
-    assert_eq!(watch.query.get("sendInitialEvents").map(String::as_str), Some("true"));
+    let watch = double
+        .requests()
+        .into_iter()
+        .find(|r| r.is_watch())
+        .unwrap();
+    assert_eq!(
+        watch.query.get("sendInitialEvents").map(String::as_str),
+        Some("true")
+    );
 }

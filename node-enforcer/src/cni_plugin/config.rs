@@ -32,6 +32,18 @@ pub enum Command {
 }
 
 impl Command {
+    /// The spelling CNI_COMMAND uses, so messages quote what the runtime sent.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Add => "ADD",
+            Self::Del => "DEL",
+            Self::Check => "CHECK",
+            Self::Version => "VERSION",
+            Self::Status => "STATUS",
+            Self::Gc => "GC",
+        }
+    }
+
     pub fn from_env(env: &HashMap<String, String>) -> Result<Self, CniError> {
         let raw = env
             .get("CNI_COMMAND")
@@ -109,7 +121,10 @@ fn required(
     command: Command,
 ) -> Result<String, CniError> {
     non_empty(env, key).ok_or_else(|| {
-        CniError::invalid_env(format!("{key} is required for {command:?} but is not set"))
+        CniError::invalid_env(format!(
+            "{key} is required for {} but is not set",
+            command.as_str()
+        ))
     })
 }
 

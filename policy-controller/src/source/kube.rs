@@ -96,7 +96,14 @@ pub async fn run(client: Client, tx: watch::Sender<Option<ClusterState>>) {
     }
 
     let mut published: Option<ClusterState> = None;
-    publish(&tx, &mut published, &namespaces, &pods, &policies, &versions);
+    publish(
+        &tx,
+        &mut published,
+        &namespaces,
+        &pods,
+        &policies,
+        &versions,
+    );
 
     loop {
         let first = tokio::select! {
@@ -119,12 +126,23 @@ pub async fn run(client: Client, tx: watch::Sender<Option<ClusterState>>) {
                 Ok(None) | Err(_) => break,
             }
         }
-        publish(&tx, &mut published, &namespaces, &pods, &policies, &versions);
+        publish(
+            &tx,
+            &mut published,
+            &namespaces,
+            &pods,
+            &policies,
+            &versions,
+        );
     }
 }
 
 /// One kind's reflector as a stream of notices.
-fn reflect<K>(api: Api<K>, writer: reflector::store::Writer<K>, kind: Kind) -> BoxStream<'static, Notice>
+fn reflect<K>(
+    api: Api<K>,
+    writer: reflector::store::Writer<K>,
+    kind: Kind,
+) -> BoxStream<'static, Notice>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone,
@@ -167,7 +185,11 @@ struct Versions {
 
 impl Versions {
     fn note(&mut self, notice: &Notice) {
-        let Some(rv) = notice.resource_version.as_deref().filter(|rv| !rv.is_empty()) else {
+        let Some(rv) = notice
+            .resource_version
+            .as_deref()
+            .filter(|rv| !rv.is_empty())
+        else {
             return;
         };
         let slot = match notice.kind {

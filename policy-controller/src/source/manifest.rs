@@ -212,7 +212,10 @@ mod tests {
     }
 
     fn names(state: &ClusterState) -> Vec<String> {
-        let ns = state.namespaces.iter().map(|n| n.metadata.name.clone().unwrap());
+        let ns = state
+            .namespaces
+            .iter()
+            .map(|n| n.metadata.name.clone().unwrap());
         let pods = state.pods.iter().map(|p| p.metadata.name.clone().unwrap());
         ns.chain(pods).collect()
     }
@@ -246,7 +249,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("bad.yaml"), format!("{NS}---\n{BAD}")).unwrap();
         let err = load_dir(dir.path()).unwrap_err().to_string();
-        assert!(err.contains("bad.yaml: document 2: Pod a/q: spec: "), "{err}");
+        assert!(
+            err.contains("bad.yaml: document 2: Pod a/q: spec: "),
+            "{err}"
+        );
         let missing = dir.path().join("nope");
         let err = load_dir(&missing).unwrap_err().to_string();
         assert!(err.contains("nope"), "{err}");
@@ -288,14 +294,20 @@ mod tests {
         ));
 
         let state = next_state(&mut rx).await;
-        assert_eq!((state.marker.as_str(), names(&state)), ("1", vec!["a".into()]));
+        assert_eq!(
+            (state.marker.as_str(), names(&state)),
+            ("1", vec!["a".into()])
+        );
 
         // A bad file: an error naming it, and the good state stays.
         write(&path, "pods.yaml", BAD);
         write(&path, REVISION_FILE, "2");
         let errors = wait_errors(&mut erx, |e| !e.is_empty()).await;
         assert_eq!(errors.len(), 1, "{errors:?}");
-        assert!(errors[0].contains("pods.yaml: document 1: Pod a/q: spec: "), "{errors:?}");
+        assert!(
+            errors[0].contains("pods.yaml: document 1: Pod a/q: spec: "),
+            "{errors:?}"
+        );
         // The scan that reported the error is the one that saw the bad file,
         // and it published no state; later scans see the same contents.
         assert!(!rx.has_changed().unwrap());

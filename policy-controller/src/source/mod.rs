@@ -106,7 +106,12 @@ fn decode_object(
 ) -> Result<(), String> {
     let mut map = match value {
         Value::Object(map) => map,
-        other => return Err(format!("{at}expected an object, found {}", json_type(&other))),
+        other => {
+            return Err(format!(
+                "{at}expected an object, found {}",
+                json_type(&other)
+            ))
+        }
     };
     let field = |name: &str| -> Result<Option<String>, String> {
         match map.get(name) {
@@ -145,7 +150,11 @@ fn decode_object(
 
     let display = {
         let meta = map.get("metadata");
-        let get = |k: &str| meta.and_then(|m| m.get(k)).and_then(Value::as_str).unwrap_or("");
+        let get = |k: &str| {
+            meta.and_then(|m| m.get(k))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+        };
         match (get("namespace"), get("name")) {
             ("", name) => format!("{kind} {}", or_unnamed(name)),
             (ns, name) => format!("{kind} {ns}/{}", or_unnamed(name)),
@@ -185,11 +194,7 @@ fn decode_object(
     Ok(())
 }
 
-fn typed<T: DeserializeOwned>(
-    value: Value,
-    at: &str,
-    display: &str,
-) -> Result<T, String> {
+fn typed<T: DeserializeOwned>(value: Value, at: &str, display: &str) -> Result<T, String> {
     serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
         let path = e.path().to_string();
         if path == "." || path.is_empty() {
@@ -290,10 +295,7 @@ spec:
 ---
 "#;
         let objects = parse_objects(text).unwrap();
-        assert_eq!(
-            names(&objects),
-            ["ns web", "pod default/p1", "np web/deny"]
-        );
+        assert_eq!(names(&objects), ["ns web", "pod default/p1", "np web/deny"]);
     }
 
     #[test]
@@ -312,17 +314,11 @@ items:
   kind: Pod
   metadata: {name: p, namespace: a}
 "#;
-        assert_eq!(
-            names(&parse_objects(yaml).unwrap()),
-            ["ns a", "pod a/p"]
-        );
+        assert_eq!(names(&parse_objects(yaml).unwrap()), ["ns a", "pod a/p"]);
         // As the API serves it: items without apiVersion/kind.
         let json = r#"{"apiVersion":"v1","kind":"PodList","metadata":{"resourceVersion":"7"},
             "items":[{"metadata":{"name":"x","namespace":"b"}},{"metadata":{"name":"y","namespace":"b"}}]}"#;
-        assert_eq!(
-            names(&parse_objects(json).unwrap()),
-            ["pod b/x", "pod b/y"]
-        );
+        assert_eq!(names(&parse_objects(json).unwrap()), ["pod b/x", "pod b/y"]);
     }
 
     #[test]
@@ -367,7 +363,7 @@ spec:
         let cases = [
             ("a: [unclosed", "document 1: invalid YAML"),
             ("{\"kind\": ", "document 1: invalid JSON"),
-            ("- 1\n- 2\n", "document 1: expected an object, found a sequence"),
+            ("- 1\n- 2\n", "document 1: [0]: expected an object, found a number"),
             ("42\n", "document 1: expected an object, found a number"),
             ("kind: Pod\nmetadata: {name: x}\n", "document 1: apiVersion is missing"),
             ("apiVersion: v1\nmetadata: {name: x}\n", "document 1: kind is missing"),
@@ -389,7 +385,10 @@ spec:
         ];
         for (text, want) in cases {
             let got = parse_objects(text).unwrap_err().to_string();
-            assert!(got.starts_with(want), "{text:?}: got {got:?}, want {want:?}");
+            assert!(
+                got.starts_with(want),
+                "{text:?}: got {got:?}, want {want:?}"
+            );
         }
     }
 

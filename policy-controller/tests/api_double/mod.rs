@@ -145,8 +145,13 @@ impl ApiDouble {
         let mut store = self.shared.store.lock().unwrap();
         store.revision += 1;
         let revision = store.revision;
-        let meta = object["metadata"].as_object_mut().expect("object without metadata");
-        let name = meta["name"].as_str().expect("object without name").to_string();
+        let meta = object["metadata"]
+            .as_object_mut()
+            .expect("object without metadata");
+        let name = meta["name"]
+            .as_str()
+            .expect("object without name")
+            .to_string();
         let namespace = if kind == Kind::Namespace {
             String::new()
         } else {
@@ -166,9 +171,11 @@ impl ApiDouble {
             .insert((namespace, name), object.clone())
             .is_some();
         let kind_of_event = if existed { "MODIFIED" } else { "ADDED" };
-        store
-            .log
-            .push((revision, kind, json!({"type": kind_of_event, "object": object})));
+        store.log.push((
+            revision,
+            kind,
+            json!({"type": kind_of_event, "object": object}),
+        ));
         self.notify(&store);
     }
 
@@ -218,7 +225,10 @@ fn serve(shared: Arc<Shared>, kind: Kind, query: BTreeMap<String, String>) -> Re
     });
     for unsupported in ["labelSelector", "fieldSelector", "continue"] {
         if query.contains_key(unsupported) {
-            return status(StatusCode::BAD_REQUEST, &format!("{unsupported} is not supported"));
+            return status(
+                StatusCode::BAD_REQUEST,
+                &format!("{unsupported} is not supported"),
+            );
         }
     }
     if query.get("watch").map(String::as_str) == Some("true") {
@@ -265,14 +275,22 @@ fn watch_response(shared: Arc<Shared>, kind: Kind, query: &BTreeMap<String, Stri
     };
     let send_initial = flag("sendInitialEvents");
     let bookmarks = flag("allowWatchBookmarks");
-    let from = query.get("resourceVersion").map(String::as_str).unwrap_or("");
+    let from = query
+        .get("resourceVersion")
+        .map(String::as_str)
+        .unwrap_or("");
 
     let mut first = Vec::new();
     let mut changes = shared.changed.subscribe();
     let (cursor, epoch) = {
         let store = shared.store.lock().unwrap();
         let cursor = if send_initial || from.is_empty() || from == "0" {
-            for object in store.objects.get(&kind).into_iter().flat_map(|o| o.values()) {
+            for object in store
+                .objects
+                .get(&kind)
+                .into_iter()
+                .flat_map(|o| o.values())
+            {
                 first.push(json!({"type": "ADDED", "object": object}));
             }
             store.revision

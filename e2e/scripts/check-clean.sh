@@ -1,0 +1,38 @@
+#!/bin/sh
+# Fails if palisade-lab left anything behind: its network namespaces
+# (pl<6 hex>-...), pin roots under /sys/fs/bpf, run dirs, or a controller or
+# enforcer process. CI runs it after the end-to-end suite.
+set -u
+
+status=0
+
+leftover_ns=$(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^pl[0-9a-f]{6}-' || true)
+if [ -n "$leftover_ns" ]; then
+    echo "leftover network namespaces:"; echo "$leftover_ns" | sed 's/^/  /'
+    status=1
+fi
+
+leftover_pins=$(ls -d /sys/fs/bpf/palisade-lab-* 2>/dev/null || true)
+if [ -n "$leftover_pins" ]; then
+    echo "leftover pin roots:"; echo "$leftover_pins" | sed 's/^/  /'
+    status=1
+fi
+
+# Kept logs (--keep-logs) are allowed; anything else in a run dir is not.
+leftover_runs=$(find /run/palisade-lab -mindepth 2 -maxdepth 2 ! -name logs 2>/dev/null || true)
+if [ -n "$leftover_runs" ]; then
+    echo "leftover run state:"; echo "$leftover_runs" | sed 's/^/  /'
+    status=1
+fi
+
+# Match the executable name exactly (the comm field is cut at 15 chars).
+leftover_procs=$(ps -eo pid=,args= | awk '{n=$2; sub(".*/", "", n); if (n == "palisade-controller" || n == "palisade-enforcer") print}')
+if [ -n "$leftover_procs" ]; then
+    echo "leftover processes:"; echo "$leftover_procs" | sed 's/^/  /'
+    status=1
+fi
+
+if [ "$status" -eq 0 ]; then
+    echo "clean: no palisade-lab leftovers"
+fi
+exit "$status"

@@ -1,0 +1,125 @@
+//! The lab's own plumbing, in baseline mode (plain ptp, no Palisade
+//! process), so a failure here is the lab's and not the enforcer's.
+
+mod common;
+
+use common::*;
+use palisade_e2e::scenario::{Kind, ObjectKey};
+use palisade_e2e::{Lab, LabConfig, Outcome, PodName, ProbeSpec};
+
+fn baseline() -> Lab {
+    Lab::start(LabConfig {
+        with_palisade: false,
+        ..LabConfig::default()
+    })
+    .expect("baseline lab starts")
+}
+
+#[test]
+fn pods_come_and_go_and_nothing_is_left() {
+    if !is_root() {
+        return;
+    }
+    // Twice in a row: the second lab must not trip over the first.
+    for _ in 0..2 {
+        let mut lab = baseline();
+        lab.apply(&objects(PODS)).unwrap();
+        assert_verdicts(
+            &lab,
+            "plain networking",
+            &[
+                ("x/a", "x/b", 80, Tcp, Allow),
+                ("x/b", "x/c", 53, Udp, Allow),
+                ("x/c", "x/a", 81, Tcp, Allow),
+            ],
+        );
+        // A port nobody serves is refused: the network let it through.
+        let refused = lab
+            .probe(&ProbeSpec::new("x/a", "x/b", 9, Tcp).unwrap())
+            .unwrap();
+        assert_eq!(refused, Outcome::Refused);
+
+        let b = PodName::parse("x/b").unwrap();
+        let b_ip = lab.pod_ip(&b).unwrap();
+        let b_ns = lab.pod_netns(&b).unwrap().to_string();
+        assert!(!lab.host_interfaces(&b).is_empty());
+        lab.delete(&[ObjectKey::pod(&b)]).unwrap();
+        assert!(!palisade_e2e::netns::NetNs::exists(&b_ns));
+        let gone = lab
+            .probe(&ProbeSpec::new("x/a", &b_ip.to_string(), 80, Tcp).unwrap())
+            .unwrap();
+        assert_ne!(gone.verdict(), Some(Allow), "{gone}");
+        finish(lab);
+    }
+}
+
+#[test]
+fn deleting_a_namespace_takes_its_pods() {
+    if !is_root() {
+        return;
+    }
+    let mut lab = baseline();
+    lab.apply(&objects(PODS)).unwrap();
+    let ns: Vec<String> = lab
+        .pods()
+        .map(|p| lab.pod_netns(p).unwrap().to_string())
+        .collect();
+    assert_eq!(ns.len(), 3);
+    lab.delete(&[ObjectKey {
+        kind: Kind::Namespace,
+        namespace: None,
+        name: "x".into(),
+    }])
+    .unwrap();
+    assert_eq!(lab.pods().count(), 0);
+    assert!(ns.iter().all(|n| !palisade_e2e::netns::NetNs::exists(n)));
+    let files: Vec<_> = std::fs::read_dir(lab.manifest_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n != ".revision")
+        .collect();
+    assert!(files.is_empty(), "{files:?}");
+    finish(lab);
+}
+
+#[test]
+fn bad_requests_name_the_problem() {
+    if !is_root() {
+        return;
+    }
+    let mut lab = baseline();
+    let e = lab.apply(&policies(DENY_B)).unwrap_err().to_string();
+    assert!(e.contains("namespace x does not exist"), "{e}");
+    let e = lab
+        .delete(&[ObjectKey::pod(&PodName::parse("x/zz").unwrap())])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Pod x/zz") && e.contains("not in the lab"), "{e}");
+    let e = lab
+        .probe(&ProbeSpec::new("x/zz", "x/a", 80, Tcp).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("x/zz"), "{e}");
+    finish(lab);
+}
+
+#[test]
+fn pod_manifests_carry_node_and_addresses() {
+    if !is_root() {
+        return;
+    }
+    let mut lab = baseline();
+    lab.apply(&objects(PODS)).unwrap();
+    let a = PodName::parse("x/a").unwrap();
+    let text = std::fs::read_to_string(lab.manifest_dir().join("pod_x_a.json")).unwrap();
+    let pod: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(pod["spec"]["nodeName"], lab.node_name());
+    assert_eq!(pod["status"]["phase"], "Running");
+    assert_eq!(pod["status"]["podIP"], lab.pod_ip(&a).unwrap().to_string());
+    assert_eq!(pod["status"]["podIPs"][0]["ip"], lab.pod_ip(&a).unwrap().to_string());
+    assert_eq!(pod["metadata"]["labels"]["app"], "a");
+    let rev = std::fs::read_to_string(lab.manifest_dir().join(".revision")).unwrap();
+    assert_eq!(rev, lab.revision().to_string());
+    finish(lab);
+}

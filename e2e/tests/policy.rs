@@ -1,0 +1,109 @@
+//! The NetworkPolicy behaviours of the quickstart, each on its own lab, with
+//! real TCP and UDP traffic between pod namespaces.
+
+mod common;
+
+use common::*;
+
+#[test]
+fn no_policy_allows_all_tcp_and_udp() {
+    if !is_root() {
+        return;
+    }
+    let lab = lab_with_pods();
+    assert_verdicts(
+        &lab,
+        "without any policy every probe passes",
+        &[
+            ("x/a", "x/b", 80, Tcp, Allow),
+            ("x/a", "x/b", 81, Tcp, Allow),
+            ("x/a", "x/b", 53, Udp, Allow),
+            ("x/b", "x/a", 80, Tcp, Allow),
+            ("x/b", "x/c", 53, Udp, Allow),
+            ("x/c", "x/a", 81, Tcp, Allow),
+        ],
+    );
+    finish(lab);
+}
+
+#[test]
+fn default_deny_ingress_isolates_only_the_selected_pod() {
+    if !is_root() {
+        return;
+    }
+    let mut lab = lab_with_pods();
+    lab.apply(&policies(DENY_B)).unwrap();
+    lab.wait_realized().unwrap();
+    assert_verdicts(
+        &lab,
+        "default deny ingress on x/b",
+        &[
+            ("x/a", "x/b", 80, Tcp, Deny),
+            ("x/a", "x/b", 53, Udp, Deny),
+            ("x/c", "x/b", 81, Tcp, Deny),
+            // Egress of b is not isolated, and replies to it come back.
+            ("x/b", "x/a", 80, Tcp, Allow),
+            ("x/b", "x/a", 53, Udp, Allow),
+            ("x/a", "x/c", 80, Tcp, Allow),
+        ],
+    );
+    finish(lab);
+}
+
+#[test]
+fn allow_from_a_on_tcp_80_only() {
+    if !is_root() {
+        return;
+    }
+    let mut lab = lab_with_pods();
+    lab.apply(&policies(ALLOW_A_80)).unwrap();
+    lab.wait_realized().unwrap();
+    assert_verdicts(
+        &lab,
+        "x/b accepts only x/a on TCP 80",
+        &[
+            ("x/a", "x/b", 80, Tcp, Allow),
+            ("x/a", "x/b", 81, Tcp, Deny),
+            ("x/a", "x/b", 53, Udp, Deny),
+            ("x/c", "x/b", 80, Tcp, Deny),
+            ("x/c", "x/a", 80, Tcp, Allow),
+        ],
+    );
+    finish(lab);
+}
+
+#[test]
+fn delete_restores_traffic_and_reapply_denies_it_again() {
+    if !is_root() {
+        return;
+    }
+    let mut lab = lab_with_pods();
+    let both: Vec<_> = policies(DENY_B).into_iter().chain(policies(ALLOW_A_80)).collect();
+    let keys: Vec<_> = both.iter().map(|o| o.key().clone()).collect();
+    let denied: &[Case] = &[
+        ("x/a", "x/b", 80, Tcp, Allow),
+        ("x/a", "x/b", 81, Tcp, Deny),
+        ("x/c", "x/b", 80, Tcp, Deny),
+    ];
+
+    lab.apply(&both).unwrap();
+    lab.wait_realized().unwrap();
+    assert_verdicts(&lab, "policies applied", denied);
+
+    lab.delete(&keys).unwrap();
+    lab.wait_realized().unwrap();
+    assert_verdicts(
+        &lab,
+        "policies deleted",
+        &[
+            ("x/a", "x/b", 81, Tcp, Allow),
+            ("x/c", "x/b", 80, Tcp, Allow),
+            ("x/c", "x/b", 53, Udp, Allow),
+        ],
+    );
+
+    lab.apply(&both).unwrap();
+    lab.wait_realized().unwrap();
+    assert_verdicts(&lab, "policies applied again", denied);
+    finish(lab);
+}

@@ -1,0 +1,288 @@
+//! Compiles one direction of a pod's plan into the content of the datapath's
+//! lookup tables: a longest-prefix-match table from peer prefix to a set of
+//! allowed ports. Pure: the same policy always compiles to the same value, so
+//! pods whose policies compile equal can share one table (DESIGN invariant 3).
+//!
+//! The LPM table must give, for every address, exactly the union of the rules
+//! that allow it. For every prefix the policy mentions (a CIDR or an except),
+//! the addresses whose longest match is that prefix are inside it and outside
+//! every longer mentioned prefix, so whether a rule's block contains them is
+//! decided by containment of whole prefixes. That makes the table exact: an
+//! `except` of one rule only removes what that rule allowed, never what
+//! another allows.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use palisade_proto::v1::{DirectionPolicy, IpPrefix, PortRange, Protocol};
+
+/// An address prefix in the datapath's single family: IPv4 is IPv4-mapped
+/// IPv6, so one table serves both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Prefix {
+    pub addr: [u8; 16],
+    /// 0..=128, in IPv6 bits.
+    pub len: u8,
+}
+
+impl Prefix {
+    pub fn new(addr: [u8; 16], len: u8) -> Self {
+        Prefix {
+            addr: mask(addr, len),
+            len,
+        }
+    }
+
+    pub fn from_ip(ip: IpAddr, len: u8) -> Self {
+        match ip {
+            IpAddr::V4(v4) => Prefix::new(v4.to_ipv6_mapped().octets(), len + 96),
+            IpAddr::V6(v6) => Prefix::new(v6.octets(), len),
+        }
+    }
+
+    pub fn contains(&self, other: &Prefix) -> bool {
+        self.len <= other.len && mask(other.addr, self.len) == self.addr
+    }
+
+    /// The address and prefix length as operators write them.
+    pub fn display(&self) -> String {
+        let v6 = Ipv6Addr::from(self.addr);
+        match v6.to_ipv4_mapped() {
+            Some(v4) if self.len >= 96 => format!("{v4}/{}", self.len - 96),
+            _ => format!("{v6}/{}", self.len),
+        }
+    }
+}
+
+fn mask(mut addr: [u8; 16], len: u8) -> [u8; 16] {
+    for (i, byte) in addr.iter_mut().enumerate() {
+        let bits = (len as usize).saturating_sub(i * 8).min(8);
+        *byte &= if bits == 0 { 0 } else { 0xffu8 << (8 - bits) };
+    }
+    addr
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum CompileError {
+    #[error("address {0:?} is neither 4 (IPv4) nor 16 (IPv6) bytes long")]
+    AddressLength(Vec<u8>),
+    #[error("prefix length {len} is too long for {addr}")]
+    PrefixLength { addr: String, len: u32 },
+    #[error("a peer block has no cidr")]
+    MissingCidr,
+    #[error("unknown protocol number {0}")]
+    Protocol(i32),
+    #[error("port {port}..{end} is not a valid range within 1-65535")]
+    PortRange { port: u32, end: u32 },
+}
+
+pub fn prefix_of(p: &IpPrefix) -> Result<Prefix, CompileError> {
+    let (ip, max) = match p.addr.len() {
+        4 => {
+            let a: [u8; 4] = p.addr.as_slice().try_into().expect("length checked");
+            (IpAddr::V4(Ipv4Addr::from(a)), 32)
+        }
+        16 => {
+            let a: [u8; 16] = p.addr.as_slice().try_into().expect("length checked");
+            (IpAddr::V6(Ipv6Addr::from(a)), 128)
+        }
+        _ => return Err(CompileError::AddressLength(p.addr.clone())),
+    };
+    if p.prefix_len > max {
+        return Err(CompileError::PrefixLength {
+            addr: ip.to_string(),
+            len: p.prefix_len,
+        });
+    }
+    Ok(Prefix::from_ip(ip, p.prefix_len as u8))
+}
+
+/// One entry of a port table: protocol `proto` (unless `any_proto`) and the
+/// ports matching `port` on its first `port_bits` bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PortEntry {
+    /// Every protocol, every port: a rule without ports.
+    Any,
+    /// Every port of one protocol.
+    Proto(u8),
+    /// A block of ports of one protocol, as the LPM table stores it.
+    Block { proto: u8, port: u16, bits: u8 },
+}
+
+/// The ports a prefix allows. Empty means nothing is allowed: such an entry
+/// exists only to stop a shorter prefix from matching.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PortSet(pub BTreeSet<PortEntry>);
+
+impl PortSet {
+    fn add_range(&mut self, r: &PortRange) -> Result<(), CompileError> {
+        let proto = match Protocol::try_from(r.protocol) {
+            Ok(Protocol::Tcp) => 6u8,
+            Ok(Protocol::Udp) => 17,
+            Ok(Protocol::Sctp) => 132,
+            _ => return Err(CompileError::Protocol(r.protocol)),
+        };
+        if r.port == 0 {
+            self.0.insert(PortEntry::Proto(proto));
+            return Ok(());
+        }
+        let end = if r.end_port == 0 { r.port } else { r.end_port };
+        if r.port > 65535 || end > 65535 || end < r.port {
+            return Err(CompileError::PortRange { port: r.port, end });
+        }
+        for (port, bits) in palisade_ebpf::port_prefixes(r.port as u16, end as u16) {
+            self.0.insert(PortEntry::Block { proto, port, bits });
+        }
+        Ok(())
+    }
+
+    /// Drops entries another entry already covers, so equal sets of allowed
+    /// ports have one representation.
+    fn normalize(&mut self) {
+        if self.0.contains(&PortEntry::Any) {
+            self.0 = BTreeSet::from([PortEntry::Any]);
+            return;
+        }
+        let protos: BTreeSet<u8> = self
+            .0
+            .iter()
+            .filter_map(|e| match e {
+                PortEntry::Proto(p) => Some(*p),
+                _ => None,
+            })
+            .collect();
+        let blocks: Vec<(u8, u16, u8)> = self
+            .0
+            .iter()
+            .filter_map(|e| match e {
+                PortEntry::Block { proto, port, bits } => Some((*proto, *port, *bits)),
+                _ => None,
+            })
+            .collect();
+        self.0.retain(|e| match e {
+            PortEntry::Block { proto, port, bits } => {
+                !protos.contains(proto)
+                    && !blocks.iter().any(|(p2, port2, bits2)| {
+                        p2 == proto
+                            && bits2 < bits
+                            && (u32::from(*port) >> (16 - u32::from(*bits2)))
+                                == (u32::from(*port2) >> (16 - u32::from(*bits2)))
+                    })
+            }
+            _ => true,
+        });
+    }
+
+    pub fn allows(&self, proto: u8, port: u16) -> bool {
+        self.0.iter().any(|e| match *e {
+            PortEntry::Any => true,
+            PortEntry::Proto(p) => p == proto,
+            PortEntry::Block {
+                proto: p,
+                port: start,
+                bits,
+            } => {
+                p == proto
+                    && (bits == 0 || (u32::from(port) >> (16 - bits)) == (u32::from(start) >> (16 - bits)))
+            }
+        })
+    }
+}
+
+/// A compiled direction of a policy: what the LPM table holds for it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PolicySet {
+    pub entries: BTreeMap<Prefix, PortSet>,
+}
+
+impl PolicySet {
+    /// The table's verdict for a peer address, protocol and port: the
+    /// longest matching prefix decides. Used by tests and as a model of the
+    /// datapath.
+    pub fn allows(&self, peer: IpAddr, proto: u8, port: u16) -> bool {
+        let addr = Prefix::from_ip(peer, if peer.is_ipv4() { 32 } else { 128 });
+        self.entries
+            .iter()
+            .filter(|(p, _)| p.contains(&addr))
+            .max_by_key(|(p, _)| p.len)
+            .is_some_and(|(_, ports)| ports.allows(proto, port))
+    }
+
+    /// A short stable name for operators, derived from the content.
+    pub fn id(&self) -> String {
+        // FNV-1a over the Debug form: stable across runs and builds, unlike
+        // RandomState, and this is a label, not a security boundary.
+        let text = format!("{:?}", self.entries);
+        let mut h: u64 = 0xcbf29ce484222325;
+        for b in text.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x100000001b3);
+        }
+        format!("ps-{h:016x}")
+    }
+}
+
+struct CompiledRule {
+    blocks: Vec<(Prefix, Vec<Prefix>)>,
+    ports: PortSet,
+}
+
+pub fn compile(policy: &DirectionPolicy) -> Result<PolicySet, CompileError> {
+    let mut rules = Vec::new();
+    let mut mentioned = BTreeSet::new();
+    for rule in &policy.rules {
+        let mut ports = PortSet::default();
+        if rule.ports.is_empty() {
+            ports.0.insert(PortEntry::Any);
+        }
+        for r in &rule.ports {
+            ports.add_range(r)?;
+        }
+        let mut blocks = Vec::new();
+        for peer in &rule.peers {
+            let cidr = prefix_of(peer.cidr.as_ref().ok_or(CompileError::MissingCidr)?)?;
+            let except = peer
+                .except
+                .iter()
+                .map(prefix_of)
+                .collect::<Result<Vec<_>, _>>()?;
+            mentioned.insert(cidr);
+            mentioned.extend(except.iter().copied());
+            blocks.push((cidr, except));
+        }
+        rules.push(CompiledRule { blocks, ports });
+    }
+
+    let mut entries = BTreeMap::new();
+    for p in &mentioned {
+        let mut ports = PortSet::default();
+        for rule in &rules {
+            let in_rule = rule
+                .blocks
+                .iter()
+                .any(|(cidr, except)| cidr.contains(p) && !except.iter().any(|e| e.contains(p)));
+            if in_rule {
+                ports.0.extend(rule.ports.0.iter().copied());
+            }
+        }
+        ports.normalize();
+        entries.insert(*p, ports);
+    }
+    // An entry that allows nothing matters only below a prefix that allows
+    // something; elsewhere a miss already denies.
+    let keep: Vec<Prefix> = entries
+        .iter()
+        .filter(|(p, ports)| {
+            !ports.0.is_empty()
+                || entries
+                    .iter()
+                    .any(|(q, qp)| q.len < p.len && q.contains(p) && !qp.0.is_empty())
+        })
+        .map(|(p, _)| *p)
+        .collect();
+    entries.retain(|p, _| keep.contains(p));
+    Ok(PolicySet { entries })
+}
+
+#[cfg(test)]
+mod tests;

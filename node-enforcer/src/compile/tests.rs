@@ -1,0 +1,214 @@
+use super::*;
+use palisade_proto::v1::{PeerBlock, Rule};
+
+fn p(s: &str) -> IpPrefix {
+    let net: ipnet::IpNet = s.parse().unwrap();
+    IpPrefix {
+        addr: match net.addr() {
+            IpAddr::V4(a) => a.octets().to_vec(),
+            IpAddr::V6(a) => a.octets().to_vec(),
+        },
+        prefix_len: net.prefix_len().into(),
+    }
+}
+
+fn block(cidr: &str, except: &[&str]) -> PeerBlock {
+    PeerBlock {
+        cidr: Some(p(cidr)),
+        except: except.iter().map(|e| p(e)).collect(),
+    }
+}
+
+fn tcp(port: u32, end: u32) -> PortRange {
+    PortRange {
+        protocol: Protocol::Tcp as i32,
+        port,
+        end_port: end,
+    }
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn no_rules_denies_everything() {
+    let set = compile(&DirectionPolicy { rules: vec![] }).unwrap();
+    assert!(set.entries.is_empty());
+    assert!(!set.allows(ip("10.0.0.1"), 6, 80));
+}
+
+#[test]
+fn cidr_and_port_range() {
+    let set = compile(&DirectionPolicy {
+        rules: vec![Rule {
+            peers: vec![block("10.0.0.0/24", &[])],
+            ports: vec![tcp(1000, 1999)],
+        }],
+    })
+    .unwrap();
+    assert!(set.allows(ip("10.0.0.7"), 6, 1000));
+    assert!(set.allows(ip("10.0.0.7"), 6, 1999));
+    assert!(!set.allows(ip("10.0.0.7"), 6, 999));
+    assert!(!set.allows(ip("10.0.0.7"), 6, 2000));
+    assert!(!set.allows(ip("10.0.0.7"), 17, 1000));
+    assert!(!set.allows(ip("10.0.1.7"), 6, 1000));
+}
+
+#[test]
+fn except_in_one_rule_never_blocks_what_another_allows() {
+    let set = compile(&DirectionPolicy {
+        rules: vec![
+            Rule {
+                peers: vec![block("10.0.0.0/8", &["10.1.0.0/16"])],
+                ports: vec![],
+            },
+            Rule {
+                peers: vec![block("10.1.2.0/24", &[])],
+                ports: vec![tcp(443, 0)],
+            },
+        ],
+    })
+    .unwrap();
+    assert!(set.allows(ip("10.2.0.1"), 17, 53), "rule 1 allows all ports");
+    assert!(!set.allows(ip("10.1.3.1"), 6, 443), "excepted, no other rule");
+    assert!(set.allows(ip("10.1.2.1"), 6, 443), "rule 2 inside rule 1's except");
+    assert!(!set.allows(ip("10.1.2.1"), 6, 80));
+}
+
+#[test]
+fn more_than_24_ports_per_cidr() {
+    let ports: Vec<PortRange> = (0..100).map(|i| tcp(2000 + i * 3, 0)).collect();
+    let set = compile(&DirectionPolicy {
+        rules: vec![Rule {
+            peers: vec![block("0.0.0.0/0", &[])],
+            ports,
+        }],
+    })
+    .unwrap();
+    for i in 0..100 {
+        assert!(set.allows(ip("1.2.3.4"), 6, 2000 + i * 3));
+        assert!(!set.allows(ip("1.2.3.4"), 6, 2001 + i * 3));
+    }
+}
+
+#[test]
+fn ipv6_and_ipv4_do_not_mix() {
+    let set = compile(&DirectionPolicy {
+        rules: vec![Rule {
+            peers: vec![block("fd00::/64", &[])],
+            ports: vec![],
+        }],
+    })
+    .unwrap();
+    assert!(set.allows(ip("fd00::1"), 6, 1));
+    assert!(!set.allows(ip("10.0.0.1"), 6, 1));
+    let set = compile(&DirectionPolicy {
+        rules: vec![Rule {
+            peers: vec![block("0.0.0.0/0", &[])],
+            ports: vec![],
+        }],
+    })
+    .unwrap();
+    assert!(set.allows(ip("10.0.0.1"), 6, 1));
+    assert!(!set.allows(ip("fd00::1"), 6, 1), "0.0.0.0/0 is IPv4 only");
+}
+
+#[test]
+fn equal_policies_compile_equal_whatever_the_rule_order() {
+    let a = Rule {
+        peers: vec![block("10.0.0.0/24", &[])],
+        ports: vec![tcp(80, 0), tcp(80, 80)],
+    };
+    let b = Rule {
+        peers: vec![block("10.0.0.0/24", &[])],
+        ports: vec![tcp(1, 65535)],
+    };
+    let one = compile(&DirectionPolicy {
+        rules: vec![a.clone(), b.clone()],
+    })
+    .unwrap();
+    let two = compile(&DirectionPolicy { rules: vec![b, a] }).unwrap();
+    assert_eq!(one, two);
+    assert_eq!(one.id(), two.id());
+}
+
+#[test]
+fn bad_input_is_an_error() {
+    let bad_addr = DirectionPolicy {
+        rules: vec![Rule {
+            peers: vec![PeerBlock {
+                cidr: Some(IpPrefix {
+                    addr: vec![1, 2, 3],
+                    prefix_len: 8,
+                }),
+                except: vec![],
+            }],
+            ports: vec![],
+        }],
+    };
+    assert!(matches!(compile(&bad_addr), Err(CompileError::AddressLength(_))));
+    let bad_len = DirectionPolicy {
+        rules: vec![Rule {
+            peers: vec![PeerBlock {
+                cidr: Some(IpPrefix {
+                    addr: vec![1, 2, 3, 4],
+                    prefix_len: 33,
+                }),
+                except: vec![],
+            }],
+            ports: vec![],
+        }],
+    };
+    assert!(matches!(compile(&bad_len), Err(CompileError::PrefixLength { .. })));
+    let bad_port = DirectionPolicy {
+        rules: vec![Rule {
+            peers: vec![block("10.0.0.0/8", &[])],
+            ports: vec![tcp(90, 80)],
+        }],
+    };
+    assert!(matches!(compile(&bad_port), Err(CompileError::PortRange { .. })));
+}
+
+/// Exhaustive check against a direct reading of the rules, on a small
+/// address space where every address can be tried.
+#[test]
+fn lpm_table_equals_rule_union_for_every_address() {
+    let rules = vec![
+        Rule {
+            peers: vec![block("10.0.0.0/28", &["10.0.0.8/29", "10.0.0.4/31"])],
+            ports: vec![tcp(80, 0)],
+        },
+        Rule {
+            peers: vec![block("10.0.0.8/30", &["10.0.0.9/32"]), block("10.0.0.0/26", &["10.0.0.0/27"])],
+            ports: vec![tcp(81, 82)],
+        },
+        Rule {
+            peers: vec![block("10.0.0.4/32", &[])],
+            ports: vec![],
+        },
+    ];
+    let set = compile(&DirectionPolicy {
+        rules: rules.clone(),
+    })
+    .unwrap();
+    for last in 0u8..=70 {
+        let addr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, last));
+        for port in [79u16, 80, 81, 82, 83] {
+            let host = Prefix::from_ip(addr, 32);
+            let expected = rules.iter().any(|r| {
+                let in_peer = r.peers.iter().any(|b| {
+                    prefix_of(b.cidr.as_ref().unwrap()).unwrap().contains(&host)
+                        && !b.except.iter().any(|e| prefix_of(e).unwrap().contains(&host))
+                });
+                let in_ports = r.ports.is_empty()
+                    || r.ports.iter().any(|pr| {
+                        let end = if pr.end_port == 0 { pr.port } else { pr.end_port };
+                        (pr.port..=end).contains(&u32::from(port))
+                    });
+                in_peer && in_ports
+            });
+            assert_eq!(set.allows(addr, 6, port), expected, "{addr} port {port}");
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! An in-memory datapath that checks, after every operation, the invariant a
+//! packet could observe: every endpoint refers only to complete tables.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{Datapath, DatapathError, PolicyId, PortSetId, Result};
+use crate::compile::{PortSet, Prefix};
+
+#[derive(Debug, Default)]
+pub struct FakeDatapath {
+    pub interfaces: BTreeMap<String, u32>,
+    pub attached: BTreeSet<String>,
+    pub endpoints: BTreeMap<u32, (PolicyId, PolicyId)>,
+    pub policies: BTreeMap<PolicyId, Vec<(Prefix, PortSetId)>>,
+    pub portsets: BTreeMap<PortSetId, PortSet>,
+    pub log: Vec<String>,
+    /// Interfaces whose attach fails, to test error paths.
+    pub fail_attach: BTreeSet<String>,
+    /// Set when an operation left a window a packet could see.
+    pub violations: Vec<String>,
+}
+
+impl FakeDatapath {
+    pub fn with_interfaces(names: &[&str]) -> Self {
+        let mut f = FakeDatapath::default();
+        for (i, n) in names.iter().enumerate() {
+            f.interfaces.insert(n.to_string(), 10 + i as u32);
+        }
+        f
+    }
+
+    fn check(&mut self, op: &str) {
+        self.log.push(op.to_string());
+        for (ifindex, (ing, eg)) in &self.endpoints {
+            for id in [ing, eg] {
+                if *id == 0 {
+                    continue;
+                }
+                match self.policies.get(id) {
+                    None => self.violations.push(format!(
+                        "after {op}: endpoint {ifindex} refers to missing policy {id}"
+                    )),
+                    Some(entries) => {
+                        for (_, ps) in entries {
+                            if *ps != 0 && !self.portsets.contains_key(ps) {
+                                self.violations.push(format!(
+                                    "after {op}: policy {id} refers to missing portset {ps}"
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for name in &self.attached {
+            let idx = self.interfaces.get(name).copied().unwrap_or(0);
+            if !self.endpoints.contains_key(&idx) {
+                self.violations.push(format!(
+                    "after {op}: {name} is attached without an endpoint entry (fails open)"
+                ));
+            }
+        }
+    }
+
+    /// The endpoint entry of an interface, by name.
+    pub fn endpoint_of(&self, ifname: &str) -> Option<(PolicyId, PolicyId)> {
+        let idx = self.interfaces.get(ifname)?;
+        self.endpoints.get(idx).copied()
+    }
+}
+
+impl Datapath for FakeDatapath {
+    fn add_portset(&mut self, id: PortSetId, set: &PortSet) -> Result<()> {
+        self.portsets.insert(id, set.clone());
+        self.check(&format!("add_portset {id}"));
+        Ok(())
+    }
+    fn remove_portset(&mut self, id: PortSetId, _: &PortSet) -> Result<()> {
+        self.portsets.remove(&id);
+        self.check(&format!("remove_portset {id}"));
+        Ok(())
+    }
+    fn add_policy(&mut self, id: PolicyId, entries: &[(Prefix, PortSetId)]) -> Result<()> {
+        self.policies.insert(id, entries.to_vec());
+        self.check(&format!("add_policy {id}"));
+        Ok(())
+    }
+    fn remove_policy(&mut self, id: PolicyId, _: &[(Prefix, PortSetId)]) -> Result<()> {
+        self.policies.remove(&id);
+        self.check(&format!("remove_policy {id}"));
+        Ok(())
+    }
+    fn ifindex(&mut self, ifname: &str) -> Result<u32> {
+        self.interfaces
+            .get(ifname)
+            .copied()
+            .ok_or_else(|| DatapathError::new(format!("interface {ifname:?} does not exist")))
+    }
+    fn attach(&mut self, ifname: &str, _: u32) -> Result<()> {
+        if self.fail_attach.contains(ifname) {
+            return Err(DatapathError::new(format!("attach to {ifname}: injected failure")));
+        }
+        self.attached.insert(ifname.to_string());
+        self.check(&format!("attach {ifname}"));
+        Ok(())
+    }
+    fn detach(&mut self, ifname: &str, _: u32) -> Result<()> {
+        self.attached.remove(ifname);
+        self.check(&format!("detach {ifname}"));
+        Ok(())
+    }
+    fn set_endpoint(&mut self, ifindex: u32, ingress: PolicyId, egress: PolicyId) -> Result<()> {
+        self.endpoints.insert(ifindex, (ingress, egress));
+        self.check(&format!("set_endpoint {ifindex} {ingress} {egress}"));
+        Ok(())
+    }
+    fn remove_endpoint(&mut self, ifindex: u32) -> Result<()> {
+        self.endpoints.remove(&ifindex);
+        self.check(&format!("remove_endpoint {ifindex}"));
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "fake".into()
+    }
+}

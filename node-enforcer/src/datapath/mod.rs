@@ -1,0 +1,43 @@
+//! The node's datapath as the reconciler sees it: a handful of table and
+//! attachment operations. `bpf` does them with aya on real interfaces;
+//! `fake` records them in memory so the reconciler's ordering guarantees can
+//! be tested exhaustively without a kernel.
+
+pub mod bpf;
+pub mod fake;
+
+use crate::compile::{PortSet, Prefix};
+
+/// Identifies a policy set in the tables; 0 means "not isolated".
+pub type PolicyId = u32;
+/// Identifies a port set in the tables; 0 is the empty set (no entries).
+pub type PortSetId = u32;
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct DatapathError(pub String);
+
+impl DatapathError {
+    pub fn new(msg: impl Into<String>) -> Self {
+        DatapathError(msg.into())
+    }
+}
+
+pub type Result<T> = std::result::Result<T, DatapathError>;
+
+pub trait Datapath: Send {
+    fn add_portset(&mut self, id: PortSetId, set: &PortSet) -> Result<()>;
+    fn remove_portset(&mut self, id: PortSetId, set: &PortSet) -> Result<()>;
+    fn add_policy(&mut self, id: PolicyId, entries: &[(Prefix, PortSetId)]) -> Result<()>;
+    fn remove_policy(&mut self, id: PolicyId, entries: &[(Prefix, PortSetId)]) -> Result<()>;
+    /// The interface's index, or an error naming it when it does not exist.
+    fn ifindex(&mut self, ifname: &str) -> Result<u32>;
+    /// Attaches both programs to the interface; attaching twice is a no-op.
+    fn attach(&mut self, ifname: &str, ifindex: u32) -> Result<()>;
+    /// Detaches both programs; an interface that is already gone is fine.
+    fn detach(&mut self, ifname: &str, ifindex: u32) -> Result<()>;
+    fn set_endpoint(&mut self, ifindex: u32, ingress: PolicyId, egress: PolicyId) -> Result<()>;
+    fn remove_endpoint(&mut self, ifindex: u32) -> Result<()>;
+    /// Where the datapath pins its objects, for the debug dump.
+    fn describe(&self) -> String;
+}

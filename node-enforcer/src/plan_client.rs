@@ -1,0 +1,151 @@
+//! Holds the plan stream from the controller: subscribe, hand every message
+//! to the reconciler, report realized state back; reconnect with capped
+//! exponential backoff when anything breaks.
+
+use std::time::Duration;
+
+use palisade_proto::transport::{connect, source_chain, Address};
+use palisade_proto::v1::{
+    plan_service_client::PlanServiceClient, subscribe_response::Update, NodeState,
+    ReportStateRequest, SubscribeRequest,
+};
+use tokio::sync::watch;
+
+use crate::handle::Handle;
+use crate::reconciler::PlanMessage;
+
+/// Delay before reconnect attempt `n` (0-based): doubling from 100 ms, capped.
+pub fn backoff(attempt: u32, cap: Duration) -> Duration {
+    let ms = 100u64.saturating_mul(1u64 << attempt.min(16));
+    Duration::from_millis(ms).min(cap)
+}
+
+pub async fn run(
+    controller: Address,
+    node: String,
+    enforcer_id: String,
+    handle: Handle,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut attempt = 0u32;
+    loop {
+        match stream_once(&controller, &node, &enforcer_id, &handle, &mut attempt).await {
+            Ok(()) => tracing::warn!("plan stream ended; reconnecting"),
+            Err(e) => tracing::warn!(%controller, "plan stream: {e}"),
+        }
+        handle.plan_connected(false).await;
+        let delay = backoff(attempt, Duration::from_secs(5));
+        attempt = attempt.saturating_add(1);
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+async fn stream_once(
+    controller: &Address,
+    node: &str,
+    enforcer_id: &str,
+    handle: &Handle,
+    attempt: &mut u32,
+) -> Result<(), String> {
+    let channel = connect(controller, Duration::from_secs(5)).await?;
+    let mut client = PlanServiceClient::new(channel);
+    let mut stream = client
+        .subscribe(SubscribeRequest {
+            node_name: node.to_string(),
+            enforcer_id: enforcer_id.to_string(),
+        })
+        .await
+        .map_err(|s| format!("subscribe: {}", s.message()))?
+        .into_inner();
+    handle.plan_connected(true).await;
+    tracing::info!(%controller, "plan stream connected");
+    loop {
+        let msg = match stream.message().await {
+            Ok(Some(m)) => m,
+            Ok(None) => return Ok(()),
+            Err(s) => return Err(format!("receive: {} ({})", s.message(), source_chain(&s))),
+        };
+        let msg = match msg.update {
+            Some(Update::Snapshot(s)) => PlanMessage::Snapshot(s),
+            Some(Update::Delta(d)) => PlanMessage::Delta(d),
+            None => continue,
+        };
+        match handle.plan(msg).await? {
+            Ok(version) => {
+                *attempt = 0;
+                tracing::info!(version, "plan applied");
+            }
+            // Out of sequence: a fresh subscription starts with a snapshot.
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// Sends every new realized state to the controller, retrying until it lands,
+/// and always sending the newest state rather than a backlog.
+pub async fn report(controller: Address, mut state: watch::Receiver<NodeState>) {
+    let mut attempt = 0u32;
+    let mut client: Option<PlanServiceClient<tonic::transport::Channel>> = None;
+    loop {
+        let current = state.borrow_and_update().clone();
+        if !current.node_name.is_empty() {
+            let c = match client.take() {
+                Some(c) => Some(c),
+                None => connect(&controller, Duration::from_secs(5))
+                    .await
+                    .map(PlanServiceClient::new)
+                    .map_err(|e| tracing::debug!("report: {e}"))
+                    .ok(),
+            };
+            let sent = match c {
+                Some(mut c) => {
+                    let r = c
+                        .report_state(ReportStateRequest {
+                            state: Some(current),
+                        })
+                        .await;
+                    match r {
+                        Ok(_) => {
+                            client = Some(c);
+                            true
+                        }
+                        Err(s) => {
+                            tracing::debug!("report: {}", s.message());
+                            false
+                        }
+                    }
+                }
+                None => false,
+            };
+            if !sent {
+                let delay = backoff(attempt, Duration::from_secs(5));
+                attempt = attempt.saturating_add(1);
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => continue,
+                    r = state.changed() => if r.is_err() { return } else { continue },
+                }
+            }
+            attempt = 0;
+        }
+        if state.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let cap = Duration::from_secs(5);
+        assert_eq!(backoff(0, cap), Duration::from_millis(100));
+        assert_eq!(backoff(3, cap), Duration::from_millis(800));
+        assert_eq!(backoff(10, cap), cap);
+        assert_eq!(backoff(u32::MAX, cap), cap);
+    }
+}

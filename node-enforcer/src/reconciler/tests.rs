@@ -1,0 +1,267 @@
+use super::*;
+use crate::datapath::fake::FakeDatapath;
+use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PortRange, Protocol, Rule};
+
+fn ip4(a: [u8; 4], len: u32) -> IpPrefix {
+    IpPrefix {
+        addr: a.to_vec(),
+        prefix_len: len,
+    }
+}
+
+fn allow_from(peer: [u8; 4], port: u32) -> DirectionPolicy {
+    DirectionPolicy {
+        rules: vec![Rule {
+            peers: vec![PeerBlock {
+                cidr: Some(ip4(peer, 32)),
+                except: vec![],
+            }],
+            ports: vec![PortRange {
+                protocol: Protocol::Tcp as i32,
+                port,
+                end_port: 0,
+            }],
+        }],
+    }
+}
+
+fn pod_policy(name: &str, ingress: Option<DirectionPolicy>) -> PodPolicy {
+    PodPolicy {
+        pod: Some(PodRef {
+            namespace: "x".into(),
+            name: name.into(),
+        }),
+        pod_ips: vec![],
+        ingress,
+        egress: None,
+        policies: vec!["x/p".into()],
+    }
+}
+
+fn up(name: &str, iface: &str) -> PodUp {
+    PodUp {
+        pod: ("x".into(), name.into()),
+        runtime: PodRuntime {
+            container_id: format!("c-{name}"),
+            netns: format!("/run/netns/{name}"),
+            host_interfaces: vec![iface.into()],
+            ips: vec![],
+        },
+    }
+}
+
+fn snapshot(version: u64, pods: Vec<PodPolicy>) -> PlanMessage {
+    PlanMessage::Snapshot(PlanSnapshot { version, pods })
+}
+
+fn reconciler() -> Reconciler<FakeDatapath> {
+    Reconciler::new(
+        "n1".into(),
+        "e1".into(),
+        FakeDatapath::with_interfaces(&["veth-a", "veth-b", "veth-c", "veth-d"]),
+    )
+}
+
+#[test]
+fn unselected_pod_is_attached_and_open() {
+    let mut r = reconciler();
+    let out = r.pod_up(up("a", "veth-a")).unwrap();
+    assert!(!out.ingress_isolated);
+    assert!(r.datapath.attached.contains("veth-a"));
+    assert_eq!(r.datapath.endpoint_of("veth-a"), Some((0, 0)));
+    assert!(r.datapath.violations.is_empty(), "{:?}", r.datapath.violations);
+}
+
+#[test]
+fn replicas_with_equal_policy_share_one_table_until_the_last_goes() {
+    let mut r = reconciler();
+    r.apply_plan(snapshot(
+        1,
+        vec![
+            pod_policy("a", Some(allow_from([10, 0, 0, 9], 80))),
+            pod_policy("b", Some(allow_from([10, 0, 0, 9], 80))),
+        ],
+    ))
+    .unwrap();
+    r.pod_up(up("a", "veth-a")).unwrap();
+    r.pod_up(up("b", "veth-b")).unwrap();
+    let (ia, _) = r.datapath.endpoint_of("veth-a").unwrap();
+    let (ib, _) = r.datapath.endpoint_of("veth-b").unwrap();
+    assert_eq!(ia, ib, "same content, same table");
+    assert_eq!(r.datapath.policies.len(), 1);
+    // Seed 000/001: deleting one replica must not take the table from the other.
+    r.pod_down(("x".into(), "a".into()), "c-a").unwrap();
+    assert_eq!(r.datapath.policies.len(), 1);
+    assert_eq!(r.datapath.endpoint_of("veth-b"), Some((ib, 0)));
+    r.pod_down(("x".into(), "b".into()), "c-b").unwrap();
+    assert!(r.datapath.policies.is_empty());
+    assert!(r.datapath.portsets.is_empty());
+    assert!(r.datapath.endpoints.is_empty());
+    assert!(r.datapath.attached.is_empty());
+    assert!(r.datapath.violations.is_empty(), "{:?}", r.datapath.violations);
+}
+
+#[test]
+fn policy_change_is_make_before_break() {
+    let mut r = reconciler();
+    r.pod_up(up("a", "veth-a")).unwrap();
+    for (v, port) in [(1, 80), (2, 81), (3, 82)] {
+        r.apply_plan(snapshot(v, vec![pod_policy("a", Some(allow_from([10, 0, 0, 9], port)))]))
+            .unwrap();
+    }
+    assert_eq!(r.datapath.policies.len(), 1, "old tables removed");
+    // Every step in the log was checked by the fake: no endpoint ever pointed
+    // at a missing table, no program ran without its entry.
+    assert!(r.datapath.violations.is_empty(), "{:?}", r.datapath.violations);
+    let log = r.datapath.log.join("\n");
+    let add = log.find("add_policy 3").unwrap();
+    let switch = log.find("set_endpoint 10 3 0").unwrap();
+    let remove = log.find("remove_policy 2").unwrap();
+    assert!(add < switch && switch < remove, "{log}");
+}
+
+#[test]
+fn delete_of_an_old_sandbox_keeps_the_new_one() {
+    let mut r = reconciler();
+    r.pod_up(up("a", "veth-a")).unwrap();
+    let mut again = up("a", "veth-b");
+    again.runtime.container_id = "c-a2".into();
+    r.pod_up(again).unwrap();
+    r.pod_down(("x".into(), "a".into()), "c-a").unwrap();
+    assert!(r.datapath.attached.contains("veth-b"));
+    assert!(!r.datapath.attached.contains("veth-a"));
+}
+
+#[test]
+fn failed_attach_leaves_nothing_behind_and_names_the_interface() {
+    let mut r = reconciler();
+    r.datapath.fail_attach.insert("veth-a".into());
+    let err = r.pod_up(up("a", "veth-a")).unwrap_err();
+    assert!(err.contains("veth-a"), "{err}");
+    assert!(r.datapath.endpoints.is_empty());
+    assert!(r.node_state().pods.is_empty());
+    let err = r.pod_up(up("b", "nope")).unwrap_err();
+    assert!(err.contains("\"nope\" does not exist"), "{err}");
+}
+
+#[test]
+fn invalid_requests_are_refused_before_touching_anything() {
+    let mut r = reconciler();
+    let mut bad = up("a", "veth-a");
+    bad.runtime.host_interfaces = vec!["../../etc".into()];
+    assert!(r.pod_up(bad).unwrap_err().contains("not a valid interface name"));
+    let mut bad = up("a", "veth-a");
+    bad.runtime.host_interfaces.clear();
+    assert!(r.pod_up(bad).unwrap_err().contains("no host interface"));
+    assert!(r.datapath.log.is_empty());
+}
+
+#[test]
+fn uncompilable_policy_denies_instead_of_opening() {
+    let mut r = reconciler();
+    let broken = DirectionPolicy {
+        rules: vec![Rule {
+            peers: vec![PeerBlock {
+                cidr: Some(IpPrefix {
+                    addr: vec![1, 2, 3],
+                    prefix_len: 8,
+                }),
+                except: vec![],
+            }],
+            ports: vec![],
+        }],
+    };
+    r.apply_plan(snapshot(1, vec![pod_policy("a", Some(broken))])).unwrap();
+    let err = r.pod_up(up("a", "veth-a")).unwrap_err();
+    assert!(err.contains("ingress policy of x/a"), "{err}");
+    // The pod is refused; a pod already running would be denied, not opened.
+}
+
+#[test]
+fn deltas_must_follow_the_version_held() {
+    let mut r = reconciler();
+    let d = PlanDelta {
+        base_version: 5,
+        version: 6,
+        upserted: vec![],
+        removed: vec![],
+    };
+    assert!(matches!(
+        r.apply_plan(PlanMessage::Delta(d.clone())),
+        Err(PlanError::OutOfSequence { .. })
+    ));
+    r.apply_plan(snapshot(5, vec![])).unwrap();
+    assert_eq!(r.apply_plan(PlanMessage::Delta(d)).unwrap(), 6);
+    assert_eq!(r.node_state().realized_version, 6);
+}
+
+/// Invariant 2: any order of the same inputs gives the same datapath.
+#[test]
+fn end_state_does_not_depend_on_event_order() {
+    let plan = || {
+        snapshot(
+            1,
+            vec![
+                pod_policy("a", Some(allow_from([10, 0, 0, 9], 80))),
+                pod_policy("b", Some(allow_from([10, 0, 0, 9], 80))),
+                pod_policy("c", Some(allow_from([10, 0, 0, 8], 443))),
+            ],
+        )
+    };
+    #[derive(Clone, Copy, Debug)]
+    enum E {
+        Plan,
+        Up(&'static str, &'static str),
+        Down(&'static str),
+    }
+    let events = [
+        E::Plan,
+        E::Up("a", "veth-a"),
+        E::Up("b", "veth-b"),
+        E::Up("c", "veth-c"),
+        E::Down("a"),
+    ];
+    let mut results = BTreeSet::new();
+    // Every permutation where a pod's Down follows its Up.
+    let mut idx: Vec<usize> = (0..events.len()).collect();
+    permute(&mut idx, 0, &mut |order| {
+        let pos = |i| order.iter().position(|x| *x == i).unwrap();
+        if pos(4) < pos(1) {
+            return;
+        }
+        let mut r = reconciler();
+        for &i in order {
+            match events[i] {
+                E::Plan => {
+                    r.apply_plan(plan()).unwrap();
+                }
+                E::Up(n, i) => {
+                    r.pod_up(up(n, i)).unwrap();
+                }
+                E::Down(n) => r.pod_down(("x".into(), n.into()), &format!("c-{n}")).unwrap(),
+            }
+        }
+        assert!(r.datapath.violations.is_empty(), "{order:?}: {:?}", r.datapath.violations);
+        let shape = (
+            r.datapath.attached.clone(),
+            r.datapath.policies.len(),
+            r.datapath.portsets.len(),
+            r.datapath.endpoint_of("veth-b").unwrap() == r.datapath.endpoint_of("veth-b").unwrap(),
+            r.datapath.endpoint_of("veth-b").unwrap().0 != r.datapath.endpoint_of("veth-c").unwrap().0,
+        );
+        results.insert(format!("{shape:?}"));
+    });
+    assert_eq!(results.len(), 1, "{results:?}");
+}
+
+fn permute(v: &mut Vec<usize>, k: usize, f: &mut dyn FnMut(&[usize])) {
+    if k == v.len() {
+        f(v);
+        return;
+    }
+    for i in k..v.len() {
+        v.swap(k, i);
+        permute(v, k + 1, f);
+        v.swap(k, i);
+    }
+}

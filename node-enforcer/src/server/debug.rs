@@ -1,0 +1,65 @@
+//! DebugService on the enforcer: a structured dump of the reconciler's state.
+
+use palisade_proto::v1::{
+    debug_service_server::DebugService, GetControllerStateRequest, GetControllerStateResponse,
+    GetEnforcerStateRequest, GetEnforcerStateResponse, InterfaceState, PolicySetState,
+};
+use tonic::{Request, Response, Status};
+
+use crate::handle::Handle;
+
+pub struct DebugServer {
+    handle: Handle,
+}
+
+impl DebugServer {
+    pub fn new(handle: Handle) -> Self {
+        DebugServer { handle }
+    }
+}
+
+#[tonic::async_trait]
+impl DebugService for DebugServer {
+    async fn get_controller_state(
+        &self,
+        _: Request<GetControllerStateRequest>,
+    ) -> Result<Response<GetControllerStateResponse>, Status> {
+        Err(Status::unimplemented(
+            "this is a node-enforcer; ask the policy-controller for its state",
+        ))
+    }
+
+    async fn get_enforcer_state(
+        &self,
+        _: Request<GetEnforcerStateRequest>,
+    ) -> Result<Response<GetEnforcerStateResponse>, Status> {
+        let d = self.handle.dump().await.map_err(Status::unavailable)?;
+        Ok(Response::new(GetEnforcerStateResponse {
+            state: Some(d.state),
+            plan_version: d.plan_version,
+            plan_connected: d.plan_connected,
+            pin_root: d.datapath,
+            policy_sets: d
+                .policy_sets
+                .into_iter()
+                .map(|p| PolicySetState {
+                    id: p.name,
+                    map_id: p.id,
+                    prefix_entries: p.prefix_entries as u32,
+                    references: p.references as u32,
+                })
+                .collect(),
+            interfaces: d
+                .interfaces
+                .into_iter()
+                .map(|i| InterfaceState {
+                    name: i.name,
+                    ifindex: i.ifindex,
+                    pod: format!("{}/{}", i.pod.0, i.pod.1),
+                    ingress_policy_set: i.ingress.unwrap_or_default(),
+                    egress_policy_set: i.egress.unwrap_or_default(),
+                })
+                .collect(),
+        }))
+    }
+}

@@ -1,0 +1,42 @@
+//! The enforcer's gRPC services, served on one unix socket: the CNI service,
+//! the AWS VPC CNI's NPBackend, the debug dump, health and reflection.
+
+pub mod cni;
+pub mod debug;
+pub mod npbackend;
+
+use palisade_proto::rpc::np_backend_server::NpBackendServer;
+use palisade_proto::v1::cni_service_server::CniServiceServer;
+use palisade_proto::v1::debug_service_server::DebugServiceServer;
+
+use crate::handle::Handle;
+
+pub async fn router(
+    handle: Handle,
+    aws_interface_prefix: String,
+) -> Result<tonic::transport::server::Router, String> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<CniServiceServer<cni::CniServer>>().await;
+    health.set_serving::<NpBackendServer<npbackend::NpBackend>>().await;
+    health.set_serving::<DebugServiceServer<debug::DebugServer>>().await;
+    let descriptors = [
+        palisade_proto::FILE_DESCRIPTOR_SET,
+        tonic_health::pb::FILE_DESCRIPTOR_SET,
+    ];
+    let mut v1 = tonic_reflection::server::Builder::configure();
+    let mut v1alpha = tonic_reflection::server::Builder::configure();
+    for d in descriptors {
+        v1 = v1.register_encoded_file_descriptor_set(d);
+        v1alpha = v1alpha.register_encoded_file_descriptor_set(d);
+    }
+    Ok(tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(v1.build_v1().map_err(|e| format!("reflection: {e}"))?)
+        .add_service(v1alpha.build_v1alpha().map_err(|e| format!("reflection: {e}"))?)
+        .add_service(CniServiceServer::new(cni::CniServer::new(handle.clone())))
+        .add_service(NpBackendServer::new(npbackend::NpBackend::new(
+            handle.clone(),
+            aws_interface_prefix,
+        )))
+        .add_service(DebugServiceServer::new(debug::DebugServer::new(handle))))
+}
