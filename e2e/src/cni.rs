@@ -161,7 +161,15 @@ impl CniChain {
             .with_context(|| format!("{kind} {command}"))?;
         let stdout = String::from_utf8_lossy(&done.stdout);
         let stderr = String::from_utf8_lossy(&done.stderr);
-        self.record(command, kind, sandbox, &stdin, &done.status, &stdout, &stderr);
+        self.record(
+            command,
+            kind,
+            sandbox,
+            &stdin,
+            &done.status,
+            &stdout,
+            &stderr,
+        );
         if !done.status.success() {
             bail!(
                 "{kind} {command} failed ({}): {}{}",
@@ -275,7 +283,12 @@ fn result_host_interfaces(result: &Value) -> Vec<String> {
         .and_then(Value::as_array)
         .map(|list| {
             list.iter()
-                .filter(|i| i.get("sandbox").and_then(Value::as_str).unwrap_or("").is_empty())
+                .filter(|i| {
+                    i.get("sandbox")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .is_empty()
+                })
                 .filter_map(|i| i.get("name").and_then(Value::as_str).map(str::to_string))
                 .collect()
         })
@@ -296,7 +309,10 @@ mod tests {
             ],
             "ips": [{"interface": 1, "address": "10.244.0.5/24", "gateway": "10.244.0.1"}]
         });
-        assert_eq!(result_ips(&r).unwrap(), ["10.244.0.5".parse::<IpAddr>().unwrap()]);
+        assert_eq!(
+            result_ips(&r).unwrap(),
+            ["10.244.0.5".parse::<IpAddr>().unwrap()]
+        );
         assert_eq!(result_host_interfaces(&r), ["veth1234"]);
         assert!(result_ips(&json!({"ips": []})).is_err());
     }

@@ -285,7 +285,9 @@ impl Lab {
     }
 
     fn node_ns(&self) -> &NetNs {
-        self.node_ns.as_ref().expect("the node namespace exists once booted")
+        self.node_ns
+            .as_ref()
+            .expect("the node namespace exists once booted")
     }
 
     fn rt(&self) -> &Runtime {
@@ -375,11 +377,13 @@ impl Lab {
     }
 
     pub fn controller_state(&self) -> Result<GetControllerStateResponse> {
-        self.rt().block_on(grpc::controller_state(&self.controller_socket))
+        self.rt()
+            .block_on(grpc::controller_state(&self.controller_socket))
     }
 
     pub fn enforcer_state(&self) -> Result<GetEnforcerStateResponse> {
-        self.rt().block_on(grpc::enforcer_state(&self.enforcer_socket))
+        self.rt()
+            .block_on(grpc::enforcer_state(&self.enforcer_socket))
     }
 
     /// The end of every process log, for failure reports.
@@ -406,8 +410,12 @@ impl Lab {
         for o in objects {
             if let Some(ns) = &o.key().namespace {
                 let declared = |k: &ObjectKey| k.kind == Kind::Namespace && &k.name == ns;
-                if !self.objects.keys().any(declared) && !objects.iter().any(|o| declared(o.key())) {
-                    bail!("apply {}: namespace {ns} does not exist in the lab", o.key());
+                if !self.objects.keys().any(declared) && !objects.iter().any(|o| declared(o.key()))
+                {
+                    bail!(
+                        "apply {}: namespace {ns} does not exist in the lab",
+                        o.key()
+                    );
                 }
             }
         }
@@ -418,13 +426,18 @@ impl Lab {
         for o in ordered {
             let key = o.key().clone();
             if let Some(pod) = key.pod_name() {
-                let ips = self.pods.get(&pod).and_then(|p| p.attachment.as_ref()).map(|a| a.ips.clone());
+                let ips = self
+                    .pods
+                    .get(&pod)
+                    .and_then(|p| p.attachment.as_ref())
+                    .map(|a| a.ips.clone());
                 if ips.is_none() {
                     new_pods.push(pod);
                 }
                 // A new pod is first written Pending, as the scheduler would,
                 // so its policy can be known before its network exists.
-                self.manifests.write(&key, &pod_manifest(o, &self.node_name, ips.as_deref()))?;
+                self.manifests
+                    .write(&key, &pod_manifest(o, &self.node_name, ips.as_deref()))?;
             } else {
                 self.manifests.write(&key, o.body())?;
             }
@@ -470,7 +483,8 @@ impl Lab {
                 return Err(e);
             }
         };
-        self.made_interfaces.extend(attachment.host_interfaces.iter().cloned());
+        self.made_interfaces
+            .extend(attachment.host_interfaces.iter().cloned());
         let manifest = pod_manifest(object, &self.node_name, Some(&attachment.ips));
         self.pods.insert(
             pod.clone(),
@@ -573,7 +587,10 @@ impl Lab {
         loop {
             self.config.cancel.check()?;
             self.check_processes()?;
-            match self.rt().block_on(grpc::controller_state(&self.controller_socket)) {
+            match self
+                .rt()
+                .block_on(grpc::controller_state(&self.controller_socket))
+            {
                 Ok(state) => match realized::check(&state, &self.node_name, revision) {
                     Ok(()) => return Ok(()),
                     Err(reason) => {
@@ -595,7 +612,10 @@ impl Lab {
     }
 
     fn check_processes(&mut self) -> Result<()> {
-        for d in [self.controller.as_mut(), self.enforcer.as_mut()].into_iter().flatten() {
+        for d in [self.controller.as_mut(), self.enforcer.as_mut()]
+            .into_iter()
+            .flatten()
+        {
             d.check_running()?;
         }
         Ok(())
@@ -624,7 +644,13 @@ impl Lab {
                     Role::Enforcer => self.enforcer.as_ref(),
                 };
                 let log = daemon
-                    .map(|d| format!("\n  last lines of {}:\n{}", d.log_path().display(), process::tail(d.log_path(), 30)))
+                    .map(|d| {
+                        format!(
+                            "\n  last lines of {}:\n{}",
+                            d.log_path().display(),
+                            process::tail(d.log_path(), 30)
+                        )
+                    })
                     .unwrap_or_default();
                 bail!(
                     "{} was not SERVING on {} within {timeout:?}: {last}{log}",
@@ -663,11 +689,16 @@ impl Lab {
         Ok(std::thread::scope(|scope| {
             let handles: Vec<_> = resolved
                 .into_iter()
-                .map(|(ns, addr, s)| scope.spawn(move || probe::run(ns, addr, s.protocol, s.timeout)))
+                .map(|(ns, addr, s)| {
+                    scope.spawn(move || probe::run(ns, addr, s.protocol, s.timeout))
+                })
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Outcome::Error("probe thread panicked".into())))
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Outcome::Error("probe thread panicked".into()))
+                })
                 .collect()
         }))
     }
@@ -690,7 +721,10 @@ impl Lab {
                 errors.push(format!("{e:#}"));
             }
         }
-        for d in [self.enforcer.as_mut(), self.controller.as_mut()].into_iter().flatten() {
+        for d in [self.enforcer.as_mut(), self.controller.as_mut()]
+            .into_iter()
+            .flatten()
+        {
             if let Err(e) = d.stop(self.config.stop_grace) {
                 errors.push(format!("{e:#}"));
             }
@@ -708,14 +742,21 @@ impl Lab {
         }
         if self.pin_root.exists() {
             if let Err(e) = std::fs::remove_dir_all(&self.pin_root) {
-                errors.push(format!("removing pin root {}: {e}", self.pin_root.display()));
+                errors.push(format!(
+                    "removing pin root {}: {e}",
+                    self.pin_root.display()
+                ));
             }
         }
         if let Err(e) = self.remove_run_dir() {
             errors.push(format!("{e:#}"));
         }
         if !errors.is_empty() {
-            bail!("cleanup of lab {} left problems:\n  - {}", self.id, errors.join("\n  - "));
+            bail!(
+                "cleanup of lab {} left problems:\n  - {}",
+                self.id,
+                errors.join("\n  - ")
+            );
         }
         Ok(())
     }

@@ -46,7 +46,9 @@ pub fn start(rt: &Handle, ns: &NetNs, ports: &[ServedPort]) -> Result<Listeners>
                     Protocol::Tcp => std::net::TcpListener::bind(addr).map(Bound::Tcp),
                     _ => std::net::UdpSocket::bind(addr).map(Bound::Udp),
                 };
-                sock.with_context(|| format!("binding {} {addr} in netns {}", p.protocol, ns.name()))
+                sock.with_context(|| {
+                    format!("binding {} {addr} in netns {}", p.protocol, ns.name())
+                })
             })
             .collect::<Result<Vec<_>>>()
     })??;

@@ -164,12 +164,18 @@ fn run(path: &std::path::Path, config: LabConfig) -> u8 {
 /// next wait and tears the lab down in order.
 fn watch_signals(cancel: Cancel) {
     std::thread::spawn(move || {
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
             return;
         };
         rt.block_on(async {
             use tokio::signal::unix::{signal, SignalKind};
-            let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+            let (Ok(mut int), Ok(mut term)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) else {
                 return;
             };
             tokio::select! {

@@ -59,11 +59,8 @@ impl Manifests {
     /// No trailing newline: the marker is compared as a string.
     pub fn publish(&mut self) -> Result<u64> {
         let next = self.revision + 1;
-        write_atomic(
-            &self.dir.join(REVISION_FILE),
-            next.to_string().as_bytes(),
-        )
-        .context("writing the manifest revision")?;
+        write_atomic(&self.dir.join(REVISION_FILE), next.to_string().as_bytes())
+            .context("writing the manifest revision")?;
         self.revision = next;
         Ok(next)
     }
@@ -72,7 +69,12 @@ impl Manifests {
 /// Kubernetes names cannot contain '_', so this is unambiguous.
 fn file_name(key: &ObjectKey) -> String {
     match &key.namespace {
-        Some(ns) => format!("{}_{}_{}.json", key.kind.as_str().to_lowercase(), ns, key.name),
+        Some(ns) => format!(
+            "{}_{}_{}.json",
+            key.kind.as_str().to_lowercase(),
+            ns,
+            key.name
+        ),
         None => format!("{}_{}.json", key.kind.as_str().to_lowercase(), key.name),
     }
 }

@@ -19,7 +19,9 @@ pub struct NotRoot;
 
 impl std::fmt::Display for NotRoot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("palisade-lab must run as root: it creates network namespaces, veths and eBPF programs")
+        f.write_str(
+            "palisade-lab must run as root: it creates network namespaces, veths and eBPF programs",
+        )
     }
 }
 
@@ -31,7 +33,11 @@ pub struct Missing(pub Vec<String>);
 
 impl std::fmt::Display for Missing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "the lab cannot start; missing:\n  - {}", self.0.join("\n  - "))
+        write!(
+            f,
+            "the lab cannot start; missing:\n  - {}",
+            self.0.join("\n  - ")
+        )
     }
 }
 
@@ -49,11 +55,19 @@ pub fn check(bin_dir: &Path, cni_bin_dir: &Path, with_palisade: bool) -> Result<
     require_root()?;
     let mut missing = Vec::new();
     for name in ["ptp", "host-local"] {
-        check_exec(&cni_bin_dir.join(name), &mut missing, "CNI plugin (apt install containernetworking-plugins, or --cni-bin-dir)");
+        check_exec(
+            &cni_bin_dir.join(name),
+            &mut missing,
+            "CNI plugin (apt install containernetworking-plugins, or --cni-bin-dir)",
+        );
     }
     if with_palisade {
         for name in [CONTROLLER_BIN, ENFORCER_BIN, CNI_BIN] {
-            check_exec(&bin_dir.join(name), &mut missing, "Palisade binary (cargo build --bins, or --bin-dir)");
+            check_exec(
+                &bin_dir.join(name),
+                &mut missing,
+                "Palisade binary (cargo build --bins, or --bin-dir)",
+            );
         }
     }
     if which("ip").is_none() {
@@ -94,8 +108,14 @@ pub fn ensure_bpffs() -> Result<()> {
         return Ok(());
     }
     std::fs::create_dir_all(BPFFS).with_context(|| format!("creating {BPFFS}"))?;
-    mount(Some("bpf"), BPFFS, Some("bpf"), MsFlags::empty(), None::<&str>)
-        .with_context(|| format!("mount -t bpf bpf {BPFFS}"))?;
+    mount(
+        Some("bpf"),
+        BPFFS,
+        Some("bpf"),
+        MsFlags::empty(),
+        None::<&str>,
+    )
+    .with_context(|| format!("mount -t bpf bpf {BPFFS}"))?;
     if !is_bpffs(Path::new(BPFFS)) {
         bail!("{BPFFS} is still not a bpf filesystem after mounting");
     }

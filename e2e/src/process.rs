@@ -163,9 +163,7 @@ pub fn run_with_input(
         .stdout(out.try_clone()?)
         .stderr(err.try_clone()?);
     let ns_file = prepare(&mut cmd, ns)?;
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("starting {program}"))?;
+    let mut child = cmd.spawn().with_context(|| format!("starting {program}"))?;
     drop(ns_file);
     let write_result = child.stdin.take().map(|mut s| s.write_all(input));
     let deadline = Instant::now() + timeout;
@@ -231,7 +229,9 @@ pub fn is_alive(pid: u32) -> bool {
         Ok(stat) => {
             // The state follows the parenthesised command name, which may
             // itself contain spaces or parentheses.
-            let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next());
             !matches!(state, Some('Z') | Some('X') | None)
         }
         Err(_) => false,

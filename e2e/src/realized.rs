@@ -15,17 +15,20 @@ pub fn check(state: &GetControllerStateResponse, node: &str, revision: u64) -> R
             state.source_marker
         ));
     }
-    let view = node_view(state, node).ok_or_else(|| format!("the controller has no view of node {node}"))?;
+    let view = node_view(state, node)
+        .ok_or_else(|| format!("the controller has no view of node {node}"))?;
     if view.plan_source_revision != state.source_revision {
         return Err(format!(
             "the plan of node {node} is from source revision {}, the controller is at {}",
             view.plan_source_revision, state.source_revision
         ));
     }
-    let reported = view
-        .reported
-        .as_ref()
-        .ok_or_else(|| format!("node {node} has not reported its state yet (connected: {})", view.connected))?;
+    let reported = view.reported.as_ref().ok_or_else(|| {
+        format!(
+            "node {node} has not reported its state yet (connected: {})",
+            view.connected
+        )
+    })?;
     if reported.realized_version != view.plan_version {
         return Err(format!(
             "node {node} realized plan version {}, the plan is at {}",
@@ -87,7 +90,13 @@ mod tests {
     use super::*;
     use palisade_proto::v1::NodeState;
 
-    fn state(marker: &str, src: u64, plan_src: u64, plan: u64, realized: Option<u64>) -> GetControllerStateResponse {
+    fn state(
+        marker: &str,
+        src: u64,
+        plan_src: u64,
+        plan: u64,
+        realized: Option<u64>,
+    ) -> GetControllerStateResponse {
         GetControllerStateResponse {
             source_revision: src,
             source_marker: marker.into(),

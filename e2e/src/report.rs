@@ -23,7 +23,10 @@ impl Row {
             from: spec.from.to_string(),
             to: spec.to.to_string(),
             port: format!("{}/{}", spec.port, spec.protocol),
-            expect: spec.expect.map(|v| v.to_string()).unwrap_or_else(|| "-".into()),
+            expect: spec
+                .expect
+                .map(|v| v.to_string())
+                .unwrap_or_else(|| "-".into()),
             result: outcome.to_string(),
             ok: spec.expect.map(|e| outcome.verdict() == Some(e)),
         }
@@ -35,7 +38,15 @@ impl Row {
             Some(false) => "FAIL",
             None => "-",
         };
-        [&self.step, &self.from, &self.to, &self.port, &self.expect, &self.result, ok]
+        [
+            &self.step,
+            &self.from,
+            &self.to,
+            &self.port,
+            &self.expect,
+            &self.result,
+            ok,
+        ]
     }
 }
 
@@ -109,7 +120,10 @@ impl Report {
     pub fn summary(&self) -> String {
         let checked = self.rows.iter().filter(|r| r.ok.is_some()).count();
         if self.passed() {
-            format!("PASS: {checked} of {checked} expectations met ({} probes)", self.rows.len())
+            format!(
+                "PASS: {checked} of {checked} expectations met ({} probes)",
+                self.rows.len()
+            )
         } else {
             format!(
                 "FAIL: {} of {checked} expectations not met ({} probes)",
@@ -146,7 +160,9 @@ mod tests {
         assert_eq!(bad.ok, Some(false));
         assert_eq!(table.header().find("RESULT"), table.row(&ok).rfind("deny"));
         assert!(table.row(&bad).ends_with("FAIL"));
-        let report = Report { rows: vec![ok, bad] };
+        let report = Report {
+            rows: vec![ok, bad],
+        };
         assert!(!report.passed());
         assert!(report.summary().starts_with("FAIL: 1 of 2"));
     }

@@ -13,7 +13,8 @@ use crate::scenario::Scenario;
 /// abort the run; the caller still owns and shuts down the lab.
 pub fn run_scenario(lab: &mut Lab, scenario: &Scenario, out: &mut dyn Write) -> Result<Report> {
     if !scenario.objects.is_empty() {
-        lab.apply(&scenario.objects).context("applying the initial objects")?;
+        lab.apply(&scenario.objects)
+            .context("applying the initial objects")?;
     }
     let table = Table::for_scenario(scenario);
     writeln!(out, "{}", table.header())?;

@@ -188,7 +188,9 @@ impl Object {
             .and_then(Value::as_str)
             .ok_or_else(|| anyhow!("kind: missing or not a string"))?;
         let kind = Kind::parse(kind_str).ok_or_else(|| {
-            anyhow!("kind: {kind_str:?} is not supported by the lab (Namespace, Pod, NetworkPolicy)")
+            anyhow!(
+                "kind: {kind_str:?} is not supported by the lab (Namespace, Pod, NetworkPolicy)"
+            )
         })?;
         match body.get("apiVersion") {
             None => {
@@ -661,7 +663,10 @@ steps:
         assert_eq!(s.steps[1].name, "step 2");
         assert_eq!(s.steps[0].probes[1].timeout, Duration::from_millis(300));
         assert_eq!(s.steps[0].probes[1].expect, Some(Verdict::Deny));
-        assert_eq!(s.steps[1].probes[0].to, Target::Ip("10.0.0.1".parse().unwrap()));
+        assert_eq!(
+            s.steps[1].probes[0].to,
+            Target::Ip("10.0.0.1".parse().unwrap())
+        );
     }
 
     fn err(text: &str) -> String {
@@ -678,12 +683,17 @@ steps:
             "{e}"
         );
         let e = err("steps: [{probes: [{from: a, to: x/b, port: 80}]}]");
-        assert!(e.contains("steps[0]") && e.contains("probes[0]") && e.contains("from"), "{e}");
+        assert!(
+            e.contains("steps[0]") && e.contains("probes[0]") && e.contains("from"),
+            "{e}"
+        );
         let e = err("steps: [{probes: [{from: x/a, to: x/b, port: 80, expect: maybe}]}]");
         assert!(e.contains("expect"), "{e}");
         let e = err("stepz: []");
         assert!(e.contains("stepz"), "{e}");
-        let e = err("objects: [{kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: []}}]");
+        let e = err(
+            "objects: [{kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: []}}]",
+        );
         assert!(e.contains("namespace x is not declared"), "{e}");
         let e = err("objects: [{kind: Namespace, metadata: {name: x, labels: {n: 1}}}]");
         assert!(e.contains("metadata.labels.n"), "{e}");

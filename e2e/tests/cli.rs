@@ -14,7 +14,10 @@ fn example(name: &str) -> PathBuf {
 }
 
 fn run(args: &[&str]) -> (Output, String, String) {
-    let out = Command::new(LAB).args(args).output().expect("palisade-lab runs");
+    let out = Command::new(LAB)
+        .args(args)
+        .output()
+        .expect("palisade-lab runs");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     (out, stdout, stderr)
@@ -24,10 +27,17 @@ fn run(args: &[&str]) -> (Output, String, String) {
 fn assert_run_left_nothing(stdout: &str) {
     let id = stdout
         .lines()
-        .find_map(|l| l.strip_prefix("lab ").and_then(|r| r.split_whitespace().next()))
+        .find_map(|l| {
+            l.strip_prefix("lab ")
+                .and_then(|r| r.split_whitespace().next())
+        })
         .expect("the lab prints its id");
     let netns: Vec<String> = std::fs::read_dir("/run/netns")
-        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default();
     let prefix = format!("pl{id}-");
     assert!(
@@ -45,8 +55,15 @@ fn quickstart_example_passes_and_prints_the_table() {
     }
     let path = example("quickstart.yaml");
     let (out, stdout, stderr) = run(&["run", path.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "stdout:\n{stdout}\nstderr:\n{stderr}");
-    assert!(stdout.contains("STEP") && stdout.contains("RESULT"), "{stdout}");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        stdout.contains("STEP") && stdout.contains("RESULT"),
+        "{stdout}"
+    );
     assert!(stdout.contains("default deny ingress x/b"), "{stdout}");
     assert!(stdout.contains("PASS"), "{stdout}");
     assert!(!stdout.contains("FAIL"), "{stdout}");
@@ -69,7 +86,11 @@ fn a_wrong_expectation_exits_1() {
     )
     .unwrap();
     let (out, stdout, stderr) = run(&["run", path.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(1), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
     let fail_line = stdout
         .lines()
         .find(|l| l.contains("80/TCP"))
@@ -90,7 +111,10 @@ fn a_bad_scenario_is_refused_before_anything_is_built() {
     .unwrap();
     let (out, _, stderr) = run(&["validate", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("steps[0]") && stderr.contains("port: 99999"), "{stderr}");
+    assert!(
+        stderr.contains("steps[0]") && stderr.contains("port: 99999"),
+        "{stderr}"
+    );
     if common::is_root() {
         let (out, _, stderr) = run(&["run", path.to_str().unwrap()]);
         assert_eq!(out.status.code(), Some(2), "{stderr}");

@@ -9,7 +9,9 @@ use common::*;
 
 fn grpcurl(socket: &Path, args: &[&str]) -> String {
     let out = Command::new("grpcurl")
-        .args(["-plaintext", "-unix"])
+        // Without an explicit authority grpcurl sends the socket path as
+        // :authority, which the servers' HTTP/2 stack rejects (PROTOCOL_ERROR).
+        .args(["-plaintext", "-authority", "localhost", "-unix"])
         .arg(socket)
         .args(args)
         .output()
@@ -39,7 +41,10 @@ fn grpcurl_lists_services_and_shows_enforcer_state() {
         "grpc.health.v1.Health",
         "grpc.reflection.v1",
     ] {
-        assert!(controller.contains(service), "controller lacks {service}:\n{controller}");
+        assert!(
+            controller.contains(service),
+            "controller lacks {service}:\n{controller}"
+        );
     }
     let enforcer = grpcurl(lab.enforcer_socket(), &["list"]);
     for service in [
@@ -49,7 +54,10 @@ fn grpcurl_lists_services_and_shows_enforcer_state() {
         "grpc.health.v1.Health",
         "grpc.reflection.v1",
     ] {
-        assert!(enforcer.contains(service), "enforcer lacks {service}:\n{enforcer}");
+        assert!(
+            enforcer.contains(service),
+            "enforcer lacks {service}:\n{enforcer}"
+        );
     }
 
     let text = grpcurl(
@@ -57,13 +65,17 @@ fn grpcurl_lists_services_and_shows_enforcer_state() {
         &["palisade.v1.DebugService/GetEnforcerState"],
     );
     let state: serde_json::Value = serde_json::from_str(&text).expect("grpcurl prints JSON");
-    let pods = state["state"]["pods"].as_array().expect("state.pods").clone();
+    let pods = state["state"]["pods"]
+        .as_array()
+        .expect("state.pods")
+        .clone();
     for name in ["a", "b", "c"] {
         let pod = pods
             .iter()
             .find(|p| p["pod"]["namespace"] == "x" && p["pod"]["name"] == name)
             .unwrap_or_else(|| panic!("x/{name} missing from {text}"));
-        let want = lab.host_interfaces(&palisade_e2e::PodName::parse(&format!("x/{name}")).unwrap());
+        let want =
+            lab.host_interfaces(&palisade_e2e::PodName::parse(&format!("x/{name}")).unwrap());
         let got: Vec<&str> = pod["hostInterfaces"]
             .as_array()
             .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
@@ -81,6 +93,9 @@ fn grpcurl_lists_services_and_shows_enforcer_state() {
         lab.controller_socket(),
         &["palisade.v1.DebugService/GetControllerState"],
     );
-    assert!(controller_state.contains(lab.node_name()), "{controller_state}");
+    assert!(
+        controller_state.contains(lab.node_name()),
+        "{controller_state}"
+    );
     finish(lab);
 }

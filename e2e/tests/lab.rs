@@ -95,7 +95,10 @@ fn bad_requests_name_the_problem() {
         .delete(&[ObjectKey::pod(&PodName::parse("x/zz").unwrap())])
         .unwrap_err()
         .to_string();
-    assert!(e.contains("Pod x/zz") && e.contains("not in the lab"), "{e}");
+    assert!(
+        e.contains("Pod x/zz") && e.contains("not in the lab"),
+        "{e}"
+    );
     let e = lab
         .probe(&ProbeSpec::new("x/zz", "x/a", 80, Tcp).unwrap())
         .unwrap_err()
@@ -117,7 +120,10 @@ fn pod_manifests_carry_node_and_addresses() {
     assert_eq!(pod["spec"]["nodeName"], lab.node_name());
     assert_eq!(pod["status"]["phase"], "Running");
     assert_eq!(pod["status"]["podIP"], lab.pod_ip(&a).unwrap().to_string());
-    assert_eq!(pod["status"]["podIPs"][0]["ip"], lab.pod_ip(&a).unwrap().to_string());
+    assert_eq!(
+        pod["status"]["podIPs"][0]["ip"],
+        lab.pod_ip(&a).unwrap().to_string()
+    );
     assert_eq!(pod["metadata"]["labels"]["app"], "a");
     let rev = std::fs::read_to_string(lab.manifest_dir().join(".revision")).unwrap();
     assert_eq!(rev, lab.revision().to_string());

@@ -78,7 +78,10 @@ fn delete_restores_traffic_and_reapply_denies_it_again() {
         return;
     }
     let mut lab = lab_with_pods();
-    let both: Vec<_> = policies(DENY_B).into_iter().chain(policies(ALLOW_A_80)).collect();
+    let both: Vec<_> = policies(DENY_B)
+        .into_iter()
+        .chain(policies(ALLOW_A_80))
+        .collect();
     let keys: Vec<_> = both.iter().map(|o| o.key().clone()).collect();
     let denied: &[Case] = &[
         ("x/a", "x/b", 80, Tcp, Allow),

@@ -183,7 +183,8 @@ impl PortSet {
                 bits,
             } => {
                 p == proto
-                    && (bits == 0 || (u32::from(port) >> (16 - bits)) == (u32::from(start) >> (16 - bits)))
+                    && (bits == 0
+                        || (u32::from(port) >> (16 - bits)) == (u32::from(start) >> (16 - bits)))
             }
         })
     }

@@ -40,7 +40,12 @@ pub fn desired(plan: &BTreeMap<PodKey, PodPolicy>, pods: &BTreeMap<PodKey, PodRu
     let mut out = Desired::default();
     // Pods with equal policies get the same Arc, so sharing is by content.
     let mut interned: BTreeMap<PolicySet, Arc<PolicySet>> = BTreeMap::new();
-    let mut intern = |set: PolicySet| interned.entry(set.clone()).or_insert_with(|| Arc::new(set)).clone();
+    let mut intern = |set: PolicySet| {
+        interned
+            .entry(set.clone())
+            .or_insert_with(|| Arc::new(set))
+            .clone()
+    };
     for (key, pod) in pods {
         let policy = plan.get(key);
         let mut direction = |d: Option<&DirectionPolicy>, name: &str| -> Option<Arc<PolicySet>> {
@@ -48,8 +53,10 @@ pub fn desired(plan: &BTreeMap<PodKey, PodPolicy>, pods: &BTreeMap<PodKey, PodRu
             match compile(d) {
                 Ok(set) => Some(intern(set)),
                 Err(e) => {
-                    out.errors
-                        .insert(key.clone(), format!("{name} policy of {}/{}: {e}", key.0, key.1));
+                    out.errors.insert(
+                        key.clone(),
+                        format!("{name} policy of {}/{}: {e}", key.0, key.1),
+                    );
                     Some(intern(PolicySet::default()))
                 }
             }

@@ -21,7 +21,10 @@ impl Handle {
 
     async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Event) -> Result<T, String> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(make(reply)).await.map_err(|_| GONE.to_string())?;
+        self.tx
+            .send(make(reply))
+            .await
+            .map_err(|_| GONE.to_string())?;
         rx.await.map_err(|_| GONE.to_string())
     }
 
@@ -37,7 +40,7 @@ impl Handle {
         self.ask(|r| Event::PodUp(up, r)).await?
     }
 
-    pub async fn pod_down(&self, pod: PodKey, container_id: String) -> Result<(), String> {
+    pub async fn pod_down(&self, pod: Option<PodKey>, container_id: String) -> Result<(), String> {
         self.ask(|reply| Event::PodDown {
             pod,
             container_id,

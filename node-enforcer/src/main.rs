@@ -21,10 +21,18 @@ struct Args {
     #[arg(long, env = "PALISADE_CONTROLLER")]
     controller: Address,
     /// The unix socket for the CNI plugin, debug, health and reflection.
-    #[arg(long, env = "PALISADE_CNI_SOCKET", default_value = "/run/palisade/cni.sock")]
+    #[arg(
+        long,
+        env = "PALISADE_CNI_SOCKET",
+        default_value = "/run/palisade/cni.sock"
+    )]
     cni_socket: PathBuf,
     /// Where this enforcer pins its eBPF maps; one directory per enforcer.
-    #[arg(long, env = "PALISADE_PIN_ROOT", default_value = "/sys/fs/bpf/palisade")]
+    #[arg(
+        long,
+        env = "PALISADE_PIN_ROOT",
+        default_value = "/sys/fs/bpf/palisade"
+    )]
     pin_root: PathBuf,
     /// Host interface prefix of the AWS VPC CNI, for NPBackend requests.
     #[arg(long, env = "PALISADE_AWS_INTERFACE_PREFIX", default_value = "eni")]
@@ -35,8 +43,7 @@ struct Args {
 async fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();

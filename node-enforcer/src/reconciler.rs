@@ -9,9 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use palisade_proto::v1::{
-    NodeState, PlanDelta, PlanSnapshot, PodPolicy, PodRef, PodState,
-};
+use palisade_proto::v1::{NodeState, PlanDelta, PlanSnapshot, PodPolicy, PodRef, PodState};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::compile::{prefix_of, PolicySet, PortSet, Prefix};
@@ -32,7 +30,9 @@ pub enum PlanMessage {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PlanError {
-    #[error("delta from version {base} does not apply to version {held}; resubscribe for a snapshot")]
+    #[error(
+        "delta from version {base} does not apply to version {held}; resubscribe for a snapshot"
+    )]
     OutOfSequence { base: u64, held: u64 },
 }
 
@@ -82,7 +82,9 @@ pub enum Event {
     PlanConnected(bool),
     PodUp(PodUp, oneshot::Sender<Result<PodUpOutcome, String>>),
     PodDown {
-        pod: PodKey,
+        /// None when the runtime could not tell (a DEL may carry only the
+        /// container id); the pod is then found by its container.
+        pod: Option<PodKey>,
         container_id: String,
         reply: oneshot::Sender<Result<(), String>>,
     },
@@ -268,7 +270,21 @@ impl<D: Datapath> Reconciler<D> {
         })
     }
 
-    pub fn pod_down(&mut self, pod: PodKey, container_id: &str) -> Result<(), String> {
+    pub fn pod_down(&mut self, pod: Option<PodKey>, container_id: &str) -> Result<(), String> {
+        let pod = match pod {
+            Some(p) => p,
+            None if container_id.is_empty() => {
+                return Err("pod down needs a pod or a container id".into())
+            }
+            None => match self
+                .pods
+                .iter()
+                .find(|(_, rt)| rt.container_id == container_id)
+            {
+                Some((k, _)) => k.clone(),
+                None => return Ok(()),
+            },
+        };
         match self.pods.get(&pod) {
             // A DEL for an older sandbox must not tear down the new one.
             Some(p) if !container_id.is_empty() && p.container_id != container_id => Ok(()),
@@ -283,7 +299,10 @@ impl<D: Datapath> Reconciler<D> {
 
     fn pod_check(&self, pod: &PodKey, container_id: &str) -> Result<PodState, String> {
         let Some(rt) = self.pods.get(pod) else {
-            return Err(format!("pod {}/{} is not known to this enforcer", pod.0, pod.1));
+            return Err(format!(
+                "pod {}/{} is not known to this enforcer",
+                pod.0, pod.1
+            ));
         };
         if !container_id.is_empty() && rt.container_id != container_id {
             return Err(format!(
@@ -333,9 +352,9 @@ impl<D: Datapath> Reconciler<D> {
             let ids = (id_of(&de.ingress), id_of(&de.egress));
             for s in [&de.ingress, &de.egress].into_iter().flatten() {
                 if let Some(e) = failed_sets.get(s) {
-                    self.pod_errors
-                        .entry(de.pod.clone())
-                        .or_insert_with(|| format!("policy of {}/{} not written: {e}", de.pod.0, de.pod.1));
+                    self.pod_errors.entry(de.pod.clone()).or_insert_with(|| {
+                        format!("policy of {}/{} not written: {e}", de.pod.0, de.pod.1)
+                    });
                 }
             }
             let container_id = self
@@ -355,7 +374,8 @@ impl<D: Datapath> Reconciler<D> {
                                 re.egress = de.egress.clone();
                             }
                             Err(e) => {
-                                self.pod_errors.insert(de.pod.clone(), format!("{ifname}: {e}"));
+                                self.pod_errors
+                                    .insert(de.pod.clone(), format!("{ifname}: {e}"));
                             }
                         }
                     }
@@ -417,7 +437,9 @@ impl<D: Datapath> Reconciler<D> {
                 Ok(()) => {
                     self.realized.policies.remove(&set);
                 }
-                Err(e) => self.errors.push(format!("removing policy set {}: {e}", set.id())),
+                Err(e) => self
+                    .errors
+                    .push(format!("removing policy set {}: {e}", set.id())),
             }
         }
         let used_portsets: BTreeSet<PortSetId> = self
@@ -619,7 +641,9 @@ fn validate_pod(up: &PodUp) -> Result<(), String> {
     }
     for i in &up.runtime.host_interfaces {
         if i.is_empty() || i.len() > 15 || i.contains(['/', ' ', '\0']) || i == "." || i == ".." {
-            return Err(format!("pod {ns}/{name}: {i:?} is not a valid interface name"));
+            return Err(format!(
+                "pod {ns}/{name}: {i:?} is not a valid interface name"
+            ));
         }
     }
     Ok(())

@@ -16,6 +16,9 @@ pub struct ClusterState {
 }
 
 /// One object as read from a source.
+// Objects are short-lived on the way into a ClusterState; boxing the large
+// Pod variant would only add allocations.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Object {
     Namespace(Namespace),

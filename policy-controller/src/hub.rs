@@ -178,16 +178,19 @@ impl Hub {
         let mut st = self.lock();
         let revision = st.source_revision;
         let first = self.first_version;
-        let entry = st.nodes.entry(node.to_string()).or_insert_with(|| NodeEntry {
-            plan: watch::channel(Arc::new(VersionedPlan {
-                version: first,
-                source_revision: revision,
-                plan: NodePlan::default(),
-            }))
-            .0,
-            reported: None,
-            subscribers: 0,
-        });
+        let entry = st
+            .nodes
+            .entry(node.to_string())
+            .or_insert_with(|| NodeEntry {
+                plan: watch::channel(Arc::new(VersionedPlan {
+                    version: first,
+                    source_revision: revision,
+                    plan: NodePlan::default(),
+                }))
+                .0,
+                reported: None,
+                subscribers: 0,
+            });
         entry.subscribers += 1;
         Subscription {
             rx: entry.plan.subscribe(),

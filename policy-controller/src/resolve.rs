@@ -12,9 +12,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use k8s_openapi::api::networking::v1::{
-    NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
-};
+use k8s_openapi::api::networking::v1::{NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use palisade_proto::v1::{
@@ -77,11 +75,16 @@ pub fn resolve_with_errors(state: &ClusterState) -> Resolution {
                 policy_ns,
                 policy.metadata.name.as_deref().unwrap_or_default()
             );
-            match selector_matches(&spec.pod_selector.clone().unwrap_or_default(), &target.labels) {
+            match selector_matches(
+                &spec.pod_selector.clone().unwrap_or_default(),
+                &target.labels,
+            ) {
                 Ok(true) => {}
                 Ok(false) => continue,
                 Err(e) => {
-                    errors.push(format!("NetworkPolicy {policy_name}: spec.podSelector: {e}"));
+                    errors.push(format!(
+                        "NetworkPolicy {policy_name}: spec.podSelector: {e}"
+                    ));
                     continue;
                 }
             }
@@ -180,7 +183,9 @@ impl Index {
             // it still has the name label the API server would give it.
             namespace_labels
                 .entry(pod.namespace.clone())
-                .or_insert_with(|| BTreeMap::from([(NAMESPACE_NAME_LABEL.into(), pod.namespace.clone())]));
+                .or_insert_with(|| {
+                    BTreeMap::from([(NAMESPACE_NAME_LABEL.into(), pod.namespace.clone())])
+                });
         }
         Index {
             pods,
@@ -253,7 +258,9 @@ fn parse_protocol(p: Option<&str>) -> Result<Protocol, String> {
         "TCP" => Ok(Protocol::Tcp),
         "UDP" => Ok(Protocol::Udp),
         "SCTP" => Ok(Protocol::Sctp),
-        other => Err(format!("unknown protocol {other:?} (want TCP, UDP or SCTP)")),
+        other => Err(format!(
+            "unknown protocol {other:?} (want TCP, UDP or SCTP)"
+        )),
     }
 }
 
@@ -310,8 +317,10 @@ enum PeerSpec<'a> {
 
 impl<'a> RuleContext<'a> {
     fn error(&mut self, field: &str, msg: impl std::fmt::Display) {
-        self.errors
-            .push(format!("NetworkPolicy {}: {field}: {msg}", self.policy_name));
+        self.errors.push(format!(
+            "NetworkPolicy {}: {field}: {msg}",
+            self.policy_name
+        ));
     }
 
     fn ingress_rule(
@@ -389,7 +398,11 @@ impl<'a> RuleContext<'a> {
                 .collect();
             if !ports.is_empty() {
                 rules.push(Rule {
-                    peers: pod.ips.iter().map(|ip| block(host_prefix(*ip), vec![])).collect(),
+                    peers: pod
+                        .ips
+                        .iter()
+                        .map(|ip| block(host_prefix(*ip), vec![]))
+                        .collect(),
                     ports,
                 });
             }
@@ -436,14 +449,23 @@ impl<'a> RuleContext<'a> {
         Some(out)
     }
 
-    fn number(&mut self, f: &str, proto: Protocol, port: i32, end: Option<i32>) -> Option<PortRange> {
+    fn number(
+        &mut self,
+        f: &str,
+        proto: Protocol,
+        port: i32,
+        end: Option<i32>,
+    ) -> Option<PortRange> {
         if !(1..=65535).contains(&port) {
             self.error(f, format!("port {port} is out of range 1-65535"));
             return None;
         }
         if let Some(end) = end {
             if !(1..=65535).contains(&end) || end < port {
-                self.error(f, format!("endPort {end} must be between port {port} and 65535"));
+                self.error(
+                    f,
+                    format!("endPort {end} must be between port {port} and 65535"),
+                );
                 return None;
             }
         }
@@ -468,14 +490,20 @@ impl<'a> RuleContext<'a> {
         for (i, peer) in peers.iter().enumerate() {
             let f = format!("{field}.{key}[{i}]");
             if let Some(ip_block) = &peer.ip_block {
-                match parse_block(&ip_block.cidr, ip_block.except.as_deref().unwrap_or_default()) {
+                match parse_block(
+                    &ip_block.cidr,
+                    ip_block.except.as_deref().unwrap_or_default(),
+                ) {
                     Ok(b) => out.push(PeerSpec::Block(b)),
                     Err(e) => self.error(&format!("{f}.ipBlock"), e),
                 }
                 continue;
             }
             if peer.pod_selector.is_none() && peer.namespace_selector.is_none() {
-                self.error(&f, "peer has none of podSelector, namespaceSelector, ipBlock");
+                self.error(
+                    &f,
+                    "peer has none of podSelector, namespaceSelector, ipBlock",
+                );
                 continue;
             }
             match self.selected_pods(peer) {
@@ -536,7 +564,11 @@ fn peer_blocks(peer: PeerSpec<'_>) -> Vec<PeerBlock> {
 fn peer_blocks_ref(peer: &PeerSpec<'_>) -> Vec<PeerBlock> {
     match peer {
         PeerSpec::Block(b) => vec![b.clone()],
-        PeerSpec::Pod(pod) => pod.ips.iter().map(|ip| block(host_prefix(*ip), vec![])).collect(),
+        PeerSpec::Pod(pod) => pod
+            .ips
+            .iter()
+            .map(|ip| block(host_prefix(*ip), vec![]))
+            .collect(),
     }
 }
 

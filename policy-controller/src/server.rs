@@ -9,8 +9,8 @@ use palisade_proto::v1::{
     plan_service_server::{PlanService, PlanServiceServer},
     subscribe_response::Update,
     GetControllerStateRequest, GetControllerStateResponse, GetEnforcerStateRequest,
-    GetEnforcerStateResponse, NodeView, ReportStateRequest, ReportStateResponse,
-    SubscribeRequest, SubscribeResponse,
+    GetEnforcerStateResponse, NodeView, ReportStateRequest, ReportStateResponse, SubscribeRequest,
+    SubscribeResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -133,20 +133,32 @@ impl DebugService for DebugServer {
 /// Every service of the controller, with health and reflection.
 pub async fn router(hub: Hub) -> Result<tonic::transport::server::Router, String> {
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<PlanServiceServer<PlanServer>>()
-        .await;
+    health.set_serving::<PlanServiceServer<PlanServer>>().await;
     health
         .set_serving::<DebugServiceServer<DebugServer>>()
         .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(palisade_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| format!("reflection: {e}"))?;
-    let reflection_alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(palisade_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    // Reflection lists only what this process serves, though the descriptor
+    // set describes every Palisade service.
+    let names = [
+        palisade_proto::service_names::PLAN,
+        palisade_proto::service_names::DEBUG,
+        "grpc.health.v1.Health",
+    ];
+    let mut v1 = tonic_reflection::server::Builder::configure();
+    let mut v1alpha = tonic_reflection::server::Builder::configure();
+    for d in [
+        palisade_proto::FILE_DESCRIPTOR_SET,
+        tonic_health::pb::FILE_DESCRIPTOR_SET,
+    ] {
+        v1 = v1.register_encoded_file_descriptor_set(d);
+        v1alpha = v1alpha.register_encoded_file_descriptor_set(d);
+    }
+    for n in names {
+        v1 = v1.with_service_name(n);
+        v1alpha = v1alpha.with_service_name(n);
+    }
+    let reflection = v1.build_v1().map_err(|e| format!("reflection: {e}"))?;
+    let reflection_alpha = v1alpha
         .build_v1alpha()
         .map_err(|e| format!("reflection: {e}"))?;
     Ok(tonic::transport::Server::builder()

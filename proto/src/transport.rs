@@ -18,7 +18,10 @@ pub enum Address {
 impl std::str::FromStr for Address {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        if let Some(path) = s.strip_prefix("unix://").or_else(|| s.strip_prefix("unix:")) {
+        if let Some(path) = s
+            .strip_prefix("unix://")
+            .or_else(|| s.strip_prefix("unix:"))
+        {
             if path.is_empty() {
                 return Err(format!("{s:?}: unix socket path is empty"));
             }

@@ -47,7 +47,9 @@ objects:
 /// The objects of a `objects:` YAML document, minus the Namespace x that
 /// the policy snippets declare only so that they validate on their own.
 pub fn objects(yaml: &str) -> Vec<Object> {
-    Scenario::from_yaml(yaml).expect("test YAML is valid").objects
+    Scenario::from_yaml(yaml)
+        .expect("test YAML is valid")
+        .objects
 }
 
 pub fn policies(yaml: &str) -> Vec<Object> {
@@ -80,7 +82,9 @@ pub fn assert_verdicts(lab: &Lab, what: &str, cases: &[Case]) {
     let specs: Vec<ProbeSpec> = cases
         .iter()
         .map(|(from, to, port, proto, want)| {
-            ProbeSpec::new(from, to, *port, *proto).unwrap().expect(*want)
+            ProbeSpec::new(from, to, *port, *proto)
+                .unwrap()
+                .expect(*want)
         })
         .collect();
     let outcomes = lab.probe_all(&specs).expect("probes run");

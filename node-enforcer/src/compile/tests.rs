@@ -70,9 +70,18 @@ fn except_in_one_rule_never_blocks_what_another_allows() {
         ],
     })
     .unwrap();
-    assert!(set.allows(ip("10.2.0.1"), 17, 53), "rule 1 allows all ports");
-    assert!(!set.allows(ip("10.1.3.1"), 6, 443), "excepted, no other rule");
-    assert!(set.allows(ip("10.1.2.1"), 6, 443), "rule 2 inside rule 1's except");
+    assert!(
+        set.allows(ip("10.2.0.1"), 17, 53),
+        "rule 1 allows all ports"
+    );
+    assert!(
+        !set.allows(ip("10.1.3.1"), 6, 443),
+        "excepted, no other rule"
+    );
+    assert!(
+        set.allows(ip("10.1.2.1"), 6, 443),
+        "rule 2 inside rule 1's except"
+    );
     assert!(!set.allows(ip("10.1.2.1"), 6, 80));
 }
 
@@ -147,7 +156,10 @@ fn bad_input_is_an_error() {
             ports: vec![],
         }],
     };
-    assert!(matches!(compile(&bad_addr), Err(CompileError::AddressLength(_))));
+    assert!(matches!(
+        compile(&bad_addr),
+        Err(CompileError::AddressLength(_))
+    ));
     let bad_len = DirectionPolicy {
         rules: vec![Rule {
             peers: vec![PeerBlock {
@@ -160,14 +172,20 @@ fn bad_input_is_an_error() {
             ports: vec![],
         }],
     };
-    assert!(matches!(compile(&bad_len), Err(CompileError::PrefixLength { .. })));
+    assert!(matches!(
+        compile(&bad_len),
+        Err(CompileError::PrefixLength { .. })
+    ));
     let bad_port = DirectionPolicy {
         rules: vec![Rule {
             peers: vec![block("10.0.0.0/8", &[])],
             ports: vec![tcp(90, 80)],
         }],
     };
-    assert!(matches!(compile(&bad_port), Err(CompileError::PortRange { .. })));
+    assert!(matches!(
+        compile(&bad_port),
+        Err(CompileError::PortRange { .. })
+    ));
 }
 
 /// Exhaustive check against a direct reading of the rules, on a small
@@ -180,7 +198,10 @@ fn lpm_table_equals_rule_union_for_every_address() {
             ports: vec![tcp(80, 0)],
         },
         Rule {
-            peers: vec![block("10.0.0.8/30", &["10.0.0.9/32"]), block("10.0.0.0/26", &["10.0.0.0/27"])],
+            peers: vec![
+                block("10.0.0.8/30", &["10.0.0.9/32"]),
+                block("10.0.0.0/26", &["10.0.0.0/27"]),
+            ],
             ports: vec![tcp(81, 82)],
         },
         Rule {
@@ -199,11 +220,18 @@ fn lpm_table_equals_rule_union_for_every_address() {
             let expected = rules.iter().any(|r| {
                 let in_peer = r.peers.iter().any(|b| {
                     prefix_of(b.cidr.as_ref().unwrap()).unwrap().contains(&host)
-                        && !b.except.iter().any(|e| prefix_of(e).unwrap().contains(&host))
+                        && !b
+                            .except
+                            .iter()
+                            .any(|e| prefix_of(e).unwrap().contains(&host))
                 });
                 let in_ports = r.ports.is_empty()
                     || r.ports.iter().any(|pr| {
-                        let end = if pr.end_port == 0 { pr.port } else { pr.end_port };
+                        let end = if pr.end_port == 0 {
+                            pr.port
+                        } else {
+                            pr.end_port
+                        };
                         (pr.port..=end).contains(&u32::from(port))
                     });
                 in_peer && in_ports

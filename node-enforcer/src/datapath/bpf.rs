@@ -56,7 +56,8 @@ impl BpfDatapath {
             .map_err(|e| err(MAP_ENDPOINTS, e))?;
         let policy =
             LpmTrie::try_from(take(&mut ebpf, MAP_POLICY)?).map_err(|e| err(MAP_POLICY, e))?;
-        let ports = LpmTrie::try_from(take(&mut ebpf, MAP_PORTS)?).map_err(|e| err(MAP_PORTS, e))?;
+        let ports =
+            LpmTrie::try_from(take(&mut ebpf, MAP_PORTS)?).map_err(|e| err(MAP_PORTS, e))?;
         let mut dp = BpfDatapath {
             pin_root: pin_root.to_path_buf(),
             ebpf,
@@ -138,11 +139,7 @@ impl Datapath for BpfDatapath {
     fn add_policy(&mut self, id: PolicyId, entries: &[(Prefix, PortSetId)]) -> Result<()> {
         for (prefix, ps) in entries {
             self.policy
-                .insert(
-                    &policy_key(id, prefix),
-                    PolicyValue { portset_id: *ps },
-                    0,
-                )
+                .insert(&policy_key(id, prefix), PolicyValue { portset_id: *ps }, 0)
                 .map_err(|e| err(format!("writing {MAP_POLICY}"), e))?;
         }
         Ok(())
@@ -176,7 +173,10 @@ impl Datapath for BpfDatapath {
             Ok(id) => id,
             Err(e) => {
                 let _ = self.program(PROG_FROM_POD)?.detach(from);
-                return Err(err(format!("attaching {PROG_TO_POD} to {ifname} egress"), e));
+                return Err(err(
+                    format!("attaching {PROG_TO_POD} to {ifname} egress"),
+                    e,
+                ));
             }
         };
         self.links.insert(ifname.to_string(), (from, to));
@@ -194,7 +194,8 @@ impl Datapath for BpfDatapath {
         if nix::net::if_::if_nametoindex(ifname).is_err() {
             return Ok(());
         }
-        a.and(b).map_err(|e| err(format!("detaching from {ifname}"), e))
+        a.and(b)
+            .map_err(|e| err(format!("detaching from {ifname}"), e))
     }
 
     fn set_endpoint(&mut self, ifindex: u32, ingress: PolicyId, egress: PolicyId) -> Result<()> {

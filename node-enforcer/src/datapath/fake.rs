@@ -98,7 +98,9 @@ impl Datapath for FakeDatapath {
     }
     fn attach(&mut self, ifname: &str, _: u32) -> Result<()> {
         if self.fail_attach.contains(ifname) {
-            return Err(DatapathError::new(format!("attach to {ifname}: injected failure")));
+            return Err(DatapathError::new(format!(
+                "attach to {ifname}: injected failure"
+            )));
         }
         self.attached.insert(ifname.to_string());
         self.check(&format!("attach {ifname}"));

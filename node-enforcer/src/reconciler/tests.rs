@@ -69,7 +69,11 @@ fn unselected_pod_is_attached_and_open() {
     assert!(!out.ingress_isolated);
     assert!(r.datapath.attached.contains("veth-a"));
     assert_eq!(r.datapath.endpoint_of("veth-a"), Some((0, 0)));
-    assert!(r.datapath.violations.is_empty(), "{:?}", r.datapath.violations);
+    assert!(
+        r.datapath.violations.is_empty(),
+        "{:?}",
+        r.datapath.violations
+    );
 }
 
 #[test]
@@ -90,15 +94,19 @@ fn replicas_with_equal_policy_share_one_table_until_the_last_goes() {
     assert_eq!(ia, ib, "same content, same table");
     assert_eq!(r.datapath.policies.len(), 1);
     // Seed 000/001: deleting one replica must not take the table from the other.
-    r.pod_down(("x".into(), "a".into()), "c-a").unwrap();
+    r.pod_down(Some(("x".into(), "a".into())), "c-a").unwrap();
     assert_eq!(r.datapath.policies.len(), 1);
     assert_eq!(r.datapath.endpoint_of("veth-b"), Some((ib, 0)));
-    r.pod_down(("x".into(), "b".into()), "c-b").unwrap();
+    r.pod_down(None, "c-b").unwrap();
     assert!(r.datapath.policies.is_empty());
     assert!(r.datapath.portsets.is_empty());
     assert!(r.datapath.endpoints.is_empty());
     assert!(r.datapath.attached.is_empty());
-    assert!(r.datapath.violations.is_empty(), "{:?}", r.datapath.violations);
+    assert!(
+        r.datapath.violations.is_empty(),
+        "{:?}",
+        r.datapath.violations
+    );
 }
 
 #[test]
@@ -106,13 +114,20 @@ fn policy_change_is_make_before_break() {
     let mut r = reconciler();
     r.pod_up(up("a", "veth-a")).unwrap();
     for (v, port) in [(1, 80), (2, 81), (3, 82)] {
-        r.apply_plan(snapshot(v, vec![pod_policy("a", Some(allow_from([10, 0, 0, 9], port)))]))
-            .unwrap();
+        r.apply_plan(snapshot(
+            v,
+            vec![pod_policy("a", Some(allow_from([10, 0, 0, 9], port)))],
+        ))
+        .unwrap();
     }
     assert_eq!(r.datapath.policies.len(), 1, "old tables removed");
     // Every step in the log was checked by the fake: no endpoint ever pointed
     // at a missing table, no program ran without its entry.
-    assert!(r.datapath.violations.is_empty(), "{:?}", r.datapath.violations);
+    assert!(
+        r.datapath.violations.is_empty(),
+        "{:?}",
+        r.datapath.violations
+    );
     let log = r.datapath.log.join("\n");
     let add = log.find("add_policy 3").unwrap();
     let switch = log.find("set_endpoint 10 3 0").unwrap();
@@ -127,7 +142,7 @@ fn delete_of_an_old_sandbox_keeps_the_new_one() {
     let mut again = up("a", "veth-b");
     again.runtime.container_id = "c-a2".into();
     r.pod_up(again).unwrap();
-    r.pod_down(("x".into(), "a".into()), "c-a").unwrap();
+    r.pod_down(Some(("x".into(), "a".into())), "c-a").unwrap();
     assert!(r.datapath.attached.contains("veth-b"));
     assert!(!r.datapath.attached.contains("veth-a"));
 }
@@ -149,7 +164,10 @@ fn invalid_requests_are_refused_before_touching_anything() {
     let mut r = reconciler();
     let mut bad = up("a", "veth-a");
     bad.runtime.host_interfaces = vec!["../../etc".into()];
-    assert!(r.pod_up(bad).unwrap_err().contains("not a valid interface name"));
+    assert!(r
+        .pod_up(bad)
+        .unwrap_err()
+        .contains("not a valid interface name"));
     let mut bad = up("a", "veth-a");
     bad.runtime.host_interfaces.clear();
     assert!(r.pod_up(bad).unwrap_err().contains("no host interface"));
@@ -171,7 +189,8 @@ fn uncompilable_policy_denies_instead_of_opening() {
             ports: vec![],
         }],
     };
-    r.apply_plan(snapshot(1, vec![pod_policy("a", Some(broken))])).unwrap();
+    r.apply_plan(snapshot(1, vec![pod_policy("a", Some(broken))]))
+        .unwrap();
     let err = r.pod_up(up("a", "veth-a")).unwrap_err();
     assert!(err.contains("ingress policy of x/a"), "{err}");
     // The pod is refused; a pod already running would be denied, not opened.
@@ -238,16 +257,23 @@ fn end_state_does_not_depend_on_event_order() {
                 E::Up(n, i) => {
                     r.pod_up(up(n, i)).unwrap();
                 }
-                E::Down(n) => r.pod_down(("x".into(), n.into()), &format!("c-{n}")).unwrap(),
+                E::Down(n) => r
+                    .pod_down(Some(("x".into(), n.into())), &format!("c-{n}"))
+                    .unwrap(),
             }
         }
-        assert!(r.datapath.violations.is_empty(), "{order:?}: {:?}", r.datapath.violations);
+        assert!(
+            r.datapath.violations.is_empty(),
+            "{order:?}: {:?}",
+            r.datapath.violations
+        );
         let shape = (
             r.datapath.attached.clone(),
             r.datapath.policies.len(),
             r.datapath.portsets.len(),
             r.datapath.endpoint_of("veth-b").unwrap() == r.datapath.endpoint_of("veth-b").unwrap(),
-            r.datapath.endpoint_of("veth-b").unwrap().0 != r.datapath.endpoint_of("veth-c").unwrap().0,
+            r.datapath.endpoint_of("veth-b").unwrap().0
+                != r.datapath.endpoint_of("veth-c").unwrap().0,
         );
         results.insert(format!("{shape:?}"));
     });

@@ -23,14 +23,19 @@ impl CniServer {
 pub fn pod_key(pod: Option<&PodRef>) -> Result<PodKey, Status> {
     let pod = pod.ok_or_else(|| Status::invalid_argument("pod is required"))?;
     if pod.namespace.is_empty() || pod.name.is_empty() {
-        return Err(Status::invalid_argument("pod namespace and name are required"));
+        return Err(Status::invalid_argument(
+            "pod namespace and name are required",
+        ));
     }
     Ok((pod.namespace.clone(), pod.name.clone()))
 }
 
 #[tonic::async_trait]
 impl CniService for CniServer {
-    async fn pod_up(&self, request: Request<PodUpRequest>) -> Result<Response<PodUpResponse>, Status> {
+    async fn pod_up(
+        &self,
+        request: Request<PodUpRequest>,
+    ) -> Result<Response<PodUpResponse>, Status> {
         let req = request.into_inner();
         let pod = pod_key(req.pod.as_ref())?;
         let ips = prefixes(&req.pod_ips).map_err(Status::invalid_argument)?;
@@ -60,7 +65,10 @@ impl CniService for CniServer {
         request: Request<PodDownRequest>,
     ) -> Result<Response<PodDownResponse>, Status> {
         let req = request.into_inner();
-        let pod = pod_key(req.pod.as_ref())?;
+        let pod = match req.pod.as_ref() {
+            None => None,
+            Some(_) => Some(pod_key(req.pod.as_ref())?),
+        };
         self.handle
             .pod_down(pod, req.container_id)
             .await

@@ -16,9 +16,15 @@ pub async fn router(
     aws_interface_prefix: String,
 ) -> Result<tonic::transport::server::Router, String> {
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<CniServiceServer<cni::CniServer>>().await;
-    health.set_serving::<NpBackendServer<npbackend::NpBackend>>().await;
-    health.set_serving::<DebugServiceServer<debug::DebugServer>>().await;
+    health
+        .set_serving::<CniServiceServer<cni::CniServer>>()
+        .await;
+    health
+        .set_serving::<NpBackendServer<npbackend::NpBackend>>()
+        .await;
+    health
+        .set_serving::<DebugServiceServer<debug::DebugServer>>()
+        .await;
     let descriptors = [
         palisade_proto::FILE_DESCRIPTOR_SET,
         tonic_health::pb::FILE_DESCRIPTOR_SET,
@@ -29,10 +35,25 @@ pub async fn router(
         v1 = v1.register_encoded_file_descriptor_set(d);
         v1alpha = v1alpha.register_encoded_file_descriptor_set(d);
     }
+    // Reflection lists only what this process serves, though the descriptor
+    // set describes every Palisade service.
+    for n in [
+        palisade_proto::service_names::CNI,
+        palisade_proto::service_names::NP_BACKEND,
+        palisade_proto::service_names::DEBUG,
+        "grpc.health.v1.Health",
+    ] {
+        v1 = v1.with_service_name(n);
+        v1alpha = v1alpha.with_service_name(n);
+    }
     Ok(tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(v1.build_v1().map_err(|e| format!("reflection: {e}"))?)
-        .add_service(v1alpha.build_v1alpha().map_err(|e| format!("reflection: {e}"))?)
+        .add_service(
+            v1alpha
+                .build_v1alpha()
+                .map_err(|e| format!("reflection: {e}"))?,
+        )
         .add_service(CniServiceServer::new(cni::CniServer::new(handle.clone())))
         .add_service(NpBackendServer::new(npbackend::NpBackend::new(
             handle.clone(),

@@ -73,7 +73,7 @@ impl NpBackendService for NpBackend {
         let req = request.into_inner();
         let pod = key(&req.k8s_pod_namespace, &req.k8s_pod_name)?;
         self.handle
-            .pod_down(pod, String::new())
+            .pod_down(Some(pod), String::new())
             .await
             .map_err(Status::internal)?;
         Ok(Response::new(DeleteNpReply { success: true }))

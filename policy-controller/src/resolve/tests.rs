@@ -56,7 +56,10 @@ fn with(policies: &str) -> Resolution {
 }
 
 fn pod<'a>(r: &'a Resolution, node: &str, ns: &str, name: &str) -> Option<&'a PodPolicy> {
-    r.plans.get(node)?.pods.get(&(ns.to_string(), name.to_string()))
+    r.plans
+        .get(node)?
+        .pods
+        .get(&(ns.to_string(), name.to_string()))
 }
 
 fn v4(s: &str) -> IpPrefix {
@@ -118,9 +121,17 @@ spec:
   - from: [{namespaceSelector: {matchLabels: {team: blue}}}]
   - from: [{namespaceSelector: {}, podSelector: {matchLabels: {app: a}}}]"#,
     );
-    let rules = &pod(&r, "n1", "x", "b").unwrap().ingress.as_ref().unwrap().rules;
+    let rules = &pod(&r, "n1", "x", "b")
+        .unwrap()
+        .ingress
+        .as_ref()
+        .unwrap()
+        .rules;
     assert_eq!(peer_cidrs(&rules[0]), vec![v4("10.0.1.4/32")]);
-    assert_eq!(peer_cidrs(&rules[1]), vec![v4("10.0.0.1/32"), v4("10.0.1.4/32")]);
+    assert_eq!(
+        peer_cidrs(&rules[1]),
+        vec![v4("10.0.0.1/32"), v4("10.0.1.4/32")]
+    );
 }
 
 #[test]
@@ -133,7 +144,12 @@ spec:
   podSelector: {}
   ingress: [{from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]}]"#,
     );
-    let rules = &pod(&r, "n1", "x", "a").unwrap().ingress.as_ref().unwrap().rules;
+    let rules = &pod(&r, "n1", "x", "a")
+        .unwrap()
+        .ingress
+        .as_ref()
+        .unwrap()
+        .rules;
     assert_eq!(peer_cidrs(&rules[0]), vec![v4("10.0.1.4/32")]);
 }
 
@@ -147,8 +163,16 @@ spec:
   podSelector: {matchLabels: {app: a}}
   ingress: [{ports: [{port: 80, endPort: 90, protocol: UDP}]}]"#,
     );
-    let rules = &pod(&r, "n1", "x", "a").unwrap().ingress.as_ref().unwrap().rules;
-    assert_eq!(peer_cidrs(&rules[0]), vec![v4("0.0.0.0/0"), prefix("::/0".parse().unwrap())]);
+    let rules = &pod(&r, "n1", "x", "a")
+        .unwrap()
+        .ingress
+        .as_ref()
+        .unwrap()
+        .rules;
+    assert_eq!(
+        peer_cidrs(&rules[0]),
+        vec![v4("0.0.0.0/0"), prefix("::/0".parse().unwrap())]
+    );
     assert_eq!(rules[0].ports, vec![range(Protocol::Udp, 80, 90)]);
 }
 
@@ -195,13 +219,23 @@ spec:
   egress: [{to: [{podSelector: {}}], ports: [{port: http}, {port: dns, protocol: UDP}]}]"#,
     );
     let ports = |ns, n, node| {
-        pod(&r, node, ns, n).unwrap().ingress.as_ref().unwrap().rules[0]
+        pod(&r, node, ns, n)
+            .unwrap()
+            .ingress
+            .as_ref()
+            .unwrap()
+            .rules[0]
             .ports
             .clone()
     };
     assert_eq!(ports("x", "a", "n1"), vec![range(Protocol::Tcp, 80, 0)]);
     assert_eq!(ports("x", "b", "n1"), vec![range(Protocol::Tcp, 8080, 0)]);
-    let egress = &pod(&r, "n2", "x", "c").unwrap().egress.as_ref().unwrap().rules;
+    let egress = &pod(&r, "n2", "x", "c")
+        .unwrap()
+        .egress
+        .as_ref()
+        .unwrap()
+        .rules;
     // Only named ports: no rule for all peers; one rule per pod that has them.
     assert_eq!(egress.len(), 2);
     assert_eq!(peer_cidrs(&egress[0]), vec![v4("10.0.0.1/32")]);
@@ -242,7 +276,11 @@ spec:
   - ports: [{port: 80, protocol: ICMP}]"#,
     );
     let a = pod(&r, "n1", "x", "a").unwrap();
-    assert_eq!(a.ingress, Some(DirectionPolicy { rules: vec![] }), "the policy still isolates");
+    assert_eq!(
+        a.ingress,
+        Some(DirectionPolicy { rules: vec![] }),
+        "the policy still isolates"
+    );
     let all = r.errors.join("\n");
     for needle in [
         "NetworkPolicy x/bad: spec.ingress[0].from[0].ipBlock: \"10.0.0.1/8\" has host bits set",
@@ -301,7 +339,12 @@ spec:
   podSelector: {}
   ingress: [{from: [{podSelector: {matchLabels: {app: a}}}]}]"#
     )));
-    let rules = &pod(&r, "n1", "x", "b").unwrap().ingress.as_ref().unwrap().rules;
+    let rules = &pod(&r, "n1", "x", "b")
+        .unwrap()
+        .ingress
+        .as_ref()
+        .unwrap()
+        .rules;
     assert_eq!(peer_cidrs(&rules[0]), vec![v4("10.0.0.1/32")]);
     assert!(pod(&r, "n1", "x", "host").is_none());
 }
