@@ -32,6 +32,7 @@ pub mod realized;
 pub mod report;
 pub mod runner;
 pub mod scenario;
+pub mod sweep;
 
 pub use cancel::{Cancel, Interrupted};
 pub use lab::{Footprint, Lab, LabConfig};

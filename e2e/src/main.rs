@@ -49,6 +49,9 @@ enum Cmd {
     },
     /// Check a scenario file without building anything.
     Validate { scenario: PathBuf },
+    /// Remove what labs killed before their cleanup left behind
+    /// (labs still running are left alone).
+    Clean,
 }
 
 fn main() -> ExitCode {
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
                 ExitCode::from(EXIT_CANNOT_RUN)
             }
         },
+        Cmd::Clean => clean(),
         Cmd::Run {
             scenario,
             bin_dir,
@@ -186,4 +190,33 @@ fn watch_signals(cancel: Cancel) {
             cancel.cancel();
         });
     });
+}
+
+fn clean() -> ExitCode {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("palisade-lab: {NotRoot}");
+        return ExitCode::from(EXIT_CANNOT_RUN);
+    }
+    match palisade_e2e::sweep::sweep(&LabConfig::default().run_root) {
+        Ok(swept) => {
+            for r in &swept.removed {
+                println!("removed {r}");
+            }
+            for e in &swept.errors {
+                eprintln!("palisade-lab: {e}");
+            }
+            if swept.removed.is_empty() && swept.errors.is_empty() {
+                println!("nothing to clean");
+            }
+            if swept.errors.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(EXIT_LAB_ERROR)
+            }
+        }
+        Err(e) => {
+            eprintln!("palisade-lab: {e:#}");
+            ExitCode::from(EXIT_LAB_ERROR)
+        }
+    }
 }

@@ -40,6 +40,14 @@ impl NetNs {
         Ok(ns)
     }
 
+    /// A handle on a namespace made earlier (possibly by another process).
+    pub fn from_existing(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            path: Path::new(NETNS_DIR).join(name),
+        }
+    }
+
     pub fn exists(name: &str) -> bool {
         Path::new(NETNS_DIR).join(name).exists()
     }

@@ -58,7 +58,7 @@ pub fn check(bin_dir: &Path, cni_bin_dir: &Path, with_palisade: bool) -> Result<
         check_exec(
             &cni_bin_dir.join(name),
             &mut missing,
-            "CNI plugin (apt install containernetworking-plugins, or --cni-bin-dir)",
+            "no such executable CNI plugin (apt install containernetworking-plugins, or use --cni-bin-dir)",
         );
     }
     if with_palisade {
@@ -66,7 +66,7 @@ pub fn check(bin_dir: &Path, cni_bin_dir: &Path, with_palisade: bool) -> Result<
             check_exec(
                 &bin_dir.join(name),
                 &mut missing,
-                "Palisade binary (cargo build --bins, or --bin-dir)",
+                "no such executable Palisade binary (cargo build --bins, or use --bin-dir)",
             );
         }
     }
@@ -90,7 +90,7 @@ fn check_exec(path: &Path, missing: &mut Vec<String>, what: &str) {
         .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         .unwrap_or(false);
     if !ok {
-        missing.push(format!("{} ({what})", path.display()));
+        missing.push(format!("{}: {what}", path.display()));
     }
 }
 

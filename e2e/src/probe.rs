@@ -65,16 +65,25 @@ fn is_timeout(kind: ErrorKind) -> bool {
 
 fn tcp(to: SocketAddr, timeout: Duration) -> Outcome {
     let start = Instant::now();
-    let mut stream = match TcpStream::connect_timeout(&to, timeout) {
-        Ok(s) => s,
-        Err(e) if e.kind() == ErrorKind::ConnectionRefused => return Outcome::Refused,
-        Err(e) if is_timeout(e.kind()) => return Outcome::Timeout,
-        Err(e) => return Outcome::Error(format!("connect: {e}")),
-    };
-    let left = timeout
-        .saturating_sub(start.elapsed())
-        .max(Duration::from_millis(1));
-    if let Err(e) = stream.set_read_timeout(Some(left)) {
+    match tcp_connect(to, timeout) {
+        Ok(mut stream) => echo(&mut stream, timeout.saturating_sub(start.elapsed())),
+        Err(outcome) => outcome,
+    }
+}
+
+fn tcp_connect(to: SocketAddr, timeout: Duration) -> Result<TcpStream, Outcome> {
+    match TcpStream::connect_timeout(&to, timeout) {
+        Ok(s) => Ok(s),
+        Err(e) if e.kind() == ErrorKind::ConnectionRefused => Err(Outcome::Refused),
+        Err(e) if is_timeout(e.kind()) => Err(Outcome::Timeout),
+        Err(e) => Err(Outcome::Error(format!("connect: {e}"))),
+    }
+}
+
+/// Sends the payload on an established connection and waits for the echo.
+pub fn echo(stream: &mut TcpStream, timeout: Duration) -> Outcome {
+    let timeout = timeout.max(Duration::from_millis(1));
+    if let Err(e) = stream.set_read_timeout(Some(timeout)) {
         return Outcome::Error(format!("set timeout: {e}"));
     }
     if let Err(e) = stream.write_all(PAYLOAD) {
@@ -87,6 +96,13 @@ fn tcp(to: SocketAddr, timeout: Duration) -> Outcome {
         Err(e) if is_timeout(e.kind()) => Outcome::NoEcho,
         Err(e) => Outcome::Error(format!("read: {e}")),
     }
+}
+
+/// A TCP connection opened from inside `from`, kept open by the caller (to
+/// check that established flows survive policy changes or restarts).
+pub fn connect(from: &NetNs, to: SocketAddr, timeout: Duration) -> Result<TcpStream, Outcome> {
+    from.run(move || tcp_connect(to, timeout))
+        .unwrap_or_else(|e| Err(Outcome::Error(format!("{e:#}"))))
 }
 
 fn udp(to: SocketAddr, timeout: Duration) -> Outcome {

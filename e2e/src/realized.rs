@@ -6,12 +6,26 @@
 
 use palisade_proto::v1::{GetControllerStateResponse, NodeView};
 
-/// `Ok` once `revision` is realized on `node`; otherwise what is missing.
-pub fn check(state: &GetControllerStateResponse, node: &str, revision: u64) -> Result<(), String> {
-    let want = revision.to_string();
-    if state.source_marker != want {
+/// What the lab expects to be realized.
+pub struct Expected<'a> {
+    pub node: &'a str,
+    /// The manifest revision the lab published last.
+    pub revision: u64,
+    /// The running enforcer, when it reports an id: a report from an earlier
+    /// one (before a restart) says nothing about the datapath now.
+    pub enforcer_id: Option<&'a str>,
+    /// Pods the lab wired on the node (`namespace/name`): a plan is not
+    /// realized while the enforcer does not know one of them.
+    pub pods: &'a [String],
+}
+
+/// `Ok` once the expectation holds; otherwise what is missing.
+pub fn check(state: &GetControllerStateResponse, want: &Expected) -> Result<(), String> {
+    let node = want.node;
+    let marker = want.revision.to_string();
+    if state.source_marker != marker {
         return Err(format!(
-            "the controller has read manifest revision {:?}, waiting for {want:?}",
+            "the controller has read manifest revision {:?}, waiting for {marker:?}",
             state.source_marker
         ));
     }
@@ -29,10 +43,55 @@ pub fn check(state: &GetControllerStateResponse, node: &str, revision: u64) -> R
             view.connected
         )
     })?;
+    if let Some(id) = want.enforcer_id {
+        if reported.enforcer_id != id {
+            return Err(format!(
+                "node {node}'s last report is from enforcer {:?}, waiting for the running one {id:?}",
+                reported.enforcer_id
+            ));
+        }
+    }
     if reported.realized_version != view.plan_version {
         return Err(format!(
             "node {node} realized plan version {}, the plan is at {}",
             reported.realized_version, view.plan_version
+        ));
+    }
+    let known: Vec<String> = reported
+        .pods
+        .iter()
+        .filter_map(|p| p.pod.as_ref())
+        .map(|p| format!("{}/{}", p.namespace, p.name))
+        .collect();
+    let unknown: Vec<&str> = want
+        .pods
+        .iter()
+        .filter(|p| !known.contains(p))
+        .map(String::as_str)
+        .collect();
+    if !unknown.is_empty() {
+        return Err(format!(
+            "node {node} reports plan version {} realized but does not list pods {unknown:?}",
+            view.plan_version
+        ));
+    }
+    let failing: Vec<String> = reported
+        .pods
+        .iter()
+        .filter(|p| !p.error.is_empty())
+        .map(|p| {
+            let name = p
+                .pod
+                .as_ref()
+                .map(|p| format!("{}/{}", p.namespace, p.name))
+                .unwrap_or_default();
+            format!("{name}: {}", p.error)
+        })
+        .collect();
+    if !failing.is_empty() {
+        return Err(format!(
+            "node {node} reports pod errors: {}",
+            failing.join("; ")
         ));
     }
     Ok(())
@@ -64,7 +123,10 @@ pub fn describe(state: &GetControllerStateResponse, node: &str) -> String {
             match &v.reported {
                 None => out += " reported=none",
                 Some(r) => {
-                    out += &format!(" realized_version={}", r.realized_version);
+                    out += &format!(
+                        " realized_version={} enforcer_id={:?}",
+                        r.realized_version, r.enforcer_id
+                    );
                     if !r.errors.is_empty() {
                         out += &format!(" node errors={:?}", r.errors);
                     }
@@ -88,7 +150,7 @@ pub fn describe(state: &GetControllerStateResponse, node: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use palisade_proto::v1::NodeState;
+    use palisade_proto::v1::{NodeState, PodRef, PodState};
 
     fn state(
         marker: &str,
@@ -107,6 +169,7 @@ mod tests {
                 connected: true,
                 reported: realized.map(|r| NodeState {
                     realized_version: r,
+                    enforcer_id: "e1".into(),
                     ..Default::default()
                 }),
                 plan: None,
@@ -115,14 +178,48 @@ mod tests {
         }
     }
 
+    fn want<'a>(revision: u64, enforcer_id: Option<&'a str>, pods: &'a [String]) -> Expected<'a> {
+        Expected {
+            node: "n",
+            revision,
+            enforcer_id,
+            pods,
+        }
+    }
+
     #[test]
     fn realized_only_when_every_part_caught_up() {
-        assert!(check(&state("3", 7, 7, 4, Some(4)), "n", 3).is_ok());
-        assert!(check(&state("2", 7, 7, 4, Some(4)), "n", 3).is_err());
-        assert!(check(&state("3", 7, 6, 4, Some(4)), "n", 3).is_err());
-        assert!(check(&state("3", 7, 7, 4, Some(3)), "n", 3).is_err());
-        assert!(check(&state("3", 7, 7, 4, None), "n", 3).is_err());
-        let e = check(&state("3", 7, 7, 4, Some(4)), "other", 3).unwrap_err();
+        let none: &[String] = &[];
+        assert!(check(&state("3", 7, 7, 4, Some(4)), &want(3, None, none)).is_ok());
+        assert!(check(&state("3", 7, 7, 4, Some(4)), &want(3, Some("e1"), none)).is_ok());
+        assert!(check(&state("3", 7, 7, 4, Some(4)), &want(3, Some("e2"), none)).is_err());
+        assert!(check(&state("2", 7, 7, 4, Some(4)), &want(3, None, none)).is_err());
+        assert!(check(&state("3", 7, 6, 4, Some(4)), &want(3, None, none)).is_err());
+        assert!(check(&state("3", 7, 7, 4, Some(3)), &want(3, None, none)).is_err());
+        assert!(check(&state("3", 7, 7, 4, None), &want(3, None, none)).is_err());
+        let mut other = want(3, None, none);
+        other.node = "other";
+        let e = check(&state("3", 7, 7, 4, Some(4)), &other).unwrap_err();
         assert!(e.contains("no view of node other"), "{e}");
+    }
+
+    #[test]
+    fn every_wired_pod_must_be_known_and_healthy() {
+        let pods = ["x/a".to_string()];
+        let mut s = state("3", 7, 7, 4, Some(4));
+        let e = check(&s, &want(3, None, &pods)).unwrap_err();
+        assert!(e.contains("x/a"), "{e}");
+        let reported = s.nodes[0].reported.as_mut().unwrap();
+        reported.pods.push(PodState {
+            pod: Some(PodRef {
+                namespace: "x".into(),
+                name: "a".into(),
+            }),
+            ..Default::default()
+        });
+        assert!(check(&s, &want(3, None, &pods)).is_ok());
+        s.nodes[0].reported.as_mut().unwrap().pods[0].error = "attach failed".into();
+        let e = check(&s, &want(3, None, &pods)).unwrap_err();
+        assert!(e.contains("attach failed"), "{e}");
     }
 }

@@ -132,3 +132,98 @@ fn every_example_is_valid() {
         }
     }
 }
+
+#[test]
+fn clean_removes_what_a_killed_lab_left() {
+    use std::io::{BufRead, BufReader};
+    if !common::is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("long.yaml");
+    let steps: String = (0..5000)
+        .map(|i| format!("  - name: s{i}\n    probes: [{{from: x/a, to: x/b, port: 80}}]\n"))
+        .collect();
+    std::fs::write(&path, format!("{}\nsteps:\n{steps}", common::PODS.trim())).unwrap();
+    let mut child = Command::new(LAB)
+        .args(["run", path.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let id = first
+        .strip_prefix("lab ")
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+        .to_string();
+    // Probe rows mean the pods, the processes and the pins all exist.
+    assert!(lines.any(|l| l.unwrap().starts_with("s1 ")));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(Path::new(&format!("/run/netns/pl{id}-node")).exists());
+
+    let pids: Vec<u32> = std::fs::read_to_string(format!("/run/palisade-lab/{id}/pids"))
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 2, "controller and enforcer");
+
+    let (out, stdout, stderr) = run(&["clean"]);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains(&format!("pl{id}-node")), "{stdout}");
+    assert!(!Path::new(&format!("/run/netns/pl{id}-node")).exists());
+    assert!(!Path::new(&format!("/sys/fs/bpf/palisade-lab-{id}")).exists());
+    // SIGKILL is asynchronous; the orphans are reaped by init.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while pids.iter().any(|p| palisade_e2e::process::is_alive(*p)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{pids:?} survived: {stdout}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Its logs stay for the post-mortem; remove them so the run root is clean.
+    let _ = std::fs::remove_dir_all(format!("/run/palisade-lab/{id}"));
+}
+
+#[test]
+fn the_other_examples_pass() {
+    if !common::is_root() {
+        return;
+    }
+    for name in ["egress-ipblock.yaml", "namespaces.yaml"] {
+        let path = example(name);
+        let (out, stdout, stderr) = run(&["run", path.to_str().unwrap()]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{name}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+        );
+        assert_run_left_nothing(&stdout);
+    }
+}
+
+#[test]
+fn refuses_to_run_without_root() {
+    // Needs root to drop to nobody, and setpriv (util-linux) to do it.
+    if !common::is_root() || !Path::new("/usr/bin/setpriv").exists() {
+        return;
+    }
+    let out = Command::new("/usr/bin/setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            LAB,
+            "run",
+        ])
+        .arg(example("quickstart.yaml"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("must run as root"), "{stderr}");
+}

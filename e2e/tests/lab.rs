@@ -129,3 +129,43 @@ fn pod_manifests_carry_node_and_addresses() {
     assert_eq!(rev, lab.revision().to_string());
     finish(lab);
 }
+
+#[test]
+fn a_failing_plugin_is_reported_with_its_cni_error() {
+    use std::os::unix::fs::PermissionsExt;
+    if !is_root() {
+        return;
+    }
+    let plugins = tempfile::tempdir().unwrap();
+    for (name, script) in [
+        (
+            "ptp",
+            "#!/bin/sh\ncat >/dev/null\n[ \"$CNI_COMMAND\" = DEL ] && exit 0\necho '{\"cniVersion\":\"1.0.0\",\"code\":11,\"msg\":\"no address for you\"}'\nexit 1\n",
+        ),
+        ("host-local", "#!/bin/sh\nexit 0\n"),
+    ] {
+        let path = plugins.path().join(name);
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mut lab = Lab::start(LabConfig {
+        with_palisade: false,
+        cni_bin_dir: plugins.path().to_path_buf(),
+        ..LabConfig::default()
+    })
+    .unwrap();
+    let e = format!("{:#}", lab.apply(&objects(PODS)).unwrap_err());
+    assert!(e.contains("CNI ADD of pod x/a"), "{e}");
+    assert!(
+        e.contains(r#""code":11"#) && e.contains("no address for you"),
+        "{e}"
+    );
+    assert_eq!(lab.pods().count(), 0, "no half-made pod stays");
+    let pod_files = std::fs::read_dir(lab.manifest_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("pod_"))
+        .count();
+    assert_eq!(pod_files, 0);
+    finish(lab);
+}

@@ -224,6 +224,13 @@ impl Hub {
         }
     }
 
+    /// Ends every subscription, so that plan streams finish and a graceful
+    /// shutdown does not wait on them forever.
+    pub fn close(&self) {
+        let mut st = self.lock();
+        st.nodes.clear();
+    }
+
     pub fn view(&self) -> HubView {
         let st = self.lock();
         HubView {
@@ -304,6 +311,14 @@ mod tests {
         assert_eq!(view.nodes[0].subscribers, 1);
         drop(sub);
         assert_eq!(hub.view().nodes[0].subscribers, 0);
+    }
+
+    #[tokio::test]
+    async fn close_ends_subscriptions() {
+        let hub = Hub::new(1);
+        let mut sub = hub.subscribe("n1");
+        hub.close();
+        assert!(sub.rx.changed().await.is_err());
     }
 
     #[test]

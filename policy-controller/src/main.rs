@@ -67,7 +67,7 @@ async fn run(args: Args) -> Result<(), String> {
         }
     });
 
-    let router = server::router(hub).await?;
+    let router = server::router(hub.clone()).await?;
     tracing::info!(listen = %args.listen, "serving");
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -77,6 +77,7 @@ async fn run(args: Args) -> Result<(), String> {
             _ = term.recv() => {}
         }
         tracing::info!("shutting down");
+        hub.close();
     };
     let result = serve(router, &args.listen, shutdown).await;
     source_task.abort();

@@ -1,0 +1,50 @@
+//! What a lab leaves on the machine, to check that cleanup removed it all.
+
+use std::path::PathBuf;
+
+use crate::netns::{self, NetNs};
+use crate::process;
+
+/// Everything a lab creates on the machine, to check that it is all gone.
+#[derive(Debug, Clone)]
+pub struct Footprint {
+    pub netns: Vec<String>,
+    pub host_interfaces: Vec<String>,
+    pub pin_root: PathBuf,
+    pub pids: Vec<u32>,
+    pub run_dir: PathBuf,
+}
+
+impl Footprint {
+    /// What still exists; empty once the lab is fully cleaned up.
+    pub fn remaining(&self) -> Vec<String> {
+        let mut left = Vec::new();
+        for ns in &self.netns {
+            if NetNs::exists(ns) {
+                left.push(format!("network namespace {ns}"));
+            }
+        }
+        if let Ok(links) = netns::link_names(None) {
+            for i in &self.host_interfaces {
+                if links.contains(i) {
+                    left.push(format!("interface {i} in the root namespace"));
+                }
+            }
+        }
+        if self.pin_root.exists() {
+            left.push(format!("pin root {}", self.pin_root.display()));
+        }
+        for pid in &self.pids {
+            if process::is_alive(*pid) {
+                left.push(format!("process {pid}"));
+            }
+        }
+        let logs_only = std::fs::read_dir(&self.run_dir)
+            .map(|entries| entries.flatten().all(|e| e.file_name() == "logs"))
+            .unwrap_or(true);
+        if !logs_only {
+            left.push(format!("run dir {}", self.run_dir.display()));
+        }
+        left
+    }
+}

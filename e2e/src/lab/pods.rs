@@ -1,0 +1,273 @@
+//! Pods: their namespaces, their CNI attachments, their listeners and their
+//! manifests, created and removed together.
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::{json, Value};
+
+use super::Lab;
+use crate::cni::{Attachment, Sandbox};
+use crate::listener::{self, Listeners};
+use crate::netns::NetNs;
+use crate::scenario::{Kind, Object, ObjectKey, PodName, ServedPort};
+
+pub(super) struct LabPod {
+    pub(super) netns: NetNs,
+    pub(super) sandbox: Sandbox,
+    pub(super) attachment: Option<Attachment>,
+    pub(super) ports: Vec<ServedPort>,
+    pub(super) listeners: Listeners,
+}
+
+impl Lab {
+    /// Creates or updates objects, wires new pods through the CNI chain,
+    /// starts their listeners, and publishes. Returns the new revision;
+    /// [`Lab::wait_realized`] waits for it.
+    pub fn apply(&mut self, objects: &[Object]) -> Result<u64> {
+        self.config.cancel.check()?;
+        for o in objects {
+            if let Some(ns) = &o.key().namespace {
+                let declared = |k: &ObjectKey| k.kind == Kind::Namespace && &k.name == ns;
+                if !self.objects.keys().any(declared) && !objects.iter().any(|o| declared(o.key()))
+                {
+                    bail!(
+                        "apply {}: namespace {ns} does not exist in the lab",
+                        o.key()
+                    );
+                }
+            }
+        }
+        // Namespaces first, like kubectl: the controller may read at any time.
+        let mut ordered: Vec<&Object> = objects.iter().collect();
+        ordered.sort_by_key(|o| o.key().kind != Kind::Namespace);
+        let mut new_pods = Vec::new();
+        for o in ordered {
+            let key = o.key().clone();
+            if let Some(pod) = key.pod_name() {
+                let ips = self
+                    .pods
+                    .get(&pod)
+                    .and_then(|p| p.attachment.as_ref())
+                    .map(|a| a.ips.clone());
+                if ips.is_none() {
+                    new_pods.push(pod);
+                }
+                // A new pod is first written Pending, as the scheduler would,
+                // so its policy can be known before its network exists.
+                self.manifests
+                    .write(&key, &pod_manifest(o, &self.node_name, ips.as_deref()))?;
+            } else {
+                self.manifests.write(&key, o.body())?;
+            }
+            self.objects.insert(key, o.clone());
+        }
+        self.manifests.publish()?;
+
+        for o in objects {
+            let Some(pod) = o.key().pod_name() else {
+                continue;
+            };
+            let ports_changed = self.pods.get(&pod).is_some_and(|p| p.ports != o.ports());
+            if ports_changed {
+                self.restart_listeners(&pod, o.ports())?;
+            }
+        }
+        for (i, pod) in new_pods.iter().enumerate() {
+            let result = self
+                .config
+                .cancel
+                .check()
+                .map_err(anyhow::Error::from)
+                .and_then(|()| {
+                    let object = self.objects[&ObjectKey::pod(pod)].clone();
+                    self.add_pod(pod, &object)
+                });
+            if let Err(e) = result {
+                // Leave no half-made pod: the failed one and those not wired
+                // yet are withdrawn, as if never applied.
+                for p in &new_pods[i..] {
+                    if let Some(made) = self.pods.remove(p) {
+                        let _ = self.teardown_pod(made);
+                    }
+                    let key = ObjectKey::pod(p);
+                    self.objects.remove(&key);
+                    let _ = self.manifests.remove(&key);
+                }
+                let _ = self.manifests.publish();
+                return Err(e);
+            }
+        }
+        self.manifests.publish()
+    }
+
+    fn add_pod(&mut self, pod: &PodName, object: &Object) -> Result<()> {
+        let index = self.next_pod;
+        self.next_pod += 1;
+        let ns_name = format!("pl{}-p{index}", self.id);
+        self.made_netns.push(ns_name.clone());
+        let netns = NetNs::create(&ns_name).with_context(|| format!("pod {pod}"))?;
+        let sandbox = Sandbox {
+            pod: pod.clone(),
+            container_id: format!("pl{}p{index}", self.id),
+            netns: netns.path().to_path_buf(),
+        };
+        let attachment = match self.cni.add(self.node_ns(), &sandbox, &self.config.cancel) {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = netns.delete();
+                return Err(e);
+            }
+        };
+        self.made_interfaces
+            .extend(attachment.host_interfaces.iter().cloned());
+        let manifest = pod_manifest(object, &self.node_name, Some(&attachment.ips));
+        self.pods.insert(
+            pod.clone(),
+            LabPod {
+                netns,
+                sandbox,
+                attachment: Some(attachment),
+                ports: Vec::new(),
+                listeners: Listeners::default(),
+            },
+        );
+        self.manifests.write(object.key(), &manifest)?;
+        self.restart_listeners(pod, object.ports())
+    }
+
+    fn restart_listeners(&mut self, pod: &PodName, ports: &[ServedPort]) -> Result<()> {
+        let handle = self.rt().handle().clone();
+        let p = self
+            .pods
+            .get_mut(pod)
+            .ok_or_else(|| anyhow!("pod {pod} is not in the lab"))?;
+        // The old sockets must close before the same ports can be bound again.
+        p.listeners = Listeners::default();
+        p.ports = Vec::new();
+        let listeners = retry_bind(|| listener::start(&handle, &p.netns, ports))
+            .with_context(|| format!("starting the listeners of pod {pod}"))?;
+        p.listeners = listeners;
+        p.ports = ports.to_vec();
+        Ok(())
+    }
+
+    /// Deletes objects. A deleted pod gets CNI DEL and loses its namespace;
+    /// a deleted namespace takes its pods and policies with it. Returns the
+    /// new revision.
+    pub fn delete(&mut self, keys: &[ObjectKey]) -> Result<u64> {
+        self.config.cancel.check()?;
+        for key in keys {
+            if !self.objects.contains_key(key) {
+                bail!("delete {key}: it is not in the lab");
+            }
+        }
+        let mut errors = Vec::new();
+        for key in keys {
+            let doomed: Vec<ObjectKey> = if key.kind == Kind::Namespace {
+                self.objects
+                    .keys()
+                    .filter(|k| k.namespace.as_deref() == Some(&key.name))
+                    .cloned()
+                    .chain([key.clone()])
+                    .collect()
+            } else {
+                vec![key.clone()]
+            };
+            for k in doomed {
+                if let Some(pod) = k.pod_name().and_then(|p| self.pods.remove(&p)) {
+                    if let Err(e) = self.teardown_pod(pod) {
+                        errors.push(format!("{e:#}"));
+                    }
+                }
+                self.manifests.remove(&k)?;
+                self.objects.remove(&k);
+            }
+        }
+        let revision = self.manifests.publish()?;
+        if !errors.is_empty() {
+            bail!("delete: {}", errors.join("; "));
+        }
+        Ok(revision)
+    }
+
+    pub(super) fn teardown_pod(&self, pod: LabPod) -> Result<()> {
+        let mut errors = Vec::new();
+        if let (Some(a), Some(node)) = (&pod.attachment, &self.node_ns) {
+            if let Err(e) = self.cni.del(node, &pod.sandbox, Some(&a.result)) {
+                errors.push(format!("{e:#}"));
+            }
+        }
+        // Open sockets would keep the namespace alive after it is unmounted.
+        drop(pod.listeners);
+        if let Err(e) = pod.netns.delete() {
+            errors.push(format!("{e:#}"));
+        }
+        if !errors.is_empty() {
+            bail!("removing pod {}: {}", pod.sandbox.pod, errors.join("; "));
+        }
+        Ok(())
+    }
+
+    pub fn pods(&self) -> impl Iterator<Item = &PodName> {
+        self.pods.keys()
+    }
+
+    pub fn pod_ip(&self, pod: &PodName) -> Option<IpAddr> {
+        self.pods
+            .get(pod)
+            .and_then(|p| p.attachment.as_ref())
+            .and_then(|a| a.ips.first().copied())
+    }
+
+    pub fn pod_netns(&self, pod: &PodName) -> Option<&str> {
+        self.pods.get(pod).map(|p| p.netns.name())
+    }
+
+    pub fn host_interfaces(&self, pod: &PodName) -> Vec<String> {
+        self.pods
+            .get(pod)
+            .and_then(|p| p.attachment.as_ref())
+            .map(|a| a.host_interfaces.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// The pod as the API server would show it once scheduled to the node
+/// (`ips` = None) or running with its addresses.
+fn pod_manifest(object: &Object, node: &str, ips: Option<&[IpAddr]>) -> Value {
+    let mut body = object.body().clone();
+    body["spec"]["nodeName"] = node.into();
+    body["status"] = match ips {
+        Some(ips) => json!({
+            "phase": "Running",
+            "podIP": ips.first().map(ToString::to_string),
+            "podIPs": ips.iter().map(|ip| json!({"ip": ip.to_string()})).collect::<Vec<_>>(),
+        }),
+        None => json!({"phase": "Pending"}),
+    };
+    body
+}
+
+/// Aborted listener tasks close their sockets asynchronously, so a rebind of
+/// the same port may briefly see EADDRINUSE.
+fn retry_bind<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match f() {
+            Ok(v) => return Ok(v),
+            Err(e) if Instant::now() < deadline && is_addr_in_use(&e) => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn is_addr_in_use(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse)
+    })
+}
