@@ -7,7 +7,7 @@ use node_enforcer::datapath::bpf::BpfDatapath;
 use node_enforcer::handle::Handle;
 use node_enforcer::reconciler::Reconciler;
 use node_enforcer::{plan_client, server};
-use palisade_proto::transport::{serve, Address};
+use palisade_proto::transport::{serve, shutdown_signal, Address};
 use palisade_proto::v1::NodeState;
 use tokio::sync::{mpsc, watch};
 
@@ -83,12 +83,7 @@ async fn run(args: Args) -> Result<(), String> {
     let socket = Address::Unix(args.cni_socket.clone());
     tracing::info!(socket = %socket, pin_root = %args.pin_root.display(), "serving");
     let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
+        shutdown_signal().await;
         tracing::info!("shutting down");
     };
     let result = serve(router, &socket, shutdown).await;

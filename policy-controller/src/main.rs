@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Parser;
-use palisade_proto::transport::{serve, Address};
+use palisade_proto::transport::{serve, shutdown_signal, Address};
 use policy_controller::{cluster::ClusterState, hub::Hub, server, source};
 use tokio::sync::watch;
 
@@ -70,12 +70,7 @@ async fn run(args: Args) -> Result<(), String> {
     let router = server::router(hub.clone()).await?;
     tracing::info!(listen = %args.listen, "serving");
     let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
+        shutdown_signal().await;
         tracing::info!("shutting down");
         hub.close();
     };

@@ -134,6 +134,23 @@ pub async fn serve(
     result.map_err(|e| format!("serving {addr}: {}", source_chain(&e)))
 }
 
+/// Resolves on SIGINT or SIGTERM: how a daemon learns to stop serving.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        // Without a SIGTERM handler, Ctrl-C still works.
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
 /// Error chains from tonic hide the cause ("transport error"); show it.
 pub fn source_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
