@@ -14,6 +14,16 @@ cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo build"
 cargo build --workspace --bins
 echo "== cargo test"
-cargo test --workspace
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --workspace 2>&1 | tee "$log" || status=$?
 echo "== leftovers"
-e2e/scripts/check-clean.sh
+e2e/scripts/check-clean.sh || status=1
+# cargo's last summary is the doc-tests' (often 0 tests); close with the
+# whole suite's count instead.
+read -r passed failed < <(awk '/^test result:/ {
+    for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i }
+  } END { print p + 0, f + 0 }' "$log")
+echo "tests: ${passed} passed, ${failed} failed"
+exit "$status"

@@ -21,6 +21,7 @@ pub fn run_scenario(lab: &mut Lab, scenario: &Scenario, out: &mut dyn Write) -> 
     let mut rows = Vec::new();
     for (i, step) in scenario.steps.iter().enumerate() {
         let at = || format!("step {} ({:?})", i + 1, step.name);
+        let started = std::time::Instant::now();
         if !step.apply.is_empty() {
             lab.apply(&step.apply).with_context(at)?;
         }
@@ -28,12 +29,21 @@ pub fn run_scenario(lab: &mut Lab, scenario: &Scenario, out: &mut dyn Write) -> 
             lab.delete(&step.delete).with_context(at)?;
         }
         lab.wait_realized().with_context(at)?;
+        // From the change (manifests written, pods wired) to the enforcer
+        // reporting it realized: what an operator waits for.
+        let realized_in = started.elapsed();
         let outcomes = lab.probe_all(&step.probes).with_context(at)?;
         for (spec, outcome) in step.probes.iter().zip(&outcomes) {
             let row = Row::new(&step.name, spec, outcome);
             writeln!(out, "{}", table.row(&row))?;
             rows.push(row);
         }
+        writeln!(
+            out,
+            "  ({} realized in {} ms)",
+            step.name,
+            realized_in.as_millis()
+        )?;
         out.flush()?;
     }
     Ok(Report { rows })
