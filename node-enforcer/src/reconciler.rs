@@ -251,6 +251,26 @@ impl<D: Datapath> Reconciler<D> {
 
     pub fn pod_up(&mut self, up: PodUp) -> Result<PodUpOutcome, String> {
         validate_pod(&up)?;
+        // The kernel has one interface per name: another pod still holding
+        // one of these names is a sandbox whose DEL never came, and its claim
+        // is stale.
+        let stale: Vec<PodKey> = self
+            .pods
+            .iter()
+            .filter(|(k, rt)| {
+                **k != up.pod
+                    && rt
+                        .host_interfaces
+                        .iter()
+                        .any(|i| up.runtime.host_interfaces.contains(i))
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &stale {
+            tracing::warn!(stale = %format!("{}/{}", k.0, k.1), pod = %format!("{}/{}", up.pod.0, up.pod.1),
+                "interface reused by a new pod; forgetting the pod that held it");
+            self.pods.remove(k);
+        }
         let previous = self.pods.insert(up.pod.clone(), up.runtime.clone());
         self.converge();
         if let Some(err) = self.pod_errors.get(&up.pod).cloned() {

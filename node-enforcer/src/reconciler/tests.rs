@@ -148,6 +148,33 @@ fn delete_of_an_old_sandbox_keeps_the_new_one() {
 }
 
 #[test]
+fn an_interface_reused_by_a_new_pod_belongs_to_it() {
+    let mut r = reconciler();
+    r.apply_plan(snapshot(
+        1,
+        vec![pod_policy("a", Some(allow_from([10, 0, 0, 9], 80)))],
+    ))
+    .unwrap();
+    r.pod_up(up("a", "veth-a")).unwrap();
+    // x/a's DEL never came; its veth name now belongs to x/b, unselected.
+    r.pod_up(up("b", "veth-a")).unwrap();
+    assert_eq!(r.datapath.endpoint_of("veth-a"), Some((0, 0)));
+    let pods: Vec<String> = r
+        .node_state()
+        .pods
+        .iter()
+        .map(|p| p.pod.as_ref().unwrap().name.clone())
+        .collect();
+    assert_eq!(pods, vec!["b"]);
+    assert!(r.datapath.policies.is_empty());
+    assert!(
+        r.datapath.violations.is_empty(),
+        "{:?}",
+        r.datapath.violations
+    );
+}
+
+#[test]
 fn failed_attach_leaves_nothing_behind_and_names_the_interface() {
     let mut r = reconciler();
     r.datapath.fail_attach.insert("veth-a".into());
