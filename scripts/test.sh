@@ -3,7 +3,7 @@
 # and the end-to-end lab tests with real traffic. Run as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+source scripts/setup.sh
 
 echo "== buf lint"
 buf lint
