@@ -13,7 +13,6 @@ use palisade_e2e::{Outcome, PodName};
 const TIMEOUT: Duration = Duration::from_millis(1000);
 
 #[test]
-#[ignore = "the enforcer does not re-adopt its pods after a restart yet (DESIGN invariant 6); run with --ignored"]
 fn enforcer_restart_keeps_policy_and_established_flows() {
     if !is_root() {
         return;

@@ -18,7 +18,9 @@ use palisade_proto::v1::{DirectionPolicy, IpPrefix, PortRange, Protocol};
 
 /// An address prefix in the datapath's single family: IPv4 is IPv4-mapped
 /// IPv6, so one table serves both.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct Prefix {
     pub addr: [u8; 16],
     /// 0..=128, in IPv6 bits.

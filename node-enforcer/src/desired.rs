@@ -11,7 +11,7 @@ use crate::compile::{compile, PolicySet, Prefix};
 pub type PodKey = (String, String);
 
 /// A pod as the CNI plugin reported it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PodRuntime {
     pub container_id: String,
     pub netns: String,

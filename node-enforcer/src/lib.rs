@@ -2,6 +2,7 @@
 //! event in order (see `reconciler`); the gRPC servers, the plan stream and
 //! the CNI plugin only talk to it.
 
+pub mod checkpoint;
 pub mod cni_plugin;
 pub mod compile;
 pub mod datapath;

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Parser;
+use node_enforcer::checkpoint::Checkpoint;
 use node_enforcer::datapath::bpf::BpfDatapath;
 use node_enforcer::handle::Handle;
 use node_enforcer::reconciler::Reconciler;
@@ -34,6 +35,15 @@ struct Args {
         default_value = "/sys/fs/bpf/palisade"
     )]
     pin_root: PathBuf,
+    /// Where the enforcer keeps its inputs (last plan, known pods) so that a
+    /// restart takes over the datapath instead of rebuilding it. Must survive
+    /// a restart of the enforcer (a hostPath in a DaemonSet).
+    #[arg(
+        long,
+        env = "PALISADE_STATE_DIR",
+        default_value = "/run/palisade/state"
+    )]
+    state_dir: PathBuf,
     /// Host interface prefix of the AWS VPC CNI, for NPBackend requests.
     #[arg(long, env = "PALISADE_AWS_INTERFACE_PREFIX", default_value = "eni")]
     aws_interface_prefix: String,
@@ -59,10 +69,16 @@ async fn run(args: Args) -> Result<(), String> {
         return Err("--node-name must not be empty".into());
     }
     let datapath = BpfDatapath::load(&args.pin_root).map_err(|e| e.to_string())?;
+    let checkpoint = Checkpoint::open(&args.state_dir)?;
+    let saved = checkpoint.load()?;
     let enforcer_id = format!("{}-{}", args.node_name, std::process::id());
     let (tx, rx) = mpsc::channel(256);
     let (state_tx, state_rx) = watch::channel(NodeState::default());
-    let reconciler = Reconciler::new(args.node_name.clone(), enforcer_id.clone(), datapath);
+    let mut reconciler = Reconciler::new(args.node_name.clone(), enforcer_id.clone(), datapath)
+        .with_checkpoint(checkpoint);
+    // Before serving anything: the previous process's links keep enforcing
+    // until this one has taken them over.
+    reconciler.recover(saved)?;
     let reconciler_thread = std::thread::Builder::new()
         .name("reconciler".into())
         .spawn(move || reconciler.run(rx, state_tx))
@@ -91,7 +107,8 @@ async fn run(args: Args) -> Result<(), String> {
     plan.abort();
     report.abort();
     let _ = std::fs::remove_file(&args.cni_socket);
-    // Dropping the last handle ends the reconciler; its datapath goes with it.
+    // Links and maps are pinned: the programs keep enforcing after exit, and
+    // the next enforcer takes them over.
     drop(reconciler_thread);
     result
 }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use palisade_proto::v1::{NodeState, PlanDelta, PlanSnapshot, PodPolicy, PodRef, PodState};
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::checkpoint::{Checkpoint, Saved};
 use crate::compile::{prefix_of, PolicySet, PortSet, Prefix};
 use crate::datapath::{Datapath, PolicyId, PortSetId};
 use crate::desired::{desired, PodKey, PodRuntime};
@@ -119,6 +120,10 @@ struct Realized {
     endpoints: BTreeMap<String, RealizedEndpoint>,
     next_portset: PortSetId,
     next_policy: PolicyId,
+    /// Adopted tables whose content duplicates another's; removed once no
+    /// endpoint points at them.
+    garbage_policies: Vec<(PolicyId, Vec<(Prefix, PortSetId)>)>,
+    garbage_portsets: Vec<(PortSetId, PortSet)>,
 }
 
 impl Realized {
@@ -146,6 +151,7 @@ pub struct Reconciler<D: Datapath> {
     pod_errors: BTreeMap<PodKey, String>,
     errors: Vec<String>,
     realized_version: u64,
+    checkpoint: Option<Checkpoint>,
     pub datapath: D,
 }
 
@@ -163,7 +169,160 @@ impl<D: Datapath> Reconciler<D> {
             pod_errors: BTreeMap::new(),
             errors: Vec::new(),
             realized_version: 0,
+            checkpoint: None,
             datapath,
+        }
+    }
+
+    /// Saves the inputs after every change, so a restart can recover them.
+    pub fn with_checkpoint(mut self, checkpoint: Checkpoint) -> Self {
+        self.checkpoint = Some(checkpoint);
+        self
+    }
+
+    /// Takes over what a previous process left: its saved inputs and the
+    /// datapath's tables and links. The first convergence then changes only
+    /// what differs, so enforcement never lapses (DESIGN invariant 6).
+    /// Orphans (links of interfaces no pod claims, tables nothing references)
+    /// are removed by that same convergence.
+    pub fn recover(&mut self, saved: Saved) -> Result<(), String> {
+        let adopted = self
+            .datapath
+            .adopt()
+            .map_err(|e| format!("reading the datapath left by the previous enforcer: {e}"))?;
+        if let Some(plan) = saved.plan {
+            self.plan = plan
+                .pods
+                .into_iter()
+                .filter_map(|p| Some((key(p.pod.as_ref())?, p)))
+                .collect();
+            self.plan_version = plan.version;
+            self.realized_version = plan.version;
+            self.has_plan = true;
+        }
+        // A pod whose interfaces are gone was deleted while we were down.
+        self.pods = saved
+            .pods
+            .into_iter()
+            .filter(|(_, rt)| {
+                rt.host_interfaces
+                    .iter()
+                    .all(|i| self.datapath.ifindex(i).is_ok())
+            })
+            .collect();
+
+        let r = &mut self.realized;
+        for (id, set) in &adopted.portsets {
+            if r.portsets.contains_key(set) {
+                r.garbage_portsets.push((*id, set.clone()));
+            } else {
+                r.portsets.insert(set.clone(), *id);
+            }
+            r.next_portset = r.next_portset.max(*id);
+        }
+        let mut by_id: BTreeMap<PolicyId, Arc<PolicySet>> = BTreeMap::new();
+        for (id, entries) in &adopted.policies {
+            if *id == DENY_ALL {
+                continue;
+            }
+            let set = Arc::new(PolicySet {
+                entries: entries
+                    .iter()
+                    .map(|(p, ps)| (*p, adopted.portsets.get(ps).cloned().unwrap_or_default()))
+                    .collect(),
+            });
+            if r.policies.contains_key(&set) {
+                r.garbage_policies.push((*id, entries.clone()));
+            } else {
+                r.policies.insert(
+                    set.clone(),
+                    RealizedPolicy {
+                        id: *id,
+                        entries: entries.clone(),
+                    },
+                );
+            }
+            by_id.insert(*id, set);
+            r.next_policy = r.next_policy.max(*id);
+        }
+        let content = |id: PolicyId| -> Option<Arc<PolicySet>> { by_id.get(&id).cloned() };
+        let mut claimed = BTreeSet::new();
+        for (pod, rt) in &self.pods {
+            for ifname in &rt.host_interfaces {
+                if !adopted.attached.contains(ifname) {
+                    continue;
+                }
+                let Ok(ifindex) = self.datapath.ifindex(ifname) else {
+                    continue;
+                };
+                let Some(ids) = adopted.endpoints.get(&ifindex).copied() else {
+                    continue;
+                };
+                claimed.insert(ifindex);
+                self.realized.endpoints.insert(
+                    ifname.clone(),
+                    RealizedEndpoint {
+                        ifindex,
+                        pod: pod.clone(),
+                        container_id: rt.container_id.clone(),
+                        ingress: content(ids.0),
+                        egress: content(ids.1),
+                        ids,
+                    },
+                );
+            }
+        }
+        for ifname in &adopted.attached {
+            if self.realized.endpoints.contains_key(ifname) {
+                continue;
+            }
+            // Attached, but no saved pod owns it: an orphan to detach.
+            let ifindex = self.datapath.ifindex(ifname).unwrap_or(0);
+            claimed.insert(ifindex);
+            self.realized.endpoints.insert(
+                ifname.clone(),
+                RealizedEndpoint {
+                    ifindex,
+                    pod: (String::new(), String::new()),
+                    container_id: String::new(),
+                    ingress: None,
+                    egress: None,
+                    ids: adopted.endpoints.get(&ifindex).copied().unwrap_or((0, 0)),
+                },
+            );
+        }
+        for ifindex in adopted.endpoints.keys() {
+            if !claimed.contains(ifindex) {
+                // No program of ours runs there; the entry is dead weight.
+                let _ = self.datapath.remove_endpoint(*ifindex);
+            }
+        }
+        tracing::info!(
+            pods = self.pods.len(),
+            interfaces = self.realized.endpoints.len(),
+            policy_sets = self.realized.policies.len(),
+            plan_version = self.plan_version,
+            "recovered the previous enforcer's state"
+        );
+        self.converge();
+        Ok(())
+    }
+
+    fn save_plan(&mut self) {
+        if let Some(cp) = &self.checkpoint {
+            if let Err(e) = cp.save_plan(self.plan_version, &self.plan) {
+                tracing::error!("{e}");
+                self.errors.push(e);
+            }
+        }
+    }
+
+    fn save_pods(&mut self) {
+        if let Some(cp) = &self.checkpoint {
+            if let Err(e) = cp.save_pods(&self.pods) {
+                tracing::error!("{e}");
+                self.errors.push(e);
+            }
         }
     }
 
@@ -245,6 +404,7 @@ impl<D: Datapath> Reconciler<D> {
             }
         }
         self.converge();
+        self.save_plan();
         self.realized_version = self.plan_version;
         Ok(self.plan_version)
     }
@@ -280,8 +440,10 @@ impl<D: Datapath> Reconciler<D> {
                 None => self.pods.remove(&up.pod),
             };
             self.converge();
+            self.save_pods();
             return Err(err);
         }
+        self.save_pods();
         let policy = self.plan.get(&up.pod);
         Ok(PodUpOutcome {
             plan_version: self.plan_version,
@@ -311,6 +473,7 @@ impl<D: Datapath> Reconciler<D> {
             Some(_) => {
                 self.pods.remove(&pod);
                 self.converge();
+                self.save_pods();
                 Ok(())
             }
             None => Ok(()),
@@ -460,6 +623,18 @@ impl<D: Datapath> Reconciler<D> {
                 Err(e) => self
                     .errors
                     .push(format!("removing policy set {}: {e}", set.id())),
+            }
+        }
+        for (id, entries) in std::mem::take(&mut self.realized.garbage_policies) {
+            if let Err(e) = self.datapath.remove_policy(id, &entries) {
+                self.errors
+                    .push(format!("removing duplicate policy table {id}: {e}"));
+            }
+        }
+        for (id, set) in std::mem::take(&mut self.realized.garbage_portsets) {
+            if let Err(e) = self.datapath.remove_portset(id, &set) {
+                self.errors
+                    .push(format!("removing duplicate port set {id}: {e}"));
             }
         }
         let used_portsets: BTreeSet<PortSetId> = self

@@ -43,7 +43,10 @@ impl Lab {
             .arg("--cni-socket")
             .arg(&self.enforcer_socket)
             .arg("--pin-root")
-            .arg(&self.pin_root);
+            .arg(&self.pin_root)
+            // Kept across restart_enforcer, as a DaemonSet's hostPath would be.
+            .arg("--state-dir")
+            .arg(self.run_dir.join("enforcer-state"));
         default_log_level(&mut cmd);
         let enforcer = Daemon::spawn(
             ENFORCER_BIN,

@@ -1,12 +1,18 @@
 //! The real datapath: Palisade's TC programs loaded with aya, their maps
 //! pinned under the enforcer's pin root, attached with TCX to pod host veths.
+//!
+//! Maps and links are pinned, so they outlive the process: when the enforcer
+//! stops or crashes, every pod stays enforced by the programs already
+//! attached, and the next process swaps its own programs into those links
+//! (one atomic `bpf_link_update` each) and takes the tables over.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::{HashMap, MapData};
-use aya::programs::tc::SchedClassifierLinkId;
+use aya::programs::links::{FdLink, PinnedLink};
+use aya::programs::tc::SchedClassifierLink;
 use aya::programs::{SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
 use palisade_ebpf::{
@@ -14,7 +20,7 @@ use palisade_ebpf::{
     POLICY_ID_BITS, PROG_FROM_POD, PROG_TO_POD,
 };
 
-use super::{Datapath, DatapathError, PolicyId, PortSetId, Result};
+use super::{Adopted, Datapath, DatapathError, PolicyId, PortSetId, Result};
 use crate::compile::{PortEntry, PortSet, Prefix};
 
 pub struct BpfDatapath {
@@ -23,8 +29,16 @@ pub struct BpfDatapath {
     endpoints: HashMap<MapData, u32, Endpoint>,
     policy: LpmTrie<MapData, PolicyKey, PolicyValue>,
     ports: LpmTrie<MapData, PortKey, PortValue>,
-    links: BTreeMap<String, (SchedClassifierLinkId, SchedClassifierLinkId)>,
+    /// Pinned links per interface: (from_pod at TC ingress, to_pod at TC
+    /// egress). Holding the fds is not what keeps them attached; the pins are.
+    links: BTreeMap<String, [FdLink; 2]>,
 }
+
+/// The two hooks of an interface, with the suffix of their pin files.
+const HOOKS: [(&str, TcAttachType, &str); 2] = [
+    (PROG_FROM_POD, TcAttachType::Ingress, "from_pod"),
+    (PROG_TO_POD, TcAttachType::Egress, "to_pod"),
+];
 
 fn err(what: impl std::fmt::Display, e: impl std::fmt::Display) -> DatapathError {
     DatapathError::new(format!("{what}: {e}"))
@@ -58,35 +72,74 @@ impl BpfDatapath {
             LpmTrie::try_from(take(&mut ebpf, MAP_POLICY)?).map_err(|e| err(MAP_POLICY, e))?;
         let ports =
             LpmTrie::try_from(take(&mut ebpf, MAP_PORTS)?).map_err(|e| err(MAP_PORTS, e))?;
-        let mut dp = BpfDatapath {
+        std::fs::create_dir_all(pin_root.join("links"))
+            .map_err(|e| err("creating the links pin directory", e))?;
+        Ok(BpfDatapath {
             pin_root: pin_root.to_path_buf(),
             ebpf,
             endpoints,
             policy,
             ports,
             links: BTreeMap::new(),
-        };
-        dp.clear_tables()?;
-        Ok(dp)
+        })
     }
 
-    /// Pinned maps outlive the process. Programs are not pinned (yet), so
-    /// nothing is attached after a restart and entries left by the previous
-    /// process would only collide with the ids this one hands out.
-    fn clear_tables(&mut self) -> Result<()> {
-        let keys: Vec<u32> = self.endpoints.keys().filter_map(|k| k.ok()).collect();
-        for k in keys {
-            let _ = self.endpoints.remove(&k);
+    fn link_pin(&self, ifname: &str, hook: &str) -> PathBuf {
+        self.pin_root
+            .join("links")
+            .join(format!("{}@{hook}", pin_name(ifname)))
+    }
+
+    /// Takes over the links a previous process pinned: each gets this
+    /// process's program, atomically, so the hook is never empty. A link
+    /// whose interface is gone is unpinned.
+    fn adopt_links(&mut self) -> Result<std::collections::BTreeSet<String>> {
+        let dir = self.pin_root.join("links");
+        let mut names: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        for entry in std::fs::read_dir(&dir).map_err(|e| err(dir.display(), e))? {
+            let entry = entry.map_err(|e| err(dir.display(), e))?;
+            let file = entry.file_name().to_string_lossy().into_owned();
+            if let Some((encoded, _)) = file.rsplit_once('@') {
+                names.insert(ifname_of_pin(encoded));
+            }
         }
-        let keys: Vec<Key<PolicyKey>> = self.policy.keys().filter_map(|k| k.ok()).collect();
-        for k in keys {
-            let _ = self.policy.remove(&k);
+        let mut adopted = std::collections::BTreeSet::new();
+        for ifname in names {
+            match self.adopt_interface(&ifname) {
+                Ok(links) => {
+                    self.links.insert(ifname.clone(), links);
+                    adopted.insert(ifname);
+                }
+                Err(e) => {
+                    tracing::warn!(%ifname, "dropping a pinned link that cannot be adopted: {e}");
+                    for (_, _, hook) in HOOKS {
+                        let _ = std::fs::remove_file(self.link_pin(&ifname, hook));
+                    }
+                }
+            }
         }
-        let keys: Vec<Key<PortKey>> = self.ports.keys().filter_map(|k| k.ok()).collect();
-        for k in keys {
-            let _ = self.ports.remove(&k);
+        Ok(adopted)
+    }
+
+    fn adopt_interface(&mut self, ifname: &str) -> Result<[FdLink; 2]> {
+        nix::net::if_::if_nametoindex(ifname)
+            .map_err(|e| err(format!("interface {ifname:?}"), e))?;
+        let mut out = Vec::with_capacity(2);
+        for (prog_name, _, hook) in HOOKS {
+            let path = self.link_pin(ifname, hook);
+            let pinned = PinnedLink::from_pin(&path).map_err(|e| err(path.display(), e))?;
+            let link = SchedClassifierLink::try_from(FdLink::from(pinned))
+                .map_err(|e| err(path.display(), e))?;
+            let prog = self.program(prog_name)?;
+            let id = prog
+                .attach_to_link(link)
+                .map_err(|e| err(format!("updating {}", path.display()), e))?;
+            let link = prog.take_link(id).map_err(|e| err(path.display(), e))?;
+            out.push(FdLink::try_from(link).map_err(|e| err(path.display(), e))?);
         }
-        Ok(())
+        let to = out.pop().expect("two hooks");
+        let from = out.pop().expect("two hooks");
+        Ok([from, to])
     }
 
     fn program(&mut self, name: &str) -> Result<&mut SchedClassifier> {
@@ -96,6 +149,28 @@ impl BpfDatapath {
             .try_into()
             .map_err(|e| err(name, e))
     }
+}
+
+/// bpffs refuses names with a dot, which interface names may have
+/// (`eth0.100`): percent-encode it (and `%` and `@`, so decoding is exact).
+fn pin_name(ifname: &str) -> String {
+    let mut out = String::with_capacity(ifname.len());
+    for c in ifname.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '.' => out.push_str("%2E"),
+            '@' => out.push_str("%40"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn ifname_of_pin(encoded: &str) -> String {
+    encoded
+        .replace("%2E", ".")
+        .replace("%40", "@")
+        .replace("%25", "%")
 }
 
 fn policy_key(id: PolicyId, p: &Prefix) -> Key<PolicyKey> {
@@ -120,6 +195,50 @@ fn port_keys(id: PortSetId, set: &PortSet) -> Vec<Key<PortKey>> {
 }
 
 impl Datapath for BpfDatapath {
+    fn adopt(&mut self) -> Result<Adopted> {
+        let attached = self.adopt_links()?;
+        let mut adopted = Adopted {
+            attached,
+            ..Adopted::default()
+        };
+        for item in self.endpoints.iter() {
+            let (ifindex, e) = item.map_err(|e| err(MAP_ENDPOINTS, e))?;
+            adopted
+                .endpoints
+                .insert(ifindex, (e.ingress_policy, e.egress_policy));
+        }
+        for item in self.policy.iter() {
+            let (key, value) = item.map_err(|e| err(MAP_POLICY, e))?;
+            let data = key.data();
+            let len = key.prefix_len().saturating_sub(POLICY_ID_BITS).min(128) as u8;
+            adopted
+                .policies
+                .entry(data.policy_id)
+                .or_default()
+                .push((Prefix::new(data.addr, len), value.portset_id));
+        }
+        for item in self.ports.iter() {
+            let (key, _) = item.map_err(|e| err(MAP_PORTS, e))?;
+            let data = key.data();
+            let entry = match key.prefix_len() {
+                0..=39 => PortEntry::Any,
+                40 => PortEntry::Proto(data.proto),
+                n => PortEntry::Block {
+                    proto: data.proto,
+                    port: u16::from_be_bytes(data.port),
+                    bits: (n - 40).min(16) as u8,
+                },
+            };
+            adopted
+                .portsets
+                .entry(data.portset_id)
+                .or_default()
+                .0
+                .insert(entry);
+        }
+        Ok(adopted)
+    }
+
     fn add_portset(&mut self, id: PortSetId, set: &PortSet) -> Result<()> {
         for k in port_keys(id, set) {
             self.ports
@@ -162,40 +281,51 @@ impl Datapath for BpfDatapath {
         if self.links.contains_key(ifname) {
             return Ok(());
         }
-        let from = self
-            .program(PROG_FROM_POD)?
-            .attach(ifname, TcAttachType::Ingress)
-            .map_err(|e| err(format!("attaching {PROG_FROM_POD} to {ifname} ingress"), e))?;
-        let to = match self
-            .program(PROG_TO_POD)?
-            .attach(ifname, TcAttachType::Egress)
-        {
-            Ok(id) => id,
-            Err(e) => {
-                let _ = self.program(PROG_FROM_POD)?.detach(from);
-                return Err(err(
-                    format!("attaching {PROG_TO_POD} to {ifname} egress"),
-                    e,
-                ));
+        let mut made: Vec<FdLink> = Vec::with_capacity(2);
+        for (prog_name, attach_type, hook) in HOOKS {
+            let path = self.link_pin(ifname, hook);
+            let result = (|| {
+                let prog = self.program(prog_name)?;
+                let id = prog
+                    .attach(ifname, attach_type)
+                    .map_err(|e| err(format!("attaching {prog_name} to {ifname}"), e))?;
+                let link = prog.take_link(id).map_err(|e| err(prog_name, e))?;
+                let fd = FdLink::try_from(link).map_err(|e| err(prog_name, e))?;
+                let pinned = fd
+                    .pin(&path)
+                    .map_err(|e| err(format!("pinning {}", path.display()), e))?;
+                Ok(FdLink::from(pinned))
+            })();
+            match result {
+                Ok(fd) => made.push(fd),
+                Err(e) => {
+                    // Undo the first hook if the second failed: both or none.
+                    for (_, _, hook) in HOOKS {
+                        let _ = std::fs::remove_file(self.link_pin(ifname, hook));
+                    }
+                    return Err(e);
+                }
             }
-        };
-        self.links.insert(ifname.to_string(), (from, to));
+        }
+        let to = made.pop().expect("two hooks");
+        let from = made.pop().expect("two hooks");
+        self.links.insert(ifname.to_string(), [from, to]);
         Ok(())
     }
 
     fn detach(&mut self, ifname: &str, _ifindex: u32) -> Result<()> {
-        let Some((from, to)) = self.links.remove(ifname) else {
-            return Ok(());
-        };
-        // When the veth is already gone the kernel has dropped the links;
-        // detaching then fails harmlessly.
-        let a = self.program(PROG_FROM_POD)?.detach(from);
-        let b = self.program(PROG_TO_POD)?.detach(to);
-        if nix::net::if_::if_nametoindex(ifname).is_err() {
-            return Ok(());
+        // Unpinning and closing the last fd releases a link, which detaches
+        // it; a link whose interface is already gone was released already.
+        for (_, _, hook) in HOOKS {
+            let path = self.link_pin(ifname, hook);
+            if let Err(e) = std::fs::remove_file(&path) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    return Err(err(format!("unpinning {}", path.display()), e));
+                }
+            }
         }
-        a.and(b)
-            .map_err(|e| err(format!("detaching from {ifname}"), e))
+        self.links.remove(ifname);
+        Ok(())
     }
 
     fn set_endpoint(&mut self, ifindex: u32, ingress: PolicyId, egress: PolicyId) -> Result<()> {
@@ -221,5 +351,19 @@ impl Datapath for BpfDatapath {
 
     fn describe(&self) -> String {
         self.pin_root.display().to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pin_names_have_no_dots_and_decode_exactly() {
+        for name in ["veth1", "eth0.100", "a%2Eb", "x@y", "%", "."] {
+            let pin = pin_name(name);
+            assert!(!pin.contains('.') && !pin.contains('@'), "{pin}");
+            assert_eq!(ifname_of_pin(&pin), name);
+        }
     }
 }

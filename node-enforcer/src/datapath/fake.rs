@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Datapath, DatapathError, PolicyId, PortSetId, Result};
+use super::{Adopted, Datapath, DatapathError, PolicyId, PortSetId, Result};
 use crate::compile::{PortSet, Prefix};
 
 #[derive(Debug, Default)]
@@ -70,6 +70,14 @@ impl FakeDatapath {
 }
 
 impl Datapath for FakeDatapath {
+    fn adopt(&mut self) -> Result<Adopted> {
+        Ok(Adopted {
+            endpoints: self.endpoints.clone(),
+            policies: self.policies.clone(),
+            portsets: self.portsets.clone(),
+            attached: self.attached.clone(),
+        })
+    }
     fn add_portset(&mut self, id: PortSetId, set: &PortSet) -> Result<()> {
         self.portsets.insert(id, set.clone());
         self.check(&format!("add_portset {id}"));

@@ -6,7 +6,20 @@
 pub mod bpf;
 pub mod fake;
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use crate::compile::{PortSet, Prefix};
+
+/// What a datapath already holds when the enforcer starts: the tables and
+/// attachments a previous enforcer process left behind.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Adopted {
+    pub endpoints: BTreeMap<u32, (PolicyId, PolicyId)>,
+    pub policies: BTreeMap<PolicyId, Vec<(Prefix, PortSetId)>>,
+    pub portsets: BTreeMap<PortSetId, PortSet>,
+    /// Interfaces that still have our programs attached.
+    pub attached: BTreeSet<String>,
+}
 
 /// Identifies a policy set in the tables; 0 means "not isolated".
 pub type PolicyId = u32;
@@ -26,6 +39,9 @@ impl DatapathError {
 pub type Result<T> = std::result::Result<T, DatapathError>;
 
 pub trait Datapath: Send {
+    /// Reads back everything already in the datapath, so a new process can
+    /// take it over without a moment of unenforced traffic.
+    fn adopt(&mut self) -> Result<Adopted>;
     fn add_portset(&mut self, id: PortSetId, set: &PortSet) -> Result<()>;
     fn remove_portset(&mut self, id: PortSetId, set: &PortSet) -> Result<()>;
     fn add_policy(&mut self, id: PolicyId, entries: &[(Prefix, PortSetId)]) -> Result<()>;

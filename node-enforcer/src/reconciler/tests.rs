@@ -1,6 +1,8 @@
 use super::*;
+use crate::checkpoint::Checkpoint;
 use crate::datapath::fake::FakeDatapath;
 use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PortRange, Protocol, Rule};
+use std::collections::BTreeSet;
 
 fn ip4(a: [u8; 4], len: u32) -> IpPrefix {
     IpPrefix {
@@ -317,4 +319,134 @@ fn permute(v: &mut Vec<usize>, k: usize, f: &mut dyn FnMut(&[usize])) {
         permute(v, k + 1, f);
         v.swap(k, i);
     }
+}
+
+/// A restart: a new reconciler takes over the same datapath (the fake keeps
+/// the "kernel" state) from the checkpointed inputs.
+fn restart(old: &mut Reconciler<FakeDatapath>, dir: &std::path::Path) -> Reconciler<FakeDatapath> {
+    let datapath = std::mem::take(&mut old.datapath);
+    let cp = Checkpoint::open(dir).unwrap();
+    let saved = cp.load().unwrap();
+    let mut r = Reconciler::new("n1".into(), "e2".into(), datapath).with_checkpoint(cp);
+    r.datapath.log.clear();
+    r.recover(saved).unwrap();
+    r
+}
+
+#[test]
+fn restart_takes_over_without_touching_a_correct_datapath() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = reconciler().with_checkpoint(Checkpoint::open(dir.path()).unwrap());
+    r.apply_plan(snapshot(
+        4,
+        vec![
+            pod_policy("a", Some(allow_from([10, 0, 0, 9], 80))),
+            pod_policy("b", Some(allow_from([10, 0, 0, 9], 80))),
+        ],
+    ))
+    .unwrap();
+    r.pod_up(up("a", "veth-a")).unwrap();
+    r.pod_up(up("b", "veth-b")).unwrap();
+    r.pod_up(up("c", "veth-c")).unwrap();
+    let before = (
+        r.datapath.endpoints.clone(),
+        r.datapath.policies.clone(),
+        r.datapath.portsets.clone(),
+        r.datapath.attached.clone(),
+    );
+    let state_before = r.node_state();
+
+    let mut r2 = restart(&mut r, dir.path());
+    assert!(
+        r2.datapath.log.is_empty(),
+        "no operation needed: {:?}",
+        r2.datapath.log
+    );
+    let after = (
+        r2.datapath.endpoints.clone(),
+        r2.datapath.policies.clone(),
+        r2.datapath.portsets.clone(),
+        r2.datapath.attached.clone(),
+    );
+    assert_eq!(before, after);
+    let state_after = r2.node_state();
+    assert_eq!(state_after.realized_version, 4);
+    assert_eq!(state_after.pods, state_before.pods);
+
+    // The recovered reconciler keeps working: a new plan, shared tables,
+    // make-before-break, no reuse of a live id.
+    r2.apply_plan(snapshot(
+        5,
+        vec![
+            pod_policy("a", Some(allow_from([10, 0, 0, 9], 443))),
+            pod_policy("b", Some(allow_from([10, 0, 0, 9], 80))),
+        ],
+    ))
+    .unwrap();
+    let (ia, _) = r2.datapath.endpoint_of("veth-a").unwrap();
+    let (ib, _) = r2.datapath.endpoint_of("veth-b").unwrap();
+    assert_ne!(ia, ib);
+    assert_eq!(r2.datapath.policies.len(), 2);
+    assert!(
+        r2.datapath.violations.is_empty(),
+        "{:?}",
+        r2.datapath.violations
+    );
+}
+
+#[test]
+fn restart_removes_orphans_and_pods_that_vanished() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = reconciler().with_checkpoint(Checkpoint::open(dir.path()).unwrap());
+    r.apply_plan(snapshot(
+        1,
+        vec![pod_policy("a", Some(allow_from([10, 0, 0, 9], 80)))],
+    ))
+    .unwrap();
+    r.pod_up(up("a", "veth-a")).unwrap();
+    r.pod_up(up("b", "veth-b")).unwrap();
+    // While the enforcer is down: x/a's veth disappears, and something left
+    // an attachment no saved pod knows (veth-d) and a stray table.
+    r.datapath.interfaces.remove("veth-a");
+    r.datapath.attached.insert("veth-d".into());
+    r.datapath.endpoints.insert(13, (0, 0));
+    r.datapath.policies.insert(77, vec![]);
+
+    let r2 = restart(&mut r, dir.path());
+    let names: Vec<String> = r2
+        .node_state()
+        .pods
+        .iter()
+        .map(|p| p.pod.as_ref().unwrap().name.clone())
+        .collect();
+    assert_eq!(names, vec!["b"]);
+    assert_eq!(r2.datapath.attached, BTreeSet::from(["veth-b".to_string()]));
+    assert!(
+        r2.datapath.policies.is_empty(),
+        "{:?}",
+        r2.datapath.policies
+    );
+    assert_eq!(r2.datapath.endpoints.len(), 1);
+}
+
+#[test]
+fn restart_with_nothing_saved_cleans_everything_it_finds() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = reconciler();
+    r.apply_plan(snapshot(
+        1,
+        vec![pod_policy("a", Some(allow_from([10, 0, 0, 9], 80)))],
+    ))
+    .unwrap();
+    r.pod_up(up("a", "veth-a")).unwrap();
+    let r2 = restart(&mut r, dir.path());
+    assert!(r2.datapath.attached.is_empty());
+    assert!(r2.datapath.endpoints.is_empty());
+    assert!(r2.datapath.policies.is_empty());
+    assert!(r2.datapath.portsets.is_empty());
+    assert!(
+        r2.datapath.violations.is_empty(),
+        "{:?}",
+        r2.datapath.violations
+    );
 }
