@@ -110,3 +110,39 @@ fn delete_restores_traffic_and_reapply_denies_it_again() {
     assert_verdicts(&lab, "policies applied again", denied);
     finish(lab);
 }
+
+/// Upstream NetworkPolicy never blocks traffic between a pod and its own
+/// node: kubelet probes must reach an isolated pod.
+#[test]
+fn the_node_reaches_an_isolated_pod() {
+    if !is_root() {
+        return;
+    }
+    let mut lab = lab_with_pods();
+    lab.apply(&policies(DENY_B)).unwrap();
+    lab.wait_realized().unwrap();
+    let node = palisade_e2e::netns::NetNs::from_existing(lab.node_netns().expect("a node netns"));
+    let b = lab
+        .pod_ip(&palisade_e2e::PodName::parse("x/b").unwrap())
+        .expect("x/b has an address");
+    let timeout = std::time::Duration::from_millis(1000);
+    let outcome = palisade_e2e::probe::run(&node, std::net::SocketAddr::new(b, 80), Tcp, timeout);
+    assert_eq!(
+        outcome,
+        palisade_e2e::Outcome::Echo,
+        "{}",
+        lab.log_tails(20)
+    );
+    let state = lab.enforcer_state().unwrap();
+    assert!(
+        !state.node_addresses.is_empty(),
+        "the dump shows the node's addresses"
+    );
+    // The exception is for the node only: pods are still denied.
+    assert_verdicts(
+        &lab,
+        "pods are still denied",
+        &[("x/a", "x/b", 80, Tcp, Deny), ("x/c", "x/b", 80, Tcp, Deny)],
+    );
+    finish(lab);
+}

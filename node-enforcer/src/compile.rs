@@ -230,9 +230,22 @@ struct CompiledRule {
     ports: PortSet,
 }
 
-pub fn compile(policy: &DirectionPolicy) -> Result<PolicySet, CompileError> {
+/// Compiles a direction of a pod's policy. `always_allowed` are peers no
+/// policy can block: upstream NetworkPolicy always allows traffic between a
+/// pod and its own node (kubelet probes, for one).
+pub fn compile(
+    policy: &DirectionPolicy,
+    always_allowed: &[Prefix],
+) -> Result<PolicySet, CompileError> {
     let mut rules = Vec::new();
     let mut mentioned = BTreeSet::new();
+    if !always_allowed.is_empty() {
+        mentioned.extend(always_allowed.iter().copied());
+        rules.push(CompiledRule {
+            blocks: always_allowed.iter().map(|p| (*p, vec![])).collect(),
+            ports: PortSet(BTreeSet::from([PortEntry::Any])),
+        });
+    }
     for rule in &policy.rules {
         let mut ports = PortSet::default();
         if rule.ports.is_empty() {

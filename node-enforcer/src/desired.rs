@@ -36,7 +36,13 @@ pub struct Desired {
     pub errors: BTreeMap<PodKey, String>,
 }
 
-pub fn desired(plan: &BTreeMap<PodKey, PodPolicy>, pods: &BTreeMap<PodKey, PodRuntime>) -> Desired {
+/// `node_addresses` are the node's own addresses, always allowed in an
+/// isolated direction (see `compile`).
+pub fn desired(
+    plan: &BTreeMap<PodKey, PodPolicy>,
+    pods: &BTreeMap<PodKey, PodRuntime>,
+    node_addresses: &[Prefix],
+) -> Desired {
     let mut out = Desired::default();
     // Pods with equal policies get the same Arc, so sharing is by content.
     let mut interned: BTreeMap<PolicySet, Arc<PolicySet>> = BTreeMap::new();
@@ -50,14 +56,17 @@ pub fn desired(plan: &BTreeMap<PodKey, PodPolicy>, pods: &BTreeMap<PodKey, PodRu
         let policy = plan.get(key);
         let mut direction = |d: Option<&DirectionPolicy>, name: &str| -> Option<Arc<PolicySet>> {
             let d = d?;
-            match compile(d) {
+            match compile(d, node_addresses) {
                 Ok(set) => Some(intern(set)),
                 Err(e) => {
                     out.errors.insert(
                         key.clone(),
                         format!("{name} policy of {}/{}: {e}", key.0, key.1),
                     );
-                    Some(intern(PolicySet::default()))
+                    // Deny, but never the node itself.
+                    let fallback =
+                        compile(&DirectionPolicy::default(), node_addresses).unwrap_or_default();
+                    Some(intern(fallback))
                 }
             }
         };

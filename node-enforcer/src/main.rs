@@ -83,7 +83,22 @@ async fn run(args: Args) -> Result<(), String> {
         .name("reconciler".into())
         .spawn(move || reconciler.run(rx, state_tx))
         .map_err(|e| format!("starting the reconciler: {e}"))?;
-    let handle = Handle::new(tx);
+    let handle = Handle::new(tx.clone());
+    // Node addresses change without an event we subscribe to (yet): look
+    // every few seconds.
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            if tx
+                .send(node_enforcer::reconciler::Event::Tick)
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let plan = tokio::spawn(plan_client::run(

@@ -54,6 +54,7 @@ pub struct PodUpOutcome {
 #[derive(Clone, Debug, Default)]
 pub struct Dump {
     pub state: NodeState,
+    pub node_addresses: Vec<Prefix>,
     pub plan_version: u64,
     pub plan_connected: bool,
     pub datapath: String,
@@ -95,6 +96,9 @@ pub enum Event {
         reply: oneshot::Sender<Result<PodState, String>>,
     },
     Dump(oneshot::Sender<Dump>),
+    /// Periodic: re-reads inputs that change without telling us (the node's
+    /// addresses) and converges if they did.
+    Tick,
 }
 
 struct RealizedPolicy {
@@ -151,6 +155,7 @@ pub struct Reconciler<D: Datapath> {
     pod_errors: BTreeMap<PodKey, String>,
     errors: Vec<String>,
     realized_version: u64,
+    node_addresses: Vec<Prefix>,
     checkpoint: Option<Checkpoint>,
     pub datapath: D,
 }
@@ -169,6 +174,7 @@ impl<D: Datapath> Reconciler<D> {
             pod_errors: BTreeMap::new(),
             errors: Vec::new(),
             realized_version: 0,
+            node_addresses: Vec::new(),
             checkpoint: None,
             datapath,
         }
@@ -371,6 +377,11 @@ impl<D: Datapath> Reconciler<D> {
             Event::Dump(reply) => {
                 let _ = reply.send(self.dump());
             }
+            Event::Tick => {
+                if self.refresh_node_addresses() {
+                    self.converge();
+                }
+            }
         }
     }
 
@@ -500,9 +511,33 @@ impl<D: Datapath> Reconciler<D> {
         Ok(state)
     }
 
+    /// Reads the node's addresses; true when they changed.
+    fn refresh_node_addresses(&mut self) -> bool {
+        match self.datapath.node_addresses() {
+            Ok(addrs) => {
+                let mut prefixes: Vec<Prefix> = addrs
+                    .into_iter()
+                    .map(|ip| Prefix::from_ip(ip, if ip.is_ipv4() { 32 } else { 128 }))
+                    .collect();
+                prefixes.sort();
+                prefixes.dedup();
+                let changed = prefixes != self.node_addresses;
+                self.node_addresses = prefixes;
+                changed
+            }
+            Err(e) => {
+                // Keep the last known addresses: forgetting them would cut
+                // the node off from its pods.
+                tracing::warn!("{e}");
+                false
+            }
+        }
+    }
+
     /// Makes the datapath match the inputs.
     fn converge(&mut self) {
-        let want = desired(&self.plan, &self.pods);
+        self.refresh_node_addresses();
+        let want = desired(&self.plan, &self.pods, &self.node_addresses);
         self.pod_errors = want.errors.clone();
         self.errors.clear();
 
@@ -776,6 +811,7 @@ impl<D: Datapath> Reconciler<D> {
         }
         Dump {
             state: self.node_state(),
+            node_addresses: self.node_addresses.clone(),
             plan_version: self.plan_version,
             plan_connected: self.plan_connected,
             datapath: self.datapath.describe(),
@@ -811,7 +847,7 @@ fn key(r: Option<&PodRef>) -> Option<PodKey> {
     Some((r.namespace.clone(), r.name.clone()))
 }
 
-fn to_ip_prefix(p: &Prefix) -> palisade_proto::v1::IpPrefix {
+pub fn to_ip_prefix(p: &Prefix) -> palisade_proto::v1::IpPrefix {
     let v6 = std::net::Ipv6Addr::from(p.addr);
     match v6.to_ipv4_mapped() {
         Some(v4) if p.len >= 96 => palisade_proto::v1::IpPrefix {

@@ -27,20 +27,24 @@ fn tcp(port: u32, end: u32) -> PortRange {
     }
 }
 
+fn compile_(p: &DirectionPolicy) -> Result<PolicySet, CompileError> {
+    compile(p, &[])
+}
+
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
 #[test]
 fn no_rules_denies_everything() {
-    let set = compile(&DirectionPolicy { rules: vec![] }).unwrap();
+    let set = compile_(&DirectionPolicy { rules: vec![] }).unwrap();
     assert!(set.entries.is_empty());
     assert!(!set.allows(ip("10.0.0.1"), 6, 80));
 }
 
 #[test]
 fn cidr_and_port_range() {
-    let set = compile(&DirectionPolicy {
+    let set = compile_(&DirectionPolicy {
         rules: vec![Rule {
             peers: vec![block("10.0.0.0/24", &[])],
             ports: vec![tcp(1000, 1999)],
@@ -57,7 +61,7 @@ fn cidr_and_port_range() {
 
 #[test]
 fn except_in_one_rule_never_blocks_what_another_allows() {
-    let set = compile(&DirectionPolicy {
+    let set = compile_(&DirectionPolicy {
         rules: vec![
             Rule {
                 peers: vec![block("10.0.0.0/8", &["10.1.0.0/16"])],
@@ -88,7 +92,7 @@ fn except_in_one_rule_never_blocks_what_another_allows() {
 #[test]
 fn more_than_24_ports_per_cidr() {
     let ports: Vec<PortRange> = (0..100).map(|i| tcp(2000 + i * 3, 0)).collect();
-    let set = compile(&DirectionPolicy {
+    let set = compile_(&DirectionPolicy {
         rules: vec![Rule {
             peers: vec![block("0.0.0.0/0", &[])],
             ports,
@@ -103,7 +107,7 @@ fn more_than_24_ports_per_cidr() {
 
 #[test]
 fn ipv6_and_ipv4_do_not_mix() {
-    let set = compile(&DirectionPolicy {
+    let set = compile_(&DirectionPolicy {
         rules: vec![Rule {
             peers: vec![block("fd00::/64", &[])],
             ports: vec![],
@@ -112,7 +116,7 @@ fn ipv6_and_ipv4_do_not_mix() {
     .unwrap();
     assert!(set.allows(ip("fd00::1"), 6, 1));
     assert!(!set.allows(ip("10.0.0.1"), 6, 1));
-    let set = compile(&DirectionPolicy {
+    let set = compile_(&DirectionPolicy {
         rules: vec![Rule {
             peers: vec![block("0.0.0.0/0", &[])],
             ports: vec![],
@@ -133,11 +137,11 @@ fn equal_policies_compile_equal_whatever_the_rule_order() {
         peers: vec![block("10.0.0.0/24", &[])],
         ports: vec![tcp(1, 65535)],
     };
-    let one = compile(&DirectionPolicy {
+    let one = compile_(&DirectionPolicy {
         rules: vec![a.clone(), b.clone()],
     })
     .unwrap();
-    let two = compile(&DirectionPolicy { rules: vec![b, a] }).unwrap();
+    let two = compile_(&DirectionPolicy { rules: vec![b, a] }).unwrap();
     assert_eq!(one, two);
     assert_eq!(one.id(), two.id());
 }
@@ -157,7 +161,7 @@ fn bad_input_is_an_error() {
         }],
     };
     assert!(matches!(
-        compile(&bad_addr),
+        compile_(&bad_addr),
         Err(CompileError::AddressLength(_))
     ));
     let bad_len = DirectionPolicy {
@@ -173,7 +177,7 @@ fn bad_input_is_an_error() {
         }],
     };
     assert!(matches!(
-        compile(&bad_len),
+        compile_(&bad_len),
         Err(CompileError::PrefixLength { .. })
     ));
     let bad_port = DirectionPolicy {
@@ -183,7 +187,7 @@ fn bad_input_is_an_error() {
         }],
     };
     assert!(matches!(
-        compile(&bad_port),
+        compile_(&bad_port),
         Err(CompileError::PortRange { .. })
     ));
 }
@@ -209,7 +213,7 @@ fn lpm_table_equals_rule_union_for_every_address() {
             ports: vec![],
         },
     ];
-    let set = compile(&DirectionPolicy {
+    let set = compile_(&DirectionPolicy {
         rules: rules.clone(),
     })
     .unwrap();
@@ -239,4 +243,26 @@ fn lpm_table_equals_rule_union_for_every_address() {
             assert_eq!(set.allows(addr, 6, port), expected, "{addr} port {port}");
         }
     }
+}
+
+#[test]
+fn the_node_is_always_allowed_even_inside_an_except() {
+    let node = [Prefix::from_ip(ip("10.1.0.1"), 32)];
+    let deny_all = compile(&DirectionPolicy { rules: vec![] }, &node).unwrap();
+    assert!(deny_all.allows(ip("10.1.0.1"), 6, 10250));
+    assert!(deny_all.allows(ip("10.1.0.1"), 1, 0), "ICMP too");
+    assert!(!deny_all.allows(ip("10.1.0.2"), 6, 10250));
+    let except = compile(
+        &DirectionPolicy {
+            rules: vec![Rule {
+                peers: vec![block("10.0.0.0/8", &["10.1.0.0/16"])],
+                ports: vec![tcp(80, 0)],
+            }],
+        },
+        &node,
+    )
+    .unwrap();
+    assert!(except.allows(ip("10.1.0.1"), 17, 53));
+    assert!(!except.allows(ip("10.1.0.2"), 6, 80));
+    assert!(except.allows(ip("10.2.0.2"), 6, 80));
 }

@@ -349,6 +349,21 @@ impl Datapath for BpfDatapath {
         }
     }
 
+    fn node_addresses(&mut self) -> Result<Vec<std::net::IpAddr>> {
+        let mut out = Vec::new();
+        for ifa in nix::ifaddrs::getifaddrs().map_err(|e| err("listing the node's addresses", e))? {
+            let Some(addr) = ifa.address else { continue };
+            if let Some(v4) = addr.as_sockaddr_in() {
+                out.push(std::net::IpAddr::V4(v4.ip()));
+            } else if let Some(v6) = addr.as_sockaddr_in6() {
+                out.push(std::net::IpAddr::V6(v6.ip()));
+            }
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
     fn describe(&self) -> String {
         self.pin_root.display().to_string()
     }

@@ -16,6 +16,7 @@ pub struct FakeDatapath {
     pub log: Vec<String>,
     /// Interfaces whose attach fails, to test error paths.
     pub fail_attach: BTreeSet<String>,
+    pub node_addresses: Vec<std::net::IpAddr>,
     /// Set when an operation left a window a packet could see.
     pub violations: Vec<String>,
 }
@@ -128,6 +129,9 @@ impl Datapath for FakeDatapath {
         self.endpoints.remove(&ifindex);
         self.check(&format!("remove_endpoint {ifindex}"));
         Ok(())
+    }
+    fn node_addresses(&mut self) -> Result<Vec<std::net::IpAddr>> {
+        Ok(self.node_addresses.clone())
     }
     fn describe(&self) -> String {
         "fake".into()

@@ -54,6 +54,9 @@ pub trait Datapath: Send {
     fn detach(&mut self, ifname: &str, ifindex: u32) -> Result<()>;
     fn set_endpoint(&mut self, ifindex: u32, ingress: PolicyId, egress: PolicyId) -> Result<()>;
     fn remove_endpoint(&mut self, ifindex: u32) -> Result<()>;
+    /// The node's own addresses (every address in the node's network
+    /// namespace), which policy never blocks.
+    fn node_addresses(&mut self) -> Result<Vec<std::net::IpAddr>>;
     /// Where the datapath pins its objects, for the debug dump.
     fn describe(&self) -> String;
 }

@@ -450,3 +450,41 @@ fn restart_with_nothing_saved_cleans_everything_it_finds() {
         r2.datapath.violations
     );
 }
+
+#[test]
+fn node_addresses_are_always_allowed_and_followed_on_tick() {
+    let mut r = reconciler();
+    r.datapath.node_addresses = vec!["10.1.0.1".parse().unwrap()];
+    r.apply_plan(snapshot(
+        1,
+        vec![pod_policy("a", Some(DirectionPolicy { rules: vec![] }))],
+    ))
+    .unwrap();
+    r.pod_up(up("a", "veth-a")).unwrap();
+    let node = |s: &str| Prefix::from_ip(s.parse().unwrap(), 32);
+    let entries = |r: &Reconciler<FakeDatapath>| {
+        let (id, _) = r.datapath.endpoint_of("veth-a").unwrap();
+        r.datapath.policies[&id]
+            .iter()
+            .map(|(p, _)| *p)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(entries(&r), vec![node("10.1.0.1")]);
+
+    // Nothing changed: a tick touches nothing.
+    let ops = r.datapath.log.len();
+    r.handle(Event::Tick);
+    assert_eq!(r.datapath.log.len(), ops);
+
+    // The node gains an address (a new gateway, say): the next tick
+    // follows, make-before-break.
+    r.datapath.node_addresses.push("10.1.0.2".parse().unwrap());
+    r.handle(Event::Tick);
+    assert_eq!(entries(&r), vec![node("10.1.0.1"), node("10.1.0.2")]);
+    assert_eq!(r.datapath.policies.len(), 1);
+    assert!(
+        r.datapath.violations.is_empty(),
+        "{:?}",
+        r.datapath.violations
+    );
+}

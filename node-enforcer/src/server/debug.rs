@@ -39,6 +39,11 @@ impl DebugService for DebugServer {
             plan_version: d.plan_version,
             plan_connected: d.plan_connected,
             pin_root: d.datapath,
+            node_addresses: d
+                .node_addresses
+                .iter()
+                .map(crate::reconciler::to_ip_prefix)
+                .collect(),
             policy_sets: d
                 .policy_sets
                 .into_iter()
