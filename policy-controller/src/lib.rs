@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod hub;
+pub mod model;
 pub mod resolve;
 pub mod server;
 pub mod source;

@@ -385,9 +385,12 @@ impl<'a> RuleContext<'a> {
             }
         }
         // Named ports of an egress rule are resolved per destination pod, so
-        // each such pod gets a rule of its own.
-        for peer in &peers {
-            let PeerSpec::Pod(pod) = peer else { continue };
+        // each pod the peers cover (by selector, or by address for an
+        // ipBlock or an absent `to`) gets a rule of its own.
+        if !port_specs.iter().any(|p| matches!(p, PortSpec::Named(..))) {
+            return rules;
+        }
+        for (pod, ips) in self.pods_covered(&peers) {
             let ports: Vec<PortRange> = port_specs
                 .iter()
                 .filter_map(|p| match p {
@@ -398,8 +401,7 @@ impl<'a> RuleContext<'a> {
                 .collect();
             if !ports.is_empty() {
                 rules.push(Rule {
-                    peers: pod
-                        .ips
+                    peers: ips
                         .iter()
                         .map(|ip| block(host_prefix(*ip), vec![]))
                         .collect(),
@@ -408,6 +410,31 @@ impl<'a> RuleContext<'a> {
             }
         }
         rules
+    }
+
+    /// Pods (and which of their addresses) the peers of a rule cover.
+    fn pods_covered(&self, peers: &[PeerSpec<'a>]) -> Vec<(&'a PodInfo, Vec<IpAddr>)> {
+        let mut out: Vec<(&'a PodInfo, Vec<IpAddr>)> = Vec::new();
+        for pod in &self.index.pods {
+            if pod.host_network {
+                continue;
+            }
+            let ips: Vec<IpAddr> = pod
+                .ips
+                .iter()
+                .copied()
+                .filter(|ip| {
+                    peers.iter().any(|peer| match peer {
+                        PeerSpec::Pod(p) => std::ptr::eq(*p, pod),
+                        PeerSpec::Block(b) => block_contains(b, *ip),
+                    })
+                })
+                .collect();
+            if !ips.is_empty() {
+                out.push((pod, ips));
+            }
+        }
+        out
     }
 
     /// The rule's ports; None when a port is invalid, which drops the rule so
@@ -570,6 +597,22 @@ fn peer_blocks_ref(peer: &PeerSpec<'_>) -> Vec<PeerBlock> {
             .map(|ip| block(host_prefix(*ip), vec![]))
             .collect(),
     }
+}
+
+fn block_contains(b: &PeerBlock, ip: IpAddr) -> bool {
+    let net = |p: &IpPrefix| -> Option<IpNet> {
+        let addr = match p.addr.len() {
+            4 => IpAddr::from(<[u8; 4]>::try_from(p.addr.as_slice()).ok()?),
+            16 => IpAddr::from(<[u8; 16]>::try_from(p.addr.as_slice()).ok()?),
+            _ => return None,
+        };
+        IpNet::new(addr, p.prefix_len as u8).ok()
+    };
+    b.cidr
+        .as_ref()
+        .and_then(net)
+        .is_some_and(|c| c.contains(&ip))
+        && !b.except.iter().filter_map(net).any(|e| e.contains(&ip))
 }
 
 fn range(proto: Protocol, port: u32, end_port: u32) -> PortRange {

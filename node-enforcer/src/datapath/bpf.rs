@@ -142,6 +142,32 @@ impl BpfDatapath {
         Ok([from, to])
     }
 
+    /// Runs one of the programs on a frame with BPF_PROG_TEST_RUN, as if it
+    /// arrived on interface `ifindex`, and returns the TC verdict. Nothing
+    /// needs to be attached; used to check the tables against their model.
+    pub fn test_run(&self, program: &str, frame: &[u8], ifindex: u32) -> Result<i32> {
+        use aya::programs::{TestRun, TestRunOptions};
+        let prog: &SchedClassifier = self
+            .ebpf
+            .program(program)
+            .ok_or_else(|| DatapathError::new(format!("program {program} missing")))?
+            .try_into()
+            .map_err(|e| err(program, e))?;
+        // struct __sk_buff up to and including ifindex (offset 40).
+        let mut ctx = [0u8; 44];
+        ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+        let mut out = vec![0u8; frame.len() + 256];
+        let run = prog
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ctx_in: Some(&ctx),
+                ..TestRunOptions::default()
+            })
+            .map_err(|e| err("BPF_PROG_TEST_RUN", e))?;
+        Ok(run.return_value as i32)
+    }
+
     fn program(&mut self, name: &str) -> Result<&mut SchedClassifier> {
         self.ebpf
             .program_mut(name)

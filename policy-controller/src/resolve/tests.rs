@@ -361,3 +361,32 @@ fn resolution_does_not_depend_on_object_order() {
     let backward = resolve_with_errors(&state(&docs.join("\n---\n")));
     assert_eq!(forward, backward);
 }
+
+#[test]
+fn named_egress_ports_to_any_destination_or_an_ip_block_resolve_per_covered_pod() {
+    let r = with(
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: out, namespace: y}
+spec:
+  podSelector: {}
+  policyTypes: [Egress]
+  egress:
+  - ports: [{port: http}]
+  - to: [{ipBlock: {cidr: 10.0.0.0/24, except: [10.0.0.2/32]}}]
+    ports: [{port: dns, protocol: UDP}]"#,
+    );
+    let egress = &pod(&r, "n2", "y", "d")
+        .unwrap()
+        .egress
+        .as_ref()
+        .unwrap()
+        .rules;
+    // Rule 1 (no `to`): every pod in the cluster with an "http" port.
+    assert_eq!(peer_cidrs(&egress[0]), vec![v4("10.0.0.1/32")]);
+    assert_eq!(egress[0].ports, vec![range(Protocol::Tcp, 80, 0)]);
+    assert_eq!(peer_cidrs(&egress[1]), vec![v4("10.0.0.2/32")]);
+    assert_eq!(egress[1].ports, vec![range(Protocol::Tcp, 8080, 0)]);
+    // Rule 2: x/b has "dns" but sits in the except; nothing else has it.
+    assert_eq!(egress.len(), 2, "{egress:?}");
+}
