@@ -382,7 +382,12 @@ impl Datapath for BpfDatapath {
             if let Some(v4) = addr.as_sockaddr_in() {
                 out.push(std::net::IpAddr::V4(v4.ip()));
             } else if let Some(v6) = addr.as_sockaddr_in6() {
-                out.push(std::net::IpAddr::V6(v6.ip()));
+                // Link-local addresses exist per interface (one more with
+                // every pod veth) and never source a connection to a pod;
+                // counting them would rewrite every table on each pod add.
+                if !v6.ip().is_unicast_link_local() {
+                    out.push(std::net::IpAddr::V6(v6.ip()));
+                }
             }
         }
         out.sort();
