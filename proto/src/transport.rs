@@ -96,7 +96,12 @@ pub fn bind_unix(path: &std::path::Path) -> std::io::Result<tokio::net::UnixList
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    tokio::net::UnixListener::bind(path)
+    let listener = tokio::net::UnixListener::bind(path)?;
+    // Whoever can connect can detach a pod's policy (PodDown): root only,
+    // whatever the umask.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
 }
 
 /// Serves a router on an address until `shutdown` resolves.
@@ -166,6 +171,25 @@ pub fn source_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn unix_sockets_are_private_and_replace_only_stale_sockets() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("palisade-transport-{}", std::process::id()));
+        let path = dir.join("a.sock");
+        let first = bind_unix(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        drop(first);
+        // A stale socket file is replaced.
+        let _second = bind_unix(&path).unwrap();
+        // Anything else is refused, by name.
+        let file = dir.join("not-a-socket");
+        std::fs::write(&file, b"x").unwrap();
+        let err = bind_unix(&file).unwrap_err().to_string();
+        assert!(err.contains("not a socket"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn parses_addresses() {
