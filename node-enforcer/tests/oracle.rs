@@ -278,6 +278,7 @@ fn resolution_and_compilation_agree_with_the_model() {
             }
         }
     }
+    eprintln!("{checked} connections checked, {allowed_count} allowed; feature use: {features:?}");
     for (f, n) in &features {
         assert!(*n >= 20, "only {n} clusters used {f}: {features:?}");
     }
