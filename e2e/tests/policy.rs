@@ -146,3 +146,51 @@ fn the_node_reaches_an_isolated_pod() {
     );
     finish(lab);
 }
+
+/// A manifest that does not parse is reported by name, and what was
+/// enforced before stays enforced.
+#[test]
+fn a_broken_manifest_is_reported_and_enforcement_stays() {
+    if !is_root() {
+        return;
+    }
+    let mut lab = lab_with_pods();
+    lab.apply(&policies(DENY_B)).unwrap();
+    lab.wait_realized().unwrap();
+    let broken = lab.manifest_dir().join("zz-broken.yaml");
+    std::fs::write(
+        &broken,
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: bad, namespace: x}\nspec: {podSelector: 7}\n",
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let errors = loop {
+        let errors = lab.controller_state().unwrap().errors;
+        if !errors.is_empty() {
+            break errors;
+        }
+        assert!(std::time::Instant::now() < deadline, "no error reported");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("zz-broken.yaml") && e.contains("podSelector")),
+        "{errors:?}"
+    );
+    assert_verdicts(
+        &lab,
+        "the policy in force before the broken file",
+        &[
+            ("x/a", "x/b", 80, Tcp, Deny),
+            ("x/b", "x/a", 80, Tcp, Allow),
+        ],
+    );
+    std::fs::remove_file(&broken).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !lab.controller_state().unwrap().errors.is_empty() {
+        assert!(std::time::Instant::now() < deadline, "error not cleared");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    finish(lab);
+}

@@ -88,7 +88,11 @@ struct NodeEntry {
 struct HubState {
     source_revision: u64,
     source_marker: String,
+    /// Problems in the objects, found by resolution.
     errors: Vec<String>,
+    /// Problems reading the source (a manifest that does not parse); the
+    /// last good view stays in force meanwhile.
+    source_errors: Vec<String>,
     nodes: BTreeMap<String, NodeEntry>,
 }
 
@@ -224,6 +228,10 @@ impl Hub {
         }
     }
 
+    pub fn set_source_errors(&self, errors: Vec<String>) {
+        self.lock().source_errors = errors;
+    }
+
     /// Ends every subscription, so that plan streams finish and a graceful
     /// shutdown does not wait on them forever.
     pub fn close(&self) {
@@ -236,7 +244,12 @@ impl Hub {
         HubView {
             source_revision: st.source_revision,
             source_marker: st.source_marker.clone(),
-            errors: st.errors.clone(),
+            errors: st
+                .source_errors
+                .iter()
+                .chain(st.errors.iter())
+                .cloned()
+                .collect(),
             nodes: st
                 .nodes
                 .iter()
@@ -340,6 +353,15 @@ mod tests {
         apply_delta(&mut plan, &d);
         assert_eq!(plan, back.plan);
         assert!(delta(&back, &back).is_none());
+    }
+
+    #[test]
+    fn source_errors_are_shown_beside_resolution_errors() {
+        let hub = Hub::new(1);
+        hub.set_source_errors(vec!["bad.yaml: document 1: nope".into()]);
+        assert_eq!(hub.view().errors, vec!["bad.yaml: document 1: nope"]);
+        hub.set_source_errors(vec![]);
+        assert!(hub.view().errors.is_empty());
     }
 
     #[test]

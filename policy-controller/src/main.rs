@@ -42,7 +42,7 @@ async fn run(args: Args) -> Result<(), String> {
         .unwrap_or(1);
     let hub = Hub::new(start_micros);
     let (tx, mut rx) = watch::channel::<Option<ClusterState>>(None);
-    let (err_tx, _err_rx) = watch::channel::<Vec<String>>(Vec::new());
+    let (err_tx, mut err_rx) = watch::channel::<Vec<String>>(Vec::new());
 
     let source_task = match args.manifests.clone() {
         Some(dir) => {
@@ -64,6 +64,17 @@ async fn run(args: Args) -> Result<(), String> {
             if let Some(state) = state {
                 hub_for_source.update(&state);
             }
+        }
+    });
+
+    let hub_for_errors = hub.clone();
+    tokio::spawn(async move {
+        while err_rx.changed().await.is_ok() {
+            let errors = err_rx.borrow_and_update().clone();
+            for e in &errors {
+                tracing::error!("{e}");
+            }
+            hub_for_errors.set_source_errors(errors);
         }
     });
 
