@@ -231,3 +231,36 @@ fn refuses_to_run_without_root() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("must run as root"), "{stderr}");
 }
+
+#[test]
+fn ctrl_c_mid_run_cleans_up_and_exits_130() {
+    use std::io::{BufRead, BufReader};
+    if !common::is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("long.yaml");
+    let steps: String = (0..5000)
+        .map(|i| format!("  - name: s{i}\n    probes: [{{from: x/a, to: x/b, port: 80}}]\n"))
+        .collect();
+    std::fs::write(&path, format!("{}\nsteps:\n{steps}", common::PODS.trim())).unwrap();
+    let mut child = Command::new(LAB)
+        .args(["run", path.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    // Probe rows mean the pods, the processes and the pins all exist.
+    assert!(lines.any(|l| l.unwrap().starts_with("s1 ")));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{rest:?}");
+    assert_run_left_nothing(&first);
+}
