@@ -133,12 +133,16 @@ fn every_example_is_valid() {
     }
 }
 
-#[test]
-fn clean_removes_what_a_killed_lab_left() {
+/// Starts a lab on a scenario too long to finish, and returns once probe
+/// rows show that its pods, processes and pins all exist: the child, its
+/// remaining output, and its first line (which names the lab).
+fn start_long_lab() -> (
+    std::process::Child,
+    std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    String,
+    tempfile::TempDir,
+) {
     use std::io::{BufRead, BufReader};
-    if !common::is_root() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("long.yaml");
     let steps: String = (0..5000)
@@ -153,13 +157,21 @@ fn clean_removes_what_a_killed_lab_left() {
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let first = lines.next().unwrap().unwrap();
+    assert!(lines.any(|l| l.unwrap().starts_with("s1 ")));
+    (child, lines, first, dir)
+}
+
+#[test]
+fn clean_removes_what_a_killed_lab_left() {
+    if !common::is_root() {
+        return;
+    }
+    let (mut child, _lines, first, _dir) = start_long_lab();
     let id = first
         .strip_prefix("lab ")
         .and_then(|r| r.split_whitespace().next())
         .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
         .to_string();
-    // Probe rows mean the pods, the processes and the pins all exist.
-    assert!(lines.any(|l| l.unwrap().starts_with("s1 ")));
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(Path::new(&format!("/run/netns/pl{id}-node")).exists());
@@ -234,26 +246,10 @@ fn refuses_to_run_without_root() {
 
 #[test]
 fn ctrl_c_mid_run_cleans_up_and_exits_130() {
-    use std::io::{BufRead, BufReader};
     if !common::is_root() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("long.yaml");
-    let steps: String = (0..5000)
-        .map(|i| format!("  - name: s{i}\n    probes: [{{from: x/a, to: x/b, port: 80}}]\n"))
-        .collect();
-    std::fs::write(&path, format!("{}\nsteps:\n{steps}", common::PODS.trim())).unwrap();
-    let mut child = Command::new(LAB)
-        .args(["run", path.to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = lines.next().unwrap().unwrap();
-    // Probe rows mean the pods, the processes and the pins all exist.
-    assert!(lines.any(|l| l.unwrap().starts_with("s1 ")));
+    let (mut child, lines, first, _dir) = start_long_lab();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGINT,
