@@ -115,7 +115,7 @@ impl Daemon {
             if self.poll_exit().is_some() {
                 return Ok(());
             }
-            std::thread::sleep(POLL);
+            std::thread::sleep(POLL); // poll: inside a loop bounded by a deadline
         }
         let _ = self.child.kill();
         let status = self
@@ -179,7 +179,7 @@ pub fn run_with_input(
             }
             bail!("{program} did not finish within {timeout:?} and was killed");
         }
-        std::thread::sleep(POLL);
+        std::thread::sleep(POLL); // poll: inside a loop bounded by a deadline
     };
     // A plugin that exits without reading stdin makes the write fail; its
     // exit status is the real answer then.

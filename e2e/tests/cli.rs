@@ -195,7 +195,7 @@ fn clean_removes_what_a_killed_lab_left() {
             std::time::Instant::now() < deadline,
             "{pids:?} survived: {stdout}"
         );
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::thread::sleep(std::time::Duration::from_millis(20)); // poll: inside a loop bounded by a deadline
     }
     // Its logs stay for the post-mortem; remove them so the run root is clean.
     let _ = std::fs::remove_dir_all(format!("/run/palisade-lab/{id}"));

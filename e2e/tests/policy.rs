@@ -170,7 +170,7 @@ fn a_broken_manifest_is_reported_and_enforcement_stays() {
             break errors;
         }
         assert!(std::time::Instant::now() < deadline, "no error reported");
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        std::thread::sleep(std::time::Duration::from_millis(50)); // poll: inside a loop bounded by a deadline
     };
     assert!(
         errors
@@ -190,7 +190,7 @@ fn a_broken_manifest_is_reported_and_enforcement_stays() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while !lab.controller_state().unwrap().errors.is_empty() {
         assert!(std::time::Instant::now() < deadline, "error not cleared");
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        std::thread::sleep(std::time::Duration::from_millis(50)); // poll: inside a loop bounded by a deadline
     }
     finish(lab);
 }

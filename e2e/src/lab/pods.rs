@@ -258,7 +258,7 @@ fn retry_bind<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
         match f() {
             Ok(v) => return Ok(v),
             Err(e) if Instant::now() < deadline && is_addr_in_use(&e) => {
-                std::thread::sleep(Duration::from_millis(20));
+                std::thread::sleep(Duration::from_millis(20)); // poll: inside a loop bounded by a deadline
             }
             Err(e) => return Err(e),
         }

@@ -161,7 +161,7 @@ impl Lab {
                     self.config.realize_timeout
                 );
             }
-            std::thread::sleep(POLL);
+            std::thread::sleep(POLL); // poll: inside a loop bounded by a deadline
         }
     }
 
@@ -212,7 +212,7 @@ impl Lab {
                     socket.display()
                 );
             }
-            std::thread::sleep(POLL);
+            std::thread::sleep(POLL); // poll: inside a loop bounded by a deadline
         }
     }
 }
