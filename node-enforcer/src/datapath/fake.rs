@@ -63,6 +63,20 @@ impl FakeDatapath {
         }
     }
 
+    /// Panics naming every moment a packet could have seen a half-made
+    /// datapath.
+    pub fn assert_no_violations(&self) {
+        assert!(self.violations.is_empty(), "{:?}", self.violations);
+    }
+
+    /// Nothing attached and no table left.
+    pub fn assert_empty(&self) {
+        assert!(self.attached.is_empty(), "attached: {:?}", self.attached);
+        assert!(self.endpoints.is_empty(), "endpoints: {:?}", self.endpoints);
+        assert!(self.policies.is_empty(), "policies: {:?}", self.policies);
+        assert!(self.portsets.is_empty(), "portsets: {:?}", self.portsets);
+    }
+
     /// The endpoint entry of an interface, by name.
     pub fn endpoint_of(&self, ifname: &str) -> Option<(PolicyId, PolicyId)> {
         let idx = self.interfaces.get(ifname)?;

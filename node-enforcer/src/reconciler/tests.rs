@@ -71,11 +71,7 @@ fn unselected_pod_is_attached_and_open() {
     assert!(!out.ingress_isolated);
     assert!(r.datapath.attached.contains("veth-a"));
     assert_eq!(r.datapath.endpoint_of("veth-a"), Some((0, 0)));
-    assert!(
-        r.datapath.violations.is_empty(),
-        "{:?}",
-        r.datapath.violations
-    );
+    r.datapath.assert_no_violations();
 }
 
 #[test]
@@ -100,15 +96,8 @@ fn replicas_with_equal_policy_share_one_table_until_the_last_goes() {
     assert_eq!(r.datapath.policies.len(), 1);
     assert_eq!(r.datapath.endpoint_of("veth-b"), Some((ib, 0)));
     r.pod_down(None, "c-b").unwrap();
-    assert!(r.datapath.policies.is_empty());
-    assert!(r.datapath.portsets.is_empty());
-    assert!(r.datapath.endpoints.is_empty());
-    assert!(r.datapath.attached.is_empty());
-    assert!(
-        r.datapath.violations.is_empty(),
-        "{:?}",
-        r.datapath.violations
-    );
+    r.datapath.assert_empty();
+    r.datapath.assert_no_violations();
 }
 
 #[test]
@@ -125,11 +114,7 @@ fn policy_change_is_make_before_break() {
     assert_eq!(r.datapath.policies.len(), 1, "old tables removed");
     // Every step in the log was checked by the fake: no endpoint ever pointed
     // at a missing table, no program ran without its entry.
-    assert!(
-        r.datapath.violations.is_empty(),
-        "{:?}",
-        r.datapath.violations
-    );
+    r.datapath.assert_no_violations();
     let log = r.datapath.log.join("\n");
     let add = log.find("add_policy 3").unwrap();
     let switch = log.find("set_endpoint 10 3 0").unwrap();
@@ -169,11 +154,7 @@ fn an_interface_reused_by_a_new_pod_belongs_to_it() {
         .collect();
     assert_eq!(pods, vec!["b"]);
     assert!(r.datapath.policies.is_empty());
-    assert!(
-        r.datapath.violations.is_empty(),
-        "{:?}",
-        r.datapath.violations
-    );
+    r.datapath.assert_no_violations();
 }
 
 #[test]
@@ -387,11 +368,7 @@ fn restart_takes_over_without_touching_a_correct_datapath() {
     let (ib, _) = r2.datapath.endpoint_of("veth-b").unwrap();
     assert_ne!(ia, ib);
     assert_eq!(r2.datapath.policies.len(), 2);
-    assert!(
-        r2.datapath.violations.is_empty(),
-        "{:?}",
-        r2.datapath.violations
-    );
+    r2.datapath.assert_no_violations();
 }
 
 #[test]
@@ -440,15 +417,8 @@ fn restart_with_nothing_saved_cleans_everything_it_finds() {
     .unwrap();
     r.pod_up(up("a", "veth-a")).unwrap();
     let r2 = restart(&mut r, dir.path());
-    assert!(r2.datapath.attached.is_empty());
-    assert!(r2.datapath.endpoints.is_empty());
-    assert!(r2.datapath.policies.is_empty());
-    assert!(r2.datapath.portsets.is_empty());
-    assert!(
-        r2.datapath.violations.is_empty(),
-        "{:?}",
-        r2.datapath.violations
-    );
+    r2.datapath.assert_empty();
+    r2.datapath.assert_no_violations();
 }
 
 #[test]
@@ -482,9 +452,5 @@ fn node_addresses_are_always_allowed_and_followed_on_tick() {
     r.handle(Event::Tick);
     assert_eq!(entries(&r), vec![node("10.1.0.1"), node("10.1.0.2")]);
     assert_eq!(r.datapath.policies.len(), 1);
-    assert!(
-        r.datapath.violations.is_empty(),
-        "{:?}",
-        r.datapath.violations
-    );
+    r.datapath.assert_no_violations();
 }
