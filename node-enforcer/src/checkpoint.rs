@@ -52,6 +52,7 @@ impl Checkpoint {
         let snapshot = PlanSnapshot {
             version,
             pods: plan.values().cloned().collect(),
+            source_synced: true,
         };
         self.write(PLAN_FILE, &snapshot.encode_to_vec())
     }

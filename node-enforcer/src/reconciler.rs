@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::checkpoint::{Checkpoint, Saved};
 use crate::compile::{prefix_of, PolicySet, PortSet, Prefix};
-use crate::datapath::{Datapath, PolicyId, PortSetId};
+use crate::datapath::{Datapath, EndpointEntry, PolicyId, PortSetId};
 use crate::desired::{desired, PodKey, PodRuntime};
 
 /// The policy id an endpoint gets when its policy could not be written: no
@@ -261,7 +261,11 @@ impl<D: Datapath> Reconciler<D> {
                 let Ok(ifindex) = self.datapath.ifindex(ifname) else {
                     continue;
                 };
-                let Some(ids) = adopted.endpoints.get(&ifindex).copied() else {
+                let Some(ids) = adopted
+                    .endpoints
+                    .get(&ifindex)
+                    .map(|e| (e.ingress, e.egress))
+                else {
                     continue;
                 };
                 claimed.insert(ifindex);
@@ -293,7 +297,10 @@ impl<D: Datapath> Reconciler<D> {
                     container_id: String::new(),
                     ingress: None,
                     egress: None,
-                    ids: adopted.endpoints.get(&ifindex).copied().unwrap_or((0, 0)),
+                    ids: adopted
+                        .endpoints
+                        .get(&ifindex)
+                        .map_or((0, 0), |e| (e.ingress, e.egress)),
                 },
             );
         }
@@ -584,7 +591,8 @@ impl<D: Datapath> Reconciler<D> {
                 if re.pod == de.pod && re.container_id == container_id {
                     if re.ids != ids {
                         let ifindex = re.ifindex;
-                        match self.datapath.set_endpoint(ifindex, ids.0, ids.1) {
+                        let entry = self.endpoint_entry(&de.pod, ids);
+                        match self.datapath.set_endpoint(ifindex, &entry) {
                             Ok(()) => {
                                 let re = self.realized.endpoints.get_mut(ifname).expect("present");
                                 re.ids = ids;
@@ -602,7 +610,8 @@ impl<D: Datapath> Reconciler<D> {
                 // Another pod (or a new sandbox) now owns this name: start over.
                 self.remove_endpoint(ifname);
             }
-            match self.add_endpoint(ifname, ids) {
+            let entry = self.endpoint_entry(&de.pod, ids);
+            match self.add_endpoint(ifname, &entry) {
                 Ok(ifindex) => {
                     self.realized.endpoints.insert(
                         ifname.clone(),
@@ -725,12 +734,24 @@ impl<D: Datapath> Reconciler<D> {
         Ok(())
     }
 
-    fn add_endpoint(&mut self, ifname: &str, ids: (PolicyId, PolicyId)) -> Result<u32, String> {
+    fn endpoint_entry(&self, pod: &PodKey, ids: (PolicyId, PolicyId)) -> EndpointEntry {
+        EndpointEntry {
+            ingress: ids.0,
+            egress: ids.1,
+            pod_addrs: self
+                .pods
+                .get(pod)
+                .map(|p| p.ips.iter().map(|ip| ip.addr).collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    fn add_endpoint(&mut self, ifname: &str, entry: &EndpointEntry) -> Result<u32, String> {
         let ifindex = self.datapath.ifindex(ifname).map_err(|e| e.to_string())?;
         // The entry goes in before the programs: an attached program with no
         // entry would let everything through.
         self.datapath
-            .set_endpoint(ifindex, ids.0, ids.1)
+            .set_endpoint(ifindex, entry)
             .map_err(|e| format!("{ifname}: {e}"))?;
         if let Err(e) = self.datapath.attach(ifname, ifindex) {
             let _ = self.datapath.remove_endpoint(ifindex);

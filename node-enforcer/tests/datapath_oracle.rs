@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use node_enforcer::compile::{compile, PolicySet, PortSet};
 use node_enforcer::datapath::bpf::BpfDatapath;
-use node_enforcer::datapath::Datapath;
+use node_enforcer::datapath::{Datapath, EndpointEntry};
 use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PortRange, Rule};
 
 const TC_ACT_OK: i32 = 0;
@@ -149,7 +149,14 @@ fn programs_agree_with_the_compiled_tables() {
         let set = compile(&random_policy(&mut rng), &[]).unwrap();
         write(&mut dp, id, &set, &mut portsets);
         // The pod's ingress uses this table; the program judges the source.
-        dp.set_endpoint(IFINDEX, id, 0).unwrap();
+        dp.set_endpoint(
+            IFINDEX,
+            &EndpointEntry {
+                ingress: id,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         for probe in 0..400u32 {
             let peer =
                 Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 0, 0, 0)) + rng.below(300) as u32);

@@ -97,6 +97,7 @@ async fn npbackend_enforces_on_the_vpc_cni_interface_and_deletes() {
         .plan(PlanMessage::Snapshot(PlanSnapshot {
             version: 7,
             pods: vec![isolate("default", "nginx")],
+            source_synced: true,
         }))
         .await
         .unwrap()

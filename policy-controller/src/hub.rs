@@ -27,6 +27,8 @@ impl VersionedPlan {
         PlanSnapshot {
             version: self.version,
             pods: self.plan.pods.values().cloned().collect(),
+            // TODO(sync gating): only true once the source has synced.
+            source_synced: true,
         }
     }
 }

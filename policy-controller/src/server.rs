@@ -9,8 +9,8 @@ use palisade_proto::v1::{
     plan_service_server::{PlanService, PlanServiceServer},
     subscribe_response::Update,
     GetControllerStateRequest, GetControllerStateResponse, GetEnforcerStateRequest,
-    GetEnforcerStateResponse, NodeView, ReportStateRequest, ReportStateResponse, SubscribeRequest,
-    SubscribeResponse,
+    GetEnforcerStateResponse, GetPodPlanRequest, GetPodPlanResponse, NodeView, ReportStateRequest,
+    ReportStateResponse, SubscribeRequest, SubscribeResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -60,6 +60,13 @@ impl PlanService for PlanServer {
             tracing::info!(%node, "enforcer stream ended");
         });
         Ok(Response::new(stream))
+    }
+
+    async fn get_pod_plan(
+        &self,
+        _request: Request<GetPodPlanRequest>,
+    ) -> Result<Response<GetPodPlanResponse>, Status> {
+        Err(Status::unimplemented("GetPodPlan: not yet"))
     }
 
     async fn report_state(

@@ -113,6 +113,8 @@ impl CniService for FakeEnforcer {
             plan_version: 7,
             ingress_isolated: true,
             egress_isolated: false,
+            policy_realized: true,
+            warning: String::new(),
         }))
     }
 

@@ -20,7 +20,7 @@ use palisade_ebpf::{
     POLICY_ID_BITS, PROG_FROM_POD, PROG_TO_POD,
 };
 
-use super::{Adopted, Datapath, DatapathError, PolicyId, PortSetId, Result};
+use super::{Adopted, Datapath, DatapathError, EndpointEntry, PolicyId, PortSetId, Result};
 use crate::compile::{PortEntry, PortSet, Prefix};
 
 pub struct BpfDatapath {
@@ -229,9 +229,14 @@ impl Datapath for BpfDatapath {
         };
         for item in self.endpoints.iter() {
             let (ifindex, e) = item.map_err(|e| err(MAP_ENDPOINTS, e))?;
-            adopted
-                .endpoints
-                .insert(ifindex, (e.ingress_policy, e.egress_policy));
+            adopted.endpoints.insert(
+                ifindex,
+                EndpointEntry {
+                    ingress: e.ingress_policy,
+                    egress: e.egress_policy,
+                    pod_addrs: Vec::new(),
+                },
+            );
         }
         for item in self.policy.iter() {
             let (key, value) = item.map_err(|e| err(MAP_POLICY, e))?;
@@ -354,13 +359,14 @@ impl Datapath for BpfDatapath {
         Ok(())
     }
 
-    fn set_endpoint(&mut self, ifindex: u32, ingress: PolicyId, egress: PolicyId) -> Result<()> {
+    fn set_endpoint(&mut self, ifindex: u32, entry: &EndpointEntry) -> Result<()> {
+        // TODO(ebpf anti-spoofing): the pod addresses go into the entry too.
         self.endpoints
             .insert(
                 ifindex,
                 Endpoint {
-                    ingress_policy: ingress,
-                    egress_policy: egress,
+                    ingress_policy: entry.ingress,
+                    egress_policy: entry.egress,
                 },
                 0,
             )

@@ -3,14 +3,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Adopted, Datapath, DatapathError, PolicyId, PortSetId, Result};
+use super::{Adopted, Datapath, DatapathError, EndpointEntry, PolicyId, PortSetId, Result};
 use crate::compile::{PortSet, Prefix};
 
 #[derive(Debug, Default)]
 pub struct FakeDatapath {
     pub interfaces: BTreeMap<String, u32>,
     pub attached: BTreeSet<String>,
-    pub endpoints: BTreeMap<u32, (PolicyId, PolicyId)>,
+    pub endpoints: BTreeMap<u32, EndpointEntry>,
     pub policies: BTreeMap<PolicyId, Vec<(Prefix, PortSetId)>>,
     pub portsets: BTreeMap<PortSetId, PortSet>,
     pub log: Vec<String>,
@@ -32,8 +32,8 @@ impl FakeDatapath {
 
     fn check(&mut self, op: &str) {
         self.log.push(op.to_string());
-        for (ifindex, (ing, eg)) in &self.endpoints {
-            for id in [ing, eg] {
+        for (ifindex, e) in &self.endpoints {
+            for id in [&e.ingress, &e.egress] {
                 if *id == 0 {
                     continue;
                 }
@@ -80,7 +80,7 @@ impl FakeDatapath {
     /// The endpoint entry of an interface, by name.
     pub fn endpoint_of(&self, ifname: &str) -> Option<(PolicyId, PolicyId)> {
         let idx = self.interfaces.get(ifname)?;
-        self.endpoints.get(idx).copied()
+        self.endpoints.get(idx).map(|e| (e.ingress, e.egress))
     }
 }
 
@@ -134,9 +134,12 @@ impl Datapath for FakeDatapath {
         self.check(&format!("detach {ifname}"));
         Ok(())
     }
-    fn set_endpoint(&mut self, ifindex: u32, ingress: PolicyId, egress: PolicyId) -> Result<()> {
-        self.endpoints.insert(ifindex, (ingress, egress));
-        self.check(&format!("set_endpoint {ifindex} {ingress} {egress}"));
+    fn set_endpoint(&mut self, ifindex: u32, entry: &EndpointEntry) -> Result<()> {
+        self.endpoints.insert(ifindex, entry.clone());
+        self.check(&format!(
+            "set_endpoint {ifindex} {} {}",
+            entry.ingress, entry.egress
+        ));
         Ok(())
     }
     fn remove_endpoint(&mut self, ifindex: u32) -> Result<()> {

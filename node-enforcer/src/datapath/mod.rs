@@ -14,11 +14,27 @@ use crate::compile::{PortSet, Prefix};
 /// attachments a previous enforcer process left behind.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Adopted {
-    pub endpoints: BTreeMap<u32, (PolicyId, PolicyId)>,
+    pub endpoints: BTreeMap<u32, EndpointEntry>,
     pub policies: BTreeMap<PolicyId, Vec<(Prefix, PortSetId)>>,
     pub portsets: BTreeMap<PortSetId, PortSet>,
     /// Interfaces that still have our programs attached.
     pub attached: BTreeSet<String>,
+}
+
+/// Most addresses one pod may have (one per family is usual); a pod with
+/// more is refused rather than partly protected.
+pub const MAX_POD_ADDRS: usize = 4;
+
+/// A host interface's entry in the endpoint table. Written with one map
+/// update, so a packet sees the whole old entry or the whole new one.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct EndpointEntry {
+    pub ingress: PolicyId,
+    pub egress: PolicyId,
+    /// The pod's own addresses, IPv6 or IPv4-mapped (`::ffff:a.b.c.d`), at
+    /// most [`MAX_POD_ADDRS`]. Packets the pod sends from any other source
+    /// are dropped; with none, every IP packet from the pod is dropped.
+    pub pod_addrs: Vec<[u8; 16]>,
 }
 
 /// Identifies a policy set in the tables; 0 means "not isolated".
@@ -52,7 +68,7 @@ pub trait Datapath: Send {
     fn attach(&mut self, ifname: &str, ifindex: u32) -> Result<()>;
     /// Detaches both programs; an interface that is already gone is fine.
     fn detach(&mut self, ifname: &str, ifindex: u32) -> Result<()>;
-    fn set_endpoint(&mut self, ifindex: u32, ingress: PolicyId, egress: PolicyId) -> Result<()>;
+    fn set_endpoint(&mut self, ifindex: u32, entry: &EndpointEntry) -> Result<()>;
     fn remove_endpoint(&mut self, ifindex: u32) -> Result<()>;
     /// The node's own addresses (every address in the node's network
     /// namespace), which policy never blocks.

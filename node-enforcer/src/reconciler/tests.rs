@@ -53,7 +53,11 @@ fn up(name: &str, iface: &str) -> PodUp {
 }
 
 fn snapshot(version: u64, pods: Vec<PodPolicy>) -> PlanMessage {
-    PlanMessage::Snapshot(PlanSnapshot { version, pods })
+    PlanMessage::Snapshot(PlanSnapshot {
+        version,
+        pods,
+        source_synced: true,
+    })
 }
 
 fn reconciler() -> Reconciler<FakeDatapath> {
@@ -386,7 +390,7 @@ fn restart_removes_orphans_and_pods_that_vanished() {
     // an attachment no saved pod knows (veth-d) and a stray table.
     r.datapath.interfaces.remove("veth-a");
     r.datapath.attached.insert("veth-d".into());
-    r.datapath.endpoints.insert(13, (0, 0));
+    r.datapath.endpoints.insert(13, Default::default());
     r.datapath.policies.insert(77, vec![]);
 
     let r2 = restart(&mut r, dir.path());

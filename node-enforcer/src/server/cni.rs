@@ -57,6 +57,8 @@ impl CniService for CniServer {
             plan_version: out.plan_version,
             ingress_isolated: out.ingress_isolated,
             egress_isolated: out.egress_isolated,
+            policy_realized: true,
+            warning: String::new(),
         }))
     }
 
