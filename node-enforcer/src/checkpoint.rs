@@ -1,8 +1,14 @@
 //! The reconciler's inputs on disk: the last plan and the pods the CNI
 //! reported. With them a restarted enforcer recomputes the same desired
-//! datapath and finds nothing to change (DESIGN invariant 6). Each file is
-//! replaced atomically (write, fsync, rename), so a crash leaves the old or
-//! the new version, never half of one.
+//! datapath and finds nothing to change (DESIGN invariant 6).
+//!
+//! Each file is framed: a magic, the payload's length and its SHA-1, so a
+//! truncated, empty or damaged file is told apart from a valid one (a
+//! protobuf truncated at a field boundary still decodes). Files are replaced
+//! atomically: a temp file unique to this process, fsync, rename, fsync of
+//! the directory. A damaged file is not fatal and is never read as "nothing
+//! enforced": it is reported, and the enforcer rebuilds what it lost from
+//! the kernel (see `reconciler::recover`).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -10,11 +16,14 @@ use std::path::{Path, PathBuf};
 
 use palisade_proto::v1::{PlanSnapshot, PodPolicy};
 use prost::Message;
+use sha1::{Digest, Sha1};
 
 use crate::desired::{PodKey, PodRuntime};
 
 const PLAN_FILE: &str = "plan.pb";
 const PODS_FILE: &str = "pods.json";
+const MAGIC: &[u8; 8] = b"PALCKP01";
+const HEADER: usize = 8 + 8 + 20;
 
 pub struct Checkpoint {
     dir: PathBuf,
@@ -25,6 +34,8 @@ pub struct Checkpoint {
 pub struct Saved {
     pub plan: Option<PlanSnapshot>,
     pub pods: BTreeMap<PodKey, PodRuntime>,
+    /// Files that were present but unusable, each named with its problem.
+    pub damage: Vec<String>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -33,6 +44,41 @@ struct SavedPod {
     name: String,
     #[serde(flatten)]
     runtime: PodRuntime,
+}
+
+/// Frames a payload so that any truncation or corruption is detected.
+pub fn frame(payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER + payload.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&Sha1::digest(payload));
+    out.extend_from_slice(payload);
+    out
+}
+
+/// The payload of a framed file, or what is wrong with it.
+pub fn unframe(bytes: &[u8]) -> Result<&[u8], String> {
+    if bytes.is_empty() {
+        return Err("empty".into());
+    }
+    if bytes.len() < HEADER {
+        return Err(format!("{} bytes, shorter than its header", bytes.len()));
+    }
+    if &bytes[..8] != MAGIC {
+        return Err("not a Palisade checkpoint (bad magic)".into());
+    }
+    let len = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+    let payload = &bytes[HEADER..];
+    if payload.len() as u64 != len {
+        return Err(format!(
+            "truncated or padded: {} payload bytes, header says {len}",
+            payload.len()
+        ));
+    }
+    if Sha1::digest(payload).as_slice() != &bytes[16..HEADER] {
+        return Err("checksum mismatch".into());
+    }
+    Ok(payload)
 }
 
 impl Checkpoint {
@@ -44,6 +90,10 @@ impl Checkpoint {
         })
     }
 
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     pub fn save_plan(
         &self,
         version: u64,
@@ -52,6 +102,7 @@ impl Checkpoint {
         let snapshot = PlanSnapshot {
             version,
             pods: plan.values().cloned().collect(),
+            // Only synced snapshots are ever applied, so only they are saved.
             source_synced: true,
         };
         self.write(PLAN_FILE, &snapshot.encode_to_vec())
@@ -70,28 +121,35 @@ impl Checkpoint {
         self.write(PODS_FILE, &text)
     }
 
-    /// Reads what was saved. Missing files mean a first start; unreadable
-    /// ones are an error naming the file, because starting without them
-    /// would tear down enforcement that is still correct.
+    /// Reads what was saved. Missing files mean nothing was saved; damaged
+    /// ones are listed in `damage` and treated as missing. Only an I/O error
+    /// on the directory itself is an error.
     pub fn load(&self) -> Result<Saved, String> {
         let mut saved = Saved::default();
         if let Some(bytes) = self.read(PLAN_FILE)? {
-            saved.plan = Some(PlanSnapshot::decode(bytes.as_slice()).map_err(|e| {
-                format!(
-                    "{}: not a plan snapshot ({e}); move it away to start without it",
+            match unframe(&bytes).and_then(|p| {
+                PlanSnapshot::decode(p).map_err(|e| format!("not a plan snapshot: {e}"))
+            }) {
+                Ok(plan) => saved.plan = Some(plan),
+                Err(e) => saved.damage.push(format!(
+                    "checkpoint {} is damaged ({e}); starting without a plan and keeping what the datapath enforces",
                     self.path(PLAN_FILE).display()
-                )
-            })?);
+                )),
+            }
         }
         if let Some(bytes) = self.read(PODS_FILE)? {
-            let list: Vec<SavedPod> = serde_json::from_slice(&bytes).map_err(|e| {
-                format!(
-                    "{}: {e}; move it away to start without it",
+            match unframe(&bytes)
+                .and_then(|p| serde_json::from_slice::<Vec<SavedPod>>(p).map_err(|e| e.to_string()))
+            {
+                Ok(list) => {
+                    for p in list {
+                        saved.pods.insert((p.namespace, p.name), p.runtime);
+                    }
+                }
+                Err(e) => saved.damage.push(format!(
+                    "checkpoint {} is damaged ({e}); pods are rebuilt from the kernel's interfaces",
                     self.path(PODS_FILE).display()
-                )
-            })?;
-            for p in list {
-                saved.pods.insert((p.namespace, p.name), p.runtime);
+                )),
             }
         }
         Ok(saved)
@@ -109,15 +167,20 @@ impl Checkpoint {
         }
     }
 
-    fn write(&self, name: &str, bytes: &[u8]) -> Result<(), String> {
+    fn write(&self, name: &str, payload: &[u8]) -> Result<(), String> {
         let path = self.path(name);
-        let tmp = self.dir.join(format!(".{name}.tmp"));
+        let tmp = self.dir.join(format!(".{name}.{}.tmp", std::process::id()));
         let result = (|| {
             let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(bytes)?;
+            f.write_all(&frame(payload))?;
             f.sync_all()?;
-            std::fs::rename(&tmp, &path)
+            std::fs::rename(&tmp, &path)?;
+            // The rename is durable only once the directory is.
+            std::fs::File::open(&self.dir)?.sync_all()
         })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
         result.map_err(|e| format!("writing {}: {e}", path.display()))
     }
 }
@@ -152,6 +215,8 @@ mod tests {
                 netns: "/run/netns/a".into(),
                 host_interfaces: vec!["veth1".into()],
                 ips: vec![Prefix::from_ip("10.0.0.1".parse().unwrap(), 32)],
+                ifindexes: BTreeMap::from([("veth1".to_string(), 7)]),
+                mode: None,
             },
         )]);
         cp.save_plan(9, &plan).unwrap();
@@ -162,14 +227,57 @@ mod tests {
     }
 
     #[test]
-    fn corrupt_files_are_named() {
+    fn damaged_files_are_named_and_never_read_as_empty() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join(PODS_FILE), b"{nope").unwrap();
-        let err = Checkpoint::open(dir.path()).unwrap().load().unwrap_err();
-        assert!(err.contains("pods.json"), "{err}");
-        std::fs::remove_file(dir.path().join(PODS_FILE)).unwrap();
-        std::fs::write(dir.path().join(PLAN_FILE), [0xff, 0xff, 0xff]).unwrap();
-        let err = Checkpoint::open(dir.path()).unwrap().load().unwrap_err();
-        assert!(err.contains("plan.pb"), "{err}");
+        let cp = Checkpoint::open(dir.path()).unwrap();
+        let plan = BTreeMap::from([(
+            ("x".to_string(), "a".to_string()),
+            PodPolicy {
+                pod: Some(PodRef {
+                    namespace: "x".into(),
+                    name: "a".into(),
+                }),
+                policies: vec!["x/p".into(), "x/q".into()],
+                ..Default::default()
+            },
+        )]);
+        cp.save_plan(3, &plan).unwrap();
+        let whole = std::fs::read(dir.path().join(PLAN_FILE)).unwrap();
+        // Every truncation (including at a protobuf field boundary, which
+        // decodes as a smaller valid plan), an empty file, and a flipped bit.
+        let mut damaged: Vec<Vec<u8>> = (0..whole.len()).map(|n| whole[..n].to_vec()).collect();
+        let mut flipped = whole.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        damaged.push(flipped);
+        for bytes in damaged {
+            std::fs::write(dir.path().join(PLAN_FILE), &bytes).unwrap();
+            std::fs::write(dir.path().join(PODS_FILE), &bytes[..bytes.len() / 2]).unwrap();
+            let saved = cp.load().unwrap();
+            assert_eq!(saved.plan, None, "{} bytes read as a plan", bytes.len());
+            assert!(saved.pods.is_empty());
+            assert!(
+                saved.damage.iter().any(|d| d.contains("plan.pb")),
+                "{:?}",
+                saved.damage
+            );
+            assert!(
+                saved.damage.iter().any(|d| d.contains("pods.json")),
+                "{:?}",
+                saved.damage
+            );
+        }
+        // A file from before framing is damage too, not a plan.
+        std::fs::write(
+            dir.path().join(PLAN_FILE),
+            PlanSnapshot::default().encode_to_vec(),
+        )
+        .unwrap();
+        assert_eq!(cp.load().unwrap().plan, None);
+        // No temp file is left behind.
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
     }
 }

@@ -1,5 +1,13 @@
-//! The desired datapath: a pure function of the node's plan and the pods the
-//! CNI told us about. Nothing here depends on the order events arrived in.
+//! The desired datapath: a pure function of what the enforcer knows about
+//! each pod (its plan entry, or why it has none), the node's mode, and the
+//! interfaces that are live. Nothing here depends on the order events arrived
+//! in (DESIGN invariant 2).
+//!
+//! Fail closed (invariant 9): a pod whose policy the enforcer cannot be sure
+//! of is denied, or keeps the policy it last had, and the reason is kept so
+//! the state dump shows it. The only pod left open without a policy is a
+//! standard-mode pod whose pod-up deadline passed, and it is marked
+//! unprotected.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,6 +18,52 @@ use crate::compile::{compile, PolicySet, Prefix};
 
 pub type PodKey = (String, String);
 
+/// The enforcer's mode, with the AWS agent's meaning.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// A pod no policy selects is open; a pod whose policy is not known by
+    /// its pod-up deadline starts open, shown as unprotected.
+    #[default]
+    Standard,
+    /// A pod no policy selects is denied (except its own node); a pod whose
+    /// policy is not known by its deadline is refused.
+    Strict,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "standard" => Ok(Mode::Standard),
+            "strict" => Ok(Mode::Strict),
+            other => Err(format!(
+                "mode {other:?} is neither \"standard\" nor \"strict\""
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mode::Standard => "standard",
+            Mode::Strict => "strict",
+        })
+    }
+}
+
 /// A pod as the CNI plugin reported it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PodRuntime {
@@ -17,32 +71,96 @@ pub struct PodRuntime {
     pub netns: String,
     pub host_interfaces: Vec<String>,
     pub ips: Vec<Prefix>,
+    /// The kernel index each host interface had when the pod came up. A name
+    /// alone is not an identity: a recreated veth can reuse it.
+    #[serde(default)]
+    pub ifindexes: BTreeMap<String, u32>,
+    /// The mode the pod was brought up under (NPBackend requests name it);
+    /// None: the enforcer's own.
+    #[serde(default)]
+    pub mode: Option<Mode>,
+}
+
+/// What the enforcer knows about a pod's policy.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Knowledge<'a> {
+    /// The controller's plan lists the pod.
+    Known(&'a PodPolicy),
+    /// Pod-up is waiting for the controller to deliver the pod's policy.
+    Pending,
+    /// Standard mode, deadline passed, policy still unknown: open, visibly.
+    Unprotected,
+    /// No usable plan (none yet after a restart, or the controller does not
+    /// list a pod we already enforce): keep what is enforced now.
+    Hold,
+}
+
+/// What one direction of an interface must do.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Verdict {
+    /// Not isolated.
+    Open,
+    /// Nothing passes, not even the node: for a pod that is not running yet,
+    /// or whose tables could not be written.
+    Deny,
+    Policy(Arc<PolicySet>),
+}
+
+/// Who an interface belongs to.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Owner {
+    Pod(PodKey),
+    /// An interface with our programs that no pod explains (a damaged
+    /// checkpoint): it keeps its policy until it goes away or is explained.
+    Unexplained,
+}
+
+impl Owner {
+    pub fn pod(&self) -> Option<&PodKey> {
+        match self {
+            Owner::Pod(k) => Some(k),
+            Owner::Unexplained => None,
+        }
+    }
 }
 
 /// What one host interface must have.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DesiredEndpoint {
-    pub pod: PodKey,
-    /// None: not isolated in that direction.
-    pub ingress: Option<Arc<PolicySet>>,
-    pub egress: Option<Arc<PolicySet>>,
+    pub owner: Owner,
+    pub ifindex: u32,
+    pub ingress: Verdict,
+    pub egress: Verdict,
+    pub pod_addrs: Vec<[u8; 16]>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Desired {
     pub endpoints: BTreeMap<String, DesiredEndpoint>,
-    /// Pods whose plan could not be compiled. They are denied in the broken
-    /// direction rather than left open.
+    /// Why a pod is not enforced exactly as its plan says (compile errors,
+    /// unknown policy); shown in the dump.
     pub errors: BTreeMap<PodKey, String>,
 }
 
-/// `node_addresses` are the node's own addresses, always allowed in an
-/// isolated direction (see `compile`).
-pub fn desired(
-    plan: &BTreeMap<PodKey, PodPolicy>,
-    pods: &BTreeMap<PodKey, PodRuntime>,
-    node_addresses: &[Prefix],
-) -> Desired {
+/// The interfaces' current verdicts, for [`Knowledge::Hold`].
+pub type Held = BTreeMap<String, (Verdict, Verdict, Vec<[u8; 16]>)>;
+
+/// Inputs of [`desired`].
+pub struct Inputs<'a> {
+    pub mode: Mode,
+    pub pods: &'a BTreeMap<PodKey, PodRuntime>,
+    pub knowledge: &'a dyn Fn(&PodKey) -> Knowledge<'a>,
+    /// The interfaces that exist now, by name, with their index.
+    pub live: &'a BTreeMap<String, u32>,
+    /// Interfaces nobody explains, with what they enforce now.
+    pub unexplained: &'a Held,
+    /// What every interface enforces now.
+    pub held: &'a Held,
+    /// The node's own addresses, always allowed in an isolated direction.
+    pub node_addresses: &'a [Prefix],
+}
+
+pub fn desired(i: &Inputs<'_>) -> Desired {
     let mut out = Desired::default();
     // Pods with equal policies get the same Arc, so sharing is by content.
     let mut interned: BTreeMap<PolicySet, Arc<PolicySet>> = BTreeMap::new();
@@ -52,36 +170,178 @@ pub fn desired(
             .or_insert_with(|| Arc::new(set))
             .clone()
     };
-    for (key, pod) in pods {
-        let policy = plan.get(key);
-        let mut direction = |d: Option<&DirectionPolicy>, name: &str| -> Option<Arc<PolicySet>> {
-            let d = d?;
-            match compile(d, node_addresses) {
-                Ok(set) => Some(intern(set)),
+    // Deny, but never the node itself (kubelet probes must reach the pod).
+    let node_only =
+        intern(compile(&DirectionPolicy::default(), i.node_addresses).unwrap_or_default());
+    for (key, pod) in i.pods {
+        let mode = pod.mode.unwrap_or(i.mode);
+        let knowledge = (i.knowledge)(key);
+        let mut direction = |d: Option<&DirectionPolicy>, name: &str| -> Verdict {
+            let Some(d) = d else {
+                return match mode {
+                    Mode::Standard => Verdict::Open,
+                    Mode::Strict => Verdict::Policy(node_only.clone()),
+                };
+            };
+            match compile(d, i.node_addresses) {
+                Ok(set) => Verdict::Policy(intern(set)),
                 Err(e) => {
                     out.errors.insert(
                         key.clone(),
-                        format!("{name} policy of {}/{}: {e}", key.0, key.1),
+                        format!(
+                            "{name} policy of {}/{} cannot be compiled, so it is denied: {e}",
+                            key.0, key.1
+                        ),
                     );
-                    // Deny, but never the node itself.
-                    let fallback =
-                        compile(&DirectionPolicy::default(), node_addresses).unwrap_or_default();
-                    Some(intern(fallback))
+                    Verdict::Policy(node_only.clone())
                 }
             }
         };
-        let ingress = direction(policy.and_then(|p| p.ingress.as_ref()), "ingress");
-        let egress = direction(policy.and_then(|p| p.egress.as_ref()), "egress");
+        let (ingress, egress) = match &knowledge {
+            Knowledge::Known(p) => (
+                direction(p.ingress.as_ref(), "ingress"),
+                direction(p.egress.as_ref(), "egress"),
+            ),
+            Knowledge::Pending => {
+                out.errors.insert(
+                    key.clone(),
+                    format!("{}/{}: waiting for the controller to deliver the pod's policy; denied meanwhile", key.0, key.1),
+                );
+                (Verdict::Deny, Verdict::Deny)
+            }
+            Knowledge::Unprotected => {
+                out.errors.insert(
+                    key.clone(),
+                    format!("{}/{}: UNPROTECTED: the pod's policy was not known by its pod-up deadline (standard mode lets it start open)", key.0, key.1),
+                );
+                (Verdict::Open, Verdict::Open)
+            }
+            // Resolved per interface below.
+            Knowledge::Hold => {
+                out.errors.insert(
+                    key.clone(),
+                    format!("{}/{}: not in the controller's plan (or no plan yet); keeping the policy it had", key.0, key.1),
+                );
+                (Verdict::Deny, Verdict::Deny)
+            }
+        };
+        // NPBackend requests carry no addresses: the plan's stand in.
+        let mut addrs: Vec<[u8; 16]> = pod.ips.iter().map(|p| p.addr).collect();
+        if let (true, Knowledge::Known(p)) = (addrs.is_empty(), &knowledge) {
+            addrs = p
+                .pod_ips
+                .iter()
+                .filter_map(|ip| crate::compile::prefix_of(ip).ok().map(|p| p.addr))
+                .take(crate::datapath::MAX_POD_ADDRS)
+                .collect();
+        }
         for ifname in &pod.host_interfaces {
+            let Some(&ifindex) = i.live.get(ifname) else {
+                continue;
+            };
+            // The name now belongs to another interface: this pod's is gone.
+            if pod
+                .ifindexes
+                .get(ifname)
+                .is_some_and(|&want| want != ifindex)
+            {
+                continue;
+            }
+            let (ingress, egress) = match (&knowledge, i.held.get(ifname)) {
+                (Knowledge::Hold, Some((ing, eg, _))) => (ing.clone(), eg.clone()),
+                _ => (ingress.clone(), egress.clone()),
+            };
             out.endpoints.insert(
                 ifname.clone(),
                 DesiredEndpoint {
-                    pod: key.clone(),
-                    ingress: ingress.clone(),
-                    egress: egress.clone(),
+                    owner: Owner::Pod(key.clone()),
+                    ifindex,
+                    ingress,
+                    egress,
+                    pod_addrs: addrs.clone(),
                 },
             );
         }
     }
+    for (ifname, (ingress, egress, addrs)) in i.unexplained {
+        if out.endpoints.contains_key(ifname) {
+            continue;
+        }
+        let Some(&ifindex) = i.live.get(ifname) else {
+            continue;
+        };
+        out.endpoints.insert(
+            ifname.clone(),
+            DesiredEndpoint {
+                owner: Owner::Unexplained,
+                ifindex,
+                ingress: ingress.clone(),
+                egress: egress.clone(),
+                pod_addrs: addrs.clone(),
+            },
+        );
+    }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ifname: &str, ifindex: u32) -> PodRuntime {
+        PodRuntime {
+            container_id: "c".into(),
+            netns: String::new(),
+            host_interfaces: vec![ifname.into()],
+            ips: vec![Prefix::from_ip("10.0.0.9".parse().unwrap(), 32)],
+            ifindexes: BTreeMap::from([(ifname.to_string(), ifindex)]),
+            mode: None,
+        }
+    }
+
+    fn run(mode: Mode, k: Knowledge<'_>, live_index: u32) -> Desired {
+        let pods = BTreeMap::from([(("x".to_string(), "a".to_string()), pod("veth-a", 10))]);
+        let live = BTreeMap::from([("veth-a".to_string(), live_index)]);
+        let none = Held::new();
+        let knowledge = move |_: &PodKey| k.clone();
+        desired(&Inputs {
+            mode,
+            pods: &pods,
+            knowledge: &knowledge,
+            live: &live,
+            unexplained: &none,
+            held: &none,
+            node_addresses: &[],
+        })
+    }
+
+    #[test]
+    fn unselected_pod_is_open_in_standard_and_denied_in_strict() {
+        let unselected = PodPolicy::default();
+        let d = run(Mode::Standard, Knowledge::Known(&unselected), 10);
+        assert_eq!(d.endpoints["veth-a"].ingress, Verdict::Open);
+        let d = run(Mode::Strict, Knowledge::Known(&unselected), 10);
+        assert!(matches!(d.endpoints["veth-a"].ingress, Verdict::Policy(_)));
+        assert!(matches!(d.endpoints["veth-a"].egress, Verdict::Policy(_)));
+    }
+
+    #[test]
+    fn unknown_policy_is_denied_and_named_until_the_deadline() {
+        for mode in [Mode::Standard, Mode::Strict] {
+            let d = run(mode, Knowledge::Pending, 10);
+            assert_eq!(d.endpoints["veth-a"].ingress, Verdict::Deny);
+            assert_eq!(d.endpoints["veth-a"].egress, Verdict::Deny);
+            assert!(d.errors.values().next().unwrap().contains("waiting"));
+        }
+        let d = run(Mode::Standard, Knowledge::Unprotected, 10);
+        assert_eq!(d.endpoints["veth-a"].ingress, Verdict::Open);
+        assert!(d.errors.values().next().unwrap().contains("UNPROTECTED"));
+    }
+
+    #[test]
+    fn a_recreated_interface_is_not_the_pods() {
+        let unselected = PodPolicy::default();
+        let d = run(Mode::Standard, Knowledge::Known(&unselected), 11);
+        assert!(d.endpoints.is_empty(), "{d:?}");
+    }
 }

@@ -10,13 +10,24 @@ use crate::reconciler::{Dump, Event, PlanError, PlanMessage, PodUp, PodUpOutcome
 #[derive(Clone)]
 pub struct Handle {
     tx: mpsc::Sender<Event>,
+    pod_up_deadline: std::time::Duration,
 }
 
 const GONE: &str = "the enforcer's reconciler has stopped";
 
 impl Handle {
-    pub fn new(tx: mpsc::Sender<Event>) -> Self {
-        Handle { tx }
+    /// `pod_up_deadline`: how long a pod-up waits for the pod's policy
+    /// before the mode decides (strict refuses, standard starts it open and
+    /// marked unprotected).
+    pub fn new(tx: mpsc::Sender<Event>, pod_up_deadline: std::time::Duration) -> Self {
+        Handle {
+            tx,
+            pod_up_deadline,
+        }
+    }
+
+    pub fn sender(&self) -> mpsc::Sender<Event> {
+        self.tx.clone()
     }
 
     async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Event) -> Result<T, String> {
@@ -37,7 +48,27 @@ impl Handle {
     }
 
     pub async fn pod_up(&self, up: PodUp) -> Result<PodUpOutcome, String> {
-        self.ask(|r| Event::PodUp(up, r)).await?
+        let deadline = Event::PodUpDeadline {
+            pod: up.pod.clone(),
+            container_id: up.runtime.container_id.clone(),
+        };
+        let (tx, after) = (self.tx.clone(), self.pod_up_deadline);
+        // The reconciler never blocks on a wait: the deadline is an event.
+        let timer = tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let _ = tx.send(deadline).await;
+        });
+        let answer = self.ask(|r| Event::PodUp(up, r)).await;
+        timer.abort();
+        answer?
+    }
+
+    pub async fn pod_plan_fetched(
+        &self,
+        pod: PodKey,
+        policy: Option<palisade_proto::v1::PodPolicy>,
+    ) {
+        let _ = self.tx.send(Event::PodPlanFetched { pod, policy }).await;
     }
 
     pub async fn pod_down(&self, pod: Option<PodKey>, container_id: String) -> Result<(), String> {

@@ -8,6 +8,8 @@ pub mod compile;
 pub mod datapath;
 pub mod desired;
 pub mod handle;
+pub mod links;
+pub mod lock;
 pub mod plan_client;
 pub mod reconciler;
 pub mod server;

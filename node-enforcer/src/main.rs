@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use clap::Parser;
 use node_enforcer::checkpoint::Checkpoint;
 use node_enforcer::datapath::bpf::BpfDatapath;
+use node_enforcer::desired::Mode;
 use node_enforcer::handle::Handle;
-use node_enforcer::reconciler::Reconciler;
+use node_enforcer::reconciler::{Event, Reconciler};
 use node_enforcer::{plan_client, server};
 use palisade_proto::transport::{serve, shutdown_signal, Address};
 use palisade_proto::v1::NodeState;
@@ -47,6 +48,18 @@ struct Args {
     /// Host interface prefix of the AWS VPC CNI, for NPBackend requests.
     #[arg(long, env = "PALISADE_AWS_INTERFACE_PREFIX", default_value = "eni")]
     aws_interface_prefix: String,
+    /// standard: pods no policy selects are open; strict: they are denied,
+    /// and a pod whose policy is unknown at its pod-up deadline is refused.
+    #[arg(long, env = "PALISADE_MODE", default_value = "standard")]
+    mode: Mode,
+    /// How long pod up (CNI ADD, EnforceNpToPod) waits for the pod's policy.
+    /// The AWS VPC CNI gives its agent 2 s in all.
+    #[arg(long, env = "PALISADE_POD_UP_DEADLINE_MS", default_value_t = 1500)]
+    pod_up_deadline_ms: u64,
+    /// How long to wait for another enforcer holding this node's lock to
+    /// exit; 0 waits forever (a surge rollout's new pod waits for the old).
+    #[arg(long, env = "PALISADE_LOCK_TIMEOUT_SECS", default_value_t = 0)]
+    lock_timeout_secs: u64,
 }
 
 #[tokio::main]
@@ -68,33 +81,57 @@ async fn run(args: Args) -> Result<(), String> {
     if args.node_name.is_empty() {
         return Err("--node-name must not be empty".into());
     }
+    if args.pod_up_deadline_ms == 0 || args.pod_up_deadline_ms > 600_000 {
+        return Err(format!(
+            "--pod-up-deadline-ms {} is out of range 1..=600000",
+            args.pod_up_deadline_ms
+        ));
+    }
+    // Before touching anything shared: one enforcer per node.
+    let lock_timeout = (args.lock_timeout_secs > 0)
+        .then(|| std::time::Duration::from_secs(args.lock_timeout_secs));
+    let (state_dir, pin_root) = (args.state_dir.clone(), args.pin_root.clone());
+    let _lock = tokio::task::spawn_blocking(move || {
+        node_enforcer::lock::acquire(&state_dir, &pin_root, lock_timeout)
+    })
+    .await
+    .map_err(|e| format!("waiting for the node lock: {e}"))??;
     let datapath = BpfDatapath::load(&args.pin_root).map_err(|e| e.to_string())?;
     let checkpoint = Checkpoint::open(&args.state_dir)?;
     let saved = checkpoint.load()?;
     let enforcer_id = format!("{}-{}", args.node_name, std::process::id());
     let (tx, rx) = mpsc::channel(256);
     let (state_tx, state_rx) = watch::channel(NodeState::default());
+    let (fetch_tx, fetch_rx) = mpsc::unbounded_channel();
     let mut reconciler = Reconciler::new(args.node_name.clone(), enforcer_id.clone(), datapath)
-        .with_checkpoint(checkpoint);
+        .with_checkpoint(checkpoint)
+        .with_mode(args.mode)
+        .with_fetcher(fetch_tx);
     // Before serving anything: the previous process's links keep enforcing
     // until this one has taken them over.
     reconciler.recover(saved)?;
-    let reconciler_thread = std::thread::Builder::new()
+    let (dead_tx, dead_rx) = tokio::sync::oneshot::channel::<()>();
+    std::thread::Builder::new()
         .name("reconciler".into())
-        .spawn(move || reconciler.run(rx, state_tx))
+        .spawn(move || {
+            // Dropped when the thread ends, by return or by panic.
+            let _alive = dead_tx;
+            reconciler.run(rx, state_tx)
+        })
         .map_err(|e| format!("starting the reconciler: {e}"))?;
-    let handle = Handle::new(tx.clone());
-    // Node addresses change without an event we subscribe to (yet): look
-    // every few seconds.
+    let handle = Handle::new(
+        tx.clone(),
+        std::time::Duration::from_millis(args.pod_up_deadline_ms),
+    );
+    node_enforcer::links::watch(tx.clone())?;
+    // Node addresses change without an event we subscribe to (yet), and a
+    // lost link event must not leave a vanished pod forever: look every few
+    // seconds.
     tokio::spawn(async move {
         let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
         loop {
             every.tick().await;
-            if tx
-                .send(node_enforcer::reconciler::Event::Tick)
-                .await
-                .is_err()
-            {
+            if tx.send(Event::Tick).await.is_err() {
                 return;
             }
         }
@@ -109,21 +146,43 @@ async fn run(args: Args) -> Result<(), String> {
         stop_rx,
     ));
     let report = tokio::spawn(plan_client::report(args.controller.clone(), state_rx));
+    let fetch = tokio::spawn(plan_client::fetch_pods(
+        args.controller.clone(),
+        args.node_name.clone(),
+        handle.clone(),
+        fetch_rx,
+    ));
 
-    let router = server::router(handle, args.aws_interface_prefix.clone()).await?;
+    let (router, health) = server::router(handle, args.aws_interface_prefix.clone()).await?;
     let socket = Address::Unix(args.cni_socket.clone());
-    tracing::info!(socket = %socket, pin_root = %args.pin_root.display(), "serving");
-    let shutdown = async {
-        shutdown_signal().await;
-        tracing::info!("shutting down");
+    tracing::info!(socket = %socket, pin_root = %args.pin_root.display(), mode = %args.mode, "serving");
+    let mut reconciler_died = false;
+    let result = {
+        let shutdown = async {
+            tokio::select! {
+                _ = shutdown_signal() => tracing::info!("shutting down"),
+                _ = dead_rx => {
+                    // Nothing can change the datapath any more: say so, and
+                    // exit so the node restarts us (the pinned programs keep
+                    // enforcing meanwhile).
+                    server::set_not_serving(&health).await;
+                    tracing::error!("the reconciler thread died; exiting");
+                    reconciler_died = true;
+                }
+            }
+        };
+        serve(router, &socket, shutdown).await
     };
-    let result = serve(router, &socket, shutdown).await;
     let _ = stop_tx.send(true);
     plan.abort();
     report.abort();
+    fetch.abort();
+    // Still ours: the lock is held until the process exits.
     let _ = std::fs::remove_file(&args.cni_socket);
     // Links and maps are pinned: the programs keep enforcing after exit, and
     // the next enforcer takes them over.
-    drop(reconciler_thread);
+    if reconciler_died {
+        return Err("the reconciler thread died".into());
+    }
     result
 }

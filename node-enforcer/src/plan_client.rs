@@ -84,6 +84,46 @@ async fn stream_once(
     }
 }
 
+/// Answers the reconciler's on-demand requests for one pod's plan (a pod
+/// coming up before the stream delivered it). Failures are only logged: the
+/// pod-up deadline decides what happens to a pod whose plan never comes.
+pub async fn fetch_pods(
+    controller: Address,
+    node: String,
+    handle: Handle,
+    mut requests: tokio::sync::mpsc::UnboundedReceiver<crate::desired::PodKey>,
+) {
+    let mut client: Option<PlanServiceClient<tonic::transport::Channel>> = None;
+    while let Some(pod) = requests.recv().await {
+        let mut c = match client.take() {
+            Some(c) => c,
+            None => match connect(&controller, Duration::from_secs(2)).await {
+                Ok(ch) => PlanServiceClient::new(ch),
+                Err(e) => {
+                    tracing::debug!("fetching the plan of {}/{}: {e}", pod.0, pod.1);
+                    continue;
+                }
+            },
+        };
+        let request = palisade_proto::v1::GetPodPlanRequest {
+            node_name: node.clone(),
+            pod: Some(palisade_proto::v1::PodRef {
+                namespace: pod.0.clone(),
+                name: pod.1.clone(),
+            }),
+        };
+        match c.get_pod_plan(request).await {
+            Ok(r) => {
+                let r = r.into_inner();
+                let policy = r.pod.filter(|_| r.known);
+                handle.pod_plan_fetched(pod, policy).await;
+                client = Some(c);
+            }
+            Err(s) => tracing::debug!("fetching the plan of {}/{}: {}", pod.0, pod.1, s.message()),
+        }
+    }
+}
+
 /// Sends every new realized state to the controller, retrying until it lands,
 /// and always sending the newest state rather than a backlog.
 pub async fn report(controller: Address, mut state: watch::Receiver<NodeState>) {

@@ -34,7 +34,9 @@ impl FakeDatapath {
         self.log.push(op.to_string());
         for (ifindex, e) in &self.endpoints {
             for id in [&e.ingress, &e.egress] {
-                if *id == 0 {
+                // 0: not isolated; u32::MAX: the reconciler's deny-all, which
+                // no table ever has, on purpose.
+                if *id == 0 || *id == u32::MAX {
                     continue;
                 }
                 match self.policies.get(id) {

@@ -1,6 +1,7 @@
 use super::*;
 use crate::checkpoint::Checkpoint;
 use crate::datapath::fake::FakeDatapath;
+use crate::datapath::EndpointEntry;
 use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PortRange, Protocol, Rule};
 use std::collections::BTreeSet;
 
@@ -48,6 +49,8 @@ fn up(name: &str, iface: &str) -> PodUp {
             netns: format!("/run/netns/{name}"),
             host_interfaces: vec![iface.into()],
             ips: vec![],
+            ifindexes: Default::default(),
+            mode: None,
         },
     }
 }
@@ -58,6 +61,21 @@ fn snapshot(version: u64, pods: Vec<PodPolicy>) -> PlanMessage {
         pods,
         source_synced: true,
     })
+}
+
+/// Pod up that must be answered at once (its policy is known).
+fn up_now(r: &mut Reconciler<FakeDatapath>, u: PodUp) -> Result<PodUpOutcome, String> {
+    let (tx, mut rx) = tokio::sync::oneshot::channel();
+    r.pod_up(u, tx);
+    rx.try_recv().expect("pod up answered at once")
+}
+
+/// A plan entry for a pod no policy selects.
+fn unselected(name: &str) -> PodPolicy {
+    PodPolicy {
+        policies: vec![],
+        ..pod_policy(name, None)
+    }
 }
 
 fn reconciler() -> Reconciler<FakeDatapath> {
@@ -71,7 +89,8 @@ fn reconciler() -> Reconciler<FakeDatapath> {
 #[test]
 fn unselected_pod_is_attached_and_open() {
     let mut r = reconciler();
-    let out = r.pod_up(up("a", "veth-a")).unwrap();
+    r.apply_plan(snapshot(1, vec![unselected("a")])).unwrap();
+    let out = up_now(&mut r, up("a", "veth-a")).unwrap();
     assert!(!out.ingress_isolated);
     assert!(r.datapath.attached.contains("veth-a"));
     assert_eq!(r.datapath.endpoint_of("veth-a"), Some((0, 0)));
@@ -89,8 +108,8 @@ fn replicas_with_equal_policy_share_one_table_until_the_last_goes() {
         ],
     ))
     .unwrap();
-    r.pod_up(up("a", "veth-a")).unwrap();
-    r.pod_up(up("b", "veth-b")).unwrap();
+    up_now(&mut r, up("a", "veth-a")).unwrap();
+    up_now(&mut r, up("b", "veth-b")).unwrap();
     let (ia, _) = r.datapath.endpoint_of("veth-a").unwrap();
     let (ib, _) = r.datapath.endpoint_of("veth-b").unwrap();
     assert_eq!(ia, ib, "same content, same table");
@@ -107,7 +126,8 @@ fn replicas_with_equal_policy_share_one_table_until_the_last_goes() {
 #[test]
 fn policy_change_is_make_before_break() {
     let mut r = reconciler();
-    r.pod_up(up("a", "veth-a")).unwrap();
+    r.apply_plan(snapshot(0, vec![unselected("a")])).unwrap();
+    up_now(&mut r, up("a", "veth-a")).unwrap();
     for (v, port) in [(1, 80), (2, 81), (3, 82)] {
         r.apply_plan(snapshot(
             v,
@@ -129,10 +149,11 @@ fn policy_change_is_make_before_break() {
 #[test]
 fn delete_of_an_old_sandbox_keeps_the_new_one() {
     let mut r = reconciler();
-    r.pod_up(up("a", "veth-a")).unwrap();
+    r.apply_plan(snapshot(1, vec![unselected("a")])).unwrap();
+    up_now(&mut r, up("a", "veth-a")).unwrap();
     let mut again = up("a", "veth-b");
     again.runtime.container_id = "c-a2".into();
-    r.pod_up(again).unwrap();
+    up_now(&mut r, again).unwrap();
     r.pod_down(Some(("x".into(), "a".into())), "c-a").unwrap();
     assert!(r.datapath.attached.contains("veth-b"));
     assert!(!r.datapath.attached.contains("veth-a"));
@@ -146,9 +167,19 @@ fn an_interface_reused_by_a_new_pod_belongs_to_it() {
         vec![pod_policy("a", Some(allow_from([10, 0, 0, 9], 80)))],
     ))
     .unwrap();
-    r.pod_up(up("a", "veth-a")).unwrap();
-    // x/a's DEL never came; its veth name now belongs to x/b, unselected.
-    r.pod_up(up("b", "veth-a")).unwrap();
+    r.apply_plan(snapshot(
+        2,
+        vec![
+            pod_policy("a", Some(allow_from([10, 0, 0, 9], 80))),
+            unselected("b"),
+        ],
+    ))
+    .unwrap();
+    up_now(&mut r, up("a", "veth-a")).unwrap();
+    // x/a's DEL never came; its veth was deleted and a new one with the same
+    // name (a new index) belongs to x/b, unselected.
+    r.datapath.interfaces.insert("veth-a".into(), 20);
+    up_now(&mut r, up("b", "veth-a")).unwrap();
     assert_eq!(r.datapath.endpoint_of("veth-a"), Some((0, 0)));
     let pods: Vec<String> = r
         .node_state()
@@ -165,11 +196,11 @@ fn an_interface_reused_by_a_new_pod_belongs_to_it() {
 fn failed_attach_leaves_nothing_behind_and_names_the_interface() {
     let mut r = reconciler();
     r.datapath.fail_attach.insert("veth-a".into());
-    let err = r.pod_up(up("a", "veth-a")).unwrap_err();
+    let err = up_now(&mut r, up("a", "veth-a")).unwrap_err();
     assert!(err.contains("veth-a"), "{err}");
     assert!(r.datapath.endpoints.is_empty());
     assert!(r.node_state().pods.is_empty());
-    let err = r.pod_up(up("b", "nope")).unwrap_err();
+    let err = up_now(&mut r, up("b", "nope")).unwrap_err();
     assert!(err.contains("\"nope\" does not exist"), "{err}");
 }
 
@@ -178,13 +209,14 @@ fn invalid_requests_are_refused_before_touching_anything() {
     let mut r = reconciler();
     let mut bad = up("a", "veth-a");
     bad.runtime.host_interfaces = vec!["../../etc".into()];
-    assert!(r
-        .pod_up(bad)
+    assert!(up_now(&mut r, bad)
         .unwrap_err()
         .contains("not a valid interface name"));
     let mut bad = up("a", "veth-a");
     bad.runtime.host_interfaces.clear();
-    assert!(r.pod_up(bad).unwrap_err().contains("no host interface"));
+    assert!(up_now(&mut r, bad)
+        .unwrap_err()
+        .contains("no host interface"));
     assert!(r.datapath.log.is_empty());
 }
 
@@ -205,9 +237,14 @@ fn uncompilable_policy_denies_instead_of_opening() {
     };
     r.apply_plan(snapshot(1, vec![pod_policy("a", Some(broken))]))
         .unwrap();
-    let err = r.pod_up(up("a", "veth-a")).unwrap_err();
+    up_now(&mut r, up("a", "veth-a")).unwrap();
+    // Denied (only the node may reach it), never opened, and visibly so.
+    let (ingress, egress) = r.datapath.endpoint_of("veth-a").unwrap();
+    assert_ne!(ingress, 0);
+    assert_eq!(egress, 0);
+    assert!(r.datapath.policies[&ingress].is_empty(), "deny-all table");
+    let err = &r.node_state().pods[0].error;
     assert!(err.contains("ingress policy of x/a"), "{err}");
-    // The pod is refused; a pod already running would be denied, not opened.
 }
 
 #[test]
@@ -269,7 +306,9 @@ fn end_state_does_not_depend_on_event_order() {
                     r.apply_plan(plan()).unwrap();
                 }
                 E::Up(n, i) => {
-                    r.pod_up(up(n, i)).unwrap();
+                    // Before the plan, the answer waits; the end state may not.
+                    let (tx, _rx) = tokio::sync::oneshot::channel();
+                    r.pod_up(up(n, i), tx);
                 }
                 E::Down(n) => r
                     .pod_down(Some(("x".into(), n.into())), &format!("c-{n}"))
@@ -327,12 +366,13 @@ fn restart_takes_over_without_touching_a_correct_datapath() {
         vec![
             pod_policy("a", Some(allow_from([10, 0, 0, 9], 80))),
             pod_policy("b", Some(allow_from([10, 0, 0, 9], 80))),
+            unselected("c"),
         ],
     ))
     .unwrap();
-    r.pod_up(up("a", "veth-a")).unwrap();
-    r.pod_up(up("b", "veth-b")).unwrap();
-    r.pod_up(up("c", "veth-c")).unwrap();
+    up_now(&mut r, up("a", "veth-a")).unwrap();
+    up_now(&mut r, up("b", "veth-b")).unwrap();
+    up_now(&mut r, up("c", "veth-c")).unwrap();
     let before = (
         r.datapath.endpoints.clone(),
         r.datapath.policies.clone(),
@@ -365,6 +405,7 @@ fn restart_takes_over_without_touching_a_correct_datapath() {
         vec![
             pod_policy("a", Some(allow_from([10, 0, 0, 9], 443))),
             pod_policy("b", Some(allow_from([10, 0, 0, 9], 80))),
+            unselected("c"),
         ],
     ))
     .unwrap();
@@ -376,24 +417,35 @@ fn restart_takes_over_without_touching_a_correct_datapath() {
 }
 
 #[test]
-fn restart_removes_orphans_and_pods_that_vanished() {
+fn restart_removes_vanished_pods_and_keeps_what_it_cannot_explain() {
     let dir = tempfile::tempdir().unwrap();
     let mut r = reconciler().with_checkpoint(Checkpoint::open(dir.path()).unwrap());
     r.apply_plan(snapshot(
         1,
-        vec![pod_policy("a", Some(allow_from([10, 0, 0, 9], 80)))],
+        vec![
+            pod_policy("a", Some(allow_from([10, 0, 0, 9], 80))),
+            unselected("b"),
+        ],
     ))
     .unwrap();
-    r.pod_up(up("a", "veth-a")).unwrap();
-    r.pod_up(up("b", "veth-b")).unwrap();
-    // While the enforcer is down: x/a's veth disappears, and something left
-    // an attachment no saved pod knows (veth-d) and a stray table.
+    up_now(&mut r, up("a", "veth-a")).unwrap();
+    up_now(&mut r, up("b", "veth-b")).unwrap();
+    // While the enforcer is down: x/a's veth disappears; something left an
+    // attachment no saved pod knows on a live interface (veth-d, index 13,
+    // denied) and a stray table.
     r.datapath.interfaces.remove("veth-a");
     r.datapath.attached.insert("veth-d".into());
-    r.datapath.endpoints.insert(13, Default::default());
+    r.datapath.endpoints.insert(
+        13,
+        EndpointEntry {
+            ingress: DENY_ALL,
+            egress: DENY_ALL,
+            pod_addrs: vec![],
+        },
+    );
     r.datapath.policies.insert(77, vec![]);
 
-    let r2 = restart(&mut r, dir.path());
+    let mut r2 = restart(&mut r, dir.path());
     let names: Vec<String> = r2
         .node_state()
         .pods
@@ -401,28 +453,83 @@ fn restart_removes_orphans_and_pods_that_vanished() {
         .map(|p| p.pod.as_ref().unwrap().name.clone())
         .collect();
     assert_eq!(names, vec!["b"]);
-    assert_eq!(r2.datapath.attached, BTreeSet::from(["veth-b".to_string()]));
+    // Detaching a live interface it cannot explain would open it: it keeps
+    // its policy, and the state says why.
+    assert_eq!(
+        r2.datapath.attached,
+        BTreeSet::from(["veth-b".to_string(), "veth-d".to_string()])
+    );
+    assert_eq!(
+        r2.datapath.endpoint_of("veth-d"),
+        Some((DENY_ALL, DENY_ALL))
+    );
+    assert!(r2
+        .node_state()
+        .errors
+        .iter()
+        .any(|e| e.contains("veth-d") && e.contains("no pod explains")));
     assert!(
         r2.datapath.policies.is_empty(),
         "{:?}",
         r2.datapath.policies
     );
+    // Once it goes, it is cleaned up.
+    r2.datapath.interfaces.remove("veth-d");
+    r2.handle(Event::Links);
+    assert_eq!(r2.datapath.attached, BTreeSet::from(["veth-b".to_string()]));
     assert_eq!(r2.datapath.endpoints.len(), 1);
+    r2.datapath.assert_no_violations();
 }
 
+/// Seed of issue 5.7: a lost or damaged checkpoint never turns live links
+/// into orphans; the kernel's endpoint entries and the plan's pod addresses
+/// rebuild which pod owns which interface.
 #[test]
-fn restart_with_nothing_saved_cleans_everything_it_finds() {
+fn a_lost_checkpoint_is_rebuilt_from_the_kernel_not_detached() {
     let dir = tempfile::tempdir().unwrap();
-    let mut r = reconciler();
-    r.apply_plan(snapshot(
-        1,
-        vec![pod_policy("a", Some(allow_from([10, 0, 0, 9], 80)))],
-    ))
-    .unwrap();
-    r.pod_up(up("a", "veth-a")).unwrap();
-    let r2 = restart(&mut r, dir.path());
-    r2.datapath.assert_empty();
-    r2.datapath.assert_no_violations();
+    let mut r = reconciler().with_checkpoint(Checkpoint::open(dir.path()).unwrap());
+    let mut a = pod_policy("a", Some(allow_from([10, 0, 0, 9], 80)));
+    a.pod_ips = vec![ip4([10, 0, 1, 1], 32)];
+    r.apply_plan(snapshot(1, vec![a.clone()])).unwrap();
+    let mut u = up("a", "veth-a");
+    u.runtime.ips = vec![Prefix::from_ip("10.0.1.1".parse().unwrap(), 32)];
+    up_now(&mut r, u).unwrap();
+    for damage in ["remove", "truncate"] {
+        let before = r.datapath.endpoint_of("veth-a").unwrap();
+        assert_ne!(before.0, 0);
+        for f in ["plan.pb", "pods.json"] {
+            let p = dir.path().join(f);
+            if damage == "remove" {
+                std::fs::remove_file(&p).unwrap();
+            } else {
+                let b = std::fs::read(&p).unwrap();
+                std::fs::write(&p, &b[..b.len() / 2]).unwrap();
+            }
+        }
+        let mut r2 = restart(&mut r, dir.path());
+        // Nothing was detached or rewritten: the pod keeps its policy.
+        assert_eq!(r2.datapath.endpoint_of("veth-a"), Some(before), "{damage}");
+        assert!(r2.datapath.attached.contains("veth-a"));
+        assert!(r2.dump().warnings.iter().any(|w| w.contains("damaged")) || damage == "remove");
+        // The plan comes back; the pod is recognised by its address.
+        r2.apply_plan(snapshot(2, vec![a.clone()])).unwrap();
+        let state = r2.node_state();
+        assert_eq!(state.pods.len(), 1, "{state:?}");
+        assert_eq!(state.pods[0].error, "");
+        assert_eq!(r2.datapath.endpoint_of("veth-a"), Some(before));
+        r2.datapath.assert_no_violations();
+        // And a DEL from the runtime, with any container id, removes it.
+        r2.pod_down(Some(("x".into(), "a".into())), "c-whatever")
+            .unwrap();
+        assert!(!r2.datapath.attached.contains("veth-a"));
+        r = r2;
+        up_now(&mut r, {
+            let mut u = up("a", "veth-a");
+            u.runtime.ips = vec![Prefix::from_ip("10.0.1.1".parse().unwrap(), 32)];
+            u
+        })
+        .unwrap();
+    }
 }
 
 #[test]
@@ -434,7 +541,7 @@ fn node_addresses_are_always_allowed_and_followed_on_tick() {
         vec![pod_policy("a", Some(DirectionPolicy { rules: vec![] }))],
     ))
     .unwrap();
-    r.pod_up(up("a", "veth-a")).unwrap();
+    up_now(&mut r, up("a", "veth-a")).unwrap();
     let node = |s: &str| Prefix::from_ip(s.parse().unwrap(), 32);
     let entries = |r: &Reconciler<FakeDatapath>| {
         let (id, _) = r.datapath.endpoint_of("veth-a").unwrap();

@@ -46,6 +46,8 @@ impl CniService for CniServer {
                 netns: req.netns,
                 host_interfaces: req.host_interfaces,
                 ips,
+                ifindexes: Default::default(),
+                mode: None,
             },
         };
         let out = self
@@ -57,8 +59,8 @@ impl CniService for CniServer {
             plan_version: out.plan_version,
             ingress_isolated: out.ingress_isolated,
             egress_isolated: out.egress_isolated,
-            policy_realized: true,
-            warning: String::new(),
+            policy_realized: out.realized,
+            warning: out.warning,
         }))
     }
 

@@ -39,6 +39,8 @@ impl DebugService for DebugServer {
             plan_version: d.plan_version,
             plan_connected: d.plan_connected,
             pin_root: d.datapath,
+            mode: d.mode.to_string(),
+            warnings: d.warnings,
             node_addresses: d
                 .node_addresses
                 .iter()
@@ -60,9 +62,12 @@ impl DebugService for DebugServer {
                 .map(|i| InterfaceState {
                     name: i.name,
                     ifindex: i.ifindex,
-                    pod: format!("{}/{}", i.pod.0, i.pod.1),
-                    ingress_policy_set: i.ingress.unwrap_or_default(),
-                    egress_policy_set: i.egress.unwrap_or_default(),
+                    pod: i
+                        .pod
+                        .map(|p| format!("{}/{}", p.0, p.1))
+                        .unwrap_or_default(),
+                    ingress_policy_set: i.ingress,
+                    egress_policy_set: i.egress,
                 })
                 .collect(),
         }))

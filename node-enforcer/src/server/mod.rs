@@ -9,12 +9,17 @@ use palisade_proto::rpc::np_backend_server::NpBackendServer;
 use palisade_proto::v1::cni_service_server::CniServiceServer;
 use palisade_proto::v1::debug_service_server::DebugServiceServer;
 
+use tonic_health::server::HealthReporter;
+use tonic_health::ServingStatus;
+
 use crate::handle::Handle;
 
+/// Every service of the enforcer, and the health reporter so that health
+/// can follow the reconciler rather than just the server.
 pub async fn router(
     handle: Handle,
     aws_interface_prefix: String,
-) -> Result<tonic::transport::server::Router, String> {
+) -> Result<(tonic::transport::server::Router, HealthReporter), String> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<CniServiceServer<cni::CniServer>>()
@@ -46,7 +51,7 @@ pub async fn router(
         v1 = v1.with_service_name(n);
         v1alpha = v1alpha.with_service_name(n);
     }
-    Ok(tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(v1.build_v1().map_err(|e| format!("reflection: {e}"))?)
         .add_service(
@@ -59,5 +64,22 @@ pub async fn router(
             handle.clone(),
             aws_interface_prefix,
         )))
-        .add_service(DebugServiceServer::new(debug::DebugServer::new(handle))))
+        .add_service(DebugServiceServer::new(debug::DebugServer::new(handle)));
+    Ok((router, health))
+}
+
+/// Health for a process whose reconciler is gone: nothing it serves works.
+pub async fn set_not_serving(health: &HealthReporter) {
+    health
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+    health
+        .set_not_serving::<CniServiceServer<cni::CniServer>>()
+        .await;
+    health
+        .set_not_serving::<NpBackendServer<npbackend::NpBackend>>()
+        .await;
+    health
+        .set_not_serving::<DebugServiceServer<debug::DebugServer>>()
+        .await;
 }

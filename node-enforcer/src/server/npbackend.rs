@@ -50,13 +50,23 @@ impl NpBackendService for NpBackend {
         let req = request.into_inner();
         let pod = key(&req.k8s_pod_namespace, &req.k8s_pod_name)?;
         let iface = aws_host_interface(&self.prefix, &pod.0, &pod.1);
+        // The VPC CNI says which mode it runs in; empty: the enforcer's own.
+        let mode = match req.network_policy_mode.as_str() {
+            "" => None,
+            m => Some(m.parse().map_err(|e: String| {
+                Status::invalid_argument(format!("NETWORK_POLICY_MODE: {e}"))
+            })?),
+        };
         let up = PodUp {
             pod,
             runtime: PodRuntime {
                 container_id: String::new(),
                 netns: String::new(),
                 host_interfaces: vec![iface],
+                // NPBackend does not say; the plan's pod IPs stand in.
                 ips: vec![],
+                ifindexes: Default::default(),
+                mode,
             },
         };
         self.handle

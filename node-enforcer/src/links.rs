@@ -1,0 +1,71 @@
+//! Interface events from the kernel (rtnetlink, RTMGRP_LINK): a pod veth
+//! that vanishes without a CNI DEL, or a name reused by a new interface,
+//! reaches the reconciler at once instead of at the next tick. Each event
+//! only says "look again"; the reconciler re-reads which interfaces live
+//! (level-triggered), so a lost or coalesced event costs nothing but time,
+//! and the periodic tick is the backstop.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use tokio::sync::mpsc;
+
+use crate::reconciler::Event;
+
+const RTMGRP_LINK: u32 = 1;
+
+fn open() -> std::io::Result<OwnedFd> {
+    // SAFETY: plain socket/bind syscalls; the fd is owned right away.
+    unsafe {
+        let fd = libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_ROUTE,
+        );
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let fd = OwnedFd::from_raw_fd(fd);
+        let mut addr: libc::sockaddr_nl = std::mem::zeroed();
+        addr.nl_family = libc::AF_NETLINK as u16;
+        addr.nl_groups = RTMGRP_LINK;
+        if libc::bind(
+            fd.as_raw_fd(),
+            &addr as *const libc::sockaddr_nl as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_nl>() as u32,
+        ) < 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(fd)
+    }
+}
+
+/// Watches link events on a thread of its own until the reconciler is gone.
+pub fn watch(events: mpsc::Sender<Event>) -> Result<(), String> {
+    let fd = open().map_err(|e| format!("subscribing to interface events: {e}"))?;
+    std::thread::Builder::new()
+        .name("link-events".into())
+        .spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                // SAFETY: reading into an owned buffer of the given length.
+                let n =
+                    unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+                if n < 0 {
+                    let e = std::io::Error::last_os_error();
+                    // ENOBUFS: events were lost; looking again covers them.
+                    if e.raw_os_error() != Some(libc::ENOBUFS)
+                        && e.kind() != std::io::ErrorKind::Interrupted
+                    {
+                        tracing::warn!("interface events: {e}; relying on the periodic tick");
+                        return;
+                    }
+                }
+                if events.blocking_send(Event::Links).is_err() {
+                    return;
+                }
+            }
+        })
+        .map_err(|e| format!("starting the interface event thread: {e}"))?;
+    Ok(())
+}

@@ -1,0 +1,108 @@
+//! One enforcer per node: an exclusive lock on the state directory and the
+//! pin root, held for the life of the process. A second instance (a
+//! DaemonSet surge rollout, an operator's mistake) waits for it instead of
+//! unlinking the live socket, sharing checkpoint files and allocating
+//! colliding table ids. The kernel drops the lock when the holder exits,
+//! even on SIGKILL.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+pub struct Lock {
+    _files: Vec<File>,
+}
+
+fn try_lock(f: &File) -> std::io::Result<bool> {
+    // SAFETY: flock on a valid, owned descriptor.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if r == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
+/// Locks `<state_dir>/enforcer.lock` and the pin root directory, waiting up
+/// to `timeout` (None: forever) for another enforcer to let go.
+pub fn acquire(
+    state_dir: &Path,
+    pin_root: &Path,
+    timeout: Option<Duration>,
+) -> Result<Lock, String> {
+    std::fs::create_dir_all(state_dir)
+        .map_err(|e| format!("creating state directory {}: {e}", state_dir.display()))?;
+    std::fs::create_dir_all(pin_root)
+        .map_err(|e| format!("creating pin root {}: {e}", pin_root.display()))?;
+    let lock_file = state_dir.join("enforcer.lock");
+    let files = [
+        (
+            File::options()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&lock_file)
+                .map_err(|e| format!("opening {}: {e}", lock_file.display()))?,
+            lock_file.display().to_string(),
+        ),
+        (
+            File::open(pin_root).map_err(|e| format!("opening {}: {e}", pin_root.display()))?,
+            pin_root.display().to_string(),
+        ),
+    ];
+    let started = Instant::now();
+    let mut said = false;
+    let mut held = Vec::new();
+    for (f, what) in files {
+        loop {
+            match try_lock(&f) {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(e) => return Err(format!("locking {what}: {e}")),
+            }
+            if !said {
+                tracing::warn!(lock = %what, "another enforcer holds this node's lock; waiting for it to exit");
+                eprintln!(
+                    "palisade-enforcer: another enforcer holds {what}; waiting for it to exit"
+                );
+                said = true;
+            }
+            if timeout.is_some_and(|t| started.elapsed() >= t) {
+                return Err(format!(
+                    "another enforcer still holds {what} after {:?}; only one enforcer may own a node",
+                    started.elapsed()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100)); // poll: flock has no timed wait
+        }
+        held.push(f);
+    }
+    if said {
+        tracing::info!("took over the node's lock");
+    }
+    Ok(Lock { _files: held })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_holder_waits_and_times_out_with_a_clear_message() {
+        let state = tempfile::tempdir().unwrap();
+        let pins = tempfile::tempdir().unwrap();
+        let first = acquire(state.path(), pins.path(), Some(Duration::ZERO)).unwrap();
+        let err = acquire(state.path(), pins.path(), Some(Duration::from_millis(200)))
+            .err()
+            .expect("a second enforcer must not get the lock");
+        assert!(err.contains("another enforcer"), "{err}");
+        drop(first);
+        acquire(state.path(), pins.path(), Some(Duration::ZERO))
+            .expect("free once the first is gone");
+    }
+}

@@ -1,0 +1,357 @@
+//! Makes the datapath match the inputs: computes the desired endpoints and
+//! applies the difference, make before break, with tables shared by content
+//! and removed only when nothing attached references them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use super::{RealizedEndpoint, RealizedPolicy, Reconciler, DENY_ALL};
+use crate::compile::{PolicySet, PortSet};
+use crate::datapath::{Datapath, EndpointEntry, PolicyId, PortSetId};
+use crate::desired::{desired, Held, Inputs, Knowledge, Owner, PodKey, Verdict};
+
+impl<D: Datapath> Reconciler<D> {
+    /// What the enforcer knows about a pod's policy (see [`Knowledge`]).
+    pub(super) fn knowledge(&self, key: &PodKey) -> Knowledge<'_> {
+        if let Some(p) = self.plan.get(key).filter(|_| self.has_plan) {
+            return Knowledge::Known(p);
+        }
+        if let Some(p) = self.fetched.get(key) {
+            return Knowledge::Known(p);
+        }
+        if self.pending.contains_key(key) {
+            return Knowledge::Pending;
+        }
+        if self.unprotected.contains(key) {
+            return Knowledge::Unprotected;
+        }
+        Knowledge::Hold
+    }
+
+    /// The interfaces that exist now among those any pod or realized
+    /// endpoint names.
+    pub(super) fn live_interfaces(&mut self) -> BTreeMap<String, u32> {
+        let names: BTreeSet<String> = self
+            .pods
+            .values()
+            .flat_map(|p| p.host_interfaces.iter().cloned())
+            .chain(self.realized.endpoints.keys().cloned())
+            .collect();
+        names
+            .into_iter()
+            .filter_map(|n| {
+                let i = self.datapath.ifindex(&n).ok()?;
+                Some((n, i))
+            })
+            .collect()
+    }
+
+    pub(super) fn converge(&mut self) {
+        self.refresh_node_addresses();
+        let live = self.live_interfaces();
+        let held: Held = self
+            .realized
+            .endpoints
+            .iter()
+            .map(|(n, e)| {
+                (
+                    n.clone(),
+                    (
+                        e.ingress.clone(),
+                        e.egress.clone(),
+                        e.entry.pod_addrs.clone(),
+                    ),
+                )
+            })
+            .collect();
+        let unexplained: Held = self
+            .realized
+            .endpoints
+            .iter()
+            .filter(|(_, e)| e.owner == Owner::Unexplained)
+            .map(|(n, _)| (n.clone(), held[n].clone()))
+            .collect();
+        let knowledge = |k: &PodKey| self.knowledge(k);
+        let want = desired(&Inputs {
+            mode: self.mode,
+            pods: &self.pods,
+            knowledge: &knowledge,
+            live: &live,
+            unexplained: &unexplained,
+            held: &held,
+            node_addresses: &self.node_addresses,
+        });
+        self.pod_errors = want.errors.clone();
+        self.pod_failures.clear();
+        self.errors.clear();
+
+        // 1. Tables every desired endpoint needs, before anything points at
+        //    them.
+        let needed: BTreeSet<Arc<PolicySet>> = want
+            .endpoints
+            .values()
+            .flat_map(|e| [&e.ingress, &e.egress])
+            .filter_map(|v| match v {
+                Verdict::Policy(s) => Some(s.clone()),
+                _ => None,
+            })
+            .collect();
+        let mut failed_sets: BTreeMap<Arc<PolicySet>, String> = BTreeMap::new();
+        for set in &needed {
+            if self.realized.policies.contains_key(set) {
+                continue;
+            }
+            if let Err(e) = self.add_policy_set(set) {
+                failed_sets.insert(set.clone(), e);
+            }
+        }
+
+        // 2. Endpoints: point each interface at its tables, then attach. An
+        //    interface that keeps its index is updated in place with one map
+        //    write, never detached, so no packet sees it unenforced.
+        for (ifname, de) in &want.endpoints {
+            let id_of = |v: &Verdict| -> PolicyId {
+                match v {
+                    Verdict::Open => 0,
+                    Verdict::Deny => DENY_ALL,
+                    // A table that could not be written denies everything.
+                    Verdict::Policy(s) => self.realized.policies.get(s).map_or(DENY_ALL, |p| p.id),
+                }
+            };
+            let entry = EndpointEntry {
+                ingress: id_of(&de.ingress),
+                egress: id_of(&de.egress),
+                pod_addrs: de.pod_addrs.clone(),
+            };
+            let pod = de.owner.pod().cloned();
+            for v in [&de.ingress, &de.egress] {
+                if let Verdict::Policy(s) = v {
+                    if let (Some(e), Some(p)) = (failed_sets.get(s), &pod) {
+                        self.fail(
+                            Some(p),
+                            format!(
+                                "policy of {}/{} not written, so it is denied: {e}",
+                                p.0, p.1
+                            ),
+                        );
+                    }
+                }
+            }
+            let realized = RealizedEndpoint {
+                ifindex: de.ifindex,
+                owner: de.owner.clone(),
+                ingress: de.ingress.clone(),
+                egress: de.egress.clone(),
+                entry: entry.clone(),
+            };
+            if let Some(re) = self.realized.endpoints.get(ifname) {
+                if re.ifindex == de.ifindex {
+                    if re.entry != entry {
+                        if let Err(e) = self.datapath.set_endpoint(de.ifindex, &entry) {
+                            // The old entry stays: the pod keeps its last
+                            // policy, and the error says so.
+                            self.fail(
+                                pod.as_ref(),
+                                format!("{ifname}: {e}; keeping its previous policy"),
+                            );
+                            continue;
+                        }
+                    }
+                    self.realized.endpoints.insert(ifname.clone(), realized);
+                    continue;
+                }
+                // The name now belongs to a new interface: the old one's
+                // link went with it.
+                if !self.remove_endpoint(ifname) {
+                    continue;
+                }
+            }
+            match self.add_endpoint(ifname, de.ifindex, &entry) {
+                Ok(()) => {
+                    self.realized.endpoints.insert(ifname.clone(), realized);
+                }
+                Err(e) => self.fail(pod.as_ref(), e),
+            }
+        }
+
+        // 3. Interfaces nothing wants any more.
+        let stale: Vec<String> = self
+            .realized
+            .endpoints
+            .keys()
+            .filter(|k| !want.endpoints.contains_key(*k))
+            .cloned()
+            .collect();
+        for ifname in stale {
+            self.remove_endpoint(&ifname);
+        }
+
+        // 4. Tables no attached endpoint references: only now can they go.
+        self.collect_tables();
+    }
+
+    fn fail(&mut self, pod: Option<&PodKey>, e: String) {
+        match pod {
+            Some(p) => {
+                self.pod_errors.insert(p.clone(), e);
+                self.pod_failures.insert(p.clone());
+            }
+            None => self.errors.push(e),
+        }
+    }
+
+    fn collect_tables(&mut self) {
+        let referenced: BTreeSet<Arc<PolicySet>> = self
+            .realized
+            .endpoints
+            .values()
+            .flat_map(|e| [&e.ingress, &e.egress])
+            .filter_map(|v| match v {
+                Verdict::Policy(s) => Some(s.clone()),
+                _ => None,
+            })
+            .collect();
+        let unused: Vec<Arc<PolicySet>> = self
+            .realized
+            .policies
+            .keys()
+            .filter(|s| !referenced.contains(*s))
+            .cloned()
+            .collect();
+        for set in unused {
+            let p = &self.realized.policies[&set];
+            match self.datapath.remove_policy(p.id, &p.entries) {
+                Ok(()) => {
+                    self.realized.policies.remove(&set);
+                }
+                Err(e) => self
+                    .errors
+                    .push(format!("removing policy set {}: {e}", set.id())),
+            }
+        }
+        let referenced_ids: BTreeSet<PolicyId> = self
+            .realized
+            .endpoints
+            .values()
+            .flat_map(|e| [e.entry.ingress, e.entry.egress])
+            .collect();
+        let garbage = std::mem::take(&mut self.realized.garbage_policies);
+        for (id, entries) in garbage {
+            if referenced_ids.contains(&id) {
+                self.realized.garbage_policies.push((id, entries));
+                continue;
+            }
+            if let Err(e) = self.datapath.remove_policy(id, &entries) {
+                self.errors
+                    .push(format!("removing duplicate policy table {id}: {e}"));
+                self.realized.garbage_policies.push((id, entries));
+            }
+        }
+        let used_portsets: BTreeSet<PortSetId> = self
+            .realized
+            .policies
+            .values()
+            .flat_map(|p| p.entries.iter().map(|(_, ps)| *ps))
+            .chain(
+                self.realized
+                    .garbage_policies
+                    .iter()
+                    .flat_map(|(_, e)| e.iter().map(|(_, ps)| *ps)),
+            )
+            .collect();
+        for (id, set) in std::mem::take(&mut self.realized.garbage_portsets) {
+            if used_portsets.contains(&id) {
+                self.realized.garbage_portsets.push((id, set));
+                continue;
+            }
+            if let Err(e) = self.datapath.remove_portset(id, &set) {
+                self.errors
+                    .push(format!("removing duplicate port set {id}: {e}"));
+                self.realized.garbage_portsets.push((id, set));
+            }
+        }
+        let unused: Vec<(PortSet, PortSetId)> = self
+            .realized
+            .portsets
+            .iter()
+            .filter(|(_, id)| !used_portsets.contains(id))
+            .map(|(s, id)| (s.clone(), *id))
+            .collect();
+        for (set, id) in unused {
+            match self.datapath.remove_portset(id, &set) {
+                Ok(()) => {
+                    self.realized.portsets.remove(&set);
+                }
+                Err(e) => self.errors.push(format!("removing port set {id}: {e}")),
+            }
+        }
+    }
+
+    fn add_policy_set(&mut self, set: &Arc<PolicySet>) -> Result<(), String> {
+        let mut entries = Vec::with_capacity(set.entries.len());
+        for (prefix, ports) in &set.entries {
+            let ps = if ports.0.is_empty() {
+                0
+            } else if let Some(id) = self.realized.portsets.get(ports) {
+                *id
+            } else {
+                let id = self.realized.alloc_portset()?;
+                self.datapath
+                    .add_portset(id, ports)
+                    .map_err(|e| format!("port set: {e}"))?;
+                self.realized.portsets.insert(ports.clone(), id);
+                id
+            };
+            entries.push((*prefix, ps));
+        }
+        let id = self.realized.alloc_policy()?;
+        if let Err(e) = self.datapath.add_policy(id, &entries) {
+            // Leave no half-written table behind; unused port sets go at the
+            // end of this step.
+            let _ = self.datapath.remove_policy(id, &entries);
+            return Err(format!("policy set {}: {e}", set.id()));
+        }
+        self.realized
+            .policies
+            .insert(set.clone(), RealizedPolicy { id, entries });
+        Ok(())
+    }
+
+    fn add_endpoint(
+        &mut self,
+        ifname: &str,
+        ifindex: u32,
+        entry: &EndpointEntry,
+    ) -> Result<(), String> {
+        // The entry goes in before the programs: an attached program with no
+        // entry would let everything through.
+        self.datapath
+            .set_endpoint(ifindex, entry)
+            .map_err(|e| format!("{ifname}: {e}"))?;
+        if let Err(e) = self.datapath.attach(ifname, ifindex) {
+            let _ = self.datapath.remove_endpoint(ifindex);
+            return Err(format!("{ifname}: {e}"));
+        }
+        Ok(())
+    }
+
+    /// Detaches, then removes the entry. A detach that fails keeps both the
+    /// entry and the record: a program with no entry would pass everything.
+    /// True when the interface is gone from the datapath.
+    pub(super) fn remove_endpoint(&mut self, ifname: &str) -> bool {
+        let Some(re) = self.realized.endpoints.get(ifname).cloned() else {
+            return true;
+        };
+        if let Err(e) = self.datapath.detach(ifname, re.ifindex) {
+            self.errors.push(format!(
+                "detaching {ifname}: {e}; its policy stays in force"
+            ));
+            return false;
+        }
+        self.realized.endpoints.remove(ifname);
+        if let Err(e) = self.datapath.remove_endpoint(re.ifindex) {
+            self.errors.push(format!("removing endpoint {ifname}: {e}"));
+        }
+        true
+    }
+}

@@ -1,0 +1,160 @@
+//! What operators see: the node state reported to the controller and the
+//! debug dump. Whatever is not enforced as desired shows here (invariant 9):
+//! a pod's `error` is set whenever it is denied for lack of knowledge, held,
+//! unprotected, or its policy could not be written.
+
+use std::collections::BTreeMap;
+
+use palisade_proto::v1::{NodeState, PodRef, PodState};
+
+use super::{to_ip_prefix, Reconciler};
+use crate::compile::Prefix;
+use crate::datapath::{Datapath, PolicyId};
+use crate::desired::{Mode, Owner, PodKey, PodRuntime, Verdict};
+
+/// Everything the debug service shows.
+#[derive(Clone, Debug, Default)]
+pub struct Dump {
+    pub state: NodeState,
+    pub node_addresses: Vec<Prefix>,
+    pub plan_version: u64,
+    pub plan_connected: bool,
+    pub datapath: String,
+    pub mode: Mode,
+    pub warnings: Vec<String>,
+    pub policy_sets: Vec<PolicySetDump>,
+    pub interfaces: Vec<InterfaceDump>,
+}
+
+#[derive(Clone, Debug)]
+pub struct PolicySetDump {
+    pub name: String,
+    pub id: PolicyId,
+    pub prefix_entries: usize,
+    pub references: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct InterfaceDump {
+    pub name: String,
+    pub ifindex: u32,
+    /// None: an interface with our programs that no pod explains.
+    pub pod: Option<PodKey>,
+    pub ingress: String,
+    pub egress: String,
+}
+
+fn describe(v: &Verdict) -> String {
+    match v {
+        Verdict::Open => String::new(),
+        Verdict::Deny => "deny-all".into(),
+        Verdict::Policy(s) => s.id(),
+    }
+}
+
+impl<D: Datapath> Reconciler<D> {
+    pub(super) fn pod_state(&self, key: &PodKey, rt: &PodRuntime) -> PodState {
+        let policy = self.plan.get(key).or_else(|| self.fetched.get(key));
+        let ep = rt.host_interfaces.iter().find_map(|i| {
+            self.realized
+                .endpoints
+                .get(i)
+                .filter(|e| e.owner.pod() == Some(key))
+        });
+        let mut error = self.pod_errors.get(key).cloned().unwrap_or_default();
+        if error.is_empty() {
+            if let Some(missing) = rt.host_interfaces.iter().find(|i| {
+                !self
+                    .realized
+                    .endpoints
+                    .get(*i)
+                    .is_some_and(|e| e.owner.pod() == Some(key))
+            }) {
+                error = format!("{missing} is not attached");
+            }
+        }
+        if error.is_empty() && self.deleting.contains(key) {
+            error = "deleted; enforced until its interface goes away".into();
+        }
+        PodState {
+            pod: Some(PodRef {
+                namespace: key.0.clone(),
+                name: key.1.clone(),
+            }),
+            container_id: rt.container_id.clone(),
+            host_interfaces: rt.host_interfaces.clone(),
+            pod_ips: rt.ips.iter().map(to_ip_prefix).collect(),
+            ingress_isolated: policy.is_some_and(|p| p.ingress.is_some()),
+            egress_isolated: policy.is_some_and(|p| p.egress.is_some()),
+            ingress_policy_set: ep.map(|e| describe(&e.ingress)).unwrap_or_default(),
+            egress_policy_set: ep.map(|e| describe(&e.egress)).unwrap_or_default(),
+            policies: policy.map(|p| p.policies.clone()).unwrap_or_default(),
+            error,
+        }
+    }
+
+    pub fn node_state(&self) -> NodeState {
+        let mut errors = self.errors.clone();
+        errors.extend(self.pod_errors.values().cloned());
+        for (name, e) in &self.realized.endpoints {
+            if e.owner == Owner::Unexplained {
+                errors.push(format!(
+                    "{name} (index {}) is enforced with the policy it had, but no pod explains it",
+                    e.ifindex
+                ));
+            }
+        }
+        NodeState {
+            node_name: self.node.clone(),
+            enforcer_id: self.enforcer_id.clone(),
+            realized_version: self.realized_version,
+            pods: self
+                .pods
+                .iter()
+                .map(|(k, rt)| self.pod_state(k, rt))
+                .collect(),
+            errors,
+        }
+    }
+
+    pub fn dump(&self) -> Dump {
+        let mut references: BTreeMap<PolicyId, usize> = BTreeMap::new();
+        for e in self.realized.endpoints.values() {
+            for id in [e.entry.ingress, e.entry.egress] {
+                *references.entry(id).or_default() += 1;
+            }
+        }
+        Dump {
+            state: self.node_state(),
+            node_addresses: self.node_addresses.clone(),
+            plan_version: self.plan_version,
+            plan_connected: self.plan_connected,
+            datapath: self.datapath.describe(),
+            mode: self.mode,
+            warnings: self.warnings.iter().cloned().collect(),
+            policy_sets: self
+                .realized
+                .policies
+                .iter()
+                .map(|(set, p)| PolicySetDump {
+                    name: set.id(),
+                    id: p.id,
+                    prefix_entries: p.entries.len(),
+                    references: references.get(&p.id).copied().unwrap_or(0),
+                })
+                .collect(),
+            interfaces: self
+                .realized
+                .endpoints
+                .iter()
+                .map(|(name, e)| InterfaceDump {
+                    name: name.clone(),
+                    ifindex: e.ifindex,
+                    pod: e.owner.pod().cloned(),
+                    ingress: describe(&e.ingress),
+                    egress: describe(&e.egress),
+                })
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,424 @@
+//! The one owner of the node's datapath (DESIGN invariant 1). Every input —
+//! plan snapshots and deltas, CNI pod up/down, interface events, pod-up
+//! deadlines, debug dumps — arrives here as an [`Event`] on one channel and
+//! is handled in order on one thread. Each step updates the inputs, then
+//! recomputes the desired datapath and applies the difference (`converge`,
+//! invariant 2), adding new tables before pointing interfaces at them and
+//! removing tables only once nothing references them (invariants 4 and 5).
+//!
+//! - `plan`: snapshots and deltas from the controller, and on-demand pod plans.
+//! - `pods`: pod up/down/check, the pod-up wait and its deadline.
+//! - `converge`: desired → datapath, table sharing and refcounts.
+//! - `recover`: taking over what a previous process left, rebuilding from the
+//!   kernel what a damaged checkpoint lost.
+//! - `dump`: the state operators see.
+
+mod converge;
+mod dump;
+mod plan;
+mod pods;
+mod recover;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use palisade_proto::v1::{NodeState, PlanDelta, PlanSnapshot, PodPolicy, PodRef, PodState};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::checkpoint::Checkpoint;
+use crate::compile::{prefix_of, PolicySet, PortSet, Prefix};
+use crate::datapath::{Datapath, EndpointEntry, PolicyId, PortSetId};
+use crate::desired::{Mode, Owner, PodKey, PodRuntime, Verdict};
+
+pub use dump::{Dump, InterfaceDump, PolicySetDump};
+
+/// The policy id an endpoint gets when its policy could not be written: no
+/// table entry ever has it, so every lookup misses and the pod is denied
+/// rather than left open. Never allocated to a table.
+pub const DENY_ALL: PolicyId = u32::MAX;
+
+/// How many warnings the dump keeps (oldest dropped first).
+const MAX_WARNINGS: usize = 32;
+
+/// A message from the controller's plan stream.
+#[derive(Clone, Debug)]
+pub enum PlanMessage {
+    Snapshot(PlanSnapshot),
+    Delta(PlanDelta),
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum PlanError {
+    #[error(
+        "delta from version {base} does not apply to version {held}; resubscribe for a snapshot"
+    )]
+    OutOfSequence { base: u64, held: u64 },
+    #[error("snapshot version {0} comes from a controller that has not synced its source; refused, the node keeps its current plan")]
+    NotSynced(u64),
+}
+
+#[derive(Clone, Debug)]
+pub struct PodUp {
+    pub pod: PodKey,
+    pub runtime: PodRuntime,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodUpOutcome {
+    pub plan_version: u64,
+    pub ingress_isolated: bool,
+    pub egress_isolated: bool,
+    /// False: the deadline passed before the policy was known (standard mode).
+    pub realized: bool,
+    pub warning: String,
+}
+
+pub type PodUpReply = oneshot::Sender<Result<PodUpOutcome, String>>;
+
+pub enum Event {
+    Plan(PlanMessage, oneshot::Sender<Result<u64, PlanError>>),
+    PlanConnected(bool),
+    /// Answered when the pod's policy is realized, or at its deadline.
+    PodUp(PodUp, PodUpReply),
+    /// The pod-up deadline of this pod's sandbox passed.
+    PodUpDeadline {
+        pod: PodKey,
+        container_id: String,
+    },
+    /// The controller's answer to an on-demand request for one pod's plan.
+    PodPlanFetched {
+        pod: PodKey,
+        policy: Option<PodPolicy>,
+    },
+    PodDown {
+        /// None when the runtime could not tell (a DEL may carry only the
+        /// container id); the pod is then found by its container.
+        pod: Option<PodKey>,
+        container_id: String,
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+    PodCheck {
+        pod: PodKey,
+        container_id: String,
+        reply: oneshot::Sender<Result<PodState, String>>,
+    },
+    Dump(oneshot::Sender<Dump>),
+    /// Interfaces appeared or vanished (netlink): re-read which are live.
+    Links,
+    /// Periodic: re-reads inputs that change without telling us (the node's
+    /// addresses, interfaces if a link event was lost) and converges.
+    Tick,
+}
+
+struct RealizedPolicy {
+    id: PolicyId,
+    entries: Vec<(Prefix, PortSetId)>,
+}
+
+#[derive(Clone)]
+struct RealizedEndpoint {
+    ifindex: u32,
+    owner: Owner,
+    ingress: Verdict,
+    egress: Verdict,
+    entry: EndpointEntry,
+}
+
+/// What is in the datapath now, as this process wrote or adopted it.
+#[derive(Default)]
+struct Realized {
+    portsets: BTreeMap<PortSet, PortSetId>,
+    policies: BTreeMap<Arc<PolicySet>, RealizedPolicy>,
+    endpoints: BTreeMap<String, RealizedEndpoint>,
+    next_portset: PortSetId,
+    next_policy: PolicyId,
+    /// Adopted tables whose content duplicates another's; removed once no
+    /// endpoint points at them.
+    garbage_policies: Vec<(PolicyId, Vec<(Prefix, PortSetId)>)>,
+    garbage_portsets: Vec<(PortSetId, PortSet)>,
+}
+
+impl Realized {
+    /// A policy id no live table has, never 0 (not isolated) nor
+    /// [`DENY_ALL`], even after the counter wraps.
+    fn alloc_policy(&mut self) -> Result<PolicyId, String> {
+        let used: BTreeSet<PolicyId> = self
+            .policies
+            .values()
+            .map(|p| p.id)
+            .chain(self.garbage_policies.iter().map(|(id, _)| *id))
+            .collect();
+        for _ in 0..=used.len() + 2 {
+            self.next_policy = self.next_policy.wrapping_add(1);
+            let id = self.next_policy;
+            if id != 0 && id != DENY_ALL && !used.contains(&id) {
+                return Ok(id);
+            }
+        }
+        Err("no free policy id".into())
+    }
+
+    fn alloc_portset(&mut self) -> Result<PortSetId, String> {
+        let used: BTreeSet<PortSetId> = self
+            .portsets
+            .values()
+            .copied()
+            .chain(self.garbage_portsets.iter().map(|(id, _)| *id))
+            .collect();
+        for _ in 0..=used.len() + 1 {
+            self.next_portset = self.next_portset.wrapping_add(1);
+            let id = self.next_portset;
+            if id != 0 && !used.contains(&id) {
+                return Ok(id);
+            }
+        }
+        Err("no free port set id".into())
+    }
+}
+
+struct PendingUp {
+    container_id: String,
+    reply: PodUpReply,
+}
+
+pub struct Reconciler<D: Datapath> {
+    node: String,
+    enforcer_id: String,
+    mode: Mode,
+    /// The controller's plan for this node; meaningful once `has_plan`.
+    plan: BTreeMap<PodKey, PodPolicy>,
+    plan_version: u64,
+    has_plan: bool,
+    plan_connected: bool,
+    /// Pod entries fetched on demand for pods the stream has not delivered;
+    /// dropped as soon as the stream's plan lists the pod.
+    fetched: BTreeMap<PodKey, PodPolicy>,
+    pods: BTreeMap<PodKey, PodRuntime>,
+    pending: BTreeMap<PodKey, PendingUp>,
+    /// Standard-mode pods whose deadline passed with their policy unknown.
+    unprotected: BTreeSet<PodKey>,
+    /// Pods an NPBackend DeletePodNp named while their interface still
+    /// lives: forgotten when it goes (the request cannot tell an old pod
+    /// from a new one of the same name).
+    deleting: BTreeSet<PodKey>,
+    realized: Realized,
+    pod_errors: BTreeMap<PodKey, String>,
+    /// Pods whose datapath writes failed in the last convergence (a refused
+    /// pod-up), as opposed to pods merely denied or held.
+    pod_failures: BTreeSet<PodKey>,
+    /// Operations that failed in the last convergence.
+    errors: Vec<String>,
+    /// Things an operator must see that outlive one convergence.
+    warnings: VecDeque<String>,
+    realized_version: u64,
+    node_addresses: Vec<Prefix>,
+    checkpoint: Option<Checkpoint>,
+    fetch: Option<mpsc::UnboundedSender<PodKey>>,
+    pub datapath: D,
+}
+
+impl<D: Datapath> Reconciler<D> {
+    pub fn new(node: String, enforcer_id: String, datapath: D) -> Self {
+        Reconciler {
+            node,
+            enforcer_id,
+            mode: Mode::Standard,
+            plan: BTreeMap::new(),
+            plan_version: 0,
+            has_plan: false,
+            plan_connected: false,
+            fetched: BTreeMap::new(),
+            pods: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            unprotected: BTreeSet::new(),
+            deleting: BTreeSet::new(),
+            realized: Realized::default(),
+            pod_errors: BTreeMap::new(),
+            pod_failures: BTreeSet::new(),
+            errors: Vec::new(),
+            warnings: VecDeque::new(),
+            realized_version: 0,
+            node_addresses: Vec::new(),
+            checkpoint: None,
+            fetch: None,
+            datapath,
+        }
+    }
+
+    /// Saves the inputs after every change, so a restart can recover them.
+    pub fn with_checkpoint(mut self, checkpoint: Checkpoint) -> Self {
+        self.checkpoint = Some(checkpoint);
+        self
+    }
+
+    pub fn with_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Where to ask for one pod's plan when a pod comes up before the stream
+    /// has delivered it.
+    pub fn with_fetcher(mut self, fetch: mpsc::UnboundedSender<PodKey>) -> Self {
+        self.fetch = Some(fetch);
+        self
+    }
+
+    fn warn(&mut self, w: String) {
+        tracing::warn!("{w}");
+        if self.warnings.len() == MAX_WARNINGS {
+            self.warnings.pop_front();
+        }
+        self.warnings.push_back(w);
+    }
+
+    /// Handles events until every sender is gone, publishing the node's
+    /// state after each one. Runs on its own thread: datapath operations are
+    /// short syscalls and must not interleave.
+    pub fn run(mut self, mut events: mpsc::Receiver<Event>, state: watch::Sender<NodeState>) {
+        while let Some(event) = events.blocking_recv() {
+            self.handle(event);
+            let now = self.node_state();
+            state.send_if_modified(|old| {
+                if *old != now {
+                    *old = now;
+                    true
+                } else {
+                    false
+                }
+            });
+        }
+    }
+
+    pub fn handle(&mut self, event: Event) {
+        match event {
+            Event::Plan(msg, reply) => {
+                let r = self.apply_plan(msg);
+                let _ = reply.send(r);
+            }
+            Event::PlanConnected(c) => self.plan_connected = c,
+            Event::PodUp(up, reply) => self.pod_up(up, reply),
+            Event::PodUpDeadline { pod, container_id } => self.pod_up_deadline(&pod, &container_id),
+            Event::PodPlanFetched { pod, policy } => self.pod_plan_fetched(pod, policy),
+            Event::PodDown {
+                pod,
+                container_id,
+                reply,
+            } => {
+                let _ = reply.send(self.pod_down(pod, &container_id));
+            }
+            Event::PodCheck {
+                pod,
+                container_id,
+                reply,
+            } => {
+                let _ = reply.send(self.pod_check(&pod, &container_id));
+            }
+            Event::Dump(reply) => {
+                let _ = reply.send(self.dump());
+            }
+            Event::Links => {
+                self.links_changed();
+            }
+            Event::Tick => {
+                let addresses = self.refresh_node_addresses();
+                if !self.links_changed() && addresses {
+                    self.converge();
+                }
+            }
+        }
+    }
+
+    fn save_plan(&mut self) {
+        if let Some(cp) = &self.checkpoint {
+            if let Err(e) = cp.save_plan(self.plan_version, &self.plan) {
+                self.warn(format!("checkpoint: {e}"));
+            }
+        }
+    }
+
+    fn save_pods(&mut self) {
+        if let Some(cp) = &self.checkpoint {
+            if let Err(e) = cp.save_pods(&self.pods) {
+                self.warn(format!("checkpoint: {e}"));
+            }
+        }
+    }
+
+    /// Reads the node's addresses; true when they changed.
+    fn refresh_node_addresses(&mut self) -> bool {
+        match self.datapath.node_addresses() {
+            Ok(addrs) => {
+                let mut prefixes: Vec<Prefix> = addrs
+                    .into_iter()
+                    .map(|ip| Prefix::from_ip(ip, if ip.is_ipv4() { 32 } else { 128 }))
+                    .collect();
+                prefixes.sort();
+                prefixes.dedup();
+                let changed = prefixes != self.node_addresses;
+                self.node_addresses = prefixes;
+                changed
+            }
+            Err(e) => {
+                // Keep the last known addresses: forgetting them would cut
+                // the node off from its pods.
+                tracing::warn!("{e}");
+                false
+            }
+        }
+    }
+}
+
+fn key(r: Option<&PodRef>) -> Option<PodKey> {
+    let r = r?;
+    Some((r.namespace.clone(), r.name.clone()))
+}
+
+pub fn to_ip_prefix(p: &Prefix) -> palisade_proto::v1::IpPrefix {
+    let v6 = std::net::Ipv6Addr::from(p.addr);
+    match v6.to_ipv4_mapped() {
+        Some(v4) if p.len >= 96 => palisade_proto::v1::IpPrefix {
+            addr: v4.octets().to_vec(),
+            prefix_len: u32::from(p.len - 96),
+        },
+        _ => palisade_proto::v1::IpPrefix {
+            addr: p.addr.to_vec(),
+            prefix_len: u32::from(p.len),
+        },
+    }
+}
+
+/// Checks a pod-up request before it can touch anything.
+fn validate_pod(up: &PodUp) -> Result<(), String> {
+    let (ns, name) = &up.pod;
+    if ns.is_empty() || name.is_empty() {
+        return Err("pod namespace and name are required".into());
+    }
+    if up.runtime.host_interfaces.is_empty() {
+        return Err(format!("pod {ns}/{name}: no host interface given"));
+    }
+    if up.runtime.ips.len() > crate::datapath::MAX_POD_ADDRS {
+        return Err(format!(
+            "pod {ns}/{name}: {} addresses, more than the {} a pod may have",
+            up.runtime.ips.len(),
+            crate::datapath::MAX_POD_ADDRS
+        ));
+    }
+    for i in &up.runtime.host_interfaces {
+        if i.is_empty() || i.len() > 15 || i.contains(['/', ' ', '\0']) || i == "." || i == ".." {
+            return Err(format!(
+                "pod {ns}/{name}: {i:?} is not a valid interface name"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Converts request prefixes, naming the bad one.
+pub fn prefixes(list: &[palisade_proto::v1::IpPrefix]) -> Result<Vec<Prefix>, String> {
+    list.iter()
+        .map(|p| prefix_of(p).map_err(|e| format!("pod IP: {e}")))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,143 @@
+//! The controller's plan: snapshots and deltas from the stream, and pod
+//! entries fetched on demand for pods the stream has not delivered yet.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use palisade_proto::v1::PodPolicy;
+
+use super::{key, PlanError, PlanMessage, Reconciler};
+use crate::compile::{prefix_of, Prefix};
+use crate::datapath::Datapath;
+use crate::desired::{Owner, PodKey, PodRuntime};
+
+fn isolated(plan: &BTreeMap<PodKey, PodPolicy>) -> usize {
+    plan.values()
+        .filter(|p| p.ingress.is_some() || p.egress.is_some())
+        .count()
+}
+
+impl<D: Datapath> Reconciler<D> {
+    pub fn apply_plan(&mut self, msg: PlanMessage) -> Result<u64, PlanError> {
+        match msg {
+            PlanMessage::Snapshot(s) => {
+                if !s.source_synced {
+                    let e = PlanError::NotSynced(s.version);
+                    self.warn(e.to_string());
+                    return Err(e);
+                }
+                let plan: BTreeMap<PodKey, PodPolicy> = s
+                    .pods
+                    .into_iter()
+                    .filter_map(|p| Some((key(p.pod.as_ref())?, p)))
+                    .collect();
+                let (before, after) = (isolated(&self.plan), isolated(&plan));
+                if self.has_plan && before > 0 && after == 0 {
+                    // Legitimate when every policy was deleted, a disaster
+                    // otherwise: either way an operator must see it.
+                    self.warn(format!(
+                        "snapshot version {} drops every policy on this node ({before} isolated pods before, none now)",
+                        s.version
+                    ));
+                }
+                self.plan = plan;
+                self.plan_version = s.version;
+                self.has_plan = true;
+            }
+            PlanMessage::Delta(d) => {
+                if !self.has_plan || d.base_version != self.plan_version {
+                    return Err(PlanError::OutOfSequence {
+                        base: d.base_version,
+                        held: self.plan_version,
+                    });
+                }
+                for r in &d.removed {
+                    self.plan.remove(&key(Some(r)).unwrap_or_default());
+                }
+                for p in d.upserted {
+                    if let Some(k) = key(p.pod.as_ref()) {
+                        self.plan.insert(k, p);
+                    }
+                }
+                self.plan_version = d.version;
+            }
+        }
+        let plan = &self.plan;
+        self.fetched.retain(|k, _| !plan.contains_key(k));
+        self.explain();
+        // Saved before the datapath changes: a crash in between restarts
+        // from the newer plan and converges to it.
+        self.save_plan();
+        self.converge();
+        self.settle_pending();
+        self.realized_version = self.plan_version;
+        Ok(self.plan_version)
+    }
+
+    pub(super) fn pod_plan_fetched(&mut self, pod: PodKey, policy: Option<PodPolicy>) {
+        let Some(policy) = policy else {
+            return;
+        };
+        // The stream already has it (and may be newer), or the pod is gone.
+        if (self.has_plan && self.plan.contains_key(&pod)) || !self.pods.contains_key(&pod) {
+            return;
+        }
+        self.fetched.insert(pod, policy);
+        self.converge();
+        self.settle_pending();
+    }
+
+    /// Interfaces with our programs that no known pod claims (their
+    /// checkpoint was lost) are matched to plan pods by the addresses their
+    /// endpoint entry holds, so pod→interface knowledge comes back from the
+    /// kernel instead of being detached.
+    pub(super) fn explain(&mut self) {
+        let claimed: BTreeSet<&PodKey> = self.pods.keys().collect();
+        let mut by_addrs: BTreeMap<BTreeSet<[u8; 16]>, Vec<&PodKey>> = BTreeMap::new();
+        for (k, p) in &self.plan {
+            if claimed.contains(k) || p.pod_ips.is_empty() {
+                continue;
+            }
+            let addrs: Option<BTreeSet<[u8; 16]>> = p
+                .pod_ips
+                .iter()
+                .map(|ip| prefix_of(ip).ok().map(|p| p.addr))
+                .collect();
+            if let Some(a) = addrs {
+                by_addrs.entry(a).or_default().push(k);
+            }
+        }
+        let mut found: Vec<(PodKey, String, u32, Vec<[u8; 16]>)> = Vec::new();
+        for (ifname, e) in &self.realized.endpoints {
+            if e.owner != Owner::Unexplained || e.entry.pod_addrs.is_empty() {
+                continue;
+            }
+            let addrs: BTreeSet<[u8; 16]> = e.entry.pod_addrs.iter().copied().collect();
+            if let Some([only]) = by_addrs.get(&addrs).map(Vec::as_slice) {
+                found.push((
+                    (*only).clone(),
+                    ifname.clone(),
+                    e.ifindex,
+                    e.entry.pod_addrs.clone(),
+                ));
+            }
+        }
+        let explained = !found.is_empty();
+        for (pod, ifname, ifindex, addrs) in found {
+            tracing::info!(pod = %format!("{}/{}", pod.0, pod.1), %ifname, "interface explained by the pod's addresses");
+            self.pods.insert(
+                pod,
+                PodRuntime {
+                    container_id: String::new(),
+                    netns: String::new(),
+                    host_interfaces: vec![ifname.clone()],
+                    ips: addrs.iter().map(|a| Prefix::new(*a, 128)).collect(),
+                    ifindexes: BTreeMap::from([(ifname, ifindex)]),
+                    mode: None,
+                },
+            );
+        }
+        if explained {
+            self.save_pods();
+        }
+    }
+}

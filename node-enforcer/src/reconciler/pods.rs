@@ -1,0 +1,350 @@
+//! Pods as the CNI plugin (or NPBackend) reports them: up, down, check, and
+//! the pod-up contract.
+//!
+//! Pod up returns only once the pod's policy is in the datapath. When the
+//! plan does not list the pod yet, the pod is attached denied, its plan is
+//! fetched on demand, and the answer waits; at the deadline strict mode
+//! refuses the pod and standard mode lets it start open, marked unprotected.
+//! A refused request changes nothing: the inputs are restored and the
+//! datapath converges back to what it was.
+
+use std::collections::BTreeMap;
+
+use palisade_proto::v1::PodState;
+
+use super::{validate_pod, PendingUp, PodUp, PodUpOutcome, PodUpReply, Reconciler};
+use crate::datapath::Datapath;
+use crate::desired::{Knowledge, Mode, PodKey, PodRuntime};
+
+fn name(k: &PodKey) -> String {
+    format!("{}/{}", k.0, k.1)
+}
+
+/// The pod inputs before a request, to put back if it is refused.
+struct Undo {
+    pods: BTreeMap<PodKey, PodRuntime>,
+    unprotected: bool,
+    deleting: bool,
+}
+
+impl<D: Datapath> Reconciler<D> {
+    pub fn pod_up(&mut self, mut up: PodUp, reply: PodUpReply) {
+        if let Err(e) = validate_pod(&up) {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        // The identity of each host interface is its index now: a name can
+        // be reused by a recreated veth.
+        let mut ifindexes = BTreeMap::new();
+        for ifname in &up.runtime.host_interfaces {
+            match self.datapath.ifindex(ifname) {
+                Ok(i) => {
+                    ifindexes.insert(ifname.clone(), i);
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(format!("pod {}: {e}", name(&up.pod))));
+                    return;
+                }
+            }
+        }
+        up.runtime.ifindexes = ifindexes.clone();
+        // Another pod claiming the same live interface is a request we
+        // cannot honour without taking enforcement from that pod. A claim
+        // on an older interface of the same name is stale: that interface
+        // is gone, so only the name is freed.
+        let mut pods = self.pods.clone();
+        for (other, rt) in self.pods.iter() {
+            if *other == up.pod {
+                continue;
+            }
+            for (ifname, &index) in &ifindexes {
+                if !rt.host_interfaces.contains(ifname) {
+                    continue;
+                }
+                if rt.ifindexes.get(ifname) == Some(&index) {
+                    let _ = reply.send(Err(format!(
+                        "pod {}: interface {ifname} (index {index}) is the host interface of pod {}, whose DEL has not arrived; refusing rather than un-enforcing it",
+                        name(&up.pod),
+                        name(other)
+                    )));
+                    return;
+                }
+                let stale = pods.get_mut(other).expect("cloned");
+                stale.host_interfaces.retain(|i| i != ifname);
+                stale.ifindexes.remove(ifname);
+            }
+        }
+        pods.retain(|_, rt| !rt.host_interfaces.is_empty());
+        if let Some(old) = self.pending.remove(&up.pod) {
+            let _ = old.reply.send(Err(format!(
+                "pod {}: superseded by a newer pod-up for the same pod",
+                name(&up.pod)
+            )));
+        }
+        let undo = Undo {
+            pods: std::mem::replace(&mut self.pods, pods),
+            unprotected: self.unprotected.remove(&up.pod),
+            deleting: self.deleting.remove(&up.pod),
+        };
+        let key = up.pod.clone();
+        let container_id = up.runtime.container_id.clone();
+        self.pods.insert(key.clone(), up.runtime);
+        let known = matches!(self.knowledge(&key), Knowledge::Known(_));
+        if !known {
+            self.pending.insert(
+                key.clone(),
+                PendingUp {
+                    container_id,
+                    reply,
+                },
+            );
+            self.converge();
+            if let Some(e) = self.write_failure(&key) {
+                let p = self.pending.remove(&key).expect("just inserted");
+                self.undo(&key, undo);
+                let _ = p.reply.send(Err(e));
+                return;
+            }
+            self.save_pods();
+            if let Some(fetch) = &self.fetch {
+                let _ = fetch.send(key);
+            }
+            return;
+        }
+        self.converge();
+        if let Some(e) = self.write_failure(&key) {
+            self.undo(&key, undo);
+            let _ = reply.send(Err(e));
+            return;
+        }
+        self.save_pods();
+        let _ = reply.send(Ok(self.outcome(&key, true, String::new())));
+    }
+
+    /// A datapath failure for the pod (as opposed to a policy that could not
+    /// be compiled, which leaves the pod denied in that direction and is
+    /// reported, not refused).
+    fn write_failure(&self, key: &PodKey) -> Option<String> {
+        let rt = self.pods.get(key)?;
+        let attached = rt.host_interfaces.iter().all(|i| {
+            self.realized
+                .endpoints
+                .get(i)
+                .is_some_and(|e| e.owner.pod() == Some(key))
+        });
+        if attached && !self.pod_failures.contains(key) {
+            return None;
+        }
+        Some(
+            self.pod_errors
+                .get(key)
+                .cloned()
+                .unwrap_or_else(|| format!("pod {}: an interface is not attached", name(key))),
+        )
+    }
+
+    fn undo(&mut self, key: &PodKey, undo: Undo) {
+        self.pods = undo.pods;
+        if undo.unprotected {
+            self.unprotected.insert(key.clone());
+        }
+        if undo.deleting {
+            self.deleting.insert(key.clone());
+        }
+        self.converge();
+    }
+
+    fn outcome(&self, key: &PodKey, realized: bool, warning: String) -> PodUpOutcome {
+        let policy = self.plan.get(key).or_else(|| self.fetched.get(key));
+        PodUpOutcome {
+            plan_version: self.plan_version,
+            ingress_isolated: policy.is_some_and(|p| p.ingress.is_some()),
+            egress_isolated: policy.is_some_and(|p| p.egress.is_some()),
+            realized,
+            warning,
+        }
+    }
+
+    /// Answers every waiting pod-up whose policy is now known and realized.
+    pub(super) fn settle_pending(&mut self) {
+        let ready: Vec<PodKey> = self
+            .pending
+            .keys()
+            .filter(|k| matches!(self.knowledge(k), Knowledge::Known(_)))
+            .cloned()
+            .collect();
+        for key in ready {
+            let p = self.pending.remove(&key).expect("listed");
+            let answer = match self.write_failure(&key) {
+                Some(e) => Err(e),
+                None => Ok(self.outcome(&key, true, String::new())),
+            };
+            let _ = p.reply.send(answer);
+        }
+    }
+
+    fn unknown_reason(&self, key: &PodKey) -> String {
+        if !self.plan_connected {
+            "the plan stream from the controller is not connected".to_string()
+        } else if !self.has_plan {
+            "no plan has been received from the controller yet".to_string()
+        } else {
+            format!(
+                "the controller's plan (version {}) does not list {}",
+                self.plan_version,
+                name(key)
+            )
+        }
+    }
+
+    pub(super) fn pod_up_deadline(&mut self, key: &PodKey, container_id: &str) {
+        if !self
+            .pending
+            .get(key)
+            .is_some_and(|p| p.container_id == container_id)
+        {
+            return;
+        }
+        let p = self.pending.remove(key).expect("checked");
+        let reason = self.unknown_reason(key);
+        let mode = self.pods.get(key).and_then(|p| p.mode).unwrap_or(self.mode);
+        match mode {
+            Mode::Strict => {
+                // Refused: the runtime tears the sandbox down, and nothing
+                // of it stays.
+                self.pods.remove(key);
+                self.converge();
+                self.save_pods();
+                let _ = p.reply.send(Err(format!(
+                    "pod {}: policy not known by the pod-up deadline ({reason}); strict mode refuses the pod",
+                    name(key)
+                )));
+            }
+            Mode::Standard => {
+                self.unprotected.insert(key.clone());
+                self.converge();
+                let warning = format!(
+                    "pod {} starts UNPROTECTED: policy not known by the pod-up deadline ({reason})",
+                    name(key)
+                );
+                self.warn(warning.clone());
+                let _ = p.reply.send(Ok(self.outcome(key, false, warning)));
+            }
+        }
+    }
+
+    pub fn pod_down(&mut self, pod: Option<PodKey>, container_id: &str) -> Result<(), String> {
+        let pod = match pod {
+            Some(p) => p,
+            None if container_id.is_empty() => {
+                return Err("pod down needs a pod or a container id".into())
+            }
+            None => match self
+                .pods
+                .iter()
+                .find(|(_, rt)| rt.container_id == container_id)
+            {
+                Some((k, _)) => k.clone(),
+                None => return Ok(()),
+            },
+        };
+        let Some(rt) = self.pods.get(&pod).cloned() else {
+            return Ok(());
+        };
+        // A DEL for an older sandbox must not tear down the new one. A pod
+        // rebuilt from the kernel has no container id: any DEL owns it.
+        if !container_id.is_empty()
+            && !rt.container_id.is_empty()
+            && rt.container_id != container_id
+        {
+            return Ok(());
+        }
+        if container_id.is_empty() {
+            // NPBackend names only the pod, so a late delete of an old pod
+            // looks like a delete of the new one: forget the pod only once
+            // its interface is really gone.
+            let live = self.live_interfaces();
+            let alive = rt.host_interfaces.iter().any(|i| {
+                live.get(i)
+                    .is_some_and(|idx| rt.ifindexes.get(i).is_none_or(|w| w == idx))
+            });
+            if alive {
+                self.deleting.insert(pod);
+                return Ok(());
+            }
+        }
+        self.forget(&pod);
+        self.converge();
+        self.save_pods();
+        Ok(())
+    }
+
+    fn forget(&mut self, pod: &PodKey) {
+        self.pods.remove(pod);
+        self.unprotected.remove(pod);
+        self.deleting.remove(pod);
+        self.fetched.remove(pod);
+        if let Some(p) = self.pending.remove(pod) {
+            let _ = p.reply.send(Err(format!(
+                "pod {} was deleted while coming up",
+                name(pod)
+            )));
+        }
+    }
+
+    /// Interfaces came or went: pods whose every interface is gone (deleted
+    /// without a DEL, or recreated under the same name) are forgotten.
+    /// True when it converged.
+    pub(super) fn links_changed(&mut self) -> bool {
+        let live = self.live_interfaces();
+        let gone: Vec<PodKey> = self
+            .pods
+            .iter()
+            .filter(|(_, rt)| {
+                !rt.host_interfaces.iter().any(|i| {
+                    live.get(i)
+                        .is_some_and(|idx| rt.ifindexes.get(i).is_none_or(|w| w == idx))
+                })
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        let vanished_unexplained = self
+            .realized
+            .endpoints
+            .iter()
+            .any(|(n, e)| live.get(n) != Some(&e.ifindex));
+        if gone.is_empty() && !vanished_unexplained {
+            return false;
+        }
+        for k in &gone {
+            tracing::info!(pod = %name(k), "host interface gone; forgetting the pod");
+            self.forget(k);
+        }
+        self.converge();
+        if !gone.is_empty() {
+            self.save_pods();
+        }
+        true
+    }
+
+    pub(super) fn pod_check(&self, pod: &PodKey, container_id: &str) -> Result<PodState, String> {
+        let Some(rt) = self.pods.get(pod) else {
+            return Err(format!("pod {} is not known to this enforcer", name(pod)));
+        };
+        if !container_id.is_empty()
+            && !rt.container_id.is_empty()
+            && rt.container_id != container_id
+        {
+            return Err(format!(
+                "pod {} is known with container {}, not {container_id}",
+                name(pod),
+                rt.container_id
+            ));
+        }
+        let state = self.pod_state(pod, rt);
+        if !state.error.is_empty() {
+            return Err(state.error);
+        }
+        Ok(state)
+    }
+}

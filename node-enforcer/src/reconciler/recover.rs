@@ -1,0 +1,178 @@
+//! Taking over what a previous process left (DESIGN invariant 6): the
+//! datapath's tables and pinned links, and the checkpointed inputs.
+//!
+//! The kernel is the source of truth for what is enforced; the checkpoint
+//! only says why. So a damaged or missing checkpoint never detaches a live
+//! interface: an attached interface no saved pod explains keeps the policy
+//! it has (shown as unexplained in the dump) until the plan explains it by
+//! its addresses or the interface goes away. Only links whose interface is
+//! gone, and tables nothing references, are removed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use super::{key, RealizedEndpoint, RealizedPolicy, Reconciler, DENY_ALL};
+use crate::checkpoint::Saved;
+use crate::compile::PolicySet;
+use crate::datapath::{Datapath, EndpointEntry, PolicyId};
+use crate::desired::{Owner, PodKey, Verdict};
+
+impl<D: Datapath> Reconciler<D> {
+    pub fn recover(&mut self, saved: Saved) -> Result<(), String> {
+        let adopted = self
+            .datapath
+            .adopt()
+            .map_err(|e| format!("reading the datapath left by the previous enforcer: {e}"))?;
+        for w in saved.damage {
+            self.warn(w);
+        }
+        if let Some(plan) = saved.plan {
+            self.plan = plan
+                .pods
+                .into_iter()
+                .filter_map(|p| Some((key(p.pod.as_ref())?, p)))
+                .collect();
+            self.plan_version = plan.version;
+            self.realized_version = plan.version;
+            self.has_plan = true;
+        }
+        self.pods = saved.pods;
+
+        let r = &mut self.realized;
+        for (id, set) in &adopted.portsets {
+            if r.portsets.contains_key(set) {
+                r.garbage_portsets.push((*id, set.clone()));
+            } else {
+                r.portsets.insert(set.clone(), *id);
+            }
+            r.next_portset = r.next_portset.max(*id);
+        }
+        let mut by_id: BTreeMap<PolicyId, Arc<PolicySet>> = BTreeMap::new();
+        for (id, entries) in &adopted.policies {
+            if *id == DENY_ALL || *id == 0 {
+                continue;
+            }
+            let set = Arc::new(PolicySet {
+                entries: entries
+                    .iter()
+                    .map(|(p, ps)| (*p, adopted.portsets.get(ps).cloned().unwrap_or_default()))
+                    .collect(),
+            });
+            if r.policies.contains_key(&set) {
+                r.garbage_policies.push((*id, entries.clone()));
+            } else {
+                r.policies.insert(
+                    set.clone(),
+                    RealizedPolicy {
+                        id: *id,
+                        entries: entries.clone(),
+                    },
+                );
+            }
+            by_id.insert(*id, set);
+            if *id < DENY_ALL / 2 {
+                r.next_policy = r.next_policy.max(*id);
+            }
+        }
+        // An id with no entries is an empty table: it denies everything.
+        let verdict = |id: PolicyId| -> Verdict {
+            match id {
+                0 => Verdict::Open,
+                DENY_ALL => Verdict::Deny,
+                id => Verdict::Policy(
+                    by_id
+                        .get(&id)
+                        .cloned()
+                        .unwrap_or_else(|| Arc::new(PolicySet::default())),
+                ),
+            }
+        };
+
+        let owner_of =
+            |ifname: &str, ifindex: u32, pods: &BTreeMap<PodKey, crate::desired::PodRuntime>| {
+                pods.iter()
+                    .find(|(_, rt)| {
+                        rt.host_interfaces.iter().any(|i| i == ifname)
+                            && rt.ifindexes.get(ifname).is_none_or(|w| *w == ifindex)
+                    })
+                    .map(|(k, _)| k.clone())
+            };
+        let mut claimed = BTreeSet::new();
+        for ifname in &adopted.attached {
+            let Ok(ifindex) = self.datapath.ifindex(ifname) else {
+                // The interface is gone, and its link with it: unpin.
+                if let Err(e) = self.datapath.detach(ifname, 0) {
+                    self.warn(format!("unpinning the link of vanished {ifname}: {e}"));
+                }
+                continue;
+            };
+            claimed.insert(ifindex);
+            let entry = match adopted.endpoints.get(&ifindex) {
+                Some(e) => e.clone(),
+                None => {
+                    // Attached with no entry passes everything: deny now,
+                    // before anything else.
+                    let deny = EndpointEntry {
+                        ingress: DENY_ALL,
+                        egress: DENY_ALL,
+                        pod_addrs: Vec::new(),
+                    };
+                    if let Err(e) = self.datapath.set_endpoint(ifindex, &deny) {
+                        self.warn(format!("{ifname}: attached without an endpoint entry, and denying it failed: {e}"));
+                    }
+                    deny
+                }
+            };
+            let owner = match owner_of(ifname, ifindex, &self.pods) {
+                Some(k) => Owner::Pod(k),
+                None => {
+                    self.warn(format!(
+                        "{ifname} (index {ifindex}) has our programs but no saved pod explains it; it keeps its policy until the plan explains it or it goes away"
+                    ));
+                    Owner::Unexplained
+                }
+            };
+            self.realized.endpoints.insert(
+                ifname.clone(),
+                RealizedEndpoint {
+                    ifindex,
+                    owner,
+                    ingress: verdict(entry.ingress),
+                    egress: verdict(entry.egress),
+                    entry,
+                },
+            );
+        }
+        for ifindex in adopted.endpoints.keys() {
+            if !claimed.contains(ifindex) {
+                // No program of ours runs there; the entry is dead weight.
+                let _ = self.datapath.remove_endpoint(*ifindex);
+            }
+        }
+        // A pod whose interfaces are all gone was deleted while we were down.
+        let live = self.live_interfaces();
+        self.pods.retain(|_, rt| {
+            rt.host_interfaces.iter().any(|i| {
+                live.get(i)
+                    .is_some_and(|idx| rt.ifindexes.get(i).is_none_or(|w| w == idx))
+            })
+        });
+        tracing::info!(
+            pods = self.pods.len(),
+            interfaces = self.realized.endpoints.len(),
+            policy_sets = self.realized.policies.len(),
+            plan_version = self.plan_version,
+            "recovered the previous enforcer's state"
+        );
+        self.explain_after_recovery();
+        self.converge();
+        self.save_pods();
+        Ok(())
+    }
+
+    fn explain_after_recovery(&mut self) {
+        if self.has_plan {
+            self.explain();
+        }
+    }
+}
