@@ -16,6 +16,9 @@ pub struct FakeDatapath {
     pub log: Vec<String>,
     /// Interfaces whose attach fails, to test error paths.
     pub fail_attach: BTreeSet<String>,
+    /// Operations that fail, by the start of their log line
+    /// (`"add_policy"`, `"set_endpoint 10"`, `"detach veth-a"`, ...).
+    pub fail: BTreeSet<String>,
     pub node_addresses: Vec<std::net::IpAddr>,
     /// Set when an operation left a window a packet could see.
     pub violations: Vec<String>,
@@ -28,6 +31,14 @@ impl FakeDatapath {
             f.interfaces.insert(n.to_string(), 10 + i as u32);
         }
         f
+    }
+
+    /// Fails `op` if a test asked for it, before it changes anything.
+    fn injected(&self, op: &str) -> Result<()> {
+        match self.fail.iter().find(|f| op.starts_with(f.as_str())) {
+            Some(f) => Err(DatapathError::new(format!("{op}: injected failure ({f})"))),
+            None => Ok(()),
+        }
     }
 
     fn check(&mut self, op: &str) {
@@ -96,21 +107,25 @@ impl Datapath for FakeDatapath {
         })
     }
     fn add_portset(&mut self, id: PortSetId, set: &PortSet) -> Result<()> {
+        self.injected(&format!("add_portset {id}"))?;
         self.portsets.insert(id, set.clone());
         self.check(&format!("add_portset {id}"));
         Ok(())
     }
     fn remove_portset(&mut self, id: PortSetId, _: &PortSet) -> Result<()> {
+        self.injected(&format!("remove_portset {id}"))?;
         self.portsets.remove(&id);
         self.check(&format!("remove_portset {id}"));
         Ok(())
     }
     fn add_policy(&mut self, id: PolicyId, entries: &[(Prefix, PortSetId)]) -> Result<()> {
+        self.injected(&format!("add_policy {id}"))?;
         self.policies.insert(id, entries.to_vec());
         self.check(&format!("add_policy {id}"));
         Ok(())
     }
     fn remove_policy(&mut self, id: PolicyId, _: &[(Prefix, PortSetId)]) -> Result<()> {
+        self.injected(&format!("remove_policy {id}"))?;
         self.policies.remove(&id);
         self.check(&format!("remove_policy {id}"));
         Ok(())
@@ -127,16 +142,19 @@ impl Datapath for FakeDatapath {
                 "attach to {ifname}: injected failure"
             )));
         }
+        self.injected(&format!("attach {ifname}"))?;
         self.attached.insert(ifname.to_string());
         self.check(&format!("attach {ifname}"));
         Ok(())
     }
     fn detach(&mut self, ifname: &str, _: u32) -> Result<()> {
+        self.injected(&format!("detach {ifname}"))?;
         self.attached.remove(ifname);
         self.check(&format!("detach {ifname}"));
         Ok(())
     }
     fn set_endpoint(&mut self, ifindex: u32, entry: &EndpointEntry) -> Result<()> {
+        self.injected(&format!("set_endpoint {ifindex}"))?;
         self.endpoints.insert(ifindex, entry.clone());
         self.check(&format!(
             "set_endpoint {ifindex} {} {}",
@@ -145,6 +163,7 @@ impl Datapath for FakeDatapath {
         Ok(())
     }
     fn remove_endpoint(&mut self, ifindex: u32) -> Result<()> {
+        self.injected(&format!("remove_endpoint {ifindex}"))?;
         self.endpoints.remove(&ifindex);
         self.check(&format!("remove_endpoint {ifindex}"));
         Ok(())

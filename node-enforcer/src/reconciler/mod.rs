@@ -321,7 +321,9 @@ impl<D: Datapath> Reconciler<D> {
             }
             Event::Tick => {
                 let addresses = self.refresh_node_addresses();
-                if !self.links_changed() && addresses {
+                // Failed operations are retried until they succeed.
+                let retry = !self.errors.is_empty() || !self.pod_failures.is_empty();
+                if !self.links_changed() && (addresses || retry) {
                     self.converge();
                 }
             }
@@ -422,3 +424,6 @@ pub fn prefixes(list: &[palisade_proto::v1::IpPrefix]) -> Result<Vec<Prefix>, St
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod fail_closed_tests;
