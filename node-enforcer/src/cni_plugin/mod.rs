@@ -18,6 +18,7 @@
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod host_veth;
 
 #[cfg(test)]
 mod tests;
@@ -49,6 +50,15 @@ pub struct Output {
 /// The whole plugin: the process environment and stdin in, stdout or a CNI
 /// error out. `main` only prints and picks the exit code.
 pub fn run(env: &HashMap<String, String>, stdin: impl Read) -> Result<Output, CniError> {
+    run_with(env, stdin, &host_veth::Kernel)
+}
+
+/// [`run`] with the way the pod's host interface is found given.
+pub fn run_with(
+    env: &HashMap<String, String>,
+    stdin: impl Read,
+    host: &dyn host_veth::HostVeth,
+) -> Result<Output, CniError> {
     let command = Command::from_env(env)?;
     if command == Command::Version {
         // VERSION may be invoked with no config at all; don't wait on stdin.
@@ -58,7 +68,7 @@ pub fn run(env: &HashMap<String, String>, stdin: impl Read) -> Result<Output, Cn
     }
     let input = read_input(stdin)?;
     let version = config::sniff_version(&input);
-    execute(command, env, &input).map_err(|mut e| {
+    execute(command, env, &input, host).map_err(|mut e| {
         if e.cni_version.is_none() {
             e.cni_version = version;
         }
@@ -97,9 +107,10 @@ fn execute(
     command: Command,
     env: &HashMap<String, String>,
     input: &str,
+    host: &dyn host_veth::HostVeth,
 ) -> Result<Output, CniError> {
     match command {
-        Command::Add => add(env, input),
+        Command::Add => add(env, input, host),
         Command::Del => del(env, input),
         Command::Check => check(env, input),
         // The enforcer reconciles its own state and reports readiness through
@@ -112,7 +123,11 @@ fn client_for(conf: &NetConf) -> EnforcerClient {
     EnforcerClient::new(&conf.enforcer_socket, conf.timeout)
 }
 
-fn add(env: &HashMap<String, String>, input: &str) -> Result<Output, CniError> {
+fn add(
+    env: &HashMap<String, String>,
+    input: &str,
+    host: &dyn host_veth::HostVeth,
+) -> Result<Output, CniError> {
     let conf = config::parse_net_conf(input)?;
     let invocation = Invocation::from_env(Command::Add, env)?;
     let prev_result = conf.prev_result.as_deref().ok_or_else(|| {
@@ -121,7 +136,21 @@ fn add(env: &HashMap<String, String>, input: &str) -> Result<Output, CniError> {
              interface plugin such as ptp",
         )
     })?;
-    let network = config::pod_network(prev_result)?;
+    let mut network = config::pod_network(prev_result)?;
+    // The kernel, not prevResult, says which host interface is the pod's.
+    let veth = host
+        .host_interface(&invocation.netns, &invocation.ifname)
+        .map_err(|e| {
+            CniError::new(
+                code::INTERNAL,
+                format!(
+                    "cannot find the host side of {} in {}",
+                    invocation.ifname, invocation.netns
+                ),
+            )
+            .with_details(e)
+        })?;
+    network.host_interfaces = vec![veth];
     client_for(&conf).pod_up(pod_up_request(&invocation, &network)?)?;
     Ok(Output {
         stdout: prev_result.get().to_string(),
@@ -131,8 +160,20 @@ fn add(env: &HashMap<String, String>, input: &str) -> Result<Output, CniError> {
 fn del(env: &HashMap<String, String>, input: &str) -> Result<Output, CniError> {
     let conf = config::parse_net_conf(input)?;
     let invocation = Invocation::from_env(Command::Del, env)?;
-    client_for(&conf).pod_down(pod_down_request(&invocation))?;
-    Ok(Output::default())
+    match client_for(&conf).pod_down(pod_down_request(&invocation)) {
+        Ok(_) => Ok(Output::default()),
+        // Nothing this DEL can do while the enforcer is down, and failing it
+        // would block the sandbox's teardown: the next enforcer forgets pods
+        // whose interfaces are gone.
+        Err(e) if e.code == code::TRY_AGAIN_LATER => {
+            eprintln!(
+                "palisade-cni: DEL: {}; the enforcer cleans up when it returns",
+                e.msg
+            );
+            Ok(Output::default())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 fn check(env: &HashMap<String, String>, input: &str) -> Result<Output, CniError> {

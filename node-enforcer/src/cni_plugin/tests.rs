@@ -58,7 +58,11 @@ fn conf(socket: &Path, prev_result: Option<&str>) -> String {
 }
 
 fn run_with(env: &HashMap<String, String>, stdin: &str) -> Result<Output, CniError> {
-    run(env, stdin.as_bytes())
+    super::run_with(
+        env,
+        stdin.as_bytes(),
+        &super::host_veth::Fixed(HOST_VETH.into()),
+    )
 }
 
 fn expect_err(result: Result<Output, CniError>) -> CniError {
@@ -507,7 +511,8 @@ fn unreachable_enforcer_dropped_listener_is_try_again_later() {
         "the stale socket file is the point of this test"
     );
 
-    for command in ["ADD", "DEL", "CHECK"] {
+    run_with(&env("DEL"), &conf(&socket, Some(PREV_RESULT))).expect("DEL succeeds");
+    for command in ["ADD", "CHECK"] {
         let err = expect_err(run_with(&env(command), &conf(&socket, Some(PREV_RESULT))));
         assert_eq!(err.code, code::TRY_AGAIN_LATER, "{command}");
         assert!(err.msg.contains(&socket.display().to_string()), "{err}");
@@ -634,10 +639,12 @@ fn del_is_best_effort_on_missing_names_and_unknown_pods() {
 }
 
 #[test]
-fn del_with_unreachable_enforcer_fails_so_the_runtime_retries() {
+/// Failing it would block the sandbox's teardown for as long as the
+/// enforcer is down; the next enforcer forgets pods whose veth is gone.
+fn del_with_unreachable_enforcer_succeeds() {
     let (_dir, socket) = missing_socket();
-    let err = expect_err(run_with(&env("DEL"), &conf(&socket, None)));
-    assert_eq!(err.code, code::TRY_AGAIN_LATER);
+    let out = run_with(&env("DEL"), &conf(&socket, None)).unwrap();
+    assert!(out.stdout.is_empty());
 }
 
 #[test]
