@@ -74,12 +74,23 @@ fn unreachable_enforcer_is_a_cni_error() {
                            "ips":[{{"address":"10.244.1.5/24","interface":1}}]}}}}"#,
         socket.display()
     );
-    let json = error_json(&plugin("ADD", &stdin));
+    let json = error_json(&plugin("CHECK", &stdin));
     assert_eq!(json["code"], 11);
     assert!(json["msg"]
         .as_str()
         .unwrap()
         .contains(&socket.display().to_string()));
+    // ADD first finds the pod's host veth in the kernel: a sandbox that does
+    // not exist is named, and nothing is asked of the enforcer.
+    let json = error_json(&plugin("ADD", &stdin));
+    assert_eq!(json["code"], 999);
+    assert!(
+        json["msg"]
+            .as_str()
+            .unwrap()
+            .contains("cannot find the host side"),
+        "{json}"
+    );
 }
 
 #[test]

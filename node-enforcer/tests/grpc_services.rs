@@ -35,8 +35,8 @@ async fn start(interfaces: &[&str]) -> Enforcer {
         FakeDatapath::with_interfaces(interfaces),
     );
     std::thread::spawn(move || reconciler.run(rx, state_tx));
-    let handle = Handle::new(tx);
-    let router = server::router(handle.clone(), "eni".into()).await.unwrap();
+    let handle = Handle::new(tx, std::time::Duration::from_secs(5));
+    let (router, _health) = server::router(handle.clone(), "eni".into()).await.unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let addr = socket.clone();
     tokio::spawn(async move {
@@ -141,8 +141,15 @@ async fn npbackend_enforces_on_the_vpc_cni_interface_and_deletes() {
         .await
         .unwrap()
         .into_inner();
-    assert!(state.interfaces.is_empty());
-    assert!(state.policy_sets.is_empty());
+    // NPBackend names only the pod, so a late delete of an old pod cannot
+    // be told from this one's: it stays enforced until its veth goes.
+    assert_eq!(state.interfaces.len(), 1);
+    let pod = &state.state.unwrap().pods[0];
+    assert!(
+        pod.error.contains("until its interface goes away"),
+        "{}",
+        pod.error
+    );
 }
 
 #[tokio::test]
@@ -174,6 +181,19 @@ async fn npbackend_for_a_pod_without_its_interface_is_refused_by_name() {
 #[tokio::test]
 async fn cni_service_validates_and_reports_per_pod_state() {
     let e = start(&["veth1"]).await;
+    let known = PodPolicy {
+        ingress: None,
+        ..isolate("x", "a")
+    };
+    e.handle
+        .plan(PlanMessage::Snapshot(PlanSnapshot {
+            version: 3,
+            pods: vec![known],
+            source_synced: true,
+        }))
+        .await
+        .unwrap()
+        .unwrap();
     let mut cni = CniServiceClient::new(e.channel().await);
     let pod = Some(PodRef {
         namespace: "x".into(),

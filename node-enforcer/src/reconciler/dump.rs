@@ -64,11 +64,10 @@ impl<D: Datapath> Reconciler<D> {
         let mut error = self.pod_errors.get(key).cloned().unwrap_or_default();
         if error.is_empty() {
             if let Some(missing) = rt.host_interfaces.iter().find(|i| {
-                !self
-                    .realized
+                self.realized
                     .endpoints
                     .get(*i)
-                    .is_some_and(|e| e.owner.pod() == Some(key))
+                    .is_none_or(|e| e.owner.pod() != Some(key))
             }) {
                 error = format!("{missing} is not attached");
             }

@@ -198,10 +198,10 @@ impl<D: Datapath> Reconciler<D> {
     }
 
     pub(super) fn pod_up_deadline(&mut self, key: &PodKey, container_id: &str) {
-        if !self
+        if self
             .pending
             .get(key)
-            .is_some_and(|p| p.container_id == container_id)
+            .is_none_or(|p| p.container_id != container_id)
         {
             return;
         }
