@@ -192,7 +192,7 @@ fn pin_name(ifname: &str) -> String {
     out
 }
 
-fn ifname_of_pin(encoded: &str) -> String {
+pub(crate) fn ifname_of_pin(encoded: &str) -> String {
     encoded
         .replace("%2E", ".")
         .replace("%40", "@")

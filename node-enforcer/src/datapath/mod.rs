@@ -5,6 +5,7 @@
 
 pub mod bpf;
 pub mod fake;
+pub mod inspect;
 
 use std::collections::{BTreeMap, BTreeSet};
 

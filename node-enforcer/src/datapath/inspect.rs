@@ -1,0 +1,110 @@
+//! Reads what the kernel holds under a pin root, without changing anything:
+//! the endpoint, policy and port tables and the pinned links. The real
+//! datapath adopts from it at start-up; tests and checks compare it with
+//! what the enforcer believes.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use aya::maps::lpm_trie::LpmTrie;
+use aya::maps::{HashMap, Map, MapData};
+use palisade_ebpf::{
+    Endpoint, PolicyKey, PolicyValue, PortKey, PortValue, MAP_ENDPOINTS, MAP_POLICY, MAP_PORTS,
+    POLICY_ID_BITS,
+};
+
+use super::{Adopted, DatapathError, EndpointEntry, Result};
+use crate::compile::{PortEntry, Prefix};
+
+fn err(what: impl std::fmt::Display, e: impl std::fmt::Display) -> DatapathError {
+    DatapathError::new(format!("{what}: {e}"))
+}
+
+fn open(pin_root: &Path, name: &str) -> Result<Map> {
+    let path = pin_root.join(name);
+    let data = MapData::from_pin(&path).map_err(|e| err(path.display(), e))?;
+    Map::from_map_data(data).map_err(|e| err(path.display(), e))
+}
+
+/// The endpoint table's entry as the reconciler sees it.
+pub fn endpoint_entry(e: &Endpoint) -> EndpointEntry {
+    EndpointEntry {
+        ingress: e.ingress_policy,
+        egress: e.egress_policy,
+        pod_addrs: Vec::new(),
+    }
+}
+
+/// Decodes the endpoint, policy and port tables into `out`.
+pub fn read_tables(
+    endpoints: &HashMap<MapData, u32, Endpoint>,
+    policy: &LpmTrie<MapData, PolicyKey, PolicyValue>,
+    ports: &LpmTrie<MapData, PortKey, PortValue>,
+    out: &mut Adopted,
+) -> Result<()> {
+    for item in endpoints.iter() {
+        let (ifindex, e) = item.map_err(|e| err(MAP_ENDPOINTS, e))?;
+        out.endpoints.insert(ifindex, endpoint_entry(&e));
+    }
+    for item in policy.iter() {
+        let (key, value) = item.map_err(|e| err(MAP_POLICY, e))?;
+        let data = key.data();
+        let len = key.prefix_len().saturating_sub(POLICY_ID_BITS).min(128) as u8;
+        out.policies
+            .entry(data.policy_id)
+            .or_default()
+            .push((Prefix::new(data.addr, len), value.portset_id));
+    }
+    for item in ports.iter() {
+        let (key, _) = item.map_err(|e| err(MAP_PORTS, e))?;
+        let data = key.data();
+        let entry = match key.prefix_len() {
+            0..=39 => PortEntry::Any,
+            40 => PortEntry::Proto(data.proto),
+            n => PortEntry::Block {
+                proto: data.proto,
+                port: u16::from_be_bytes(data.port),
+                bits: (n - 40).min(16) as u8,
+            },
+        };
+        out.portsets
+            .entry(data.portset_id)
+            .or_default()
+            .0
+            .insert(entry);
+    }
+    Ok(())
+}
+
+/// The interfaces that have pinned links under `pin_root/links`.
+pub fn linked_interfaces(pin_root: &Path) -> Result<BTreeSet<String>> {
+    let dir = pin_root.join("links");
+    let mut names = BTreeSet::new();
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(names),
+        Err(e) => return Err(err(dir.display(), e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| err(dir.display(), e))?;
+        let file = entry.file_name().to_string_lossy().into_owned();
+        if let Some((encoded, _)) = file.rsplit_once('@') {
+            names.insert(super::bpf::ifname_of_pin(encoded));
+        }
+    }
+    Ok(names)
+}
+
+/// Everything under `pin_root`, read-only.
+pub fn inspect(pin_root: &Path) -> Result<Adopted> {
+    let endpoints = HashMap::try_from(open(pin_root, MAP_ENDPOINTS)?)
+        .map_err(|e| err(MAP_ENDPOINTS, e))?;
+    let policy = LpmTrie::try_from(open(pin_root, MAP_POLICY)?).map_err(|e| err(MAP_POLICY, e))?;
+    let ports = LpmTrie::try_from(open(pin_root, MAP_PORTS)?).map_err(|e| err(MAP_PORTS, e))?;
+    let mut out = Adopted {
+        attached: linked_interfaces(pin_root)?,
+        ..Adopted::default()
+    };
+    read_tables(&endpoints, &policy, &ports, &mut out)?;
+    Ok(out)
+}
