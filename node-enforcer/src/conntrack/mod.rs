@@ -1,0 +1,184 @@
+//! eBPF conntrack cleanup against the kernel's conntrack (DESIGN invariant
+//! 7; the AWS agent's seed 001).
+//!
+//! An eBPF entry records a flow as one hook of one pod saw it. Through a
+//! Service, the kernel's entry holds the VIP in its original tuple and the
+//! backend in its reply tuple, so the client's hook saw the original tuple
+//! and the backend's hook saw the reply tuple reversed. An eBPF entry is
+//! therefore explained by a kernel entry when its tuple equals the original
+//! tuple or the reverse of the reply tuple (and, for symmetry, the reply
+//! tuple or the reverse of the original). It is stale only when nothing
+//! explains it AND it was not seen since the cleanup began: a 5-tuple reused
+//! while the kernel table was being read must survive.
+//!
+//! `kernel` reads the kernel's table; `stale` is the pure rule.
+
+pub mod kernel;
+
+use std::collections::HashSet;
+use std::hash::{BuildHasher, Hash, Hasher};
+
+/// A flow's 5-tuple; addresses IPv6 or IPv4-mapped, ports host order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tuple {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+}
+
+impl Tuple {
+    pub fn reversed(&self) -> Tuple {
+        Tuple {
+            src: self.dst,
+            dst: self.src,
+            sport: self.dport,
+            dport: self.sport,
+            proto: self.proto,
+        }
+    }
+}
+
+/// Hashes of every tuple the kernel's entries explain. Only 8 bytes per
+/// tuple are kept: a collision can only keep a stale entry (until the next
+/// cleanup), never remove a live one.
+#[derive(Default)]
+pub struct Explained {
+    seen: HashSet<u64, Fixed>,
+}
+
+/// A fixed-key hasher: no per-process randomness is needed for a set that
+/// never leaves the process, and SipHash is the slow part at 1M entries.
+#[derive(Clone, Copy, Default)]
+pub struct Fixed;
+
+impl BuildHasher for Fixed {
+    type Hasher = FxLike;
+    fn build_hasher(&self) -> FxLike {
+        FxLike(0)
+    }
+}
+
+/// Multiply-rotate hashing over the tuple's words.
+pub struct FxLike(u64);
+
+impl Hasher for FxLike {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(w));
+        }
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+fn digest(t: &Tuple) -> u64 {
+    let mut h = FxLike(0x9e37_79b9_7f4a_7c15);
+    t.hash(&mut h);
+    // Finalise so that nearby tuples spread over the table.
+    let mut x = h.finish();
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^ (x >> 33)
+}
+
+impl Explained {
+    pub fn with_capacity(n: usize) -> Self {
+        Explained {
+            seen: HashSet::with_capacity_and_hasher(n * 2, Fixed),
+        }
+    }
+
+    /// Records one kernel entry.
+    pub fn add(&mut self, original: &Tuple, reply: &Tuple) {
+        self.seen.insert(digest(original));
+        self.seen.insert(digest(&reply.reversed()));
+    }
+
+    pub fn explains(&self, t: &Tuple) -> bool {
+        // An entry recorded in the other direction is explained as well.
+        self.seen.contains(&digest(t)) || self.seen.contains(&digest(&t.reversed()))
+    }
+
+    pub fn len(&self) -> usize {
+        self.seen.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.seen.is_empty()
+    }
+}
+
+/// Is an eBPF entry stale? `last_seen` and `started` are CLOCK_MONOTONIC
+/// nanoseconds (what bpf_ktime_get_ns returns); `started` is taken before
+/// the kernel's table is read.
+pub fn stale(t: &Tuple, last_seen: u64, started: u64, explained: &Explained) -> bool {
+    last_seen < started && !explained.explains(t)
+}
+
+/// CLOCK_MONOTONIC now, in nanoseconds, as the eBPF programs see it.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the struct it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v4(a: [u8; 4]) -> [u8; 16] {
+        let mut o = [0u8; 16];
+        o[10] = 0xff;
+        o[11] = 0xff;
+        o[12..].copy_from_slice(&a);
+        o
+    }
+
+    fn t(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16) -> Tuple {
+        Tuple {
+            src: v4(src),
+            dst: v4(dst),
+            sport,
+            dport,
+            proto: 6,
+        }
+    }
+
+    /// Seed 001: client and backend on one node, through a ClusterIP.
+    #[test]
+    fn a_flow_through_a_service_is_explained_on_both_pods() {
+        let (client, vip, backend) = ([192, 168, 17, 118], [10, 100, 58, 78], [192, 168, 7, 235]);
+        let mut k = Explained::default();
+        k.add(&t(client, 57292, vip, 80), &t(backend, 8080, client, 57292));
+        // The client's egress hook saw the VIP; the backend's ingress hook
+        // saw the backend after DNAT.
+        assert!(!stale(&t(client, 57292, vip, 80), 0, 10, &k));
+        assert!(!stale(&t(client, 57292, backend, 8080), 0, 10, &k));
+        // A flow the kernel no longer has is stale...
+        assert!(stale(&t(client, 57293, backend, 8080), 0, 10, &k));
+        // ...unless it was seen since the cleanup began (a reused tuple).
+        assert!(!stale(&t(client, 57293, backend, 8080), 10, 10, &k));
+    }
+
+    #[test]
+    fn snat_is_explained_too() {
+        let (pod, ext, node) = ([10, 244, 0, 5], [1, 1, 1, 1], [172, 18, 0, 2]);
+        let mut k = Explained::default();
+        k.add(&t(pod, 4000, ext, 443), &t(ext, 443, node, 61000));
+        assert!(!stale(&t(pod, 4000, ext, 443), 0, 1, &k));
+        // Recorded the other way round (a reply-direction entry).
+        assert!(!stale(&t(ext, 443, pod, 4000), 0, 1, &k));
+    }
+}
