@@ -5,6 +5,14 @@
 //! stops or crashes, every pod stays enforced by the programs already
 //! attached, and the next process swaps its own programs into those links
 //! (one atomic `bpf_link_update` each) and takes the tables over.
+//!
+//! Composition with other TC users: each program is attached at the HEAD of
+//! its interface's TCX chain (`LinkOrder::first()`), so no program that runs
+//! before it can redirect or pass a packet around policy. An allowed packet
+//! returns TCX_NEXT (not TCX_PASS), so the programs attached after ours
+//! (a CNI's own, observability) still see it; a denied one is dropped there.
+//! A program attached later with `first()` itself would run before ours:
+//! that takes root on the node, which is outside what we can defend.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,8 +20,8 @@ use std::path::{Path, PathBuf};
 use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::{HashMap, MapData};
 use aya::programs::links::{FdLink, PinnedLink};
-use aya::programs::tc::SchedClassifierLink;
-use aya::programs::{SchedClassifier, TcAttachType};
+use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
+use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
 use palisade_ebpf::{
     Endpoint, PolicyKey, PolicyValue, PortKey, PortValue, MAP_ENDPOINTS, MAP_POLICY, MAP_PORTS,
@@ -199,6 +207,20 @@ fn ifname_of_pin(encoded: &str) -> String {
         .replace("%25", "%")
 }
 
+/// The map value for an endpoint entry; more addresses than the programs
+/// hold is an error (writing some of them would drop the pod's traffic from
+/// the rest, writing none would drop everything).
+fn endpoint_value(entry: &EndpointEntry) -> Result<Endpoint> {
+    const _: () = assert!(super::MAX_POD_ADDRS == palisade_ebpf::MAX_POD_ADDRS);
+    Endpoint::new(entry.ingress, entry.egress, &entry.pod_addrs).ok_or_else(|| {
+        DatapathError::new(format!(
+            "pod has {} addresses, the datapath holds at most {}",
+            entry.pod_addrs.len(),
+            palisade_ebpf::MAX_POD_ADDRS
+        ))
+    })
+}
+
 fn policy_key(id: PolicyId, p: &Prefix) -> Key<PolicyKey> {
     Key::new(
         POLICY_ID_BITS + u32::from(p.len),
@@ -234,7 +256,7 @@ impl Datapath for BpfDatapath {
                 EndpointEntry {
                     ingress: e.ingress_policy,
                     egress: e.egress_policy,
-                    pod_addrs: Vec::new(),
+                    pod_addrs: e.pod_addrs().to_vec(),
                 },
             );
         }
@@ -317,8 +339,13 @@ impl Datapath for BpfDatapath {
             let path = self.link_pin(ifname, hook);
             let result = (|| {
                 let prog = self.program(prog_name)?;
+                // Head of the chain: see the module comment.
                 let id = prog
-                    .attach(ifname, attach_type)
+                    .attach_with_options(
+                        ifname,
+                        attach_type,
+                        TcAttachOptions::TcxOrder(LinkOrder::last()),
+                    )
                     .map_err(|e| err(format!("attaching {prog_name} to {ifname}"), e))?;
                 let link = prog.take_link(id).map_err(|e| err(prog_name, e))?;
                 let fd = FdLink::try_from(link).map_err(|e| err(prog_name, e))?;
@@ -360,17 +387,12 @@ impl Datapath for BpfDatapath {
     }
 
     fn set_endpoint(&mut self, ifindex: u32, entry: &EndpointEntry) -> Result<()> {
-        // TODO(ebpf anti-spoofing): the pod addresses go into the entry too.
+        // Policies and addresses in one entry, one update: a packet never
+        // sees new policies with old addresses or the other way round.
+        let value = endpoint_value(entry)?;
         self.endpoints
-            .insert(
-                ifindex,
-                Endpoint {
-                    ingress_policy: entry.ingress,
-                    egress_policy: entry.egress,
-                },
-                0,
-            )
-            .map_err(|e| err(format!("writing {MAP_ENDPOINTS}"), e))
+            .insert(ifindex, value, 0)
+            .map_err(|e| err(format!("writing {MAP_ENDPOINTS} for ifindex {ifindex}"), e))
     }
 
     fn remove_endpoint(&mut self, ifindex: u32) -> Result<()> {
@@ -409,6 +431,32 @@ impl Datapath for BpfDatapath {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn endpoint_value_carries_every_address_or_refuses() {
+        let addr = |last: u8| {
+            let mut a = [0u8; 16];
+            a[10] = 0xff;
+            a[11] = 0xff;
+            a[15] = last;
+            a
+        };
+        let entry = EndpointEntry {
+            ingress: 3,
+            egress: 4,
+            pod_addrs: vec![addr(1), addr(2)],
+        };
+        let v = endpoint_value(&entry).unwrap();
+        assert_eq!((v.ingress_policy, v.egress_policy), (3, 4));
+        assert_eq!(v.pod_addrs(), &[addr(1), addr(2)]);
+
+        let too_many = EndpointEntry {
+            pod_addrs: (1..=5).map(addr).collect(),
+            ..entry
+        };
+        let e = endpoint_value(&too_many).unwrap_err().to_string();
+        assert!(e.contains("5 addresses") && e.contains("at most 4"), "{e}");
+    }
 
     #[test]
     fn pin_names_have_no_dots_and_decode_exactly() {
