@@ -344,7 +344,7 @@ impl Datapath for BpfDatapath {
                     .attach_with_options(
                         ifname,
                         attach_type,
-                        TcAttachOptions::TcxOrder(LinkOrder::last()),
+                        TcAttachOptions::TcxOrder(LinkOrder::first()),
                     )
                     .map_err(|e| err(format!("attaching {prog_name} to {ifname}"), e))?;
                 let link = prog.take_link(id).map_err(|e| err(prog_name, e))?;
