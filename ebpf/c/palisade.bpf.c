@@ -18,11 +18,13 @@
  *      pod's own addresses                     -> drop (anti-spoofing)
  *   6. reply to a flow the OTHER hook of the
  *      SAME interface allowed                  -> next, refresh conntrack
- *   7. direction not isolated (policy id 0)    -> next, track the flow
- *   8. policy(peer) and ports(proto, dport)    -> next, track the flow
- *   9. anything else                           -> drop
+ *   7. forward packet of a flow this hook
+ *      allowed under the current epoch         -> next (no policy lookup)
+ *   8. direction not isolated (policy id 0)    -> next, track the flow
+ *   9. policy(peer) and ports(proto, dport)    -> next, track the flow
+ *  10. anything else                           -> drop, forget the flow
  *
- * Conntrack: an entry is written only by step 7 or 8, i.e. by a forward
+ * Conntrack: an entry is written only by step 8 or 9, i.e. by a forward
  * packet this hook's policy let through, never by a packet that matched as a
  * reply.  It is keyed by (tuple, ifindex, hook), so it vouches for replies
  * on the other hook of that one pod only: another pod cannot plant an entry
@@ -30,9 +32,16 @@
  * a spoofed source (step 5 runs first).  Packets with no trustworthy ports
  * (non-first IPv4 fragments, IPv6 extension headers) neither create nor
  * match entries; policy judges them with port 0, so only a rule allowing
- * every port of the protocol lets them through.  Forward packets never
- * bypass step 8 through conntrack, so a tightened policy takes effect on
- * established flows at once.
+ * every port of the protocol lets them through.
+ *
+ * Epochs: each direction of an endpoint has an epoch, which the enforcer
+ * moves to a never-used value whenever it changes that direction's policy
+ * (a changed policy always gets a new policy id; tables are never edited
+ * in place under an id in use).  An entry remembers the epoch it was
+ * allowed under.  A packet whose entry is of the current epoch passes on one
+ * lookup (step 6 or 7); an entry of another epoch is re-judged by the policy
+ * that wrote it and refreshed if still allowed, or deleted, so a tightened
+ * policy stops established flows, their replies included, at once.
  *
  * Return codes (TCX composition): an allowed packet returns TC_ACT_UNSPEC,
  * which TCX reads as TCX_NEXT: the next program on the hook (another TC user
@@ -286,6 +295,76 @@ static __always_inline bool pod_owns_source(const struct endpoint *ep, const __u
 	return false;
 }
 
+/* ---- the two hooks of an endpoint ---- */
+
+/* What a hook judges by: the endpoint's policy and epoch for its direction. */
+static __always_inline __u32 hook_policy(const struct endpoint *ep, __u8 owner)
+{
+	return owner == OWNER_FROM_POD ? ep->egress_policy : ep->ingress_policy;
+}
+
+static __always_inline __u32 hook_epoch(const struct endpoint *ep, __u8 owner)
+{
+	return owner == OWNER_FROM_POD ? ep->egress_epoch : ep->ingress_epoch;
+}
+
+static __always_inline __u8 other_hook(__u8 owner)
+{
+	return owner == OWNER_FROM_POD ? OWNER_TO_POD : OWNER_FROM_POD;
+}
+
+/* ---- policy ---- */
+
+/* Does policy_id allow the peer on (proto, dport)?  Policy id 0 is "not
+ * isolated": everything.  dport in network order. */
+static __always_inline bool policy_allows(__u32 policy_id, const __u8 peer[16], __u8 proto,
+					  __u16 dport)
+{
+	/* Zeroed then filled field by field: a partial designated initializer
+	 * makes clang emit a .rodata template, which aya would turn into a map. */
+	struct policy_key pk = {};
+	struct port_key portk = {};
+	struct policy_value *pv;
+	struct port_value *portv;
+
+	if (!policy_id)
+		return true;
+	pk.prefixlen = POLICY_FULL_PREFIX;
+	pk.policy_id = policy_id;
+	__builtin_memcpy(pk.addr, peer, 16);
+	pv = bpf_map_lookup_elem(&pal_policy, &pk);
+	if (!pv)
+		return false;
+
+	portk.prefixlen = PORT_FULL_PREFIX;
+	portk.portset_id = pv->portset_id;
+	portk.proto = proto;
+	__builtin_memcpy(portk.port, &dport, 2);
+	portv = bpf_map_lookup_elem(&pal_ports, &portk);
+	return portv && portv->allow;
+}
+
+/* Does the hook `owner` of ep allow the forward packet f? */
+static __always_inline bool hook_allows(const struct endpoint *ep, __u8 owner,
+					const struct flow *f)
+{
+	const __u8 *peer = owner == OWNER_FROM_POD ? f->dst : f->src;
+
+	return policy_allows(hook_policy(ep, owner), peer, f->proto, f->dport);
+}
+
+/* Would the hook `owner` of ep still allow the flow that f replies to?
+ * The original flow is f reversed: its peer is f's source when it was
+ * judged as egress (destination), f's destination when judged as ingress
+ * (source); its destination port is f's source port. */
+static __always_inline bool hook_allows_original(const struct endpoint *ep, __u8 owner,
+						 const struct flow *f)
+{
+	const __u8 *peer = owner == OWNER_FROM_POD ? f->src : f->dst;
+
+	return policy_allows(hook_policy(ep, owner), peer, f->proto, f->sport);
+}
+
 /* ---- conntrack ---- */
 
 static __always_inline void ct_key_forward(struct ct_key *k, const struct flow *f,
@@ -312,73 +391,73 @@ static __always_inline void ct_key_reverse(struct ct_key *k, const struct flow *
 	k->owner = owner;
 }
 
-static __always_inline __u8 other_hook(__u8 owner)
+/* Is f a reply to a flow the other hook of this interface allowed?  An
+ * entry of an older epoch counts only if that hook's policy still allows
+ * the flow; otherwise it is forgotten. */
+static __always_inline bool ct_is_reply(const struct flow *f, const struct endpoint *ep,
+					__u32 ifindex, __u8 owner)
 {
-	return owner == OWNER_FROM_POD ? OWNER_TO_POD : OWNER_FROM_POD;
-}
-
-/* Record that this hook of this interface allowed the flow, so the other
- * hook of the same interface lets the replies back.  Called only for a
- * forward packet policy allowed.  Refresh in place to avoid an LRU update
- * per packet. */
-static __always_inline void ct_track(const struct flow *f, __u32 ifindex, __u8 owner)
-{
-	struct ct_value fresh = { .last_seen_ns = bpf_ktime_get_ns() };
-	struct ct_key k = {};
-	struct ct_value *v;
-
-	if (!f->trackable)
-		return;
-	ct_key_forward(&k, f, ifindex, owner);
-	v = bpf_map_lookup_elem(&pal_conntrack, &k);
-	if (v) {
-		v->last_seen_ns = fresh.last_seen_ns;
-		return;
-	}
-	bpf_map_update_elem(&pal_conntrack, &k, &fresh, BPF_ANY);
-}
-
-/* Is this packet a reply to a flow the other hook of this interface allowed? */
-static __always_inline bool ct_is_reply(const struct flow *f, __u32 ifindex, __u8 owner)
-{
+	__u8 writer = other_hook(owner);
+	__u32 epoch = hook_epoch(ep, writer);
 	struct ct_key k = {};
 	struct ct_value *v;
 
 	if (!f->trackable)
 		return false;
-	ct_key_reverse(&k, f, ifindex, other_hook(owner));
+	ct_key_reverse(&k, f, ifindex, writer);
 	v = bpf_map_lookup_elem(&pal_conntrack, &k);
 	if (!v)
 		return false;
+	if (v->epoch != epoch) {
+		if (!hook_allows_original(ep, writer, f)) {
+			bpf_map_delete_elem(&pal_conntrack, &k);
+			return false;
+		}
+		v->epoch = epoch;
+	}
 	v->last_seen_ns = bpf_ktime_get_ns();
 	return true;
 }
 
-/* ---- policy ---- */
+enum forward_verdict {
+	FWD_ESTABLISHED, /* entry of the current epoch: no policy lookup */
+	FWD_ALLOWED,     /* policy allowed it: entry written or refreshed */
+	FWD_DENIED,      /* policy denied it: any entry forgotten */
+};
 
-static __always_inline bool policy_allows(__u32 policy_id, const __u8 peer[16],
-					  const struct flow *f)
+/* Judges a forward packet and keeps its entry in step: only a packet policy
+ * allowed (now or under the current epoch) writes or keeps one. */
+static __always_inline int ct_forward(const struct flow *f, const struct endpoint *ep,
+				      __u32 ifindex, __u8 owner)
 {
-	/* Zeroed then filled field by field: a partial designated initializer
-	 * makes clang emit a .rodata template, which aya would turn into a map. */
-	struct policy_key pk = {};
-	struct port_key portk = {};
-	struct policy_value *pv;
-	struct port_value *portv;
+	__u32 epoch = hook_epoch(ep, owner);
+	struct ct_value fresh = {};
+	struct ct_key k = {};
+	struct ct_value *v = NULL;
 
-	pk.prefixlen = POLICY_FULL_PREFIX;
-	pk.policy_id = policy_id;
-	__builtin_memcpy(pk.addr, peer, 16);
-	pv = bpf_map_lookup_elem(&pal_policy, &pk);
-	if (!pv)
-		return false;
-
-	portk.prefixlen = PORT_FULL_PREFIX;
-	portk.portset_id = pv->portset_id;
-	portk.proto = f->proto;
-	__builtin_memcpy(portk.port, &f->dport, 2);
-	portv = bpf_map_lookup_elem(&pal_ports, &portk);
-	return portv && portv->allow;
+	if (f->trackable) {
+		ct_key_forward(&k, f, ifindex, owner);
+		v = bpf_map_lookup_elem(&pal_conntrack, &k);
+	}
+	if (v && v->epoch == epoch) {
+		/* Refresh in place: no LRU update per packet. */
+		v->last_seen_ns = bpf_ktime_get_ns();
+		return FWD_ESTABLISHED;
+	}
+	if (!hook_allows(ep, owner, f)) {
+		if (v)
+			bpf_map_delete_elem(&pal_conntrack, &k);
+		return FWD_DENIED;
+	}
+	if (v) {
+		v->epoch = epoch;
+		v->last_seen_ns = bpf_ktime_get_ns();
+	} else if (f->trackable) {
+		fresh.last_seen_ns = bpf_ktime_get_ns();
+		fresh.epoch = epoch;
+		bpf_map_update_elem(&pal_conntrack, &k, &fresh, BPF_ANY);
+	}
+	return FWD_ALLOWED;
 }
 
 /* ---- verdict ---- */
@@ -397,7 +476,6 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 	__u32 ifindex = skb->ifindex;
 	struct endpoint *ep;
 	struct flow f = {};
-	__u32 policy_id;
 	int parsed;
 
 	ep = bpf_map_lookup_elem(&pal_endpoints, &ifindex);
@@ -416,20 +494,19 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 	if (owner == OWNER_FROM_POD && !pod_owns_source(ep, f.src))
 		return account(STAT_DENIED_SPOOF, VERDICT_DROP);
 
-	if (ct_is_reply(&f, ifindex, owner))
+	if (ct_is_reply(&f, ep, ifindex, owner))
 		return account(STAT_ALLOWED_REPLY, VERDICT_NEXT);
 
-	policy_id = owner == OWNER_FROM_POD ? ep->egress_policy : ep->ingress_policy;
-	if (!policy_id) {
-		ct_track(&f, ifindex, owner);
-		return account(STAT_ALLOWED_UNISOLATED, VERDICT_NEXT);
+	switch (ct_forward(&f, ep, ifindex, owner)) {
+	case FWD_ESTABLISHED:
+		return account(STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
+	case FWD_ALLOWED:
+		return account(hook_policy(ep, owner) ? STAT_ALLOWED_POLICY
+						      : STAT_ALLOWED_UNISOLATED,
+			       VERDICT_NEXT);
+	default:
+		return account(STAT_DENIED, VERDICT_DROP);
 	}
-
-	if (policy_allows(policy_id, owner == OWNER_FROM_POD ? f.dst : f.src, &f)) {
-		ct_track(&f, ifindex, owner);
-		return account(STAT_ALLOWED_POLICY, VERDICT_NEXT);
-	}
-	return account(STAT_DENIED, VERDICT_DROP);
 }
 
 SEC("classifier")

@@ -22,7 +22,8 @@
 #define STAT_ALLOWED_NDP 4
 #define STAT_DENIED_SPOOF 5     /* pod sent from an address not its own */
 #define STAT_DENIED_MALFORMED 6 /* truncated or impossible IP header */
-#define STAT_MAX 7
+#define STAT_ALLOWED_ESTABLISHED 7 /* forward packet of a flow allowed under the current epoch */
+#define STAT_MAX 8
 
 /* LPM prefix lengths of a full (host) lookup. */
 #define POLICY_ID_BITS 32
@@ -36,6 +37,10 @@
 struct endpoint {
 	__u32 ingress_policy; /* 0: not isolated for ingress */
 	__u32 egress_policy;  /* 0: not isolated for egress */
+	/* Changes whenever the direction's policy does (and never comes back
+	 * to an old value): conntrack entries of another epoch are re-judged. */
+	__u32 ingress_epoch;
+	__u32 egress_epoch;
 	/* The pod's own addresses (IPv6 or IPv4-mapped), the only sources it
 	 * may send from.  0 addresses: every IP packet from the pod drops. */
 	__u32 addr_count;
@@ -83,12 +88,14 @@ struct ct_key {
 
 struct ct_value {
 	__u64 last_seen_ns; /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
+	__u32 epoch;        /* the writing direction's epoch when policy last allowed the flow */
+	__u32 pad;
 };
 
-_Static_assert(sizeof(struct endpoint) == 16 + MAX_POD_ADDRS * 16, "endpoint layout");
+_Static_assert(sizeof(struct endpoint) == 24 + MAX_POD_ADDRS * 16, "endpoint layout");
 _Static_assert(sizeof(struct policy_key) == 24, "policy_key layout");
 _Static_assert(sizeof(struct port_key) == 12, "port_key layout");
 _Static_assert(sizeof(struct ct_key) == 44, "ct_key layout");
-_Static_assert(sizeof(struct ct_value) == 8, "ct_value layout");
+_Static_assert(sizeof(struct ct_value) == 16, "ct_value layout");
 
 #endif

@@ -74,8 +74,11 @@ pub const STAT_DENIED_SPOOF: u32 = 5;
 /// IP packets with a truncated or impossible header, dropped on both hooks
 /// whatever the policy.
 pub const STAT_DENIED_MALFORMED: u32 = 6;
+/// Forward packets of a flow the hook allowed under its current epoch
+/// (passed on one conntrack lookup, without a policy lookup).
+pub const STAT_ALLOWED_ESTABLISHED: u32 = 7;
 /// Number of entries in [`MAP_STATS`].
-pub const STAT_COUNT: u32 = 7;
+pub const STAT_COUNT: u32 = 8;
 
 /// What an allowed packet returns: `TC_ACT_UNSPEC`, which TCX reads as
 /// `TCX_NEXT`, so programs attached after Palisade's still run.
@@ -113,19 +116,27 @@ pub const PORT_KEY_FULL_PREFIX_LEN: u32 = 56;
 /// direction". The first `addr_count` of `addrs` (see [`mapped_addr`]) are
 /// the only sources the pod may send from; with none, every IP packet it
 /// sends is dropped.
+///
+/// `ingress_epoch`/`egress_epoch` must move to a value never used before
+/// (on any endpoint) whenever that direction's policy id changes: a
+/// conntrack entry written under the current epoch lets its flow pass
+/// without a policy lookup, one of any other epoch is re-judged. Policy
+/// tables must never be edited in place under an id an endpoint uses.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Endpoint {
     pub ingress_policy: u32,
     pub egress_policy: u32,
+    pub ingress_epoch: u32,
+    pub egress_epoch: u32,
     pub addr_count: u32,
     pub pad: u32,
     pub addrs: [[u8; 16]; MAX_POD_ADDRS],
 }
 
 impl Endpoint {
-    /// An entry for a pod with these policies and own addresses, or `None`
-    /// when there are more than [`MAX_POD_ADDRS`] addresses.
+    /// An entry for a pod with these policies and own addresses (epochs 0),
+    /// or `None` when there are more than [`MAX_POD_ADDRS`] addresses.
     pub fn new(ingress_policy: u32, egress_policy: u32, pod_addrs: &[[u8; 16]]) -> Option<Self> {
         if pod_addrs.len() > MAX_POD_ADDRS {
             return None;
@@ -135,6 +146,8 @@ impl Endpoint {
         Some(Endpoint {
             ingress_policy,
             egress_policy,
+            ingress_epoch: 0,
+            egress_epoch: 0,
             addr_count: pod_addrs.len() as u32,
             pad: 0,
             addrs,
@@ -293,11 +306,14 @@ impl CtKey {
 }
 
 /// Value of [`MAP_CONNTRACK`]. The programs write `bpf_ktime_get_ns()`,
-/// i.e. `CLOCK_MONOTONIC` (not counting suspend).
+/// i.e. `CLOCK_MONOTONIC` (not counting suspend), and the writing
+/// direction's [`Endpoint`] epoch when policy last allowed the flow.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CtValue {
     pub last_seen_ns: u64,
+    pub epoch: u32,
+    pub pad: u32,
 }
 
 // SAFETY: all of these are repr(C), made only of integers and byte arrays,
@@ -314,7 +330,7 @@ unsafe impl aya::Pod for CtValue {}
 // Sizes of the C structs in c/palisade.h (which asserts them too).
 const _: () = {
     use std::mem::size_of;
-    assert!(size_of::<Endpoint>() == 16 + MAX_POD_ADDRS * 16);
+    assert!(size_of::<Endpoint>() == 24 + MAX_POD_ADDRS * 16);
     assert!(size_of::<PolicyKey>() == 20);
     assert!(size_of::<Key<PolicyKey>>() == 24);
     assert!(size_of::<PolicyValue>() == 4);
@@ -322,7 +338,7 @@ const _: () = {
     assert!(size_of::<Key<PortKey>>() == 12);
     assert!(size_of::<PortValue>() == 4);
     assert!(size_of::<CtKey>() == 44);
-    assert!(size_of::<CtValue>() == 8);
+    assert!(size_of::<CtValue>() == 16);
 };
 
 /// The 16-byte form the maps use: IPv6 as is, IPv4 as `::ffff:a.b.c.d`.

@@ -84,6 +84,20 @@ impl Harness {
         self.endpoint_at(LO, ingress_policy, egress_policy, &[POD4, POD6]);
     }
 
+    /// What the enforcer does to change a pod's policy: new ids, each
+    /// changed direction with an epoch it never used before.
+    fn switch(&mut self, ingress: u32, egress: u32, ingress_epoch: u32, egress_epoch: u32) {
+        let addrs = [mapped_addr(ip(POD4)), mapped_addr(ip(POD6))];
+        let ep = Endpoint {
+            ingress_epoch,
+            egress_epoch,
+            ..Endpoint::new(ingress, egress, &addrs).unwrap()
+        };
+        let mut map: HashMap<_, u32, Endpoint> =
+            HashMap::try_from(self.ebpf.map_mut(MAP_ENDPOINTS).unwrap()).unwrap();
+        map.insert(LO, ep, 0).unwrap();
+    }
+
     fn endpoint_at(&mut self, ifindex: u32, ingress: u32, egress: u32, addrs: &[&str]) {
         let addrs: Vec<[u8; 16]> = addrs.iter().map(|a| mapped_addr(ip(a))).collect();
         let ep = Endpoint::new(ingress, egress, &addrs).expect("at most MAX_POD_ADDRS");
@@ -670,7 +684,14 @@ fn reply_needs_the_other_hooks_entry() {
                       // allowed the flow.
     let key = ct("10.0.1.5", 40000, POD4, 80, PROTO_TCP, OWNER_FROM_POD);
     h.conntrack()
-        .insert(key, CtValue { last_seen_ns: 1 }, 0)
+        .insert(
+            key,
+            CtValue {
+                last_seen_ns: 1,
+                ..CtValue::default()
+            },
+            0,
+        )
         .unwrap();
     assert_eq!(h.pod_sends(&tcp(POD4, 80, "10.0.1.5", 40000)), DROP);
 
@@ -681,7 +702,14 @@ fn reply_needs_the_other_hooks_entry() {
         ..key
     };
     h.conntrack()
-        .insert(elsewhere, CtValue { last_seen_ns: 1 }, 0)
+        .insert(
+            elsewhere,
+            CtValue {
+                last_seen_ns: 1,
+                ..CtValue::default()
+            },
+            0,
+        )
         .unwrap();
     assert_eq!(h.pod_sends(&tcp(POD4, 80, "10.0.1.5", 40000)), DROP);
 
@@ -690,7 +718,14 @@ fn reply_needs_the_other_hooks_entry() {
         ..key
     };
     h.conntrack()
-        .insert(key, CtValue { last_seen_ns: 1 }, 0)
+        .insert(
+            key,
+            CtValue {
+                last_seen_ns: 1,
+                ..CtValue::default()
+            },
+            0,
+        )
         .unwrap();
     assert_eq!(h.pod_sends(&tcp(POD4, 80, "10.0.1.5", 40000)), ALLOW);
     assert!(
@@ -707,8 +742,93 @@ fn tightened_policy_stops_an_established_flow() {
     h.ports(1, PROTO_TCP, 80, 80);
     let syn = tcp(POD4, 40000, "10.0.1.5", 80);
     assert_eq!(h.pod_sends(&syn), ALLOW);
+    assert_eq!(h.pod_sends(&syn), ALLOW);
+    assert_eq!(h.stat(STAT_ALLOWED_POLICY), 1);
+    assert_eq!(h.stat(STAT_ALLOWED_ESTABLISHED), 1);
+    // Tightened: a new (empty) policy id under a new egress epoch.
+    h.switch(0, 2, 0, 1);
+    assert_eq!(h.pod_sends(&syn), DROP, "re-judged under the new epoch");
+    assert_eq!(h.ct_len(), 0, "the denied flow's entry is forgotten");
+    h.switch(0, 1, 0, 2);
+    assert_eq!(h.pod_sends(&syn), ALLOW, "loosened again");
+}
+
+#[test]
+fn established_flows_skip_policy_until_the_epoch_moves() {
+    let mut h = Harness::new();
+    h.endpoint(0, 1);
+    h.cidr(1, "10.0.1.0/24", 1);
+    h.ports(1, PROTO_TCP, 80, 80);
+    let syn = tcp(POD4, 40000, "10.0.1.5", 80);
+    assert_eq!(h.pod_sends(&syn), ALLOW);
+    // Editing a table in place under the same epoch (the enforcer never
+    // does) shows that an established packet is not looked up in policy.
     h.remove_cidr(1, "10.0.1.0/24");
-    assert_eq!(h.pod_sends(&syn), DROP, "no conntrack bypass forward");
+    assert_eq!(h.pod_sends(&syn), ALLOW);
+    assert_eq!(h.stat(STAT_ALLOWED_ESTABLISHED), 1);
+    assert_eq!(
+        h.pod_sends(&tcp(POD4, 40001, "10.0.1.5", 80)),
+        DROP,
+        "a new flow is"
+    );
+    // Same id, new epoch: re-judged, denied, forgotten.
+    h.switch(0, 1, 0, 7);
+    assert_eq!(h.pod_sends(&syn), DROP);
+    assert_eq!(h.ct_len(), 0);
+}
+
+#[test]
+fn an_epoch_change_that_still_allows_refreshes_the_entry() {
+    let mut h = Harness::new();
+    h.endpoint(0, 1);
+    h.cidr(1, "10.0.1.0/24", 1);
+    h.cidr(3, "10.0.0.0/16", 1);
+    h.ports(1, PROTO_TCP, 80, 80);
+    let syn = tcp(POD4, 40000, "10.0.1.5", 80);
+    let key = ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD);
+    assert_eq!(h.pod_sends(&syn), ALLOW);
+    assert_eq!(h.conntrack().get(&key, 0).unwrap().epoch, 0);
+    h.switch(0, 3, 0, 5);
+    assert_eq!(h.pod_sends(&syn), ALLOW);
+    assert_eq!(h.stat(STAT_ALLOWED_POLICY), 2, "re-judged");
+    assert_eq!(h.conntrack().get(&key, 0).unwrap().epoch, 5);
+    assert_eq!(h.pod_sends(&syn), ALLOW);
+    assert_eq!(
+        h.stat(STAT_ALLOWED_ESTABLISHED),
+        1,
+        "then established again"
+    );
+    assert_eq!(h.ct_len(), 1);
+}
+
+#[test]
+fn replies_are_rejudged_when_the_writing_direction_moves() {
+    let mut h = Harness::new();
+    h.endpoint(1, 2); // a server: ingress TCP 80 from 10.0.1.0/24, no egress
+    h.cidr(1, "10.0.1.0/24", 1);
+    h.cidr(3, "10.0.0.0/8", 1); // wider, still allows the client
+    h.ports(1, PROTO_TCP, 80, 80);
+    let request = tcp("10.0.1.5", 40000, POD4, 80);
+    let reply = tcp(POD4, 80, "10.0.1.5", 40000);
+    let key = ct("10.0.1.5", 40000, POD4, 80, PROTO_TCP, OWNER_TO_POD);
+    assert_eq!(h.pod_receives(&request), ALLOW);
+    assert_eq!(h.pod_sends(&reply), ALLOW);
+
+    // The egress epoch moving says nothing about an ingress flow.
+    h.switch(1, 4, 0, 9);
+    assert_eq!(h.pod_sends(&reply), ALLOW);
+    assert_eq!(h.conntrack().get(&key, 0).unwrap().epoch, 0);
+
+    // Ingress moves to a policy that still allows the flow: refreshed.
+    h.switch(3, 4, 10, 9);
+    assert_eq!(h.pod_sends(&reply), ALLOW);
+    assert_eq!(h.conntrack().get(&key, 0).unwrap().epoch, 10);
+
+    // Ingress moves to one that does not: the replies stop too.
+    h.switch(5, 4, 11, 9);
+    assert_eq!(h.pod_sends(&reply), DROP);
+    assert_eq!(h.ct_len(), 0, "forgotten");
+    assert_eq!(h.stat(STAT_ALLOWED_REPLY), 3);
 }
 
 #[test]
@@ -722,7 +842,7 @@ fn unisolated_replies_do_not_open_the_other_direction() {
     assert_eq!(h.pod_receives(&tcp("10.0.1.5", 80, POD4, 40000)), ALLOW);
     assert_eq!(h.stat(STAT_ALLOWED_REPLY), 1);
     assert_eq!(h.ct_len(), 1, "the reply made no entry of its own");
-    h.remove_cidr(1, "10.0.1.0/24");
+    h.switch(0, 2, 0, 1);
     assert_eq!(h.pod_sends(&out), DROP);
 }
 
@@ -1183,7 +1303,14 @@ fn fragments_and_extension_headers_create_and_match_no_entries() {
     ] {
         let planted = ct(dst, 0, src, 0, proto, OWNER_FROM_POD);
         h.conntrack()
-            .insert(planted, CtValue { last_seen_ns: 1 }, 0)
+            .insert(
+                planted,
+                CtValue {
+                    last_seen_ns: 1,
+                    ..CtValue::default()
+                },
+                0,
+            )
             .unwrap();
     }
     assert_eq!(h.pod_receives(&later("10.0.1.5", POD4)), DROP);

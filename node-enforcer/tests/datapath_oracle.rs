@@ -307,3 +307,75 @@ fn programs_attach_at_the_head_of_the_tcx_chain() {
         dp.detach("pal-a", ifindex).unwrap();
     });
 }
+
+fn endpoint_in_map(root: &std::path::Path, ifindex: u32) -> palisade_ebpf::Endpoint {
+    let data = aya::maps::MapData::from_pin(root.join(palisade_ebpf::MAP_ENDPOINTS)).unwrap();
+    let map: aya::maps::HashMap<_, u32, palisade_ebpf::Endpoint> =
+        aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data)).unwrap();
+    map.get(&ifindex, 0).unwrap()
+}
+
+#[test]
+fn a_policy_change_stops_established_flows_it_no_longer_allows() {
+    let root = pin_root("epochs");
+    let mut dp = BpfDatapath::load(&root.0).expect("load the programs");
+    let allow_80 = compile(
+        &DirectionPolicy {
+            rules: vec![Rule {
+                peers: vec![PeerBlock {
+                    cidr: Some(prefix(Ipv4Addr::new(10, 0, 0, 0), 24)),
+                    except: vec![],
+                }],
+                ports: vec![PortRange {
+                    protocol: 6,
+                    port: 80,
+                    end_port: 0,
+                }],
+            }],
+        },
+        &[],
+    )
+    .unwrap();
+    let deny_all = compile(&DirectionPolicy { rules: vec![] }, &[]).unwrap();
+    let mut portsets = BTreeMap::new();
+    write(&mut dp, 1, &allow_80, &mut portsets);
+    write(&mut dp, 2, &deny_all, &mut portsets);
+    let entry = |ingress| EndpointEntry {
+        ingress,
+        egress: 0,
+        pod_addrs: vec![POD.to_ipv6_mapped().octets()],
+    };
+    let request = frame(Ipv4Addr::new(10, 0, 0, 7), POD, 6, 40000, 80);
+    let judge = |dp: &BpfDatapath| {
+        dp.test_run(palisade_ebpf::PROG_TO_POD, &request, IFINDEX)
+            .unwrap()
+    };
+
+    dp.set_endpoint(IFINDEX, &entry(1)).unwrap();
+    let first = endpoint_in_map(&root.0, IFINDEX);
+    assert_ne!(first.ingress_epoch, 0, "a new endpoint gets a fresh epoch");
+    assert_eq!(judge(&dp), VERDICT_NEXT);
+    assert_eq!(judge(&dp), VERDICT_NEXT, "established");
+
+    // Same policies (say, only the addresses were rewritten): same epochs.
+    dp.set_endpoint(IFINDEX, &entry(1)).unwrap();
+    assert_eq!(endpoint_in_map(&root.0, IFINDEX), first);
+
+    dp.set_endpoint(IFINDEX, &entry(2)).unwrap();
+    let second = endpoint_in_map(&root.0, IFINDEX);
+    assert_ne!(second.ingress_epoch, first.ingress_epoch);
+    assert_eq!(second.egress_epoch, first.egress_epoch, "egress unchanged");
+    assert_eq!(judge(&dp), VERDICT_DROP, "the established flow is stopped");
+
+    // A new process on the same pins hands out epochs no entry holds.
+    drop(dp);
+    let mut dp = BpfDatapath::load(&root.0).expect("reload the programs");
+    dp.set_endpoint(IFINDEX, &entry(1)).unwrap();
+    let third = endpoint_in_map(&root.0, IFINDEX);
+    assert!(
+        third.ingress_epoch > second.ingress_epoch,
+        "{third:?} after {second:?}"
+    );
+    assert_eq!(judge(&dp), VERDICT_NEXT);
+    dp.remove_endpoint(IFINDEX).unwrap();
+}
