@@ -24,9 +24,9 @@
  *   9. policy(peer) and ports(proto, dport)    -> next, track the flow
  *  10. anything else                           -> drop, forget the flow
  *
- * Conntrack: an entry is written only by step 8 or 9, i.e. by a forward
+ * Conntrack: an entry is created only by step 8 or 9, i.e. by a forward
  * packet this hook's policy let through, never by a packet that matched as a
- * reply.  It is keyed by (tuple, ifindex, hook), so it vouches for replies
+ * reply (which at most re-stamps an existing entry, see Epochs).  It is keyed by (tuple, ifindex, hook), so it vouches for replies
  * on the other hook of that one pod only: another pod cannot plant an entry
  * that a victim's hook would take as proof, and no entry is ever made from
  * a spoofed source (step 5 runs first).  Packets with no trustworthy ports
