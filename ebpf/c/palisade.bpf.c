@@ -8,16 +8,48 @@
  *                      judged by the pod's INGRESS policy (peer = source).
  *
  * Verdict, in order:
- *   1. interface not in pal_endpoints          -> pass (not ours to judge)
- *   2. not IPv4/IPv6                           -> pass (ARP and friends)
- *   3. ICMPv6 neighbour discovery              -> pass (IPv6's ARP)
- *   4. reply to a flow the other hook allowed  -> pass, refresh conntrack
- *   5. direction not isolated (policy id 0)    -> pass, track the flow
- *   6. policy(peer) and ports(proto, dport)    -> pass, track the flow
- *   7. anything else                           -> drop
+ *   1. interface not in pal_endpoints          -> next (not ours to judge)
+ *   2. not IPv4/IPv6                           -> next (ARP and friends)
+ *   3. malformed IP header (truncated, ihl < 5,
+ *      IPv4-mapped address in IPv6)            -> drop, whatever the policy
+ *   4. ICMPv6 neighbour discovery              -> next (IPv6's ARP; DAD sends
+ *                                                 from ::, so before step 5)
+ *   5. from_pod only: source not one of the
+ *      pod's own addresses                     -> drop (anti-spoofing)
+ *   6. reply to a flow the OTHER hook of the
+ *      SAME interface allowed                  -> next, refresh conntrack
+ *   7. forward packet of a flow this hook
+ *      allowed under the current epoch         -> next (no policy lookup)
+ *   8. direction not isolated (policy id 0)    -> next, track the flow
+ *   9. policy(peer) and ports(proto, dport)    -> next, track the flow
+ *  10. anything else                           -> drop, forget the flow
  *
- * Forward packets never bypass step 6 through conntrack, so a tightened
- * policy takes effect on established flows at once.
+ * Conntrack: an entry is created only by step 8 or 9, i.e. by a forward
+ * packet this hook's policy let through, never by a packet that matched as a
+ * reply (which at most re-stamps an existing entry, see Epochs).  It is keyed by (tuple, ifindex, hook), so it vouches for replies
+ * on the other hook of that one pod only: another pod cannot plant an entry
+ * that a victim's hook would take as proof, and no entry is ever made from
+ * a spoofed source (step 5 runs first).  Packets with no trustworthy ports
+ * (non-first IPv4 fragments, IPv6 extension headers) neither create nor
+ * match entries; policy judges them with port 0, so only a rule allowing
+ * every port of the protocol lets them through.
+ *
+ * Epochs: each direction of an endpoint has an epoch, which the enforcer
+ * moves to a never-used value whenever it changes that direction's policy
+ * (a changed policy always gets a new policy id; tables are never edited
+ * in place under an id in use).  An entry remembers the epoch it was
+ * allowed under.  A packet whose entry is of the current epoch passes on one
+ * lookup (step 6 or 7); an entry of another epoch is re-judged by the policy
+ * that wrote it and refreshed if still allowed, or deleted, so a tightened
+ * policy stops established flows, their replies included, at once.
+ *
+ * Return codes (TCX composition): an allowed packet returns TC_ACT_UNSPEC,
+ * which TCX reads as TCX_NEXT: the next program on the hook (another TC user
+ * such as a CNI's own program) still runs, and the packet passes when none
+ * is left.  TC_ACT_OK would be TCX_PASS, which ends the chain and silently
+ * skips everyone after us.  A denied packet returns TC_ACT_SHOT (TCX_DROP).
+ * The enforcer attaches these programs at the HEAD of each TCX chain, so
+ * nothing that runs before them can redirect a packet around policy.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -30,6 +62,9 @@
 #include <bpf/bpf_endian.h>
 
 #include "palisade.h"
+
+#define VERDICT_NEXT TC_ACT_UNSPEC /* TCX_NEXT: allowed, later programs run */
+#define VERDICT_DROP TC_ACT_SHOT   /* TCX_DROP */
 
 #define PROTO_ICMPV6 58
 #define ICMPV6_NDP_FIRST 133 /* router solicitation */
@@ -93,6 +128,9 @@ struct flow {
 	__u16 dport;
 	__u8 proto;
 	bool ndp;
+	/* The packet carries its real L4 header (not a later fragment, no
+	 * extension header in the way), so it may create or match conntrack. */
+	bool trackable;
 };
 
 enum parse_result {
@@ -109,9 +147,41 @@ static __always_inline void v4_mapped(__u8 out[16], __be32 addr)
 	__builtin_memcpy(out + 12, &addr, 4);
 }
 
+static __always_inline bool is_v4_mapped(const __u8 addr[16])
+{
+	__u64 head;
+	__u32 mid;
+
+	__builtin_memcpy(&head, addr, 8);
+	__builtin_memcpy(&mid, addr + 8, 4);
+	return head == 0 && mid == bpf_htonl(0x0000ffff);
+}
+
 static __always_inline bool has_ports(__u8 proto)
 {
 	return proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP;
+}
+
+/* IANA's IPv6 extension header numbers.  The programs do not walk them, so
+ * the L4 header (and its ports) behind one is unknown. */
+static __always_inline bool ipv6_is_extension(__u8 nexthdr)
+{
+	switch (nexthdr) {
+	case 0:   /* hop-by-hop options */
+	case 43:  /* routing */
+	case 44:  /* fragment */
+	case 50:  /* ESP */
+	case 51:  /* AH */
+	case 60:  /* destination options */
+	case 135: /* mobility */
+	case 139: /* HIP */
+	case 140: /* shim6 */
+	case 253: /* experimental */
+	case 254: /* experimental */
+		return true;
+	default:
+		return false;
+	}
 }
 
 /* TCP, UDP and SCTP all start with source port then destination port, so
@@ -134,14 +204,17 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, struct flow *f)
 
 	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
 		return PARSE_MALFORMED;
-	if (ip.ihl < 5)
+	if (ip.version != 4 || ip.ihl < 5)
 		return PARSE_MALFORMED;
 	v4_mapped(f->src, ip.saddr);
 	v4_mapped(f->dst, ip.daddr);
 	f->proto = ip.protocol;
-	/* A non-first fragment carries no L4 header: it keeps port 0, so only a
-	 * rule allowing every port of the protocol (or a reply) lets it pass. */
-	if (!has_ports(ip.protocol) || (ip.frag_off & bpf_htons(IPV4_FRAG_OFFSET)))
+	/* A non-first fragment carries no L4 header: it keeps port 0 and stays
+	 * out of conntrack, whose tuple it cannot prove. */
+	if (ip.frag_off & bpf_htons(IPV4_FRAG_OFFSET))
+		return PARSE_OK;
+	f->trackable = true;
+	if (!has_ports(ip.protocol))
 		return PARSE_OK;
 	l4_off = ETH_HLEN + ip.ihl * 4;
 	return parse_ports(skb, l4_off, f);
@@ -155,11 +228,21 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct flow *f)
 
 	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
 		return PARSE_MALFORMED;
+	if (ip.version != 6)
+		return PARSE_MALFORMED;
 	__builtin_memcpy(f->src, &ip.saddr, 16);
 	__builtin_memcpy(f->dst, &ip.daddr, 16);
+	/* IPv4-mapped addresses never appear on an IPv6 wire (Linux drops them
+	 * on receive); here they would pass for the IPv4 address in the maps. */
+	if (is_v4_mapped(f->src) || is_v4_mapped(f->dst))
+		return PARSE_MALFORMED;
 	/* Extension headers are not walked: their next-header value becomes the
-	 * protocol with port 0, which fails closed under port rules. */
+	 * protocol with port 0, which fails closed under port rules, and the
+	 * packet stays out of conntrack. */
 	f->proto = ip.nexthdr;
+	if (ipv6_is_extension(ip.nexthdr))
+		return PARSE_OK;
+	f->trackable = true;
 	if (has_ports(ip.nexthdr))
 		return parse_ports(skb, l4_off, f);
 	if (ip.nexthdr == PROTO_ICMPV6 && ip.hop_limit == NDP_HOP_LIMIT) {
@@ -186,63 +269,56 @@ static __always_inline int parse_flow(struct __sk_buff *skb, struct flow *f)
 	return PARSE_NOT_IP;
 }
 
-/* ---- conntrack ---- */
+/* ---- anti-spoofing ---- */
 
-static __always_inline void ct_key_forward(struct ct_key *k, const struct flow *f, __u8 owner)
+static __always_inline bool addr_eq(const __u8 a[16], const __u8 b[16])
 {
-	__builtin_memcpy(k->src, f->src, 16);
-	__builtin_memcpy(k->dst, f->dst, 16);
-	k->sport = f->sport;
-	k->dport = f->dport;
-	k->proto = f->proto;
-	k->owner = owner;
+	__u64 a0, a1, b0, b1;
+
+	__builtin_memcpy(&a0, a, 8);
+	__builtin_memcpy(&a1, a + 8, 8);
+	__builtin_memcpy(&b0, b, 8);
+	__builtin_memcpy(&b1, b + 8, 8);
+	return a0 == b0 && a1 == b1;
 }
 
-static __always_inline void ct_key_reverse(struct ct_key *k, const struct flow *f, __u8 owner)
+/* Is src one of the pod's own addresses?  With none configured, nothing is. */
+static __always_inline bool pod_owns_source(const struct endpoint *ep, const __u8 src[16])
 {
-	__builtin_memcpy(k->src, f->dst, 16);
-	__builtin_memcpy(k->dst, f->src, 16);
-	k->sport = f->dport;
-	k->dport = f->sport;
-	k->proto = f->proto;
-	k->owner = owner;
-}
-
-/* Record that this hook allowed the flow, so the other hook of the same pod
- * lets the replies back.  Refresh in place to avoid an LRU update per packet. */
-static __always_inline void ct_track(const struct flow *f, __u8 owner)
-{
-	struct ct_value fresh = { .last_seen_ns = bpf_ktime_get_ns() };
-	struct ct_key k = {};
-	struct ct_value *v;
-
-	ct_key_forward(&k, f, owner);
-	v = bpf_map_lookup_elem(&pal_conntrack, &k);
-	if (v) {
-		v->last_seen_ns = fresh.last_seen_ns;
-		return;
+#pragma unroll
+	for (int i = 0; i < MAX_POD_ADDRS; i++) {
+		if (i >= ep->addr_count)
+			return false;
+		if (addr_eq(ep->addrs[i], src))
+			return true;
 	}
-	bpf_map_update_elem(&pal_conntrack, &k, &fresh, BPF_ANY);
+	return false;
 }
 
-/* Is this packet a reply to a flow the pod's other hook allowed? */
-static __always_inline bool ct_is_reply(const struct flow *f, __u8 owner)
-{
-	struct ct_key k = {};
-	struct ct_value *v;
+/* ---- the two hooks of an endpoint ---- */
 
-	ct_key_reverse(&k, f, owner == OWNER_FROM_POD ? OWNER_TO_POD : OWNER_FROM_POD);
-	v = bpf_map_lookup_elem(&pal_conntrack, &k);
-	if (!v)
-		return false;
-	v->last_seen_ns = bpf_ktime_get_ns();
-	return true;
+/* What a hook judges by: the endpoint's policy and epoch for its direction. */
+static __always_inline __u32 hook_policy(const struct endpoint *ep, __u8 owner)
+{
+	return owner == OWNER_FROM_POD ? ep->egress_policy : ep->ingress_policy;
+}
+
+static __always_inline __u32 hook_epoch(const struct endpoint *ep, __u8 owner)
+{
+	return owner == OWNER_FROM_POD ? ep->egress_epoch : ep->ingress_epoch;
+}
+
+static __always_inline __u8 other_hook(__u8 owner)
+{
+	return owner == OWNER_FROM_POD ? OWNER_TO_POD : OWNER_FROM_POD;
 }
 
 /* ---- policy ---- */
 
-static __always_inline bool policy_allows(__u32 policy_id, const __u8 peer[16],
-					  const struct flow *f)
+/* Does policy_id allow the peer on (proto, dport)?  Policy id 0 is "not
+ * isolated": everything.  dport in network order. */
+static __always_inline bool policy_allows(__u32 policy_id, const __u8 peer[16], __u8 proto,
+					  __u16 dport)
 {
 	/* Zeroed then filled field by field: a partial designated initializer
 	 * makes clang emit a .rodata template, which aya would turn into a map. */
@@ -251,6 +327,8 @@ static __always_inline bool policy_allows(__u32 policy_id, const __u8 peer[16],
 	struct policy_value *pv;
 	struct port_value *portv;
 
+	if (!policy_id)
+		return true;
 	pk.prefixlen = POLICY_FULL_PREFIX;
 	pk.policy_id = policy_id;
 	__builtin_memcpy(pk.addr, peer, 16);
@@ -260,10 +338,126 @@ static __always_inline bool policy_allows(__u32 policy_id, const __u8 peer[16],
 
 	portk.prefixlen = PORT_FULL_PREFIX;
 	portk.portset_id = pv->portset_id;
-	portk.proto = f->proto;
-	__builtin_memcpy(portk.port, &f->dport, 2);
+	portk.proto = proto;
+	__builtin_memcpy(portk.port, &dport, 2);
 	portv = bpf_map_lookup_elem(&pal_ports, &portk);
 	return portv && portv->allow;
+}
+
+/* Does the hook `owner` of ep allow the forward packet f? */
+static __always_inline bool hook_allows(const struct endpoint *ep, __u8 owner,
+					const struct flow *f)
+{
+	const __u8 *peer = owner == OWNER_FROM_POD ? f->dst : f->src;
+
+	return policy_allows(hook_policy(ep, owner), peer, f->proto, f->dport);
+}
+
+/* Would the hook `owner` of ep still allow the flow that f replies to?
+ * The original flow is f reversed: its peer is f's source when it was
+ * judged as egress (destination), f's destination when judged as ingress
+ * (source); its destination port is f's source port. */
+static __always_inline bool hook_allows_original(const struct endpoint *ep, __u8 owner,
+						 const struct flow *f)
+{
+	const __u8 *peer = owner == OWNER_FROM_POD ? f->src : f->dst;
+
+	return policy_allows(hook_policy(ep, owner), peer, f->proto, f->sport);
+}
+
+/* ---- conntrack ---- */
+
+static __always_inline void ct_key_forward(struct ct_key *k, const struct flow *f,
+					   __u32 ifindex, __u8 owner)
+{
+	__builtin_memcpy(k->src, f->src, 16);
+	__builtin_memcpy(k->dst, f->dst, 16);
+	k->sport = f->sport;
+	k->dport = f->dport;
+	k->ifindex = ifindex;
+	k->proto = f->proto;
+	k->owner = owner;
+}
+
+static __always_inline void ct_key_reverse(struct ct_key *k, const struct flow *f,
+					   __u32 ifindex, __u8 owner)
+{
+	__builtin_memcpy(k->src, f->dst, 16);
+	__builtin_memcpy(k->dst, f->src, 16);
+	k->sport = f->dport;
+	k->dport = f->sport;
+	k->ifindex = ifindex;
+	k->proto = f->proto;
+	k->owner = owner;
+}
+
+/* Is f a reply to a flow the other hook of this interface allowed?  An
+ * entry of an older epoch counts only if that hook's policy still allows
+ * the flow; otherwise it is forgotten. */
+static __always_inline bool ct_is_reply(const struct flow *f, const struct endpoint *ep,
+					__u32 ifindex, __u8 owner)
+{
+	__u8 writer = other_hook(owner);
+	__u32 epoch = hook_epoch(ep, writer);
+	struct ct_key k = {};
+	struct ct_value *v;
+
+	if (!f->trackable)
+		return false;
+	ct_key_reverse(&k, f, ifindex, writer);
+	v = bpf_map_lookup_elem(&pal_conntrack, &k);
+	if (!v)
+		return false;
+	if (v->epoch != epoch) {
+		if (!hook_allows_original(ep, writer, f)) {
+			bpf_map_delete_elem(&pal_conntrack, &k);
+			return false;
+		}
+		v->epoch = epoch;
+	}
+	v->last_seen_ns = bpf_ktime_get_ns();
+	return true;
+}
+
+enum forward_verdict {
+	FWD_ESTABLISHED, /* entry of the current epoch: no policy lookup */
+	FWD_ALLOWED,     /* policy allowed it: entry written or refreshed */
+	FWD_DENIED,      /* policy denied it: any entry forgotten */
+};
+
+/* Judges a forward packet and keeps its entry in step: only a packet policy
+ * allowed (now or under the current epoch) writes or keeps one. */
+static __always_inline int ct_forward(const struct flow *f, const struct endpoint *ep,
+				      __u32 ifindex, __u8 owner)
+{
+	__u32 epoch = hook_epoch(ep, owner);
+	struct ct_value fresh = {};
+	struct ct_key k = {};
+	struct ct_value *v = NULL;
+
+	if (f->trackable) {
+		ct_key_forward(&k, f, ifindex, owner);
+		v = bpf_map_lookup_elem(&pal_conntrack, &k);
+	}
+	if (v && v->epoch == epoch) {
+		/* Refresh in place: no LRU update per packet. */
+		v->last_seen_ns = bpf_ktime_get_ns();
+		return FWD_ESTABLISHED;
+	}
+	if (!hook_allows(ep, owner, f)) {
+		if (v)
+			bpf_map_delete_elem(&pal_conntrack, &k);
+		return FWD_DENIED;
+	}
+	if (v) {
+		v->epoch = epoch;
+		v->last_seen_ns = bpf_ktime_get_ns();
+	} else if (f->trackable) {
+		fresh.last_seen_ns = bpf_ktime_get_ns();
+		fresh.epoch = epoch;
+		bpf_map_update_elem(&pal_conntrack, &k, &fresh, BPF_ANY);
+	}
+	return FWD_ALLOWED;
 }
 
 /* ---- verdict ---- */
@@ -282,39 +476,37 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 	__u32 ifindex = skb->ifindex;
 	struct endpoint *ep;
 	struct flow f = {};
-	__u32 policy_id;
 	int parsed;
 
 	ep = bpf_map_lookup_elem(&pal_endpoints, &ifindex);
 	if (!ep)
-		return TC_ACT_OK;
-	policy_id = owner == OWNER_FROM_POD ? ep->egress_policy : ep->ingress_policy;
+		return VERDICT_NEXT;
 
 	parsed = parse_flow(skb, &f);
 	if (parsed == PARSE_NOT_IP)
-		return TC_ACT_OK;
+		return VERDICT_NEXT;
 	if (parsed == PARSE_MALFORMED)
-		return policy_id ? account(STAT_DENIED, TC_ACT_SHOT) : TC_ACT_OK;
+		return account(STAT_DENIED_MALFORMED, VERDICT_DROP);
 
 	if (f.ndp)
-		return account(STAT_ALLOWED_NDP, TC_ACT_OK);
+		return account(STAT_ALLOWED_NDP, VERDICT_NEXT);
 
-	/* Checked before "not isolated" so that replies to a flow the other hook
-	 * allowed never create an entry of their own that would later pass the
-	 * other direction as a "reply" and bypass a tightened policy. */
-	if (ct_is_reply(&f, owner))
-		return account(STAT_ALLOWED_REPLY, TC_ACT_OK);
+	if (owner == OWNER_FROM_POD && !pod_owns_source(ep, f.src))
+		return account(STAT_DENIED_SPOOF, VERDICT_DROP);
 
-	if (!policy_id) {
-		ct_track(&f, owner);
-		return account(STAT_ALLOWED_UNISOLATED, TC_ACT_OK);
+	if (ct_is_reply(&f, ep, ifindex, owner))
+		return account(STAT_ALLOWED_REPLY, VERDICT_NEXT);
+
+	switch (ct_forward(&f, ep, ifindex, owner)) {
+	case FWD_ESTABLISHED:
+		return account(STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
+	case FWD_ALLOWED:
+		return account(hook_policy(ep, owner) ? STAT_ALLOWED_POLICY
+						      : STAT_ALLOWED_UNISOLATED,
+			       VERDICT_NEXT);
+	default:
+		return account(STAT_DENIED, VERDICT_DROP);
 	}
-
-	if (policy_allows(policy_id, owner == OWNER_FROM_POD ? f.dst : f.src, &f)) {
-		ct_track(&f, owner);
-		return account(STAT_ALLOWED_POLICY, TC_ACT_OK);
-	}
-	return account(STAT_DENIED, TC_ACT_SHOT);
 }
 
 SEC("classifier")

@@ -18,19 +18,34 @@
 #define STAT_ALLOWED_POLICY 0
 #define STAT_ALLOWED_REPLY 1
 #define STAT_ALLOWED_UNISOLATED 2
-#define STAT_DENIED 3
+#define STAT_DENIED 3 /* by policy */
 #define STAT_ALLOWED_NDP 4
-#define STAT_MAX 5
+#define STAT_DENIED_SPOOF 5     /* pod sent from an address not its own */
+#define STAT_DENIED_MALFORMED 6 /* truncated or impossible IP header */
+#define STAT_ALLOWED_ESTABLISHED 7 /* forward packet of a flow allowed under the current epoch */
+#define STAT_MAX 8
 
 /* LPM prefix lengths of a full (host) lookup. */
 #define POLICY_ID_BITS 32
 #define POLICY_FULL_PREFIX (POLICY_ID_BITS + 128)
 #define PORT_FULL_PREFIX (32 + 8 + 16)
 
+/* Most addresses one pod may send from (one per family is usual). */
+#define MAX_POD_ADDRS 4
+
 /* Key of pal_endpoints is the host-side veth ifindex (__u32). */
 struct endpoint {
 	__u32 ingress_policy; /* 0: not isolated for ingress */
 	__u32 egress_policy;  /* 0: not isolated for egress */
+	/* Changes whenever the direction's policy does (and never comes back
+	 * to an old value): conntrack entries of another epoch are re-judged. */
+	__u32 ingress_epoch;
+	__u32 egress_epoch;
+	/* The pod's own addresses (IPv6 or IPv4-mapped), the only sources it
+	 * may send from.  0 addresses: every IP packet from the pod drops. */
+	__u32 addr_count;
+	__u32 pad;
+	__u8 addrs[MAX_POD_ADDRS][16];
 };
 
 /* Peer address as IPv6; IPv4 is stored IPv4-mapped (::ffff:a.b.c.d) so one
@@ -58,11 +73,14 @@ struct port_value {
 	__u32 allow;
 };
 
+/* A flow as seen by the hook that allowed it: (ifindex, owner) name that
+ * hook, so an entry vouches for one direction of one pod and nothing else. */
 struct ct_key {
 	__u8 src[16];
 	__u8 dst[16];
-	__u16 sport; /* network order */
-	__u16 dport; /* network order */
+	__u16 sport;   /* network order */
+	__u16 dport;   /* network order */
+	__u32 ifindex; /* host veth whose hook allowed the forward packet */
 	__u8 proto;
 	__u8 owner; /* OWNER_FROM_POD or OWNER_TO_POD */
 	__u8 pad[2];
@@ -70,12 +88,14 @@ struct ct_key {
 
 struct ct_value {
 	__u64 last_seen_ns; /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
+	__u32 epoch;        /* the writing direction's epoch when policy last allowed the flow */
+	__u32 pad;
 };
 
-_Static_assert(sizeof(struct endpoint) == 8, "endpoint layout");
+_Static_assert(sizeof(struct endpoint) == 24 + MAX_POD_ADDRS * 16, "endpoint layout");
 _Static_assert(sizeof(struct policy_key) == 24, "policy_key layout");
 _Static_assert(sizeof(struct port_key) == 12, "port_key layout");
-_Static_assert(sizeof(struct ct_key) == 40, "ct_key layout");
-_Static_assert(sizeof(struct ct_value) == 8, "ct_value layout");
+_Static_assert(sizeof(struct ct_key) == 44, "ct_key layout");
+_Static_assert(sizeof(struct ct_value) == 16, "ct_value layout");
 
 #endif

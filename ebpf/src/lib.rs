@@ -63,13 +63,31 @@ pub const STAT_ALLOWED_POLICY: u32 = 0;
 pub const STAT_ALLOWED_REPLY: u32 = 1;
 /// Packets allowed because the pod is not isolated in that direction.
 pub const STAT_ALLOWED_UNISOLATED: u32 = 2;
-/// Packets dropped.
+/// Packets dropped by policy.
 pub const STAT_DENIED: u32 = 3;
 /// ICMPv6 neighbour discovery (types 133..=137, hop limit 255), which is
 /// never filtered, as ARP is never filtered for IPv4.
 pub const STAT_ALLOWED_NDP: u32 = 4;
+/// Packets a pod sent from an address that is not one of its own
+/// ([`Endpoint::addrs`]), dropped.
+pub const STAT_DENIED_SPOOF: u32 = 5;
+/// IP packets with a truncated or impossible header, dropped on both hooks
+/// whatever the policy.
+pub const STAT_DENIED_MALFORMED: u32 = 6;
+/// Forward packets of a flow the hook allowed under its current epoch
+/// (passed on one conntrack lookup, without a policy lookup).
+pub const STAT_ALLOWED_ESTABLISHED: u32 = 7;
 /// Number of entries in [`MAP_STATS`].
-pub const STAT_COUNT: u32 = 5;
+pub const STAT_COUNT: u32 = 8;
+
+/// What an allowed packet returns: `TC_ACT_UNSPEC`, which TCX reads as
+/// `TCX_NEXT`, so programs attached after Palisade's still run.
+pub const VERDICT_NEXT: i32 = -1;
+/// What a denied packet returns: `TC_ACT_SHOT` (`TCX_DROP`).
+pub const VERDICT_DROP: i32 = 2;
+
+/// Most addresses an [`Endpoint`] holds (`MAX_POD_ADDRS` in the C header).
+pub const MAX_POD_ADDRS: usize = 4;
 
 /// [`CtKey::owner`] of an entry created by the source pod's egress hook.
 pub const OWNER_FROM_POD: u8 = 0;
@@ -95,12 +113,52 @@ pub const PORT_KEY_ANY_PORT_PREFIX_LEN: u32 = 40;
 pub const PORT_KEY_FULL_PREFIX_LEN: u32 = 56;
 
 /// Value of [`MAP_ENDPOINTS`]; a policy id of 0 means "not isolated in that
-/// direction".
+/// direction". The first `addr_count` of `addrs` (see [`mapped_addr`]) are
+/// the only sources the pod may send from; with none, every IP packet it
+/// sends is dropped.
+///
+/// `ingress_epoch`/`egress_epoch` must move to a value never used before
+/// (on any endpoint) whenever that direction's policy id changes: a
+/// conntrack entry written under the current epoch lets its flow pass
+/// without a policy lookup, one of any other epoch is re-judged. Policy
+/// tables must never be edited in place under an id an endpoint uses.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Endpoint {
     pub ingress_policy: u32,
     pub egress_policy: u32,
+    pub ingress_epoch: u32,
+    pub egress_epoch: u32,
+    pub addr_count: u32,
+    pub pad: u32,
+    pub addrs: [[u8; 16]; MAX_POD_ADDRS],
+}
+
+impl Endpoint {
+    /// An entry for a pod with these policies and own addresses (epochs 0),
+    /// or `None` when there are more than [`MAX_POD_ADDRS`] addresses.
+    pub fn new(ingress_policy: u32, egress_policy: u32, pod_addrs: &[[u8; 16]]) -> Option<Self> {
+        if pod_addrs.len() > MAX_POD_ADDRS {
+            return None;
+        }
+        let mut addrs = [[0u8; 16]; MAX_POD_ADDRS];
+        addrs[..pod_addrs.len()].copy_from_slice(pod_addrs);
+        Some(Endpoint {
+            ingress_policy,
+            egress_policy,
+            ingress_epoch: 0,
+            egress_epoch: 0,
+            addr_count: pod_addrs.len() as u32,
+            pad: 0,
+            addrs,
+        })
+    }
+
+    /// The pod's own addresses. A count past [`MAX_POD_ADDRS`] (which the
+    /// programs never trust beyond the array either) is cut at the array.
+    pub fn pod_addrs(&self) -> &[[u8; 16]] {
+        &self.addrs[..(self.addr_count as usize).min(MAX_POD_ADDRS)]
+    }
 }
 
 /// Data part of a [`MAP_POLICY`] key (aya's [`Key`] adds the prefix length).
@@ -185,7 +243,8 @@ impl PortValue {
     pub const ALLOW: PortValue = PortValue { allow: 1 };
 }
 
-/// Key of [`MAP_CONNTRACK`]: a flow as seen by the hook that allowed it.
+/// Key of [`MAP_CONNTRACK`]: a flow as seen by the hook that allowed it,
+/// named by the host veth `ifindex` and `owner` (which of its two hooks).
 /// `sport`/`dport` hold the network-order bytes (use [`CtKey::new`] and
 /// [`CtKey::sport`]/[`CtKey::dport`] to stay in host order).
 #[repr(C)]
@@ -195,20 +254,33 @@ pub struct CtKey {
     pub dst: [u8; 16],
     pub sport: u16,
     pub dport: u16,
+    pub ifindex: u32,
     pub proto: u8,
     pub owner: u8,
     pub pad: [u8; 2],
 }
 
+/// A flow's addresses and ports (host order), as [`CtKey::new`] takes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuple {
+    pub src: IpAddr,
+    pub sport: u16,
+    pub dst: IpAddr,
+    pub dport: u16,
+    pub proto: u8,
+}
+
 impl CtKey {
-    /// Ports in host order; `owner` is [`OWNER_FROM_POD`] or [`OWNER_TO_POD`].
-    pub fn new(src: IpAddr, dst: IpAddr, sport: u16, dport: u16, proto: u8, owner: u8) -> Self {
+    /// The entry hook `owner` ([`OWNER_FROM_POD`] or [`OWNER_TO_POD`]) of
+    /// interface `ifindex` writes when it allows `flow`.
+    pub fn new(flow: Tuple, ifindex: u32, owner: u8) -> Self {
         CtKey {
-            src: mapped_addr(src),
-            dst: mapped_addr(dst),
-            sport: sport.to_be(),
-            dport: dport.to_be(),
-            proto,
+            src: mapped_addr(flow.src),
+            dst: mapped_addr(flow.dst),
+            sport: flow.sport.to_be(),
+            dport: flow.dport.to_be(),
+            ifindex,
+            proto: flow.proto,
             owner,
             pad: [0; 2],
         }
@@ -234,11 +306,14 @@ impl CtKey {
 }
 
 /// Value of [`MAP_CONNTRACK`]. The programs write `bpf_ktime_get_ns()`,
-/// i.e. `CLOCK_MONOTONIC` (not counting suspend).
+/// i.e. `CLOCK_MONOTONIC` (not counting suspend), and the writing
+/// direction's [`Endpoint`] epoch when policy last allowed the flow.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CtValue {
     pub last_seen_ns: u64,
+    pub epoch: u32,
+    pub pad: u32,
 }
 
 // SAFETY: all of these are repr(C), made only of integers and byte arrays,
@@ -255,15 +330,15 @@ unsafe impl aya::Pod for CtValue {}
 // Sizes of the C structs in c/palisade.h (which asserts them too).
 const _: () = {
     use std::mem::size_of;
-    assert!(size_of::<Endpoint>() == 8);
+    assert!(size_of::<Endpoint>() == 24 + MAX_POD_ADDRS * 16);
     assert!(size_of::<PolicyKey>() == 20);
     assert!(size_of::<Key<PolicyKey>>() == 24);
     assert!(size_of::<PolicyValue>() == 4);
     assert!(size_of::<PortKey>() == 8);
     assert!(size_of::<Key<PortKey>>() == 12);
     assert!(size_of::<PortValue>() == 4);
-    assert!(size_of::<CtKey>() == 40);
-    assert!(size_of::<CtValue>() == 8);
+    assert!(size_of::<CtKey>() == 44);
+    assert!(size_of::<CtValue>() == 16);
 };
 
 /// The 16-byte form the maps use: IPv6 as is, IPv4 as `::ffff:a.b.c.d`.
@@ -462,25 +537,47 @@ mod tests {
     #[test]
     fn ct_key_ports_are_network_order() {
         let key = CtKey::new(
-            "10.0.0.1".parse().unwrap(),
-            "10.0.0.2".parse().unwrap(),
-            40000,
-            80,
-            PROTO_TCP,
-            OWNER_FROM_POD,
+            Tuple {
+                src: "10.0.0.1".parse().unwrap(),
+                sport: 40000,
+                dst: "10.0.0.2".parse().unwrap(),
+                dport: 80,
+                proto: PROTO_TCP,
+            },
+            7,
+            OWNER_TO_POD,
         );
         let bytes = aya_bytes(&key);
         assert_eq!(&bytes[32..34], &40000u16.to_be_bytes());
         assert_eq!(&bytes[34..36], &80u16.to_be_bytes());
-        assert_eq!(bytes[36], PROTO_TCP);
+        assert_eq!(&bytes[36..40], &7u32.to_ne_bytes());
+        assert_eq!(bytes[40], PROTO_TCP);
+        assert_eq!(bytes[41], OWNER_TO_POD);
         assert_eq!(key.sport(), 40000);
         assert_eq!(key.dport(), 80);
         assert_eq!(key.src_ip(), "10.0.0.1".parse::<IpAddr>().unwrap());
     }
 
-    fn aya_bytes(key: &CtKey) -> [u8; 40] {
-        // SAFETY: CtKey is Pod with size 40 (asserted above).
-        unsafe { std::mem::transmute::<CtKey, [u8; 40]>(*key) }
+    fn aya_bytes(key: &CtKey) -> [u8; 44] {
+        // SAFETY: CtKey is Pod with size 44 (asserted above).
+        unsafe { std::mem::transmute::<CtKey, [u8; 44]>(*key) }
+    }
+
+    #[test]
+    fn endpoint_holds_at_most_max_pod_addrs() {
+        let a = mapped_addr("10.0.0.2".parse().unwrap());
+        let b = mapped_addr("fd00::2".parse().unwrap());
+        let ep = Endpoint::new(1, 2, &[a, b]).unwrap();
+        assert_eq!(ep.addr_count, 2);
+        assert_eq!(ep.pod_addrs(), &[a, b]);
+        assert_eq!(ep.addrs[2], [0; 16]);
+        assert!(Endpoint::new(1, 2, &[a; MAX_POD_ADDRS]).is_some());
+        assert!(Endpoint::new(1, 2, &[a; MAX_POD_ADDRS + 1]).is_none());
+        let lying = Endpoint {
+            addr_count: 99,
+            ..ep
+        };
+        assert_eq!(lying.pod_addrs().len(), MAX_POD_ADDRS);
     }
 
     #[test]

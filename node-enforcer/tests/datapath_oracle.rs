@@ -11,8 +11,8 @@ use node_enforcer::datapath::bpf::BpfDatapath;
 use node_enforcer::datapath::{Datapath, EndpointEntry};
 use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PortRange, Rule};
 
-const TC_ACT_OK: i32 = 0;
-const TC_ACT_SHOT: i32 = 2;
+use palisade_ebpf::{VERDICT_DROP, VERDICT_NEXT};
+
 /// The programs key endpoints by ifindex; loopback exists everywhere and
 /// nothing is attached to it (test runs need no attachment).
 const IFINDEX: u32 = 1;
@@ -131,16 +131,20 @@ fn write(dp: &mut BpfDatapath, id: u32, set: &PolicySet, portsets: &mut BTreeMap
     dp.add_policy(id, &entries).unwrap();
 }
 
-#[test]
-fn programs_agree_with_the_compiled_tables() {
+fn pin_root(name: &str) -> PinRoot {
     assert!(
         nix::unistd::geteuid().is_root(),
         "needs root to load eBPF programs"
     );
-    let root = PinRoot(std::path::PathBuf::from(format!(
-        "/sys/fs/bpf/palisade-test-oracle-{}",
+    PinRoot(std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/palisade-test-{name}-{}",
         std::process::id()
-    )));
+    )))
+}
+
+#[test]
+fn programs_agree_with_the_compiled_tables() {
+    let root = pin_root("oracle");
     let mut dp = BpfDatapath::load(&root.0).expect("load the programs");
     let mut rng = Rng(0x5eed_1234_abcd_0001);
     let mut portsets = BTreeMap::new();
@@ -174,7 +178,7 @@ fn programs_agree_with_the_compiled_tables() {
             let expect = set.allows(IpAddr::V4(peer), proto, port);
             assert_eq!(
                 verdict,
-                if expect { TC_ACT_OK } else { TC_ACT_SHOT },
+                if expect { VERDICT_NEXT } else { VERDICT_DROP },
                 "table {id}: {peer} proto {proto} port {port}: {set:?}"
             );
             total += 1;
@@ -186,4 +190,192 @@ fn programs_agree_with_the_compiled_tables() {
         allowed > total / 20 && allowed < total * 19 / 20,
         "{allowed} of {total}"
     );
+}
+
+#[test]
+fn endpoint_addresses_are_written_whole_and_read_back() {
+    let root = pin_root("endpoint-addrs");
+    let mut dp = BpfDatapath::load(&root.0).expect("load the programs");
+    let v6: std::net::Ipv6Addr = "fd00:9::1".parse().unwrap();
+    let entry = EndpointEntry {
+        ingress: 0,
+        egress: 0,
+        pod_addrs: vec![POD.to_ipv6_mapped().octets(), v6.octets()],
+    };
+    dp.set_endpoint(IFINDEX, &entry).unwrap();
+    assert_eq!(dp.adopt().unwrap().endpoints.get(&IFINDEX), Some(&entry));
+
+    let from = |dp: &BpfDatapath, src: Ipv4Addr| {
+        dp.test_run(
+            palisade_ebpf::PROG_FROM_POD,
+            &frame(src, Ipv4Addr::new(10, 0, 0, 9), 17, 1000, 53),
+            IFINDEX,
+        )
+        .unwrap()
+    };
+    assert_eq!(from(&dp, POD), VERDICT_NEXT, "the pod's own address");
+    assert_eq!(
+        from(&dp, Ipv4Addr::new(10, 9, 0, 2)),
+        VERDICT_DROP,
+        "spoofed"
+    );
+
+    // Too many addresses: refused, naming the count, and nothing written.
+    let too_many = EndpointEntry {
+        ingress: 7,
+        egress: 7,
+        pod_addrs: (1..=5u8)
+            .map(|i| Ipv4Addr::new(10, 9, 1, i).to_ipv6_mapped().octets())
+            .collect(),
+    };
+    let e = dp.set_endpoint(IFINDEX, &too_many).unwrap_err().to_string();
+    assert!(e.contains("5 addresses"), "{e}");
+    assert_eq!(dp.adopt().unwrap().endpoints.get(&IFINDEX), Some(&entry));
+    assert_eq!(from(&dp, POD), VERDICT_NEXT, "the old entry still enforced");
+
+    // No addresses: everything the pod sends drops.
+    let none = EndpointEntry {
+        pod_addrs: Vec::new(),
+        ..entry
+    };
+    dp.set_endpoint(IFINDEX, &none).unwrap();
+    assert_eq!(from(&dp, POD), VERDICT_DROP);
+    dp.remove_endpoint(IFINDEX).unwrap();
+}
+
+/// Runs `test` on a thread of its own in a fresh network namespace holding
+/// the veth pair `pal-a`/`pal-b` (both go away with the thread).
+fn in_netns_with_veth(test: impl FnOnce() + Send) {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+                    .expect("unshare(CLONE_NEWNET)");
+                let status = std::process::Command::new("ip")
+                    .args([
+                        "link", "add", "pal-a", "type", "veth", "peer", "name", "pal-b",
+                    ])
+                    .status()
+                    .expect("run ip");
+                assert!(status.success(), "ip link add: {status}");
+                test();
+            })
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    });
+}
+
+#[test]
+fn programs_attach_at_the_head_of_the_tcx_chain() {
+    use aya::programs::{SchedClassifier, TcAttachType};
+    let root = pin_root("tcx-order");
+    let bystander_pins = pin_root("tcx-bystander");
+    in_netns_with_veth(|| {
+        // Another TC user that was there first, at the default (tail) spot.
+        std::fs::create_dir_all(&bystander_pins.0).unwrap();
+        let mut other = aya::EbpfLoader::new()
+            .default_map_pin_directory(&bystander_pins.0)
+            .load(palisade_ebpf::OBJECT)
+            .unwrap();
+        let mut bystander_ids = Vec::new();
+        for (name, hook) in [
+            (palisade_ebpf::PROG_FROM_POD, TcAttachType::Ingress),
+            (palisade_ebpf::PROG_TO_POD, TcAttachType::Egress),
+        ] {
+            let prog: &mut SchedClassifier = other.program_mut(name).unwrap().try_into().unwrap();
+            prog.load().unwrap();
+            prog.attach("pal-a", hook).unwrap();
+            bystander_ids.push(prog.info().unwrap().id());
+        }
+
+        let mut dp = BpfDatapath::load(&root.0).expect("load the programs");
+        let ifindex = dp.ifindex("pal-a").unwrap();
+        dp.attach("pal-a", ifindex).unwrap();
+
+        for (hook, bystander) in [TcAttachType::Ingress, TcAttachType::Egress]
+            .into_iter()
+            .zip(bystander_ids)
+        {
+            let (_, chain) = SchedClassifier::query_tcx("pal-a", hook).unwrap();
+            let ids: Vec<u32> = chain.iter().map(|p| p.id()).collect();
+            assert_eq!(ids.len(), 2, "{hook:?}: {ids:?}");
+            assert_eq!(
+                ids[1], bystander,
+                "{hook:?}: ours first, then the other: {ids:?}"
+            );
+        }
+        dp.detach("pal-a", ifindex).unwrap();
+    });
+}
+
+fn endpoint_in_map(root: &std::path::Path, ifindex: u32) -> palisade_ebpf::Endpoint {
+    let data = aya::maps::MapData::from_pin(root.join(palisade_ebpf::MAP_ENDPOINTS)).unwrap();
+    let map: aya::maps::HashMap<_, u32, palisade_ebpf::Endpoint> =
+        aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data)).unwrap();
+    map.get(&ifindex, 0).unwrap()
+}
+
+#[test]
+fn a_policy_change_stops_established_flows_it_no_longer_allows() {
+    let root = pin_root("epochs");
+    let mut dp = BpfDatapath::load(&root.0).expect("load the programs");
+    let allow_80 = compile(
+        &DirectionPolicy {
+            rules: vec![Rule {
+                peers: vec![PeerBlock {
+                    cidr: Some(prefix(Ipv4Addr::new(10, 0, 0, 0), 24)),
+                    except: vec![],
+                }],
+                ports: vec![PortRange {
+                    protocol: 6,
+                    port: 80,
+                    end_port: 0,
+                }],
+            }],
+        },
+        &[],
+    )
+    .unwrap();
+    let deny_all = compile(&DirectionPolicy { rules: vec![] }, &[]).unwrap();
+    let mut portsets = BTreeMap::new();
+    write(&mut dp, 1, &allow_80, &mut portsets);
+    write(&mut dp, 2, &deny_all, &mut portsets);
+    let entry = |ingress| EndpointEntry {
+        ingress,
+        egress: 0,
+        pod_addrs: vec![POD.to_ipv6_mapped().octets()],
+    };
+    let request = frame(Ipv4Addr::new(10, 0, 0, 7), POD, 6, 40000, 80);
+    let judge = |dp: &BpfDatapath| {
+        dp.test_run(palisade_ebpf::PROG_TO_POD, &request, IFINDEX)
+            .unwrap()
+    };
+
+    dp.set_endpoint(IFINDEX, &entry(1)).unwrap();
+    let first = endpoint_in_map(&root.0, IFINDEX);
+    assert_ne!(first.ingress_epoch, 0, "a new endpoint gets a fresh epoch");
+    assert_eq!(judge(&dp), VERDICT_NEXT);
+    assert_eq!(judge(&dp), VERDICT_NEXT, "established");
+
+    // Same policies (say, only the addresses were rewritten): same epochs.
+    dp.set_endpoint(IFINDEX, &entry(1)).unwrap();
+    assert_eq!(endpoint_in_map(&root.0, IFINDEX), first);
+
+    dp.set_endpoint(IFINDEX, &entry(2)).unwrap();
+    let second = endpoint_in_map(&root.0, IFINDEX);
+    assert_ne!(second.ingress_epoch, first.ingress_epoch);
+    assert_eq!(second.egress_epoch, first.egress_epoch, "egress unchanged");
+    assert_eq!(judge(&dp), VERDICT_DROP, "the established flow is stopped");
+
+    // A new process on the same pins hands out epochs no entry holds.
+    drop(dp);
+    let mut dp = BpfDatapath::load(&root.0).expect("reload the programs");
+    dp.set_endpoint(IFINDEX, &entry(1)).unwrap();
+    let third = endpoint_in_map(&root.0, IFINDEX);
+    assert!(
+        third.ingress_epoch > second.ingress_epoch,
+        "{third:?} after {second:?}"
+    );
+    assert_eq!(judge(&dp), VERDICT_NEXT);
+    dp.remove_endpoint(IFINDEX).unwrap();
 }

@@ -5,6 +5,21 @@
 //! stops or crashes, every pod stays enforced by the programs already
 //! attached, and the next process swaps its own programs into those links
 //! (one atomic `bpf_link_update` each) and takes the tables over.
+//!
+//! Composition with other TC users: each program is attached at the HEAD of
+//! its interface's TCX chain (`LinkOrder::first()`), so no program that runs
+//! before it can redirect or pass a packet around policy. An allowed packet
+//! returns TCX_NEXT (not TCX_PASS), so the programs attached after ours
+//! (a CNI's own, observability) still see it; a denied one is dropped there.
+//! A program attached later with `first()` itself would run before ours:
+//! that takes root on the node, which is outside what we can defend.
+//!
+//! Epochs: the programs let an established flow pass on one conntrack
+//! lookup when its entry was written under the direction's current epoch.
+//! So whenever `set_endpoint` changes a direction's policy id (the
+//! reconciler gives changed content a new id and never edits a table in
+//! use), that direction gets an epoch no entry can hold: drawn from one
+//! node-wide counter that starts above every epoch found in the maps.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,12 +27,12 @@ use std::path::{Path, PathBuf};
 use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::{HashMap, MapData};
 use aya::programs::links::{FdLink, PinnedLink};
-use aya::programs::tc::SchedClassifierLink;
-use aya::programs::{SchedClassifier, TcAttachType};
+use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
+use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
 use palisade_ebpf::{
-    Endpoint, PolicyKey, PolicyValue, PortKey, PortValue, MAP_ENDPOINTS, MAP_POLICY, MAP_PORTS,
-    POLICY_ID_BITS, PROG_FROM_POD, PROG_TO_POD,
+    CtKey, CtValue, Endpoint, PolicyKey, PolicyValue, PortKey, PortValue, MAP_CONNTRACK,
+    MAP_ENDPOINTS, MAP_POLICY, MAP_PORTS, POLICY_ID_BITS, PROG_FROM_POD, PROG_TO_POD,
 };
 
 use super::{Adopted, Datapath, DatapathError, EndpointEntry, PolicyId, PortSetId, Result};
@@ -29,6 +44,9 @@ pub struct BpfDatapath {
     endpoints: HashMap<MapData, u32, Endpoint>,
     policy: LpmTrie<MapData, PolicyKey, PolicyValue>,
     ports: LpmTrie<MapData, PortKey, PortValue>,
+    /// The next epoch to hand out; above every epoch in the endpoint and
+    /// conntrack maps (see the module comment).
+    next_epoch: u32,
     /// Pinned links per interface: (from_pod at TC ingress, to_pod at TC
     /// egress). Holding the fds is not what keeps them attached; the pins are.
     links: BTreeMap<String, [FdLink; 2]>,
@@ -72,6 +90,7 @@ impl BpfDatapath {
             LpmTrie::try_from(take(&mut ebpf, MAP_POLICY)?).map_err(|e| err(MAP_POLICY, e))?;
         let ports =
             LpmTrie::try_from(take(&mut ebpf, MAP_PORTS)?).map_err(|e| err(MAP_PORTS, e))?;
+        let next_epoch = first_unused_epoch(&endpoints, &ebpf)?;
         std::fs::create_dir_all(pin_root.join("links"))
             .map_err(|e| err("creating the links pin directory", e))?;
         Ok(BpfDatapath {
@@ -80,6 +99,7 @@ impl BpfDatapath {
             endpoints,
             policy,
             ports,
+            next_epoch,
             links: BTreeMap::new(),
         })
     }
@@ -199,6 +219,56 @@ pub(crate) fn ifname_of_pin(encoded: &str) -> String {
         .replace("%25", "%")
 }
 
+/// One more than the highest epoch any endpoint or conntrack entry holds, so
+/// a fresh epoch never matches an entry left by an earlier process, pod or
+/// policy. (2^32 policy changes on one node would wrap it.)
+fn first_unused_epoch(endpoints: &HashMap<MapData, u32, Endpoint>, ebpf: &Ebpf) -> Result<u32> {
+    let mut highest = 0u32;
+    for item in endpoints.iter() {
+        let (_, e) = item.map_err(|e| err(MAP_ENDPOINTS, e))?;
+        highest = highest.max(e.ingress_epoch).max(e.egress_epoch);
+    }
+    let conntrack: HashMap<&MapData, CtKey, CtValue> =
+        HashMap::try_from(ebpf.map(MAP_CONNTRACK).ok_or_else(|| {
+            DatapathError::new(format!("map {MAP_CONNTRACK} missing from object"))
+        })?)
+        .map_err(|e| err(MAP_CONNTRACK, e))?;
+    for item in conntrack.iter() {
+        match item {
+            Ok((_, v)) => highest = highest.max(v.epoch),
+            // The LRU evicts under us; a vanished key is no epoch to avoid.
+            Err(aya::maps::MapError::KeyNotFound) => {}
+            Err(e) => return Err(err(MAP_CONNTRACK, e)),
+        }
+    }
+    Ok(highest.wrapping_add(1).max(1))
+}
+
+/// The map value for an endpoint entry; more addresses than the programs
+/// hold is an error (writing some of them would drop the pod's traffic from
+/// the rest, writing none would drop everything).
+fn endpoint_value(entry: &EndpointEntry) -> Result<Endpoint> {
+    const _: () = assert!(super::MAX_POD_ADDRS == palisade_ebpf::MAX_POD_ADDRS);
+    Endpoint::new(entry.ingress, entry.egress, &entry.pod_addrs).ok_or_else(|| {
+        DatapathError::new(format!(
+            "pod has {} addresses, the datapath holds at most {}",
+            entry.pod_addrs.len(),
+            palisade_ebpf::MAX_POD_ADDRS
+        ))
+    })
+}
+
+/// The epochs of an endpoint's new entry: a direction whose policy id stays
+/// keeps its epoch (its flows stay established); one that changes, or is
+/// new, gets `fresh`. Also says whether `fresh` was used.
+fn epochs_for(old: Option<&Endpoint>, new: &Endpoint, fresh: u32) -> (u32, u32, bool) {
+    let keep = |old_id: u32, old_epoch: u32, new_id: u32| (old_id == new_id).then_some(old_epoch);
+    let ingress = old.and_then(|o| keep(o.ingress_policy, o.ingress_epoch, new.ingress_policy));
+    let egress = old.and_then(|o| keep(o.egress_policy, o.egress_epoch, new.egress_policy));
+    let used = ingress.is_none() || egress.is_none();
+    (ingress.unwrap_or(fresh), egress.unwrap_or(fresh), used)
+}
+
 fn policy_key(id: PolicyId, p: &Prefix) -> Key<PolicyKey> {
     Key::new(
         POLICY_ID_BITS + u32::from(p.len),
@@ -234,7 +304,7 @@ impl Datapath for BpfDatapath {
                 EndpointEntry {
                     ingress: e.ingress_policy,
                     egress: e.egress_policy,
-                    pod_addrs: Vec::new(),
+                    pod_addrs: e.pod_addrs().to_vec(),
                 },
             );
         }
@@ -317,8 +387,13 @@ impl Datapath for BpfDatapath {
             let path = self.link_pin(ifname, hook);
             let result = (|| {
                 let prog = self.program(prog_name)?;
+                // Head of the chain: see the module comment.
                 let id = prog
-                    .attach(ifname, attach_type)
+                    .attach_with_options(
+                        ifname,
+                        attach_type,
+                        TcAttachOptions::TcxOrder(LinkOrder::first()),
+                    )
                     .map_err(|e| err(format!("attaching {prog_name} to {ifname}"), e))?;
                 let link = prog.take_link(id).map_err(|e| err(prog_name, e))?;
                 let fd = FdLink::try_from(link).map_err(|e| err(prog_name, e))?;
@@ -360,17 +435,30 @@ impl Datapath for BpfDatapath {
     }
 
     fn set_endpoint(&mut self, ifindex: u32, entry: &EndpointEntry) -> Result<()> {
-        // TODO(ebpf anti-spoofing): the pod addresses go into the entry too.
+        // Policies, epochs and addresses in one entry, one update: a packet
+        // never sees new policies with old addresses or an old epoch.
+        let mut value = endpoint_value(entry)?;
+        let old = match self.endpoints.get(&ifindex, 0) {
+            Ok(old) => Some(old),
+            Err(aya::maps::MapError::KeyNotFound) => None,
+            Err(e) => {
+                return Err(err(
+                    format!("reading {MAP_ENDPOINTS} for ifindex {ifindex}"),
+                    e,
+                ))
+            }
+        };
+        let fresh = self.next_epoch;
+        let (ingress_epoch, egress_epoch, used) = epochs_for(old.as_ref(), &value, fresh);
+        value.ingress_epoch = ingress_epoch;
+        value.egress_epoch = egress_epoch;
         self.endpoints
-            .insert(
-                ifindex,
-                Endpoint {
-                    ingress_policy: entry.ingress,
-                    egress_policy: entry.egress,
-                },
-                0,
-            )
-            .map_err(|e| err(format!("writing {MAP_ENDPOINTS}"), e))
+            .insert(ifindex, value, 0)
+            .map_err(|e| err(format!("writing {MAP_ENDPOINTS} for ifindex {ifindex}"), e))?;
+        if used {
+            self.next_epoch = fresh.wrapping_add(1).max(1);
+        }
+        Ok(())
     }
 
     fn remove_endpoint(&mut self, ifindex: u32) -> Result<()> {
@@ -409,6 +497,47 @@ impl Datapath for BpfDatapath {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn endpoint_value_carries_every_address_or_refuses() {
+        let addr = |last: u8| {
+            let mut a = [0u8; 16];
+            a[10] = 0xff;
+            a[11] = 0xff;
+            a[15] = last;
+            a
+        };
+        let entry = EndpointEntry {
+            ingress: 3,
+            egress: 4,
+            pod_addrs: vec![addr(1), addr(2)],
+        };
+        let v = endpoint_value(&entry).unwrap();
+        assert_eq!((v.ingress_policy, v.egress_policy), (3, 4));
+        assert_eq!(v.pod_addrs(), &[addr(1), addr(2)]);
+
+        let too_many = EndpointEntry {
+            pod_addrs: (1..=5).map(addr).collect(),
+            ..entry
+        };
+        let e = endpoint_value(&too_many).unwrap_err().to_string();
+        assert!(e.contains("5 addresses") && e.contains("at most 4"), "{e}");
+    }
+
+    #[test]
+    fn a_direction_gets_a_fresh_epoch_exactly_when_its_policy_changes() {
+        let ep = |ingress, egress, ie, ee| Endpoint {
+            ingress_epoch: ie,
+            egress_epoch: ee,
+            ..Endpoint::new(ingress, egress, &[]).unwrap()
+        };
+        assert_eq!(epochs_for(None, &ep(1, 2, 0, 0), 9), (9, 9, true), "new");
+        let old = ep(1, 2, 4, 5);
+        assert_eq!(epochs_for(Some(&old), &ep(1, 2, 0, 0), 9), (4, 5, false));
+        assert_eq!(epochs_for(Some(&old), &ep(3, 2, 0, 0), 9), (9, 5, true));
+        assert_eq!(epochs_for(Some(&old), &ep(1, 0, 0, 0), 9), (4, 9, true));
+        assert_eq!(epochs_for(Some(&old), &ep(0, 0, 0, 0), 9), (9, 9, true));
+    }
 
     #[test]
     fn pin_names_have_no_dots_and_decode_exactly() {
