@@ -93,7 +93,10 @@ fn policy(shape: Option<u8>) -> Option<DirectionPolicy> {
         rules: match s % 4 {
             0 => vec![],
             1 => vec![rule([10, 1, 0, 0], 16, 80, 0)],
-            2 => vec![rule([10, 2, 0, 0], 24, 1000, 1100), rule([10, 3, 0, 7], 32, 0, 0)],
+            2 => vec![
+                rule([10, 2, 0, 0], 24, 1000, 1100),
+                rule([10, 3, 0, 7], 32, 0, 0),
+            ],
             _ => vec![rule([10, 0, 0, 0], 8, 443, 0)],
         },
     })
@@ -151,11 +154,19 @@ impl Datapath for Mortal {
     fn adopt(&mut self) -> DpResult<Adopted> {
         self.inner.adopt()
     }
-    fn add_portset(&mut self, id: PortSetId, set: &node_enforcer::compile::PortSet) -> DpResult<()> {
+    fn add_portset(
+        &mut self,
+        id: PortSetId,
+        set: &node_enforcer::compile::PortSet,
+    ) -> DpResult<()> {
         self.spend("add_portset")?;
         self.inner.add_portset(id, set)
     }
-    fn remove_portset(&mut self, id: PortSetId, set: &node_enforcer::compile::PortSet) -> DpResult<()> {
+    fn remove_portset(
+        &mut self,
+        id: PortSetId,
+        set: &node_enforcer::compile::PortSet,
+    ) -> DpResult<()> {
         self.spend("remove_portset")?;
         self.inner.remove_portset(id, set)
     }
@@ -200,7 +211,10 @@ fn sh(args: &[&str]) -> Result<(), String> {
         .output()
         .map_err(|e| format!("{args:?}: {e}"))?;
     if !out.status.success() {
-        return Err(format!("{args:?}: {}", String::from_utf8_lossy(&out.stderr)));
+        return Err(format!(
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
     }
     Ok(())
 }
@@ -302,7 +316,8 @@ impl World {
                     pod: ("x".into(), format!("p{p}")),
                     container_id: container.clone(),
                 });
-                rx.try_recv().map_err(|e| format!("pod-up never answered: {e}"))?
+                rx.try_recv()
+                    .map_err(|e| format!("pod-up never answered: {e}"))?
             }
         };
         Ok(match answer {
@@ -327,13 +342,33 @@ impl World {
         match step {
             Step::Up(p) => {
                 if sh(&["ip", "link", "show", &iface(*p)]).is_err() {
-                    sh(&["ip", "link", "add", &iface(*p), "type", "veth", "peer", "name", &format!("{}x", iface(*p))])?;
+                    sh(&[
+                        "ip",
+                        "link",
+                        "add",
+                        &iface(*p),
+                        "type",
+                        "veth",
+                        "peer",
+                        "name",
+                        &format!("{}x", iface(*p)),
+                    ])?;
                 }
                 let _ = self.pod_up(*p)?;
             }
             Step::Recreate(p) => {
                 let _ = sh(&["ip", "link", "del", &iface(*p)]);
-                sh(&["ip", "link", "add", &iface(*p), "type", "veth", "peer", "name", &format!("{}x", iface(*p))])?;
+                sh(&[
+                    "ip",
+                    "link",
+                    "add",
+                    &iface(*p),
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    &format!("{}x", iface(*p)),
+                ])?;
                 self.up.remove(p);
                 let _ = self.pod_up(*p)?;
             }
@@ -343,7 +378,8 @@ impl World {
                     .pod_down(Some(("x".into(), format!("p{p}"))), &container)?;
                 if container.is_empty() {
                     // Not up: make sure it is really gone from the enforcer.
-                    self.r().pod_down(Some(("x".into(), format!("p{p}"))), "c-any")?;
+                    self.r()
+                        .pod_down(Some(("x".into(), format!("p{p}"))), "c-any")?;
                 }
             }
             Step::StaleDown(p) => {
@@ -371,11 +407,18 @@ impl World {
                 self.r().pod_up(up, tx);
                 match rx.try_recv() {
                     Ok(Err(_)) => {}
-                    other => return Err(format!("stealing {}'s interface was not refused: {other:?}", iface(*q))),
+                    other => {
+                        return Err(format!(
+                            "stealing {}'s interface was not refused: {other:?}",
+                            iface(*q)
+                        ))
+                    }
                 }
                 let after = inspect::inspect(&self.pin_root).map_err(|e| e.to_string())?;
                 if before != after {
-                    return Err(format!("a refused pod-up changed the datapath:\n{before:?}\n{after:?}"));
+                    return Err(format!(
+                        "a refused pod-up changed the datapath:\n{before:?}\n{after:?}"
+                    ));
                 }
             }
             Step::Policy(p, shape) => {
@@ -398,13 +441,22 @@ impl World {
                 self.up.remove(p);
                 self.r().handle(Event::Links);
             }
-            Step::Crash { ops, damage, replan } => {
+            Step::Crash {
+                ops,
+                damage,
+                replan,
+            } => {
                 let policies_then = self.held.clone().unwrap_or_else(|| self.policies.clone());
                 if let Some(n) = ops {
                     // Dies part-way through the next plan change.
                     self.r().datapath.budget = Some(*n);
                     let p = (self.version as usize) % PODS;
-                    let shape = self.policies.get(&p).copied().flatten().map(|s| s.wrapping_add(1) % 4);
+                    let shape = self
+                        .policies
+                        .get(&p)
+                        .copied()
+                        .flatten()
+                        .map(|s| s.wrapping_add(1) % 4);
                     self.policies.insert(p, shape);
                     self.version += 1;
                     let plan = self.plan();
@@ -458,7 +510,9 @@ impl World {
                 return Err(format!("{name}: up but gone"));
             };
             let Some(entry) = k.endpoints.get(&ifindex) else {
-                return Err(format!("{name} (x/p{p}) is up with no endpoint entry: open"));
+                return Err(format!(
+                    "{name} (x/p{p}) is up with no endpoint entry: open"
+                ));
             };
             if !k.attached.contains(&name) {
                 return Err(format!("{name} (x/p{p}) is up with no link: open"));
@@ -507,7 +561,11 @@ impl World {
         }
         self.r().handle(Event::Links);
         let k = inspect::inspect(&self.pin_root).map_err(|e| e.to_string())?;
-        if !k.attached.is_empty() || !k.endpoints.is_empty() || !k.policies.is_empty() || !k.portsets.is_empty() {
+        if !k.attached.is_empty()
+            || !k.endpoints.is_empty()
+            || !k.policies.is_empty()
+            || !k.portsets.is_empty()
+        {
             return Err(format!("left behind after every pod went: {k:?}"));
         }
         Ok(())
@@ -541,7 +599,8 @@ fn run(seed: u64, mode: Mode, steps: &[Step]) -> Result<(), String> {
     let result = std::thread::scope(|s| {
         s.spawn(|| -> Result<(), String> {
             let ns = std::fs::File::open(&netns).map_err(|e| e.to_string())?;
-            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| e.to_string())?;
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| e.to_string())?;
             // `ip` runs in this thread's namespace too: it inherits it.
             let mut w = World {
                 pin_root: pin_root.clone(),
@@ -557,8 +616,10 @@ fn run(seed: u64, mode: Mode, steps: &[Step]) -> Result<(), String> {
             w.start()?;
             w.deliver_plan()?;
             for (i, step) in steps.iter().enumerate() {
-                w.step(step).map_err(|e| format!("step {i} {step:?}: {e}"))?;
-                w.check().map_err(|e| format!("after step {i} {step:?}: {e}"))?;
+                w.step(step)
+                    .map_err(|e| format!("step {i} {step:?}: {e}"))?;
+                w.check()
+                    .map_err(|e| format!("after step {i} {step:?}: {e}"))?;
             }
             w.quiesce().map_err(|e| format!("at quiescence: {e}"))
         })
@@ -594,7 +655,11 @@ fn random_faults_never_leave_a_pod_open() {
     let mut steps_run = 0;
     for seed in 1..=seeds {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ seed.wrapping_mul(0x2545_f491_4f6c_dd1d));
-        let mode = if seed % 2 == 0 { Mode::Strict } else { Mode::Standard };
+        let mode = if seed % 2 == 0 {
+            Mode::Strict
+        } else {
+            Mode::Standard
+        };
         let steps = random_steps(&mut rng, 40);
         steps_run += steps.len();
         if let Err(e) = run(seed, mode, &steps) {

@@ -297,46 +297,7 @@ impl Datapath for BpfDatapath {
             attached,
             ..Adopted::default()
         };
-        for item in self.endpoints.iter() {
-            let (ifindex, e) = item.map_err(|e| err(MAP_ENDPOINTS, e))?;
-            adopted.endpoints.insert(
-                ifindex,
-                EndpointEntry {
-                    ingress: e.ingress_policy,
-                    egress: e.egress_policy,
-                    pod_addrs: e.pod_addrs().to_vec(),
-                },
-            );
-        }
-        for item in self.policy.iter() {
-            let (key, value) = item.map_err(|e| err(MAP_POLICY, e))?;
-            let data = key.data();
-            let len = key.prefix_len().saturating_sub(POLICY_ID_BITS).min(128) as u8;
-            adopted
-                .policies
-                .entry(data.policy_id)
-                .or_default()
-                .push((Prefix::new(data.addr, len), value.portset_id));
-        }
-        for item in self.ports.iter() {
-            let (key, _) = item.map_err(|e| err(MAP_PORTS, e))?;
-            let data = key.data();
-            let entry = match key.prefix_len() {
-                0..=39 => PortEntry::Any,
-                40 => PortEntry::Proto(data.proto),
-                n => PortEntry::Block {
-                    proto: data.proto,
-                    port: u16::from_be_bytes(data.port),
-                    bits: (n - 40).min(16) as u8,
-                },
-            };
-            adopted
-                .portsets
-                .entry(data.portset_id)
-                .or_default()
-                .0
-                .insert(entry);
-        }
+        super::inspect::read_tables(&self.endpoints, &self.policy, &self.ports, &mut adopted)?;
         Ok(adopted)
     }
 

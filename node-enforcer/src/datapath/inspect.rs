@@ -31,7 +31,7 @@ pub fn endpoint_entry(e: &Endpoint) -> EndpointEntry {
     EndpointEntry {
         ingress: e.ingress_policy,
         egress: e.egress_policy,
-        pod_addrs: Vec::new(),
+        pod_addrs: e.pod_addrs().to_vec(),
     }
 }
 
@@ -97,8 +97,8 @@ pub fn linked_interfaces(pin_root: &Path) -> Result<BTreeSet<String>> {
 
 /// Everything under `pin_root`, read-only.
 pub fn inspect(pin_root: &Path) -> Result<Adopted> {
-    let endpoints = HashMap::try_from(open(pin_root, MAP_ENDPOINTS)?)
-        .map_err(|e| err(MAP_ENDPOINTS, e))?;
+    let endpoints =
+        HashMap::try_from(open(pin_root, MAP_ENDPOINTS)?).map_err(|e| err(MAP_ENDPOINTS, e))?;
     let policy = LpmTrie::try_from(open(pin_root, MAP_POLICY)?).map_err(|e| err(MAP_POLICY, e))?;
     let ports = LpmTrie::try_from(open(pin_root, MAP_PORTS)?).map_err(|e| err(MAP_PORTS, e))?;
     let mut out = Adopted {

@@ -14,7 +14,7 @@ use palisade_proto::v1::PodState;
 
 use super::{validate_pod, PendingUp, PodUp, PodUpOutcome, PodUpReply, Reconciler};
 use crate::datapath::Datapath;
-use crate::desired::{Knowledge, Mode, PodKey, PodRuntime};
+use crate::desired::{Knowledge, Mode, Owner, PodKey, PodRuntime};
 
 fn name(k: &PodKey) -> String {
     format!("{}/{}", k.0, k.1)
@@ -72,6 +72,28 @@ impl<D: Datapath> Reconciler<D> {
                 let stale = pods.get_mut(other).expect("cloned");
                 stale.host_interfaces.retain(|i| i != ifname);
                 stale.ifindexes.remove(ifname);
+            }
+        }
+        // An interface kept for an owner nobody knows (a lost checkpoint)
+        // still says whose it is: the addresses in its entry.
+        let wanted: std::collections::BTreeSet<[u8; 16]> =
+            up.runtime.ips.iter().map(|p| p.addr).collect();
+        for (ifname, &index) in &ifindexes {
+            if let Some(e) = self.realized.endpoints.get(ifname) {
+                let theirs: std::collections::BTreeSet<[u8; 16]> =
+                    e.entry.pod_addrs.iter().copied().collect();
+                if e.owner == Owner::Unexplained
+                    && e.ifindex == index
+                    && !theirs.is_empty()
+                    && !wanted.is_empty()
+                    && theirs != wanted
+                {
+                    let _ = reply.send(Err(format!(
+                        "pod {}: interface {ifname} (index {index}) is enforced for other addresses (its pod is unknown since the checkpoint was lost); refusing",
+                        name(&up.pod)
+                    )));
+                    return;
+                }
             }
         }
         pods.retain(|_, rt| !rt.host_interfaces.is_empty());
@@ -251,18 +273,18 @@ impl<D: Datapath> Reconciler<D> {
         let Some(rt) = self.pods.get(&pod).cloned() else {
             return Ok(());
         };
-        // A DEL for an older sandbox must not tear down the new one. A pod
-        // rebuilt from the kernel has no container id: any DEL owns it.
+        // A DEL for an older sandbox must not tear down the new one.
         if !container_id.is_empty()
             && !rt.container_id.is_empty()
             && rt.container_id != container_id
         {
             return Ok(());
         }
-        if container_id.is_empty() {
-            // NPBackend names only the pod, so a late delete of an old pod
-            // looks like a delete of the new one: forget the pod only once
-            // its interface is really gone.
+        if container_id.is_empty() || rt.container_id.is_empty() {
+            // A delete that cannot prove it is for this sandbox (NPBackend
+            // names only the pod; a pod rebuilt from the kernel has no
+            // container id) may be a late one for an older pod: forget the
+            // pod only once its interface is really gone.
             let live = self.live_interfaces();
             let alive = rt.host_interfaces.iter().any(|i| {
                 live.get(i)

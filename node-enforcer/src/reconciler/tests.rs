@@ -518,10 +518,18 @@ fn a_lost_checkpoint_is_rebuilt_from_the_kernel_not_detached() {
         assert_eq!(state.pods[0].error, "");
         assert_eq!(r2.datapath.endpoint_of("veth-a"), Some(before));
         r2.datapath.assert_no_violations();
-        // And a DEL from the runtime, with any container id, removes it.
+        // A DEL cannot prove it is for this sandbox (the container id was
+        // lost; it may be a late one for an older pod): enforced until the
+        // veth goes, then forgotten.
         r2.pod_down(Some(("x".into(), "a".into())), "c-whatever")
             .unwrap();
+        assert!(r2.datapath.attached.contains("veth-a"));
+        assert_eq!(r2.datapath.endpoint_of("veth-a"), Some(before));
+        r2.datapath.interfaces.remove("veth-a");
+        r2.handle(Event::Links);
         assert!(!r2.datapath.attached.contains("veth-a"));
+        assert!(r2.node_state().pods.is_empty());
+        r2.datapath.interfaces.insert("veth-a".into(), 10);
         r = r2;
         up_now(&mut r, {
             let mut u = up("a", "veth-a");
