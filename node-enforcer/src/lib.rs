@@ -5,6 +5,7 @@
 pub mod checkpoint;
 pub mod cni_plugin;
 pub mod compile;
+pub mod conntrack;
 pub mod datapath;
 pub mod desired;
 pub mod handle;

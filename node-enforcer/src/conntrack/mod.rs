@@ -14,6 +14,7 @@
 //! `kernel` reads the kernel's table; `stale` is the pure rule.
 
 pub mod kernel;
+pub mod sweep;
 
 use std::collections::HashSet;
 use std::hash::{BuildHasher, Hash, Hasher};

@@ -1,0 +1,176 @@
+//! Reads the kernel's conntrack table of the current network namespace over
+//! nfnetlink (what `conntrack -L` does), one entry at a time: the caller sees
+//! each entry's original and reply tuples and keeps only what it needs, so a
+//! million entries cost no more memory than the caller's own set.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use super::Tuple;
+
+const NFNL_SUBSYS_CTNETLINK: u16 = 1;
+const IPCTNL_MSG_CT_GET: u16 = 1;
+const NLM_F_REQUEST: u16 = 1;
+const NLM_F_DUMP: u16 = 0x300;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLA_TYPE_MASK: u16 = 0x3fff;
+
+const CTA_TUPLE_ORIG: u16 = 1;
+const CTA_TUPLE_REPLY: u16 = 2;
+const CTA_TUPLE_IP: u16 = 1;
+const CTA_TUPLE_PROTO: u16 = 2;
+const CTA_IP_V4_SRC: u16 = 1;
+const CTA_IP_V4_DST: u16 = 2;
+const CTA_IP_V6_SRC: u16 = 3;
+const CTA_IP_V6_DST: u16 = 4;
+const CTA_PROTO_NUM: u16 = 1;
+const CTA_PROTO_SRC_PORT: u16 = 2;
+const CTA_PROTO_DST_PORT: u16 = 3;
+
+fn io(what: &str) -> String {
+    format!("{what}: {}", std::io::Error::last_os_error())
+}
+
+/// Calls `each(original, reply)` for every entry of the kernel's table.
+/// Returns how many entries were read.
+pub fn dump(mut each: impl FnMut(&Tuple, &Tuple)) -> Result<usize, String> {
+    // SAFETY: a netlink socket owned at once; buffers below are owned and
+    // their lengths passed exactly.
+    let fd = unsafe {
+        let fd = libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_NETFILTER,
+        );
+        if fd < 0 {
+            return Err(io("opening a netfilter netlink socket"));
+        }
+        OwnedFd::from_raw_fd(fd)
+    };
+    let mut req = [0u8; 20];
+    req[0..4].copy_from_slice(&20u32.to_ne_bytes());
+    let kind = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET;
+    req[4..6].copy_from_slice(&kind.to_ne_bytes());
+    req[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
+    req[8..12].copy_from_slice(&1u32.to_ne_bytes());
+    // nfgenmsg: family 0 dumps every family; version 0; res_id 0.
+    if unsafe { libc::send(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
+        return Err(io("asking for the conntrack table"));
+    }
+    let mut buf = vec![0u8; 1 << 20];
+    let mut count = 0;
+    loop {
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            return Err(io("reading the conntrack table"));
+        }
+        let mut msgs = &buf[..n as usize];
+        while msgs.len() >= 16 {
+            let len = u32::from_ne_bytes(msgs[0..4].try_into().expect("4")) as usize;
+            let kind = u16::from_ne_bytes([msgs[4], msgs[5]]);
+            if len < 16 || len > msgs.len() {
+                return Err(format!("malformed netlink message of {len} bytes"));
+            }
+            match kind {
+                NLMSG_DONE => return Ok(count),
+                NLMSG_ERROR => {
+                    let errno = i32::from_ne_bytes(msgs[16..20].try_into().expect("4"));
+                    if errno != 0 {
+                        return Err(format!(
+                            "conntrack dump: {}",
+                            std::io::Error::from_raw_os_error(-errno)
+                        ));
+                    }
+                }
+                _ => {
+                    // nlmsghdr (16) + nfgenmsg (4), then attributes.
+                    if let Some((orig, reply)) = entry(&msgs[20.min(len)..len]) {
+                        each(&orig, &reply);
+                        count += 1;
+                    }
+                }
+            }
+            msgs = &msgs[((len + 3) & !3).min(msgs.len())..];
+        }
+    }
+}
+
+/// Attributes of one level: (type, payload).
+fn attrs(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        if b.len() < 4 {
+            return None;
+        }
+        let len = u16::from_ne_bytes([b[0], b[1]]) as usize;
+        let kind = u16::from_ne_bytes([b[2], b[3]]) & NLA_TYPE_MASK;
+        if len < 4 || len > b.len() {
+            return None;
+        }
+        let payload = &b[4..len];
+        b = &b[((len + 3) & !3).min(b.len())..];
+        Some((kind, payload))
+    })
+}
+
+fn entry(b: &[u8]) -> Option<(Tuple, Tuple)> {
+    let (mut orig, mut reply) = (None, None);
+    for (kind, payload) in attrs(b) {
+        match kind {
+            CTA_TUPLE_ORIG => orig = tuple(payload),
+            CTA_TUPLE_REPLY => reply = tuple(payload),
+            _ => {}
+        }
+    }
+    Some((orig?, reply?))
+}
+
+fn v4_mapped(a: &[u8]) -> Option<[u8; 16]> {
+    let mut out = [0u8; 16];
+    out[10] = 0xff;
+    out[11] = 0xff;
+    out[12..].copy_from_slice(a.get(..4)?);
+    Some(out)
+}
+
+fn tuple(b: &[u8]) -> Option<Tuple> {
+    let mut t = Tuple {
+        src: [0; 16],
+        dst: [0; 16],
+        sport: 0,
+        dport: 0,
+        proto: 0,
+    };
+    let mut have_ip = false;
+    for (kind, payload) in attrs(b) {
+        match kind {
+            CTA_TUPLE_IP => {
+                for (k, p) in attrs(payload) {
+                    match k {
+                        CTA_IP_V4_SRC => t.src = v4_mapped(p)?,
+                        CTA_IP_V4_DST => t.dst = v4_mapped(p)?,
+                        CTA_IP_V6_SRC => t.src = p.get(..16)?.try_into().ok()?,
+                        CTA_IP_V6_DST => t.dst = p.get(..16)?.try_into().ok()?,
+                        _ => continue,
+                    }
+                    have_ip = true;
+                }
+            }
+            CTA_TUPLE_PROTO => {
+                for (k, p) in attrs(payload) {
+                    match k {
+                        CTA_PROTO_NUM => t.proto = *p.first()?,
+                        CTA_PROTO_SRC_PORT => {
+                            t.sport = u16::from_be_bytes(p.get(..2)?.try_into().ok()?)
+                        }
+                        CTA_PROTO_DST_PORT => {
+                            t.dport = u16::from_be_bytes(p.get(..2)?.try_into().ok()?)
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    have_ip.then_some(t)
+}
