@@ -60,6 +60,13 @@ struct Args {
     /// exit; 0 waits forever (a surge rollout's new pod waits for the old).
     #[arg(long, env = "PALISADE_LOCK_TIMEOUT_SECS", default_value_t = 0)]
     lock_timeout_secs: u64,
+    /// Size of the eBPF conntrack map, applied when it is first created.
+    #[arg(long, env = "PALISADE_CONNTRACK_MAX_ENTRIES", default_value_t = 65536)]
+    conntrack_max_entries: u32,
+    /// How often eBPF conntrack entries are checked against the kernel's
+    /// conntrack; entries nothing explains are removed.
+    #[arg(long, env = "PALISADE_CONNTRACK_CLEANUP_SECS", default_value_t = 60)]
+    conntrack_cleanup_secs: u64,
 }
 
 #[tokio::main]
@@ -96,7 +103,11 @@ async fn run(args: Args) -> Result<(), String> {
     })
     .await
     .map_err(|e| format!("waiting for the node lock: {e}"))??;
-    let datapath = BpfDatapath::load(&args.pin_root).map_err(|e| e.to_string())?;
+    if args.conntrack_cleanup_secs == 0 {
+        return Err("--conntrack-cleanup-secs must be at least 1".into());
+    }
+    let datapath = BpfDatapath::load_with(&args.pin_root, Some(args.conntrack_max_entries))
+        .map_err(|e| e.to_string())?;
     let checkpoint = Checkpoint::open(&args.state_dir)?;
     let saved = checkpoint.load()?;
     let enforcer_id = format!("{}-{}", args.node_name, std::process::id());
@@ -124,6 +135,35 @@ async fn run(args: Args) -> Result<(), String> {
         std::time::Duration::from_millis(args.pod_up_deadline_ms),
     );
     node_enforcer::links::watch(tx.clone())?;
+    let mut conntrack = node_enforcer::conntrack::sweep::open(&args.pin_root)?;
+    let cleanup_tx = tx.clone();
+    let period = std::time::Duration::from_secs(args.conntrack_cleanup_secs);
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(period);
+        every.tick().await;
+        loop {
+            every.tick().await;
+            // Off the async runtime: a pass over a million entries takes a
+            // while and must not stall the gRPC servers.
+            let (map, report) = match tokio::task::spawn_blocking(move || {
+                let r = node_enforcer::conntrack::sweep::sweep(&mut conntrack);
+                (conntrack, r)
+            })
+            .await
+            {
+                Ok(x) => x,
+                Err(_) => return,
+            };
+            conntrack = map;
+            if cleanup_tx
+                .send(Event::ConntrackCleaned(report))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
     // Node addresses change without an event we subscribe to (yet), and a
     // lost link event must not leave a vanished pod forever: look every few
     // seconds.

@@ -5,7 +5,9 @@
 use std::net::UdpSocket;
 use std::process::Command;
 
-use node_enforcer::conntrack::{kernel, stale, Explained, Tuple};
+use node_enforcer::conntrack::{kernel, monotonic_ns, stale, sweep, Explained, Tuple};
+use node_enforcer::datapath::bpf::BpfDatapath;
+use palisade_ebpf::{CtKey, CtValue, OWNER_FROM_POD, OWNER_TO_POD};
 
 fn run(args: &[&str], stdin: Option<&str>) {
     use std::io::Write;
@@ -29,9 +31,10 @@ fn v4(a: [u8; 4]) -> [u8; 16] {
     o
 }
 
-#[test]
-fn a_flow_through_a_vip_is_explained_on_both_sides() {
-    let ns = format!("pct{}", std::process::id() % 100_000);
+/// A namespace where 10.96.0.10:80/udp is DNATed to 127.0.0.1:8080 and one
+/// flow went through it; runs `f(client_port)` inside it.
+fn through_a_vip<T: Send + 'static>(tag: &str, f: impl FnOnce(u16) -> T + Send + 'static) -> T {
+    let ns = format!("pct{tag}{}", std::process::id() % 100_000);
     run(&["ip", "netns", "add", &ns], None);
     struct Del(String);
     impl Drop for Del {
@@ -41,9 +44,9 @@ fn a_flow_through_a_vip_is_explained_on_both_sides() {
     }
     let _del = Del(ns.clone());
     let path = format!("/run/netns/{ns}");
-    let result = std::thread::spawn(move || {
-        let f = std::fs::File::open(&path).unwrap();
-        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+    std::thread::spawn(move || {
+        let netns = std::fs::File::open(&path).unwrap();
+        nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
         run(&["ip", "link", "set", "lo", "up"], None);
         // Like a node: the service range routes somewhere, DNAT does the rest.
         run(&["ip", "route", "add", "10.96.0.0/12", "dev", "lo"], None);
@@ -61,8 +64,15 @@ fn a_flow_through_a_vip_is_explained_on_both_sides() {
         let (_, from) = server.recv_from(&mut buf).unwrap();
         server.send_to(b"ok", from).unwrap();
         client.recv_from(&mut buf).unwrap();
-        let cport = client.local_addr().unwrap().port();
+        f(client.local_addr().unwrap().port())
+    })
+    .join()
+    .unwrap()
+}
 
+#[test]
+fn a_flow_through_a_vip_is_explained_on_both_sides() {
+    let result = through_a_vip("a", |cport| {
         let mut explained = Explained::default();
         let mut seen = Vec::new();
         let n = kernel::dump(|o, r| {
@@ -71,9 +81,7 @@ fn a_flow_through_a_vip_is_explained_on_both_sides() {
         })
         .unwrap();
         (n, explained, seen, cport)
-    })
-    .join()
-    .unwrap();
+    });
     let (n, explained, seen, cport) = result;
     assert!(n >= 1, "no kernel entries: {seen:?}");
     let client_side = Tuple {
@@ -96,4 +104,57 @@ fn a_flow_through_a_vip_is_explained_on_both_sides() {
         ..backend_side
     };
     assert!(stale(&other, 0, u64::MAX, &explained));
+}
+
+/// Seed 001 against the real maps: the client's and the backend's eBPF
+/// entries of a live flow through a VIP survive a sweep; an entry nothing
+/// explains goes; one used since the sweep began stays.
+#[test]
+fn a_sweep_keeps_live_flows_through_a_vip_and_removes_the_rest() {
+    let (report, left) = through_a_vip("b", |cport| {
+        let pins =
+            std::path::Path::new("/sys/fs/bpf").join(format!("palisade-ct-{}", std::process::id()));
+        let _dp = BpfDatapath::load(&pins).unwrap();
+        let mut map = sweep::open(&pins).unwrap();
+        let lo: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let vip: std::net::IpAddr = "10.96.0.10".parse().unwrap();
+        let flow = |dst, dport, sport| palisade_ebpf::Tuple {
+            src: lo,
+            sport,
+            dst,
+            dport,
+            proto: 17,
+        };
+        let old = CtValue {
+            last_seen_ns: 1,
+            epoch: 1,
+            pad: 0,
+        };
+        let live_client = CtKey::new(flow(vip, 80, cport), 7, OWNER_FROM_POD);
+        let live_backend = CtKey::new(flow(lo, 8080, cport), 8, OWNER_TO_POD);
+        let dead = CtKey::new(flow(lo, 8080, cport.wrapping_add(1)), 8, OWNER_TO_POD);
+        let fresh = CtKey::new(flow(lo, 8080, cport.wrapping_add(2)), 8, OWNER_TO_POD);
+        for k in [live_client, live_backend, dead] {
+            map.insert(k, old, 0).unwrap();
+        }
+        // Used after the sweep starts: a reused 5-tuple.
+        let later = CtValue {
+            last_seen_ns: monotonic_ns() + 60_000_000_000,
+            epoch: 1,
+            pad: 0,
+        };
+        map.insert(fresh, later, 0).unwrap();
+        let report = sweep::sweep(&mut map).unwrap();
+        let left: Vec<CtKey> = map.keys().filter_map(Result::ok).collect();
+        let _ = std::fs::remove_dir_all(&pins);
+        (report, (left, [live_client, live_backend, dead, fresh]))
+    });
+    let (left, [live_client, live_backend, dead, fresh]) = left;
+    assert_eq!(
+        (report.entries, report.removed, report.kept),
+        (4, 1, 3),
+        "{report:?}"
+    );
+    assert!(left.contains(&live_client) && left.contains(&live_backend) && left.contains(&fresh));
+    assert!(!left.contains(&dead));
 }

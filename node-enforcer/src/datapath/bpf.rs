@@ -66,10 +66,26 @@ impl BpfDatapath {
     /// Loads the programs, pinning their maps under `pin_root` (created if
     /// missing) so that several enforcers on one machine stay apart.
     pub fn load(pin_root: &Path) -> Result<Self> {
+        Self::load_with(pin_root, None)
+    }
+
+    /// `conntrack_entries`: the size of the conntrack map when it is first
+    /// created (an existing pinned map keeps its size: replacing it would
+    /// forget every established flow).
+    pub fn load_with(pin_root: &Path, conntrack_entries: Option<u32>) -> Result<Self> {
         std::fs::create_dir_all(pin_root)
             .map_err(|e| err(format!("creating pin root {}", pin_root.display()), e))?;
-        let mut ebpf = EbpfLoader::new()
-            .default_map_pin_directory(pin_root)
+        let mut loader = EbpfLoader::new();
+        loader.default_map_pin_directory(pin_root);
+        if let Some(n) = conntrack_entries {
+            if n == 0 {
+                return Err(DatapathError::new(
+                    "the conntrack map needs at least one entry",
+                ));
+            }
+            loader.map_max_entries(palisade_ebpf::MAP_CONNTRACK, n);
+        }
+        let mut ebpf = loader
             .load(palisade_ebpf::OBJECT)
             .map_err(|e| err("loading the eBPF object", e))?;
         for name in [PROG_FROM_POD, PROG_TO_POD] {

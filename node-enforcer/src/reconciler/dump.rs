@@ -24,6 +24,33 @@ pub struct Dump {
     pub warnings: Vec<String>,
     pub policy_sets: Vec<PolicySetDump>,
     pub interfaces: Vec<InterfaceDump>,
+    pub conntrack: ConntrackDump,
+}
+
+/// The conntrack cleanups so far.
+#[derive(Clone, Debug, Default)]
+pub struct ConntrackDump {
+    pub last: crate::conntrack::sweep::Report,
+    pub cleanups: u64,
+    pub removed_total: u64,
+    pub error: String,
+}
+
+impl ConntrackDump {
+    pub fn record(&mut self, r: Result<crate::conntrack::sweep::Report, String>) {
+        match r {
+            Ok(report) => {
+                self.cleanups += 1;
+                self.removed_total += report.removed as u64;
+                self.last = report;
+                self.error.clear();
+            }
+            Err(e) => {
+                tracing::warn!("conntrack cleanup: {e}");
+                self.error = e;
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -154,6 +181,7 @@ impl<D: Datapath> Reconciler<D> {
                     egress: describe(&e.egress),
                 })
                 .collect(),
+            conntrack: self.conntrack.clone(),
         }
     }
 }

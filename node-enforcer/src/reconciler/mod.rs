@@ -30,7 +30,7 @@ use crate::compile::{prefix_of, PolicySet, PortSet, Prefix};
 use crate::datapath::{Datapath, EndpointEntry, PolicyId, PortSetId};
 use crate::desired::{Mode, Owner, PodKey, PodRuntime, Verdict};
 
-pub use dump::{Dump, InterfaceDump, PolicySetDump};
+pub use dump::{ConntrackDump, Dump, InterfaceDump, PolicySetDump};
 
 /// The policy id an endpoint gets when its policy could not be written: no
 /// table entry ever has it, so every lookup misses and the pod is denied
@@ -105,6 +105,8 @@ pub enum Event {
     Dump(oneshot::Sender<Dump>),
     /// Interfaces appeared or vanished (netlink): re-read which are live.
     Links,
+    /// A conntrack cleanup pass finished (or failed).
+    ConntrackCleaned(Result<crate::conntrack::sweep::Report, String>),
     /// Periodic: re-reads inputs that change without telling us (the node's
     /// addresses, interfaces if a link event was lost) and converges.
     Tick,
@@ -214,6 +216,7 @@ pub struct Reconciler<D: Datapath> {
     node_addresses: Vec<Prefix>,
     checkpoint: Option<Checkpoint>,
     fetch: Option<mpsc::UnboundedSender<PodKey>>,
+    conntrack: dump::ConntrackDump,
     pub datapath: D,
 }
 
@@ -241,6 +244,7 @@ impl<D: Datapath> Reconciler<D> {
             node_addresses: Vec::new(),
             checkpoint: None,
             fetch: None,
+            conntrack: Default::default(),
             datapath,
         }
     }
@@ -316,6 +320,7 @@ impl<D: Datapath> Reconciler<D> {
             Event::Dump(reply) => {
                 let _ = reply.send(self.dump());
             }
+            Event::ConntrackCleaned(r) => self.conntrack.record(r),
             Event::Links => {
                 self.links_changed();
             }

@@ -40,6 +40,17 @@ impl DebugService for DebugServer {
             plan_connected: d.plan_connected,
             pin_root: d.datapath,
             mode: d.mode.to_string(),
+            conntrack: Some(palisade_proto::v1::ConntrackState {
+                entries: d.conntrack.last.entries as u64,
+                kernel_entries: d.conntrack.last.kernel_entries as u64,
+                kept: d.conntrack.last.kept as u64,
+                removed: d.conntrack.last.removed as u64,
+                took_ms: d.conntrack.last.took.as_millis() as u64,
+                finished_unix_ms: d.conntrack.last.finished_unix_ms,
+                cleanups: d.conntrack.cleanups,
+                removed_total: d.conntrack.removed_total,
+                error: d.conntrack.error.clone(),
+            }),
             warnings: d.warnings,
             node_addresses: d
                 .node_addresses
