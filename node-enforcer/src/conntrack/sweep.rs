@@ -66,13 +66,8 @@ pub fn sweep(map: &mut HashMap<MapData, CtKey, CtValue>) -> Result<Report, Strin
     let mut removed = 0;
     for k in candidates {
         // Look again right before removing: a packet may have used it since.
-        match map.get(&k, 0) {
-            Ok(v) if v.last_seen_ns < started => {
-                if map.remove(&k).is_ok() {
-                    removed += 1;
-                }
-            }
-            _ => {}
+        if matches!(map.get(&k, 0), Ok(v) if v.last_seen_ns < started) && map.remove(&k).is_ok() {
+            removed += 1;
         }
     }
     Ok(Report {
