@@ -20,6 +20,9 @@
 
 pub mod cancel;
 pub mod cni;
+pub mod dump;
+pub mod fault;
+pub mod forge;
 pub mod grpc;
 pub mod lab;
 pub mod listener;

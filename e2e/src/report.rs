@@ -32,6 +32,20 @@ impl Row {
         }
     }
 
+    /// A row for a check that is not a probe (a dump check, an expected
+    /// CNI failure): what was checked and whether it held.
+    pub fn check(step: &str, kind: &str, what: &str, result: &Result<(), String>) -> Self {
+        Self {
+            step: step.to_string(),
+            from: kind.to_string(),
+            to: what.to_string(),
+            port: "-".into(),
+            expect: "holds".into(),
+            result: if result.is_ok() { "holds" } else { "fails" }.into(),
+            ok: Some(result.is_ok()),
+        }
+    }
+
     fn cells(&self) -> [&str; 7] {
         let ok = match self.ok {
             Some(true) => "OK",
@@ -145,13 +159,12 @@ mod tests {
             .unwrap()
             .expect(Verdict::Deny);
         let scenario = Scenario {
-            objects: vec![],
             steps: vec![Step {
                 name: "s1".into(),
-                apply: vec![],
-                delete: vec![],
                 probes: vec![spec.clone()],
+                ..Step::default()
             }],
+            ..Scenario::default()
         };
         let table = Table::for_scenario(&scenario);
         let ok = Row::new("s1", &spec, &Outcome::Timeout);
