@@ -108,6 +108,7 @@ fn run(path: &std::path::Path, config: LabConfig) -> u8 {
             return EXIT_CANNOT_RUN;
         }
     };
+    let config = config.for_scenario(&scenario);
     watch_signals(config.cancel.clone());
     let keep_logs = config.keep_logs;
     let mut lab = match Lab::start(config) {

@@ -87,6 +87,18 @@ impl Default for LabConfig {
     }
 }
 
+impl LabConfig {
+    /// Takes the scenario's top-level settings: mode, pod-up deadline, CNI.
+    pub fn for_scenario(self, scenario: &crate::scenario::Scenario) -> Self {
+        Self {
+            mode: scenario.mode,
+            pod_up_deadline: scenario.pod_up_deadline,
+            cni: scenario.cni,
+            ..self
+        }
+    }
+}
+
 /// The directory of the running executable; for a test binary in
 /// `target/<profile>/deps`, its parent, where the workspace binaries are.
 pub fn default_bin_dir() -> PathBuf {
