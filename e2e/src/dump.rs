@@ -4,15 +4,14 @@
 //! things they watch (netlink cleanup, a pod-up deadline) settle on their own
 //! time.
 //!
-//! The judgements here are pure; gathering the dump and running bpftool is
-//! the lab's job.
+//! The judgements here are pure; gathering the dump and querying the kernel
+//! is the lab's job.
 
 use std::fmt;
 
 use anyhow::{anyhow, bail, Result};
 use palisade_proto::v1::GetEnforcerStateResponse;
 use serde::Deserialize;
-use serde_json::Value;
 
 use crate::scenario::PodName;
 
@@ -123,27 +122,6 @@ pub fn dump_lists_interface(state: &GetEnforcerStateResponse, name: &str) -> boo
     state.interfaces.iter().any(|i| i.name == name)
 }
 
-/// The TC programs `bpftool -j net show dev X` reports (TCX included), as
-/// `kind:name` strings.
-pub fn tc_programs(bpftool_json: &str) -> Result<Vec<String>> {
-    let v: Value = serde_json::from_str(bpftool_json)
-        .map_err(|e| anyhow!("bpftool printed no JSON ({e}): {bpftool_json:?}"))?;
-    let mut out = Vec::new();
-    for entry in v.as_array().into_iter().flatten() {
-        for prog in entry
-            .get("tc")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let kind = prog.get("kind").and_then(Value::as_str).unwrap_or("tc");
-            let name = prog.get("name").and_then(Value::as_str).unwrap_or("?");
-            out.push(format!("{kind}:{name}"));
-        }
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,13 +187,5 @@ mod tests {
             .contains("does not list"));
         assert!(dump_lists_interface(&state(""), "veth1"));
         assert!(!dump_lists_interface(&state(""), "veth2"));
-    }
-
-    #[test]
-    fn reads_bpftool_json() {
-        let json = r#"[{"xdp":[],"tc":[{"devname":"v1","ifindex":4,"kind":"tcx/ingress","name":"palisade_ingress","prog_id":12}],"flow_dissector":[],"netfilter":[]}]"#;
-        assert_eq!(tc_programs(json).unwrap(), ["tcx/ingress:palisade_ingress"]);
-        assert!(tc_programs(r#"[{"xdp":[],"tc":[]}]"#).unwrap().is_empty());
-        assert!(tc_programs("Error: nope").is_err());
     }
 }

@@ -36,6 +36,7 @@ pub mod report;
 pub mod runner;
 pub mod scenario;
 pub mod sweep;
+pub mod tcx;
 
 pub use cancel::{Cancel, Interrupted};
 pub use lab::{Footprint, Lab, LabConfig};

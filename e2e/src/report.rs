@@ -85,6 +85,18 @@ impl Table {
                 widths[2] = widths[2].max(p.to.to_string().len());
                 widths[3] = widths[3].max(format!("{}/{}", p.port, p.protocol).len());
             }
+            if !step.dump.is_empty() {
+                widths[1] = widths[1].max("dump".len());
+            }
+            for check in &step.dump {
+                widths[2] = widths[2].max(check.to_string().len());
+            }
+            if step.add_error.is_some() {
+                widths[1] = widths[1].max("cni ADD".len());
+                let pods = step.apply.iter().filter(|o| o.key().pod_name().is_some());
+                let names: Vec<String> = pods.map(|o| o.key().name.clone()).collect();
+                widths[2] = widths[2].max(names.join(",").len() + 2 * names.len());
+            }
         }
         widths[4] = widths[4].max("allow".len());
         widths[5] = widths[5].max("allow (refused)".len());

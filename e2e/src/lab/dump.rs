@@ -1,14 +1,13 @@
 //! Dump checks against the live node: the enforcer's GetEnforcerState and
 //! the kernel's TC hooks (bpftool, run in the node namespace).
 
-use std::process::Command;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 use super::Lab;
 use crate::dump::{self, DumpCheck};
-use crate::grpc;
+use crate::{grpc, tcx};
 
 impl Lab {
     /// Polls until every check holds or the realize timeout passes; returns
@@ -68,19 +67,28 @@ impl Lab {
         }
     }
 
-    /// The TC/TCX programs the kernel has on a device of the node.
+    /// The TC programs the kernel has on a device of the node: TCX counts
+    /// from BPF_PROG_QUERY and classic BPF filters, one string each.
     pub fn tc_programs_on(&self, dev: &str) -> Result<Vec<String>> {
-        let out = Command::new("nsenter")
-            .arg(format!("--net={}", self.node_ns().path().display()))
-            .args(["bpftool", "-j", "net", "show", "dev", dev])
-            .output()
-            .context("running bpftool net show in the node namespace")?;
-        if !out.status.success() {
-            bail!(
-                "bpftool net show dev {dev} failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        dump::tc_programs(&String::from_utf8_lossy(&out.stdout))
+        let node = self.node_ns();
+        let name = dev.to_string();
+        let (ingress, egress) = node.run(move || -> Result<(u32, u32)> {
+            let c = std::ffi::CString::new(name.clone())?;
+            // SAFETY: c is a valid NUL-terminated string for the call.
+            let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
+            if index == 0 {
+                bail!("no device {name} in the node");
+            }
+            tcx::tcx_counts(index)
+        })??;
+        let mut found: Vec<String> = (0..ingress)
+            .map(|i| format!("tcx/ingress #{i}"))
+            .chain((0..egress).map(|i| format!("tcx/egress #{i}")))
+            .collect();
+        found.extend(tcx::classic_bpf_filters(
+            &node.path().display().to_string(),
+            dev,
+        )?);
+        Ok(found)
     }
 }

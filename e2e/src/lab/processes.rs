@@ -229,10 +229,12 @@ impl Lab {
         None
     }
 
-    /// Waits until the enforcer has applied whatever the controller serves
-    /// the node (the same plan version), or the controller serves it no
-    /// plan at all: used where realization cannot be awaited because the
-    /// source is broken, so that probes see the outcome and not a race.
+    /// Waits until the enforcer's stream is connected to the controller and
+    /// the enforcer has applied whatever the controller serves the node (the
+    /// same plan version), or the controller serves it no plan at all: used
+    /// where realization cannot be awaited because the source is broken, so
+    /// that probes see the outcome and not a race. Assumes an unsynced
+    /// controller still accepts the stream (and sends nothing on it).
     pub fn wait_settled(&mut self) -> Result<()> {
         let deadline = Instant::now() + self.config.realize_timeout;
         let mut last;
@@ -245,8 +247,10 @@ impl Lab {
             let enforcer = self.rt().block_on(grpc::enforcer_state(&self.enforcer_socket));
             match (controller, enforcer) {
                 (Ok(c), Ok(e)) => match realized::node_view(&c, &self.node_name) {
-                    None => return Ok(()),
-                    Some(v) if v.plan_version == 0 => return Ok(()),
+                    // Until the enforcer's stream reaches this controller,
+                    // nothing it serves has had a chance to be applied.
+                    None => last = format!("the controller has no view of node {}", self.node_name),
+                    Some(v) if v.connected && v.plan_version == 0 => return Ok(()),
                     Some(v) if v.connected && e.plan_version == v.plan_version => return Ok(()),
                     Some(v) => {
                         last = format!(
