@@ -79,9 +79,7 @@ impl DumpCheck {
     /// The pod this check is about, for reference checking.
     pub fn pod(&self) -> Option<&PodName> {
         match self {
-            Self::Realized { pod, .. } | Self::VethAttached(pod) | Self::VethGone(pod) => {
-                Some(pod)
-            }
+            Self::Realized { pod, .. } | Self::VethAttached(pod) | Self::VethGone(pod) => Some(pod),
             Self::BridgeClean => None,
         }
     }
@@ -107,10 +105,7 @@ pub fn judge_realized(
         .ok_or_else(|| format!("the enforcer's dump does not list pod {pod}"))?;
     match (realized, listed.error.is_empty()) {
         (true, true) | (false, false) => Ok(()),
-        (true, false) => Err(format!(
-            "pod {pod} is not realized: {:?}",
-            listed.error
-        )),
+        (true, false) => Err(format!("pod {pod} is not realized: {:?}", listed.error)),
         (false, true) => Err(format!(
             "pod {pod} is shown as realized (no error), but its policy cannot be known yet"
         )),

@@ -133,7 +133,9 @@ pub(crate) fn parse(raw: RawFault) -> Result<Fault> {
             "controller" => Fault::Start(Process::Controller),
             "enforcer" => Fault::Start(Process::Enforcer),
             "second-enforcer" => Fault::SecondEnforcer,
-            other => bail!("start: expected controller, enforcer or second-enforcer, got {other:?}"),
+            other => {
+                bail!("start: expected controller, enforcer or second-enforcer, got {other:?}")
+            }
         }
     } else if let Some(what) = raw.corrupt {
         match what.as_str() {

@@ -90,13 +90,7 @@ pub fn tcp_segment(
 
 /// An IPv4 packet around `payload`; `frag` is the flags/offset field (offset
 /// in 8-byte units, plus [`MF`]).
-pub fn ipv4_packet(
-    src: Ipv4Addr,
-    dst: Ipv4Addr,
-    id: u16,
-    frag: u16,
-    payload: &[u8],
-) -> Vec<u8> {
+pub fn ipv4_packet(src: Ipv4Addr, dst: Ipv4Addr, id: u16, frag: u16, payload: &[u8]) -> Vec<u8> {
     let total = (20 + payload.len()) as u16;
     let mut p = Vec::with_capacity(total as usize);
     p.push(0x45); // version 4, header 5 words
@@ -345,7 +339,10 @@ mod tests {
         for (flags, name) in REPLY_FLAGS {
             let spoofed = all
                 .iter()
-                .find(|f| f.what.starts_with(&format!("{name} spoofed {peer}:81 -> {me}")))
+                .find(|f| {
+                    f.what
+                        .starts_with(&format!("{name} spoofed {peer}:81 -> {me}"))
+                })
                 .unwrap();
             let p = &spoofed.packet;
             assert_eq!(&p[12..16], &peer.octets());

@@ -115,7 +115,12 @@ fn main() -> ExitCode {
             if let Some(dir) = bin_dir {
                 config.bin_dir = dir;
             }
-            ExitCode::from(bench(pods, parallel, mode.as_deref().unwrap_or("default"), config))
+            ExitCode::from(bench(
+                pods,
+                parallel,
+                mode.as_deref().unwrap_or("default"),
+                config,
+            ))
         }
         Cmd::Run {
             scenario,

@@ -138,10 +138,19 @@ fn connect_from(port: u16, to: SocketAddrV4, timeout: Duration) -> Result<TcpStr
         {
             return Err(os("SO_REUSEADDR"));
         }
-        if libc::bind(fd.as_raw_fd(), (&local as *const libc::sockaddr_in).cast(), len) != 0 {
+        if libc::bind(
+            fd.as_raw_fd(),
+            (&local as *const libc::sockaddr_in).cast(),
+            len,
+        ) != 0
+        {
             return Err(os(&format!("binding source port {port}")));
         }
-        if libc::connect(fd.as_raw_fd(), (&remote as *const libc::sockaddr_in).cast(), len) != 0
+        if libc::connect(
+            fd.as_raw_fd(),
+            (&remote as *const libc::sockaddr_in).cast(),
+            len,
+        ) != 0
             && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINPROGRESS)
         {
             return Err(os("connect"));

@@ -105,7 +105,9 @@ fn apply(
                 writeln!(out, "    ADD failed as expected: {text}")?;
                 Ok(())
             } else {
-                Err(format!("the CNI ADD failed without naming {want:?}: {text}"))
+                Err(format!(
+                    "the CNI ADD failed without naming {want:?}: {text}"
+                ))
             }
         }
     };

@@ -547,9 +547,10 @@ impl Scenario {
         let raw: RawScenario = serde_yaml::from_str(text)?;
         let mode = match raw.mode.as_deref() {
             None => None,
-            Some(m) => Some(Mode::parse(m).ok_or_else(|| {
-                anyhow!("mode: expected standard or strict, got {m:?}")
-            })?),
+            Some(m) => Some(
+                Mode::parse(m)
+                    .ok_or_else(|| anyhow!("mode: expected standard or strict, got {m:?}"))?,
+            ),
         };
         let cni = match raw.cni.as_deref() {
             None => CniKind::default(),
@@ -928,11 +929,17 @@ steps:
         let e = err(&format!(
             "{base}steps: [{{fault: [{{kill: enforcer, restart: false}}]}}, {{fault: [{{kill: enforcer}}]}}]"
         ));
-        assert!(e.contains("steps[1]") && e.contains("fault[0]") && e.contains("already down"), "{e}");
+        assert!(
+            e.contains("steps[1]") && e.contains("fault[0]") && e.contains("already down"),
+            "{e}"
+        );
         let e = err(&format!(
             "{base}steps: [{{fault: [{{kill: enforcer, restart: false}}], dump: [{{pod: x/a, realized: true}}]}}]"
         ));
-        assert!(e.contains("dump[0]") && e.contains("enforcer is down"), "{e}");
+        assert!(
+            e.contains("dump[0]") && e.contains("enforcer is down"),
+            "{e}"
+        );
         let e = err(&format!("{base}steps: [{{dump: [{{bridge: clean}}]}}]"));
         assert!(e.contains("cni: bridge"), "{e}");
         let e = err(&format!(
@@ -947,6 +954,9 @@ steps:
         let e = err(&format!(
             "{base}steps: [{{apply: [{{kind: Pod, metadata: {{name: d, namespace: x}}, spec: {{containers: []}}}}], addError: ''}}, {{probes: [{{from: x/d, to: x/a, port: 80}}]}}]"
         ));
-        assert!(e.contains("steps[1]") && e.contains("x/d does not exist"), "{e}");
+        assert!(
+            e.contains("steps[1]") && e.contains("x/d does not exist"),
+            "{e}"
+        );
     }
 }

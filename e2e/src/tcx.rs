@@ -81,7 +81,10 @@ pub fn classic_bpf_filters(netns_path: &str, dev: &str) -> Result<Vec<String>> {
             }
             bail!("tc filter show dev {dev} {hook} failed: {}", err.trim());
         }
-        found.extend(bpf_filter_lines(&String::from_utf8_lossy(&out.stdout), hook));
+        found.extend(bpf_filter_lines(
+            &String::from_utf8_lossy(&out.stdout),
+            hook,
+        ));
     }
     Ok(found)
 }

@@ -143,7 +143,10 @@ fn second_enforcer_does_not_take_the_socket() {
     let mut lab = lab_with_pods();
     lab.apply(&policies(DENY_B)).unwrap();
     lab.wait_realized().unwrap();
-    let first = lab.enforcer_id().expect("the enforcer reports an id").to_string();
+    let first = lab
+        .enforcer_id()
+        .expect("the enforcer reports an id")
+        .to_string();
     lab.start_second_enforcer().unwrap();
     assert_eq!(
         lab.answering_enforcer_id().as_deref(),
@@ -160,7 +163,10 @@ fn second_enforcer_does_not_take_the_socket() {
     assert_verdicts(
         &lab,
         "with a second enforcer started",
-        &[("x/a", "x/b", 80, Tcp, Deny), ("x/b", "x/a", 80, Tcp, Allow)],
+        &[
+            ("x/a", "x/b", 80, Tcp, Deny),
+            ("x/b", "x/a", 80, Tcp, Allow),
+        ],
     );
     finish(lab);
 }

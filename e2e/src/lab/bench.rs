@@ -18,7 +18,11 @@ impl Lab {
     /// selected by one ingress policy. Their manifests are published (and
     /// realized) first, as the API server knows a pod before its runtime
     /// starts it. Returns each pod's palisade-cni ADD time.
-    pub fn bench_pod_up(&mut self, count: usize, parallel: usize) -> Result<Vec<std::time::Duration>> {
+    pub fn bench_pod_up(
+        &mut self,
+        count: usize,
+        parallel: usize,
+    ) -> Result<Vec<std::time::Duration>> {
         if parallel == 0 {
             bail!("parallel must be at least 1");
         }
@@ -93,7 +97,10 @@ impl Lab {
                     .collect();
                 handles
                     .into_iter()
-                    .map(|h| h.join().unwrap_or_else(|_| bail!("CNI ADD thread panicked")))
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| bail!("CNI ADD thread panicked"))
+                    })
                     .collect()
             });
             let mut first_error = None;

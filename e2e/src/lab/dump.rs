@@ -12,14 +12,14 @@ use crate::{grpc, tcx};
 impl Lab {
     /// Polls until every check holds or the realize timeout passes; returns
     /// each check with `Err(reason)` for those that never held.
-    pub fn check_dump(&mut self, checks: &[DumpCheck]) -> Result<Vec<(DumpCheck, Result<(), String>)>> {
+    pub fn check_dump(
+        &mut self,
+        checks: &[DumpCheck],
+    ) -> Result<Vec<(DumpCheck, Result<(), String>)>> {
         let deadline = Instant::now() + self.config.realize_timeout;
         loop {
             self.config.cancel.check()?;
-            let results: Vec<_> = checks
-                .iter()
-                .map(|c| (c.clone(), self.judge(c)))
-                .collect();
+            let results: Vec<_> = checks.iter().map(|c| (c.clone(), self.judge(c))).collect();
             if results.iter().all(|(_, r)| r.is_ok()) || Instant::now() >= deadline {
                 return Ok(results);
             }
@@ -41,7 +41,9 @@ impl Lab {
                     return Err(format!("no TC program on {veth}, the host veth of {pod}"));
                 }
                 if !dump::dump_lists_interface(&state, &veth) {
-                    return Err(format!("the dump does not list {veth}, the host veth of {pod}"));
+                    return Err(format!(
+                        "the dump does not list {veth}, the host veth of {pod}"
+                    ));
                 }
                 Ok(())
             }
@@ -61,7 +63,10 @@ impl Lab {
                 if progs.is_empty() {
                     Ok(())
                 } else {
-                    Err(format!("programs attached to bridge {}: {progs:?}", self.bridge))
+                    Err(format!(
+                        "programs attached to bridge {}: {progs:?}",
+                        self.bridge
+                    ))
                 }
             }
         }

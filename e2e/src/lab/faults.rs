@@ -15,11 +15,11 @@ use anyhow::{anyhow, bail, Context, Result};
 use super::processes::Role;
 use super::Lab;
 use crate::fault::{Fault, Process};
+use crate::grpc;
 use crate::netns;
 use crate::preflight::{CONTROLLER_BIN, ENFORCER_BIN};
 use crate::process::{self, Daemon};
 use crate::scenario::PodName;
-use crate::grpc;
 
 /// YAML the controller reads and cannot parse.
 const BROKEN_MANIFEST: &str = "zz-broken.yaml";

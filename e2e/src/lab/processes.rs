@@ -244,7 +244,9 @@ impl Lab {
             let controller = self
                 .rt()
                 .block_on(grpc::controller_state(&self.controller_socket));
-            let enforcer = self.rt().block_on(grpc::enforcer_state(&self.enforcer_socket));
+            let enforcer = self
+                .rt()
+                .block_on(grpc::enforcer_state(&self.enforcer_socket));
             match (controller, enforcer) {
                 (Ok(c), Ok(e)) => match realized::node_view(&c, &self.node_name) {
                     // Until the enforcer's stream reaches this controller,
