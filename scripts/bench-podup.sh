@@ -7,6 +7,8 @@
 #
 #   scripts/bench-podup.sh [PODS] [PARALLEL]      (defaults: 1000 20)
 #
+# Release binaries by default; PALISADE_BENCH_PROFILE=debug skips that build.
+#
 # An enforcer that does not accept --mode yet is benchmarked once, in its
 # default (standard) behaviour, and the script says so.
 set -euo pipefail
@@ -14,8 +16,14 @@ cd "$(dirname "$0")/.."
 pods="${1:-1000}"
 parallel="${2:-20}"
 source scripts/setup.sh >/dev/null
-cargo build --workspace --bins --release --quiet
-lab=target/release/palisade-lab
+profile="${PALISADE_BENCH_PROFILE:-release}"
+if [ "$profile" = release ]; then
+  cargo build --workspace --bins --release --quiet
+  lab=target/release/palisade-lab
+else
+  cargo build --workspace --bins --quiet
+  lab=target/debug/palisade-lab
+fi
 
 results=()
 for mode in standard strict; do
