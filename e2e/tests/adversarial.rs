@@ -58,12 +58,13 @@ fn every_adversarial_scenario_is_valid() {
             "bridge-add-keeps-others.yaml",
             "controller-restart-broken-source.yaml",
             "corrupt-checkpoint.yaml",
+            "del-while-enforcer-down.yaml",
             "forged-replies.yaml",
             "new-pod-controller-down-standard.yaml",
             "new-pod-controller-down-strict.yaml",
             "ptp-add-keeps-others.yaml",
             "second-enforcer.yaml",
-            "teardown-without-enforcer.yaml",
+            "veth-deleted-without-del.yaml",
         ]
     );
 }
@@ -211,12 +212,20 @@ fn corrupt_checkpoint_keeps_established_flows() {
     finish(lab);
 }
 
-/// 8: DEL with the enforcer down succeeds; a veth gone without a DEL leaves
-/// the enforcer's state.
+/// 8: a DEL with the enforcer down succeeds and enforcement stays.
 #[test]
-fn teardown_without_the_enforcer_succeeds_and_is_cleaned_up() {
+fn del_while_the_enforcer_is_down_succeeds() {
     if !is_root() {
         return;
     }
-    play("teardown-without-enforcer.yaml");
+    play("del-while-enforcer-down.yaml");
+}
+
+/// 8: a host veth deleted without a DEL leaves the enforcer's state.
+#[test]
+fn a_veth_deleted_without_del_leaves_the_dump() {
+    if !is_root() {
+        return;
+    }
+    play("veth-deleted-without-del.yaml");
 }

@@ -161,12 +161,14 @@ impl Lab {
             .filter(|(name, p)| p.attachment.is_some() && !self.unplugged.contains_key(*name))
             .map(|(name, _)| name.to_string())
             .collect();
+        let tolerated: Vec<String> = self.unplugged.keys().map(ToString::to_string).collect();
         let (node, enforcer_id) = (self.node_name.clone(), self.enforcer_id.clone());
         let want = realized::Expected {
             node: &node,
             revision,
             enforcer_id: enforcer_id.as_deref(),
             pods: &pods,
+            tolerated: &tolerated,
         };
         let deadline = Instant::now() + self.config.realize_timeout;
         let mut last;
