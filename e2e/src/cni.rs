@@ -11,7 +11,7 @@ use std::io::Write;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
@@ -19,27 +19,42 @@ use serde_json::{json, Value};
 use crate::cancel::Cancel;
 use crate::netns::NetNs;
 use crate::process::run_with_input;
-use crate::scenario::PodName;
+use crate::scenario::{CniKind, PodName};
 
 pub const NETWORK_NAME: &str = "palisade-lab";
 pub const CNI_VERSION: &str = "1.0.0";
 pub const IFNAME: &str = "eth0";
 
-/// The lab's chain: ptp with host-local IPAM, then (unless `enforcer_socket`
-/// is `None`) palisade-cni.
-pub fn lab_chain(ipam_dir: &Path, subnet: &str, enforcer_socket: Option<&Path>) -> Vec<Value> {
-    let mut chain = vec![json!({
-        "type": "ptp",
-        "ipMasq": false,
-        "ipam": {
-            "type": "host-local",
-            "subnet": subnet,
-            "dataDir": ipam_dir,
-            // A default route lets probes reach addresses outside the pod
-            // subnet (ipBlock scenarios) through the node.
-            "routes": [{"dst": "0.0.0.0/0"}],
-        },
-    })];
+/// The lab's chain: ptp (or bridge, on device `bridge`) with host-local
+/// IPAM, then (unless `enforcer_socket` is `None`) palisade-cni.
+pub fn lab_chain(
+    ipam_dir: &Path,
+    subnet: &str,
+    kind: CniKind,
+    bridge: &str,
+    enforcer_socket: Option<&Path>,
+) -> Vec<Value> {
+    let ipam = json!({
+        "type": "host-local",
+        "subnet": subnet,
+        "dataDir": ipam_dir,
+        // A default route lets probes reach addresses outside the pod
+        // subnet (ipBlock scenarios) through the node.
+        "routes": [{"dst": "0.0.0.0/0"}],
+    });
+    let mut chain = vec![match kind {
+        CniKind::Ptp => json!({"type": "ptp", "ipMasq": false, "ipam": ipam}),
+        // The bridge's result lists the bridge and the host veth, both
+        // without a sandbox: the case that tells whether palisade-cni finds
+        // the pod's own veth.
+        CniKind::Bridge => json!({
+            "type": "bridge",
+            "bridge": bridge,
+            "isGateway": true,
+            "ipMasq": false,
+            "ipam": ipam,
+        }),
+    }];
     if let Some(sock) = enforcer_socket {
         chain.push(json!({"type": "palisade-cni", "enforcerSocket": sock}));
     }
@@ -74,9 +89,24 @@ pub struct Attachment {
 
 impl CniChain {
     pub fn add(&self, node: &NetNs, sandbox: &Sandbox, cancel: &Cancel) -> Result<Attachment> {
+        self.add_timed(node, sandbox, cancel).map(|(a, _)| a)
+    }
+
+    /// ADD, also returning how long the last plugin (palisade-cni in the
+    /// lab) took from exec to its reply.
+    pub fn add_timed(
+        &self,
+        node: &NetNs,
+        sandbox: &Sandbox,
+        cancel: &Cancel,
+    ) -> Result<(Attachment, Duration)> {
         let mut prev: Option<Value> = None;
+        let mut last = Duration::ZERO;
         for (i, plugin) in self.plugins.iter().enumerate() {
-            match self.invoke("ADD", plugin, prev.as_ref(), node, sandbox, cancel) {
+            let started = Instant::now();
+            let outcome = self.invoke("ADD", plugin, prev.as_ref(), node, sandbox, cancel);
+            last = started.elapsed();
+            match outcome {
                 Ok(result) => prev = Some(result),
                 Err(e) => {
                     // A runtime answers a failed ADD with a DEL of the whole
@@ -91,11 +121,14 @@ impl CniChain {
         let result = prev.ok_or_else(|| anyhow!("the CNI chain is empty"))?;
         let ips = result_ips(&result).with_context(|| format!("CNI ADD of pod {}", sandbox.pod))?;
         let host_interfaces = result_host_interfaces(&result);
-        Ok(Attachment {
-            result,
-            ips,
-            host_interfaces,
-        })
+        Ok((
+            Attachment {
+                result,
+                ips,
+                host_interfaces,
+            },
+            last,
+        ))
     }
 
     /// Runs DEL through the whole chain even when a plugin fails, so one

@@ -18,8 +18,12 @@
 //! The API is synchronous (the lab owns its tokio runtime); call it from
 //! plain threads and `#[test]`s, not from inside an async runtime.
 
+pub mod bench;
 pub mod cancel;
 pub mod cni;
+pub mod dump;
+pub mod fault;
+pub mod forge;
 pub mod grpc;
 pub mod lab;
 pub mod listener;
@@ -33,6 +37,7 @@ pub mod report;
 pub mod runner;
 pub mod scenario;
 pub mod sweep;
+pub mod tcx;
 
 pub use cancel::{Cancel, Interrupted};
 pub use lab::{Footprint, Lab, LabConfig};

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use palisade_e2e::preflight::{Missing, NotRoot};
+use palisade_e2e::scenario::Mode;
 use palisade_e2e::{run_scenario, Cancel, Interrupted, Lab, LabConfig, Scenario};
 
 /// Exit codes, stable for scripts and CI.
@@ -47,6 +48,25 @@ enum Cmd {
         #[arg(long)]
         baseline: bool,
     },
+    /// Pod-up benchmark: start PODS pods, PARALLEL at a time, through the
+    /// real CNI chain and enforcer; print the palisade-cni ADD time (exec to
+    /// reply) as `mode=M pods=N p50_ms=X p99_ms=Y`.
+    BenchPodup {
+        #[arg(long, default_value_t = 1000)]
+        pods: usize,
+        #[arg(long, default_value_t = 20)]
+        parallel: usize,
+        /// Passed to the enforcer as --mode; none: no flag (its default).
+        #[arg(long, value_parser = ["standard", "strict"])]
+        mode: Option<String>,
+        /// Passed to the enforcer as --pod-up-deadline-ms.
+        #[arg(long)]
+        pod_up_deadline_ms: Option<u64>,
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+        #[arg(long, default_value = "/usr/lib/cni")]
+        cni_bin_dir: PathBuf,
+    },
     /// Check a scenario file without building anything.
     Validate { scenario: PathBuf },
     /// Remove what labs killed before their cleanup left behind
@@ -73,6 +93,35 @@ fn main() -> ExitCode {
             }
         },
         Cmd::Clean => clean(),
+        Cmd::BenchPodup {
+            pods,
+            parallel,
+            mode,
+            pod_up_deadline_ms,
+            bin_dir,
+            cni_bin_dir,
+        } => {
+            let mut config = LabConfig {
+                cni_bin_dir,
+                mode: mode.as_deref().and_then(Mode::parse),
+                pod_up_deadline: pod_up_deadline_ms.map(Duration::from_millis),
+                // Room for every pod: host-local leaves out the network,
+                // gateway and broadcast addresses.
+                pod_subnet: bench_subnet(pods),
+                cni_timeout: Duration::from_secs(60),
+                realize_timeout: Duration::from_secs(120),
+                ..LabConfig::default()
+            };
+            if let Some(dir) = bin_dir {
+                config.bin_dir = dir;
+            }
+            ExitCode::from(bench(
+                pods,
+                parallel,
+                mode.as_deref().unwrap_or("default"),
+                config,
+            ))
+        }
         Cmd::Run {
             scenario,
             bin_dir,
@@ -108,6 +157,7 @@ fn run(path: &std::path::Path, config: LabConfig) -> u8 {
             return EXIT_CANNOT_RUN;
         }
     };
+    let config = config.for_scenario(&scenario);
     watch_signals(config.cancel.clone());
     let keep_logs = config.keep_logs;
     let mut lab = match Lab::start(config) {
@@ -160,6 +210,57 @@ fn run(path: &std::path::Path, config: LabConfig) -> u8 {
     }
     if keep_logs {
         println!("logs kept in {}", log_dir.display());
+    }
+    code
+}
+
+/// The smallest /N of 10.244.0.0 with an address for every pod.
+fn bench_subnet(pods: usize) -> String {
+    let mut prefix = 24u32;
+    while prefix > 16 && (1usize << (32 - prefix)) < pods + 3 {
+        prefix -= 1;
+    }
+    format!("10.244.0.0/{prefix}")
+}
+
+fn bench(pods: usize, parallel: usize, mode: &str, config: LabConfig) -> u8 {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("palisade-lab: {NotRoot}");
+        return EXIT_CANNOT_RUN;
+    }
+    watch_signals(config.cancel.clone());
+    let mut lab = match Lab::start(config) {
+        Ok(lab) => lab,
+        Err(e) => {
+            eprintln!("palisade-lab: {e:#}");
+            return if e.is::<Interrupted>() {
+                EXIT_INTERRUPTED
+            } else {
+                EXIT_LAB_ERROR
+            };
+        }
+    };
+    eprintln!(
+        "lab {}: starting {pods} pods, {parallel} at a time (mode {mode})",
+        lab.id()
+    );
+    let result = lab.bench_pod_up(pods, parallel);
+    let code = match &result {
+        Ok(times) => {
+            println!("{}", palisade_e2e::bench::result_line(mode, times));
+            0
+        }
+        Err(e) if e.is::<Interrupted>() => EXIT_INTERRUPTED,
+        Err(e) => {
+            eprintln!("palisade-lab: {e:#}");
+            eprint!("{}", lab.log_tails(20));
+            EXIT_LAB_ERROR
+        }
+    };
+    eprintln!("cleaning up {} pods", lab.pods().count());
+    if let Err(e) = lab.shutdown() {
+        eprintln!("palisade-lab: {e:#}");
+        return if code == 0 { EXIT_LAB_ERROR } else { code };
     }
     code
 }

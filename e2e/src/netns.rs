@@ -134,3 +134,39 @@ pub fn link_names(ns: Option<&str>) -> Result<Vec<String>> {
         .map(|n| n.split('@').next().unwrap_or(n).to_string())
         .collect())
 }
+
+/// `ip -j link show` of a namespace, as JSON (one object per link).
+pub fn links_json(ns: &str) -> Result<Vec<serde_json::Value>> {
+    let out = Command::new("ip")
+        .args(["-n", ns, "-j", "link", "show"])
+        .output()
+        .context("running ip -j link show")?;
+    if !out.status.success() {
+        bail!(
+            "ip -n {ns} -j link show failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("parsing ip -j link show")
+}
+
+/// The name of the interface in `host_ns` that is the veth peer of
+/// `ifname` in `pod_ns`: the pod's host veth, whatever the CNI named it.
+pub fn veth_peer(pod_ns: &str, ifname: &str, host_ns: &str) -> Result<String> {
+    let pod_links = links_json(pod_ns)?;
+    let peer_index = pod_links
+        .iter()
+        .find(|l| l["ifname"] == ifname)
+        .and_then(|l| l["link_index"].as_u64())
+        .ok_or_else(|| anyhow!("{ifname} in netns {pod_ns} is not a veth with a peer"))?;
+    links_json(host_ns)?
+        .iter()
+        .find(|l| l["ifindex"].as_u64() == Some(peer_index))
+        .and_then(|l| l["ifname"].as_str().map(str::to_string))
+        .ok_or_else(|| anyhow!("no interface {peer_index} in netns {host_ns}"))
+}
+
+/// Deletes a link in a namespace.
+pub fn delete_link(ns: &str, name: &str) -> Result<()> {
+    run_ip(&["-n", ns, "link", "del", name])
+}

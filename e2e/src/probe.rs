@@ -6,8 +6,11 @@
 
 use std::fmt;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
+
+use crate::forge;
 
 use crate::netns::NetNs;
 use crate::scenario::{Protocol, Verdict};
@@ -57,6 +60,147 @@ pub fn run(from: &NetNs, to: SocketAddr, protocol: Protocol, timeout: Duration) 
         Protocol::Sctp => Outcome::Error("SCTP probes are not supported".into()),
     });
     result.unwrap_or_else(|e| Outcome::Error(format!("{e:#}")))
+}
+
+/// The forged-reply probe: from `me` (the pod's own address), first the
+/// crafted packets of [`forge::reply_forgeries`] naming source port
+/// `my_port`, then a real TCP connection from that very port.
+pub fn run_forged(
+    from: &NetNs,
+    me: Ipv4Addr,
+    my_port: u16,
+    to: SocketAddrV4,
+    timeout: Duration,
+) -> Outcome {
+    let result = from.run(move || {
+        let forged = forge::reply_forgeries(me, my_port, *to.ip(), to.port());
+        let sent = forge::default_gateway()
+            .and_then(|gw| forge::gateway_mac(gw, Duration::from_secs(2)))
+            .and_then(|mac| forge::send(crate::cni::IFNAME, mac, &forged));
+        match sent {
+            Ok(()) => tcp_from_port(my_port, to, timeout),
+            Err(e) => Outcome::Error(format!("forging: {e:#}")),
+        }
+    });
+    result.unwrap_or_else(|e| Outcome::Error(format!("{e:#}")))
+}
+
+/// A TCP probe whose socket is bound to `port`, so that it is the flow the
+/// forged packets named.
+fn tcp_from_port(port: u16, to: SocketAddrV4, timeout: Duration) -> Outcome {
+    let start = Instant::now();
+    match connect_from(port, to, timeout) {
+        Ok(mut stream) => echo(&mut stream, timeout.saturating_sub(start.elapsed())),
+        Err(outcome) => outcome,
+    }
+}
+
+fn sockaddr(addr: SocketAddrV4) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as u16,
+        sin_port: addr.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*addr.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    }
+}
+
+fn connect_from(port: u16, to: SocketAddrV4, timeout: Duration) -> Result<TcpStream, Outcome> {
+    let os = |what: &str| Outcome::Error(format!("{what}: {}", std::io::Error::last_os_error()));
+    let len = std::mem::size_of::<libc::sockaddr_in>() as u32;
+    // SAFETY: socket returns a new fd or -1; OwnedFd closes it on every path.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_INET,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if raw < 0 {
+        return Err(os("socket"));
+    }
+    // SAFETY: raw is a fresh fd that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    use std::os::fd::AsRawFd;
+    let one: libc::c_int = 1;
+    let local = sockaddr(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port));
+    let remote = sockaddr(to);
+    // SAFETY: the pointers reference live locals of the right sizes.
+    unsafe {
+        if libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as u32,
+        ) != 0
+        {
+            return Err(os("SO_REUSEADDR"));
+        }
+        if libc::bind(
+            fd.as_raw_fd(),
+            (&local as *const libc::sockaddr_in).cast(),
+            len,
+        ) != 0
+        {
+            return Err(os(&format!("binding source port {port}")));
+        }
+        if libc::connect(
+            fd.as_raw_fd(),
+            (&remote as *const libc::sockaddr_in).cast(),
+            len,
+        ) != 0
+            && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINPROGRESS)
+        {
+            return Err(os("connect"));
+        }
+    }
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: one valid pollfd.
+    let ready = unsafe { libc::poll(&mut pfd, 1, ms) };
+    if ready < 0 {
+        return Err(os("poll"));
+    }
+    if ready == 0 {
+        return Err(Outcome::Timeout);
+    }
+    let mut err: libc::c_int = 0;
+    let mut err_len = std::mem::size_of::<libc::c_int>() as u32;
+    // SAFETY: err and err_len are live locals of the right sizes.
+    if unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ERROR,
+            (&mut err as *mut libc::c_int).cast(),
+            &mut err_len,
+        )
+    } != 0
+    {
+        return Err(os("SO_ERROR"));
+    }
+    match err {
+        0 => {}
+        libc::ECONNREFUSED => return Err(Outcome::Refused),
+        libc::ETIMEDOUT => return Err(Outcome::Timeout),
+        e => {
+            return Err(Outcome::Error(format!(
+                "connect: {}",
+                std::io::Error::from_raw_os_error(e)
+            )))
+        }
+    }
+    let stream = TcpStream::from(fd);
+    stream
+        .set_nonblocking(false)
+        .map_err(|e| Outcome::Error(format!("set blocking: {e}")))?;
+    Ok(stream)
 }
 
 fn is_timeout(kind: ErrorKind) -> bool {

@@ -21,6 +21,7 @@ use crate::cancel::Cancel;
 use crate::netns::NetNs;
 
 const POLL: Duration = Duration::from_millis(20);
+const CANCEL_CHECK: Duration = Duration::from_millis(50);
 
 /// Makes `cmd` start inside `ns` and in its own process group.
 pub fn prepare(cmd: &mut Command, ns: Option<&NetNs>) -> Result<Option<File>> {
@@ -103,6 +104,25 @@ impl Daemon {
         self.exited
     }
 
+    /// SIGKILL and reap: a crash, with no chance to clean up.
+    pub fn kill(&mut self) -> Result<()> {
+        if self.poll_exit().is_some() {
+            return Ok(());
+        }
+        let _ = self.child.kill();
+        let status = self
+            .child
+            .wait()
+            .with_context(|| format!("waiting for {}", self.name))?;
+        self.exited = Some(status);
+        Ok(())
+    }
+
+    /// Whether the process has exited (and how), without waiting.
+    pub fn exit_status(&mut self) -> Option<ExitStatus> {
+        self.poll_exit()
+    }
+
     /// SIGTERM, then SIGKILL once `grace` is over; always reaps the child.
     pub fn stop(&mut self, grace: Duration) -> Result<()> {
         if self.poll_exit().is_some() {
@@ -166,20 +186,32 @@ pub fn run_with_input(
     let mut child = cmd.spawn().with_context(|| format!("starting {program}"))?;
     drop(ns_file);
     let write_result = child.stdin.take().map(|mut s| s.write_all(input));
+    // A waiter thread reaps the child and wakes us the moment it exits, so
+    // the measured time of a plugin run is its own, not a poll interval.
+    let pid = Pid::from_raw(child.id() as i32);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
     let deadline = Instant::now() + timeout;
     let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
+        let left = deadline.saturating_duration_since(Instant::now());
+        // Bounded so that a cancel is noticed promptly.
+        match rx.recv_timeout(left.min(CANCEL_CHECK)) {
+            Ok(status) => break status?,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                bail!("lost track of {program}")
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
         }
         if Instant::now() >= deadline || cancel.is_cancelled() {
-            let _ = child.kill();
-            let _ = child.wait();
+            let _ = kill(pid, Signal::SIGKILL);
+            let _ = rx.recv();
             if cancel.is_cancelled() {
                 return Err(crate::cancel::Interrupted.into());
             }
             bail!("{program} did not finish within {timeout:?} and was killed");
         }
-        std::thread::sleep(POLL); // poll: inside a loop bounded by a deadline
     };
     // A plugin that exits without reading stdin makes the write fail; its
     // exit status is the real answer then.

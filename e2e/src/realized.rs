@@ -17,6 +17,9 @@ pub struct Expected<'a> {
     /// Pods the lab wired on the node (`namespace/name`): a plan is not
     /// realized while the enforcer does not know one of them.
     pub pods: &'a [String],
+    /// Pods whose errors are expected (their host veth was deleted by a
+    /// fault): an error there is the enforcer being honest, not unrealized.
+    pub tolerated: &'a [String],
 }
 
 /// `Ok` once the expectation holds; otherwise what is missing.
@@ -85,8 +88,10 @@ pub fn check(state: &GetControllerStateResponse, want: &Expected) -> Result<(), 
                 .as_ref()
                 .map(|p| format!("{}/{}", p.namespace, p.name))
                 .unwrap_or_default();
-            format!("{name}: {}", p.error)
+            (name, &p.error)
         })
+        .filter(|(name, _)| !want.tolerated.contains(name))
+        .map(|(name, error)| format!("{name}: {error}"))
         .collect();
     if !failing.is_empty() {
         return Err(format!(
@@ -184,6 +189,7 @@ mod tests {
             revision,
             enforcer_id,
             pods,
+            tolerated: &[],
         }
     }
 
@@ -221,5 +227,8 @@ mod tests {
         s.nodes[0].reported.as_mut().unwrap().pods[0].error = "attach failed".into();
         let e = check(&s, &want(3, None, &pods)).unwrap_err();
         assert!(e.contains("attach failed"), "{e}");
+        let mut unplugged = want(3, None, &[]);
+        unplugged.tolerated = &pods;
+        assert!(check(&s, &unplugged).is_ok());
     }
 }

@@ -32,6 +32,20 @@ impl Row {
         }
     }
 
+    /// A row for a check that is not a probe (a dump check, an expected
+    /// CNI failure): what was checked and whether it held.
+    pub fn check(step: &str, kind: &str, what: &str, result: &Result<(), String>) -> Self {
+        Self {
+            step: step.to_string(),
+            from: kind.to_string(),
+            to: what.to_string(),
+            port: "-".into(),
+            expect: "holds".into(),
+            result: if result.is_ok() { "holds" } else { "fails" }.into(),
+            ok: Some(result.is_ok()),
+        }
+    }
+
     fn cells(&self) -> [&str; 7] {
         let ok = match self.ok {
             Some(true) => "OK",
@@ -70,6 +84,18 @@ impl Table {
                 widths[1] = widths[1].max(p.from.to_string().len());
                 widths[2] = widths[2].max(p.to.to_string().len());
                 widths[3] = widths[3].max(format!("{}/{}", p.port, p.protocol).len());
+            }
+            if !step.dump.is_empty() {
+                widths[1] = widths[1].max("dump".len());
+            }
+            for check in &step.dump {
+                widths[2] = widths[2].max(check.to_string().len());
+            }
+            if step.add_error.is_some() {
+                widths[1] = widths[1].max("cni ADD".len());
+                let pods = step.apply.iter().filter(|o| o.key().pod_name().is_some());
+                let names: Vec<String> = pods.map(|o| o.key().name.clone()).collect();
+                widths[2] = widths[2].max(names.join(",").len() + 2 * names.len());
             }
         }
         widths[4] = widths[4].max("allow".len());
@@ -145,13 +171,12 @@ mod tests {
             .unwrap()
             .expect(Verdict::Deny);
         let scenario = Scenario {
-            objects: vec![],
             steps: vec![Step {
                 name: "s1".into(),
-                apply: vec![],
-                delete: vec![],
                 probes: vec![spec.clone()],
+                ..Step::default()
             }],
+            ..Scenario::default()
         };
         let table = Table::for_scenario(&scenario);
         let ok = Row::new("s1", &spec, &Outcome::Timeout);

@@ -1,5 +1,12 @@
 //! Plays a scenario against a lab: initial objects, then each step's
-//! changes, a wait until they are realized, and its probes.
+//! faults and changes, a wait until they are realized, its probes and its
+//! dump checks.
+//!
+//! Waits: a step waits for realization only when both processes are up and
+//! the manifests readable. With the manifests broken (and both up) it waits
+//! until the node has settled on whatever the controller serves; with a
+//! process down it does not wait at all (nothing can be realized through a
+//! missing process), so its probes show what the node does meanwhile.
 
 use std::io::Write;
 
@@ -7,7 +14,7 @@ use anyhow::{Context, Result};
 
 use crate::lab::Lab;
 use crate::report::{Report, Row, Table};
-use crate::scenario::Scenario;
+use crate::scenario::{Scenario, Step};
 
 /// Prints the table as it goes. Errors (as opposed to failed expectations)
 /// abort the run; the caller still owns and shuts down the lab.
@@ -15,20 +22,34 @@ pub fn run_scenario(lab: &mut Lab, scenario: &Scenario, out: &mut dyn Write) -> 
     if !scenario.objects.is_empty() {
         lab.apply(&scenario.objects)
             .context("applying the initial objects")?;
+        lab.wait_realized()
+            .context("realizing the initial objects")?;
     }
     let table = Table::for_scenario(scenario);
     writeln!(out, "{}", table.header())?;
     let mut rows = Vec::new();
     for (i, step) in scenario.steps.iter().enumerate() {
         let at = || format!("step {} ({:?})", i + 1, step.name);
+        for fault in &step.faults {
+            writeln!(out, "  ({}: {fault})", step.name)?;
+            lab.inject(fault).with_context(at)?;
+        }
         let started = std::time::Instant::now();
         if !step.apply.is_empty() {
-            lab.apply(&step.apply).with_context(at)?;
+            apply(lab, step, &table, &mut rows, out).with_context(at)?;
         }
         if !step.delete.is_empty() {
             lab.delete(&step.delete).with_context(at)?;
         }
-        lab.wait_realized().with_context(at)?;
+        let waited = if lab.can_realize() {
+            lab.wait_realized().with_context(at)?;
+            "realized"
+        } else if lab.processes_up() {
+            lab.wait_settled().with_context(at)?;
+            "settled, manifests broken"
+        } else {
+            "not waited for: a process is down"
+        };
         // From the change (manifests written, pods wired) to the enforcer
         // reporting it realized: what an operator waits for.
         let realized_in = started.elapsed();
@@ -38,13 +59,63 @@ pub fn run_scenario(lab: &mut Lab, scenario: &Scenario, out: &mut dyn Write) -> 
             writeln!(out, "{}", table.row(&row))?;
             rows.push(row);
         }
+        for (check, result) in lab.check_dump(&step.dump).with_context(at)? {
+            let row = Row::check(&step.name, "dump", &check.to_string(), &result);
+            writeln!(out, "{}", table.row(&row))?;
+            if let Err(reason) = &result {
+                writeln!(out, "    {reason}")?;
+            }
+            rows.push(row);
+        }
         writeln!(
             out,
-            "  ({} realized in {} ms)",
+            "  ({} {waited} in {} ms)",
             step.name,
             realized_in.as_millis()
         )?;
         out.flush()?;
     }
     Ok(Report { rows })
+}
+
+/// Applies the step's objects; with `addError`, the CNI ADD must fail.
+fn apply(
+    lab: &mut Lab,
+    step: &Step,
+    table: &Table,
+    rows: &mut Vec<Row>,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let result = lab.apply(&step.apply);
+    let Some(want) = &step.add_error else {
+        return result.map(|_| ());
+    };
+    let pods: Vec<String> = step
+        .apply
+        .iter()
+        .filter_map(|o| o.key().pod_name())
+        .map(|p| p.to_string())
+        .collect();
+    let verdict = match result {
+        Ok(_) => Err("the CNI ADD succeeded".to_string()),
+        Err(e) if e.is::<crate::Interrupted>() => return Err(e),
+        Err(e) => {
+            let text = format!("{e:#}");
+            if text.contains(want.as_str()) {
+                writeln!(out, "    ADD failed as expected: {text}")?;
+                Ok(())
+            } else {
+                Err(format!(
+                    "the CNI ADD failed without naming {want:?}: {text}"
+                ))
+            }
+        }
+    };
+    let row = Row::check(&step.name, "cni ADD", &pods.join(","), &verdict);
+    writeln!(out, "{}", table.row(&row))?;
+    if let Err(reason) = &verdict {
+        writeln!(out, "    {reason}")?;
+    }
+    rows.push(row);
+    Ok(())
 }

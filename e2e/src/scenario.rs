@@ -14,6 +14,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use crate::dump::{self, DumpCheck, RawDumpCheck};
+use crate::fault::{self, Fault, Liveness, RawFault};
+
 /// Probe timeout when the scenario does not set `timeoutMs`.
 pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
 
@@ -376,6 +379,16 @@ impl fmt::Display for Verdict {
     }
 }
 
+/// What a probe does before its real traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forge {
+    /// Crafted reply-direction segments (every flag combination), the same
+    /// with the target's address as source, and IPv4 fragments, sent from
+    /// the source pod's eth0 with a packet socket; the probe then binds the
+    /// source port those packets named.
+    Reply,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeSpec {
     pub from: PodName,
@@ -384,6 +397,7 @@ pub struct ProbeSpec {
     pub protocol: Protocol,
     pub expect: Option<Verdict>,
     pub timeout: Duration,
+    pub forge: Option<Forge>,
 }
 
 impl ProbeSpec {
@@ -395,6 +409,7 @@ impl ProbeSpec {
             protocol,
             expect: None,
             timeout: DEFAULT_PROBE_TIMEOUT,
+            forge: None,
         })
     }
 
@@ -404,23 +419,80 @@ impl ProbeSpec {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Step {
     pub name: String,
+    /// Injected, in order, before the step's apply and delete.
+    pub faults: Vec<Fault>,
     pub apply: Vec<Object>,
     pub delete: Vec<ObjectKey>,
+    /// `Some(text)`: the CNI ADD of the pods this step applies must fail,
+    /// with an error containing `text` (empty: any error). The failed pods
+    /// are withdrawn, as a runtime would.
+    pub add_error: Option<String>,
     pub probes: Vec<ProbeSpec>,
+    pub dump: Vec<DumpCheck>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// The enforcer's mode (`--mode`), passed only when the scenario sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Standard,
+    Strict,
+}
+
+impl Mode {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "standard" => Some(Self::Standard),
+            "strict" => Some(Self::Strict),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Standard => "standard",
+            Self::Strict => "strict",
+        }
+    }
+}
+
+/// The plugin Palisade is chained after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CniKind {
+    #[default]
+    Ptp,
+    Bridge,
+}
+
+impl CniKind {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "ptp" => Some(Self::Ptp),
+            "bridge" => Some(Self::Bridge),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Scenario {
+    /// `None`: the enforcer gets no `--mode` flag (its own default).
+    pub mode: Option<Mode>,
+    pub cni: CniKind,
+    /// `None`: the enforcer gets no `--pod-up-deadline-ms` flag.
+    pub pod_up_deadline: Option<Duration>,
     pub objects: Vec<Object>,
     pub steps: Vec<Step>,
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct RawScenario {
+    mode: Option<String>,
+    cni: Option<String>,
+    pod_up_deadline_ms: Option<i64>,
     #[serde(default)]
     objects: Vec<Value>,
     #[serde(default)]
@@ -428,15 +500,20 @@ struct RawScenario {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct RawStep {
     name: Option<String>,
+    #[serde(default)]
+    fault: Vec<RawFault>,
     #[serde(default)]
     apply: Vec<Value>,
     #[serde(default)]
     delete: Vec<RawRef>,
+    add_error: Option<String>,
     #[serde(default)]
     probes: Vec<RawProbe>,
+    #[serde(default)]
+    dump: Vec<RawDumpCheck>,
 }
 
 #[derive(Deserialize)]
@@ -456,6 +533,7 @@ struct RawProbe {
     protocol: Option<String>,
     expect: Option<String>,
     timeout_ms: Option<i64>,
+    forge: Option<String>,
 }
 
 impl Scenario {
@@ -467,11 +545,40 @@ impl Scenario {
 
     pub fn from_yaml(text: &str) -> Result<Self> {
         let raw: RawScenario = serde_yaml::from_str(text)?;
+        let mode = match raw.mode.as_deref() {
+            None => None,
+            Some(m) => Some(
+                Mode::parse(m)
+                    .ok_or_else(|| anyhow!("mode: expected standard or strict, got {m:?}"))?,
+            ),
+        };
+        let cni = match raw.cni.as_deref() {
+            None => CniKind::default(),
+            Some(c) => CniKind::parse(c)
+                .ok_or_else(|| anyhow!("cni: expected ptp or bridge, got {c:?}"))?,
+        };
+        let pod_up_deadline = match raw.pod_up_deadline_ms {
+            None => None,
+            Some(ms) if (1..=60_000).contains(&ms) => Some(Duration::from_millis(ms as u64)),
+            Some(ms) => bail!("podUpDeadlineMs: {ms} is out of range (1-60000)"),
+        };
         let objects = parse_objects("objects", raw.objects)?;
         let mut steps = Vec::with_capacity(raw.steps.len());
         for (i, step) in raw.steps.into_iter().enumerate() {
             let name = step.name.unwrap_or_else(|| format!("step {}", i + 1));
             let at = format!("steps[{i}] ({name:?})");
+            let faults = step
+                .fault
+                .into_iter()
+                .enumerate()
+                .map(|(j, f)| fault::parse(f).with_context(|| format!("{at}.fault[{j}]")))
+                .collect::<Result<Vec<_>>>()?;
+            let dump = step
+                .dump
+                .into_iter()
+                .enumerate()
+                .map(|(j, d)| dump::parse(d).with_context(|| format!("{at}.dump[{j}]")))
+                .collect::<Result<Vec<_>>>()?;
             let apply = parse_objects(&format!("{at}.apply"), step.apply)?;
             let delete = step
                 .delete
@@ -487,12 +594,21 @@ impl Scenario {
                 .collect::<Result<Vec<_>>>()?;
             steps.push(Step {
                 name,
+                faults,
                 apply,
                 delete,
+                add_error: step.add_error,
                 probes,
+                dump,
             });
         }
-        let scenario = Self { objects, steps };
+        let scenario = Self {
+            mode,
+            cni,
+            pod_up_deadline,
+            objects,
+            steps,
+        };
         scenario.check_references()?;
         Ok(scenario)
     }
@@ -502,10 +618,36 @@ impl Scenario {
     /// lab starts.
     fn check_references(&self) -> Result<()> {
         let mut live: BTreeSet<ObjectKey> = BTreeSet::new();
+        let mut liveness = Liveness::default();
         add_all(&mut live, &self.objects).context("objects")?;
         for (i, step) in self.steps.iter().enumerate() {
             let at = format!("steps[{i}] ({:?})", step.name);
+            for (j, f) in step.faults.iter().enumerate() {
+                liveness
+                    .apply(f)
+                    .with_context(|| format!("{at}.fault[{j}] ({f})"))?;
+                if let Fault::Unplug(pod) = f {
+                    if !live.contains(&ObjectKey::pod(pod)) {
+                        bail!("{at}.fault[{j}].unplug: pod {pod} does not exist at this step");
+                    }
+                }
+            }
+            let new_pods: Vec<ObjectKey> = step
+                .apply
+                .iter()
+                .map(|o| o.key().clone())
+                .filter(|k| k.kind == Kind::Pod && !live.contains(k))
+                .collect();
             add_all(&mut live, &step.apply).with_context(|| format!("{at}.apply"))?;
+            if step.add_error.is_some() {
+                if new_pods.is_empty() {
+                    bail!("{at}.addError: the step applies no new pod whose CNI ADD could fail");
+                }
+                // A failed ADD leaves no pod, as after a runtime's cleanup.
+                for k in &new_pods {
+                    live.remove(k);
+                }
+            }
             for (j, key) in step.delete.iter().enumerate() {
                 if !live.remove(key) {
                     bail!("{at}.delete[{j}]: {key} does not exist at this step");
@@ -524,6 +666,21 @@ impl Scenario {
                 if let Target::Pod(to) = &probe.to {
                     if !live.contains(&ObjectKey::pod(to)) {
                         bail!("{at}.probes[{j}].to: pod {to} does not exist at this step");
+                    }
+                }
+            }
+            for (j, check) in step.dump.iter().enumerate() {
+                if !liveness.enforcer_up {
+                    bail!("{at}.dump[{j}]: the enforcer is down at this step, there is no dump to check");
+                }
+                if check == &DumpCheck::BridgeClean && self.cni != CniKind::Bridge {
+                    bail!("{at}.dump[{j}]: bridge: clean needs cni: bridge");
+                }
+                if let Some(pod) = check.pod() {
+                    let listed = live.contains(&ObjectKey::pod(pod))
+                        || step.apply.iter().any(|o| o.key() == &ObjectKey::pod(pod));
+                    if !listed {
+                        bail!("{at}.dump[{j}].pod: pod {pod} does not exist at this step");
                     }
                 }
             }
@@ -613,6 +770,15 @@ fn parse_probe(p: RawProbe) -> Result<ProbeSpec> {
         Some(ms) if (1..=60_000).contains(&ms) => Duration::from_millis(ms as u64),
         Some(ms) => bail!("timeoutMs: {ms} is out of range (1-60000)"),
     };
+    let forge = match p.forge.as_deref() {
+        None => None,
+        Some("reply") if protocol == Protocol::Tcp => Some(Forge::Reply),
+        Some("reply") => bail!("forge: reply forges TCP segments; the probe must be TCP"),
+        Some(other) => bail!("forge: expected reply, got {other:?}"),
+    };
+    if forge.is_some() && matches!(to, Target::Ip(IpAddr::V6(_))) {
+        bail!("forge: reply forges IPv4 packets; the target must be IPv4");
+    }
     Ok(ProbeSpec {
         from,
         to,
@@ -620,6 +786,7 @@ fn parse_probe(p: RawProbe) -> Result<ProbeSpec> {
         protocol,
         expect,
         timeout,
+        forge,
     })
 }
 
@@ -714,5 +881,82 @@ steps:
             "{base}steps: [{{delete: [{{kind: NetworkPolicy, namespace: x, name: p}}]}}]"
         ));
         assert!(e.contains("NetworkPolicy x/p does not exist"), "{e}");
+    }
+
+    const ADVERSARIAL: &str = r#"
+mode: strict
+cni: bridge
+podUpDeadlineMs: 500
+objects:
+  - {kind: Namespace, metadata: {name: x}}
+  - {kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: []}}
+  - {kind: Pod, metadata: {name: b, namespace: x}, spec: {containers: []}}
+steps:
+  - name: faults
+    fault:
+      - {kill: enforcer}
+      - {kill: controller, restart: false}
+      - {corrupt: checkpoint}
+      - {start: second-enforcer}
+    apply: [{kind: Pod, metadata: {name: d, namespace: x}, spec: {containers: []}}]
+    addError: not realized
+    probes:
+      - {from: x/a, to: x/b, port: 80, protocol: TCP, forge: reply, expect: deny}
+    dump: [{bridge: clean}, {pod: x/a, veth: attached}]
+"#;
+
+    #[test]
+    fn parses_modes_faults_forgery_and_dump_checks() {
+        let s = Scenario::from_yaml(ADVERSARIAL).unwrap();
+        assert_eq!(s.mode, Some(Mode::Strict));
+        assert_eq!(s.cni, CniKind::Bridge);
+        assert_eq!(s.pod_up_deadline, Some(Duration::from_millis(500)));
+        assert_eq!(s.steps[0].faults.len(), 4);
+        assert_eq!(s.steps[0].add_error.as_deref(), Some("not realized"));
+        assert_eq!(s.steps[0].probes[0].forge, Some(Forge::Reply));
+        assert_eq!(s.steps[0].dump.len(), 2);
+        let plain = Scenario::from_yaml(GOOD).unwrap();
+        assert_eq!((plain.mode, plain.cni), (None, CniKind::Ptp));
+    }
+
+    #[test]
+    fn adversarial_keys_are_validated() {
+        let base = "objects: [{kind: Namespace, metadata: {name: x}}, {kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: []}}]\n";
+        let e = err(&format!("mode: paranoid\n{base}"));
+        assert!(e.contains("mode") && e.contains("paranoid"), "{e}");
+        let e = err(&format!("cni: flannel\n{base}"));
+        assert!(e.contains("cni") && e.contains("flannel"), "{e}");
+        let e = err(&format!(
+            "{base}steps: [{{fault: [{{kill: enforcer, restart: false}}]}}, {{fault: [{{kill: enforcer}}]}}]"
+        ));
+        assert!(
+            e.contains("steps[1]") && e.contains("fault[0]") && e.contains("already down"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{base}steps: [{{fault: [{{kill: enforcer, restart: false}}], dump: [{{pod: x/a, realized: true}}]}}]"
+        ));
+        assert!(
+            e.contains("dump[0]") && e.contains("enforcer is down"),
+            "{e}"
+        );
+        let e = err(&format!("{base}steps: [{{dump: [{{bridge: clean}}]}}]"));
+        assert!(e.contains("cni: bridge"), "{e}");
+        let e = err(&format!(
+            "{base}steps: [{{probes: [{{from: x/a, to: x/a, port: 53, protocol: UDP, forge: reply}}]}}]"
+        ));
+        assert!(e.contains("forge") && e.contains("TCP"), "{e}");
+        let e = err(&format!("{base}steps: [{{addError: x}}]"));
+        assert!(e.contains("addError"), "{e}");
+        let e = err(&format!("{base}steps: [{{fault: [{{unplug: x/z}}]}}]"));
+        assert!(e.contains("unplug") && e.contains("x/z"), "{e}");
+        // A pod whose ADD was expected to fail is gone for later steps.
+        let e = err(&format!(
+            "{base}steps: [{{apply: [{{kind: Pod, metadata: {{name: d, namespace: x}}, spec: {{containers: []}}}}], addError: ''}}, {{probes: [{{from: x/d, to: x/a, port: 80}}]}}]"
+        ));
+        assert!(
+            e.contains("steps[1]") && e.contains("x/d does not exist"),
+            "{e}"
+        );
     }
 }

@@ -7,12 +7,15 @@
 //! and everything the lab makes is undone by [`Lab::shutdown`] (or by `Drop`
 //! as a fallback), whatever state the lab is in.
 
+mod bench;
+mod dump;
+mod faults;
 mod footprint;
 mod pods;
 mod processes;
 mod traffic;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -25,7 +28,7 @@ use crate::manifests::Manifests;
 use crate::netns::NetNs;
 use crate::preflight::{self, BPFFS};
 use crate::process::{self, Daemon};
-use crate::scenario::{Object, ObjectKey, PodName};
+use crate::scenario::{CniKind, Mode, Object, ObjectKey, PodName};
 use crate::sweep::{OWNER_FILE, PIDS_FILE};
 
 pub use footprint::Footprint;
@@ -55,6 +58,12 @@ pub struct LabConfig {
     pub stop_grace: Duration,
     /// Set it (e.g. from a signal handler) to make the lab stop waiting.
     pub cancel: Cancel,
+    /// `--mode` for every enforcer; `None` passes no flag.
+    pub mode: Option<Mode>,
+    /// `--pod-up-deadline-ms` for every enforcer; `None` passes no flag.
+    pub pod_up_deadline: Option<Duration>,
+    /// The plugin Palisade is chained after.
+    pub cni: CniKind,
 }
 
 impl Default for LabConfig {
@@ -71,6 +80,21 @@ impl Default for LabConfig {
             cni_timeout: Duration::from_secs(30),
             stop_grace: Duration::from_secs(5),
             cancel: Cancel::new(),
+            mode: None,
+            pod_up_deadline: None,
+            cni: CniKind::Ptp,
+        }
+    }
+}
+
+impl LabConfig {
+    /// Takes the scenario's top-level settings: mode, pod-up deadline, CNI.
+    pub fn for_scenario(self, scenario: &crate::scenario::Scenario) -> Self {
+        Self {
+            mode: scenario.mode,
+            pod_up_deadline: scenario.pod_up_deadline,
+            cni: scenario.cni,
+            ..self
         }
     }
 }
@@ -102,6 +126,15 @@ pub struct Lab {
     node_ns: Option<NetNs>,
     controller: Option<Daemon>,
     enforcer: Option<Daemon>,
+    /// Started by a `start: second-enforcer` fault; never waited on.
+    second_enforcer: Option<Daemon>,
+    /// Set by a `break: manifests` fault.
+    manifests_broken: bool,
+    /// Pods whose host veth a fault deleted, with that veth's name.
+    unplugged: BTreeMap<PodName, String>,
+    /// Processes a fault killed and left down.
+    down: BTreeSet<&'static str>,
+    bridge: String,
     manifests: Manifests,
     cni: CniChain,
     objects: BTreeMap<ObjectKey, Object>,
@@ -127,6 +160,8 @@ impl Lab {
         let log_dir = run_dir.join("logs");
         create_run_dir(&config.run_root, &id)?;
         let enforcer_socket = run_dir.join("enforcer.sock");
+        // Interface names are at most 15 bytes; the id keeps labs apart.
+        let bridge = format!("plbr{id}");
         let mut plugin_dirs = vec![config.cni_bin_dir.clone()];
         if config.with_palisade {
             plugin_dirs.push(config.bin_dir.clone());
@@ -136,6 +171,8 @@ impl Lab {
             plugins: lab_chain(
                 &run_dir.join("ipam"),
                 &config.pod_subnet,
+                config.cni,
+                &bridge,
                 config.with_palisade.then_some(enforcer_socket.as_path()),
             ),
             timeout: config.cni_timeout,
@@ -158,6 +195,11 @@ impl Lab {
             node_ns: None,
             controller: None,
             enforcer: None,
+            second_enforcer: None,
+            manifests_broken: false,
+            unplugged: BTreeMap::new(),
+            down: BTreeSet::new(),
+            bridge,
             objects: BTreeMap::new(),
             pods: BTreeMap::new(),
             made_netns: Vec::new(),
@@ -269,7 +311,12 @@ impl Lab {
     /// The end of every process log, for failure reports.
     pub fn log_tails(&self, lines: usize) -> String {
         let mut out = String::new();
-        for name in ["controller.log", "enforcer.log", "cni.log"] {
+        for name in [
+            "controller.log",
+            "enforcer.log",
+            "enforcer-2.log",
+            "cni.log",
+        ] {
             let path = self.log_dir.join(name);
             if path.exists() {
                 out += &format!(
@@ -293,7 +340,20 @@ impl Lab {
         }
         self.cleaned = true;
         let mut errors = Vec::new();
-        // Pods first, while the enforcer is alive to answer palisade-cni DEL.
+        // A second enforcer goes first: it would take the node over once the
+        // first one stops.
+        if let Some(mut second) = self.second_enforcer.take() {
+            if let Err(e) = second.stop(self.config.stop_grace) {
+                errors.push(format!("{e:#}"));
+            }
+        }
+        // Pods first, while the enforcer is alive to answer palisade-cni DEL:
+        // one a fault left down is started again for that.
+        if self.config.with_palisade && self.enforcer.is_none() && self.node_ns.is_some() {
+            if let Err(e) = self.start_enforcer() {
+                errors.push(format!("restarting the enforcer for pod teardown: {e:#}"));
+            }
+        }
         let pods = std::mem::take(&mut self.pods);
         for (_, pod) in pods.into_iter().rev() {
             if let Err(e) = self.teardown_pod(pod) {

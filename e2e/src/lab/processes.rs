@@ -13,10 +13,15 @@ use crate::preflight::{CONTROLLER_BIN, ENFORCER_BIN};
 use crate::process::{self, Daemon};
 use crate::{grpc, realized};
 
-const POLL: Duration = Duration::from_millis(50);
+pub(super) const POLL: Duration = Duration::from_millis(50);
 
 impl Lab {
     pub(super) fn start_controller(&mut self) -> Result<()> {
+        self.spawn_controller()?;
+        self.wait_healthy(Role::Controller)
+    }
+
+    pub(super) fn spawn_controller(&mut self) -> Result<()> {
         let mut cmd = Command::new(self.config.bin_dir.join(CONTROLLER_BIN));
         cmd.arg("--manifests")
             .arg(self.manifests.dir())
@@ -31,10 +36,37 @@ impl Lab {
         )?;
         self.record_pid(controller.pid())?;
         self.controller = Some(controller);
-        self.wait_healthy(Role::Controller)
+        self.down.remove(CONTROLLER_BIN);
+        Ok(())
     }
 
     pub(super) fn start_enforcer(&mut self) -> Result<()> {
+        let cmd = self.enforcer_command();
+        let enforcer = Daemon::spawn(
+            ENFORCER_BIN,
+            cmd,
+            self.node_ns.as_ref(),
+            &self.log_dir.join("enforcer.log"),
+        )?;
+        self.record_pid(enforcer.pid())?;
+        self.enforcer = Some(enforcer);
+        self.down.remove(ENFORCER_BIN);
+        self.wait_healthy(Role::Enforcer)?;
+        // Realization is only believed from this process: a report left by
+        // a previous enforcer says nothing about the datapath now.
+        let id = self
+            .enforcer_state()?
+            .state
+            .map(|s| s.enforcer_id)
+            .unwrap_or_default();
+        self.enforcer_id = (!id.is_empty()).then_some(id);
+        Ok(())
+    }
+
+    /// The enforcer's command line; every enforcer of the lab (restarts, a
+    /// second one) gets the same. `--mode` and `--pod-up-deadline-ms` only
+    /// when configured, so enforcers without those flags still run.
+    pub(super) fn enforcer_command(&self) -> Command {
         let mut cmd = Command::new(self.config.bin_dir.join(ENFORCER_BIN));
         cmd.arg("--node-name")
             .arg(&self.node_name)
@@ -46,26 +78,20 @@ impl Lab {
             .arg(&self.pin_root)
             // Kept across restart_enforcer, as a DaemonSet's hostPath would be.
             .arg("--state-dir")
-            .arg(self.run_dir.join("enforcer-state"));
+            .arg(self.state_dir());
+        if let Some(mode) = self.config.mode {
+            cmd.arg("--mode").arg(mode.as_str());
+        }
+        if let Some(deadline) = self.config.pod_up_deadline {
+            cmd.arg("--pod-up-deadline-ms")
+                .arg(deadline.as_millis().to_string());
+        }
         default_log_level(&mut cmd);
-        let enforcer = Daemon::spawn(
-            ENFORCER_BIN,
-            cmd,
-            self.node_ns.as_ref(),
-            &self.log_dir.join("enforcer.log"),
-        )?;
-        self.record_pid(enforcer.pid())?;
-        self.enforcer = Some(enforcer);
-        self.wait_healthy(Role::Enforcer)?;
-        // Realization is only believed from this process: a report left by
-        // a previous enforcer says nothing about the datapath now.
-        let id = self
-            .enforcer_state()?
-            .state
-            .map(|s| s.enforcer_id)
-            .unwrap_or_default();
-        self.enforcer_id = (!id.is_empty()).then_some(id);
-        Ok(())
+        cmd
+    }
+
+    pub fn state_dir(&self) -> std::path::PathBuf {
+        self.run_dir.join("enforcer-state")
     }
 
     /// Stops the enforcer (SIGTERM) and starts a new one with the same pin
@@ -89,7 +115,7 @@ impl Lab {
         self.start_controller()
     }
 
-    fn require_palisade(&self) -> Result<()> {
+    pub(super) fn require_palisade(&self) -> Result<()> {
         if !self.config.with_palisade {
             bail!("this lab runs without Palisade (with_palisade = false)");
         }
@@ -117,23 +143,32 @@ impl Lab {
     /// Waits until the last published revision is realized on the node:
     /// read by the controller, planned for the node, and reported realized
     /// by the enforcer.
+    ///
+    /// Refused while a fault has a process down or the manifests broken:
+    /// nothing can be realized through a missing process, so waiting would
+    /// only time out. Callers check [`Lab::can_realize`].
     pub fn wait_realized(&mut self) -> Result<()> {
         if !self.config.with_palisade {
             return Ok(());
+        }
+        if let Some(why) = self.why_not_realizable() {
+            bail!("cannot wait for realization: {why}");
         }
         let revision = self.manifests.revision();
         let pods: Vec<String> = self
             .pods
             .iter()
-            .filter(|(_, p)| p.attachment.is_some())
+            .filter(|(name, p)| p.attachment.is_some() && !self.unplugged.contains_key(*name))
             .map(|(name, _)| name.to_string())
             .collect();
+        let tolerated: Vec<String> = self.unplugged.keys().map(ToString::to_string).collect();
         let (node, enforcer_id) = (self.node_name.clone(), self.enforcer_id.clone());
         let want = realized::Expected {
             node: &node,
             revision,
             enforcer_id: enforcer_id.as_deref(),
             pods: &pods,
+            tolerated: &tolerated,
         };
         let deadline = Instant::now() + self.config.realize_timeout;
         let mut last;
@@ -165,7 +200,7 @@ impl Lab {
         }
     }
 
-    fn check_processes(&mut self) -> Result<()> {
+    pub(super) fn check_processes(&mut self) -> Result<()> {
         for d in [self.controller.as_mut(), self.enforcer.as_mut()]
             .into_iter()
             .flatten()
@@ -175,7 +210,83 @@ impl Lab {
         Ok(())
     }
 
+    /// Whether the controller and the enforcer are both running.
+    pub fn processes_up(&self) -> bool {
+        self.down.is_empty()
+    }
+
+    /// Whether [`Lab::wait_realized`] can succeed now.
+    pub fn can_realize(&self) -> bool {
+        self.why_not_realizable().is_none()
+    }
+
+    fn why_not_realizable(&self) -> Option<String> {
+        if !self.down.is_empty() {
+            let down: Vec<&str> = self.down.iter().copied().collect();
+            return Some(format!("{} left down by a fault", down.join(" and ")));
+        }
+        if self.manifests_broken {
+            return Some("the manifests are broken".into());
+        }
+        None
+    }
+
+    /// Waits until the enforcer's stream is connected to the controller and
+    /// the enforcer has applied whatever the controller serves the node (the
+    /// same plan version), or the controller serves it no plan at all: used
+    /// where realization cannot be awaited because the source is broken, so
+    /// that probes see the outcome and not a race. Assumes an unsynced
+    /// controller still accepts the stream (and sends nothing on it).
+    pub fn wait_settled(&mut self) -> Result<()> {
+        let deadline = Instant::now() + self.config.realize_timeout;
+        let mut last;
+        loop {
+            self.config.cancel.check()?;
+            self.check_processes()?;
+            let controller = self
+                .rt()
+                .block_on(grpc::controller_state(&self.controller_socket));
+            let enforcer = self
+                .rt()
+                .block_on(grpc::enforcer_state(&self.enforcer_socket));
+            match (controller, enforcer) {
+                (Ok(c), Ok(e)) => match realized::node_view(&c, &self.node_name) {
+                    // Until the enforcer's stream reaches this controller,
+                    // nothing it serves has had a chance to be applied.
+                    None => last = format!("the controller has no view of node {}", self.node_name),
+                    Some(v) if v.connected && v.plan_version == 0 => return Ok(()),
+                    Some(v) if v.connected && e.plan_version == v.plan_version => return Ok(()),
+                    Some(v) => {
+                        last = format!(
+                            "controller plan version {} (connected: {}), enforcer at {}",
+                            v.plan_version, v.connected, e.plan_version
+                        )
+                    }
+                },
+                (Err(e), _) | (_, Err(e)) => last = format!("{e:#}"),
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "node {} did not settle within {:?}: {last}",
+                    self.node_name,
+                    self.config.realize_timeout
+                );
+            }
+            std::thread::sleep(POLL); // poll: inside a loop bounded by a deadline
+        }
+    }
+
     fn wait_healthy(&mut self, role: Role) -> Result<()> {
+        self.wait_health(role, true)
+    }
+
+    /// Until the process answers health at all: an unsynced controller may
+    /// rightly say NOT_SERVING.
+    pub(super) fn wait_answering(&mut self, role: Role) -> Result<()> {
+        self.wait_health(role, false)
+    }
+
+    fn wait_health(&mut self, role: Role, serving: bool) -> Result<()> {
         let (socket, timeout) = match role {
             Role::Controller => (self.controller_socket.clone(), self.config.start_timeout),
             Role::Enforcer => (self.enforcer_socket.clone(), self.config.start_timeout),
@@ -188,6 +299,7 @@ impl Lab {
             if socket.exists() {
                 match self.rt().block_on(grpc::health(&socket)) {
                     Ok(ServingStatus::Serving) => return Ok(()),
+                    Ok(_) if !serving => return Ok(()),
                     Ok(status) => last = format!("health status {status:?}"),
                     Err(e) => last = format!("{e:#}"),
                 }
@@ -218,7 +330,7 @@ impl Lab {
 }
 
 #[derive(Clone, Copy)]
-enum Role {
+pub(super) enum Role {
     Controller,
     Enforcer,
 }

@@ -1,13 +1,13 @@
 //! Real traffic from inside the pods.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 
 use super::Lab;
 use crate::probe::{self, Outcome};
-use crate::scenario::{PodName, ProbeSpec, Target};
+use crate::scenario::{Forge, PodName, ProbeSpec, Target};
 
 impl Lab {
     /// Sends real traffic as described by `spec`.
@@ -26,14 +26,26 @@ impl Lab {
                     .get(&s.from)
                     .ok_or_else(|| anyhow!("probe from {}: no such pod in the lab", s.from))?;
                 let ip = self.resolve(&s.to).context("probe")?;
-                Ok((&from.netns, SocketAddr::new(ip, s.port), s))
+                let me = match s.forge {
+                    None => None,
+                    Some(Forge::Reply) => Some(self.forge_source(&s.from)?),
+                };
+                Ok((&from.netns, SocketAddr::new(ip, s.port), s, me))
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(std::thread::scope(|scope| {
             let handles: Vec<_> = resolved
                 .into_iter()
-                .map(|(ns, addr, s)| {
-                    scope.spawn(move || probe::run(ns, addr, s.protocol, s.timeout))
+                .map(|(ns, addr, s, me)| {
+                    scope.spawn(move || match (me, addr) {
+                        (Some((ip, port)), SocketAddr::V4(to)) => {
+                            probe::run_forged(ns, ip, port, to, s.timeout)
+                        }
+                        (Some(_), SocketAddr::V6(_)) => {
+                            Outcome::Error("forged probes are IPv4 only".into())
+                        }
+                        (None, _) => probe::run(ns, addr, s.protocol, s.timeout),
+                    })
                 })
                 .collect();
             handles
@@ -63,6 +75,21 @@ impl Lab {
         let ip = self.resolve(to)?;
         probe::connect(ns, SocketAddr::new(ip, port), timeout)
             .map_err(|outcome| anyhow!("connect {from} -> {to}:{port}: {outcome}"))
+    }
+
+    /// The pod's IPv4 address and a fresh source port for a forged probe:
+    /// below the ephemeral range, so no other socket of the pod takes it.
+    fn forge_source(&self, pod: &PodName) -> Result<(Ipv4Addr, u16)> {
+        let ip = match self.pod_ip(pod) {
+            Some(IpAddr::V4(ip)) => ip,
+            _ => anyhow::bail!("forged probe from {pod}: the pod has no IPv4 address"),
+        };
+        let mut b = [0u8; 2];
+        use std::io::Read;
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut b))
+            .context("reading /dev/urandom for a source port")?;
+        Ok((ip, 20_000 + u16::from_be_bytes(b) % 10_000))
     }
 
     fn resolve(&self, to: &Target) -> Result<IpAddr> {
