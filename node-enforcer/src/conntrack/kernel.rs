@@ -174,3 +174,92 @@ fn tuple(b: &[u8]) -> Option<Tuple> {
     }
     have_ip.then_some(t)
 }
+
+const IPCTNL_MSG_CT_NEW: u16 = 0;
+const NLM_F_CREATE: u16 = 0x400;
+const NLA_F_NESTED: u16 = 0x8000;
+const CTA_TIMEOUT: u16 = 7;
+
+fn put_attr(buf: &mut Vec<u8>, kind: u16, payload: &[u8]) {
+    let len = 4 + payload.len();
+    buf.extend_from_slice(&(len as u16).to_ne_bytes());
+    buf.extend_from_slice(&kind.to_ne_bytes());
+    buf.extend_from_slice(payload);
+    buf.resize((buf.len() + 3) & !3, 0);
+}
+
+fn put_nested(buf: &mut Vec<u8>, kind: u16, inner: impl FnOnce(&mut Vec<u8>)) {
+    let start = buf.len();
+    buf.extend_from_slice(&[0, 0]);
+    buf.extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
+    inner(buf);
+    let len = (buf.len() - start) as u16;
+    buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+}
+
+fn put_tuple(buf: &mut Vec<u8>, kind: u16, t: &Tuple) {
+    put_nested(buf, kind, |b| {
+        put_nested(b, CTA_TUPLE_IP, |b| {
+            put_attr(b, CTA_IP_V4_SRC, &t.src[12..]);
+            put_attr(b, CTA_IP_V4_DST, &t.dst[12..]);
+        });
+        put_nested(b, CTA_TUPLE_PROTO, |b| {
+            put_attr(b, CTA_PROTO_NUM, &[t.proto]);
+            put_attr(b, CTA_PROTO_SRC_PORT, &t.sport.to_be_bytes());
+            put_attr(b, CTA_PROTO_DST_PORT, &t.dport.to_be_bytes());
+        });
+    });
+}
+
+/// Creates IPv4 entries in the kernel's table of the current namespace, as
+/// `conntrack -I` does, many per send. For benchmarks and tests that need a
+/// large table; errors for single entries (an existing one) are ignored.
+pub fn insert_v4(entries: &[(Tuple, Tuple)], timeout_secs: u32) -> Result<(), String> {
+    // SAFETY: as in `dump`.
+    let fd = unsafe {
+        let fd = libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_NETFILTER,
+        );
+        if fd < 0 {
+            return Err(io("opening a netfilter netlink socket"));
+        }
+        OwnedFd::from_raw_fd(fd)
+    };
+    let mut batch = Vec::with_capacity(256 * 1024);
+    let mut drain = vec![0u8; 1 << 16];
+    let mut seq = 0u32;
+    for chunk in entries.chunks(1024) {
+        batch.clear();
+        for (orig, reply) in chunk {
+            seq += 1;
+            let start = batch.len();
+            batch.extend_from_slice(&[0; 4]);
+            batch.extend_from_slice(&((NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW).to_ne_bytes());
+            batch.extend_from_slice(&(NLM_F_REQUEST | NLM_F_CREATE).to_ne_bytes());
+            batch.extend_from_slice(&seq.to_ne_bytes());
+            batch.extend_from_slice(&0u32.to_ne_bytes());
+            batch.extend_from_slice(&[libc::AF_INET as u8, 0, 0, 0]);
+            put_tuple(&mut batch, CTA_TUPLE_ORIG, orig);
+            put_tuple(&mut batch, CTA_TUPLE_REPLY, reply);
+            put_attr(&mut batch, CTA_TIMEOUT, &timeout_secs.to_be_bytes());
+            let len = (batch.len() - start) as u32;
+            batch[start..start + 4].copy_from_slice(&len.to_ne_bytes());
+        }
+        if unsafe { libc::send(fd.as_raw_fd(), batch.as_ptr().cast(), batch.len(), 0) } < 0 {
+            return Err(io("creating conntrack entries"));
+        }
+        // Errors come back unasked; keep the receive buffer from filling.
+        while unsafe {
+            libc::recv(
+                fd.as_raw_fd(),
+                drain.as_mut_ptr().cast(),
+                drain.len(),
+                libc::MSG_DONTWAIT,
+            )
+        } > 0
+        {}
+    }
+    Ok(())
+}

@@ -1,0 +1,146 @@
+//! Conntrack cleanup at scale: N eBPF entries against a kernel table of N
+//! entries (real conntrack, created over nfnetlink in a namespace of its
+//! own), 10% of the eBPF entries stale. Prints wall time, CPU time and the
+//! peak extra memory of the sweep, as a table and as `key=value` lines.
+//! Root. `cargo bench -p node-enforcer --bench conntrack_cleanup [-- N ...]`.
+
+use std::process::Command;
+use std::time::Instant;
+
+use node_enforcer::conntrack::{kernel, sweep, Tuple};
+use node_enforcer::datapath::bpf::BpfDatapath;
+use palisade_ebpf::{CtKey, CtValue, OWNER_FROM_POD, OWNER_TO_POD};
+
+fn v4(i: u32) -> [u8; 16] {
+    let mut o = [0u8; 16];
+    o[10] = 0xff;
+    o[11] = 0xff;
+    o[12..].copy_from_slice(&(0x0a00_0000 | i).to_be_bytes());
+    o
+}
+
+fn status_kb(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn thread_cpu_s() -> f64 {
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage fills the struct.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
+struct Row {
+    entries: usize,
+    kernel: usize,
+    removed: usize,
+    wall_s: f64,
+    cpu_s: f64,
+    extra_mb: f64,
+}
+
+fn run(n: usize) -> Row {
+    let ns = format!("pbench{}", std::process::id());
+    assert!(Command::new("ip").args(["netns", "add", &ns]).status().unwrap().success());
+    let pins = std::path::Path::new("/sys/fs/bpf").join(format!("palisade-bench-{}", std::process::id()));
+    let path = format!("/run/netns/{ns}");
+    let row = std::thread::spawn({
+        let pins = pins.clone();
+        move || {
+            let netns = std::fs::File::open(&path).unwrap();
+            nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            // Flows: client i:1000+j -> backend; half recorded on the
+            // client's side, half on the backend's, 10% with no kernel entry.
+            let backend = v4(0xffffff);
+            let flow = |i: u32| Tuple {
+                src: v4(i),
+                dst: backend,
+                sport: 1024 + (i % 50_000) as u16,
+                dport: 8080,
+                proto: 17,
+            };
+            let live = n - n / 10;
+            let pairs: Vec<(Tuple, Tuple)> =
+                (0..live as u32).map(|i| (flow(i), flow(i).reversed())).collect();
+            kernel::insert_v4(&pairs, 3600).unwrap();
+            drop(pairs);
+            let _dp = BpfDatapath::load_with(&pins, Some(n as u32 + 1024)).unwrap();
+            let mut map = sweep::open(&pins).unwrap();
+            let old = CtValue { last_seen_ns: 1, epoch: 1, pad: 0 };
+            for i in 0..n as u32 {
+                let t = flow(i);
+                let k = CtKey {
+                    src: t.src,
+                    dst: t.dst,
+                    sport: t.sport.to_be(),
+                    dport: t.dport.to_be(),
+                    ifindex: 7 + (i % 2),
+                    proto: 17,
+                    owner: if i % 2 == 0 { OWNER_FROM_POD } else { OWNER_TO_POD },
+                    pad: [0; 2],
+                };
+                map.insert(k, old, 0).unwrap();
+            }
+            // Peak memory from here on is the sweep's.
+            let _ = std::fs::write("/proc/self/clear_refs", "5");
+            let rss = status_kb("VmRSS:");
+            let (cpu0, t0) = (thread_cpu_s(), Instant::now());
+            let report = sweep::sweep(&mut map).unwrap();
+            let (cpu, wall) = (thread_cpu_s() - cpu0, t0.elapsed().as_secs_f64());
+            let extra = status_kb("VmHWM:").saturating_sub(rss) as f64 / 1024.0;
+            Row {
+                entries: report.entries,
+                kernel: report.kernel_entries,
+                removed: report.removed,
+                wall_s: wall,
+                cpu_s: cpu,
+                extra_mb: extra,
+            }
+        }
+    })
+    .join();
+    let _ = Command::new("ip").args(["netns", "del", &ns]).status();
+    let _ = std::fs::remove_dir_all(&pins);
+    row.expect("bench run")
+}
+
+fn main() {
+    let sizes: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let sizes = if sizes.is_empty() { vec![100_000, 1_000_000] } else { sizes };
+    let max = "/proc/sys/net/netfilter/nf_conntrack_max";
+    let before = std::fs::read_to_string(max).unwrap_or_default();
+    let need = sizes.iter().max().copied().unwrap_or(0) * 2 + 1024;
+    if before.trim().parse::<usize>().unwrap_or(0) < need {
+        std::fs::write(max, need.to_string()).expect("raising nf_conntrack_max");
+    }
+    println!("conntrack cleanup: eBPF entries vs a kernel table of the same size (10% stale)");
+    println!("{:>10} {:>10} {:>9} {:>8} {:>8} {:>9}", "entries", "kernel", "removed", "wall_s", "cpu_s", "extra_mb");
+    let mut lines = Vec::new();
+    for n in sizes {
+        let r = run(n);
+        println!(
+            "{:>10} {:>10} {:>9} {:>8.3} {:>8.3} {:>9.1}",
+            r.entries, r.kernel, r.removed, r.wall_s, r.cpu_s, r.extra_mb
+        );
+        lines.push(format!(
+            "bench=cleanup entries={} kernel_entries={} removed={} wall_s={:.3} cpu_s={:.3} extra_mb={:.1}",
+            r.entries, r.kernel, r.removed, r.wall_s, r.cpu_s, r.extra_mb
+        ));
+    }
+    if !before.trim().is_empty() {
+        let _ = std::fs::write(max, before.trim());
+    }
+    for l in lines {
+        println!("{l}");
+    }
+}
