@@ -48,8 +48,13 @@ struct Row {
 
 fn run(n: usize) -> Row {
     let ns = format!("pbench{}", std::process::id());
-    assert!(Command::new("ip").args(["netns", "add", &ns]).status().unwrap().success());
-    let pins = std::path::Path::new("/sys/fs/bpf").join(format!("palisade-bench-{}", std::process::id()));
+    assert!(Command::new("ip")
+        .args(["netns", "add", &ns])
+        .status()
+        .unwrap()
+        .success());
+    let pins =
+        std::path::Path::new("/sys/fs/bpf").join(format!("palisade-bench-{}", std::process::id()));
     let path = format!("/run/netns/{ns}");
     let row = std::thread::spawn({
         let pins = pins.clone();
@@ -67,13 +72,18 @@ fn run(n: usize) -> Row {
                 proto: 17,
             };
             let live = n - n / 10;
-            let pairs: Vec<(Tuple, Tuple)> =
-                (0..live as u32).map(|i| (flow(i), flow(i).reversed())).collect();
+            let pairs: Vec<(Tuple, Tuple)> = (0..live as u32)
+                .map(|i| (flow(i), flow(i).reversed()))
+                .collect();
             kernel::insert_v4(&pairs, 3600).unwrap();
             drop(pairs);
             let _dp = BpfDatapath::load_with(&pins, Some(n as u32 + 1024)).unwrap();
             let mut map = sweep::open(&pins).unwrap();
-            let old = CtValue { last_seen_ns: 1, epoch: 1, pad: 0 };
+            let old = CtValue {
+                last_seen_ns: 1,
+                epoch: 1,
+                pad: 0,
+            };
             for i in 0..n as u32 {
                 let t = flow(i);
                 let k = CtKey {
@@ -83,7 +93,11 @@ fn run(n: usize) -> Row {
                     dport: t.dport.to_be(),
                     ifindex: 7 + (i % 2),
                     proto: 17,
-                    owner: if i % 2 == 0 { OWNER_FROM_POD } else { OWNER_TO_POD },
+                    owner: if i % 2 == 0 {
+                        OWNER_FROM_POD
+                    } else {
+                        OWNER_TO_POD
+                    },
                     pad: [0; 2],
                 };
                 map.insert(k, old, 0).unwrap();
@@ -116,7 +130,11 @@ fn main() {
         .skip(1)
         .filter_map(|a| a.parse().ok())
         .collect();
-    let sizes = if sizes.is_empty() { vec![100_000, 1_000_000] } else { sizes };
+    let sizes = if sizes.is_empty() {
+        vec![100_000, 1_000_000]
+    } else {
+        sizes
+    };
     let max = "/proc/sys/net/netfilter/nf_conntrack_max";
     let before = std::fs::read_to_string(max).unwrap_or_default();
     let need = sizes.iter().max().copied().unwrap_or(0) * 2 + 1024;
@@ -124,7 +142,10 @@ fn main() {
         std::fs::write(max, need.to_string()).expect("raising nf_conntrack_max");
     }
     println!("conntrack cleanup: eBPF entries vs a kernel table of the same size (10% stale)");
-    println!("{:>10} {:>10} {:>9} {:>8} {:>8} {:>9}", "entries", "kernel", "removed", "wall_s", "cpu_s", "extra_mb");
+    println!(
+        "{:>10} {:>10} {:>9} {:>8} {:>8} {:>9}",
+        "entries", "kernel", "removed", "wall_s", "cpu_s", "extra_mb"
+    );
     let mut lines = Vec::new();
     for n in sizes {
         let r = run(n);

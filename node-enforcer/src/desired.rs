@@ -145,7 +145,10 @@ pub struct Desired {
 /// The interfaces' current verdicts, for [`Knowledge::Hold`].
 pub type Held = BTreeMap<String, (Verdict, Verdict, Vec<[u8; 16]>)>;
 
-/// Inputs of [`desired`].
+/// Compiles a direction's policy; the reconciler memoizes it by content.
+pub type Compiler<'a> = dyn FnMut(&DirectionPolicy) -> Result<Arc<PolicySet>, String> + 'a;
+
+/// Inputs of [`desired`] and [`desired_pod`].
 pub struct Inputs<'a> {
     pub mode: Mode,
     pub pods: &'a BTreeMap<PodKey, PodRuntime>,
@@ -154,132 +157,160 @@ pub struct Inputs<'a> {
     pub live: &'a BTreeMap<String, u32>,
     /// Interfaces nobody explains, with what they enforce now.
     pub unexplained: &'a Held,
-    /// What every interface enforces now.
-    pub held: &'a Held,
+    /// What an interface enforces now, for held pods.
+    pub held: &'a dyn Fn(&str) -> Option<(Verdict, Verdict, Vec<[u8; 16]>)>,
     /// The node's own addresses, always allowed in an isolated direction.
     pub node_addresses: &'a [Prefix],
 }
 
-pub fn desired(i: &Inputs<'_>) -> Desired {
-    let mut out = Desired::default();
-    // Pods with equal policies get the same Arc, so sharing is by content.
-    let mut interned: BTreeMap<PolicySet, Arc<PolicySet>> = BTreeMap::new();
-    let mut intern = |set: PolicySet| {
-        interned
-            .entry(set.clone())
-            .or_insert_with(|| Arc::new(set))
-            .clone()
+/// The desired endpoints of one pod, and why it is not enforced as its plan
+/// says, if it is not.
+pub fn desired_pod(
+    i: &Inputs<'_>,
+    key: &PodKey,
+    pod: &PodRuntime,
+    compile_set: &mut Compiler<'_>,
+) -> (Vec<(String, DesiredEndpoint)>, Option<String>) {
+    let mode = pod.mode.unwrap_or(i.mode);
+    let knowledge = (i.knowledge)(key);
+    let mut error = None;
+    let mut direction = |d: Option<&DirectionPolicy>, name: &str| -> Verdict {
+        // Deny, but never the node itself (kubelet probes must reach it).
+        let node_only = |c: &mut Compiler<'_>| {
+            Verdict::Policy(c(&DirectionPolicy::default()).unwrap_or_default())
+        };
+        let Some(d) = d else {
+            return match mode {
+                Mode::Standard => Verdict::Open,
+                Mode::Strict => node_only(compile_set),
+            };
+        };
+        match compile_set(d) {
+            Ok(set) => Verdict::Policy(set),
+            Err(e) => {
+                error = Some(format!(
+                    "{name} policy of {}/{} cannot be compiled, so it is denied: {e}",
+                    key.0, key.1
+                ));
+                node_only(compile_set)
+            }
+        }
     };
-    // Deny, but never the node itself (kubelet probes must reach the pod).
-    let node_only =
-        intern(compile(&DirectionPolicy::default(), i.node_addresses).unwrap_or_default());
-    for (key, pod) in i.pods {
-        let mode = pod.mode.unwrap_or(i.mode);
-        let knowledge = (i.knowledge)(key);
-        let mut direction = |d: Option<&DirectionPolicy>, name: &str| -> Verdict {
-            let Some(d) = d else {
-                return match mode {
-                    Mode::Standard => Verdict::Open,
-                    Mode::Strict => Verdict::Policy(node_only.clone()),
-                };
-            };
-            match compile(d, i.node_addresses) {
-                Ok(set) => Verdict::Policy(intern(set)),
-                Err(e) => {
-                    out.errors.insert(
-                        key.clone(),
-                        format!(
-                            "{name} policy of {}/{} cannot be compiled, so it is denied: {e}",
-                            key.0, key.1
-                        ),
-                    );
-                    Verdict::Policy(node_only.clone())
-                }
-            }
-        };
-        let (ingress, egress) = match &knowledge {
-            Knowledge::Known(p) => (
-                direction(p.ingress.as_ref(), "ingress"),
-                direction(p.egress.as_ref(), "egress"),
-            ),
-            Knowledge::Pending => {
-                out.errors.insert(
-                    key.clone(),
-                    format!("{}/{}: waiting for the controller to deliver the pod's policy; denied meanwhile", key.0, key.1),
-                );
-                (Verdict::Deny, Verdict::Deny)
-            }
-            Knowledge::Unprotected => {
-                out.errors.insert(
-                    key.clone(),
-                    format!("{}/{}: UNPROTECTED: the pod's policy was not known by its pod-up deadline (standard mode lets it start open)", key.0, key.1),
-                );
-                (Verdict::Open, Verdict::Open)
-            }
-            // Resolved per interface below.
-            Knowledge::Hold => {
-                out.errors.insert(
-                    key.clone(),
-                    format!("{}/{}: not in the controller's plan (or no plan yet); keeping the policy it had", key.0, key.1),
-                );
-                (Verdict::Deny, Verdict::Deny)
-            }
-        };
-        // NPBackend requests carry no addresses: the plan's stand in.
-        let mut addrs: Vec<[u8; 16]> = pod.ips.iter().map(|p| p.addr).collect();
-        if let (true, Knowledge::Known(p)) = (addrs.is_empty(), &knowledge) {
-            addrs = p
-                .pod_ips
-                .iter()
-                .filter_map(|ip| crate::compile::prefix_of(ip).ok().map(|p| p.addr))
-                .take(crate::datapath::MAX_POD_ADDRS)
-                .collect();
+    let (ingress, egress) = match &knowledge {
+        Knowledge::Known(p) => (
+            direction(p.ingress.as_ref(), "ingress"),
+            direction(p.egress.as_ref(), "egress"),
+        ),
+        Knowledge::Pending => {
+            error = Some(format!(
+                "{}/{}: waiting for the controller to deliver the pod's policy; denied meanwhile",
+                key.0, key.1
+            ));
+            (Verdict::Deny, Verdict::Deny)
         }
-        for ifname in &pod.host_interfaces {
-            let Some(&ifindex) = i.live.get(ifname) else {
-                continue;
-            };
-            // The name now belongs to another interface: this pod's is gone.
-            if pod
-                .ifindexes
-                .get(ifname)
-                .is_some_and(|&want| want != ifindex)
-            {
-                continue;
-            }
-            let (ingress, egress) = match (&knowledge, i.held.get(ifname)) {
-                (Knowledge::Hold, Some((ing, eg, _))) => (ing.clone(), eg.clone()),
-                _ => (ingress.clone(), egress.clone()),
-            };
-            out.endpoints.insert(
-                ifname.clone(),
-                DesiredEndpoint {
-                    owner: Owner::Pod(key.clone()),
-                    ifindex,
-                    ingress,
-                    egress,
-                    pod_addrs: addrs.clone(),
-                },
-            );
+        Knowledge::Unprotected => {
+            error = Some(format!(
+                "{}/{}: UNPROTECTED: the pod's policy was not known by its pod-up deadline (standard mode lets it start open)",
+                key.0, key.1
+            ));
+            (Verdict::Open, Verdict::Open)
         }
+        // Resolved per interface below.
+        Knowledge::Hold => {
+            error = Some(format!(
+                "{}/{}: not in the controller's plan (or no plan yet); keeping the policy it had",
+                key.0, key.1
+            ));
+            (Verdict::Deny, Verdict::Deny)
+        }
+    };
+    // NPBackend requests carry no addresses: the plan's stand in.
+    let mut addrs: Vec<[u8; 16]> = pod.ips.iter().map(|p| p.addr).collect();
+    if let (true, Knowledge::Known(p)) = (addrs.is_empty(), &knowledge) {
+        addrs = p
+            .pod_ips
+            .iter()
+            .filter_map(|ip| crate::compile::prefix_of(ip).ok().map(|p| p.addr))
+            .take(crate::datapath::MAX_POD_ADDRS)
+            .collect();
     }
-    for (ifname, (ingress, egress, addrs)) in i.unexplained {
-        if out.endpoints.contains_key(ifname) {
-            continue;
-        }
+    let mut out = Vec::new();
+    for ifname in &pod.host_interfaces {
         let Some(&ifindex) = i.live.get(ifname) else {
             continue;
         };
-        out.endpoints.insert(
+        // The name now belongs to another interface: this pod's is gone.
+        if pod
+            .ifindexes
+            .get(ifname)
+            .is_some_and(|&want| want != ifindex)
+        {
+            continue;
+        }
+        let (ingress, egress) = match (&knowledge, (i.held)(ifname)) {
+            (Knowledge::Hold, Some((ing, eg, _))) => (ing, eg),
+            _ => (ingress.clone(), egress.clone()),
+        };
+        out.push((
             ifname.clone(),
             DesiredEndpoint {
-                owner: Owner::Unexplained,
+                owner: Owner::Pod(key.clone()),
                 ifindex,
-                ingress: ingress.clone(),
-                egress: egress.clone(),
+                ingress,
+                egress,
                 pod_addrs: addrs.clone(),
             },
-        );
+        ));
+    }
+    (out, error)
+}
+
+/// The endpoint an unexplained interface keeps, if it still lives and no
+/// pod claims it.
+pub fn desired_unexplained(i: &Inputs<'_>, ifname: &str) -> Option<DesiredEndpoint> {
+    let (ingress, egress, addrs) = i.unexplained.get(ifname)?;
+    let &ifindex = i.live.get(ifname)?;
+    Some(DesiredEndpoint {
+        owner: Owner::Unexplained,
+        ifindex,
+        ingress: ingress.clone(),
+        egress: egress.clone(),
+        pod_addrs: addrs.clone(),
+    })
+}
+
+/// The whole desired datapath, from scratch: what the reconciler's
+/// incremental updates must always equal.
+pub fn desired(i: &Inputs<'_>) -> Desired {
+    // Pods with equal policies get the same Arc, so sharing is by content.
+    let mut interned: BTreeMap<PolicySet, Arc<PolicySet>> = BTreeMap::new();
+    let mut compile_set = |d: &DirectionPolicy| -> Result<Arc<PolicySet>, String> {
+        let set = compile(d, i.node_addresses).map_err(|e| e.to_string())?;
+        Ok(interned
+            .entry(set.clone())
+            .or_insert_with(|| Arc::new(set))
+            .clone())
+    };
+    desired_with(i, &mut compile_set)
+}
+
+/// [`desired`] with the compiler given (the reconciler's memoizes).
+pub fn desired_with(i: &Inputs<'_>, compile_set: &mut Compiler<'_>) -> Desired {
+    let mut out = Desired::default();
+    for (key, pod) in i.pods {
+        let (endpoints, error) = desired_pod(i, key, pod, compile_set);
+        out.endpoints.extend(endpoints);
+        if let Some(e) = error {
+            out.errors.insert(key.clone(), e);
+        }
+    }
+    for ifname in i.unexplained.keys() {
+        if out.endpoints.contains_key(ifname) {
+            continue;
+        }
+        if let Some(e) = desired_unexplained(i, ifname) {
+            out.endpoints.insert(ifname.clone(), e);
+        }
     }
     out
 }
@@ -310,7 +341,7 @@ mod tests {
             knowledge: &knowledge,
             live: &live,
             unexplained: &none,
-            held: &none,
+            held: &|_| None,
             node_addresses: &[],
         })
     }

@@ -502,6 +502,13 @@ impl World {
     /// ingress is exactly its policy (or the one it holds after a crash),
     /// or denied.
     fn check(&mut self) -> Result<(), String> {
+        // The reconciler recomputes only what a change touches: that must
+        // always equal computing everything.
+        if let Some(d) = self.r().desired_drift() {
+            return Err(format!(
+                "incremental desired state drifted from a full recomputation: {d}"
+            ));
+        }
         let k = inspect::inspect(&self.pin_root).map_err(|e| e.to_string())?;
         let node: Vec<Prefix> = self.r().dump().node_addresses;
         for (&p, _) in self.up.clone().iter() {

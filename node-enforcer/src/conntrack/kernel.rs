@@ -236,7 +236,9 @@ pub fn insert_v4(entries: &[(Tuple, Tuple)], timeout_secs: u32) -> Result<(), St
             seq += 1;
             let start = batch.len();
             batch.extend_from_slice(&[0; 4]);
-            batch.extend_from_slice(&((NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW).to_ne_bytes());
+            batch.extend_from_slice(
+                &((NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW).to_ne_bytes(),
+            );
             batch.extend_from_slice(&(NLM_F_REQUEST | NLM_F_CREATE).to_ne_bytes());
             batch.extend_from_slice(&seq.to_ne_bytes());
             batch.extend_from_slice(&0u32.to_ne_bytes());

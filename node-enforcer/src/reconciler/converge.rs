@@ -6,9 +6,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::{RealizedEndpoint, RealizedPolicy, Reconciler, DENY_ALL};
-use crate::compile::{PolicySet, PortSet};
+use crate::compile::{compile, PolicySet, PortSet};
 use crate::datapath::{Datapath, EndpointEntry, PolicyId, PortSetId};
-use crate::desired::{desired, Held, Inputs, Knowledge, Owner, PodKey, Verdict};
+use crate::desired::{
+    desired_pod, desired_unexplained, desired_with, Desired, Held, Inputs, Knowledge, Owner,
+    PodKey, Verdict,
+};
+use palisade_proto::v1::DirectionPolicy;
+use prost::Message;
 
 impl<D: Datapath> Reconciler<D> {
     /// What the enforcer knows about a pod's policy (see [`Knowledge`]).
@@ -28,31 +33,52 @@ impl<D: Datapath> Reconciler<D> {
         Knowledge::Hold
     }
 
-    /// The interfaces that exist now among those any pod or realized
-    /// endpoint names.
-    pub(super) fn live_interfaces(&mut self) -> BTreeMap<String, u32> {
+    /// Re-reads the index of every interface any pod or realized endpoint
+    /// names (after link events and on ticks; pod-up looks its own up).
+    pub(super) fn refresh_links(&mut self) {
         let names: BTreeSet<String> = self
             .pods
             .values()
             .flat_map(|p| p.host_interfaces.iter().cloned())
             .chain(self.realized.endpoints.keys().cloned())
             .collect();
-        names
+        self.ifindexes = names
             .into_iter()
             .filter_map(|n| {
                 let i = self.datapath.ifindex(&n).ok()?;
                 Some((n, i))
             })
-            .collect()
+            .collect();
     }
 
+    /// The interfaces that exist, as last read.
+    pub(super) fn live_interfaces(&self) -> &BTreeMap<String, u32> {
+        &self.ifindexes
+    }
+
+    /// Recomputes everything and applies the difference.
     pub(super) fn converge(&mut self) {
-        self.refresh_node_addresses();
-        let live = self.live_interfaces();
-        let held: Held = self
+        // Shared inputs are re-read when everything is recomputed anyway.
+        if self.refresh_node_addresses() {
+            self.compiled.clear();
+        }
+        self.converge_scope(None);
+    }
+
+    /// Recomputes only these pods' endpoints (and the unexplained ones),
+    /// then applies the difference: a pod coming or going costs in
+    /// proportion to that pod, not to the node.
+    pub(super) fn converge_pods<'k>(&mut self, pods: impl IntoIterator<Item = &'k PodKey>) {
+        let set: BTreeSet<PodKey> = pods.into_iter().cloned().collect();
+        self.converge_scope(Some(set));
+    }
+
+    fn converge_scope(&mut self, scope: Option<BTreeSet<PodKey>>) {
+        let unexplained: Held = self
             .realized
             .endpoints
             .iter()
+            .filter(|(_, e)| e.owner == Owner::Unexplained)
             .map(|(n, e)| {
                 (
                     n.clone(),
@@ -64,25 +90,120 @@ impl<D: Datapath> Reconciler<D> {
                 )
             })
             .collect();
+        let mut compiled = std::mem::take(&mut self.compiled);
+        let mut want = std::mem::take(&mut self.want);
+        {
+            let node_addresses = &self.node_addresses;
+            let mut compile_set = |d: &DirectionPolicy| -> Result<Arc<PolicySet>, String> {
+                let key = d.encode_to_vec();
+                if let Some(r) = compiled.get(&key) {
+                    return r.clone();
+                }
+                let r = compile(d, node_addresses)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string());
+                compiled.insert(key, r.clone());
+                r
+            };
+            let realized = &self.realized.endpoints;
+            let held = |n: &str| {
+                realized.get(n).map(|e| {
+                    (
+                        e.ingress.clone(),
+                        e.egress.clone(),
+                        e.entry.pod_addrs.clone(),
+                    )
+                })
+            };
+            let knowledge = |k: &PodKey| self.knowledge(k);
+            let inputs = Inputs {
+                mode: self.mode,
+                pods: &self.pods,
+                knowledge: &knowledge,
+                live: &self.ifindexes,
+                unexplained: &unexplained,
+                held: &held,
+                node_addresses,
+            };
+            match &scope {
+                None => want = desired_with(&inputs, &mut compile_set),
+                Some(pods) => {
+                    want.endpoints.retain(|_, e| match &e.owner {
+                        Owner::Pod(k) => !pods.contains(k),
+                        Owner::Unexplained => false,
+                    });
+                    for k in pods {
+                        want.errors.remove(k);
+                        let Some(rt) = self.pods.get(k) else { continue };
+                        let (endpoints, error) = desired_pod(&inputs, k, rt, &mut compile_set);
+                        want.endpoints.extend(endpoints);
+                        if let Some(e) = error {
+                            want.errors.insert(k.clone(), e);
+                        }
+                    }
+                    for ifname in unexplained.keys() {
+                        if want.endpoints.contains_key(ifname) {
+                            continue;
+                        }
+                        if let Some(e) = desired_unexplained(&inputs, ifname) {
+                            want.endpoints.insert(ifname.clone(), e);
+                        }
+                    }
+                }
+            }
+        }
+        self.compiled = compiled;
+        self.apply(&want);
+        self.want = want;
+    }
+
+    /// Where the incrementally kept desired state differs from a full
+    /// recomputation (None: nowhere). Tests call it after every step.
+    pub fn desired_drift(&self) -> Option<String> {
+        let kept = self.want.clone();
         let unexplained: Held = self
             .realized
             .endpoints
             .iter()
             .filter(|(_, e)| e.owner == Owner::Unexplained)
-            .map(|(n, _)| (n.clone(), held[n].clone()))
+            .map(|(n, e)| {
+                (
+                    n.clone(),
+                    (
+                        e.ingress.clone(),
+                        e.egress.clone(),
+                        e.entry.pod_addrs.clone(),
+                    ),
+                )
+            })
             .collect();
+        let realized = &self.realized.endpoints;
+        let held = |n: &str| {
+            realized.get(n).map(|e| {
+                (
+                    e.ingress.clone(),
+                    e.egress.clone(),
+                    e.entry.pod_addrs.clone(),
+                )
+            })
+        };
         let knowledge = |k: &PodKey| self.knowledge(k);
-        let want = desired(&Inputs {
+        let full = crate::desired::desired(&Inputs {
             mode: self.mode,
             pods: &self.pods,
             knowledge: &knowledge,
-            live: &live,
+            live: &self.ifindexes,
             unexplained: &unexplained,
             held: &held,
             node_addresses: &self.node_addresses,
         });
-        self.pod_errors = want.errors.clone();
-        self.pod_failures.clear();
+        (full != kept).then(|| format!("incremental {kept:?}\nfull {full:?}"))
+    }
+
+    /// Makes the datapath hold `want`: tables first, then endpoints, then
+    /// whatever nothing references any more.
+    fn apply(&mut self, want: &Desired) {
+        self.failures.clear();
         self.errors.clear();
 
         // 1. Tables every desired endpoint needs, before anything points at
@@ -193,8 +314,7 @@ impl<D: Datapath> Reconciler<D> {
     fn fail(&mut self, pod: Option<&PodKey>, e: String) {
         match pod {
             Some(p) => {
-                self.pod_errors.insert(p.clone(), e);
-                self.pod_failures.insert(p.clone());
+                self.failures.insert(p.clone(), e);
             }
             None => self.errors.push(e),
         }

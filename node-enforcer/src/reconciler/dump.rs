@@ -88,7 +88,12 @@ impl<D: Datapath> Reconciler<D> {
                 .get(i)
                 .filter(|e| e.owner.pod() == Some(key))
         });
-        let mut error = self.pod_errors.get(key).cloned().unwrap_or_default();
+        let mut error = self
+            .failures
+            .get(key)
+            .or_else(|| self.want.errors.get(key))
+            .cloned()
+            .unwrap_or_default();
         if error.is_empty() {
             if let Some(missing) = rt.host_interfaces.iter().find(|i| {
                 self.realized
@@ -121,7 +126,12 @@ impl<D: Datapath> Reconciler<D> {
 
     pub fn node_state(&self) -> NodeState {
         let mut errors = self.errors.clone();
-        errors.extend(self.pod_errors.values().cloned());
+        for (k, e) in &self.want.errors {
+            if !self.failures.contains_key(k) {
+                errors.push(e.clone());
+            }
+        }
+        errors.extend(self.failures.values().cloned());
         for (name, e) in &self.realized.endpoints {
             if e.owner == Owner::Unexplained {
                 errors.push(format!(

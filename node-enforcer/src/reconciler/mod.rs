@@ -204,10 +204,20 @@ pub struct Reconciler<D: Datapath> {
     /// from a new one of the same name).
     deleting: BTreeSet<PodKey>,
     realized: Realized,
-    pod_errors: BTreeMap<PodKey, String>,
+    /// The desired datapath as last computed; pods are recomputed when
+    /// their inputs change, everything when shared inputs do.
+    want: crate::desired::Desired,
     /// Pods whose datapath writes failed in the last convergence (a refused
     /// pod-up), as opposed to pods merely denied or held.
-    pod_failures: BTreeSet<PodKey>,
+    failures: BTreeMap<PodKey, String>,
+    /// Interface indexes as last read (link events and ticks refresh them).
+    ifindexes: BTreeMap<String, u32>,
+    /// Compiled policies by the encoded direction policy; cleared when the
+    /// node's addresses change (they are part of every compiled table).
+    compiled: std::collections::HashMap<Vec<u8>, Result<Arc<PolicySet>, String>>,
+    /// The pods checkpoint is behind; written when the event queue is idle
+    /// (a lost write is rebuilt from the kernel's endpoint entries).
+    pods_dirty: bool,
     /// Operations that failed in the last convergence.
     errors: Vec<String>,
     /// Things an operator must see that outlive one convergence.
@@ -236,8 +246,11 @@ impl<D: Datapath> Reconciler<D> {
             unprotected: BTreeSet::new(),
             deleting: BTreeSet::new(),
             realized: Realized::default(),
-            pod_errors: BTreeMap::new(),
-            pod_failures: BTreeSet::new(),
+            want: Default::default(),
+            failures: BTreeMap::new(),
+            ifindexes: BTreeMap::new(),
+            compiled: Default::default(),
+            pods_dirty: false,
             errors: Vec::new(),
             warnings: VecDeque::new(),
             realized_version: 0,
@@ -278,18 +291,45 @@ impl<D: Datapath> Reconciler<D> {
     /// Handles events until every sender is gone, publishing the node's
     /// state after each one. Runs on its own thread: datapath operations are
     /// short syscalls and must not interleave.
+    ///
+    /// Work that only matters once a burst is over (the pods checkpoint, the
+    /// state report) is done when the queue is empty, so a burst of pod-ups
+    /// pays for it once.
     pub fn run(mut self, mut events: mpsc::Receiver<Event>, state: watch::Sender<NodeState>) {
-        while let Some(event) = events.blocking_recv() {
-            self.handle(event);
-            let now = self.node_state();
-            state.send_if_modified(|old| {
-                if *old != now {
-                    *old = now;
-                    true
-                } else {
-                    false
+        loop {
+            let event = match events.try_recv() {
+                Ok(e) => e,
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    self.flush();
+                    let now = self.node_state();
+                    state.send_if_modified(|old| {
+                        if *old != now {
+                            *old = now;
+                            true
+                        } else {
+                            false
+                        }
+                    });
+                    match events.blocking_recv() {
+                        Some(e) => e,
+                        None => break,
+                    }
                 }
-            });
+            };
+            self.handle(event);
+        }
+        self.flush();
+    }
+
+    /// Writes what was deferred.
+    pub fn flush(&mut self) {
+        if std::mem::take(&mut self.pods_dirty) {
+            if let Some(cp) = &self.checkpoint {
+                if let Err(e) = cp.save_pods(&self.pods) {
+                    self.warn(format!("checkpoint: {e}"));
+                }
+            }
         }
     }
 
@@ -322,12 +362,23 @@ impl<D: Datapath> Reconciler<D> {
             }
             Event::ConntrackCleaned(r) => self.conntrack.record(r),
             Event::Links => {
-                self.links_changed();
+                // Address events come this way too.
+                if self.refresh_node_addresses() {
+                    self.compiled.clear();
+                    if !self.links_changed() {
+                        self.converge();
+                    }
+                } else {
+                    self.links_changed();
+                }
             }
             Event::Tick => {
                 let addresses = self.refresh_node_addresses();
+                if addresses {
+                    self.compiled.clear();
+                }
                 // Failed operations are retried until they succeed.
-                let retry = !self.errors.is_empty() || !self.pod_failures.is_empty();
+                let retry = !self.errors.is_empty() || !self.failures.is_empty();
                 if !self.links_changed() && (addresses || retry) {
                     self.converge();
                 }
@@ -344,11 +395,7 @@ impl<D: Datapath> Reconciler<D> {
     }
 
     fn save_pods(&mut self) {
-        if let Some(cp) = &self.checkpoint {
-            if let Err(e) = cp.save_pods(&self.pods) {
-                self.warn(format!("checkpoint: {e}"));
-            }
-        }
+        self.pods_dirty = true;
     }
 
     /// Reads the node's addresses; true when they changed.

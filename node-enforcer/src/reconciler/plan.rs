@@ -18,6 +18,8 @@ fn isolated(plan: &BTreeMap<PodKey, PodPolicy>) -> usize {
 
 impl<D: Datapath> Reconciler<D> {
     pub fn apply_plan(&mut self, msg: PlanMessage) -> Result<u64, PlanError> {
+        // The pods a delta touches; None: a snapshot touches them all.
+        let mut changed: Option<BTreeSet<PodKey>> = None;
         match msg {
             PlanMessage::Snapshot(s) => {
                 if !s.source_synced {
@@ -50,24 +52,34 @@ impl<D: Datapath> Reconciler<D> {
                         held: self.plan_version,
                     });
                 }
+                let mut touched = BTreeSet::new();
                 for r in &d.removed {
-                    self.plan.remove(&key(Some(r)).unwrap_or_default());
+                    let k = key(Some(r)).unwrap_or_default();
+                    self.plan.remove(&k);
+                    touched.insert(k);
                 }
                 for p in d.upserted {
                     if let Some(k) = key(p.pod.as_ref()) {
-                        self.plan.insert(k, p);
+                        self.plan.insert(k.clone(), p);
+                        touched.insert(k);
                     }
                 }
+                changed = Some(touched);
                 self.plan_version = d.version;
             }
         }
         let plan = &self.plan;
         self.fetched.retain(|k, _| !plan.contains_key(k));
-        self.explain();
+        if self.explain() {
+            changed = None;
+        }
         // Saved before the datapath changes: a crash in between restarts
         // from the newer plan and converges to it.
         self.save_plan();
-        self.converge();
+        match &changed {
+            None => self.converge(),
+            Some(pods) => self.converge_pods(pods),
+        }
         self.settle_pending();
         self.realized_version = self.plan_version;
         Ok(self.plan_version)
@@ -81,8 +93,8 @@ impl<D: Datapath> Reconciler<D> {
         if (self.has_plan && self.plan.contains_key(&pod)) || !self.pods.contains_key(&pod) {
             return;
         }
-        self.fetched.insert(pod, policy);
-        self.converge();
+        self.fetched.insert(pod.clone(), policy);
+        self.converge_pods([&pod]);
         self.settle_pending();
     }
 
@@ -90,7 +102,8 @@ impl<D: Datapath> Reconciler<D> {
     /// checkpoint was lost) are matched to plan pods by the addresses their
     /// endpoint entry holds, so pod→interface knowledge comes back from the
     /// kernel instead of being detached.
-    pub(super) fn explain(&mut self) {
+    /// True when it explained any.
+    pub(super) fn explain(&mut self) -> bool {
         let claimed: BTreeSet<&PodKey> = self.pods.keys().collect();
         let mut by_addrs: BTreeMap<BTreeSet<[u8; 16]>, Vec<&PodKey>> = BTreeMap::new();
         for (k, p) in &self.plan {
@@ -139,5 +152,6 @@ impl<D: Datapath> Reconciler<D> {
         if explained {
             self.save_pods();
         }
+        explained
     }
 }

@@ -20,9 +20,10 @@ fn name(k: &PodKey) -> String {
     format!("{}/{}", k.0, k.1)
 }
 
-/// The pod inputs before a request, to put back if it is refused.
+/// The pod inputs a request changed, to put back if it is refused: the
+/// previous entry of every pod it touched.
 struct Undo {
-    pods: BTreeMap<PodKey, PodRuntime>,
+    pods: BTreeMap<PodKey, Option<PodRuntime>>,
     unprotected: bool,
     deleting: bool,
 }
@@ -52,7 +53,7 @@ impl<D: Datapath> Reconciler<D> {
         // cannot honour without taking enforcement from that pod. A claim
         // on an older interface of the same name is stale: that interface
         // is gone, so only the name is freed.
-        let mut pods = self.pods.clone();
+        let mut freed: Vec<(PodKey, String)> = Vec::new();
         for (other, rt) in self.pods.iter() {
             if *other == up.pod {
                 continue;
@@ -69,9 +70,7 @@ impl<D: Datapath> Reconciler<D> {
                     )));
                     return;
                 }
-                let stale = pods.get_mut(other).expect("cloned");
-                stale.host_interfaces.retain(|i| i != ifname);
-                stale.ifindexes.remove(ifname);
+                freed.push((other.clone(), ifname.clone()));
             }
         }
         // An interface kept for an owner nobody knows (a lost checkpoint)
@@ -96,21 +95,35 @@ impl<D: Datapath> Reconciler<D> {
                 }
             }
         }
-        pods.retain(|_, rt| !rt.host_interfaces.is_empty());
         if let Some(old) = self.pending.remove(&up.pod) {
             let _ = old.reply.send(Err(format!(
                 "pod {}: superseded by a newer pod-up for the same pod",
                 name(&up.pod)
             )));
         }
-        let undo = Undo {
-            pods: std::mem::replace(&mut self.pods, pods),
+        let mut undo = Undo {
+            pods: BTreeMap::new(),
             unprotected: self.unprotected.remove(&up.pod),
             deleting: self.deleting.remove(&up.pod),
         };
+        for (other, ifname) in freed {
+            let before = self.pods.get(&other).cloned();
+            undo.pods.entry(other.clone()).or_insert(before);
+            let stale = self.pods.get_mut(&other).expect("listed");
+            stale.host_interfaces.retain(|i| *i != ifname);
+            stale.ifindexes.remove(&ifname);
+            if stale.host_interfaces.is_empty() {
+                self.pods.remove(&other);
+            }
+        }
+        for (ifname, index) in &ifindexes {
+            self.ifindexes.insert(ifname.clone(), *index);
+        }
         let key = up.pod.clone();
         let container_id = up.runtime.container_id.clone();
-        self.pods.insert(key.clone(), up.runtime);
+        let before = self.pods.insert(key.clone(), up.runtime);
+        undo.pods.entry(key.clone()).or_insert(before);
+        let touched: Vec<PodKey> = undo.pods.keys().cloned().collect();
         let known = matches!(self.knowledge(&key), Knowledge::Known(_));
         if !known {
             self.pending.insert(
@@ -120,7 +133,7 @@ impl<D: Datapath> Reconciler<D> {
                     reply,
                 },
             );
-            self.converge();
+            self.converge_pods(&touched);
             if let Some(e) = self.write_failure(&key) {
                 let p = self.pending.remove(&key).expect("just inserted");
                 self.undo(&key, undo);
@@ -133,7 +146,7 @@ impl<D: Datapath> Reconciler<D> {
             }
             return;
         }
-        self.converge();
+        self.converge_pods(&touched);
         if let Some(e) = self.write_failure(&key) {
             self.undo(&key, undo);
             let _ = reply.send(Err(e));
@@ -154,26 +167,33 @@ impl<D: Datapath> Reconciler<D> {
                 .get(i)
                 .is_some_and(|e| e.owner.pod() == Some(key))
         });
-        if attached && !self.pod_failures.contains(key) {
+        if attached && !self.failures.contains_key(key) {
             return None;
         }
         Some(
-            self.pod_errors
+            self.failures
                 .get(key)
+                .or_else(|| self.want.errors.get(key))
                 .cloned()
                 .unwrap_or_else(|| format!("pod {}: an interface is not attached", name(key))),
         )
     }
 
     fn undo(&mut self, key: &PodKey, undo: Undo) {
-        self.pods = undo.pods;
+        let touched: Vec<PodKey> = undo.pods.keys().cloned().collect();
+        for (k, before) in undo.pods {
+            match before {
+                Some(rt) => self.pods.insert(k, rt),
+                None => self.pods.remove(&k),
+            };
+        }
         if undo.unprotected {
             self.unprotected.insert(key.clone());
         }
         if undo.deleting {
             self.deleting.insert(key.clone());
         }
-        self.converge();
+        self.converge_pods(&touched);
     }
 
     fn outcome(&self, key: &PodKey, realized: bool, warning: String) -> PodUpOutcome {
@@ -235,7 +255,7 @@ impl<D: Datapath> Reconciler<D> {
                 // Refused: the runtime tears the sandbox down, and nothing
                 // of it stays.
                 self.pods.remove(key);
-                self.converge();
+                self.converge_pods([key]);
                 self.save_pods();
                 let _ = p.reply.send(Err(format!(
                     "pod {}: policy not known by the pod-up deadline ({reason}); strict mode refuses the pod",
@@ -244,7 +264,7 @@ impl<D: Datapath> Reconciler<D> {
             }
             Mode::Standard => {
                 self.unprotected.insert(key.clone());
-                self.converge();
+                self.converge_pods([key]);
                 let warning = format!(
                     "pod {} starts UNPROTECTED: policy not known by the pod-up deadline ({reason})",
                     name(key)
@@ -296,7 +316,7 @@ impl<D: Datapath> Reconciler<D> {
             }
         }
         self.forget(&pod);
-        self.converge();
+        self.converge_pods([&pod]);
         self.save_pods();
         Ok(())
     }
@@ -318,7 +338,8 @@ impl<D: Datapath> Reconciler<D> {
     /// without a DEL, or recreated under the same name) are forgotten.
     /// True when it converged.
     pub(super) fn links_changed(&mut self) -> bool {
-        let live = self.live_interfaces();
+        self.refresh_links();
+        let live = self.live_interfaces().clone();
         let gone: Vec<PodKey> = self
             .pods
             .iter()

@@ -150,7 +150,9 @@ impl<D: Datapath> Reconciler<D> {
             }
         }
         // A pod whose interfaces are all gone was deleted while we were down.
-        let live = self.live_interfaces();
+        self.refresh_node_addresses();
+        self.refresh_links();
+        let live = self.live_interfaces().clone();
         self.pods.retain(|_, rt| {
             rt.host_interfaces.iter().any(|i| {
                 live.get(i)

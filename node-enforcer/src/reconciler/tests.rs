@@ -348,6 +348,7 @@ fn permute(v: &mut Vec<usize>, k: usize, f: &mut dyn FnMut(&[usize])) {
 /// A restart: a new reconciler takes over the same datapath (the fake keeps
 /// the "kernel" state) from the checkpointed inputs.
 fn restart(old: &mut Reconciler<FakeDatapath>, dir: &std::path::Path) -> Reconciler<FakeDatapath> {
+    old.flush();
     let datapath = std::mem::take(&mut old.datapath);
     let cp = Checkpoint::open(dir).unwrap();
     let saved = cp.load().unwrap();
@@ -497,6 +498,7 @@ fn a_lost_checkpoint_is_rebuilt_from_the_kernel_not_detached() {
     for damage in ["remove", "truncate"] {
         let before = r.datapath.endpoint_of("veth-a").unwrap();
         assert_ne!(before.0, 0);
+        r.flush();
         for f in ["plan.pb", "pods.json"] {
             let p = dir.path().join(f);
             if damage == "remove" {
