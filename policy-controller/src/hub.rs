@@ -27,7 +27,8 @@ impl VersionedPlan {
         PlanSnapshot {
             version: self.version,
             pods: self.plan.pods.values().cloned().collect(),
-            // TODO(sync gating): only true once the source has synced.
+            // Plans exist for a subscriber only once the hub has synced (see
+            // `Hub::subscribe`), so every snapshot that leaves is synced.
             source_synced: true,
         }
     }
@@ -88,6 +89,10 @@ struct NodeEntry {
 
 #[derive(Default)]
 struct HubState {
+    /// Whether the source has produced one complete view. Until then every
+    /// plan is empty for want of knowledge, not because nothing is isolated,
+    /// so no plan may leave the hub.
+    synced: bool,
     source_revision: u64,
     source_marker: String,
     /// Problems in the objects, found by resolution.
@@ -119,6 +124,7 @@ pub struct NodeView {
 
 #[derive(Clone, Debug)]
 pub struct HubView {
+    pub source_synced: bool,
     pub source_revision: u64,
     pub source_marker: String,
     pub errors: Vec<String>,
@@ -143,6 +149,7 @@ impl Hub {
     pub fn update(&self, cluster: &ClusterState) {
         let resolution = resolve_with_errors(cluster);
         let mut st = self.lock();
+        st.synced = true;
         st.source_revision += 1;
         st.source_marker = cluster.marker.clone();
         st.errors = resolution.errors;
@@ -179,9 +186,10 @@ impl Hub {
     }
 
     /// Subscribes to a node's plan; the receiver's current value is the
-    /// snapshot to send first.
-    pub fn subscribe(&self, node: &str) -> Subscription {
+    /// snapshot to send first. Refused until the source has synced.
+    pub fn subscribe(&self, node: &str) -> Result<Subscription, NotSynced> {
         let mut st = self.lock();
+        st.check_synced()?;
         let revision = st.source_revision;
         let first = self.first_version;
         let entry = st
@@ -198,11 +206,30 @@ impl Hub {
                 subscribers: 0,
             });
         entry.subscribers += 1;
-        Subscription {
+        Ok(Subscription {
             rx: entry.plan.subscribe(),
             hub: self.clone(),
             node: node.to_string(),
-        }
+        })
+    }
+
+    /// One pod's entry in its node's current plan, and that plan's version.
+    /// Refused until the source has synced: "unknown" from an unsynced
+    /// controller means nothing.
+    pub fn pod_plan(&self, node: &str, pod: &PodKey) -> Result<PodLookup, NotSynced> {
+        let st = self.lock();
+        st.check_synced()?;
+        let Some(entry) = st.nodes.get(node) else {
+            return Ok(PodLookup {
+                pod: None,
+                plan_version: self.first_version,
+            });
+        };
+        let plan = entry.plan.borrow();
+        Ok(PodLookup {
+            pod: plan.plan.pods.get(pod).cloned(),
+            plan_version: plan.version,
+        })
     }
 
     pub fn report(&self, state: NodeState) {
@@ -244,6 +271,7 @@ impl Hub {
     pub fn view(&self) -> HubView {
         let st = self.lock();
         HubView {
+            source_synced: st.synced,
             source_revision: st.source_revision,
             source_marker: st.source_marker.clone(),
             errors: st
@@ -264,6 +292,32 @@ impl Hub {
                 .collect(),
         }
     }
+}
+
+impl HubState {
+    fn check_synced(&self) -> Result<(), NotSynced> {
+        if self.synced {
+            return Ok(());
+        }
+        let reason = if self.source_errors.is_empty() {
+            "no complete view of the cluster has been read yet".to_string()
+        } else {
+            self.source_errors.join("; ")
+        };
+        Err(NotSynced(reason))
+    }
+}
+
+/// The source has not produced a complete view yet; holds why.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("the controller has not synced its source yet: {0}")]
+pub struct NotSynced(pub String);
+
+/// A pod's entry in its node's plan (None: not known on that node).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodLookup {
+    pub pod: Option<PodPolicy>,
+    pub plan_version: u64,
 }
 
 /// A node's live subscription; dropping it marks the node disconnected.
@@ -308,19 +362,58 @@ mod tests {
     }
 
     #[test]
+    fn unsynced_hub_refuses_plans_and_says_why() {
+        let hub = Hub::new(1);
+        hub.set_source_errors(vec!["bad.yaml: document 1: nope".into()]);
+        let err = hub.subscribe("n1").err().expect("refused before sync");
+        assert_eq!(
+            err.to_string(),
+            "the controller has not synced its source yet: bad.yaml: document 1: nope"
+        );
+        let key = ("x".to_string(), "a".to_string());
+        assert!(hub.pod_plan("n1", &key).is_err());
+        assert!(!hub.view().source_synced);
+
+        hub.update(&cluster(false, "1"));
+        let sub = hub.subscribe("n1").expect("synced");
+        assert!(sub.rx.borrow().snapshot().source_synced);
+        assert!(hub.view().source_synced);
+        let found = hub.pod_plan("n1", &key).unwrap();
+        assert_eq!(found.plan_version, sub.rx.borrow().version);
+        assert_eq!(found.pod.unwrap().policies, Vec::<String>::new());
+        assert_eq!(hub.pod_plan("n2", &key).unwrap().pod, None);
+    }
+
+    #[test]
+    fn an_empty_cluster_syncs_too() {
+        let hub = Hub::new(1);
+        assert!(hub.subscribe("n1").is_err());
+        hub.update(&ClusterState::default());
+        let sub = hub.subscribe("n1").expect("an empty view is still a view");
+        assert!(sub.rx.borrow().plan.pods.is_empty());
+    }
+
+    #[test]
     fn versions_advance_only_when_a_nodes_plan_changes() {
         let hub = Hub::new(100);
-        let sub = hub.subscribe("n1");
-        assert_eq!(sub.rx.borrow().version, 100);
         hub.update(&cluster(false, "1"));
-        assert_eq!(sub.rx.borrow().version, 100, "still empty");
-        assert_eq!(sub.rx.borrow().source_revision, 1);
+        let sub = hub.subscribe("n1").unwrap();
+        let v = sub.rx.borrow().clone();
+        assert_eq!((v.version, v.source_revision), (101, 1));
+        let open = &v.plan.pods[&("x".to_string(), "a".to_string())];
+        assert_eq!(
+            (&open.ingress, &open.egress),
+            (&None, &None),
+            "listed, not isolated"
+        );
         hub.update(&cluster(true, "2"));
         let v = sub.rx.borrow().clone();
-        assert_eq!((v.version, v.source_revision), (101, 2));
+        assert_eq!((v.version, v.source_revision), (102, 2));
         assert_eq!(v.plan.pods.len(), 1);
+        assert!(v.plan.pods.values().all(|p| p.ingress.is_some()));
         hub.update(&cluster(true, "3"));
-        assert_eq!(sub.rx.borrow().version, 101);
+        assert_eq!(sub.rx.borrow().version, 102);
+        assert_eq!(sub.rx.borrow().source_revision, 3);
         let view = hub.view();
         assert_eq!(view.source_marker, "3");
         assert_eq!(view.nodes[0].subscribers, 1);
@@ -331,7 +424,8 @@ mod tests {
     #[tokio::test]
     async fn close_ends_subscriptions() {
         let hub = Hub::new(1);
-        let mut sub = hub.subscribe("n1");
+        hub.update(&ClusterState::default());
+        let mut sub = hub.subscribe("n1").unwrap();
         hub.close();
         assert!(sub.rx.changed().await.is_err());
     }
@@ -339,7 +433,8 @@ mod tests {
     #[test]
     fn delta_applied_to_old_plan_gives_new_plan() {
         let hub = Hub::new(1);
-        let sub = hub.subscribe("n1");
+        hub.update(&ClusterState::default());
+        let sub = hub.subscribe("n1").unwrap();
         let empty = sub.rx.borrow().clone();
         hub.update(&cluster(true, "1"));
         let full = sub.rx.borrow().clone();
@@ -349,12 +444,22 @@ mod tests {
         apply_delta(&mut plan, &d);
         assert_eq!(plan, full.plan);
         hub.update(&cluster(false, "2"));
-        let back = sub.rx.borrow().clone();
-        let d = delta(&full, &back).unwrap();
+        let open = sub.rx.borrow().clone();
+        let d = delta(&full, &open).unwrap();
+        assert_eq!(
+            (d.upserted.len(), d.removed.len()),
+            (1, 0),
+            "un-isolated, still listed"
+        );
+        apply_delta(&mut plan, &d);
+        assert_eq!(plan, open.plan);
+        hub.update(&ClusterState::default());
+        let gone = sub.rx.borrow().clone();
+        let d = delta(&open, &gone).unwrap();
         assert_eq!(d.removed.len(), 1);
         apply_delta(&mut plan, &d);
-        assert_eq!(plan, back.plan);
-        assert!(delta(&back, &back).is_none());
+        assert_eq!(plan, gone.plan);
+        assert!(delta(&gone, &gone).is_none());
     }
 
     #[test]

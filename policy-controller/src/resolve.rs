@@ -3,9 +3,11 @@
 //! isolated in a direction once any policy selects it for that direction, and
 //! the rules of every such policy are unioned.
 //!
-//! A node's plan names only the pods that live on it and are isolated in some
-//! direction; peers appear as addresses, so a node learns nothing else about
-//! the cluster.
+//! A node's plan names every pod that lives on it, isolated or not (a pod
+//! missing from a plan is one the controller does not know, which an enforcer
+//! must not read as "not isolated"); peers appear as addresses, so a node
+//! learns nothing else about the cluster. Host-network pods are left out:
+//! they share the node's interfaces, so there is nothing per pod to enforce.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -116,9 +118,6 @@ pub fn resolve_with_errors(state: &ClusterState) -> Resolution {
                         .extend(ctx.egress_rule(&field, r.to.as_deref(), r.ports.as_deref()));
                 }
             }
-        }
-        if ingress.is_none() && egress.is_none() {
-            continue;
         }
         names.sort();
         let pod = PodPolicy {
