@@ -10,16 +10,27 @@ use palisade_proto::v1::{NodeState, PlanDelta, PlanSnapshot, PodPolicy, PodRef};
 use tokio::sync::watch;
 
 use crate::cluster::ClusterState;
-use crate::resolve::{resolve_with_errors, NodePlan, PodKey};
+use crate::engine::{Change, Engine, Outcome};
+use crate::resolve::{NodePlan, PodKey};
 
 /// A node's plan at one version.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct VersionedPlan {
     pub version: u64,
-    /// The source revision this plan was (re)computed from; it advances even
-    /// when the plan itself does not change.
+    /// The source revision at which this version was published. Every
+    /// node's plan is current as of the hub's latest revision; a plan that
+    /// a revision did not change keeps its version and this number.
     pub source_revision: u64,
-    pub plan: NodePlan,
+    /// Shared with the engine until the engine changes it.
+    pub plan: Arc<NodePlan>,
+}
+
+/// One node's plan as a publication changed it.
+#[derive(Clone, Debug)]
+pub struct PlanChange {
+    pub node: String,
+    pub before: Arc<VersionedPlan>,
+    pub after: Arc<VersionedPlan>,
 }
 
 impl VersionedPlan {
@@ -108,6 +119,9 @@ struct HubState {
 #[derive(Clone)]
 pub struct Hub {
     state: Arc<Mutex<HubState>>,
+    /// Held while resolving, apart from `state`, so that the gRPC handlers
+    /// never wait for a computation.
+    engine: Arc<Mutex<Option<Engine>>>,
     /// Versions start from the controller's start time so that they keep
     /// increasing across controller restarts.
     first_version: u64,
@@ -135,6 +149,7 @@ impl Hub {
     pub fn new(first_version: u64) -> Self {
         Hub {
             state: Arc::new(Mutex::new(HubState::default())),
+            engine: Arc::new(Mutex::new(None)),
             first_version: first_version.max(1),
         }
     }
@@ -145,22 +160,55 @@ impl Hub {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Resolves a new view of the cluster and publishes each node's plan.
-    pub fn update(&self, cluster: &ClusterState) {
-        let resolution = resolve_with_errors(cluster);
+    /// Brings the plans to a new view of the cluster and publishes the
+    /// plans that changed. The first view is a full computation; later ones
+    /// recompute only what differs from the previous view.
+    pub fn update(&self, cluster: &ClusterState) -> Vec<PlanChange> {
+        let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
+        let outcome = match engine.as_mut() {
+            Some(engine) => engine.sync(cluster),
+            None => {
+                let (built, outcome) = Engine::from_state(cluster);
+                *engine = Some(built);
+                outcome
+            }
+        };
+        let errors = engine.as_ref().expect("built above").errors();
+        // Published under the engine lock, so views reach the hub in order.
+        self.publish(outcome, cluster.marker.clone(), errors)
+    }
+
+    /// Applies changes one by one as a source that watches events would,
+    /// and publishes the plans that changed.
+    pub fn apply(&self, changes: Vec<Change>, marker: String) -> Vec<PlanChange> {
+        let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
+        let engine = engine.get_or_insert_with(Engine::default);
+        let outcome = engine.apply(changes);
+        let errors = engine.errors();
+        self.publish(outcome, marker, errors)
+    }
+
+    /// Runs `f` on the engine (None before the first view), for inspection.
+    pub fn with_engine<T>(&self, f: impl FnOnce(Option<&Engine>) -> T) -> T {
+        f(self
+            .engine
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref())
+    }
+
+    fn publish(&self, outcome: Outcome, marker: String, errors: Vec<String>) -> Vec<PlanChange> {
         let mut st = self.lock();
         st.synced = true;
         st.source_revision += 1;
-        st.source_marker = cluster.marker.clone();
-        st.errors = resolution.errors;
+        st.source_marker = marker;
+        st.errors = errors;
         let revision = st.source_revision;
-        let mut plans = resolution.plans;
-        // Nodes that lose their last isolated pod must get an empty plan.
-        let names: std::collections::BTreeSet<String> =
-            st.nodes.keys().chain(plans.keys()).cloned().collect();
-        for name in &names {
-            let plan = plans.remove(name).unwrap_or_default();
-            let first = self.first_version;
+        let first = self.first_version;
+        let mut published = Vec::new();
+        // Only nodes whose plan changed are touched: the others' subscribers
+        // are not even woken.
+        for (name, plan) in outcome.changed {
             let entry = st.nodes.entry(name.clone()).or_insert_with(|| NodeEntry {
                 plan: watch::channel(Arc::new(VersionedPlan {
                     version: first,
@@ -170,19 +218,23 @@ impl Hub {
                 reported: None,
                 subscribers: 0,
             });
-            entry.plan.send_modify(|current| {
-                let version = if current.plan == plan {
-                    current.version
-                } else {
-                    current.version + 1
-                };
-                *current = Arc::new(VersionedPlan {
-                    version,
-                    source_revision: revision,
-                    plan,
-                });
+            let before = entry.plan.borrow().clone();
+            if before.plan == plan {
+                continue;
+            }
+            let after = Arc::new(VersionedPlan {
+                version: before.version + 1,
+                source_revision: revision,
+                plan,
+            });
+            entry.plan.send_replace(after.clone());
+            published.push(PlanChange {
+                node: name,
+                before,
+                after,
             });
         }
+        published
     }
 
     /// Subscribes to a node's plan; the receiver's current value is the
@@ -199,7 +251,7 @@ impl Hub {
                 plan: watch::channel(Arc::new(VersionedPlan {
                     version: first,
                     source_revision: revision,
-                    plan: NodePlan::default(),
+                    plan: Arc::default(),
                 }))
                 .0,
                 reported: None,
@@ -247,7 +299,7 @@ impl Hub {
                     plan: watch::channel(Arc::new(VersionedPlan {
                         version: self.first_version,
                         source_revision: revision,
-                        plan: NodePlan::default(),
+                        plan: Arc::default(),
                     }))
                     .0,
                     reported: Some(state),
@@ -397,7 +449,7 @@ mod tests {
     fn versions_advance_only_when_a_nodes_plan_changes() {
         let hub = Hub::new(100);
         hub.update(&cluster(false, "1"));
-        let sub = hub.subscribe("n1").unwrap();
+        let mut sub = hub.subscribe("n1").unwrap();
         let v = sub.rx.borrow().clone();
         assert_eq!((v.version, v.source_revision), (101, 1));
         let open = &v.plan.pods[&("x".to_string(), "a".to_string())];
@@ -407,13 +459,16 @@ mod tests {
             "listed, not isolated"
         );
         hub.update(&cluster(true, "2"));
-        let v = sub.rx.borrow().clone();
+        let v = sub.rx.borrow_and_update().clone();
         assert_eq!((v.version, v.source_revision), (102, 2));
         assert_eq!(v.plan.pods.len(), 1);
         assert!(v.plan.pods.values().all(|p| p.ingress.is_some()));
         hub.update(&cluster(true, "3"));
         assert_eq!(sub.rx.borrow().version, 102);
-        assert_eq!(sub.rx.borrow().source_revision, 3);
+        assert!(
+            !sub.rx.has_changed().unwrap(),
+            "an unchanged plan wakes no one"
+        );
         let view = hub.view();
         assert_eq!(view.source_marker, "3");
         assert_eq!(view.nodes[0].subscribers, 1);
@@ -440,9 +495,9 @@ mod tests {
         let full = sub.rx.borrow().clone();
         let d = delta(&empty, &full).expect("plans differ");
         assert_eq!((d.base_version, d.version), (1, 2));
-        let mut plan = empty.plan.clone();
+        let mut plan = (*empty.plan).clone();
         apply_delta(&mut plan, &d);
-        assert_eq!(plan, full.plan);
+        assert_eq!(plan, *full.plan);
         hub.update(&cluster(false, "2"));
         let open = sub.rx.borrow().clone();
         let d = delta(&full, &open).unwrap();
@@ -452,13 +507,13 @@ mod tests {
             "un-isolated, still listed"
         );
         apply_delta(&mut plan, &d);
-        assert_eq!(plan, open.plan);
+        assert_eq!(plan, *open.plan);
         hub.update(&ClusterState::default());
         let gone = sub.rx.borrow().clone();
         let d = delta(&open, &gone).unwrap();
         assert_eq!(d.removed.len(), 1);
         apply_delta(&mut plan, &d);
-        assert_eq!(plan, gone.plan);
+        assert_eq!(plan, *gone.plan);
         assert!(delta(&gone, &gone).is_none());
     }
 

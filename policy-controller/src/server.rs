@@ -140,7 +140,9 @@ impl DebugService for DebugServer {
                 .map(|n| NodeView {
                     node_name: n.node_name,
                     plan_version: n.plan.version,
-                    plan_source_revision: n.plan.source_revision,
+                    // Every plan is current as of the hub's revision: a
+                    // revision that did not change a plan left it as it was.
+                    plan_source_revision: view.source_revision,
                     connected: n.subscribers > 0,
                     reported: n.reported,
                     plan: Some(n.plan.snapshot()),
