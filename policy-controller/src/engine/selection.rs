@@ -72,9 +72,17 @@ impl Selections {
         self.entries.len()
     }
 
-    /// Records that `target` now uses `used` instead of `before`.
+    /// Records that `target` now uses `used` instead of `before`. Every
+    /// selection in `used` exists (the computation created it).
     pub fn depend(&mut self, target: &PodKey, before: &Used, used: &Used) {
-        for key in &before.sels {
+        // New links first: a selection used before and now must not be
+        // forgotten in between.
+        for key in &used.sels {
+            if let Some(e) = self.entries.get_mut(key) {
+                e.dependents.insert(target.clone());
+            }
+        }
+        for key in before.sels.iter().filter(|k| !used.sels.contains(k)) {
             if let Some(e) = self.entries.get_mut(key) {
                 e.dependents.remove(target);
                 if e.dependents.is_empty() {
@@ -82,7 +90,7 @@ impl Selections {
                 }
             }
         }
-        for name in &before.ports {
+        for name in before.ports.iter().filter(|n| !used.ports.contains(n)) {
             if let Some(set) = self.port_dependents.get_mut(name) {
                 set.remove(target);
                 if set.is_empty() {
@@ -90,26 +98,11 @@ impl Selections {
                 }
             }
         }
-        for key in &used.sels {
-            if let Some(e) = self.entries.get_mut(key) {
-                e.dependents.insert(target.clone());
-            }
-        }
         for name in &used.ports {
             self.port_dependents
                 .entry(name.clone())
                 .or_default()
                 .insert(target.clone());
-        }
-        // Entries created for this computation but not kept by anyone.
-        for key in &used.sels {
-            if self
-                .entries
-                .get(key)
-                .is_some_and(|e| e.dependents.is_empty())
-            {
-                self.forget(key);
-            }
         }
     }
 
