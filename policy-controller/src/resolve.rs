@@ -563,9 +563,23 @@ impl RuleContext<'_> {
         names: &BTreeSet<&str>,
     ) -> Vec<(Arc<PodInfo>, Vec<IpAddr>)> {
         let mut candidates: BTreeMap<PodKey, Arc<PodInfo>> = BTreeMap::new();
-        for name in names {
-            for pod in self.selection.with_port_name(name) {
-                candidates.insert(pod.key(), pod);
+        if peers.iter().any(|p| matches!(p, PeerSpec::Block(_))) {
+            // An address block may cover any pod with such a port.
+            for name in names {
+                for pod in self.selection.with_port_name(name) {
+                    candidates.insert(pod.key(), pod);
+                }
+            }
+        } else {
+            // Only selected pods are covered: look at those alone.
+            let selected = peers.iter().filter_map(|p| match p {
+                PeerSpec::Pods(s) => Some(s),
+                PeerSpec::Block(_) => None,
+            });
+            for pod in selected.flat_map(|s| s.pods.iter()) {
+                if names.iter().any(|n| pod.named_ports.contains_key(*n)) {
+                    candidates.insert(pod.key(), pod.clone());
+                }
             }
         }
         let selected: BTreeSet<(&str, &str)> = peers

@@ -14,11 +14,22 @@ use crate::resolve::{selector_matches, PeerSelection, PodInfo, PodKey, Selected}
 
 /// What a selector peer selects, as a cache key. Without a namespace
 /// selector the policy's namespace is part of the key (`scope`).
+/// Shared: every target that uses a selection holds its key.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SelKey {
+pub struct SelKey(Arc<SelKeyParts>);
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct SelKeyParts {
     scope: Option<String>,
     ns_selector: Option<String>,
     pod_selector: Option<String>,
+}
+
+impl std::ops::Deref for SelKey {
+    type Target = SelKeyParts;
+    fn deref(&self) -> &SelKeyParts {
+        &self.0
+    }
 }
 
 struct SelEntry {
@@ -199,13 +210,19 @@ impl PeerSelection for Selector<'_> {
             s.as_ref()
                 .map(|s| serde_json::to_string(s).expect("selectors serialize"))
         };
-        let key = SelKey {
+        let parts = SelKeyParts {
             scope: peer
                 .namespace_selector
                 .is_none()
                 .then(|| policy_ns.to_string()),
             ns_selector: json(&peer.namespace_selector),
             pod_selector: json(&peer.pod_selector),
+        };
+        // The key already held by the cache, so that targets share it.
+        let probe = SelKey(Arc::new(parts));
+        let key = match self.cache.entries.get_key_value(&probe) {
+            Some((k, _)) => k.clone(),
+            None => probe,
         };
         if !self.cache.entries.contains_key(&key) {
             match &key.scope {
