@@ -37,7 +37,7 @@ impl VersionedPlan {
     pub fn snapshot(&self) -> PlanSnapshot {
         PlanSnapshot {
             version: self.version,
-            pods: self.plan.pods.values().cloned().collect(),
+            pods: self.plan.pods.values().map(|p| (**p).clone()).collect(),
             // Plans exist for a subscriber only once the hub has synced (see
             // `Hub::subscribe`), so every snapshot that leaves is synced.
             source_synced: true,
@@ -47,15 +47,20 @@ impl VersionedPlan {
 
 /// The delta that turns `old` into `new`; None when the plans are equal.
 pub fn delta(old: &VersionedPlan, new: &VersionedPlan) -> Option<PlanDelta> {
-    if old.plan == new.plan {
+    if old.plan.same_as(&new.plan) {
         return None;
     }
     let upserted: Vec<PodPolicy> = new
         .plan
         .pods
         .iter()
-        .filter(|(k, v)| old.plan.pods.get(*k) != Some(*v))
-        .map(|(_, v)| v.clone())
+        .filter(|(k, v)| {
+            old.plan
+                .pods
+                .get(*k)
+                .is_none_or(|o| !Arc::ptr_eq(o, v) && o != *v)
+        })
+        .map(|(_, v)| (**v).clone())
         .collect();
     let removed: Vec<PodRef> = old
         .plan
@@ -80,7 +85,7 @@ pub fn apply_delta(plan: &mut NodePlan, delta: &PlanDelta) {
     for p in &delta.upserted {
         if let Some(r) = &p.pod {
             plan.pods
-                .insert((r.namespace.clone(), r.name.clone()), p.clone());
+                .insert((r.namespace.clone(), r.name.clone()), Arc::new(p.clone()));
         }
     }
 }
@@ -219,7 +224,7 @@ impl Hub {
                 subscribers: 0,
             });
             let before = entry.plan.borrow().clone();
-            if before.plan == plan {
+            if before.plan.same_as(&plan) {
                 continue;
             }
             let after = Arc::new(VersionedPlan {
@@ -279,7 +284,7 @@ impl Hub {
         };
         let plan = entry.plan.borrow();
         Ok(PodLookup {
-            pod: plan.plan.pods.get(pod).cloned(),
+            pod: plan.plan.pods.get(pod).map(|p| (**p).clone()),
             plan_version: plan.version,
         })
     }

@@ -32,7 +32,21 @@ pub type PodKey = (String, String);
 /// Everything one node must enforce.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodePlan {
-    pub pods: BTreeMap<PodKey, PodPolicy>,
+    /// Shared, so that copying a node's plan to change one pod copies
+    /// pointers, not rules.
+    pub pods: BTreeMap<PodKey, Arc<PodPolicy>>,
+}
+
+impl NodePlan {
+    /// Equality that skips entries both plans share.
+    pub fn same_as(&self, other: &NodePlan) -> bool {
+        self.pods.len() == other.pods.len()
+            && self
+                .pods
+                .iter()
+                .zip(other.pods.iter())
+                .all(|((ka, va), (kb, vb))| ka == kb && (Arc::ptr_eq(va, vb) || va == vb))
+    }
 }
 
 /// The plans of every node, and the problems found in the input. A problem
@@ -72,11 +86,10 @@ pub fn resolve_with_errors(state: &ClusterState) -> Resolution {
             .iter()
             .filter(|p| namespace_of(&p.metadata) == target.namespace);
         let pod = resolve_target(target, policies, &mut index, &mut errors);
-        plans
-            .entry(node.clone())
-            .or_default()
-            .pods
-            .insert((target.namespace.clone(), target.name.clone()), pod);
+        plans.entry(node.clone()).or_default().pods.insert(
+            (target.namespace.clone(), target.name.clone()),
+            Arc::new(pod),
+        );
     }
     errors.sort();
     errors.dedup();

@@ -130,8 +130,14 @@ fn run(shape: Shape, scale: Scale) {
                 "bytes_per_policy",
                 (held.saturating_sub(pods_bytes) / policies.max(1)).to_string(),
             ),
-            ("plan_bytes_max", plan_bytes.last().copied().unwrap_or(0).to_string()),
-            ("plan_bytes_median", plan_bytes[plan_bytes.len() / 2].to_string()),
+            (
+                "plan_bytes_max",
+                plan_bytes.last().copied().unwrap_or(0).to_string(),
+            ),
+            (
+                "plan_bytes_median",
+                plan_bytes[plan_bytes.len() / 2].to_string(),
+            ),
         ],
     );
 
@@ -140,7 +146,14 @@ fn run(shape: Shape, scale: Scale) {
         (
             "pod_relabel",
             Box::new(|i| {
-                Change::ApplyPod(shapes::pod(shape, i, 0, i * 4, scale.nodes, shapes::default_app(shape, 2)))
+                Change::ApplyPod(shapes::pod(
+                    shape,
+                    i,
+                    0,
+                    i * 4,
+                    scale.nodes,
+                    shapes::default_app(shape, 2),
+                ))
             }),
         ),
         (
@@ -166,7 +179,14 @@ fn run(shape: Shape, scale: Scale) {
         (
             "pod_add",
             Box::new(|i| {
-                Change::ApplyPod(shapes::pod(shape, i, 4, total_pods + i, scale.nodes, shapes::default_app(shape, 0)))
+                Change::ApplyPod(shapes::pod(
+                    shape,
+                    i,
+                    4,
+                    total_pods + i,
+                    scale.nodes,
+                    shapes::default_app(shape, 0),
+                ))
             }),
         ),
     ];
@@ -200,7 +220,10 @@ fn run(shape: Shape, scale: Scale) {
 
 fn main() {
     // `cargo bench` adds its own flags (`--bench`); only words count.
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
     let shape = match args.first().map(String::as_str) {
         Some("antrea") | None => Shape::Antrea,
         Some("mixed") => Shape::Mixed,

@@ -23,9 +23,21 @@ pub struct Scale {
     pub nodes: usize,
 }
 
-pub const SMALL: Scale = Scale { name: "small", namespaces: 1_000, nodes: 40 };
-pub const MEDIUM: Scale = Scale { name: "medium", namespaces: 5_000, nodes: 200 };
-pub const FULL: Scale = Scale { name: "full", namespaces: 25_000, nodes: 1_000 };
+pub const SMALL: Scale = Scale {
+    name: "small",
+    namespaces: 1_000,
+    nodes: 40,
+};
+pub const MEDIUM: Scale = Scale {
+    name: "medium",
+    namespaces: 5_000,
+    nodes: 200,
+};
+pub const FULL: Scale = Scale {
+    name: "full",
+    namespaces: 25_000,
+    nodes: 1_000,
+};
 
 pub fn ns_name(i: usize) -> String {
     format!("ns-{i:05}")
@@ -49,7 +61,12 @@ pub fn namespace(shape: Shape, i: usize, team_of: &str) -> Namespace {
 
 fn ip(index: usize) -> String {
     // 10.0.0.0/8 holds 16M pods; the last octet skips 0.
-    format!("10.{}.{}.{}", (index >> 16) & 0xff, (index >> 8) & 0xff, (index & 0xff).max(1))
+    format!(
+        "10.{}.{}.{}",
+        (index >> 16) & 0xff,
+        (index >> 8) & 0xff,
+        (index & 0xff).max(1)
+    )
 }
 
 /// Pod `j` (0-3) of namespace `i`; `index` numbers it cluster-wide.
@@ -122,7 +139,11 @@ pub fn policies(shape: Shape, i: usize, variant: u32) -> Vec<NetworkPolicy> {
                 )
             };
             vec![
-                policy(&ns, "default-deny-all", json!({"podSelector": {}, "policyTypes": ["Ingress"]})),
+                policy(
+                    &ns,
+                    "default-deny-all",
+                    json!({"podSelector": {}, "policyTypes": ["Ingress"]}),
+                ),
                 np1,
                 allow_same("np-2", "app-2", "scale-2"),
             ]
@@ -185,7 +206,14 @@ pub fn cluster(shape: Shape, scale: Scale) -> ClusterState {
     for i in 0..scale.namespaces {
         objects.push(Object::Namespace(namespace(shape, i, &team(i))));
         for j in 0..4 {
-            objects.push(Object::Pod(pod(shape, i, j, i * 4 + j, scale.nodes, default_app(shape, j))));
+            objects.push(Object::Pod(pod(
+                shape,
+                i,
+                j,
+                i * 4 + j,
+                scale.nodes,
+                default_app(shape, j),
+            )));
         }
         for p in policies(shape, i, 0) {
             objects.push(Object::NetworkPolicy(p));

@@ -373,13 +373,13 @@ impl Engine {
         changed: &mut BTreeSet<String>,
     ) {
         let plan = self.plans.entry(node.to_string()).or_default();
-        if plan.pods.get(key) == entry.as_ref() {
+        if plan.pods.get(key).map(|p| &**p) == entry.as_ref() {
             return;
         }
         // Copy-on-write: the hub shares the previous plan until it is replaced.
         let plan = Arc::make_mut(plan);
         match entry {
-            Some(e) => plan.pods.insert(key.clone(), e),
+            Some(e) => plan.pods.insert(key.clone(), Arc::new(e)),
             None => plan.pods.remove(key),
         };
         changed.insert(node.to_string());

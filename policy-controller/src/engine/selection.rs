@@ -157,7 +157,14 @@ impl Selections {
                 old.is_some_and(|p| e.ns_matches(&key.scope, ns, ns_before) && e.pod_matches(p));
             let holds =
                 new.is_some_and(|p| e.ns_matches(&key.scope, ns, ns_after) && e.pod_matches(p));
-            if held || holds {
+            // A pod that stays in a selection changes it only through what
+            // the selection passes on: its addresses and named ports.
+            let same = held
+                && holds
+                && old
+                    .zip(new)
+                    .is_some_and(|(o, n)| o.ips == n.ips && o.named_ports == n.named_ports);
+            if (held || holds) && !same {
                 e.result = None;
                 dirty.extend(e.dependents.iter().cloned());
             }

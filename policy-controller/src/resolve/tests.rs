@@ -60,6 +60,7 @@ fn pod<'a>(r: &'a Resolution, node: &str, ns: &str, name: &str) -> Option<&'a Po
         .get(node)?
         .pods
         .get(&(ns.to_string(), name.to_string()))
+        .map(|p| &**p)
 }
 
 fn v4(s: &str) -> IpPrefix {
