@@ -12,7 +12,6 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use palisade_proto::v1::PlanSnapshot;
 use policy_controller::engine::Change;
 use policy_controller::hub::{delta, Hub, PlanChange};
 use prost::Message;
@@ -99,14 +98,7 @@ fn run(shape: Shape, scale: Scale) {
     let held = live() - before;
     let mut plan_bytes: Vec<usize> = published
         .iter()
-        .map(|c| {
-            PlanSnapshot {
-                version: c.after.version,
-                pods: c.after.plan.pods.values().cloned().collect(),
-                source_synced: true,
-            }
-            .encoded_len()
-        })
+        .map(|c| c.after.snapshot().encoded_len())
         .collect();
     plan_bytes.sort();
     let pods = state.pods.len();
