@@ -75,6 +75,9 @@ fn line(scale: &str, shape: Shape, what: &str, fields: &[(&str, String)]) {
     println!("scale={scale} shape={shape} what={what} {}", rest.join(" "));
 }
 
+/// Builds the change to namespace `i`.
+type MakeChange<'a> = Box<dyn Fn(usize) -> Change + 'a>;
+
 fn run(shape: Shape, scale: Scale) {
     let mut state = shapes::cluster(shape, scale);
     // The objects as a source would hand them over; not the hub's.
@@ -134,7 +137,7 @@ fn run(shape: Shape, scale: Scale) {
     );
 
     let total_pods = pods;
-    let changes: [(&str, Box<dyn Fn(usize) -> Change>); 4] = [
+    let changes: [(&str, MakeChange); 4] = [
         (
             "pod_relabel",
             Box::new(|i| {
@@ -208,6 +211,52 @@ fn run(shape: Shape, scale: Scale) {
             ],
         );
     }
+    view_diff(&hub, &mut state, shape, scale);
+}
+
+/// The path the sources take today: a whole new view with one pod
+/// relabelled, which the hub diffs against what it holds.
+fn view_diff(
+    hub: &Hub,
+    state: &mut policy_controller::cluster::ClusterState,
+    shape: Shape,
+    scale: Scale,
+) {
+    let i = 4242 % scale.namespaces;
+    let key = (shapes::ns_name(i), "pod-1".to_string());
+    let at = state
+        .pods
+        .iter()
+        .position(|p| {
+            (
+                p.metadata.namespace.clone().unwrap_or_default(),
+                p.metadata.name.clone().unwrap_or_default(),
+            ) == key
+        })
+        .expect("the shape has pod-1 in every namespace");
+    state.pods[at] = shapes::pod(
+        shape,
+        i,
+        1,
+        i * 4 + 1,
+        scale.nodes,
+        shapes::default_app(shape, 3),
+    );
+    let start = Instant::now();
+    let published = hub.update(state);
+    let bytes = wire(&published);
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    line(
+        scale.name,
+        shape,
+        "view_diff",
+        &[
+            ("ms", format!("{ms:.1}")),
+            ("peak_mb", format!("{:.0}", peak_mb())),
+            ("nodes_reached", published.len().to_string()),
+            ("delta_bytes", bytes.to_string()),
+        ],
+    );
 }
 
 fn main() {

@@ -54,7 +54,9 @@ pub fn namespace(shape: Shape, i: usize, team_of: &str) -> Namespace {
     let name = ns_name(i);
     let labels = match shape {
         Shape::Antrea => json!({"app": name}),
-        Shape::Mixed => json!({"team": team_of, "env": if i % 2 == 0 { "prod" } else { "dev" }}),
+        Shape::Mixed => {
+            json!({"team": team_of, "env": if i.is_multiple_of(2) { "prod" } else { "dev" }})
+        }
     };
     serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap()
 }
