@@ -10,24 +10,36 @@ use palisade_proto::v1::{NodeState, PlanDelta, PlanSnapshot, PodPolicy, PodRef};
 use tokio::sync::watch;
 
 use crate::cluster::ClusterState;
-use crate::resolve::{resolve_with_errors, NodePlan, PodKey};
+use crate::engine::{Change, Engine, Outcome};
+use crate::resolve::{NodePlan, PodKey};
 
 /// A node's plan at one version.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct VersionedPlan {
     pub version: u64,
-    /// The source revision this plan was (re)computed from; it advances even
-    /// when the plan itself does not change.
+    /// The source revision at which this version was published. Every
+    /// node's plan is current as of the hub's latest revision; a plan that
+    /// a revision did not change keeps its version and this number.
     pub source_revision: u64,
-    pub plan: NodePlan,
+    /// Shared with the engine until the engine changes it.
+    pub plan: Arc<NodePlan>,
+}
+
+/// One node's plan as a publication changed it.
+#[derive(Clone, Debug)]
+pub struct PlanChange {
+    pub node: String,
+    pub before: Arc<VersionedPlan>,
+    pub after: Arc<VersionedPlan>,
 }
 
 impl VersionedPlan {
     pub fn snapshot(&self) -> PlanSnapshot {
         PlanSnapshot {
             version: self.version,
-            pods: self.plan.pods.values().cloned().collect(),
-            // TODO(sync gating): only true once the source has synced.
+            pods: self.plan.pods.values().map(|p| (**p).clone()).collect(),
+            // Plans exist for a subscriber only once the hub has synced (see
+            // `Hub::subscribe`), so every snapshot that leaves is synced.
             source_synced: true,
         }
     }
@@ -35,15 +47,20 @@ impl VersionedPlan {
 
 /// The delta that turns `old` into `new`; None when the plans are equal.
 pub fn delta(old: &VersionedPlan, new: &VersionedPlan) -> Option<PlanDelta> {
-    if old.plan == new.plan {
+    if old.plan.same_as(&new.plan) {
         return None;
     }
     let upserted: Vec<PodPolicy> = new
         .plan
         .pods
         .iter()
-        .filter(|(k, v)| old.plan.pods.get(*k) != Some(*v))
-        .map(|(_, v)| v.clone())
+        .filter(|(k, v)| {
+            old.plan
+                .pods
+                .get(*k)
+                .is_none_or(|o| !Arc::ptr_eq(o, v) && o != *v)
+        })
+        .map(|(_, v)| (**v).clone())
         .collect();
     let removed: Vec<PodRef> = old
         .plan
@@ -68,7 +85,7 @@ pub fn apply_delta(plan: &mut NodePlan, delta: &PlanDelta) {
     for p in &delta.upserted {
         if let Some(r) = &p.pod {
             plan.pods
-                .insert((r.namespace.clone(), r.name.clone()), p.clone());
+                .insert((r.namespace.clone(), r.name.clone()), Arc::new(p.clone()));
         }
     }
 }
@@ -88,6 +105,10 @@ struct NodeEntry {
 
 #[derive(Default)]
 struct HubState {
+    /// Whether the source has produced one complete view. Until then every
+    /// plan is empty for want of knowledge, not because nothing is isolated,
+    /// so no plan may leave the hub.
+    synced: bool,
     source_revision: u64,
     source_marker: String,
     /// Problems in the objects, found by resolution.
@@ -103,6 +124,9 @@ struct HubState {
 #[derive(Clone)]
 pub struct Hub {
     state: Arc<Mutex<HubState>>,
+    /// Held while resolving, apart from `state`, so that the gRPC handlers
+    /// never wait for a computation.
+    engine: Arc<Mutex<Option<Engine>>>,
     /// Versions start from the controller's start time so that they keep
     /// increasing across controller restarts.
     first_version: u64,
@@ -119,6 +143,7 @@ pub struct NodeView {
 
 #[derive(Clone, Debug)]
 pub struct HubView {
+    pub source_synced: bool,
     pub source_revision: u64,
     pub source_marker: String,
     pub errors: Vec<String>,
@@ -129,6 +154,7 @@ impl Hub {
     pub fn new(first_version: u64) -> Self {
         Hub {
             state: Arc::new(Mutex::new(HubState::default())),
+            engine: Arc::new(Mutex::new(None)),
             first_version: first_version.max(1),
         }
     }
@@ -139,21 +165,55 @@ impl Hub {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Resolves a new view of the cluster and publishes each node's plan.
-    pub fn update(&self, cluster: &ClusterState) {
-        let resolution = resolve_with_errors(cluster);
+    /// Brings the plans to a new view of the cluster and publishes the
+    /// plans that changed. The first view is a full computation; later ones
+    /// recompute only what differs from the previous view.
+    pub fn update(&self, cluster: &ClusterState) -> Vec<PlanChange> {
+        let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
+        let outcome = match engine.as_mut() {
+            Some(engine) => engine.sync(cluster),
+            None => {
+                let (built, outcome) = Engine::from_state(cluster);
+                *engine = Some(built);
+                outcome
+            }
+        };
+        let errors = engine.as_ref().expect("built above").errors();
+        // Published under the engine lock, so views reach the hub in order.
+        self.publish(outcome, cluster.marker.clone(), errors)
+    }
+
+    /// Applies changes one by one as a source that watches events would,
+    /// and publishes the plans that changed.
+    pub fn apply(&self, changes: Vec<Change>, marker: String) -> Vec<PlanChange> {
+        let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
+        let engine = engine.get_or_insert_with(Engine::default);
+        let outcome = engine.apply(changes);
+        let errors = engine.errors();
+        self.publish(outcome, marker, errors)
+    }
+
+    /// Runs `f` on the engine (None before the first view), for inspection.
+    pub fn with_engine<T>(&self, f: impl FnOnce(Option<&Engine>) -> T) -> T {
+        f(self
+            .engine
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref())
+    }
+
+    fn publish(&self, outcome: Outcome, marker: String, errors: Vec<String>) -> Vec<PlanChange> {
         let mut st = self.lock();
+        st.synced = true;
         st.source_revision += 1;
-        st.source_marker = cluster.marker.clone();
-        st.errors = resolution.errors;
+        st.source_marker = marker;
+        st.errors = errors;
         let revision = st.source_revision;
-        let mut plans = resolution.plans;
-        // Nodes that lose their last isolated pod must get an empty plan.
-        let names: std::collections::BTreeSet<String> =
-            st.nodes.keys().chain(plans.keys()).cloned().collect();
-        for name in &names {
-            let plan = plans.remove(name).unwrap_or_default();
-            let first = self.first_version;
+        let first = self.first_version;
+        let mut published = Vec::new();
+        // Only nodes whose plan changed are touched: the others' subscribers
+        // are not even woken.
+        for (name, plan) in outcome.changed {
             let entry = st.nodes.entry(name.clone()).or_insert_with(|| NodeEntry {
                 plan: watch::channel(Arc::new(VersionedPlan {
                     version: first,
@@ -163,25 +223,30 @@ impl Hub {
                 reported: None,
                 subscribers: 0,
             });
-            entry.plan.send_modify(|current| {
-                let version = if current.plan == plan {
-                    current.version
-                } else {
-                    current.version + 1
-                };
-                *current = Arc::new(VersionedPlan {
-                    version,
-                    source_revision: revision,
-                    plan,
-                });
+            let before = entry.plan.borrow().clone();
+            if before.plan.same_as(&plan) {
+                continue;
+            }
+            let after = Arc::new(VersionedPlan {
+                version: before.version + 1,
+                source_revision: revision,
+                plan,
+            });
+            entry.plan.send_replace(after.clone());
+            published.push(PlanChange {
+                node: name,
+                before,
+                after,
             });
         }
+        published
     }
 
     /// Subscribes to a node's plan; the receiver's current value is the
-    /// snapshot to send first.
-    pub fn subscribe(&self, node: &str) -> Subscription {
+    /// snapshot to send first. Refused until the source has synced.
+    pub fn subscribe(&self, node: &str) -> Result<Subscription, NotSynced> {
         let mut st = self.lock();
+        st.check_synced()?;
         let revision = st.source_revision;
         let first = self.first_version;
         let entry = st
@@ -191,18 +256,37 @@ impl Hub {
                 plan: watch::channel(Arc::new(VersionedPlan {
                     version: first,
                     source_revision: revision,
-                    plan: NodePlan::default(),
+                    plan: Arc::default(),
                 }))
                 .0,
                 reported: None,
                 subscribers: 0,
             });
         entry.subscribers += 1;
-        Subscription {
+        Ok(Subscription {
             rx: entry.plan.subscribe(),
             hub: self.clone(),
             node: node.to_string(),
-        }
+        })
+    }
+
+    /// One pod's entry in its node's current plan, and that plan's version.
+    /// Refused until the source has synced: "unknown" from an unsynced
+    /// controller means nothing.
+    pub fn pod_plan(&self, node: &str, pod: &PodKey) -> Result<PodLookup, NotSynced> {
+        let st = self.lock();
+        st.check_synced()?;
+        let Some(entry) = st.nodes.get(node) else {
+            return Ok(PodLookup {
+                pod: None,
+                plan_version: self.first_version,
+            });
+        };
+        let plan = entry.plan.borrow();
+        Ok(PodLookup {
+            pod: plan.plan.pods.get(pod).map(|p| (**p).clone()),
+            plan_version: plan.version,
+        })
     }
 
     pub fn report(&self, state: NodeState) {
@@ -220,7 +304,7 @@ impl Hub {
                     plan: watch::channel(Arc::new(VersionedPlan {
                         version: self.first_version,
                         source_revision: revision,
-                        plan: NodePlan::default(),
+                        plan: Arc::default(),
                     }))
                     .0,
                     reported: Some(state),
@@ -244,6 +328,7 @@ impl Hub {
     pub fn view(&self) -> HubView {
         let st = self.lock();
         HubView {
+            source_synced: st.synced,
             source_revision: st.source_revision,
             source_marker: st.source_marker.clone(),
             errors: st
@@ -264,6 +349,32 @@ impl Hub {
                 .collect(),
         }
     }
+}
+
+impl HubState {
+    fn check_synced(&self) -> Result<(), NotSynced> {
+        if self.synced {
+            return Ok(());
+        }
+        let reason = if self.source_errors.is_empty() {
+            "no complete view of the cluster has been read yet".to_string()
+        } else {
+            self.source_errors.join("; ")
+        };
+        Err(NotSynced(reason))
+    }
+}
+
+/// The source has not produced a complete view yet; holds why.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("the controller has not synced its source yet: {0}")]
+pub struct NotSynced(pub String);
+
+/// A pod's entry in its node's plan (None: not known on that node).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodLookup {
+    pub pod: Option<PodPolicy>,
+    pub plan_version: u64,
 }
 
 /// A node's live subscription; dropping it marks the node disconnected.
@@ -308,19 +419,61 @@ mod tests {
     }
 
     #[test]
+    fn unsynced_hub_refuses_plans_and_says_why() {
+        let hub = Hub::new(1);
+        hub.set_source_errors(vec!["bad.yaml: document 1: nope".into()]);
+        let err = hub.subscribe("n1").err().expect("refused before sync");
+        assert_eq!(
+            err.to_string(),
+            "the controller has not synced its source yet: bad.yaml: document 1: nope"
+        );
+        let key = ("x".to_string(), "a".to_string());
+        assert!(hub.pod_plan("n1", &key).is_err());
+        assert!(!hub.view().source_synced);
+
+        hub.update(&cluster(false, "1"));
+        let sub = hub.subscribe("n1").expect("synced");
+        assert!(sub.rx.borrow().snapshot().source_synced);
+        assert!(hub.view().source_synced);
+        let found = hub.pod_plan("n1", &key).unwrap();
+        assert_eq!(found.plan_version, sub.rx.borrow().version);
+        assert_eq!(found.pod.unwrap().policies, Vec::<String>::new());
+        assert_eq!(hub.pod_plan("n2", &key).unwrap().pod, None);
+    }
+
+    #[test]
+    fn an_empty_cluster_syncs_too() {
+        let hub = Hub::new(1);
+        assert!(hub.subscribe("n1").is_err());
+        hub.update(&ClusterState::default());
+        let sub = hub.subscribe("n1").expect("an empty view is still a view");
+        assert!(sub.rx.borrow().plan.pods.is_empty());
+    }
+
+    #[test]
     fn versions_advance_only_when_a_nodes_plan_changes() {
         let hub = Hub::new(100);
-        let sub = hub.subscribe("n1");
-        assert_eq!(sub.rx.borrow().version, 100);
         hub.update(&cluster(false, "1"));
-        assert_eq!(sub.rx.borrow().version, 100, "still empty");
-        assert_eq!(sub.rx.borrow().source_revision, 1);
-        hub.update(&cluster(true, "2"));
+        let mut sub = hub.subscribe("n1").unwrap();
         let v = sub.rx.borrow().clone();
-        assert_eq!((v.version, v.source_revision), (101, 2));
+        assert_eq!((v.version, v.source_revision), (101, 1));
+        let open = &v.plan.pods[&("x".to_string(), "a".to_string())];
+        assert_eq!(
+            (&open.ingress, &open.egress),
+            (&None, &None),
+            "listed, not isolated"
+        );
+        hub.update(&cluster(true, "2"));
+        let v = sub.rx.borrow_and_update().clone();
+        assert_eq!((v.version, v.source_revision), (102, 2));
         assert_eq!(v.plan.pods.len(), 1);
+        assert!(v.plan.pods.values().all(|p| p.ingress.is_some()));
         hub.update(&cluster(true, "3"));
-        assert_eq!(sub.rx.borrow().version, 101);
+        assert_eq!(sub.rx.borrow().version, 102);
+        assert!(
+            !sub.rx.has_changed().unwrap(),
+            "an unchanged plan wakes no one"
+        );
         let view = hub.view();
         assert_eq!(view.source_marker, "3");
         assert_eq!(view.nodes[0].subscribers, 1);
@@ -331,7 +484,8 @@ mod tests {
     #[tokio::test]
     async fn close_ends_subscriptions() {
         let hub = Hub::new(1);
-        let mut sub = hub.subscribe("n1");
+        hub.update(&ClusterState::default());
+        let mut sub = hub.subscribe("n1").unwrap();
         hub.close();
         assert!(sub.rx.changed().await.is_err());
     }
@@ -339,22 +493,33 @@ mod tests {
     #[test]
     fn delta_applied_to_old_plan_gives_new_plan() {
         let hub = Hub::new(1);
-        let sub = hub.subscribe("n1");
+        hub.update(&ClusterState::default());
+        let sub = hub.subscribe("n1").unwrap();
         let empty = sub.rx.borrow().clone();
         hub.update(&cluster(true, "1"));
         let full = sub.rx.borrow().clone();
         let d = delta(&empty, &full).expect("plans differ");
         assert_eq!((d.base_version, d.version), (1, 2));
-        let mut plan = empty.plan.clone();
+        let mut plan = (*empty.plan).clone();
         apply_delta(&mut plan, &d);
-        assert_eq!(plan, full.plan);
+        assert_eq!(plan, *full.plan);
         hub.update(&cluster(false, "2"));
-        let back = sub.rx.borrow().clone();
-        let d = delta(&full, &back).unwrap();
+        let open = sub.rx.borrow().clone();
+        let d = delta(&full, &open).unwrap();
+        assert_eq!(
+            (d.upserted.len(), d.removed.len()),
+            (1, 0),
+            "un-isolated, still listed"
+        );
+        apply_delta(&mut plan, &d);
+        assert_eq!(plan, *open.plan);
+        hub.update(&ClusterState::default());
+        let gone = sub.rx.borrow().clone();
+        let d = delta(&open, &gone).unwrap();
         assert_eq!(d.removed.len(), 1);
         apply_delta(&mut plan, &d);
-        assert_eq!(plan, back.plan);
-        assert!(delta(&back, &back).is_none());
+        assert_eq!(plan, *gone.plan);
+        assert!(delta(&gone, &gone).is_none());
     }
 
     #[test]

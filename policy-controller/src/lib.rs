@@ -2,6 +2,8 @@
 //! plan per node, streams each node its plan and keeps what each node reports.
 
 pub mod cluster;
+pub mod engine;
+pub mod feed;
 pub mod hub;
 pub mod model;
 pub mod resolve;

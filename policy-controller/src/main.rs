@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use palisade_proto::transport::{serve, shutdown_signal, Address};
-use policy_controller::{cluster::ClusterState, hub::Hub, server, source};
+use policy_controller::{cluster::ClusterState, feed, hub::Hub, server, source};
 use tokio::sync::watch;
 
 #[derive(Parser, Debug)]
@@ -41,8 +41,8 @@ async fn run(args: Args) -> Result<(), String> {
         .map(|d| d.as_micros() as u64)
         .unwrap_or(1);
     let hub = Hub::new(start_micros);
-    let (tx, mut rx) = watch::channel::<Option<ClusterState>>(None);
-    let (err_tx, mut err_rx) = watch::channel::<Vec<String>>(Vec::new());
+    let (tx, rx) = watch::channel::<Option<ClusterState>>(None);
+    let (err_tx, err_rx) = watch::channel::<Vec<String>>(Vec::new());
 
     let source_task = match args.manifests.clone() {
         Some(dir) => {
@@ -53,30 +53,11 @@ async fn run(args: Args) -> Result<(), String> {
             let client = kube::Client::try_default()
                 .await
                 .map_err(|e| format!("cannot reach the Kubernetes API: {e}"))?;
-            tokio::spawn(async move { source::kube::run(client, tx).await })
+            tokio::spawn(async move { source::kube::run(client, tx, err_tx).await })
         }
     };
 
-    let hub_for_source = hub.clone();
-    tokio::spawn(async move {
-        while rx.changed().await.is_ok() {
-            let state = rx.borrow_and_update().clone();
-            if let Some(state) = state {
-                hub_for_source.update(&state);
-            }
-        }
-    });
-
-    let hub_for_errors = hub.clone();
-    tokio::spawn(async move {
-        while err_rx.changed().await.is_ok() {
-            let errors = err_rx.borrow_and_update().clone();
-            for e in &errors {
-                tracing::error!("{e}");
-            }
-            hub_for_errors.set_source_errors(errors);
-        }
-    });
+    tokio::spawn(feed::run(hub.clone(), rx, err_rx));
 
     let router = server::router(hub.clone()).await?;
     tracing::info!(listen = %args.listen, "serving");

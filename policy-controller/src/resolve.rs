@@ -3,16 +3,21 @@
 //! isolated in a direction once any policy selects it for that direction, and
 //! the rules of every such policy are unioned.
 //!
-//! A node's plan names only the pods that live on it and are isolated in some
-//! direction; peers appear as addresses, so a node learns nothing else about
-//! the cluster.
+//! A node's plan names every pod that lives on it, isolated or not (a pod
+//! missing from a plan is one the controller does not know, which an enforcer
+//! must not read as "not isolated"); peers appear as addresses, so a node
+//! learns nothing else about the cluster. Host-network pods are left out:
+//! they share the node's interfaces, so there is nothing per pod to enforce.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use k8s_openapi::api::networking::v1::{NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use palisade_proto::v1::{
@@ -27,7 +32,21 @@ pub type PodKey = (String, String);
 /// Everything one node must enforce.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodePlan {
-    pub pods: BTreeMap<PodKey, PodPolicy>,
+    /// Shared, so that copying a node's plan to change one pod copies
+    /// pointers, not rules.
+    pub pods: BTreeMap<PodKey, Arc<PodPolicy>>,
+}
+
+impl NodePlan {
+    /// Equality that skips entries both plans share.
+    pub fn same_as(&self, other: &NodePlan) -> bool {
+        self.pods.len() == other.pods.len()
+            && self
+                .pods
+                .iter()
+                .zip(other.pods.iter())
+                .all(|((ka, va), (kb, vb))| ka == kb && (Arc::ptr_eq(va, vb) || va == vb))
+    }
 }
 
 /// The plans of every node, and the problems found in the input. A problem
@@ -46,12 +65,15 @@ pub fn resolve(state: &ClusterState) -> BTreeMap<String, NodePlan> {
     resolve_with_errors(state).plans
 }
 
+/// The full computation, by scanning: every selector is evaluated against
+/// every pod. Deliberately simple, it is the oracle the incremental engine
+/// (`crate::engine`) is checked against.
 pub fn resolve_with_errors(state: &ClusterState) -> Resolution {
-    let index = Index::new(state);
+    let mut index = Scan::new(state);
     let mut errors = Vec::new();
     let mut plans: BTreeMap<String, NodePlan> = BTreeMap::new();
-
-    for target in &index.pods {
+    let targets = index.pods.clone();
+    for target in &targets {
         let Some(node) = target.node.as_ref() else {
             continue;
         };
@@ -59,88 +81,102 @@ pub fn resolve_with_errors(state: &ClusterState) -> Resolution {
             // Host-network pods share the node's interfaces: no veth to guard.
             continue;
         }
-        let mut ingress: Option<DirectionPolicy> = None;
-        let mut egress: Option<DirectionPolicy> = None;
-        let mut names = Vec::new();
-        for policy in &state.policies {
-            let Some(spec) = policy.spec.as_ref() else {
-                continue;
-            };
-            let policy_ns = namespace_of(&policy.metadata);
-            if policy_ns != target.namespace {
-                continue;
-            }
-            let policy_name = format!(
-                "{}/{}",
-                policy_ns,
-                policy.metadata.name.as_deref().unwrap_or_default()
-            );
-            match selector_matches(
-                &spec.pod_selector.clone().unwrap_or_default(),
-                &target.labels,
-            ) {
-                Ok(true) => {}
-                Ok(false) => continue,
-                Err(e) => {
-                    errors.push(format!(
-                        "NetworkPolicy {policy_name}: spec.podSelector: {e}"
-                    ));
-                    continue;
-                }
-            }
-            let (applies_ingress, applies_egress) = policy_types(spec);
-            names.push(policy_name.clone());
-            let mut ctx = RuleContext {
-                index: &index,
-                policy_ns: &policy_ns,
-                policy_name: &policy_name,
-                errors: &mut errors,
-            };
-            if applies_ingress {
-                let dir = ingress.get_or_insert_with(DirectionPolicy::default);
-                for (i, r) in spec.ingress.iter().flatten().enumerate() {
-                    let field = format!("spec.ingress[{i}]");
-                    dir.rules.extend(ctx.ingress_rule(
-                        &field,
-                        r.from.as_deref(),
-                        r.ports.as_deref(),
-                        target,
-                    ));
-                }
-            }
-            if applies_egress {
-                let dir = egress.get_or_insert_with(DirectionPolicy::default);
-                for (i, r) in spec.egress.iter().flatten().enumerate() {
-                    let field = format!("spec.egress[{i}]");
-                    dir.rules
-                        .extend(ctx.egress_rule(&field, r.to.as_deref(), r.ports.as_deref()));
-                }
-            }
-        }
-        if ingress.is_none() && egress.is_none() {
-            continue;
-        }
-        names.sort();
-        let pod = PodPolicy {
-            pod: Some(PodRef {
-                namespace: target.namespace.clone(),
-                name: target.name.clone(),
-            }),
-            pod_ips: target.ips.iter().map(|ip| host_prefix(*ip)).collect(),
-            ingress,
-            egress,
-            policies: names,
-        };
-        plans
-            .entry(node.clone())
-            .or_default()
-            .pods
-            .insert((target.namespace.clone(), target.name.clone()), pod);
+        let policies = state
+            .policies
+            .iter()
+            .filter(|p| namespace_of(&p.metadata) == target.namespace);
+        let pod = resolve_target(target, policies, &mut index, &mut errors);
+        plans.entry(node.clone()).or_default().pods.insert(
+            (target.namespace.clone(), target.name.clone()),
+            Arc::new(pod),
+        );
     }
     errors.sort();
     errors.dedup();
     Resolution { plans, errors }
 }
+
+/// The policy of one pod, from the policies of its namespace (in any order
+/// that is the same every time: their names are sorted in the output).
+/// Problems found are appended to `errors`.
+pub(crate) fn resolve_target<'p>(
+    target: &PodInfo,
+    policies: impl IntoIterator<Item = &'p NetworkPolicy>,
+    selection: &mut dyn PeerSelection,
+    errors: &mut Vec<String>,
+) -> PodPolicy {
+    let mut ingress: Option<DirectionPolicy> = None;
+    let mut egress: Option<DirectionPolicy> = None;
+    let mut names = Vec::new();
+    for policy in policies {
+        let Some(spec) = policy.spec.as_ref() else {
+            continue;
+        };
+        let policy_ns = namespace_of(&policy.metadata);
+        let policy_name = format!(
+            "{}/{}",
+            policy_ns,
+            policy.metadata.name.as_deref().unwrap_or_default()
+        );
+        match selector_matches(
+            spec.pod_selector.as_ref().unwrap_or(&EMPTY_SELECTOR),
+            &target.labels,
+        ) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                errors.push(format!(
+                    "NetworkPolicy {policy_name}: spec.podSelector: {e}"
+                ));
+                continue;
+            }
+        }
+        let (applies_ingress, applies_egress) = policy_types(spec);
+        names.push(policy_name.clone());
+        let mut ctx = RuleContext {
+            selection: &mut *selection,
+            policy_ns: &policy_ns,
+            policy_name: &policy_name,
+            errors: &mut *errors,
+        };
+        if applies_ingress {
+            let dir = ingress.get_or_insert_with(DirectionPolicy::default);
+            for (i, r) in spec.ingress.iter().flatten().enumerate() {
+                let field = format!("spec.ingress[{i}]");
+                dir.rules.extend(ctx.ingress_rule(
+                    &field,
+                    r.from.as_deref(),
+                    r.ports.as_deref(),
+                    target,
+                ));
+            }
+        }
+        if applies_egress {
+            let dir = egress.get_or_insert_with(DirectionPolicy::default);
+            for (i, r) in spec.egress.iter().flatten().enumerate() {
+                let field = format!("spec.egress[{i}]");
+                dir.rules
+                    .extend(ctx.egress_rule(&field, r.to.as_deref(), r.ports.as_deref()));
+            }
+        }
+    }
+    names.sort();
+    PodPolicy {
+        pod: Some(PodRef {
+            namespace: target.namespace.clone(),
+            name: target.name.clone(),
+        }),
+        pod_ips: target.ips.iter().map(|ip| host_prefix(*ip)).collect(),
+        ingress,
+        egress,
+        policies: names,
+    }
+}
+
+static EMPTY_SELECTOR: LabelSelector = LabelSelector {
+    match_expressions: None,
+    match_labels: None,
+};
 
 /// policyTypes as upstream defaults them: Ingress always, Egress when the
 /// policy has egress rules.
@@ -155,46 +191,139 @@ fn policy_types(spec: &NetworkPolicySpec) -> (bool, bool) {
 }
 
 /// A pod as resolution needs it.
-struct PodInfo {
-    namespace: String,
-    name: String,
-    labels: BTreeMap<String, String>,
-    node: Option<String>,
-    host_network: bool,
-    ips: Vec<IpAddr>,
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct PodInfo {
+    pub namespace: String,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub node: Option<String>,
+    pub host_network: bool,
+    pub ips: Vec<IpAddr>,
     /// Named container ports: name -> (protocol, number).
-    named_ports: BTreeMap<String, Vec<(Protocol, u16)>>,
+    pub named_ports: BTreeMap<String, Vec<(Protocol, u16)>>,
 }
 
-struct Index {
-    pods: Vec<PodInfo>,
+impl PodInfo {
+    pub fn key(&self) -> PodKey {
+        (self.namespace.clone(), self.name.clone())
+    }
+}
+
+/// The pods a selector peer selects, and their addresses as peer blocks,
+/// computed once and shared by every rule that uses the same selector.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Selected {
+    /// Sorted by namespace and name; host-network pods are never peers.
+    pub pods: Vec<Arc<PodInfo>>,
+    pub blocks: Vec<PeerBlock>,
+}
+
+impl Selected {
+    pub fn new(pods: Vec<Arc<PodInfo>>) -> Self {
+        let blocks = pods
+            .iter()
+            .flat_map(|p| p.ips.iter().map(|ip| block(host_prefix(*ip), vec![])))
+            .collect();
+        Selected { pods, blocks }
+    }
+}
+
+/// How rules find the pods their peers name: by scanning (the oracle) or
+/// through the engine's indexes and caches.
+pub(crate) trait PeerSelection {
+    /// The pods a peer with a podSelector and/or namespaceSelector selects.
+    fn select(
+        &mut self,
+        policy_ns: &str,
+        peer: &NetworkPolicyPeer,
+    ) -> Result<Arc<Selected>, String>;
+    /// Every pod (not host-network) with a container port named `name`,
+    /// sorted by namespace and name.
+    fn with_port_name(&mut self, name: &str) -> Vec<Arc<PodInfo>>;
+}
+
+/// Selection by scanning every pod.
+struct Scan {
+    pods: Vec<Arc<PodInfo>>,
     namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
 }
 
-impl Index {
+impl Scan {
     fn new(state: &ClusterState) -> Self {
         let mut namespace_labels = BTreeMap::new();
         for ns in &state.namespaces {
             namespace_labels.insert(ns.metadata.name.clone().unwrap_or_default(), ns_labels(ns));
         }
-        let pods = state.pods.iter().filter_map(pod_info).collect::<Vec<_>>();
+        let pods = state
+            .pods
+            .iter()
+            .filter_map(pod_info)
+            .map(Arc::new)
+            .collect::<Vec<_>>();
         for pod in &pods {
             // A pod's namespace may have no object yet (or in a manifest);
             // it still has the name label the API server would give it.
             namespace_labels
                 .entry(pod.namespace.clone())
-                .or_insert_with(|| {
-                    BTreeMap::from([(NAMESPACE_NAME_LABEL.into(), pod.namespace.clone())])
-                });
+                .or_insert_with(|| default_ns_labels(&pod.namespace));
         }
-        Index {
+        Scan {
             pods,
             namespace_labels,
         }
     }
 }
 
-fn ns_labels(ns: &Namespace) -> BTreeMap<String, String> {
+impl PeerSelection for Scan {
+    fn select(
+        &mut self,
+        policy_ns: &str,
+        peer: &NetworkPolicyPeer,
+    ) -> Result<Arc<Selected>, String> {
+        let mut out = Vec::new();
+        for pod in &self.pods {
+            let ns_ok = match &peer.namespace_selector {
+                // Without a namespaceSelector, peers come from the policy's namespace.
+                None => pod.namespace == policy_ns,
+                Some(sel) => {
+                    let labels = self
+                        .namespace_labels
+                        .get(&pod.namespace)
+                        .cloned()
+                        .unwrap_or_default();
+                    selector_matches(sel, &labels).map_err(|e| format!("namespaceSelector: {e}"))?
+                }
+            };
+            if !ns_ok {
+                continue;
+            }
+            let pod_ok = match &peer.pod_selector {
+                None => true,
+                Some(sel) => {
+                    selector_matches(sel, &pod.labels).map_err(|e| format!("podSelector: {e}"))?
+                }
+            };
+            if pod_ok && !pod.host_network {
+                out.push(pod.clone());
+            }
+        }
+        Ok(Arc::new(Selected::new(out)))
+    }
+
+    fn with_port_name(&mut self, name: &str) -> Vec<Arc<PodInfo>> {
+        self.pods
+            .iter()
+            .filter(|p| !p.host_network && p.named_ports.contains_key(name))
+            .cloned()
+            .collect()
+    }
+}
+
+pub(crate) fn default_ns_labels(ns: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([(NAMESPACE_NAME_LABEL.into(), ns.to_string())])
+}
+
+pub(crate) fn ns_labels(ns: &Namespace) -> BTreeMap<String, String> {
     let mut labels = ns.metadata.labels.clone().unwrap_or_default();
     labels
         .entry(NAMESPACE_NAME_LABEL.into())
@@ -202,11 +331,14 @@ fn ns_labels(ns: &Namespace) -> BTreeMap<String, String> {
     labels
 }
 
-fn namespace_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+pub(crate) fn namespace_of(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> String {
     meta.namespace.clone().unwrap_or_else(|| "default".into())
 }
 
-fn pod_info(pod: &Pod) -> Option<PodInfo> {
+/// None for a pod that holds no address worth trusting (finished).
+pub(crate) fn pod_info(pod: &Pod) -> Option<PodInfo> {
     let spec = pod.spec.as_ref()?;
     let status = pod.status.as_ref();
     if matches!(
@@ -264,6 +396,22 @@ fn parse_protocol(p: Option<&str>) -> Result<Protocol, String> {
     }
 }
 
+/// Whether a selector's operators are all known (whatever labels it meets).
+pub fn validate_selector(selector: &LabelSelector) -> Result<(), String> {
+    for expr in selector.match_expressions.iter().flatten() {
+        if !matches!(
+            expr.operator.as_str(),
+            "In" | "NotIn" | "Exists" | "DoesNotExist"
+        ) {
+            return Err(format!(
+                "matchExpressions key {:?}: unknown operator {:?}",
+                expr.key, expr.operator
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Matches a label selector. An empty selector matches everything.
 pub fn selector_matches(
     selector: &LabelSelector,
@@ -297,7 +445,7 @@ pub fn selector_matches(
 }
 
 struct RuleContext<'a> {
-    index: &'a Index,
+    selection: &'a mut dyn PeerSelection,
     policy_ns: &'a str,
     policy_name: &'a str,
     errors: &'a mut Vec<String>,
@@ -310,12 +458,12 @@ enum PortSpec {
 }
 
 /// A peer of a rule: an address block, or pods (which named ports need).
-enum PeerSpec<'a> {
+enum PeerSpec {
     Block(PeerBlock),
-    Pod(&'a PodInfo),
+    Pods(Arc<Selected>),
 }
 
-impl<'a> RuleContext<'a> {
+impl RuleContext<'_> {
     fn error(&mut self, field: &str, msg: impl std::fmt::Display) {
         self.errors.push(format!(
             "NetworkPolicy {}: {field}: {msg}",
@@ -347,7 +495,7 @@ impl<'a> RuleContext<'a> {
             return vec![];
         }
         let peers = self.peers(field, "from", from);
-        let blocks: Vec<PeerBlock> = peers.into_iter().flat_map(peer_blocks).collect();
+        let blocks = peer_blocks(&peers);
         if blocks.is_empty() {
             return vec![];
         }
@@ -376,7 +524,7 @@ impl<'a> RuleContext<'a> {
             .collect();
         let mut rules = Vec::new();
         if port_specs.is_empty() || !numbered.is_empty() {
-            let blocks: Vec<PeerBlock> = peers.iter().flat_map(|p| peer_blocks_ref(p)).collect();
+            let blocks = peer_blocks(&peers);
             if !blocks.is_empty() {
                 rules.push(Rule {
                     peers: blocks,
@@ -390,11 +538,18 @@ impl<'a> RuleContext<'a> {
         if !port_specs.iter().any(|p| matches!(p, PortSpec::Named(..))) {
             return rules;
         }
-        for (pod, ips) in self.pods_covered(&peers) {
+        let names: BTreeSet<&str> = port_specs
+            .iter()
+            .filter_map(|p| match p {
+                PortSpec::Named(_, name) => Some(name.as_str()),
+                PortSpec::Numbered(_) => None,
+            })
+            .collect();
+        for (pod, ips) in self.pods_covered(&peers, &names) {
             let ports: Vec<PortRange> = port_specs
                 .iter()
                 .filter_map(|p| match p {
-                    PortSpec::Named(proto, name) => Some(named(pod, *proto, name)),
+                    PortSpec::Named(proto, name) => Some(named(&pod, *proto, name)),
                     PortSpec::Numbered(_) => None,
                 })
                 .flatten()
@@ -412,22 +567,56 @@ impl<'a> RuleContext<'a> {
         rules
     }
 
-    /// Pods (and which of their addresses) the peers of a rule cover.
-    fn pods_covered(&self, peers: &[PeerSpec<'a>]) -> Vec<(&'a PodInfo, Vec<IpAddr>)> {
-        let mut out: Vec<(&'a PodInfo, Vec<IpAddr>)> = Vec::new();
-        for pod in &self.index.pods {
-            if pod.host_network {
-                continue;
+    /// Pods with one of the port `names` (and which of their addresses)
+    /// the peers of a rule cover; pods without such a port could not add a
+    /// rule, so only those are looked at.
+    fn pods_covered(
+        &mut self,
+        peers: &[PeerSpec],
+        names: &BTreeSet<&str>,
+    ) -> Vec<(Arc<PodInfo>, Vec<IpAddr>)> {
+        let mut candidates: BTreeMap<PodKey, Arc<PodInfo>> = BTreeMap::new();
+        if peers.iter().any(|p| matches!(p, PeerSpec::Block(_))) {
+            // An address block may cover any pod with such a port.
+            for name in names {
+                for pod in self.selection.with_port_name(name) {
+                    candidates.insert(pod.key(), pod);
+                }
             }
+        } else {
+            // Only selected pods are covered: look at those alone.
+            let selected = peers.iter().filter_map(|p| match p {
+                PeerSpec::Pods(s) => Some(s),
+                PeerSpec::Block(_) => None,
+            });
+            for pod in selected.flat_map(|s| s.pods.iter()) {
+                if names.iter().any(|n| pod.named_ports.contains_key(*n)) {
+                    candidates.insert(pod.key(), pod.clone());
+                }
+            }
+        }
+        let selected: BTreeSet<(&str, &str)> = peers
+            .iter()
+            .filter_map(|p| match p {
+                PeerSpec::Pods(s) => Some(s),
+                PeerSpec::Block(_) => None,
+            })
+            .flat_map(|s| s.pods.iter())
+            .map(|p| (p.namespace.as_str(), p.name.as_str()))
+            .collect();
+        let mut out = Vec::new();
+        for pod in candidates.into_values() {
+            let in_selection = selected.contains(&(pod.namespace.as_str(), pod.name.as_str()));
             let ips: Vec<IpAddr> = pod
                 .ips
                 .iter()
                 .copied()
                 .filter(|ip| {
-                    peers.iter().any(|peer| match peer {
-                        PeerSpec::Pod(p) => std::ptr::eq(*p, pod),
-                        PeerSpec::Block(b) => block_contains(b, *ip),
-                    })
+                    in_selection
+                        || peers.iter().any(|peer| match peer {
+                            PeerSpec::Pods(_) => false,
+                            PeerSpec::Block(b) => block_contains(b, *ip),
+                        })
                 })
                 .collect();
             if !ips.is_empty() {
@@ -504,7 +693,7 @@ impl<'a> RuleContext<'a> {
         field: &str,
         key: &str,
         peers: Option<&[NetworkPolicyPeer]>,
-    ) -> Vec<PeerSpec<'a>> {
+    ) -> Vec<PeerSpec> {
         let peers = peers.unwrap_or_default();
         if peers.is_empty() {
             // No peers listed: every address, in both families.
@@ -533,44 +722,22 @@ impl<'a> RuleContext<'a> {
                 );
                 continue;
             }
-            match self.selected_pods(peer) {
-                Ok(pods) => out.extend(pods.into_iter().map(PeerSpec::Pod)),
+            // Checked here, whatever pods exist, so that an invalid selector
+            // is reported the same way by every selection strategy.
+            if let Some(Err(e)) = peer.namespace_selector.as_ref().map(validate_selector) {
+                self.error(&f, format!("namespaceSelector: {e}"));
+                continue;
+            }
+            if let Some(Err(e)) = peer.pod_selector.as_ref().map(validate_selector) {
+                self.error(&f, format!("podSelector: {e}"));
+                continue;
+            }
+            match self.selection.select(self.policy_ns, peer) {
+                Ok(selected) => out.push(PeerSpec::Pods(selected)),
                 Err(e) => self.error(&f, e),
             }
         }
         out
-    }
-
-    fn selected_pods(&self, peer: &NetworkPolicyPeer) -> Result<Vec<&'a PodInfo>, String> {
-        let mut out = Vec::new();
-        for pod in &self.index.pods {
-            let ns_ok = match &peer.namespace_selector {
-                // Without a namespaceSelector, peers come from the policy's namespace.
-                None => pod.namespace == self.policy_ns,
-                Some(sel) => {
-                    let labels = self
-                        .index
-                        .namespace_labels
-                        .get(&pod.namespace)
-                        .cloned()
-                        .unwrap_or_default();
-                    selector_matches(sel, &labels).map_err(|e| format!("namespaceSelector: {e}"))?
-                }
-            };
-            if !ns_ok {
-                continue;
-            }
-            let pod_ok = match &peer.pod_selector {
-                None => true,
-                Some(sel) => {
-                    selector_matches(sel, &pod.labels).map_err(|e| format!("podSelector: {e}"))?
-                }
-            };
-            if pod_ok && !pod.host_network {
-                out.push(pod);
-            }
-        }
-        Ok(out)
     }
 }
 
@@ -584,19 +751,15 @@ fn named(pod: &PodInfo, proto: Protocol, name: &str) -> Vec<PortRange> {
         .collect()
 }
 
-fn peer_blocks(peer: PeerSpec<'_>) -> Vec<PeerBlock> {
-    peer_blocks_ref(&peer)
-}
-
-fn peer_blocks_ref(peer: &PeerSpec<'_>) -> Vec<PeerBlock> {
-    match peer {
-        PeerSpec::Block(b) => vec![b.clone()],
-        PeerSpec::Pod(pod) => pod
-            .ips
-            .iter()
-            .map(|ip| block(host_prefix(*ip), vec![]))
-            .collect(),
+fn peer_blocks(peers: &[PeerSpec]) -> Vec<PeerBlock> {
+    let mut out = Vec::new();
+    for peer in peers {
+        match peer {
+            PeerSpec::Block(b) => out.push(b.clone()),
+            PeerSpec::Pods(selected) => out.extend_from_slice(&selected.blocks),
+        }
     }
+    out
 }
 
 fn block_contains(b: &PeerBlock, ip: IpAddr) -> bool {
@@ -623,7 +786,7 @@ fn range(proto: Protocol, port: u32, end_port: u32) -> PortRange {
     }
 }
 
-fn block(cidr: IpPrefix, except: Vec<IpPrefix>) -> PeerBlock {
+pub(crate) fn block(cidr: IpPrefix, except: Vec<IpPrefix>) -> PeerBlock {
     PeerBlock {
         cidr: Some(cidr),
         except,

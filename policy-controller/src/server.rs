@@ -34,8 +34,13 @@ impl PlanService for PlanServer {
         if req.node_name.is_empty() {
             return Err(Status::invalid_argument("node_name is required"));
         }
+        // Refusing (rather than holding the stream open) tells the enforcer
+        // why at once; it keeps what it enforces and retries.
+        let mut sub = self
+            .hub
+            .subscribe(&req.node_name)
+            .map_err(|e| Status::unavailable(e.to_string()))?;
         tracing::info!(node = %req.node_name, enforcer = %req.enforcer_id, "enforcer subscribed");
-        let mut sub = self.hub.subscribe(&req.node_name);
         let node = req.node_name.clone();
         let stream = async_stream(move |tx| async move {
             let mut sent = sub.rx.borrow_and_update().clone();
@@ -64,9 +69,25 @@ impl PlanService for PlanServer {
 
     async fn get_pod_plan(
         &self,
-        _request: Request<GetPodPlanRequest>,
+        request: Request<GetPodPlanRequest>,
     ) -> Result<Response<GetPodPlanResponse>, Status> {
-        Err(Status::unimplemented("GetPodPlan: not yet"))
+        let req = request.into_inner();
+        if req.node_name.is_empty() {
+            return Err(Status::invalid_argument("node_name is required"));
+        }
+        let pod = req
+            .pod
+            .filter(|p| !p.name.is_empty() && !p.namespace.is_empty())
+            .ok_or_else(|| Status::invalid_argument("pod.namespace and pod.name are required"))?;
+        let found = self
+            .hub
+            .pod_plan(&req.node_name, &(pod.namespace, pod.name))
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(Response::new(GetPodPlanResponse {
+            known: found.pod.is_some(),
+            pod: found.pod,
+            plan_version: found.plan_version,
+        }))
     }
 
     async fn report_state(
@@ -109,6 +130,7 @@ impl DebugService for DebugServer {
     ) -> Result<Response<GetControllerStateResponse>, Status> {
         let view = self.hub.view();
         Ok(Response::new(GetControllerStateResponse {
+            source_synced: view.source_synced,
             source_revision: view.source_revision,
             source_marker: view.source_marker,
             errors: view.errors,
@@ -118,7 +140,9 @@ impl DebugService for DebugServer {
                 .map(|n| NodeView {
                     node_name: n.node_name,
                     plan_version: n.plan.version,
-                    plan_source_revision: n.plan.source_revision,
+                    // Every plan is current as of the hub's revision: a
+                    // revision that did not change a plan left it as it was.
+                    plan_source_revision: view.source_revision,
                     connected: n.subscribers > 0,
                     reported: n.reported,
                     plan: Some(n.plan.snapshot()),

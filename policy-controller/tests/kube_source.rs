@@ -214,7 +214,8 @@ async fn kube_source_yields_the_same_plans_as_the_manifest_source() {
     let config = kube::Config::new(double.url.parse().unwrap());
     let client = kube::Client::try_from(config).unwrap();
     let (tx, mut rx) = watch::channel(None);
-    let source = tokio::spawn(kube_source::run(client, tx));
+    let (etx, _erx) = watch::channel(Vec::new());
+    let source = tokio::spawn(kube_source::run(client, tx, etx));
 
     // (a) The initial lists.
     let from_manifest = manifest_state(dir.path(), &objects, "r1");
@@ -275,9 +276,9 @@ async fn kube_source_yields_the_same_plans_as_the_manifest_source() {
         pod_policies(&plans, "node-a", "prod", "db-1"),
         ["prod/allow-db", "prod/default-deny"]
     );
-    assert!(!plans["node-a"]
-        .pods
-        .contains_key(&("dev".into(), "client-2".into())));
+    // Relabelled out of its policy: still listed, no longer isolated.
+    let client_2 = &plans["node-a"].pods[&("dev".into(), "client-2".into())];
+    assert!(client_2.policies.is_empty() && client_2.egress.is_none());
     assert!(!plans
         .get("node-b")
         .is_some_and(|p| p.pods.contains_key(&("prod".into(), "web-2".into()))));
@@ -327,6 +328,34 @@ async fn kube_source_yields_the_same_plans_as_the_manifest_source() {
         }
     }
 
+    source.abort();
+}
+
+/// An API server that cannot be reached: no state is ever published (so the
+/// controller stays unsynced) and the watch failures are reported.
+#[tokio::test]
+async fn unreachable_api_server_publishes_nothing_and_says_why() {
+    // A port that was just free: connections are refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
+    let client = kube::Client::try_from(config).unwrap();
+    let (tx, rx) = watch::channel(None);
+    let (etx, mut erx) = watch::channel(Vec::<String>::new());
+    let source = tokio::spawn(kube_source::run(client, tx, etx));
+    let errors = tokio::time::timeout(DEADLINE, erx.wait_for(|e| !e.is_empty()))
+        .await
+        .expect("no watch error reported")
+        .unwrap()
+        .clone();
+    assert!(
+        errors.iter().all(|e| e.starts_with("watching ")),
+        "{errors:?}"
+    );
+    assert!(rx.borrow().is_none(), "published without a first list");
     source.abort();
 }
 

@@ -60,6 +60,7 @@ fn pod<'a>(r: &'a Resolution, node: &str, ns: &str, name: &str) -> Option<&'a Po
         .get(node)?
         .pods
         .get(&(ns.to_string(), name.to_string()))
+        .map(|p| &**p)
 }
 
 fn v4(s: &str) -> IpPrefix {
@@ -71,10 +72,47 @@ fn peer_cidrs(rule: &Rule) -> Vec<IpPrefix> {
 }
 
 #[test]
-fn no_policy_means_empty_plans() {
+fn no_policy_lists_every_pod_unisolated() {
     let r = resolve_with_errors(&state(PODS));
-    assert!(r.plans.is_empty());
     assert!(r.errors.is_empty());
+    let listed: Vec<(&str, &PodKey)> = r
+        .plans
+        .iter()
+        .flat_map(|(node, plan)| plan.pods.keys().map(move |k| (node.as_str(), k)))
+        .collect();
+    let key = |ns: &str, n: &str| (ns.to_string(), n.to_string());
+    assert_eq!(
+        listed,
+        [
+            ("n1", &key("x", "a")),
+            ("n1", &key("x", "b")),
+            ("n2", &key("x", "c")),
+            ("n2", &key("y", "d"))
+        ]
+    );
+    for p in r.plans.values().flat_map(|p| p.pods.values()) {
+        assert_eq!((&p.ingress, &p.egress), (&None, &None));
+        assert!(p.policies.is_empty());
+        assert_eq!(p.pod_ips.len(), 1);
+    }
+}
+
+#[test]
+fn pods_without_an_address_or_a_node() {
+    let r = resolve_with_errors(&state(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {name: starting, namespace: x}
+spec: {nodeName: n1, containers: [{name: c}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: unscheduled, namespace: x}
+spec: {containers: [{name: c}]}"#,
+    ));
+    let starting = pod(&r, "n1", "x", "starting").expect("listed before it has an IP");
+    assert!(starting.pod_ips.is_empty());
+    assert_eq!(r.plans.values().map(|p| p.pods.len()).sum::<usize>(), 1);
 }
 
 #[test]
@@ -87,8 +125,11 @@ fn default_deny_ingress_isolates_only_selected_pods_on_their_node() {
     assert_eq!(b.egress, None, "policyTypes defaults to Ingress only");
     assert_eq!(b.policies, vec!["x/deny"]);
     assert_eq!(b.pod_ips, vec![v4("10.0.0.2/32")]);
-    assert!(pod(&r, "n1", "x", "a").is_none());
-    assert!(!r.plans.contains_key("n2"), "n2 has no selected pod");
+    let a = pod(&r, "n1", "x", "a").expect("unselected pods are listed too");
+    assert_eq!((&a.ingress, &a.egress), (&None, &None));
+    assert!(a.policies.is_empty());
+    let c = pod(&r, "n2", "x", "c").expect("n2's pods are listed");
+    assert_eq!((&c.ingress, &c.egress), (&None, &None));
 }
 
 #[test]

@@ -34,7 +34,7 @@ use crate::cluster::{ClusterState, Object};
 pub const DEBOUNCE: Duration = Duration::from_millis(50);
 pub const MAX_DELAY: Duration = Duration::from_millis(500);
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
     Namespaces,
     Pods,
@@ -48,13 +48,42 @@ struct Notice {
     /// Whether the store may now differ. An object of a relist is only
     /// buffered by the store until the relist completes.
     changed: bool,
+    /// The watch failed (and will be retried).
+    error: Option<String>,
+}
+
+/// The latest watch failure of each kind, cleared by that kind's next event;
+/// published so that operators (and a refused Subscribe) can say why the
+/// controller has not synced.
+#[derive(Default)]
+struct WatchErrors(std::collections::BTreeMap<Kind, String>);
+
+impl WatchErrors {
+    fn note(&mut self, notice: &Notice, tx: &watch::Sender<Vec<String>>) {
+        let changed = match &notice.error {
+            Some(e) => self.0.insert(notice.kind, e.clone()).as_ref() != Some(e),
+            None => self.0.remove(&notice.kind).is_some(),
+        };
+        if changed {
+            tx.send_replace(
+                self.0
+                    .iter()
+                    .map(|(kind, e)| format!("watching {kind:?}: {e}"))
+                    .collect(),
+            );
+        }
+    }
 }
 
 /// Watches the cluster through `client` and publishes `Some(state)` on `tx`
 /// after the initial lists and after every change. Returns only when `tx`
 /// has no receivers left or every watch stream has ended (they do not end on
-/// errors: those are logged and retried with backoff).
-pub async fn run(client: Client, tx: watch::Sender<Option<ClusterState>>) {
+/// errors: those are logged, put on `errors` and retried with backoff).
+pub async fn run(
+    client: Client,
+    tx: watch::Sender<Option<ClusterState>>,
+    errors: watch::Sender<Vec<String>>,
+) {
     let (namespaces, ns_writer) = reflector::store::<Namespace>();
     let (pods, pod_writer) = reflector::store::<Pod>();
     let (policies, np_writer) = reflector::store::<NetworkPolicy>();
@@ -64,6 +93,7 @@ pub async fn run(client: Client, tx: watch::Sender<Option<ClusterState>>) {
         reflect(Api::all(client), np_writer, Kind::NetworkPolicies),
     ]);
     let mut versions = Versions::default();
+    let mut watch_errors = WatchErrors::default();
 
     // The stores fill only while their streams are polled, so wait for
     // readiness while draining the notices.
@@ -85,7 +115,10 @@ pub async fn run(client: Client, tx: watch::Sender<Option<ClusterState>>) {
                 break;
             }
             notice = notices.next() => match notice {
-                Some(notice) => versions.note(&notice),
+                Some(notice) => {
+                    versions.note(&notice);
+                    watch_errors.note(&notice, &errors);
+                }
                 None => {
                     tracing::error!("watch streams ended before the first list");
                     return;
@@ -115,6 +148,7 @@ pub async fn run(client: Client, tx: watch::Sender<Option<ClusterState>>) {
             return;
         };
         versions.note(&first);
+        watch_errors.note(&first, &errors);
         if !first.changed {
             continue;
         }
@@ -122,7 +156,10 @@ pub async fn run(client: Client, tx: watch::Sender<Option<ClusterState>>) {
         loop {
             let quiet = (tokio::time::Instant::now() + DEBOUNCE).min(deadline);
             match tokio::time::timeout_at(quiet, notices.next()).await {
-                Ok(Some(notice)) => versions.note(&notice),
+                Ok(Some(notice)) => {
+                    versions.note(&notice);
+                    watch_errors.note(&notice, &errors);
+                }
                 Ok(None) | Err(_) => break,
             }
         }
@@ -159,18 +196,24 @@ where
                 Ok(Event::InitApply(obj)) => (Some(obj), false),
                 // The store swaps in the relisted objects here.
                 Ok(Event::InitDone) => (None, true),
-                Ok(Event::Init) => return None,
+                Ok(Event::Init) => (None, false),
                 Err(e) => {
                     // The backoff retries; a transient API error must never
                     // stop the controller or withdraw the published state.
                     tracing::warn!(?kind, error = %e, "watch failed; retrying with backoff");
-                    return None;
+                    return Some(Notice {
+                        kind,
+                        resource_version: None,
+                        changed: false,
+                        error: Some(e.to_string()),
+                    });
                 }
             };
             Some(Notice {
                 kind,
                 resource_version: object.and_then(|o| o.resource_version()),
                 changed,
+                error: None,
             })
         })
         .boxed()

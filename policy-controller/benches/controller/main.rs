@@ -1,0 +1,286 @@
+//! The controller at cluster scale: full computation and single changes, on
+//! Antrea's benchmark shape and on a mixed shape. Run through
+//! `scripts/bench-controller.sh`; by hand:
+//! `cargo bench -p policy-controller --bench controller -- antrea small`.
+//!
+//! Every measurement prints one line of `key=value` pairs so runs can be
+//! compared; the script collects them into a table.
+
+mod shapes;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use policy_controller::engine::Change;
+use policy_controller::hub::{delta, Hub, PlanChange};
+use prost::Message;
+use shapes::{Scale, Shape};
+
+/// Counts live heap bytes, so the state the controller holds can be told
+/// apart from the process's peak (which includes the input).
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(new_size, Ordering::Relaxed);
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn live() -> usize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// The process's peak resident memory (VmHWM), in MB.
+fn peak_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn mb(bytes: usize) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// Delta bytes as they would go on the wire to every node reached.
+fn wire(changes: &[PlanChange]) -> usize {
+    changes
+        .iter()
+        .filter_map(|c| delta(&c.before, &c.after))
+        .map(|d| d.encoded_len())
+        .sum()
+}
+
+fn line(scale: &str, shape: Shape, what: &str, fields: &[(&str, String)]) {
+    let shape = format!("{shape:?}").to_lowercase();
+    let rest: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    println!("scale={scale} shape={shape} what={what} {}", rest.join(" "));
+}
+
+/// Builds the change to namespace `i`.
+type MakeChange<'a> = Box<dyn Fn(usize) -> Change + 'a>;
+
+fn run(shape: Shape, scale: Scale) {
+    let mut state = shapes::cluster(shape, scale);
+    // The objects as a source would hand them over; not the hub's.
+    let input = live();
+
+    // Held state: bytes the hub (engine + plans) holds, for pods alone and
+    // with policies.
+    let policies = std::mem::take(&mut state.policies);
+    let before = live();
+    let hub = Hub::new(1);
+    hub.update(&state);
+    let pods_bytes = live() - before;
+    drop(hub);
+    state.policies = policies;
+
+    let before = live();
+    let start = Instant::now();
+    let hub = Hub::new(1);
+    let published = hub.update(&state);
+    let full_ms = start.elapsed().as_secs_f64() * 1e3;
+    let held = live() - before;
+    let mut plan_bytes: Vec<usize> = published
+        .iter()
+        .map(|c| c.after.snapshot().encoded_len())
+        .collect();
+    plan_bytes.sort();
+    let pods = state.pods.len();
+    let policies = state.policies.len();
+    line(
+        scale.name,
+        shape,
+        "full",
+        &[
+            ("ms", format!("{full_ms:.0}")),
+            ("peak_mb", format!("{:.0}", peak_mb())),
+            ("nodes_reached", published.len().to_string()),
+            ("delta_bytes", plan_bytes.iter().sum::<usize>().to_string()),
+            ("namespaces", state.namespaces.len().to_string()),
+            ("pods", pods.to_string()),
+            ("policies", policies.to_string()),
+            ("held_mb", format!("{:.0}", mb(held))),
+            ("input_mb", format!("{:.0}", mb(input))),
+            ("bytes_per_pod", (pods_bytes / pods.max(1)).to_string()),
+            (
+                "bytes_per_policy",
+                (held.saturating_sub(pods_bytes) / policies.max(1)).to_string(),
+            ),
+            (
+                "plan_bytes_max",
+                plan_bytes.last().copied().unwrap_or(0).to_string(),
+            ),
+            (
+                "plan_bytes_median",
+                plan_bytes[plan_bytes.len() / 2].to_string(),
+            ),
+        ],
+    );
+
+    let total_pods = pods;
+    let changes: [(&str, MakeChange); 4] = [
+        (
+            "pod_relabel",
+            Box::new(|i| {
+                Change::ApplyPod(shapes::pod(
+                    shape,
+                    i,
+                    0,
+                    i * 4,
+                    scale.nodes,
+                    shapes::default_app(shape, 2),
+                ))
+            }),
+        ),
+        (
+            "ns_relabel",
+            Box::new(|i| {
+                // To the next team (mixed) or an extra label (Antrea, whose
+                // policies select no namespaces by label).
+                let mut ns = shapes::namespace(shape, i, &shapes::team(i + 5));
+                ns.metadata
+                    .labels
+                    .get_or_insert_with(Default::default)
+                    .insert("relabelled".into(), "yes".into());
+                Change::ApplyNamespace(ns)
+            }),
+        ),
+        (
+            "policy_edit",
+            Box::new(|i| {
+                let which = if shape == Shape::Antrea { 1 } else { 0 };
+                Change::ApplyPolicy(shapes::policies(shape, i, 1).swap_remove(which))
+            }),
+        ),
+        (
+            "pod_add",
+            Box::new(|i| {
+                Change::ApplyPod(shapes::pod(
+                    shape,
+                    i,
+                    4,
+                    total_pods + i,
+                    scale.nodes,
+                    shapes::default_app(shape, 0),
+                ))
+            }),
+        ),
+    ];
+    for (what, make) in &changes {
+        let mut times = Vec::new();
+        let mut first: Option<(usize, usize)> = None;
+        // Five changes, each to another namespace; the median is reported.
+        for rep in 0..5 {
+            let i = (rep * 7919 + 17) % scale.namespaces;
+            let change = make(i);
+            let start = Instant::now();
+            let published = hub.apply(vec![change], format!("{what}-{rep}"));
+            let bytes = wire(&published);
+            times.push(start.elapsed().as_secs_f64() * 1e3);
+            first.get_or_insert((published.len(), bytes));
+        }
+        let (nodes, bytes) = first.unwrap();
+        line(
+            scale.name,
+            shape,
+            what,
+            &[
+                ("ms", format!("{:.3}", shapes::median(times))),
+                ("peak_mb", format!("{:.0}", peak_mb())),
+                ("nodes_reached", nodes.to_string()),
+                ("delta_bytes", bytes.to_string()),
+            ],
+        );
+    }
+    view_diff(&hub, &mut state, shape, scale);
+}
+
+/// The path the sources take today: a whole new view with one pod
+/// relabelled, which the hub diffs against what it holds.
+fn view_diff(
+    hub: &Hub,
+    state: &mut policy_controller::cluster::ClusterState,
+    shape: Shape,
+    scale: Scale,
+) {
+    let i = 4242 % scale.namespaces;
+    let key = (shapes::ns_name(i), "pod-1".to_string());
+    let at = state
+        .pods
+        .iter()
+        .position(|p| {
+            (
+                p.metadata.namespace.clone().unwrap_or_default(),
+                p.metadata.name.clone().unwrap_or_default(),
+            ) == key
+        })
+        .expect("the shape has pod-1 in every namespace");
+    state.pods[at] = shapes::pod(
+        shape,
+        i,
+        1,
+        i * 4 + 1,
+        scale.nodes,
+        shapes::default_app(shape, 3),
+    );
+    let start = Instant::now();
+    let published = hub.update(state);
+    let bytes = wire(&published);
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    line(
+        scale.name,
+        shape,
+        "view_diff",
+        &[
+            ("ms", format!("{ms:.1}")),
+            ("peak_mb", format!("{:.0}", peak_mb())),
+            ("nodes_reached", published.len().to_string()),
+            ("delta_bytes", bytes.to_string()),
+        ],
+    );
+}
+
+fn main() {
+    // `cargo bench` adds its own flags (`--bench`); only words count.
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let shape = match args.first().map(String::as_str) {
+        Some("antrea") | None => Shape::Antrea,
+        Some("mixed") => Shape::Mixed,
+        Some(other) => {
+            eprintln!("unknown shape {other:?}: want antrea or mixed");
+            std::process::exit(2);
+        }
+    };
+    let scale = match args.get(1).map(String::as_str) {
+        Some("small") | None => shapes::SMALL,
+        Some("medium") => shapes::MEDIUM,
+        Some("full") => shapes::FULL,
+        Some(other) => {
+            eprintln!("unknown scale {other:?}: want small, medium or full");
+            std::process::exit(2);
+        }
+    };
+    run(shape, scale);
+}

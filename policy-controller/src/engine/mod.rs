@@ -1,0 +1,398 @@
+//! The incremental engine: the cluster's objects in indexes, peer selections
+//! shared between rules, and every node's plan, kept up to date change by
+//! change. A change recomputes only the targets it can affect:
+//!
+//! - a pod added, deleted or changed: itself, and the targets whose rules
+//!   used a selection that held it or now holds it (or resolved a named
+//!   port it carries);
+//! - a namespace relabelled: the targets whose rules used a namespace
+//!   selector that now decides differently for it;
+//! - a policy added, edited or deleted: the pods of its namespace that the
+//!   old or the new version selects.
+//!
+//! Each target is computed by the same code as the full computation
+//! (`resolve::resolve_target`); only how peers are found differs. The full
+//! computation stays the oracle: the property tests check that after any
+//! sequence of changes the plans and errors here equal a full recompute.
+
+mod objects;
+mod selection;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use palisade_proto::v1::PodPolicy;
+
+use crate::cluster::ClusterState;
+use crate::resolve::{
+    namespace_of, ns_labels, pod_info, resolve_target, selector_matches, NodePlan, PodInfo, PodKey,
+    Resolution,
+};
+use objects::{Labels, Objects};
+use selection::{Selections, Selector, Used};
+
+/// One change to the cluster.
+// Changes are short-lived on the way into the engine; boxing the large Pod
+// variant would only add allocations.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum Change {
+    ApplyNamespace(Namespace),
+    DeleteNamespace(String),
+    ApplyPod(Pod),
+    DeletePod(PodKey),
+    ApplyPolicy(NetworkPolicy),
+    DeletePolicy(PodKey),
+}
+
+/// A target's result and what computing it used.
+struct Target {
+    node: String,
+    used: Used,
+    errors: Vec<String>,
+}
+
+#[derive(Default)]
+pub struct Engine {
+    objects: Objects,
+    selections: Selections,
+    targets: HashMap<PodKey, Target>,
+    plans: HashMap<String, Arc<NodePlan>>,
+    /// Every distinct problem, with how many targets found it.
+    errors: BTreeMap<String, usize>,
+}
+
+/// The nodes whose plan changed, with their new plans.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub changed: BTreeMap<String, Arc<NodePlan>>,
+    /// How many targets were recomputed.
+    pub recomputed: usize,
+}
+
+impl Engine {
+    /// The full computation through the indexes: every object added, then
+    /// every pod computed once.
+    pub fn from_state(state: &ClusterState) -> (Engine, Outcome) {
+        let mut engine = Engine::default();
+        for ns in &state.namespaces {
+            let name = ns.metadata.name.clone().unwrap_or_default();
+            engine.objects.set_namespace(&name, Some(ns_labels(ns)));
+        }
+        let mut dirty = HashSet::new();
+        for pod in &state.pods {
+            if let Some(info) = pod_info(pod) {
+                let key = info.key();
+                dirty.insert(key.clone());
+                engine.objects.set_pod(&key, Some(Arc::new(info)));
+            }
+        }
+        for np in &state.policies {
+            let ns = namespace_of(&np.metadata);
+            let name = np.metadata.name.clone().unwrap_or_default();
+            engine
+                .objects
+                .set_policy(&ns, &name, Some(Arc::new(np.clone())));
+        }
+        let outcome = engine.recompute(dirty);
+        (engine, outcome)
+    }
+
+    /// Applies changes, then recomputes what they can affect.
+    pub fn apply(&mut self, changes: impl IntoIterator<Item = Change>) -> Outcome {
+        let mut dirty = HashSet::new();
+        for change in changes {
+            self.take(change, &mut dirty);
+        }
+        self.recompute(dirty)
+    }
+
+    /// Brings the engine to `state`, by the changes that lead there. The
+    /// diff itself looks at every object; what is recomputed is only what
+    /// changed.
+    pub fn sync(&mut self, state: &ClusterState) -> Outcome {
+        let changes = self.diff(state);
+        self.apply(changes)
+    }
+
+    /// Every node's plan as the engine holds it.
+    pub fn plans(&self) -> &HashMap<String, Arc<NodePlan>> {
+        &self.plans
+    }
+
+    pub fn errors(&self) -> Vec<String> {
+        self.errors.keys().cloned().collect()
+    }
+
+    /// Plans and errors in the shape of the full computation, for
+    /// comparing with it. Nodes left without pods are left out, as there.
+    pub fn resolution(&self) -> Resolution {
+        Resolution {
+            plans: self
+                .plans
+                .iter()
+                .filter(|(_, p)| !p.pods.is_empty())
+                .map(|(n, p)| (n.clone(), (**p).clone()))
+                .collect(),
+            errors: self.errors(),
+        }
+    }
+
+    /// Sizes, for the benchmark and the debug log.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            pods: self.objects.pod_count(),
+            policies: self.objects.policy_count(),
+            selections: self.selections.len(),
+            nodes: self.plans.len(),
+        }
+    }
+
+    fn diff(&self, state: &ClusterState) -> Vec<Change> {
+        let mut changes = Vec::new();
+        let mut seen_ns = HashSet::new();
+        for ns in &state.namespaces {
+            let name = ns.metadata.name.clone().unwrap_or_default();
+            if self.objects.ns_object_labels(&name) != Some(&ns_labels(ns)) {
+                changes.push(Change::ApplyNamespace(ns.clone()));
+            }
+            seen_ns.insert(name);
+        }
+        for name in self.objects.namespaces() {
+            if self.objects.ns_object_labels(name).is_some() && !seen_ns.contains(name) {
+                changes.push(Change::DeleteNamespace(name.clone()));
+            }
+        }
+        let mut seen_pods = HashSet::new();
+        for pod in &state.pods {
+            let info = pod_info(pod);
+            let key = (
+                namespace_of(&pod.metadata),
+                pod.metadata.name.clone().unwrap_or_default(),
+            );
+            if self.objects.pod(&key).map(|p| &**p) != info.as_ref() {
+                changes.push(match info {
+                    Some(_) => Change::ApplyPod(pod.clone()),
+                    None => Change::DeletePod(key.clone()),
+                });
+            }
+            seen_pods.insert(key);
+        }
+        for pod in self.objects.all_pods() {
+            let key = pod.key();
+            if !seen_pods.contains(&key) {
+                changes.push(Change::DeletePod(key));
+            }
+        }
+        let mut seen_policies = HashSet::new();
+        for np in &state.policies {
+            let key = (
+                namespace_of(&np.metadata),
+                np.metadata.name.clone().unwrap_or_default(),
+            );
+            if self.objects.policy(&key.0, &key.1).map(|p| &p.spec) != Some(&np.spec) {
+                changes.push(Change::ApplyPolicy(np.clone()));
+            }
+            seen_policies.insert(key);
+        }
+        for key in self.objects.policy_keys() {
+            if !seen_policies.contains(&key) {
+                changes.push(Change::DeletePolicy(key));
+            }
+        }
+        changes
+    }
+
+    /// Records one change in the objects and marks what it can affect.
+    fn take(&mut self, change: Change, dirty: &mut HashSet<PodKey>) {
+        match change {
+            Change::ApplyNamespace(ns) => {
+                let name = ns.metadata.name.clone().unwrap_or_default();
+                self.set_namespace(&name, Some(ns_labels(&ns)), dirty);
+            }
+            Change::DeleteNamespace(name) => self.set_namespace(&name, None, dirty),
+            Change::ApplyPod(pod) => {
+                let key = (
+                    namespace_of(&pod.metadata),
+                    pod.metadata.name.clone().unwrap_or_default(),
+                );
+                self.set_pod(&key, pod_info(&pod).map(Arc::new), dirty);
+            }
+            Change::DeletePod(key) => self.set_pod(&key, None, dirty),
+            Change::ApplyPolicy(np) => {
+                let ns = namespace_of(&np.metadata);
+                let name = np.metadata.name.clone().unwrap_or_default();
+                self.set_policy(&ns, &name, Some(Arc::new(np)), dirty);
+            }
+            Change::DeletePolicy((ns, name)) => self.set_policy(&ns, &name, None, dirty),
+        }
+    }
+
+    fn set_namespace(&mut self, ns: &str, labels: Option<Labels>, dirty: &mut HashSet<PodKey>) {
+        let before = self.objects.ns_labels(ns);
+        self.objects.set_namespace(ns, labels);
+        let after = self.objects.ns_labels(ns);
+        if before != after {
+            self.selections
+                .namespace_changed(ns, before.as_ref(), after.as_ref(), dirty);
+        }
+    }
+
+    fn set_pod(&mut self, key: &PodKey, pod: Option<Arc<PodInfo>>, dirty: &mut HashSet<PodKey>) {
+        let ns_before = self.objects.ns_labels(&key.0);
+        let old = self.objects.set_pod(key, pod.clone());
+        let ns_after = self.objects.ns_labels(&key.0);
+        if old.as_deref() == pod.as_deref() {
+            return;
+        }
+        self.selections.pod_changed(
+            &key.0,
+            (old.as_deref(), ns_before.as_ref()),
+            (pod.as_deref(), ns_after.as_ref()),
+            dirty,
+        );
+        if ns_before != ns_after {
+            self.selections
+                .namespace_changed(&key.0, ns_before.as_ref(), ns_after.as_ref(), dirty);
+        }
+        dirty.insert(key.clone());
+    }
+
+    fn set_policy(
+        &mut self,
+        ns: &str,
+        name: &str,
+        policy: Option<Arc<NetworkPolicy>>,
+        dirty: &mut HashSet<PodKey>,
+    ) {
+        let new = policy.clone();
+        let old = self.objects.set_policy(ns, name, policy);
+        let selects = |np: &Option<Arc<NetworkPolicy>>, pod: &PodInfo| {
+            np.as_ref().is_some_and(|np| match np.spec.as_ref() {
+                None => false,
+                // An invalid selector is reported for every pod it meets.
+                Some(spec) => spec
+                    .pod_selector
+                    .as_ref()
+                    .is_none_or(|s| selector_matches(s, &pod.labels).unwrap_or(true)),
+            })
+        };
+        for pod in self.objects.pods_in(ns) {
+            if selects(&old, pod) || selects(&new, pod) {
+                dirty.insert(pod.key());
+            }
+        }
+    }
+
+    fn recompute(&mut self, dirty: HashSet<PodKey>) -> Outcome {
+        let mut outcome = Outcome {
+            recomputed: dirty.len(),
+            ..Default::default()
+        };
+        let mut changed_nodes = BTreeSet::new();
+        for key in dirty {
+            self.recompute_target(&key, &mut changed_nodes);
+        }
+        for node in changed_nodes {
+            let plan = self.plans.get(&node).cloned().unwrap_or_default();
+            outcome.changed.insert(node, plan);
+        }
+        outcome
+    }
+
+    fn recompute_target(&mut self, key: &PodKey, changed: &mut BTreeSet<String>) {
+        let old = self.targets.remove(key);
+        let pod = self
+            .objects
+            .pod(key)
+            .filter(|p| !p.host_network && p.node.is_some())
+            .cloned();
+        let (new, entry) = match pod {
+            None => (None, None),
+            Some(pod) => {
+                let mut selector = Selector {
+                    objects: &self.objects,
+                    cache: &mut self.selections,
+                    used: Used::default(),
+                };
+                let mut errors = Vec::new();
+                let policies: Vec<Arc<NetworkPolicy>> =
+                    self.objects.policies_in(&pod.namespace).cloned().collect();
+                let entry = resolve_target(
+                    &pod,
+                    policies.iter().map(|p| &**p),
+                    &mut selector,
+                    &mut errors,
+                );
+                errors.sort();
+                errors.dedup();
+                let used = selector.used;
+                let node = pod.node.clone().expect("filtered above");
+                (Some(Target { node, used, errors }), Some(entry))
+            }
+        };
+        let empty = Used::default();
+        self.selections.depend(
+            key,
+            old.as_ref().map_or(&empty, |t| &t.used),
+            new.as_ref().map_or(&empty, |t| &t.used),
+        );
+        for e in old.iter().flat_map(|t| &t.errors) {
+            if let Some(n) = self.errors.get_mut(e) {
+                *n -= 1;
+                if *n == 0 {
+                    self.errors.remove(e);
+                }
+            }
+        }
+        for e in new.iter().flat_map(|t| &t.errors) {
+            *self.errors.entry(e.clone()).or_default() += 1;
+        }
+        let old_node = old.as_ref().map(|t| t.node.clone());
+        let new_node = new.as_ref().map(|t| t.node.clone());
+        if let Some(t) = new {
+            self.targets.insert(key.clone(), t);
+        }
+        if let Some(node) = &old_node {
+            if new_node.as_ref() != Some(node) {
+                self.set_entry(node, key, None, changed);
+            }
+        }
+        if let (Some(node), Some(entry)) = (new_node, entry) {
+            self.set_entry(&node, key, Some(entry), changed);
+        }
+    }
+
+    fn set_entry(
+        &mut self,
+        node: &str,
+        key: &PodKey,
+        entry: Option<PodPolicy>,
+        changed: &mut BTreeSet<String>,
+    ) {
+        let plan = self.plans.entry(node.to_string()).or_default();
+        if plan.pods.get(key).map(|p| &**p) == entry.as_ref() {
+            return;
+        }
+        // Copy-on-write: the hub shares the previous plan until it is replaced.
+        let plan = Arc::make_mut(plan);
+        match entry {
+            Some(e) => plan.pods.insert(key.clone(), Arc::new(e)),
+            None => plan.pods.remove(key),
+        };
+        changed.insert(node.to_string());
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Stats {
+    pub pods: usize,
+    pub policies: usize,
+    pub selections: usize,
+    pub nodes: usize,
+}
+
+#[cfg(test)]
+mod tests;

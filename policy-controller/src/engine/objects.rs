@@ -1,0 +1,221 @@
+//! The objects resolution reads, with the indexes that let a selector look
+//! at candidates instead of every pod: pods by namespace, by label and by
+//! named port; namespaces by label; policies by namespace.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+
+use crate::resolve::{default_ns_labels, PodInfo, PodKey};
+
+pub type Labels = BTreeMap<String, String>;
+type LabelPair = (String, String);
+
+#[derive(Default)]
+pub struct Objects {
+    /// Labels of namespaces that have an object (with the name label).
+    ns_objects: HashMap<String, Labels>,
+    /// Namespaces by label, for every namespace with an object or a pod.
+    ns_by_label: HashMap<LabelPair, BTreeSet<String>>,
+    pods: HashMap<PodKey, Arc<PodInfo>>,
+    /// The same pods by namespace, then name.
+    pods_by_ns: HashMap<String, BTreeMap<String, Arc<PodInfo>>>,
+    pods_by_label: HashMap<LabelPair, BTreeSet<PodKey>>,
+    pods_by_port: HashMap<String, BTreeSet<PodKey>>,
+    /// Policies by namespace, then name.
+    policies: HashMap<String, BTreeMap<String, Arc<NetworkPolicy>>>,
+}
+
+impl Objects {
+    /// The labels a namespace selector sees: the object's, or only the name
+    /// label for a namespace known from its pods; None for no namespace.
+    pub fn ns_labels(&self, ns: &str) -> Option<Labels> {
+        if let Some(labels) = self.ns_objects.get(ns) {
+            return Some(labels.clone());
+        }
+        self.pods_by_ns
+            .get(ns)
+            .filter(|p| !p.is_empty())
+            .map(|_| default_ns_labels(ns))
+    }
+
+    pub fn ns_object_labels(&self, ns: &str) -> Option<&Labels> {
+        self.ns_objects.get(ns)
+    }
+
+    /// Every namespace a selector could match.
+    pub fn namespaces(&self) -> impl Iterator<Item = &String> {
+        let pod_only = self
+            .pods_by_ns
+            .keys()
+            .filter(|ns| !self.ns_objects.contains_key(*ns));
+        self.ns_objects.keys().chain(pod_only)
+    }
+
+    pub fn namespaces_with_label(&self, key: &str, value: &str) -> Option<&BTreeSet<String>> {
+        self.ns_by_label.get(&(key.to_string(), value.to_string()))
+    }
+
+    pub fn pod(&self, key: &PodKey) -> Option<&Arc<PodInfo>> {
+        self.pods.get(key)
+    }
+
+    pub fn pod_count(&self) -> usize {
+        self.pods.len()
+    }
+
+    pub fn policy_count(&self) -> usize {
+        self.policies.values().map(BTreeMap::len).sum()
+    }
+
+    pub fn pods_in(&self, ns: &str) -> impl Iterator<Item = &Arc<PodInfo>> {
+        self.pods_by_ns.get(ns).into_iter().flat_map(|m| m.values())
+    }
+
+    pub fn pods_with_label(&self, key: &str, value: &str) -> Option<&BTreeSet<PodKey>> {
+        self.pods_by_label
+            .get(&(key.to_string(), value.to_string()))
+    }
+
+    pub fn pods_with_port(&self, name: &str) -> impl Iterator<Item = &Arc<PodInfo>> {
+        self.pods_by_port
+            .get(name)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.pods.get(k))
+    }
+
+    pub fn all_pods(&self) -> impl Iterator<Item = &Arc<PodInfo>> {
+        self.pods.values()
+    }
+
+    pub fn policies_in(&self, ns: &str) -> impl Iterator<Item = &Arc<NetworkPolicy>> {
+        self.policies.get(ns).into_iter().flat_map(|m| m.values())
+    }
+
+    pub fn policy_keys(&self) -> impl Iterator<Item = PodKey> + '_ {
+        self.policies
+            .iter()
+            .flat_map(|(ns, m)| m.keys().map(move |n| (ns.clone(), n.clone())))
+    }
+
+    pub fn policy(&self, ns: &str, name: &str) -> Option<&Arc<NetworkPolicy>> {
+        self.policies.get(ns)?.get(name)
+    }
+
+    /// Sets (or with None removes) a namespace object.
+    pub fn set_namespace(&mut self, ns: &str, labels: Option<Labels>) {
+        let before = self.ns_labels(ns);
+        match labels {
+            Some(l) => self.ns_objects.insert(ns.to_string(), l),
+            None => self.ns_objects.remove(ns),
+        };
+        self.reindex_ns(ns, before);
+    }
+
+    /// Sets (or with None removes) a pod; returns the previous one.
+    pub fn set_pod(&mut self, key: &PodKey, pod: Option<Arc<PodInfo>>) -> Option<Arc<PodInfo>> {
+        let ns_before = self.ns_labels(&key.0);
+        let old = match &pod {
+            Some(p) => self.pods.insert(key.clone(), p.clone()),
+            None => self.pods.remove(key),
+        };
+        if let Some(old) = &old {
+            for (k, v) in &old.labels {
+                remove_from(&mut self.pods_by_label, &(k.clone(), v.clone()), key);
+            }
+            for name in old.named_ports.keys() {
+                remove_from(&mut self.pods_by_port, name, key);
+            }
+            if pod.is_none() {
+                if let Some(in_ns) = self.pods_by_ns.get_mut(&key.0) {
+                    in_ns.remove(&key.1);
+                    if in_ns.is_empty() {
+                        self.pods_by_ns.remove(&key.0);
+                    }
+                }
+            }
+        }
+        if let Some(new) = &pod {
+            for (k, v) in &new.labels {
+                self.pods_by_label
+                    .entry((k.clone(), v.clone()))
+                    .or_default()
+                    .insert(key.clone());
+            }
+            for name in new.named_ports.keys() {
+                self.pods_by_port
+                    .entry(name.clone())
+                    .or_default()
+                    .insert(key.clone());
+            }
+            self.pods_by_ns
+                .entry(key.0.clone())
+                .or_default()
+                .insert(key.1.clone(), new.clone());
+        }
+        self.reindex_ns(&key.0, ns_before);
+        old
+    }
+
+    /// Sets (or with None removes) a policy; returns the previous one.
+    pub fn set_policy(
+        &mut self,
+        ns: &str,
+        name: &str,
+        policy: Option<Arc<NetworkPolicy>>,
+    ) -> Option<Arc<NetworkPolicy>> {
+        match policy {
+            Some(p) => self
+                .policies
+                .entry(ns.to_string())
+                .or_default()
+                .insert(name.to_string(), p),
+            None => {
+                let in_ns = self.policies.get_mut(ns)?;
+                let old = in_ns.remove(name);
+                if in_ns.is_empty() {
+                    self.policies.remove(ns);
+                }
+                old
+            }
+        }
+    }
+
+    /// Keeps `ns_by_label` in step with a namespace's effective labels.
+    fn reindex_ns(&mut self, ns: &str, before: Option<Labels>) {
+        let after = self.ns_labels(ns);
+        if before == after {
+            return;
+        }
+        for (k, v) in before.iter().flatten() {
+            remove_from(
+                &mut self.ns_by_label,
+                &(k.clone(), v.clone()),
+                &ns.to_string(),
+            );
+        }
+        for (k, v) in after.iter().flatten() {
+            self.ns_by_label
+                .entry((k.clone(), v.clone()))
+                .or_default()
+                .insert(ns.to_string());
+        }
+    }
+}
+
+/// Removes `item` from the set at `key`, dropping the set once empty so
+/// that the indexes stay proportional to what exists.
+fn remove_from<K, T>(map: &mut HashMap<K, BTreeSet<T>>, key: &K, item: &T)
+where
+    K: std::hash::Hash + Eq,
+    T: Ord,
+{
+    if let Some(set) = map.get_mut(key) {
+        set.remove(item);
+        if set.is_empty() {
+            map.remove(key);
+        }
+    }
+}

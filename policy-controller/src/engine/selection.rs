@@ -1,0 +1,327 @@
+//! Peer selections computed once per distinct (namespace selector, pod
+//! selector) and shared by every rule and target that uses them, with the
+//! reverse map (which targets used which selection) that tells a change
+//! which targets it can affect.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use super::objects::{Labels, Objects};
+use crate::resolve::{selector_matches, PeerSelection, PodInfo, PodKey, Selected};
+
+/// What a selector peer selects, as a cache key. Without a namespace
+/// selector the policy's namespace is part of the key (`scope`).
+/// Shared: every target that uses a selection holds its key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SelKey(Arc<SelKeyParts>);
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct SelKeyParts {
+    scope: Option<String>,
+    ns_selector: Option<String>,
+    pod_selector: Option<String>,
+}
+
+impl std::ops::Deref for SelKey {
+    type Target = SelKeyParts;
+    fn deref(&self) -> &SelKeyParts {
+        &self.0
+    }
+}
+
+struct SelEntry {
+    ns_selector: Option<LabelSelector>,
+    pod_selector: Option<LabelSelector>,
+    /// None once a change may have altered the selection; recomputed when a
+    /// target next asks.
+    result: Option<Arc<Selected>>,
+    dependents: HashSet<PodKey>,
+}
+
+impl SelEntry {
+    fn ns_matches(&self, scope: &Option<String>, ns: &str, labels: Option<&Labels>) -> bool {
+        match (&self.ns_selector, scope) {
+            (None, Some(scope)) => scope == ns,
+            (Some(sel), _) => labels.is_some_and(|l| selector_matches(sel, l).unwrap_or(false)),
+            (None, None) => false,
+        }
+    }
+
+    fn pod_matches(&self, pod: &PodInfo) -> bool {
+        !pod.host_network
+            && self
+                .pod_selector
+                .as_ref()
+                .is_none_or(|sel| selector_matches(sel, &pod.labels).unwrap_or(false))
+    }
+}
+
+#[derive(Default)]
+pub struct Selections {
+    entries: HashMap<SelKey, SelEntry>,
+    /// Selections without a namespace selector, by the namespace they look in.
+    by_scope: HashMap<String, HashSet<SelKey>>,
+    /// Selections with a namespace selector: any namespace may matter.
+    cross_ns: HashSet<SelKey>,
+    /// Targets whose egress named ports were resolved against every pod
+    /// with a port of that name.
+    port_dependents: HashMap<String, HashSet<PodKey>>,
+}
+
+/// What one target's computation used.
+#[derive(Default)]
+pub struct Used {
+    pub sels: Vec<SelKey>,
+    pub ports: Vec<String>,
+}
+
+impl Selections {
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Records that `target` now uses `used` instead of `before`. Every
+    /// selection in `used` exists (the computation created it).
+    pub fn depend(&mut self, target: &PodKey, before: &Used, used: &Used) {
+        // New links first: a selection used before and now must not be
+        // forgotten in between.
+        for key in &used.sels {
+            if let Some(e) = self.entries.get_mut(key) {
+                e.dependents.insert(target.clone());
+            }
+        }
+        for key in before.sels.iter().filter(|k| !used.sels.contains(k)) {
+            if let Some(e) = self.entries.get_mut(key) {
+                e.dependents.remove(target);
+                if e.dependents.is_empty() {
+                    self.forget(key);
+                }
+            }
+        }
+        for name in before.ports.iter().filter(|n| !used.ports.contains(n)) {
+            if let Some(set) = self.port_dependents.get_mut(name) {
+                set.remove(target);
+                if set.is_empty() {
+                    self.port_dependents.remove(name);
+                }
+            }
+        }
+        for name in &used.ports {
+            self.port_dependents
+                .entry(name.clone())
+                .or_default()
+                .insert(target.clone());
+        }
+    }
+
+    fn forget(&mut self, key: &SelKey) {
+        self.entries.remove(key);
+        match &key.scope {
+            Some(ns) if key.ns_selector.is_none() => {
+                if let Some(set) = self.by_scope.get_mut(ns) {
+                    set.remove(key);
+                    if set.is_empty() {
+                        self.by_scope.remove(ns);
+                    }
+                }
+            }
+            _ => {
+                self.cross_ns.remove(key);
+            }
+        }
+    }
+
+    /// A pod in `ns` changed from `old` to `new`: drops the selections that
+    /// held or now hold it and adds their targets to `dirty`.
+    /// `ns_before` and `ns_after` are the namespace's labels around the
+    /// change (a pod can make its namespace exist, or stop existing).
+    pub fn pod_changed(
+        &mut self,
+        ns: &str,
+        (old, ns_before): (Option<&PodInfo>, Option<&Labels>),
+        (new, ns_after): (Option<&PodInfo>, Option<&Labels>),
+        dirty: &mut HashSet<PodKey>,
+    ) {
+        let candidates = self
+            .by_scope
+            .get(ns)
+            .into_iter()
+            .flatten()
+            .chain(self.cross_ns.iter());
+        for key in candidates {
+            let e = self.entries.get_mut(key).expect("indexed selections exist");
+            let held =
+                old.is_some_and(|p| e.ns_matches(&key.scope, ns, ns_before) && e.pod_matches(p));
+            let holds =
+                new.is_some_and(|p| e.ns_matches(&key.scope, ns, ns_after) && e.pod_matches(p));
+            // A pod that stays in a selection changes it only through what
+            // the selection passes on: its addresses and named ports.
+            let same = held
+                && holds
+                && old
+                    .zip(new)
+                    .is_some_and(|(o, n)| o.ips == n.ips && o.named_ports == n.named_ports);
+            if (held || holds) && !same {
+                e.result = None;
+                dirty.extend(e.dependents.iter().cloned());
+            }
+        }
+        let names = old
+            .into_iter()
+            .chain(new)
+            .filter(|p| !p.host_network)
+            .flat_map(|p| p.named_ports.keys());
+        for name in names {
+            if let Some(set) = self.port_dependents.get(name) {
+                dirty.extend(set.iter().cloned());
+            }
+        }
+    }
+
+    /// A namespace's labels changed: drops the selections whose namespace
+    /// selector now decides differently.
+    pub fn namespace_changed(
+        &mut self,
+        ns: &str,
+        before: Option<&Labels>,
+        after: Option<&Labels>,
+        dirty: &mut HashSet<PodKey>,
+    ) {
+        for key in &self.cross_ns {
+            let e = self.entries.get_mut(key).expect("indexed selections exist");
+            if e.ns_matches(&key.scope, ns, before) != e.ns_matches(&key.scope, ns, after) {
+                e.result = None;
+                dirty.extend(e.dependents.iter().cloned());
+            }
+        }
+    }
+}
+
+/// Selection through the indexes and the cache, recording what it used.
+pub struct Selector<'a> {
+    pub objects: &'a Objects,
+    pub cache: &'a mut Selections,
+    pub used: Used,
+}
+
+impl PeerSelection for Selector<'_> {
+    fn select(
+        &mut self,
+        policy_ns: &str,
+        peer: &NetworkPolicyPeer,
+    ) -> Result<Arc<Selected>, String> {
+        let json = |s: &Option<LabelSelector>| {
+            s.as_ref()
+                .map(|s| serde_json::to_string(s).expect("selectors serialize"))
+        };
+        let parts = SelKeyParts {
+            scope: peer
+                .namespace_selector
+                .is_none()
+                .then(|| policy_ns.to_string()),
+            ns_selector: json(&peer.namespace_selector),
+            pod_selector: json(&peer.pod_selector),
+        };
+        // The key already held by the cache, so that targets share it.
+        let probe = SelKey(Arc::new(parts));
+        let key = match self.cache.entries.get_key_value(&probe) {
+            Some((k, _)) => k.clone(),
+            None => probe,
+        };
+        if !self.cache.entries.contains_key(&key) {
+            match &key.scope {
+                Some(ns) => self
+                    .cache
+                    .by_scope
+                    .entry(ns.clone())
+                    .or_default()
+                    .insert(key.clone()),
+                None => self.cache.cross_ns.insert(key.clone()),
+            };
+            self.cache.entries.insert(
+                key.clone(),
+                SelEntry {
+                    ns_selector: peer.namespace_selector.clone(),
+                    pod_selector: peer.pod_selector.clone(),
+                    result: None,
+                    dependents: HashSet::new(),
+                },
+            );
+        }
+        self.used.sels.push(key.clone());
+        let entry = self.cache.entries.get_mut(&key).expect("inserted above");
+        if let Some(result) = &entry.result {
+            return Ok(result.clone());
+        }
+        let result = Arc::new(Selected::new(compute(self.objects, &key, entry)));
+        entry.result = Some(result.clone());
+        Ok(result)
+    }
+
+    fn with_port_name(&mut self, name: &str) -> Vec<Arc<PodInfo>> {
+        self.used.ports.push(name.to_string());
+        let mut pods: Vec<Arc<PodInfo>> = self
+            .objects
+            .pods_with_port(name)
+            .filter(|p| !p.host_network)
+            .cloned()
+            .collect();
+        pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        pods
+    }
+}
+
+/// The pods a selection holds, sorted by namespace and name, looking only at
+/// the candidates the indexes give.
+fn compute(objects: &Objects, key: &SelKey, e: &SelEntry) -> Vec<Arc<PodInfo>> {
+    let mut out: Vec<Arc<PodInfo>> = match (&key.scope, &e.ns_selector) {
+        (Some(ns), None) => objects
+            .pods_in(ns)
+            .filter(|p| e.pod_matches(p))
+            .cloned()
+            .collect(),
+        (_, Some(ns_sel)) => {
+            // Candidate namespaces: those with one required label, if any.
+            let namespaces: Vec<&String> = match ns_sel.match_labels.iter().flatten().next() {
+                Some((k, v)) => objects
+                    .namespaces_with_label(k, v)
+                    .into_iter()
+                    .flatten()
+                    .collect(),
+                None => objects.namespaces().collect(),
+            };
+            let matched: BTreeMap<&str, ()> = namespaces
+                .into_iter()
+                .filter(|ns| e.ns_matches(&key.scope, ns, objects.ns_labels(ns).as_ref()))
+                .map(|ns| (ns.as_str(), ()))
+                .collect();
+            let by_label = e
+                .pod_selector
+                .as_ref()
+                .and_then(|s| s.match_labels.iter().flatten().next())
+                .and_then(|(k, v)| objects.pods_with_label(k, v).map(|set| (k, v, set)));
+            match by_label {
+                // Fewer pods carry the label than live in the namespaces.
+                Some((_, _, set)) if set.len() < matched.len() * 4 => set
+                    .iter()
+                    .filter(|k| matched.contains_key(k.0.as_str()))
+                    .filter_map(|k| objects.pod(k))
+                    .filter(|p| e.pod_matches(p))
+                    .cloned()
+                    .collect(),
+                _ => matched
+                    .keys()
+                    .flat_map(|ns| objects.pods_in(ns))
+                    .filter(|p| e.pod_matches(p))
+                    .cloned()
+                    .collect(),
+            }
+        }
+        (None, None) => Vec::new(),
+    };
+    out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    out
+}
