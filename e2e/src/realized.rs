@@ -167,6 +167,7 @@ mod tests {
         GetControllerStateResponse {
             source_revision: src,
             source_marker: marker.into(),
+            source_synced: true,
             nodes: vec![NodeView {
                 node_name: "n".into(),
                 plan_version: plan,

@@ -142,8 +142,11 @@ pub struct Desired {
     pub errors: BTreeMap<PodKey, String>,
 }
 
+/// What an interface enforces now: ingress, egress, the pod's addresses.
+pub type Enforced = (Verdict, Verdict, Vec<[u8; 16]>);
+
 /// The interfaces' current verdicts, for [`Knowledge::Hold`].
-pub type Held = BTreeMap<String, (Verdict, Verdict, Vec<[u8; 16]>)>;
+pub type Held = BTreeMap<String, Enforced>;
 
 /// Compiles a direction's policy; the reconciler memoizes it by content.
 pub type Compiler<'a> = dyn FnMut(&DirectionPolicy) -> Result<Arc<PolicySet>, String> + 'a;
@@ -158,7 +161,7 @@ pub struct Inputs<'a> {
     /// Interfaces nobody explains, with what they enforce now.
     pub unexplained: &'a Held,
     /// What an interface enforces now, for held pods.
-    pub held: &'a dyn Fn(&str) -> Option<(Verdict, Verdict, Vec<[u8; 16]>)>,
+    pub held: &'a dyn Fn(&str) -> Option<Enforced>,
     /// The node's own addresses, always allowed in an isolated direction.
     pub node_addresses: &'a [Prefix],
 }
