@@ -4,8 +4,34 @@
 //! peak extra memory of the sweep, as a table and as `key=value` lines.
 //! Root. `cargo bench -p node-enforcer --bench conntrack_cleanup [-- N ...]`.
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
+
+/// Counts live heap bytes and their peak, so the sweep's extra memory is
+/// measured exactly (RSS hides reuse of memory freed earlier).
+struct Counting;
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(l) };
+        if !p.is_null() {
+            let now = LIVE.fetch_add(l.size(), Relaxed) + l.size();
+            PEAK.fetch_max(now, Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        unsafe { System.dealloc(p, l) };
+        LIVE.fetch_sub(l.size(), Relaxed);
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
 
 use node_enforcer::conntrack::{kernel, sweep, Tuple};
 use node_enforcer::datapath::bpf::BpfDatapath;
@@ -17,16 +43,6 @@ fn v4(i: u32) -> [u8; 16] {
     o[11] = 0xff;
     o[12..].copy_from_slice(&(0x0a00_0000 | i).to_be_bytes());
     o
-}
-
-fn status_kb(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 fn thread_cpu_s() -> f64 {
@@ -102,13 +118,13 @@ fn run(n: usize) -> Row {
                 };
                 map.insert(k, old, 0).unwrap();
             }
-            // Peak memory from here on is the sweep's.
-            let _ = std::fs::write("/proc/self/clear_refs", "5");
-            let rss = status_kb("VmRSS:");
+            // Peak heap from here on is the sweep's.
+            let base = LIVE.load(Relaxed);
+            PEAK.store(base, Relaxed);
             let (cpu0, t0) = (thread_cpu_s(), Instant::now());
             let report = sweep::sweep(&mut map).unwrap();
             let (cpu, wall) = (thread_cpu_s() - cpu0, t0.elapsed().as_secs_f64());
-            let extra = status_kb("VmHWM:").saturating_sub(rss) as f64 / 1024.0;
+            let extra = PEAK.load(Relaxed).saturating_sub(base) as f64 / (1024.0 * 1024.0);
             Row {
                 entries: report.entries,
                 kernel: report.kernel_entries,

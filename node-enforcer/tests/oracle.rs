@@ -225,7 +225,12 @@ fn resolution_and_compilation_agree_with_the_model() {
                 pod.metadata.namespace.clone().unwrap(),
                 pod.metadata.name.clone().unwrap(),
             );
-            resolution.plans.get(&node)?.pods.get(&key).map(|p| (**p).clone())
+            resolution
+                .plans
+                .get(&node)?
+                .pods
+                .get(&key)
+                .map(|p| (**p).clone())
         };
         let mut compiled: BTreeMap<String, (Option<_>, Option<_>)> = BTreeMap::new();
         for pod in &c.pods {
