@@ -47,6 +47,10 @@ impl Handle {
         let _ = self.tx.send(Event::PlanConnected(connected)).await;
     }
 
+    pub async fn plan_stream_error(&self, error: String) {
+        let _ = self.tx.send(Event::PlanStreamError(error)).await;
+    }
+
     pub async fn pod_up(&self, up: PodUp) -> Result<PodUpOutcome, String> {
         let deadline = Event::PodUpDeadline {
             pod: up.pod.clone(),

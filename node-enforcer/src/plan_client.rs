@@ -29,11 +29,13 @@ pub async fn run(
 ) {
     let mut attempt = 0u32;
     loop {
-        match stream_once(&controller, &node, &enforcer_id, &handle, &mut attempt).await {
-            Ok(()) => tracing::warn!("plan stream ended; reconnecting"),
-            Err(e) => tracing::warn!(%controller, "plan stream: {e}"),
-        }
+        let why = match stream_once(&controller, &node, &enforcer_id, &handle, &mut attempt).await {
+            Ok(()) => "the plan stream ended".to_string(),
+            Err(e) => e,
+        };
+        tracing::warn!(%controller, "plan stream: {why}; keeping the current plan and retrying");
         handle.plan_connected(false).await;
+        handle.plan_stream_error(why).await;
         let delay = backoff(attempt, Duration::from_secs(5));
         attempt = attempt.saturating_add(1);
         tokio::select! {

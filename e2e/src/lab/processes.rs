@@ -250,6 +250,10 @@ impl Lab {
                 .rt()
                 .block_on(grpc::enforcer_state(&self.enforcer_socket));
             match (controller, enforcer) {
+                // A controller that has not synced its source serves no
+                // plan to anyone (it refuses the stream): nothing will
+                // change on the node until it does.
+                (Ok(c), Ok(_)) if !c.source_synced => return Ok(()),
                 (Ok(c), Ok(e)) => match realized::node_view(&c, &self.node_name) {
                     // Until the enforcer's stream reaches this controller,
                     // nothing it serves has had a chance to be applied.

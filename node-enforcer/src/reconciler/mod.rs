@@ -78,6 +78,8 @@ pub type PodUpReply = oneshot::Sender<Result<PodUpOutcome, String>>;
 pub enum Event {
     Plan(PlanMessage, oneshot::Sender<Result<u64, PlanError>>),
     PlanConnected(bool),
+    /// The plan stream failed, and why; cleared when it connects.
+    PlanStreamError(String),
     /// Answered when the pod's policy is realized, or at its deadline.
     PodUp(PodUp, PodUpReply),
     /// The pod-up deadline of this pod's sandbox passed.
@@ -192,6 +194,7 @@ pub struct Reconciler<D: Datapath> {
     plan_version: u64,
     has_plan: bool,
     plan_connected: bool,
+    plan_stream_error: String,
     /// Pod entries fetched on demand for pods the stream has not delivered;
     /// dropped as soon as the stream's plan lists the pod.
     fetched: BTreeMap<PodKey, PodPolicy>,
@@ -240,6 +243,7 @@ impl<D: Datapath> Reconciler<D> {
             plan_version: 0,
             has_plan: false,
             plan_connected: false,
+            plan_stream_error: String::new(),
             fetched: BTreeMap::new(),
             pods: BTreeMap::new(),
             pending: BTreeMap::new(),
@@ -339,7 +343,13 @@ impl<D: Datapath> Reconciler<D> {
                 let r = self.apply_plan(msg);
                 let _ = reply.send(r);
             }
-            Event::PlanConnected(c) => self.plan_connected = c,
+            Event::PlanConnected(c) => {
+                self.plan_connected = c;
+                if c {
+                    self.plan_stream_error.clear();
+                }
+            }
+            Event::PlanStreamError(e) => self.plan_stream_error = e,
             Event::PodUp(up, reply) => self.pod_up(up, reply),
             Event::PodUpDeadline { pod, container_id } => self.pod_up_deadline(&pod, &container_id),
             Event::PodPlanFetched { pod, policy } => self.pod_plan_fetched(pod, policy),

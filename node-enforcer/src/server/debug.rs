@@ -40,6 +40,7 @@ impl DebugService for DebugServer {
             plan_connected: d.plan_connected,
             pin_root: d.datapath,
             mode: d.mode.to_string(),
+            plan_stream_error: d.plan_stream_error.clone(),
             conntrack: Some(palisade_proto::v1::ConntrackState {
                 entries: d.conntrack.last.entries as u64,
                 kernel_entries: d.conntrack.last.kernel_entries as u64,
