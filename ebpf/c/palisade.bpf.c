@@ -184,13 +184,33 @@ static __always_inline bool ipv6_is_extension(__u8 nexthdr)
 	}
 }
 
-/* TCP, UDP and SCTP all start with source port then destination port, so
- * bpf_skb_load_bytes (not direct access) also copes with non-linear skbs. */
+/* The len bytes at off, read in place when they are in the skb's linear
+ * area (the usual case: a veth hands over frames whose headers are linear)
+ * and copied into buf by bpf_skb_load_bytes when they are in paged data,
+ * like the kernel's skb_header_pointer.  NULL when the packet is shorter.
+ * The copy leaves the skb as it is; bpf_skb_pull_data would reallocate its
+ * head for every later hook, and costs more than the copy (measured with
+ * scripts/bench-datapath.sh, see ebpf/src/bin/bench_verdict.rs). */
+static __always_inline const void *header_at(struct __sk_buff *skb, __u32 off, __u32 len,
+					     void *buf)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	if (data + off + len <= data_end)
+		return data + off;
+	if (bpf_skb_load_bytes(skb, off, buf, len) < 0)
+		return NULL;
+	return buf;
+}
+
+/* TCP, UDP and SCTP all start with source port then destination port. */
 static __always_inline int parse_ports(struct __sk_buff *skb, __u32 l4_off, struct flow *f)
 {
-	__u16 ports[2];
+	__u16 buf[2];
+	const __u16 *ports = header_at(skb, l4_off, sizeof(buf), buf);
 
-	if (bpf_skb_load_bytes(skb, l4_off, ports, sizeof(ports)) < 0)
+	if (!ports)
 		return PARSE_MALFORMED;
 	f->sport = ports[0];
 	f->dport = ports[1];
@@ -199,39 +219,40 @@ static __always_inline int parse_ports(struct __sk_buff *skb, __u32 l4_off, stru
 
 static __always_inline int parse_ipv4(struct __sk_buff *skb, struct flow *f)
 {
-	struct iphdr ip;
-	__u32 l4_off;
+	struct iphdr buf;
+	const struct iphdr *ip = header_at(skb, ETH_HLEN, sizeof(buf), &buf);
 
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+	if (!ip)
 		return PARSE_MALFORMED;
-	if (ip.version != 4 || ip.ihl < 5)
+	if (ip->version != 4 || ip->ihl < 5)
 		return PARSE_MALFORMED;
-	v4_mapped(f->src, ip.saddr);
-	v4_mapped(f->dst, ip.daddr);
-	f->proto = ip.protocol;
+	v4_mapped(f->src, ip->saddr);
+	v4_mapped(f->dst, ip->daddr);
+	f->proto = ip->protocol;
 	/* A non-first fragment carries no L4 header: it keeps port 0 and stays
 	 * out of conntrack, whose tuple it cannot prove. */
-	if (ip.frag_off & bpf_htons(IPV4_FRAG_OFFSET))
+	if (ip->frag_off & bpf_htons(IPV4_FRAG_OFFSET))
 		return PARSE_OK;
 	f->trackable = true;
-	if (!has_ports(ip.protocol))
+	if (!has_ports(ip->protocol))
 		return PARSE_OK;
-	l4_off = ETH_HLEN + ip.ihl * 4;
-	return parse_ports(skb, l4_off, f);
+	return parse_ports(skb, ETH_HLEN + ip->ihl * 4, f);
 }
 
 static __always_inline int parse_ipv6(struct __sk_buff *skb, struct flow *f)
 {
 	__u32 l4_off = ETH_HLEN + sizeof(struct ipv6hdr);
-	struct ipv6hdr ip;
-	__u8 icmp_type;
+	struct ipv6hdr buf;
+	const struct ipv6hdr *ip = header_at(skb, ETH_HLEN, sizeof(buf), &buf);
+	const __u8 *icmp_type;
+	__u8 icmp_buf;
 
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+	if (!ip)
 		return PARSE_MALFORMED;
-	if (ip.version != 6)
+	if (ip->version != 6)
 		return PARSE_MALFORMED;
-	__builtin_memcpy(f->src, &ip.saddr, 16);
-	__builtin_memcpy(f->dst, &ip.daddr, 16);
+	__builtin_memcpy(f->src, &ip->saddr, 16);
+	__builtin_memcpy(f->dst, &ip->daddr, 16);
 	/* IPv4-mapped addresses never appear on an IPv6 wire (Linux drops them
 	 * on receive); here they would pass for the IPv4 address in the maps. */
 	if (is_v4_mapped(f->src) || is_v4_mapped(f->dst))
@@ -239,32 +260,34 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct flow *f)
 	/* Extension headers are not walked: their next-header value becomes the
 	 * protocol with port 0, which fails closed under port rules, and the
 	 * packet stays out of conntrack. */
-	f->proto = ip.nexthdr;
-	if (ipv6_is_extension(ip.nexthdr))
+	f->proto = ip->nexthdr;
+	if (ipv6_is_extension(ip->nexthdr))
 		return PARSE_OK;
 	f->trackable = true;
-	if (has_ports(ip.nexthdr))
+	if (has_ports(ip->nexthdr))
 		return parse_ports(skb, l4_off, f);
-	if (ip.nexthdr == PROTO_ICMPV6 && ip.hop_limit == NDP_HOP_LIMIT) {
-		if (bpf_skb_load_bytes(skb, l4_off, &icmp_type, 1) < 0)
+	if (ip->nexthdr == PROTO_ICMPV6 && ip->hop_limit == NDP_HOP_LIMIT) {
+		icmp_type = header_at(skb, l4_off, 1, &icmp_buf);
+		if (!icmp_type)
 			return PARSE_MALFORMED;
-		f->ndp = icmp_type >= ICMPV6_NDP_FIRST && icmp_type <= ICMPV6_NDP_LAST;
+		f->ndp = *icmp_type >= ICMPV6_NDP_FIRST && *icmp_type <= ICMPV6_NDP_LAST;
 	}
 	return PARSE_OK;
 }
 
 static __always_inline int parse_flow(struct __sk_buff *skb, struct flow *f)
 {
-	__u16 eth_proto;
+	__be16 buf;
+	const __be16 *eth_proto;
 
 	/* Read the frame, not skb->protocol, so the verdict depends only on
 	 * the bytes (and BPF_PROG_TEST_RUN sees what the wire sees). */
-	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_proto), &eth_proto,
-			       sizeof(eth_proto)) < 0)
+	eth_proto = header_at(skb, offsetof(struct ethhdr, h_proto), sizeof(buf), &buf);
+	if (!eth_proto)
 		return PARSE_NOT_IP;
-	if (eth_proto == bpf_htons(ETH_P_IP))
+	if (*eth_proto == bpf_htons(ETH_P_IP))
 		return parse_ipv4(skb, f);
-	if (eth_proto == bpf_htons(ETH_P_IPV6))
+	if (*eth_proto == bpf_htons(ETH_P_IPV6))
 		return parse_ipv6(skb, f);
 	return PARSE_NOT_IP;
 }
