@@ -14,6 +14,8 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use aya::maps::lpm_trie::Key;
 
+pub mod testkit;
+
 #[repr(C, align(8))]
 struct Aligned<B: ?Sized>(B);
 
