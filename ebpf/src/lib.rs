@@ -17,7 +17,7 @@ use aya::maps::lpm_trie::Key;
 pub mod testkit;
 
 #[repr(C, align(8))]
-struct Aligned<B: ?Sized>(B);
+pub(crate) struct Aligned<B: ?Sized>(pub(crate) B);
 
 // aya parses the ELF in place, which needs the 8-byte alignment that
 // include_bytes! alone does not promise.
