@@ -13,5 +13,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh >/dev/null
 
-cargo build --release --quiet -p palisade-ebpf --bin bench-verdict
-exec target/release/bench-verdict "$@"
+exec cargo run --release --quiet -p palisade-ebpf --bin bench-verdict -- "$@"

@@ -390,6 +390,31 @@ static __always_inline bool hook_allows_original(const struct endpoint *ep, __u8
 
 /* ---- conntrack ---- */
 
+/* How far CLOCK_MONOTONIC_COARSE may lag CLOCK_MONOTONIC: one tick, 10 ms
+ * at the slowest HZ (100), doubled for safety. */
+#define COARSE_CLOCK_LAG_NS (20ULL * 1000 * 1000)
+
+/* The last_seen_ns of a packet seen now: CLOCK_MONOTONIC nanoseconds, never
+ * earlier than the true time (the enforcer's sweep keeps every entry seen
+ * at or after the moment it started, so an early stamp could cost a live
+ * flow its entry) and at most COARSE_CLOCK_LAG_NS later, which only keeps
+ * an idle entry one sweep longer.  The coarse clock costs a few ns per
+ * packet where bpf_ktime_get_ns costs ~40 (scripts/bench-datapath.sh). */
+static __always_inline __u64 seen_now(void)
+{
+	return bpf_ktime_get_coarse_ns() + COARSE_CLOCK_LAG_NS;
+}
+
+/* Writes only when the stamp moved (once a tick), so a busy flow does not
+ * dirty its entry's cache line on every packet. */
+static __always_inline void ct_touch(struct ct_value *v)
+{
+	__u64 now = seen_now();
+
+	if (v->last_seen_ns != now)
+		v->last_seen_ns = now;
+}
+
 static __always_inline void ct_key_forward(struct ct_key *k, const struct flow *f,
 					   __u32 ifindex, __u8 owner)
 {
@@ -438,7 +463,7 @@ static __always_inline bool ct_is_reply(const struct flow *f, const struct endpo
 		}
 		v->epoch = epoch;
 	}
-	v->last_seen_ns = bpf_ktime_get_ns();
+	ct_touch(v);
 	return true;
 }
 
@@ -464,7 +489,7 @@ static __always_inline int ct_forward(const struct flow *f, const struct endpoin
 	}
 	if (v && v->epoch == epoch) {
 		/* Refresh in place: no LRU update per packet. */
-		v->last_seen_ns = bpf_ktime_get_ns();
+		ct_touch(v);
 		return FWD_ESTABLISHED;
 	}
 	if (!hook_allows(ep, owner, f)) {
@@ -474,9 +499,9 @@ static __always_inline int ct_forward(const struct flow *f, const struct endpoin
 	}
 	if (v) {
 		v->epoch = epoch;
-		v->last_seen_ns = bpf_ktime_get_ns();
+		ct_touch(v);
 	} else if (f->trackable) {
-		fresh.last_seen_ns = bpf_ktime_get_ns();
+		fresh.last_seen_ns = seen_now();
 		fresh.epoch = epoch;
 		bpf_map_update_elem(&pal_conntrack, &k, &fresh, BPF_ANY);
 	}

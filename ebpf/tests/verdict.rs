@@ -83,10 +83,49 @@ fn refresh_keeps_one_entry_and_moves_the_timestamp() {
     let key = ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD);
     h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80));
     let first = h.conntrack().get(&key, 0).unwrap().last_seen_ns;
-    h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80));
-    let second = h.conntrack().get(&key, 0).unwrap().last_seen_ns;
+    // The stamp comes from the coarse clock, which moves once a tick.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let second = loop {
+        h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80));
+        let seen = h.conntrack().get(&key, 0).unwrap().last_seen_ns;
+        if seen > first || std::time::Instant::now() > deadline {
+            break seen;
+        }
+        std::thread::yield_now(); // poll
+    };
     assert!(second > first, "{second} > {first}");
     assert_eq!(h.ct_len(), 1);
+}
+
+/// The enforcer's sweep keeps an entry whose stamp is at or after the
+/// moment the sweep started: a stamp earlier than its packet could cost a
+/// live flow its entry.
+#[test]
+fn last_seen_is_never_earlier_than_the_packet() {
+    let mut h = Harness::new();
+    h.endpoint(0, 0);
+    let key = ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD);
+    for _ in 0..200 {
+        let before = monotonic_ns();
+        h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80));
+        let after = monotonic_ns();
+        let seen = h.conntrack().get(&key, 0).unwrap().last_seen_ns;
+        assert!(seen >= before, "stamp {seen} before the packet ({before})");
+        assert!(
+            seen <= after + LAST_SEEN_MAX_AHEAD_NS,
+            "stamp {seen} too far past the packet ({after})"
+        );
+    }
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the struct it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 #[test]
