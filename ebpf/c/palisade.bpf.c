@@ -20,6 +20,8 @@
  *      SAME interface allowed                  -> next, refresh conntrack
  *   7. forward packet of a flow this hook
  *      allowed under the current epoch         -> next (no policy lookup)
+ *      (6 and 7 in either order, same verdict: a packet to a lower port
+ *      than its source tries 7 first, see likely_forward)
  *   8. direction not isolated (policy id 0)    -> next, track the flow
  *   9. policy(peer) and ports(proto, dport)    -> next, track the flow
  *  10. anything else                           -> drop, forget the flow
@@ -467,45 +469,62 @@ static __always_inline bool ct_is_reply(const struct flow *f, const struct endpo
 	return true;
 }
 
-enum forward_verdict {
-	FWD_ESTABLISHED, /* entry of the current epoch: no policy lookup */
-	FWD_ALLOWED,     /* policy allowed it: entry written or refreshed */
-	FWD_DENIED,      /* policy denied it: any entry forgotten */
-};
-
-/* Judges a forward packet and keeps its entry in step: only a packet policy
- * allowed (now or under the current epoch) writes or keeps one. */
-static __always_inline int ct_forward(const struct flow *f, const struct endpoint *ep,
-				      __u32 ifindex, __u8 owner)
+/* The entry this hook wrote for f (a forward packet's own entry), or NULL;
+ * k is left holding its key either way. */
+static __always_inline struct ct_value *ct_own_entry(struct ct_key *k, const struct flow *f,
+						     __u32 ifindex, __u8 owner)
 {
-	__u32 epoch = hook_epoch(ep, owner);
-	struct ct_value fresh = {};
-	struct ct_key k = {};
-	struct ct_value *v = NULL;
+	if (!f->trackable)
+		return NULL;
+	ct_key_forward(k, f, ifindex, owner);
+	return bpf_map_lookup_elem(&pal_conntrack, k);
+}
 
-	if (f->trackable) {
-		ct_key_forward(&k, f, ifindex, owner);
-		v = bpf_map_lookup_elem(&pal_conntrack, &k);
-	}
-	if (v && v->epoch == epoch) {
-		/* Refresh in place: no LRU update per packet. */
-		ct_touch(v);
-		return FWD_ESTABLISHED;
-	}
+/* Was the flow allowed under the hook's current epoch?  Then it passes with
+ * no policy lookup (refreshed in place: no LRU update per packet). */
+static __always_inline bool ct_established(struct ct_value *v, const struct endpoint *ep,
+					   __u8 owner)
+{
+	if (!v || v->epoch != hook_epoch(ep, owner))
+		return false;
+	ct_touch(v);
+	return true;
+}
+
+/* Judges a forward packet by policy and keeps its entry (v under key k, or
+ * none) in step: an allowed packet writes or refreshes it, a denied one
+ * forgets it. */
+static __always_inline bool ct_policy_allows(const struct flow *f, const struct endpoint *ep,
+					     __u8 owner, struct ct_key *k, struct ct_value *v)
+{
+	struct ct_value fresh = {};
+
 	if (!hook_allows(ep, owner, f)) {
 		if (v)
-			bpf_map_delete_elem(&pal_conntrack, &k);
-		return FWD_DENIED;
+			bpf_map_delete_elem(&pal_conntrack, k);
+		return false;
 	}
 	if (v) {
-		v->epoch = epoch;
+		v->epoch = hook_epoch(ep, owner);
 		ct_touch(v);
 	} else if (f->trackable) {
 		fresh.last_seen_ns = seen_now();
-		fresh.epoch = epoch;
-		bpf_map_update_elem(&pal_conntrack, &k, &fresh, BPF_ANY);
+		fresh.epoch = hook_epoch(ep, owner);
+		bpf_map_update_elem(&pal_conntrack, k, &fresh, BPF_ANY);
 	}
-	return FWD_ALLOWED;
+	return true;
+}
+
+/* A packet of a known flow has one of two entries: its own hook's (a
+ * forward packet) or the other hook's (a reply).  Both are tried before
+ * policy, and in either order the verdict is the same, so the likelier
+ * one goes first and saves a lookup.  A packet towards a lower port than
+ * it comes from is most likely client to server, the direction whose first
+ * packet made the flow's entry; a wrong guess costs one lookup, nothing
+ * else. */
+static __always_inline bool likely_forward(const struct flow *f)
+{
+	return bpf_ntohs(f->dport) < bpf_ntohs(f->sport);
 }
 
 /* ---- verdict ---- */
@@ -522,6 +541,8 @@ static __always_inline int account(__u32 stat, int verdict)
 static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 {
 	__u32 ifindex = skb->ifindex;
+	struct ct_key own_key = {};
+	struct ct_value *own;
 	struct endpoint *ep;
 	struct flow f = {};
 	int parsed;
@@ -542,19 +563,24 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 	if (owner == OWNER_FROM_POD && !pod_owns_source(ep, f.src))
 		return account(STAT_DENIED_SPOOF, VERDICT_DROP);
 
-	if (ct_is_reply(&f, ep, ifindex, owner))
-		return account(STAT_ALLOWED_REPLY, VERDICT_NEXT);
-
-	switch (ct_forward(&f, ep, ifindex, owner)) {
-	case FWD_ESTABLISHED:
-		return account(STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
-	case FWD_ALLOWED:
-		return account(hook_policy(ep, owner) ? STAT_ALLOWED_POLICY
-						      : STAT_ALLOWED_UNISOLATED,
-			       VERDICT_NEXT);
-	default:
-		return account(STAT_DENIED, VERDICT_DROP);
+	if (likely_forward(&f)) {
+		own = ct_own_entry(&own_key, &f, ifindex, owner);
+		if (ct_established(own, ep, owner))
+			return account(STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
+		if (ct_is_reply(&f, ep, ifindex, owner))
+			return account(STAT_ALLOWED_REPLY, VERDICT_NEXT);
+	} else {
+		if (ct_is_reply(&f, ep, ifindex, owner))
+			return account(STAT_ALLOWED_REPLY, VERDICT_NEXT);
+		own = ct_own_entry(&own_key, &f, ifindex, owner);
+		if (ct_established(own, ep, owner))
+			return account(STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
 	}
+
+	if (!ct_policy_allows(&f, ep, owner, &own_key, own))
+		return account(STAT_DENIED, VERDICT_DROP);
+	return account(hook_policy(ep, owner) ? STAT_ALLOWED_POLICY : STAT_ALLOWED_UNISOLATED,
+		       VERDICT_NEXT);
 }
 
 SEC("classifier")

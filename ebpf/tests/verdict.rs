@@ -448,6 +448,38 @@ fn established_flows_skip_policy_until_the_epoch_moves() {
     assert_eq!(h.ct_len(), 0);
 }
 
+/// Forward and reply entries are tried in the order the ports suggest
+/// (lower destination port: forward first); a flow whose ports are the other
+/// way round gets the same verdicts, only one lookup later.
+#[test]
+fn verdicts_do_not_depend_on_which_port_is_lower() {
+    let mut h = Harness::new();
+    h.endpoint(2, 1);
+    h.cidr(1, "10.0.1.0/24", 1);
+    h.ports(1, PROTO_TCP, 0, 65535);
+    let flows = [(40000, 80), (80, 40000), (5000, 5000)];
+    for (sport, dport) in flows {
+        let out = tcp(POD4, sport, "10.0.1.5", dport);
+        let back = tcp_flags("10.0.1.5", dport, POD4, sport, ACK);
+        assert_eq!(h.pod_sends(&out), ALLOW, "{sport}->{dport} allowed");
+        assert_eq!(h.pod_sends(&out), ALLOW, "{sport}->{dport} established");
+        assert_eq!(h.pod_receives(&back), ALLOW, "{sport}->{dport} reply");
+    }
+    let n = flows.len() as u64;
+    assert_eq!(h.stat(STAT_ALLOWED_POLICY), n);
+    assert_eq!(h.stat(STAT_ALLOWED_ESTABLISHED), n);
+    assert_eq!(h.stat(STAT_ALLOWED_REPLY), n);
+    // Egress revoked: both directions of every flow stop at once.
+    h.switch(2, 3, 0, 9);
+    for (sport, dport) in flows {
+        let back = tcp_flags("10.0.1.5", dport, POD4, sport, ACK);
+        assert_eq!(h.pod_receives(&back), DROP, "{sport}->{dport} reply");
+        let out = tcp(POD4, sport, "10.0.1.5", dport);
+        assert_eq!(h.pod_sends(&out), DROP, "{sport}->{dport} forward");
+    }
+    assert_eq!(h.ct_len(), 0);
+}
+
 #[test]
 fn an_epoch_change_that_still_allows_refreshes_the_entry() {
     let mut h = Harness::new();
