@@ -673,7 +673,7 @@ fn maps_are_pinned_by_name() {
 fn a_second_load_shares_the_pinned_maps() {
     let mut h = Harness::new();
     let mut second = EbpfLoader::new()
-        .default_map_pin_directory(&h.pins())
+        .default_map_pin_directory(h.pins())
         .load(OBJECT)
         .unwrap_or_else(|e| panic!("reload object: {e:?}"));
     let prog: &mut SchedClassifier = second

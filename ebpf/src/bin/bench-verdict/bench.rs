@@ -105,15 +105,33 @@ impl Bench {
             table.new_flow.clone(),
         );
         let (prog, frame, repeat, verdict, stat) = match row {
-            Row::Bare => (self.extra_prog(PROG_BENCH_BARE), fwd, REPEAT_STEADY, 0, None),
+            Row::Bare => (
+                self.extra_prog(PROG_BENCH_BARE),
+                fwd,
+                REPEAT_STEADY,
+                0,
+                None,
+            ),
             Row::Wrapper => {
                 self.target(PROG_BENCH_RETURN);
-                (self.extra_prog(PROG_BENCH_NEW_FLOW), new_flow, REPEAT_NEW, ALLOW, None)
+                (
+                    self.extra_prog(PROG_BENCH_NEW_FLOW),
+                    new_flow,
+                    REPEAT_NEW,
+                    ALLOW,
+                    None,
+                )
             }
             Row::EstablishedFwd => {
                 self.expect(PROG_FROM_POD, &fwd, ALLOW);
                 let prog = self.harness.program(PROG_FROM_POD);
-                (prog, fwd, REPEAT_STEADY, ALLOW, Some(STAT_ALLOWED_ESTABLISHED))
+                (
+                    prog,
+                    fwd,
+                    REPEAT_STEADY,
+                    ALLOW,
+                    Some(STAT_ALLOWED_ESTABLISHED),
+                )
             }
             Row::EstablishedReply => {
                 self.expect(PROG_FROM_POD, &fwd, ALLOW);
@@ -169,7 +187,12 @@ impl Bench {
         let fd = if name == PROG_BENCH_RETURN {
             self.extra_prog(name).fd().unwrap().try_clone().unwrap()
         } else {
-            self.harness.program(name).fd().unwrap().try_clone().unwrap()
+            self.harness
+                .program(name)
+                .fd()
+                .unwrap()
+                .try_clone()
+                .unwrap()
         };
         let mut slots: ProgramArray<_> =
             ProgramArray::try_from(self.extra.map_mut(MAP_BENCH_TARGETS).unwrap()).unwrap();
@@ -177,7 +200,11 @@ impl Bench {
     }
 
     fn expect(&self, prog: &str, frame: &[u8], verdict: u32) {
-        assert_eq!(self.harness.run(prog, frame), verdict, "setting up via {prog}");
+        assert_eq!(
+            self.harness.run(prog, frame),
+            verdict,
+            "setting up via {prog}"
+        );
     }
 
     /// Fills conntrack to its size with flows of an interface no packet

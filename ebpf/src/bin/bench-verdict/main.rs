@@ -47,7 +47,11 @@ fn parse_args() -> Result<Args, String> {
                     .collect::<Option<Vec<_>>>()
                     .ok_or(format!("--rules: not a list of positive numbers: {value}"))?
             }
-            _ => return Err(format!("unknown flag {flag} (known: --rounds N, --rules A,B,..)")),
+            _ => {
+                return Err(format!(
+                    "unknown flag {flag} (known: --rounds N, --rules A,B,..)"
+                ))
+            }
         }
     }
     Ok(args)

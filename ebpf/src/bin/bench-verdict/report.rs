@@ -31,6 +31,13 @@ pub struct Summary {
     pub repeat: u32,
 }
 
+/// One round of a row, its own cost and its ratio to that round's bare.
+struct Run {
+    ns: f64,
+    ratio: f64,
+    repeat: u32,
+}
+
 /// The row's own cost in each round it ran, and its ratio to that round's
 /// bare. Rows through the wrapper lose the wrapper's cost of the same
 /// round and rule count; a round missing its bare (or wrapper) is skipped.
@@ -39,7 +46,7 @@ pub fn summarize(samples: &[Sample]) -> Vec<Summary> {
         .iter()
         .map(|s| ((s.round, s.rules, s.row), s.ns))
         .collect();
-    let mut groups: BTreeMap<(Row, usize), Vec<(f64, f64, u32)>> = BTreeMap::new();
+    let mut groups: BTreeMap<(Row, usize), Vec<Run>> = BTreeMap::new();
     for s in samples {
         let Some(&bare) = lookup.get(&(s.round, s.rules, Row::Bare)) else {
             continue;
@@ -52,16 +59,17 @@ pub fn summarize(samples: &[Sample]) -> Vec<Summary> {
         } else {
             s.ns
         };
-        groups
-            .entry((s.row, s.rules))
-            .or_default()
-            .push((net, net / bare, s.repeat));
+        groups.entry((s.row, s.rules)).or_default().push(Run {
+            ns: net,
+            ratio: net / bare,
+            repeat: s.repeat,
+        });
     }
     groups
         .into_iter()
         .map(|((row, rules), runs)| {
-            let ns: Vec<f64> = runs.iter().map(|r| r.0).collect();
-            let ratios: Vec<f64> = runs.iter().map(|r| r.1).collect();
+            let ns: Vec<f64> = runs.iter().map(|r| r.ns).collect();
+            let ratios: Vec<f64> = runs.iter().map(|r| r.ratio).collect();
             Summary {
                 row,
                 rules,
@@ -70,7 +78,7 @@ pub fn summarize(samples: &[Sample]) -> Vec<Summary> {
                 min_ns: ns.iter().copied().fold(f64::INFINITY, f64::min),
                 max_ns: ns.iter().copied().fold(f64::NEG_INFINITY, f64::max),
                 rounds: runs.len(),
-                repeat: runs.iter().map(|r| r.2).min().unwrap_or(0),
+                repeat: runs.iter().map(|r| r.repeat).min().unwrap_or(0),
             }
         })
         .collect()

@@ -101,7 +101,11 @@ pub fn policy(n: usize, seed: u64) -> Policy {
         .filter(|(_, len)| *len == 32)
         .map(|(a, _)| Ipv4Addr::from(u32::from(*a) ^ 1))
         .find(|a| !covered(&rules, *a))
-        .or_else(|| (1u32..).map(|i| Ipv4Addr::from(0x0b00_0000 + i)).find(|a| !covered(&rules, *a)))
+        .or_else(|| {
+            (1u32..)
+                .map(|i| Ipv4Addr::from(0x0b00_0000 + i))
+                .find(|a| !covered(&rules, *a))
+        })
         .expect("some address is not covered");
     Policy {
         rules,
@@ -117,7 +121,11 @@ fn host_in((net, _): (Ipv4Addr, u8)) -> Ipv4Addr {
 /// Does any rule cover `addr`?
 pub fn covered(rules: &[(Ipv4Addr, u8)], addr: Ipv4Addr) -> bool {
     rules.iter().any(|&(net, len)| {
-        let mask = if len == 0 { 0 } else { u32::MAX << (32 - u32::from(len)) };
+        let mask = if len == 0 {
+            0
+        } else {
+            u32::MAX << (32 - u32::from(len))
+        };
         u32::from(addr) & mask == u32::from(net) & mask
     })
 }
