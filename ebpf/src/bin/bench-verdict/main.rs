@@ -15,7 +15,7 @@ use bench::{Bench, REPEAT_NEW, REPEAT_STEADY};
 use report::Sample;
 use scenario::{policy, round_order, Row};
 
-const DEFAULT_ROUNDS: usize = 7;
+const DEFAULT_ROUNDS: usize = 11;
 const DEFAULT_RULES: [usize; 4] = [10, 1_000, 10_000, 100_000];
 const SEED: u64 = 0x5eed_0006;
 
@@ -116,7 +116,7 @@ fn main() {
         "Rows are checked, not assumed: every run of a measurement must return the row's verdict and bump its counter."
     );
     println!();
-    let targets = report::targets(&summaries);
+    let targets = report::targets(&summaries, &samples);
     for t in &targets {
         println!(
             "target {:<30} {:<40} {}",
