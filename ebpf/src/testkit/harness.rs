@@ -216,7 +216,7 @@ impl Harness {
         self.conntrack().keys().map(|k| k.unwrap()).collect()
     }
 
-    /// Forgets every conntrack entry.
+    /// Forgets every conntrack entry, and checks that none is left.
     pub fn ct_clear(&mut self) {
         let keys = self.ct_keys();
         let mut map = self.conntrack();
@@ -224,6 +224,8 @@ impl Harness {
             // An LRU map may have evicted it meanwhile; gone is gone.
             let _ = map.remove(&key);
         }
+        let left = self.ct_len();
+        assert_eq!(left, 0, "{left} conntrack entries survived clearing");
     }
 }
 

@@ -152,7 +152,7 @@ impl Bench {
                 (prog, denied, REPEAT_STEADY, DROP, Some(STAT_DENIED))
             }
         };
-        let before = stat.map(|s| self.harness.stat(s));
+        let before = self.harness.stats();
         let result = test_run(prog, LO, &frame, repeat);
         assert_eq!(
             result.return_value,
@@ -160,12 +160,14 @@ impl Bench {
             "{} at {rules} rules: wrong verdict, the row measured another path",
             row.name()
         );
-        if let (Some(s), Some(before)) = (stat, before) {
-            let counted = self.harness.stat(s) - before;
+        if let Some(s) = stat {
+            let after = self.harness.stats();
+            let counted = after[s as usize] - before[s as usize];
+            let by_stat: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
             assert_eq!(
                 counted,
                 u64::from(repeat),
-                "{} at {rules} rules: {counted} of {repeat} runs took the path",
+                "{} at {rules} rules: {counted} of {repeat} runs took the path (runs by STAT_* index: {by_stat:?})",
                 row.name()
             );
         }
