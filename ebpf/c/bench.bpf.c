@@ -9,8 +9,9 @@
  *   bench_new_flow   BPF_PROG_TEST_RUN repeats one packet, so after its
  *                    first run a "new" flow would be established.  This
  *                    wrapper gives every run a source port of its own (a
- *                    per-CPU counter) and tail-calls the program in slot 0
- *                    of bench_targets, the program under test.
+ *                    counter shared by all CPUs: a long test run may move to
+ *                    another CPU when it yields) and tail-calls the program
+ *                    in slot 0 of bench_targets, the program under test.
  *   bench_return     returns at once: in slot 0 it measures the wrapper's
  *                    own cost (counter, port write, tail call), which the
  *                    benchmark subtracts.
@@ -38,7 +39,7 @@ struct {
 } bench_targets SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, __u32);
@@ -100,8 +101,7 @@ int bench_new_flow(struct __sk_buff *skb)
 	sport = data + off;
 	if ((void *)(sport + 1) > data_end)
 		return TC_ACT_SHOT;
-	*sport = bpf_htons(NEW_FLOW_PORT_BASE + *counter % NEW_FLOW_PORTS);
-	*counter += 1;
+	*sport = bpf_htons(NEW_FLOW_PORT_BASE + __sync_fetch_and_add(counter, 1) % NEW_FLOW_PORTS);
 	bpf_tail_call(skb, &bench_targets, 0);
 	/* Slot 0 empty: a measurement of nothing must not look like a verdict. */
 	return TC_ACT_SHOT;
