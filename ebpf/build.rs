@@ -1,5 +1,6 @@
 //! Compiles the TC programs in `c/` with clang into `$OUT_DIR`: the
-//! enforcer's `palisade.bpf.o` and the verdict benchmark's `bench.bpf.o`.
+//! enforcer's `palisade.bpf.o`, a test build of it that reads headers by
+//! copy, and the verdict benchmark's `bench.bpf.o`.
 
 use std::env;
 use std::io::Write;
@@ -7,10 +8,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 const SOURCES: &[&str] = &["c/palisade.bpf.c", "c/palisade.h", "c/bench.bpf.c"];
-/// (source, object in `$OUT_DIR`) of every program file.
-const OBJECTS: &[(&str, &str)] = &[
-    ("c/palisade.bpf.c", "palisade.bpf.o"),
-    ("c/bench.bpf.c", "bench.bpf.o"),
+/// (source, object in `$OUT_DIR`, extra clang flags) of every object.
+const OBJECTS: &[(&str, &str, &[&str])] = &[
+    ("c/palisade.bpf.c", "palisade.bpf.o", &[]),
+    // Test build: every header read through header_at's paged-data
+    // fallback, which BPF_PROG_TEST_RUN's linear skbs never reach.
+    (
+        "c/palisade.bpf.c",
+        "palisade-headers-by-copy.bpf.o",
+        &["-DHEADERS_BY_COPY=1"],
+    ),
+    ("c/bench.bpf.c", "bench.bpf.o", &[]),
 ];
 const INSTALL_HINT: &str = "install them with `apt-get install clang libbpf-dev` \
      (or point the CLANG environment variable at a clang that can target bpf)";
@@ -27,7 +35,9 @@ fn main() {
 
     check_toolchain(&clang, &flags);
 
-    for (source, object) in OBJECTS {
+    for (source, object, extra) in OBJECTS {
+        let mut flags = flags.clone();
+        flags.extend(extra.iter().map(|f| f.to_string()));
         compile(&clang, &flags, source, &out.join(object));
     }
 }

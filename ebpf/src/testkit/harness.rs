@@ -75,10 +75,16 @@ impl Default for Harness {
 
 impl Harness {
     pub fn new() -> Self {
+        Self::with_object(OBJECT)
+    }
+
+    /// The same with another build of the programs (see
+    /// [`super::HEADERS_BY_COPY_OBJECT`]).
+    pub fn with_object(object: &[u8]) -> Self {
         let pins = PinDir::new();
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(pins.path())
-            .load(OBJECT)
+            .load(object)
             .unwrap_or_else(|e| panic!("load object: {e:?}"));
         for name in [PROG_FROM_POD, PROG_TO_POD] {
             let prog: &mut SchedClassifier = ebpf

@@ -15,6 +15,16 @@ pub use harness::{
     cidr_key, ct, ct_at, ip, skb_ctx, test_run, Harness, PinDir, ALLOW, DROP, LO, POD4, POD6,
 };
 
+static ALIGNED_HEADERS_BY_COPY_OBJECT: &Aligned<[u8]> = &Aligned(*include_bytes!(concat!(
+    env!("OUT_DIR"),
+    "/palisade-headers-by-copy.bpf.o"
+)));
+
+/// [`crate::OBJECT`] built to read every header with bpf_skb_load_bytes,
+/// the fallback for headers in paged data, which BPF_PROG_TEST_RUN (whose
+/// skbs are linear) never takes otherwise. Tests only.
+pub static HEADERS_BY_COPY_OBJECT: &[u8] = &ALIGNED_HEADERS_BY_COPY_OBJECT.0;
+
 static ALIGNED_BENCH_OBJECT: &Aligned<[u8]> =
     &Aligned(*include_bytes!(concat!(env!("OUT_DIR"), "/bench.bpf.o")));
 
