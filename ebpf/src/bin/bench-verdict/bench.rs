@@ -34,6 +34,8 @@ struct Table {
 
 pub struct Bench {
     harness: Harness,
+    /// The headers-by-copy build, sharing the harness's pinned maps.
+    by_copy: Ebpf,
     extra: Ebpf,
     tables: Vec<Table>,
     pub ct_filled: usize,
@@ -52,6 +54,17 @@ impl Bench {
             prog.load()
                 .unwrap_or_else(|e| panic!("verifier rejected {name}: {e:?}"));
         }
+        let mut by_copy = EbpfLoader::new()
+            .default_map_pin_directory(harness.pins())
+            .load(testkit::HEADERS_BY_COPY_OBJECT)
+            .unwrap_or_else(|e| panic!("load headers-by-copy object: {e:?}"));
+        let prog: &mut SchedClassifier = by_copy
+            .program_mut(PROG_FROM_POD)
+            .unwrap()
+            .try_into()
+            .unwrap();
+        prog.load()
+            .unwrap_or_else(|e| panic!("verifier rejected {PROG_FROM_POD} by copy: {e:?}"));
         let mut tables = Vec::new();
         for (i, policy) in policies.iter().enumerate() {
             let policy_id = i as u32 + 1;
@@ -79,6 +92,7 @@ impl Bench {
         }
         Bench {
             harness,
+            by_copy,
             extra,
             tables,
             ct_filled: 0,
@@ -125,6 +139,22 @@ impl Bench {
             Row::EstablishedFwd => {
                 self.expect(PROG_FROM_POD, &fwd, ALLOW);
                 let prog = self.harness.program(PROG_FROM_POD);
+                (
+                    prog,
+                    fwd,
+                    REPEAT_STEADY,
+                    ALLOW,
+                    Some(STAT_ALLOWED_ESTABLISHED),
+                )
+            }
+            Row::EstablishedFwdByCopy => {
+                self.expect(PROG_FROM_POD, &fwd, ALLOW);
+                let prog: &SchedClassifier = self
+                    .by_copy
+                    .program(PROG_FROM_POD)
+                    .unwrap()
+                    .try_into()
+                    .unwrap();
                 (
                     prog,
                     fwd,

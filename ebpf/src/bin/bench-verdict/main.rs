@@ -113,6 +113,12 @@ fn main() {
         palisade_ebpf::MAX_CONNTRACK_ENTRIES
     );
     println!(
+        "established_fwd_by_copy: established_fwd through a build that reads every header with bpf_skb_load_bytes (the"
+    );
+    println!(
+        "  fallback for headers in paged data, which test runs cannot produce): what direct packet access saves."
+    );
+    println!(
         "Rows are checked, not assumed: every run of a measurement must return the row's verdict and bump its counter."
     );
     println!();

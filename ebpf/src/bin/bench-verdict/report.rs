@@ -185,13 +185,13 @@ pub fn table(summaries: &[Summary]) -> String {
     counts.sort_unstable();
     counts.dedup();
     let mut out = String::new();
-    let _ = write!(out, "{:<20}", "row \\ rules");
+    let _ = write!(out, "{:<25}", "row \\ rules");
     for n in &counts {
         let _ = write!(out, "{:>22}", n);
     }
     out.push('\n');
     for row in Row::ALL {
-        let _ = write!(out, "{:<20}", row.name());
+        let _ = write!(out, "{:<25}", row.name());
         for n in &counts {
             match summaries.iter().find(|s| s.row == row && s.rules == *n) {
                 Some(s) => {

@@ -13,6 +13,9 @@ pub enum Row {
     Wrapper,
     /// A forward packet of a flow allowed under the current epoch.
     EstablishedFwd,
+    /// The same through the build that reads every header by copy (the
+    /// fallback for headers in paged data): what direct access saves.
+    EstablishedFwdByCopy,
     /// A reply to such a flow, on the pod's other hook.
     EstablishedReply,
     /// A new flow policy allows, conntrack empty at the start of the run.
@@ -24,10 +27,11 @@ pub enum Row {
 }
 
 impl Row {
-    pub const ALL: [Row; 7] = [
+    pub const ALL: [Row; 8] = [
         Row::Bare,
         Row::Wrapper,
         Row::EstablishedFwd,
+        Row::EstablishedFwdByCopy,
         Row::EstablishedReply,
         Row::NewAllowed,
         Row::NewAllowedCtFull,
@@ -39,6 +43,7 @@ impl Row {
             Row::Bare => "bare",
             Row::Wrapper => "wrapper",
             Row::EstablishedFwd => "established_fwd",
+            Row::EstablishedFwdByCopy => "established_fwd_by_copy",
             Row::EstablishedReply => "established_reply",
             Row::NewAllowed => "new_allowed",
             Row::NewAllowedCtFull => "new_allowed_ctfull",
