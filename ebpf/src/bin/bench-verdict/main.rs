@@ -18,6 +18,7 @@ use scenario::{policy, round_order, Row};
 const DEFAULT_ROUNDS: usize = 11;
 const DEFAULT_RULES: [usize; 4] = [10, 1_000, 10_000, 100_000];
 const SEED: u64 = 0x5eed_0006;
+const USAGE: &str = "usage: bench-verdict [--rounds N (11)] [--rules 10,1000,10000,100000]";
 
 struct Args {
     rounds: usize,
@@ -31,6 +32,10 @@ fn parse_args() -> Result<Args, String> {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            println!("{USAGE}");
+            std::process::exit(0);
+        }
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--rounds" => {
