@@ -1,12 +1,25 @@
-//! Compiles the TC programs in `c/` with clang into `$OUT_DIR/palisade.bpf.o`.
+//! Compiles the TC programs in `c/` with clang into `$OUT_DIR`: the
+//! enforcer's `palisade.bpf.o`, a test build of it that reads headers by
+//! copy, and the verdict benchmark's `bench.bpf.o`.
 
 use std::env;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const SOURCES: &[&str] = &["c/palisade.bpf.c", "c/palisade.h"];
-const MAIN: &str = "c/palisade.bpf.c";
+const SOURCES: &[&str] = &["c/palisade.bpf.c", "c/palisade.h", "c/bench.bpf.c"];
+/// (source, object in `$OUT_DIR`, extra clang flags) of every object.
+const OBJECTS: &[(&str, &str, &[&str])] = &[
+    ("c/palisade.bpf.c", "palisade.bpf.o", &[]),
+    // Test build: every header read through header_at's paged-data
+    // fallback, which BPF_PROG_TEST_RUN's linear skbs never reach.
+    (
+        "c/palisade.bpf.c",
+        "palisade-headers-by-copy.bpf.o",
+        &["-DHEADERS_BY_COPY=1"],
+    ),
+    ("c/bench.bpf.c", "bench.bpf.o", &[]),
+];
 const INSTALL_HINT: &str = "install them with `apt-get install clang libbpf-dev` \
      (or point the CLANG environment variable at a clang that can target bpf)";
 
@@ -22,18 +35,25 @@ fn main() {
 
     check_toolchain(&clang, &flags);
 
-    let object = out.join("palisade.bpf.o");
-    let output = Command::new(&clang)
-        .args(&flags)
+    for (source, object, extra) in OBJECTS {
+        let mut flags = flags.clone();
+        flags.extend(extra.iter().map(|f| f.to_string()));
+        compile(&clang, &flags, source, &out.join(object));
+    }
+}
+
+fn compile(clang: &str, flags: &[String], source: &str, object: &Path) {
+    let output = Command::new(clang)
+        .args(flags)
         .arg("-c")
-        .arg(MAIN)
+        .arg(source)
         .arg("-o")
-        .arg(&object)
+        .arg(object)
         .output()
         .unwrap_or_else(|e| fail(&format!("could not run `{clang}`: {e}")));
     if !output.status.success() {
         fail(&format!(
-            "`{clang}` failed to compile {MAIN}:\n{}",
+            "`{clang}` failed to compile {source}:\n{}",
             String::from_utf8_lossy(&output.stderr)
         ));
     }

@@ -87,7 +87,9 @@ struct ct_key {
 };
 
 struct ct_value {
-	__u64 last_seen_ns; /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
+	/* CLOCK_MONOTONIC of the last packet, from the coarse clock rounded up:
+	 * never earlier than the packet, at most 20 ms later. */
+	__u64 last_seen_ns;
 	__u32 epoch;        /* the writing direction's epoch when policy last allowed the flow */
 	__u32 pad;
 };

@@ -14,8 +14,10 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use aya::maps::lpm_trie::Key;
 
+pub mod testkit;
+
 #[repr(C, align(8))]
-struct Aligned<B: ?Sized>(B);
+pub(crate) struct Aligned<B: ?Sized>(pub(crate) B);
 
 // aya parses the ELF in place, which needs the 8-byte alignment that
 // include_bytes! alone does not promise.
@@ -56,6 +58,10 @@ pub const MAX_ENDPOINTS: u32 = 16384;
 pub const MAX_POLICY_ENTRIES: u32 = 262_144;
 pub const MAX_PORT_ENTRIES: u32 = 262_144;
 pub const MAX_CONNTRACK_ENTRIES: u32 = 65536;
+
+/// How far past the packet a [`CtValue::last_seen_ns`] may be
+/// (`COARSE_CLOCK_LAG_NS` in the C file).
+pub const LAST_SEEN_MAX_AHEAD_NS: u64 = 20_000_000;
 
 /// Packets allowed by a policy rule.
 pub const STAT_ALLOWED_POLICY: u32 = 0;
@@ -305,9 +311,12 @@ impl CtKey {
     }
 }
 
-/// Value of [`MAP_CONNTRACK`]. The programs write `bpf_ktime_get_ns()`,
-/// i.e. `CLOCK_MONOTONIC` (not counting suspend), and the writing
-/// direction's [`Endpoint`] epoch when policy last allowed the flow.
+/// Value of [`MAP_CONNTRACK`]. `last_seen_ns` is the `CLOCK_MONOTONIC` time
+/// (not counting suspend) of the flow's last packet as the programs read it
+/// from the cheap coarse clock, rounded up: never earlier than the packet
+/// and at most [`LAST_SEEN_MAX_AHEAD_NS`] later, so `last_seen_ns < t` proves
+/// that no packet was seen since `t`. `epoch` is the writing direction's
+/// [`Endpoint`] epoch when policy last allowed the flow.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CtValue {

@@ -1,0 +1,265 @@
+//! The kernel side: the real programs and the benchmark's own, the policy
+//! tables, and one measured BPF_PROG_TEST_RUN per row.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use aya::maps::ProgramArray;
+use aya::programs::SchedClassifier;
+use aya::{Ebpf, EbpfLoader};
+use palisade_ebpf::testkit::frames::tcp;
+use palisade_ebpf::testkit::*;
+use palisade_ebpf::*;
+
+use crate::report::Sample;
+use crate::scenario::{Policy, Row};
+
+/// Runs per measurement of rows whose packet stays the same kind of packet
+/// however often it is repeated (issue 6 asks for at least a million).
+pub const REPEAT_STEADY: u32 = 1_000_000;
+/// Runs per measurement through the new-flow wrapper: one per source port
+/// it hands out, so no run of it meets a flow an earlier run made.
+pub const REPEAT_NEW: u32 = BENCH_NEW_FLOW_PORTS;
+
+const PEER_PORT: u16 = 80;
+
+/// One pod's policy at one rule count, and the frames its rows send.
+struct Table {
+    rules: usize,
+    policy_id: u32,
+    fwd: Vec<u8>,
+    reply: Vec<u8>,
+    denied: Vec<u8>,
+    new_flow: Vec<u8>,
+}
+
+pub struct Bench {
+    harness: Harness,
+    /// The headers-by-copy build, sharing the harness's pinned maps.
+    by_copy: Ebpf,
+    extra: Ebpf,
+    tables: Vec<Table>,
+    pub ct_filled: usize,
+}
+
+impl Bench {
+    /// Loads both objects and writes every table at once under its own
+    /// policy id (as on a node, where many policies share the trie).
+    pub fn new(policies: &[Policy]) -> Self {
+        let mut harness = Harness::new();
+        let mut extra = EbpfLoader::new()
+            .load(testkit::BENCH_OBJECT)
+            .unwrap_or_else(|e| panic!("load bench object: {e:?}"));
+        for name in [PROG_BENCH_BARE, PROG_BENCH_NEW_FLOW, PROG_BENCH_RETURN] {
+            let prog: &mut SchedClassifier = extra.program_mut(name).unwrap().try_into().unwrap();
+            prog.load()
+                .unwrap_or_else(|e| panic!("verifier rejected {name}: {e:?}"));
+        }
+        let mut by_copy = EbpfLoader::new()
+            .default_map_pin_directory(harness.pins())
+            .load(testkit::HEADERS_BY_COPY_OBJECT)
+            .unwrap_or_else(|e| panic!("load headers-by-copy object: {e:?}"));
+        let prog: &mut SchedClassifier = by_copy
+            .program_mut(PROG_FROM_POD)
+            .unwrap()
+            .try_into()
+            .unwrap();
+        prog.load()
+            .unwrap_or_else(|e| panic!("verifier rejected {PROG_FROM_POD} by copy: {e:?}"));
+        let mut tables = Vec::new();
+        for (i, policy) in policies.iter().enumerate() {
+            let policy_id = i as u32 + 1;
+            let portset_id = policy_id;
+            harness.ports(portset_id, PROTO_TCP, PEER_PORT, PEER_PORT);
+            {
+                let mut trie = harness.policies();
+                for &(net, len) in &policy.rules {
+                    let key = PolicyKey::lpm(policy_id, IpAddr::V4(net), len);
+                    trie.insert(&key, PolicyValue { portset_id }, 0)
+                        .unwrap_or_else(|e| panic!("insert rule {net}/{len}: {e:?}"));
+                }
+            }
+            let sport = 40000 + i as u16;
+            let peer = policy.allowed_peer.to_string();
+            tables.push(Table {
+                rules: policy.rules.len(),
+                policy_id,
+                fwd: tcp(POD4, sport, &peer, PEER_PORT),
+                reply: tcp(&peer, PEER_PORT, POD4, sport),
+                denied: tcp(POD4, sport, &policy.denied_peer.to_string(), PEER_PORT),
+                // The wrapper overwrites the source port of every run.
+                new_flow: tcp(POD4, 0, &peer, PEER_PORT),
+            });
+        }
+        Bench {
+            harness,
+            by_copy,
+            extra,
+            tables,
+            ct_filled: 0,
+        }
+    }
+
+    pub fn rule_counts(&self) -> Vec<usize> {
+        self.tables.iter().map(|t| t.rules).collect()
+    }
+
+    /// Prepares and measures `row` against table `t`.
+    pub fn measure(&mut self, round: usize, t: usize, row: Row) -> Sample {
+        let table = &self.tables[t];
+        // Both directions isolated by this table, with an epoch of its own:
+        // entries written under another table's turn are re-judged, never
+        // trusted.
+        let id = table.policy_id;
+        self.harness.switch(id, id, id, id);
+        let (rules, fwd, reply, denied, new_flow) = (
+            table.rules,
+            table.fwd.clone(),
+            table.reply.clone(),
+            table.denied.clone(),
+            table.new_flow.clone(),
+        );
+        let (prog, frame, repeat, verdict, stat) = match row {
+            Row::Bare => (
+                self.extra_prog(PROG_BENCH_BARE),
+                fwd,
+                REPEAT_STEADY,
+                0,
+                None,
+            ),
+            Row::Wrapper => {
+                self.target(PROG_BENCH_RETURN);
+                (
+                    self.extra_prog(PROG_BENCH_NEW_FLOW),
+                    new_flow,
+                    REPEAT_NEW,
+                    ALLOW,
+                    None,
+                )
+            }
+            Row::EstablishedFwd => {
+                self.expect(PROG_FROM_POD, &fwd, ALLOW);
+                let prog = self.harness.program(PROG_FROM_POD);
+                (
+                    prog,
+                    fwd,
+                    REPEAT_STEADY,
+                    ALLOW,
+                    Some(STAT_ALLOWED_ESTABLISHED),
+                )
+            }
+            Row::EstablishedFwdByCopy => {
+                self.expect(PROG_FROM_POD, &fwd, ALLOW);
+                let prog: &SchedClassifier = self
+                    .by_copy
+                    .program(PROG_FROM_POD)
+                    .unwrap()
+                    .try_into()
+                    .unwrap();
+                (
+                    prog,
+                    fwd,
+                    REPEAT_STEADY,
+                    ALLOW,
+                    Some(STAT_ALLOWED_ESTABLISHED),
+                )
+            }
+            Row::EstablishedReply => {
+                self.expect(PROG_FROM_POD, &fwd, ALLOW);
+                let prog = self.harness.program(PROG_TO_POD);
+                (prog, reply, REPEAT_STEADY, ALLOW, Some(STAT_ALLOWED_REPLY))
+            }
+            Row::NewAllowed | Row::NewAllowedCtFull => {
+                self.harness.ct_clear();
+                if row == Row::NewAllowedCtFull {
+                    self.fill_conntrack();
+                }
+                self.target(PROG_FROM_POD);
+                let prog = self.extra_prog(PROG_BENCH_NEW_FLOW);
+                (prog, new_flow, REPEAT_NEW, ALLOW, Some(STAT_ALLOWED_POLICY))
+            }
+            Row::NewDenied => {
+                let prog = self.harness.program(PROG_FROM_POD);
+                (prog, denied, REPEAT_STEADY, DROP, Some(STAT_DENIED))
+            }
+        };
+        let before = self.harness.stats();
+        let result = test_run(prog, LO, &frame, repeat);
+        assert_eq!(
+            result.return_value,
+            verdict,
+            "{} at {rules} rules: wrong verdict, the row measured another path",
+            row.name()
+        );
+        if let Some(s) = stat {
+            let after = self.harness.stats();
+            let counted = after[s as usize] - before[s as usize];
+            let by_stat: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
+            assert_eq!(
+                counted,
+                u64::from(repeat),
+                "{} at {rules} rules: {counted} of {repeat} runs took the path (runs by STAT_* index: {by_stat:?})",
+                row.name()
+            );
+        }
+        Sample {
+            round,
+            rules,
+            row,
+            ns: result.duration.as_nanos() as f64,
+            repeat,
+        }
+    }
+
+    fn extra_prog(&self, name: &str) -> &SchedClassifier {
+        self.extra.program(name).unwrap().try_into().unwrap()
+    }
+
+    /// Puts `name` (of either object) in the wrapper's slot 0.
+    fn target(&mut self, name: &str) {
+        let fd = if name == PROG_BENCH_RETURN {
+            self.extra_prog(name).fd().unwrap().try_clone().unwrap()
+        } else {
+            self.harness
+                .program(name)
+                .fd()
+                .unwrap()
+                .try_clone()
+                .unwrap()
+        };
+        let mut slots: ProgramArray<_> =
+            ProgramArray::try_from(self.extra.map_mut(MAP_BENCH_TARGETS).unwrap()).unwrap();
+        slots.set(0, &fd, 0).unwrap();
+    }
+
+    fn expect(&self, prog: &str, frame: &[u8], verdict: u32) {
+        assert_eq!(
+            self.harness.run(prog, frame),
+            verdict,
+            "setting up via {prog}"
+        );
+    }
+
+    /// Fills conntrack to its size with flows of an interface no packet
+    /// comes from, so every new flow of the run evicts one.
+    fn fill_conntrack(&mut self) {
+        let mut ct = self.harness.conntrack();
+        for i in 0..MAX_CONNTRACK_ENTRIES {
+            let key = CtKey::new(
+                Tuple {
+                    src: IpAddr::V4(Ipv4Addr::from(0x0a80_0000 | i)),
+                    sport: 40000,
+                    dst: IpAddr::V4(Ipv4Addr::new(10, 129, 0, 1)),
+                    dport: 80,
+                    proto: PROTO_TCP,
+                },
+                u32::MAX,
+                OWNER_FROM_POD,
+            );
+            let value = CtValue::default();
+            ct.insert(key, value, 0).unwrap();
+        }
+        if self.ct_filled == 0 {
+            self.ct_filled = self.harness.ct_len();
+        }
+    }
+}

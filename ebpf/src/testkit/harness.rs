@@ -1,0 +1,294 @@
+//! One load of the object into a pin directory of its own, with the map
+//! writes and reads a test or benchmark needs.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use aya::maps::lpm_trie::Key;
+use aya::maps::{HashMap, LpmTrie, MapData, PerCpuArray};
+use aya::programs::{SchedClassifier, TestRun, TestRunOptions, TestRunResult};
+use aya::{Ebpf, EbpfLoader};
+
+use crate::*;
+
+/// What the programs return for an allowed packet (TCX_NEXT, -1) and a
+/// denied one (DROP), as BPF_PROG_TEST_RUN reports them.
+pub const ALLOW: u32 = VERDICT_NEXT as u32;
+pub const DROP: u32 = VERDICT_DROP as u32;
+
+/// BPF_PROG_TEST_RUN resolves `__sk_buff.ifindex` to a device in the caller's
+/// netns; loopback is 1 everywhere.
+pub const LO: u32 = 1;
+
+/// The addresses of the pod [`Harness::endpoint`] puts on [`LO`].
+pub const POD4: &str = "10.0.0.2";
+pub const POD6: &str = "fd00::2";
+
+/// A pin directory under /sys/fs/bpf that disappears with its owner, even
+/// when a test panics.
+pub struct PinDir(PathBuf);
+
+impl PinDir {
+    pub fn new() -> Self {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let path = Path::new("/sys/fs/bpf").join(format!(
+            "palisade-test-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir(&path)
+            .unwrap_or_else(|e| panic!("create {} (root and bpffs needed): {e}", path.display()));
+        PinDir(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Default for PinDir {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// [`OBJECT`] loaded (both programs through the verifier) with its maps
+/// pinned in a fresh [`PinDir`], so no two harnesses see each other's maps.
+pub struct Harness {
+    ebpf: Ebpf,
+    // Declared last so it is removed after the maps are closed.
+    pins: PinDir,
+}
+
+impl Default for Harness {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Harness {
+    pub fn new() -> Self {
+        Self::with_object(OBJECT)
+    }
+
+    /// The same with another build of the programs (see
+    /// [`super::HEADERS_BY_COPY_OBJECT`]).
+    pub fn with_object(object: &[u8]) -> Self {
+        let pins = PinDir::new();
+        let mut ebpf = EbpfLoader::new()
+            .default_map_pin_directory(pins.path())
+            .load(object)
+            .unwrap_or_else(|e| panic!("load object: {e:?}"));
+        for name in [PROG_FROM_POD, PROG_TO_POD] {
+            let prog: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .unwrap_or_else(|| panic!("program {name} missing"))
+                .try_into()
+                .unwrap();
+            prog.load()
+                .unwrap_or_else(|e| panic!("verifier rejected {name}: {e:?}"));
+        }
+        Harness { ebpf, pins }
+    }
+
+    pub fn ebpf(&self) -> &Ebpf {
+        &self.ebpf
+    }
+
+    pub fn pins(&self) -> &Path {
+        self.pins.path()
+    }
+
+    pub fn program(&self, name: &str) -> &SchedClassifier {
+        self.ebpf
+            .program(name)
+            .unwrap_or_else(|| panic!("program {name} missing"))
+            .try_into()
+            .unwrap()
+    }
+
+    /// Isolates the pod on `LO`, whose addresses are [`POD4`] and
+    /// [`POD6`]; a policy id of 0 leaves that direction open.
+    pub fn endpoint(&mut self, ingress_policy: u32, egress_policy: u32) {
+        self.endpoint_at(LO, ingress_policy, egress_policy, &[POD4, POD6]);
+    }
+
+    /// What the enforcer does to change a pod's policy: new ids, each
+    /// changed direction with an epoch it never used before.
+    pub fn switch(&mut self, ingress: u32, egress: u32, ingress_epoch: u32, egress_epoch: u32) {
+        let addrs = [mapped_addr(ip(POD4)), mapped_addr(ip(POD6))];
+        let ep = Endpoint {
+            ingress_epoch,
+            egress_epoch,
+            ..Endpoint::new(ingress, egress, &addrs).unwrap()
+        };
+        self.endpoints().insert(LO, ep, 0).unwrap();
+    }
+
+    pub fn endpoint_at(&mut self, ifindex: u32, ingress: u32, egress: u32, addrs: &[&str]) {
+        let addrs: Vec<[u8; 16]> = addrs.iter().map(|a| mapped_addr(ip(a))).collect();
+        let ep = Endpoint::new(ingress, egress, &addrs).expect("at most MAX_POD_ADDRS");
+        self.endpoints().insert(ifindex, ep, 0).unwrap();
+    }
+
+    fn endpoints(&mut self) -> HashMap<&mut MapData, u32, Endpoint> {
+        HashMap::try_from(self.ebpf.map_mut(MAP_ENDPOINTS).unwrap()).unwrap()
+    }
+
+    pub fn policies(&mut self) -> LpmTrie<&mut MapData, PolicyKey, PolicyValue> {
+        LpmTrie::try_from(self.ebpf.map_mut(MAP_POLICY).unwrap()).unwrap()
+    }
+
+    /// `peers` is a CIDR such as "10.0.1.0/24".
+    pub fn cidr(&mut self, policy_id: u32, peers: &str, portset_id: u32) {
+        let key = cidr_key(policy_id, peers);
+        self.policies()
+            .insert(&key, PolicyValue { portset_id }, 0)
+            .unwrap();
+    }
+
+    pub fn remove_cidr(&mut self, policy_id: u32, peers: &str) {
+        self.policies().remove(&cidr_key(policy_id, peers)).unwrap();
+    }
+
+    pub fn port_keys(&mut self, key: Key<PortKey>) {
+        let mut map: LpmTrie<_, PortKey, PortValue> =
+            LpmTrie::try_from(self.ebpf.map_mut(MAP_PORTS).unwrap()).unwrap();
+        map.insert(&key, PortValue::ALLOW, 0).unwrap();
+    }
+
+    pub fn ports(&mut self, portset_id: u32, proto: u8, start: u16, end: u16) {
+        for (port, bits) in port_prefixes(start, end) {
+            self.port_keys(PortKey::lpm(portset_id, proto, port, bits));
+        }
+    }
+
+    pub fn run(&self, prog: &str, frame: &[u8]) -> u32 {
+        self.run_at(LO, prog, frame)
+    }
+
+    pub fn run_at(&self, ifindex: u32, prog: &str, frame: &[u8]) -> u32 {
+        test_run(self.program(prog), ifindex, frame, 1).return_value
+    }
+
+    pub fn pod_sends(&self, frame: &[u8]) -> u32 {
+        self.run(PROG_FROM_POD, frame)
+    }
+
+    pub fn pod_receives(&self, frame: &[u8]) -> u32 {
+        self.run(PROG_TO_POD, frame)
+    }
+
+    /// What the hook for packets the pod behind `ifindex` sends decides.
+    pub fn sends_at(&self, ifindex: u32, frame: &[u8]) -> u32 {
+        self.run_at(ifindex, PROG_FROM_POD, frame)
+    }
+
+    /// What the hook for packets to the pod behind `ifindex` decides.
+    pub fn receives_at(&self, ifindex: u32, frame: &[u8]) -> u32 {
+        self.run_at(ifindex, PROG_TO_POD, frame)
+    }
+
+    pub fn stat(&self, index: u32) -> u64 {
+        let map: PerCpuArray<_, u64> =
+            PerCpuArray::try_from(self.ebpf.map(MAP_STATS).unwrap()).unwrap();
+        map.get(&index, 0).unwrap().iter().sum()
+    }
+
+    pub fn stats(&self) -> [u64; STAT_COUNT as usize] {
+        std::array::from_fn(|i| self.stat(i as u32))
+    }
+
+    pub fn conntrack(&mut self) -> HashMap<&mut MapData, CtKey, CtValue> {
+        HashMap::try_from(self.ebpf.map_mut(MAP_CONNTRACK).unwrap()).unwrap()
+    }
+
+    pub fn ct_has(&mut self, key: &CtKey) -> bool {
+        self.conntrack().get(key, 0).is_ok()
+    }
+
+    pub fn ct_len(&mut self) -> usize {
+        self.conntrack().keys().count()
+    }
+
+    pub fn ct_keys(&mut self) -> Vec<CtKey> {
+        self.conntrack().keys().map(|k| k.unwrap()).collect()
+    }
+
+    /// Forgets every conntrack entry, and checks that none is left.
+    pub fn ct_clear(&mut self) {
+        let keys = self.ct_keys();
+        let mut map = self.conntrack();
+        for key in keys {
+            // An LRU map may have evicted it meanwhile; gone is gone.
+            let _ = map.remove(&key);
+        }
+        let left = self.ct_len();
+        assert_eq!(left, 0, "{left} conntrack entries survived clearing");
+    }
+}
+
+/// Runs `prog` `repeat` times on `frame` as if it arrived on `ifindex`.
+/// The result's duration is the kernel's mean per run.
+pub fn test_run(prog: &SchedClassifier, ifindex: u32, frame: &[u8], repeat: u32) -> TestRunResult {
+    let ctx = skb_ctx(ifindex);
+    let mut out = vec![0u8; frame.len() + 256];
+    let opts = TestRunOptions {
+        data_in: Some(frame),
+        data_out: Some(&mut out),
+        ctx_in: Some(&ctx),
+        repeat,
+        ..TestRunOptions::default()
+    };
+    prog.test_run(opts)
+        .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN: {e:?}"))
+}
+
+/// A `struct __sk_buff` up to and including `ifindex` (offset 40); the
+/// kernel treats a shorter ctx_in as zero-filled.
+pub fn skb_ctx(ifindex: u32) -> [u8; 44] {
+    let mut ctx = [0u8; 44];
+    ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+    ctx
+}
+
+/// `cidr` such as "10.0.1.0/24" as the key of a rule of `policy_id`.
+pub fn cidr_key(policy_id: u32, cidr: &str) -> Key<PolicyKey> {
+    let (addr, len) = cidr.split_once('/').expect("CIDR");
+    PolicyKey::lpm(policy_id, ip(addr), len.parse().unwrap())
+}
+
+pub fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// The entry the hook `owner` of `LO` writes when it allows the flow.
+pub fn ct(src: &str, sport: u16, dst: &str, dport: u16, proto: u8, owner: u8) -> CtKey {
+    ct_at(LO, src, sport, dst, dport, proto, owner)
+}
+
+pub fn ct_at(
+    ifindex: u32,
+    src: &str,
+    sport: u16,
+    dst: &str,
+    dport: u16,
+    proto: u8,
+    owner: u8,
+) -> CtKey {
+    let flow = Tuple {
+        src: ip(src),
+        sport,
+        dst: ip(dst),
+        dport,
+        proto,
+    };
+    CtKey::new(flow, ifindex, owner)
+}
