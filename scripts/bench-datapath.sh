@@ -1,16 +1,34 @@
 #!/usr/bin/env bash
-# Datapath benchmarks of issue 6. Today: the `verdict` part, the cost in ns
-# per packet of the real TC programs via BPF_PROG_TEST_RUN for pod policies
-# of 10 to 100,000 CIDR rules, as ratios to a bare parse of the same round
-# (see ebpf/src/bin/bench-verdict). Prints tables and one key=value line per
-# measurement (bench=verdict row=.. rules=.. ns=.. ratio=..).
+# Datapath benchmarks of issue 6, each printing tables and one key=value line
+# per measurement:
+#   verdict  the cost in ns per packet of the real TC programs via
+#            BPF_PROG_TEST_RUN for pod policies of 10 to 100,000 CIDR rules,
+#            as ratios to a bare parse of the same round
+#            (ebpf/src/bin/bench-verdict): bench=verdict row= rules= ns= ratio=
+#   cleanup  the conntrack sweep of 100k and 1M eBPF entries against a real
+#            kernel conntrack table of the same size
+#            (node-enforcer/benches/conntrack_cleanup.rs):
+#            bench=cleanup entries= wall_s= cpu_s= extra_mb=
 #
-#   scripts/bench-datapath.sh [--rounds N] [--rules 10,1000,10000,100000]
+#   scripts/bench-datapath.sh [verdict|cleanup] [ARGS...]   (no argument: both)
 #
-# Root (BPF, bpffs). Installs nothing beyond what scripts/setup.sh does.
+# Root (BPF, bpffs, conntrack). Installs nothing beyond what scripts/setup.sh
+# does. The cleanup part raises net.netfilter.nf_conntrack_max for its run
+# and puts it back.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 source scripts/setup.sh >/dev/null
 
-exec cargo run --release --quiet -p palisade-ebpf --bin bench-verdict -- "$@"
+what="${1:-all}"
+case "$what" in
+  verdict|cleanup) shift ;;
+  all) ;;
+  *) what=verdict ;; # bare flags go to the verdict bench, as before
+esac
+if [[ "$what" == verdict || "$what" == all ]]; then
+  cargo run --release --quiet -p palisade-ebpf --bin bench-verdict -- "$@"
+fi
+if [[ "$what" == cleanup || "$what" == all ]]; then
+  cargo bench --quiet -p node-enforcer --bench conntrack_cleanup -- "$@"
+fi
