@@ -6,12 +6,32 @@
 //! and the periodic tick is the backstop.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
 use crate::reconciler::Event;
 
 const RTMGRP_LINK: u32 = 1;
+const RTMGRP_IPV4_IFADDR: u32 = 0x10;
+const RTMGRP_IPV6_IFADDR: u32 = 0x100;
+
+/// Set while a [`Event::Links`] waits in the reconciler's queue: a burst of
+/// kernel events (a pod's veth is created, renamed, moved, brought up and
+/// addressed) becomes one look, not dozens queued ahead of pod-ups.
+#[derive(Clone, Default)]
+pub struct Pending(Arc<AtomicBool>);
+
+impl Pending {
+    /// The reconciler calls this as it handles the event.
+    pub fn taken(&self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+    fn claim(&self) -> bool {
+        !self.0.swap(true, Ordering::SeqCst)
+    }
+}
 
 fn open() -> std::io::Result<OwnedFd> {
     // SAFETY: plain socket/bind syscalls; the fd is owned right away.
@@ -27,7 +47,8 @@ fn open() -> std::io::Result<OwnedFd> {
         let fd = OwnedFd::from_raw_fd(fd);
         let mut addr: libc::sockaddr_nl = std::mem::zeroed();
         addr.nl_family = libc::AF_NETLINK as u16;
-        addr.nl_groups = RTMGRP_LINK;
+        // Address events too: the node's addresses are part of policy.
+        addr.nl_groups = RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR;
         if libc::bind(
             fd.as_raw_fd(),
             &addr as *const libc::sockaddr_nl as *const libc::sockaddr,
@@ -41,7 +62,7 @@ fn open() -> std::io::Result<OwnedFd> {
 }
 
 /// Watches link events on a thread of its own until the reconciler is gone.
-pub fn watch(events: mpsc::Sender<Event>) -> Result<(), String> {
+pub fn watch(events: mpsc::Sender<Event>, pending: Pending) -> Result<(), String> {
     let fd = open().map_err(|e| format!("subscribing to interface events: {e}"))?;
     std::thread::Builder::new()
         .name("link-events".into())
@@ -61,7 +82,7 @@ pub fn watch(events: mpsc::Sender<Event>) -> Result<(), String> {
                         return;
                     }
                 }
-                if events.blocking_send(Event::Links).is_err() {
+                if pending.claim() && events.blocking_send(Event::Links).is_err() {
                     return;
                 }
             }

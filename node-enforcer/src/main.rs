@@ -114,7 +114,9 @@ async fn run(args: Args) -> Result<(), String> {
     let (tx, rx) = mpsc::channel(256);
     let (state_tx, state_rx) = watch::channel(NodeState::default());
     let (fetch_tx, fetch_rx) = mpsc::unbounded_channel();
+    let links_pending = node_enforcer::links::Pending::default();
     let mut reconciler = Reconciler::new(args.node_name.clone(), enforcer_id.clone(), datapath)
+        .with_link_events(links_pending.clone())
         .with_checkpoint(checkpoint)
         .with_mode(args.mode)
         .with_fetcher(fetch_tx);
@@ -134,7 +136,7 @@ async fn run(args: Args) -> Result<(), String> {
         tx.clone(),
         std::time::Duration::from_millis(args.pod_up_deadline_ms),
     );
-    node_enforcer::links::watch(tx.clone())?;
+    node_enforcer::links::watch(tx.clone(), links_pending)?;
     let mut conntrack = node_enforcer::conntrack::sweep::open(&args.pin_root)?;
     let cleanup_tx = tx.clone();
     let period = std::time::Duration::from_secs(args.conntrack_cleanup_secs);

@@ -181,6 +181,9 @@ impl Datapath for Mortal {
     fn ifindex(&mut self, ifname: &str) -> DpResult<u32> {
         self.inner.ifindex(ifname)
     }
+    fn interfaces(&mut self) -> DpResult<BTreeMap<String, u32>> {
+        self.inner.interfaces()
+    }
     fn attach(&mut self, ifname: &str, ifindex: u32) -> DpResult<()> {
         self.spend("attach")?;
         self.inner.attach(ifname, ifindex)

@@ -355,6 +355,16 @@ impl Datapath for BpfDatapath {
             .map_err(|e| err(format!("interface {ifname:?} does not exist"), e))
     }
 
+    fn interfaces(&mut self) -> Result<BTreeMap<String, u32>> {
+        // One walk of the kernel's list (if_nameindex is a netlink dump in
+        // glibc), not a lookup per name.
+        Ok(nix::net::if_::if_nameindex()
+            .map_err(|e| err("listing interfaces", e))?
+            .iter()
+            .map(|i| (i.name().to_string_lossy().into_owned(), i.index()))
+            .collect())
+    }
+
     fn attach(&mut self, ifname: &str, _ifindex: u32) -> Result<()> {
         if self.links.contains_key(ifname) {
             return Ok(());

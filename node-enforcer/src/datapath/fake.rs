@@ -136,6 +136,9 @@ impl Datapath for FakeDatapath {
             .copied()
             .ok_or_else(|| DatapathError::new(format!("interface {ifname:?} does not exist")))
     }
+    fn interfaces(&mut self) -> Result<BTreeMap<String, u32>> {
+        Ok(self.interfaces.clone())
+    }
     fn attach(&mut self, ifname: &str, _: u32) -> Result<()> {
         if self.fail_attach.contains(ifname) {
             return Err(DatapathError::new(format!(

@@ -65,6 +65,8 @@ pub trait Datapath: Send {
     fn remove_policy(&mut self, id: PolicyId, entries: &[(Prefix, PortSetId)]) -> Result<()>;
     /// The interface's index, or an error naming it when it does not exist.
     fn ifindex(&mut self, ifname: &str) -> Result<u32>;
+    /// Every interface of the node, by name, with its index.
+    fn interfaces(&mut self) -> Result<BTreeMap<String, u32>>;
     /// Attaches both programs to the interface; attaching twice is a no-op.
     fn attach(&mut self, ifname: &str, ifindex: u32) -> Result<()>;
     /// Detaches both programs; an interface that is already gone is fine.

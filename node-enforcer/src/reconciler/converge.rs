@@ -36,19 +36,19 @@ impl<D: Datapath> Reconciler<D> {
     /// Re-reads the index of every interface any pod or realized endpoint
     /// names (after link events and on ticks; pod-up looks its own up).
     pub(super) fn refresh_links(&mut self) {
-        let names: BTreeSet<String> = self
+        let names: BTreeSet<&String> = self
             .pods
             .values()
-            .flat_map(|p| p.host_interfaces.iter().cloned())
-            .chain(self.realized.endpoints.keys().cloned())
+            .flat_map(|p| p.host_interfaces.iter())
+            .chain(self.realized.endpoints.keys())
             .collect();
-        self.ifindexes = names
-            .into_iter()
-            .filter_map(|n| {
-                let i = self.datapath.ifindex(&n).ok()?;
-                Some((n, i))
-            })
-            .collect();
+        match self.datapath.interfaces() {
+            Ok(all) => {
+                self.ifindexes = all.into_iter().filter(|(n, _)| names.contains(n)).collect();
+            }
+            // Keep what was known: forgetting interfaces would detach pods.
+            Err(e) => tracing::warn!("{e}"),
+        }
     }
 
     /// The interfaces that exist, as last read.

@@ -230,6 +230,7 @@ pub struct Reconciler<D: Datapath> {
     checkpoint: Option<Checkpoint>,
     fetch: Option<mpsc::UnboundedSender<PodKey>>,
     conntrack: dump::ConntrackDump,
+    links_pending: crate::links::Pending,
     pub datapath: D,
 }
 
@@ -262,6 +263,7 @@ impl<D: Datapath> Reconciler<D> {
             checkpoint: None,
             fetch: None,
             conntrack: Default::default(),
+            links_pending: Default::default(),
             datapath,
         }
     }
@@ -274,6 +276,12 @@ impl<D: Datapath> Reconciler<D> {
 
     pub fn with_mode(mut self, mode: Mode) -> Self {
         self.mode = mode;
+        self
+    }
+
+    /// Shares the "a link event is queued" flag with the link watcher.
+    pub fn with_link_events(mut self, pending: crate::links::Pending) -> Self {
+        self.links_pending = pending;
         self
     }
 
@@ -372,6 +380,7 @@ impl<D: Datapath> Reconciler<D> {
             }
             Event::ConntrackCleaned(r) => self.conntrack.record(r),
             Event::Links => {
+                self.links_pending.taken();
                 // Address events come this way too.
                 if self.refresh_node_addresses() {
                     self.compiled.clear();
