@@ -92,6 +92,8 @@ impl<D: Datapath> Reconciler<D> {
             .collect();
         let mut compiled = std::mem::take(&mut self.compiled);
         let mut want = std::mem::take(&mut self.want);
+        // The interfaces a scoped change can touch; None: all of them.
+        let mut affected: Option<BTreeSet<String>> = None;
         {
             let node_addresses = &self.node_addresses;
             let mut compile_set = |d: &DirectionPolicy| -> Result<Arc<PolicySet>, String> {
@@ -128,10 +130,28 @@ impl<D: Datapath> Reconciler<D> {
             match &scope {
                 None => want = desired_with(&inputs, &mut compile_set),
                 Some(pods) => {
-                    want.endpoints.retain(|_, e| match &e.owner {
-                        Owner::Pod(k) => !pods.contains(k),
-                        Owner::Unexplained => false,
+                    let mut names = BTreeSet::new();
+                    want.endpoints.retain(|n, e| {
+                        let keep = match &e.owner {
+                            Owner::Pod(k) => !pods.contains(k),
+                            Owner::Unexplained => false,
+                        };
+                        if !keep {
+                            names.insert(n.clone());
+                        }
+                        keep
                     });
+                    for (n, e) in &self.realized.endpoints {
+                        if e.owner.pod().is_none_or(|k| pods.contains(k)) {
+                            names.insert(n.clone());
+                        }
+                    }
+                    for k in pods {
+                        if let Some(rt) = self.pods.get(k) {
+                            names.extend(rt.host_interfaces.iter().cloned());
+                        }
+                    }
+                    affected = Some(names);
                     for k in pods {
                         want.errors.remove(k);
                         let Some(rt) = self.pods.get(k) else { continue };
@@ -153,7 +173,7 @@ impl<D: Datapath> Reconciler<D> {
             }
         }
         self.compiled = compiled;
-        self.apply(&want);
+        self.apply(&want, affected.as_ref());
         self.want = want;
     }
 
@@ -202,21 +222,48 @@ impl<D: Datapath> Reconciler<D> {
 
     /// Makes the datapath hold `want`: tables first, then endpoints, then
     /// whatever nothing references any more.
-    fn apply(&mut self, want: &Desired) {
-        self.failures.clear();
-        self.errors.clear();
+    /// `affected`: the only interfaces that can differ from what is
+    /// realized (a scoped change); None: look at every one.
+    fn apply(&mut self, want: &Desired, affected: Option<&BTreeSet<String>>) {
+        let in_scope = |n: &str| affected.is_none_or(|a| a.contains(n));
+        match affected {
+            None => {
+                self.failures.clear();
+                self.errors.clear();
+            }
+            Some(_) => {
+                let pods: BTreeSet<PodKey> = want
+                    .endpoints
+                    .iter()
+                    .filter(|(n, _)| in_scope(n))
+                    .filter_map(|(_, e)| e.owner.pod().cloned())
+                    .collect();
+                self.failures.retain(|k, _| !pods.contains(k));
+            }
+        }
+        let endpoints: Vec<(&String, &crate::desired::DesiredEndpoint)> = match affected {
+            None => want.endpoints.iter().collect(),
+            Some(a) => a
+                .iter()
+                .filter_map(|n| want.endpoints.get_key_value(n))
+                .collect(),
+        };
 
         // 1. Tables every desired endpoint needs, before anything points at
-        //    them.
-        let needed: BTreeSet<Arc<PolicySet>> = want
-            .endpoints
-            .values()
-            .flat_map(|e| [&e.ingress, &e.egress])
-            .filter_map(|v| match v {
-                Verdict::Policy(s) => Some(s.clone()),
-                _ => None,
-            })
-            .collect();
+        //    them. Equal policies share one Arc (compilation is memoized),
+        //    so most duplicates are dropped by address before any content
+        //    is compared.
+        let mut seen: std::collections::HashSet<*const PolicySet> = Default::default();
+        let mut needed: Vec<Arc<PolicySet>> = Vec::new();
+        for (_, e) in &endpoints {
+            for v in [&e.ingress, &e.egress] {
+                if let Verdict::Policy(s) = v {
+                    if seen.insert(Arc::as_ptr(s)) {
+                        needed.push(s.clone());
+                    }
+                }
+            }
+        }
         let mut failed_sets: BTreeMap<Arc<PolicySet>, String> = BTreeMap::new();
         for set in &needed {
             if self.realized.policies.contains_key(set) {
@@ -230,7 +277,7 @@ impl<D: Datapath> Reconciler<D> {
         // 2. Endpoints: point each interface at its tables, then attach. An
         //    interface that keeps its index is updated in place with one map
         //    write, never detached, so no packet sees it unenforced.
-        for (ifname, de) in &want.endpoints {
+        for (ifname, de) in endpoints {
             let id_of = |v: &Verdict| -> PolicyId {
                 match v {
                     Verdict::Open => 0,
@@ -300,7 +347,7 @@ impl<D: Datapath> Reconciler<D> {
             .realized
             .endpoints
             .keys()
-            .filter(|k| !want.endpoints.contains_key(*k))
+            .filter(|k| in_scope(k) && !want.endpoints.contains_key(*k))
             .cloned()
             .collect();
         for ifname in stale {
@@ -321,16 +368,17 @@ impl<D: Datapath> Reconciler<D> {
     }
 
     fn collect_tables(&mut self) {
-        let referenced: BTreeSet<Arc<PolicySet>> = self
-            .realized
-            .endpoints
-            .values()
-            .flat_map(|e| [&e.ingress, &e.egress])
-            .filter_map(|v| match v {
-                Verdict::Policy(s) => Some(s.clone()),
-                _ => None,
-            })
-            .collect();
+        let mut seen: std::collections::HashSet<*const PolicySet> = Default::default();
+        let mut referenced: BTreeSet<Arc<PolicySet>> = BTreeSet::new();
+        for e in self.realized.endpoints.values() {
+            for v in [&e.ingress, &e.egress] {
+                if let Verdict::Policy(s) = v {
+                    if seen.insert(Arc::as_ptr(s)) {
+                        referenced.insert(s.clone());
+                    }
+                }
+            }
+        }
         let unused: Vec<Arc<PolicySet>> = self
             .realized
             .policies
