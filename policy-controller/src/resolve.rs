@@ -282,8 +282,17 @@ impl Scan {
         let mut services: BTreeMap<String, Vec<Arc<ServiceInfo>>> = BTreeMap::new();
         let mut selectorless = Vec::new();
         let slices: Vec<&EndpointSlice> = state.endpoint_slices.iter().collect();
+        let mut pods_by_ns: BTreeMap<&str, Vec<Arc<PodInfo>>> = BTreeMap::new();
+        for pod in &pods {
+            pods_by_ns
+                .entry(pod.namespace.as_str())
+                .or_default()
+                .push(pod.clone());
+        }
         for svc in &state.services {
-            let Some(info) = service_info(svc, &pods, slices.iter().copied()) else {
+            let ns = namespace_of(&svc.metadata);
+            let in_ns = pods_by_ns.get(ns.as_str()).into_iter().flatten();
+            let Some(info) = service_info(svc, in_ns, slices.iter().copied()) else {
                 continue;
             };
             if is_selectorless(svc) {

@@ -236,23 +236,31 @@ pub(super) fn service_rules(
     peers: &[PeerSpec],
     ports: &[PortSpec],
 ) -> Vec<Rule> {
-    let mut selected: BTreeMap<PodKey, &Arc<PodInfo>> = BTreeMap::new();
-    let mut blocks = Vec::new();
-    for peer in peers {
-        match peer {
-            PeerSpec::Pods(s) => {
-                for p in &s.pods {
-                    selected.insert(p.key(), p);
-                }
-            }
-            PeerSpec::Block(b) => blocks.push(b),
-        }
-    }
-    if selected.is_empty() && blocks.is_empty() {
+    let pod_sets: Vec<&Arc<super::Selected>> = peers
+        .iter()
+        .filter_map(|p| match p {
+            PeerSpec::Pods(s) => Some(s),
+            PeerSpec::Block(_) => None,
+        })
+        .collect();
+    let blocks: Vec<_> = peers
+        .iter()
+        .filter_map(|p| match p {
+            PeerSpec::Block(b) => Some(b),
+            PeerSpec::Pods(_) => None,
+        })
+        .collect();
+    if blocks.is_empty() && pod_sets.iter().all(|s| s.pods.is_empty()) {
         return vec![];
     }
+    // The Services are looked up first (which also records what this
+    // target depends on); most rules meet none, and then the selected pods
+    // need no indexing.
     let mut services: BTreeMap<PodKey, Arc<ServiceInfo>> = BTreeMap::new();
-    let namespaces: BTreeSet<&str> = selected.keys().map(|(ns, _)| ns.as_str()).collect();
+    let namespaces: BTreeSet<&str> = pod_sets
+        .iter()
+        .flat_map(|s| s.pods.iter().map(|p| p.namespace.as_str()))
+        .collect();
     for ns in namespaces {
         for svc in selection.services_in(ns).iter() {
             services.insert(svc.key(), svc.clone());
@@ -261,6 +269,14 @@ pub(super) fn service_rules(
     for svc in selection.selectorless_services().iter() {
         services.insert(svc.key(), svc.clone());
     }
+    if services.is_empty() {
+        return vec![];
+    }
+    let selected: BTreeMap<PodKey, &Arc<PodInfo>> = pod_sets
+        .iter()
+        .flat_map(|s| s.pods.iter())
+        .map(|p| (p.key(), p))
+        .collect();
     let by_ip: BTreeMap<IpAddr, Vec<&Arc<PodInfo>>> =
         selected.values().fold(BTreeMap::new(), |mut m, p| {
             for ip in &p.ips {
