@@ -18,6 +18,15 @@
 //! Headless Services have no ClusterIP to allow: clients reach the pods
 //! directly.
 //!
+//! An ipBlock (or a rule without `to`) does not cover the pods behind a
+//! Service with a selector, only EndpointSlice addresses: it would make
+//! every such rule depend on every Service of the cluster, so that any
+//! backend change anywhere recomputes every pod with an "egress anywhere on
+//! port N" rule. Such a rule still allows a ClusterIP its block contains,
+//! on its own ports; a Service whose port differs from its targetPort is
+//! then not reachable through the ClusterIP unless a selector rule covers
+//! its backends (narrower, never wider).
+//!
 //! Partial coverage: the ClusterIP (on one service port) is allowed only if
 //! the rule covers EVERY backend of that port, on that backend's target
 //! port. The AWS agent allows it when ANY backend matches; but once the
