@@ -41,7 +41,7 @@
 //! of the backends do not open the ClusterIP (narrower than needed, never
 //! wider). A Service port without backends adds nothing.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -265,37 +265,51 @@ pub(super) fn service_rules(
     // The Services are looked up first (which also records what this
     // target depends on); most rules meet none, and then the selected pods
     // need no indexing.
-    let mut services: BTreeMap<PodKey, Arc<ServiceInfo>> = BTreeMap::new();
     let namespaces: BTreeSet<&str> = pod_sets
         .iter()
         .flat_map(|s| s.pods.iter().map(|p| p.namespace.as_str()))
         .collect();
+    // Distinct already: one namespace's Services with a selector each, and
+    // those without one.
+    let mut services: Vec<Arc<ServiceInfo>> = Vec::new();
     for ns in namespaces {
-        for svc in selection.services_in(ns).iter() {
-            services.insert(svc.key(), svc.clone());
-        }
+        services.extend(selection.services_in(ns).iter().cloned());
     }
-    for svc in selection.selectorless_services().iter() {
-        services.insert(svc.key(), svc.clone());
-    }
+    services.extend(selection.selectorless_services().iter().cloned());
     if services.is_empty() {
         return vec![];
     }
-    let selected: BTreeMap<PodKey, &Arc<PodInfo>> = pod_sets
-        .iter()
-        .flat_map(|s| s.pods.iter())
-        .map(|p| (p.key(), p))
-        .collect();
-    let by_ip: BTreeMap<IpAddr, Vec<&Arc<PodInfo>>> =
-        selected.values().fold(BTreeMap::new(), |mut m, p| {
-            for ip in &p.ips {
-                m.entry(*ip).or_insert_with(Vec::new).push(*p);
+    services.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    let backends = |pods: bool| {
+        services.iter().any(|s| {
+            s.ports
+                .iter()
+                .flat_map(|p| &p.backends)
+                .any(|b| matches!(b, Backend::Pod(..)) == pods)
+        })
+    };
+    // Indexes of the selected pods, built only for the kind of backend met.
+    let selected: HashSet<(&str, &str)> = if backends(true) {
+        pod_sets
+            .iter()
+            .flat_map(|s| s.pods.iter())
+            .map(|p| (p.namespace.as_str(), p.name.as_str()))
+            .collect()
+    } else {
+        HashSet::new()
+    };
+    let mut by_ip: HashMap<IpAddr, Vec<&Arc<PodInfo>>> = HashMap::new();
+    if backends(false) {
+        for pod in pod_sets.iter().flat_map(|s| s.pods.iter()) {
+            for ip in &pod.ips {
+                by_ip.entry(*ip).or_default().push(pod);
             }
-            m
-        });
+        }
+    }
     let covered = |protocol: Protocol, backend: &Backend| match backend {
         Backend::Pod(pod, target) => {
-            selected.contains_key(&pod.key()) && ports_allow(ports, Some(pod), protocol, *target)
+            selected.contains(&(pod.namespace.as_str(), pod.name.as_str()))
+                && ports_allow(ports, Some(pod), protocol, *target)
         }
         Backend::Address(ip, target) => {
             by_ip
@@ -308,7 +322,7 @@ pub(super) fn service_rules(
         }
     };
     let mut rules = Vec::new();
-    for svc in services.values() {
+    for svc in &services {
         let allowed: BTreeSet<(i32, u32)> = svc
             .ports
             .iter()
