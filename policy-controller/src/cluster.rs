@@ -2,7 +2,8 @@
 //! Every source (kube-rs watchers, manifest files) produces this one type, so
 //! everything after parsing is one code path.
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 #[derive(Clone, Debug, Default)]
@@ -10,6 +11,11 @@ pub struct ClusterState {
     pub namespaces: Vec<Namespace>,
     pub pods: Vec<Pod>,
     pub policies: Vec<NetworkPolicy>,
+    /// Services and EndpointSlices: an egress rule that allows a Service's
+    /// backends also allows its ClusterIP, which is what a client's egress
+    /// hook sees before the kernel translates it.
+    pub services: Vec<Service>,
+    pub endpoint_slices: Vec<EndpointSlice>,
     /// The source's own marker of this view: the lab's manifest revision, or
     /// the Kubernetes resourceVersions it reflects. Shown to operators.
     pub marker: String,
@@ -24,6 +30,8 @@ pub enum Object {
     Namespace(Namespace),
     Pod(Pod),
     NetworkPolicy(NetworkPolicy),
+    Service(Service),
+    EndpointSlice(EndpointSlice),
 }
 
 impl ClusterState {
@@ -35,6 +43,8 @@ impl ClusterState {
         let mut namespaces = BTreeMap::new();
         let mut pods = BTreeMap::new();
         let mut policies = BTreeMap::new();
+        let mut services = BTreeMap::new();
+        let mut slices = BTreeMap::new();
         for object in objects {
             match object {
                 Object::Namespace(ns) => {
@@ -46,12 +56,20 @@ impl ClusterState {
                 Object::NetworkPolicy(np) => {
                     policies.insert(key(&np.metadata), np);
                 }
+                Object::Service(svc) => {
+                    services.insert(key(&svc.metadata), svc);
+                }
+                Object::EndpointSlice(slice) => {
+                    slices.insert(key(&slice.metadata), slice);
+                }
             }
         }
         ClusterState {
             namespaces: namespaces.into_values().collect(),
             pods: pods.into_values().collect(),
             policies: policies.into_values().collect(),
+            services: services.into_values().collect(),
+            endpoint_slices: slices.into_values().collect(),
             marker,
         }
     }

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
 };
@@ -25,6 +26,9 @@ use palisade_proto::v1::{
 };
 
 use crate::cluster::ClusterState;
+
+mod services;
+pub(crate) use services::{is_selectorless, selector_of, service_info, slice_service, ServiceInfo};
 
 /// Namespace and name of a pod.
 pub type PodKey = (String, String);
@@ -240,12 +244,20 @@ pub(crate) trait PeerSelection {
     /// Every pod (not host-network) with a container port named `name`,
     /// sorted by namespace and name.
     fn with_port_name(&mut self, name: &str) -> Vec<Arc<PodInfo>>;
+    /// The Services with a selector in `ns` that have a ClusterIP, sorted by
+    /// name.
+    fn services_in(&mut self, ns: &str) -> Arc<Vec<Arc<ServiceInfo>>>;
+    /// Every Service without a selector that has a ClusterIP, sorted by
+    /// namespace and name.
+    fn selectorless_services(&mut self) -> Arc<Vec<Arc<ServiceInfo>>>;
 }
 
 /// Selection by scanning every pod.
 struct Scan {
     pods: Vec<Arc<PodInfo>>,
     namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
+    services: BTreeMap<String, Arc<Vec<Arc<ServiceInfo>>>>,
+    selectorless: Arc<Vec<Arc<ServiceInfo>>>,
 }
 
 impl Scan {
@@ -267,9 +279,43 @@ impl Scan {
                 .entry(pod.namespace.clone())
                 .or_insert_with(|| default_ns_labels(&pod.namespace));
         }
+        let mut services: BTreeMap<String, Vec<Arc<ServiceInfo>>> = BTreeMap::new();
+        let mut selectorless = Vec::new();
+        let slices: Vec<&EndpointSlice> = state.endpoint_slices.iter().collect();
+        let mut pods_by_ns: BTreeMap<&str, Vec<Arc<PodInfo>>> = BTreeMap::new();
+        for pod in &pods {
+            pods_by_ns
+                .entry(pod.namespace.as_str())
+                .or_default()
+                .push(pod.clone());
+        }
+        for svc in &state.services {
+            let ns = namespace_of(&svc.metadata);
+            let in_ns = pods_by_ns.get(ns.as_str()).into_iter().flatten();
+            let Some(info) = service_info(svc, in_ns, slices.iter().copied()) else {
+                continue;
+            };
+            if is_selectorless(svc) {
+                selectorless.push(Arc::new(info));
+            } else {
+                services
+                    .entry(info.namespace.clone())
+                    .or_default()
+                    .push(Arc::new(info));
+            }
+        }
+        selectorless.sort_by_key(|s| s.key());
         Scan {
             pods,
             namespace_labels,
+            services: services
+                .into_iter()
+                .map(|(ns, mut v)| {
+                    v.sort_by_key(|s| s.key());
+                    (ns, Arc::new(v))
+                })
+                .collect(),
+            selectorless: Arc::new(selectorless),
         }
     }
 }
@@ -316,6 +362,14 @@ impl PeerSelection for Scan {
             .filter(|p| !p.host_network && p.named_ports.contains_key(name))
             .cloned()
             .collect()
+    }
+
+    fn services_in(&mut self, ns: &str) -> Arc<Vec<Arc<ServiceInfo>>> {
+        self.services.get(ns).cloned().unwrap_or_default()
+    }
+
+    fn selectorless_services(&mut self) -> Arc<Vec<Arc<ServiceInfo>>> {
+        self.selectorless.clone()
     }
 }
 
@@ -535,9 +589,25 @@ impl RuleContext<'_> {
         // Named ports of an egress rule are resolved per destination pod, so
         // each pod the peers cover (by selector, or by address for an
         // ipBlock or an absent `to`) gets a rule of its own.
-        if !port_specs.iter().any(|p| matches!(p, PortSpec::Named(..))) {
-            return rules;
+        if port_specs.iter().any(|p| matches!(p, PortSpec::Named(..))) {
+            self.named_port_rules(&peers, &port_specs, &mut rules);
         }
+        // The ClusterIPs of Services the rule allows the backends of: the
+        // client's hook sees those before DNAT.
+        rules.extend(services::service_rules(
+            &mut *self.selection,
+            &peers,
+            &port_specs,
+        ));
+        rules
+    }
+
+    fn named_port_rules(
+        &mut self,
+        peers: &[PeerSpec],
+        port_specs: &[PortSpec],
+        rules: &mut Vec<Rule>,
+    ) {
         let names: BTreeSet<&str> = port_specs
             .iter()
             .filter_map(|p| match p {
@@ -545,7 +615,7 @@ impl RuleContext<'_> {
                 PortSpec::Numbered(_) => None,
             })
             .collect();
-        for (pod, ips) in self.pods_covered(&peers, &names) {
+        for (pod, ips) in self.pods_covered(peers, &names) {
             let ports: Vec<PortRange> = port_specs
                 .iter()
                 .filter_map(|p| match p {
@@ -564,7 +634,6 @@ impl RuleContext<'_> {
                 });
             }
         }
-        rules
     }
 
     /// Pods with one of the port `names` (and which of their addresses)

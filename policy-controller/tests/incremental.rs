@@ -1,10 +1,18 @@
 //! Incremental equals full: random clusters take random sequences of changes
 //! (pods added, deleted, relabelled, moved to a node; namespaces relabelled,
-//! added, deleted; policies added, edited, deleted). After every change the
+//! added, deleted; policies added, edited, deleted; Services with and
+//! without selectors, headless and dual-stack, added, edited, deleted;
+//! EndpointSlices added, edited, deleted — pod relabels change which pods
+//! back a Service). After every change the
 //! engine's plans and errors must equal the full computation
 //! (`resolve_with_errors`, the oracle), and every node's plan as rebuilt
 //! from the deltas it received must equal its full plan, with a new version
 //! exactly when its full plan changed.
+//!
+//! The full computation is itself checked against the reference model on
+//! what Services add: for every pod and every ClusterIP and service port,
+//! the plan's egress allows the connection exactly when
+//! `model::egress_to_service_allowed` does.
 //!
 //! Changes reach the hub both ways a source can deliver them: as a whole new
 //! view (`Hub::update`, which diffs) and as events (`Hub::apply`).
@@ -12,12 +20,18 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use palisade_proto::v1::{IpPrefix, PodPolicy, Protocol};
 use policy_controller::cluster::{ClusterState, Object};
 use policy_controller::engine::Change;
 use policy_controller::hub::{apply_delta, delta, Hub, VersionedPlan};
-use policy_controller::resolve::{resolve_with_errors, NodePlan};
+use policy_controller::model::{egress_to_service_allowed, Endpoint};
+use policy_controller::resolve::{resolve_with_errors, NodePlan, Resolution};
 use serde_json::{json, Value};
 
 /// xorshift64*: deterministic, so a failing seed replays.
@@ -186,12 +200,89 @@ fn policy(rng: &mut Rng, ns: &str, name: &str) -> NetworkPolicy {
         .unwrap()
 }
 
+const SERVICES: usize = 4;
+
+/// A Service; its ClusterIP follows from its namespace and name, inside the
+/// ipBlocks that policies use and apart from every pod address.
+fn service(rng: &mut Rng, ns: &str, name: &str) -> Service {
+    let i = NAMESPACES.iter().position(|n| *n == ns).unwrap() * SERVICES
+        + name[1..].parse::<usize>().unwrap();
+    let mut spec = json!({});
+    match rng.below(10) {
+        0 => spec["clusterIP"] = json!("None"),
+        1 => {
+            spec["clusterIP"] = json!(format!("10.0.5.{i}"));
+            spec["clusterIPs"] = json!([format!("10.0.5.{i}"), format!("fd00::5:{i}")]);
+        }
+        _ => spec["clusterIP"] = json!(format!("10.0.5.{i}")),
+    }
+    match rng.below(10) {
+        0..=5 => spec["selector"] = json!({"app": rng.pick(&APPS)}),
+        6 => spec["selector"] = json!({"app": rng.pick(&APPS), "tier": rng.pick(&["1", "2"])}),
+        7 => spec["selector"] = json!({}),
+        _ => {}
+    }
+    let mut ports = Vec::new();
+    for (k, name) in ["a", "b"].iter().enumerate().take(1 + rng.below(2)) {
+        let number = [80, 443, 53][(k + rng.below(3)) % 3];
+        let mut p = json!({"name": name, "port": number});
+        if rng.chance(30) {
+            p["protocol"] = json!("UDP");
+        }
+        match rng.below(6) {
+            0 => {}
+            1 => p["targetPort"] = json!(80),
+            2 => p["targetPort"] = json!(8080),
+            3 => p["targetPort"] = json!("http"),
+            4 => p["targetPort"] = json!("dns"),
+            _ => p["targetPort"] = json!(53),
+        }
+        ports.push(p);
+    }
+    spec["ports"] = json!(ports);
+    serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns}, "spec": spec}))
+        .unwrap()
+}
+
+fn endpoint_slice(rng: &mut Rng, ns: &str, name: &str) -> EndpointSlice {
+    let mut endpoints = Vec::new();
+    for _ in 0..1 + rng.below(3) {
+        let addr = if rng.chance(80) {
+            format!("10.0.{}.{}", rng.below(2), rng.below(8))
+        } else {
+            format!("192.0.2.{}", rng.below(4))
+        };
+        endpoints.push(json!({"addresses": [addr]}));
+    }
+    let mut ports = Vec::new();
+    for _ in 0..1 + rng.below(2) {
+        let mut p = json!({"port": rng.pick(&[80, 8080, 53])});
+        if rng.chance(80) {
+            p["name"] = json!(rng.pick(&["a", "b"]));
+        }
+        if rng.chance(30) {
+            p["protocol"] = json!("UDP");
+        }
+        ports.push(p);
+    }
+    let service = format!("s{}", rng.below(SERVICES));
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": ns, "labels": {"kubernetes.io/service-name": service}},
+        "addressType": if rng.chance(90) { "IPv4" } else { "FQDN" },
+        "endpoints": endpoints,
+        "ports": ports,
+    }))
+    .unwrap()
+}
+
 /// The cluster as objects by kind and key, so changes are easy to make.
 #[derive(Clone, Default)]
 struct Model {
     namespaces: BTreeMap<String, Namespace>,
     pods: BTreeMap<(String, String), Pod>,
     policies: BTreeMap<(String, String), NetworkPolicy>,
+    services: BTreeMap<(String, String), Service>,
+    slices: BTreeMap<(String, String), EndpointSlice>,
 }
 
 impl Model {
@@ -213,6 +304,18 @@ impl Model {
             m.policies
                 .insert((ns.clone(), name.clone()), policy(rng, &ns, &name));
         }
+        for i in 0..1 + rng.below(6) {
+            let ns = rng.pick(&NAMESPACES).to_string();
+            let name = format!("s{}", i % SERVICES);
+            m.services
+                .insert((ns.clone(), name.clone()), service(rng, &ns, &name));
+        }
+        for i in 0..rng.below(4) {
+            let ns = rng.pick(&NAMESPACES).to_string();
+            let name = format!("e{i}");
+            m.slices
+                .insert((ns.clone(), name.clone()), endpoint_slice(rng, &ns, &name));
+        }
         m
     }
 
@@ -223,14 +326,44 @@ impl Model {
             .cloned()
             .map(Object::Namespace)
             .chain(self.pods.values().cloned().map(Object::Pod))
-            .chain(self.policies.values().cloned().map(Object::NetworkPolicy));
+            .chain(self.policies.values().cloned().map(Object::NetworkPolicy))
+            .chain(self.services.values().cloned().map(Object::Service))
+            .chain(self.slices.values().cloned().map(Object::EndpointSlice));
         ClusterState::from_objects(objects, marker)
     }
 
     /// Makes one random change to the model and returns it as an event.
     fn change(&mut self, rng: &mut Rng) -> Change {
         let ns = rng.pick(&NAMESPACES).to_string();
-        match rng.below(10) {
+        match rng.below(15) {
+            // Service add or edit, and delete.
+            10 | 11 => {
+                let name = format!("s{}", rng.below(SERVICES));
+                let s = service(rng, &ns, &name);
+                self.services.insert((ns, name), s.clone());
+                Change::ApplyService(s)
+            }
+            12 => match pick_key(rng, &self.services) {
+                Some(key) => {
+                    self.services.remove(&key);
+                    Change::DeleteService(key)
+                }
+                None => self.change(rng),
+            },
+            // EndpointSlice add or edit, and delete.
+            13 => {
+                let name = format!("e{}", rng.below(5));
+                let s = endpoint_slice(rng, &ns, &name);
+                self.slices.insert((ns, name), s.clone());
+                Change::ApplyEndpointSlice(s)
+            }
+            14 => match pick_key(rng, &self.slices) {
+                Some(key) => {
+                    self.slices.remove(&key);
+                    Change::DeleteEndpointSlice(key)
+                }
+                None => self.change(rng),
+            },
             // A new or replaced pod (may move it to a node, change its IP).
             0 | 1 => {
                 let name = format!("p{}", rng.below(16));
@@ -271,13 +404,14 @@ impl Model {
                 self.policies.insert((ns, name), p.clone());
                 Change::ApplyPolicy(p)
             }
-            _ => match self.random_key(rng, false) {
+            9 => match self.random_key(rng, false) {
                 Some(key) => {
                     self.policies.remove(&key);
                     Change::DeletePolicy(key)
                 }
                 None => self.change(rng),
             },
+            _ => unreachable!(),
         }
     }
 
@@ -288,6 +422,88 @@ impl Model {
             self.policies.keys().collect()
         };
         (!keys.is_empty()).then(|| keys[rng.below(keys.len())].clone())
+    }
+}
+
+fn pick_key<T>(rng: &mut Rng, map: &BTreeMap<(String, String), T>) -> Option<(String, String)> {
+    let keys: Vec<&(String, String)> = map.keys().collect();
+    (!keys.is_empty()).then(|| keys[rng.below(keys.len())].clone())
+}
+
+fn net(p: &IpPrefix) -> IpNet {
+    let addr = match p.addr.len() {
+        4 => IpAddr::from(<[u8; 4]>::try_from(p.addr.as_slice()).unwrap()),
+        _ => IpAddr::from(<[u8; 16]>::try_from(p.addr.as_slice()).unwrap()),
+    };
+    IpNet::new(addr, p.prefix_len as u8).unwrap()
+}
+
+/// Whether a pod's plan lets it send to `ip` on `protocol`/`port`.
+fn plan_allows_egress(pod: &PodPolicy, ip: IpAddr, protocol: Protocol, port: u16) -> bool {
+    let Some(egress) = &pod.egress else {
+        return true;
+    };
+    let port = u32::from(port);
+    egress.rules.iter().any(|rule| {
+        rule.peers.iter().any(|b| {
+            b.cidr.as_ref().is_some_and(|c| net(c).contains(&ip))
+                && !b.except.iter().any(|e| net(e).contains(&ip))
+        }) && (rule.ports.is_empty()
+            || rule.ports.iter().any(|r| {
+                r.protocol == protocol as i32
+                    && (r.port == 0
+                        || r.port == port
+                        || (r.end_port != 0 && (r.port..=r.end_port).contains(&port)))
+            }))
+    })
+}
+
+/// The plans' egress to every ClusterIP, on every service port, equals the
+/// reference model's answer, for every pod with a plan.
+fn check_services_against_model(state: &ClusterState, full: &Resolution, what: &str) {
+    let mut vips = Vec::new();
+    for svc in &state.services {
+        let spec = svc.spec.as_ref().unwrap();
+        let ips = spec
+            .cluster_ips
+            .clone()
+            .unwrap_or_else(|| spec.cluster_ip.iter().cloned().collect());
+        for ip in ips.iter().filter_map(|i| i.parse::<IpAddr>().ok()) {
+            for p in spec.ports.iter().flatten() {
+                let proto = p.protocol.clone().unwrap_or_else(|| "TCP".into());
+                vips.push((ip, proto, p.port as u16));
+            }
+        }
+    }
+    for pod in &state.pods {
+        let key = (
+            pod.metadata.namespace.clone().unwrap(),
+            pod.metadata.name.clone().unwrap(),
+        );
+        let Some(plan) = full.plans.values().find_map(|p| p.pods.get(&key)) else {
+            continue;
+        };
+        let Some(src_ip) = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.as_deref())
+            .and_then(|i| i.parse().ok())
+        else {
+            continue;
+        };
+        let src = Endpoint { pod, ip: src_ip };
+        for (vip, proto, port) in &vips {
+            let protocol = match proto.as_str() {
+                "UDP" => Protocol::Udp,
+                _ => Protocol::Tcp,
+            };
+            let want = egress_to_service_allowed(state, src, *vip, proto, *port);
+            let got = plan_allows_egress(plan, *vip, protocol, *port);
+            assert_eq!(
+                got, want,
+                "{what}: {key:?} to {vip} {proto}/{port}: plan says {got}, model {want}"
+            );
+        }
     }
 }
 
@@ -325,6 +541,7 @@ fn check(seed: u64, steps: usize) {
             hub.apply(vec![change], step.to_string());
         }
         let before = std::mem::replace(&mut full, resolve_with_errors(&state));
+        check_services_against_model(&state, &full, &what);
         let engine = hub.with_engine(|e| e.unwrap().resolution());
         assert_eq!(engine.errors, full.errors, "{what}");
         assert_eq!(engine.plans, full.plans, "{what}");

@@ -103,6 +103,20 @@ spec:
     ports:
     - {protocol: TCP, port: 443}
     - {protocol: UDP, port: 53}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: ext, namespace: dev}
+spec:
+  clusterIP: 10.96.0.20
+  ports: [{name: https, port: 8443}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: ext-1, namespace: dev, labels: {kubernetes.io/service-name: ext}}
+addressType: IPv4
+endpoints: [{addresses: [10.2.0.5]}]
+ports: [{name: https, port: 443}]
 "#;
 
 const ALLOW_DB: &str = r#"
@@ -153,12 +167,26 @@ fn manifest_state(dir: &Path, objects: &[Value], revision: &str) -> ClusterState
     state
 }
 
-fn counts(state: &ClusterState) -> (usize, usize, usize) {
+fn counts(state: &ClusterState) -> (usize, usize, usize, usize, usize) {
     (
         state.namespaces.len(),
         state.pods.len(),
         state.policies.len(),
+        state.services.len(),
+        state.endpoint_slices.len(),
     )
+}
+
+/// Whether `client-1`'s egress names the `ext` Service's ClusterIP on 8443.
+fn client_reaches_ext_service(plans: &BTreeMap<String, NodePlan>) -> bool {
+    let vip = policy_controller::resolve::prefix("10.96.0.20/32".parse().unwrap());
+    let pod = &plans["node-b"].pods[&("dev".to_string(), "client-1".to_string())];
+    pod.egress.as_ref().is_some_and(|e| {
+        e.rules.iter().any(|r| {
+            r.peers.iter().any(|p| p.cidr.as_ref() == Some(&vip))
+                && r.ports.iter().any(|p| p.port == 8443)
+        })
+    })
 }
 
 /// Waits until the kube source publishes a state that `done` accepts.
@@ -219,17 +247,17 @@ async fn kube_source_yields_the_same_plans_as_the_manifest_source() {
 
     // (a) The initial lists.
     let from_manifest = manifest_state(dir.path(), &objects, "r1");
-    assert_eq!(counts(&from_manifest), (2, 5, 3));
-    let from_kube = wait_for_state(&mut rx, "every object", |s| counts(s) == (2, 5, 3)).await;
-    assert!(
-        from_kube
-            .marker
-            .starts_with("k8s namespaces=2 pods=7 networkpolicies=10"),
-        "{}",
-        from_kube.marker
+    assert_eq!(counts(&from_manifest), (2, 5, 3, 1, 1));
+    let from_kube = wait_for_state(&mut rx, "every object", |s| counts(s) == (2, 5, 3, 1, 1)).await;
+    assert_eq!(
+        from_kube.marker,
+        "k8s namespaces=2 pods=7 networkpolicies=10 services=11 endpointslices=12"
     );
     let plans = resolve(&from_kube);
     assert_eq!(plans, resolve(&from_manifest));
+    // The selectorless Service's slice address lies in client-1's ipBlock:
+    // its ClusterIP is allowed on the service port.
+    assert!(client_reaches_ext_service(&plans));
     // Non-trivial: both nodes have isolated pods, with the policies that
     // select them.
     assert_eq!(
@@ -260,10 +288,18 @@ async fn kube_source_yields_the_same_plans_as_the_manifest_source() {
     double.apply(client_2.clone());
     double.delete(Kind::Pod, Some("prod"), "web-2");
     objects.retain(|o| key(o) != ("Pod".into(), "prod".into(), "web-2".into()));
+    // The slice now lists an address outside the ipBlock's: no ClusterIP.
+    let slice = objects
+        .iter_mut()
+        .find(|o| key(o) == ("EndpointSlice".into(), "dev".into(), "ext-1".into()))
+        .unwrap();
+    slice["endpoints"] = json!([{"addresses": ["192.0.2.1"]}]);
+    double.apply(slice.clone());
 
     let from_manifest = manifest_state(dir.path(), &objects, "r2");
     let from_kube = wait_for_state(&mut rx, "the mutations", |s| {
-        counts(s) == (2, 4, 4)
+        counts(s) == (2, 4, 4, 1, 1)
+            && s.endpoint_slices[0].endpoints[0].addresses == ["192.0.2.1"]
             && s.pods.iter().any(|p| {
                 p.metadata.name.as_deref() == Some("client-2")
                     && p.metadata.labels.as_ref().unwrap()["app"] == "batch"
@@ -272,6 +308,7 @@ async fn kube_source_yields_the_same_plans_as_the_manifest_source() {
     .await;
     let plans = resolve(&from_kube);
     assert_eq!(plans, resolve(&from_manifest));
+    assert!(!client_reaches_ext_service(&plans));
     assert_eq!(
         pod_policies(&plans, "node-a", "prod", "db-1"),
         ["prod/allow-db", "prod/default-deny"]
@@ -293,13 +330,13 @@ async fn kube_source_yields_the_same_plans_as_the_manifest_source() {
         !has_policy(s, "prod", "default-deny")
     })
     .await;
-    assert_eq!(counts(&from_kube), (2, 4, 3));
+    assert_eq!(counts(&from_kube), (2, 4, 3, 1, 1));
     assert_eq!(resolve(&from_kube), resolve(&from_manifest));
 
     // What kube's watcher actually asked: one full list per kind, then
     // watches from the list's revision, with bookmarks.
     let requests = double.requests();
-    for kind in [Kind::Namespace, Kind::Pod, Kind::NetworkPolicy] {
+    for kind in Kind::ALL {
         let of_kind: Vec<_> = requests.iter().filter(|r| r.kind == kind).collect();
         let lists: Vec<_> = of_kind.iter().filter(|r| !r.is_watch()).collect();
         assert_eq!(lists.len(), 1, "{kind:?}: {of_kind:?}");

@@ -1,11 +1,13 @@
 //! Synthetic clusters shaped like Antrea's controller benchmark (namespaces
 //! of 4 pods and 3 policies, pods spread over nodes), and a "mixed" variant
 //! whose policies also use ipBlock with except, port ranges,
-//! namespaceSelector with podSelector, and named ports.
+//! namespaceSelector with podSelector, and named ports, and whose
+//! namespaces each have a `db` Service (named targetPort), which the `web`
+//! pods' egress reaches through its ClusterIP.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use policy_controller::cluster::{ClusterState, Object};
 use serde_json::{json, Value};
@@ -203,6 +205,20 @@ pub fn policies(shape: Shape, i: usize, variant: u32) -> Vec<NetworkPolicy> {
     }
 }
 
+/// The `db` Service of namespace `i` (mixed shape): its ClusterIP is in
+/// 10.96.0.0/12, apart from the pods'.
+pub fn db_service(i: usize) -> Service {
+    serde_json::from_value(json!({
+        "metadata": {"name": "db", "namespace": ns_name(i)},
+        "spec": {
+            "selector": {"app": "db"},
+            "clusterIP": format!("10.{}.{}.{}", 96 + ((i >> 16) & 0xf), (i >> 8) & 0xff, i & 0xff),
+            "ports": [{"name": "pg", "port": 5432, "targetPort": "pg"}],
+        },
+    }))
+    .unwrap()
+}
+
 pub fn cluster(shape: Shape, scale: Scale) -> ClusterState {
     let mut objects = Vec::with_capacity(scale.namespaces * 8);
     for i in 0..scale.namespaces {
@@ -220,6 +236,9 @@ pub fn cluster(shape: Shape, scale: Scale) -> ClusterState {
         for p in policies(shape, i, 0) {
             objects.push(Object::NetworkPolicy(p));
         }
+        if shape == Shape::Mixed {
+            objects.push(Object::Service(db_service(i)));
+        }
     }
     ClusterState::from_objects(objects, "bench".into())
 }
@@ -236,5 +255,6 @@ pub fn counts(state: &ClusterState) -> BTreeMap<&'static str, usize> {
         ("namespaces", state.namespaces.len()),
         ("pods", state.pods.len()),
         ("policies", state.policies.len()),
+        ("services", state.services.len()),
     ])
 }

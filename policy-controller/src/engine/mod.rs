@@ -8,7 +8,12 @@
 //! - a namespace relabelled: the targets whose rules used a namespace
 //!   selector that now decides differently for it;
 //! - a policy added, edited or deleted: the pods of its namespace that the
-//!   old or the new version selects.
+//!   old or the new version selects;
+//! - a Service added, edited or deleted, or a pod that starts or stops
+//!   backing one (or backs it with other addresses or named ports): the
+//!   targets whose egress rules read the Services of its namespace; a
+//!   Service without a selector or one of its EndpointSlices: the targets
+//!   that read those (see `services`).
 //!
 //! Each target is computed by the same code as the full computation
 //! (`resolve::resolve_target`); only how peers are found differs. The full
@@ -17,21 +22,24 @@
 
 mod objects;
 mod selection;
+mod services;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use palisade_proto::v1::PodPolicy;
 
 use crate::cluster::ClusterState;
 use crate::resolve::{
-    namespace_of, ns_labels, pod_info, resolve_target, selector_matches, NodePlan, PodInfo, PodKey,
-    Resolution,
+    is_selectorless, namespace_of, ns_labels, pod_info, resolve_target, selector_matches,
+    slice_service, NodePlan, PodInfo, PodKey, Resolution,
 };
 use objects::{Labels, Objects};
 use selection::{Selections, Selector, Used};
+use services::ServiceCache;
 
 /// One change to the cluster.
 // Changes are short-lived on the way into the engine; boxing the large Pod
@@ -45,6 +53,10 @@ pub enum Change {
     DeletePod(PodKey),
     ApplyPolicy(NetworkPolicy),
     DeletePolicy(PodKey),
+    ApplyService(Service),
+    DeleteService(PodKey),
+    ApplyEndpointSlice(EndpointSlice),
+    DeleteEndpointSlice(PodKey),
 }
 
 /// A target's result and what computing it used.
@@ -58,6 +70,7 @@ struct Target {
 pub struct Engine {
     objects: Objects,
     selections: Selections,
+    services: ServiceCache,
     targets: HashMap<PodKey, Target>,
     plans: HashMap<String, Arc<NodePlan>>,
     /// Every distinct problem, with how many targets found it.
@@ -95,6 +108,18 @@ impl Engine {
             engine
                 .objects
                 .set_policy(&ns, &name, Some(Arc::new(np.clone())));
+        }
+        for svc in &state.services {
+            let (ns, name) = object_key(&svc.metadata);
+            engine
+                .objects
+                .set_service(&ns, &name, Some(Arc::new(svc.clone())));
+        }
+        for slice in &state.endpoint_slices {
+            let key = object_key(&slice.metadata);
+            engine
+                .objects
+                .set_slice(&key, Some(Arc::new(slice.clone())));
         }
         let outcome = engine.recompute(dirty);
         (engine, outcome)
@@ -202,6 +227,32 @@ impl Engine {
                 changes.push(Change::DeletePolicy(key));
             }
         }
+        let mut seen_services = HashSet::new();
+        for svc in &state.services {
+            let key = object_key(&svc.metadata);
+            if self.objects.service(&key.0, &key.1).map(|s| &s.spec) != Some(&svc.spec) {
+                changes.push(Change::ApplyService(svc.clone()));
+            }
+            seen_services.insert(key);
+        }
+        for key in self.objects.service_keys() {
+            if !seen_services.contains(&key) {
+                changes.push(Change::DeleteService(key));
+            }
+        }
+        let mut seen_slices = HashSet::new();
+        for slice in &state.endpoint_slices {
+            let key = object_key(&slice.metadata);
+            if self.objects.slice(&key).map(|s| slice_content(s)) != Some(slice_content(slice)) {
+                changes.push(Change::ApplyEndpointSlice(slice.clone()));
+            }
+            seen_slices.insert(key);
+        }
+        for key in self.objects.slice_keys() {
+            if !seen_slices.contains(key) {
+                changes.push(Change::DeleteEndpointSlice(key.clone()));
+            }
+        }
         changes
     }
 
@@ -227,6 +278,63 @@ impl Engine {
                 self.set_policy(&ns, &name, Some(Arc::new(np)), dirty);
             }
             Change::DeletePolicy((ns, name)) => self.set_policy(&ns, &name, None, dirty),
+            Change::ApplyService(svc) => {
+                let (ns, name) = object_key(&svc.metadata);
+                self.set_service(&ns, &name, Some(Arc::new(svc)), dirty);
+            }
+            Change::DeleteService((ns, name)) => self.set_service(&ns, &name, None, dirty),
+            Change::ApplyEndpointSlice(slice) => {
+                let key = object_key(&slice.metadata);
+                self.set_slice(&key, Some(Arc::new(slice)), dirty);
+            }
+            Change::DeleteEndpointSlice(key) => self.set_slice(&key, None, dirty),
+        }
+    }
+
+    fn set_service(
+        &mut self,
+        ns: &str,
+        name: &str,
+        svc: Option<Arc<Service>>,
+        dirty: &mut HashSet<PodKey>,
+    ) {
+        let new = svc.clone();
+        let old = self.objects.set_service(ns, name, svc);
+        if old.as_ref().map(|s| &s.spec) == new.as_ref().map(|s| &s.spec) {
+            return;
+        }
+        let versions = || old.iter().chain(new.iter());
+        if versions().any(|s| !is_selectorless(s)) {
+            self.services.namespace_changed(ns, dirty);
+        }
+        if versions().any(|s| is_selectorless(s)) {
+            self.services.selectorless_changed(dirty);
+        }
+    }
+
+    fn set_slice(
+        &mut self,
+        key: &PodKey,
+        slice: Option<Arc<EndpointSlice>>,
+        dirty: &mut HashSet<PodKey>,
+    ) {
+        let new = slice.clone();
+        let old = self.objects.set_slice(key, slice);
+        if old.as_deref().map(slice_content) == new.as_deref().map(slice_content) {
+            return;
+        }
+        // Only a Service without a selector reads its slices.
+        let read = old
+            .iter()
+            .chain(new.iter())
+            .filter_map(|s| slice_service(s))
+            .any(|svc| {
+                self.objects
+                    .service(&key.0, svc)
+                    .is_some_and(|s| is_selectorless(s))
+            });
+        if read {
+            self.services.selectorless_changed(dirty);
         }
     }
 
@@ -256,6 +364,10 @@ impl Engine {
         if ns_before != ns_after {
             self.selections
                 .namespace_changed(&key.0, ns_before.as_ref(), ns_after.as_ref(), dirty);
+        }
+        if ServiceCache::pod_changes_backends(&self.objects, &key.0, old.as_deref(), pod.as_deref())
+        {
+            self.services.namespace_changed(&key.0, dirty);
         }
         dirty.insert(key.clone());
     }
@@ -315,6 +427,7 @@ impl Engine {
                 let mut selector = Selector {
                     objects: &self.objects,
                     cache: &mut self.selections,
+                    services: &mut self.services,
                     used: Used::default(),
                 };
                 let mut errors = Vec::new();
@@ -335,6 +448,11 @@ impl Engine {
         };
         let empty = Used::default();
         self.selections.depend(
+            key,
+            old.as_ref().map_or(&empty, |t| &t.used),
+            new.as_ref().map_or(&empty, |t| &t.used),
+        );
+        self.services.depend(
             key,
             old.as_ref().map_or(&empty, |t| &t.used),
             new.as_ref().map_or(&empty, |t| &t.used),
@@ -384,6 +502,27 @@ impl Engine {
         };
         changed.insert(node.to_string());
     }
+}
+
+fn object_key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> PodKey {
+    (namespace_of(meta), meta.name.clone().unwrap_or_default())
+}
+
+/// What of an EndpointSlice resolution reads.
+type SliceContent<'a> = (
+    Option<&'a BTreeMap<String, String>>,
+    &'a str,
+    &'a Vec<k8s_openapi::api::discovery::v1::Endpoint>,
+    Option<&'a Vec<k8s_openapi::api::discovery::v1::EndpointPort>>,
+);
+
+fn slice_content(s: &EndpointSlice) -> SliceContent<'_> {
+    (
+        s.metadata.labels.as_ref(),
+        s.address_type.as_str(),
+        &s.endpoints,
+        s.ports.as_ref(),
+    )
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -5,9 +5,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
-use crate::resolve::{default_ns_labels, PodInfo, PodKey};
+use crate::resolve::{default_ns_labels, is_selectorless, slice_service, PodInfo, PodKey};
 
 pub type Labels = BTreeMap<String, String>;
 type LabelPair = (String, String);
@@ -25,6 +27,13 @@ pub struct Objects {
     pods_by_port: HashMap<String, BTreeSet<PodKey>>,
     /// Policies by namespace, then name.
     policies: HashMap<String, BTreeMap<String, Arc<NetworkPolicy>>>,
+    /// Services by namespace, then name.
+    services: HashMap<String, BTreeMap<String, Arc<Service>>>,
+    /// Services without a selector, which EndpointSlices back.
+    selectorless: BTreeSet<PodKey>,
+    slices: HashMap<PodKey, Arc<EndpointSlice>>,
+    /// Slice names by the (namespace, Service name) they belong to.
+    slices_by_service: HashMap<PodKey, BTreeSet<String>>,
 }
 
 impl Objects {
@@ -181,6 +190,102 @@ impl Objects {
                 old
             }
         }
+    }
+
+    pub fn service(&self, ns: &str, name: &str) -> Option<&Arc<Service>> {
+        self.services.get(ns)?.get(name)
+    }
+
+    pub fn services_in(&self, ns: &str) -> impl Iterator<Item = &Arc<Service>> {
+        self.services.get(ns).into_iter().flat_map(|m| m.values())
+    }
+
+    pub fn service_keys(&self) -> impl Iterator<Item = PodKey> + '_ {
+        self.services
+            .iter()
+            .flat_map(|(ns, m)| m.keys().map(move |n| (ns.clone(), n.clone())))
+    }
+
+    /// Services without a selector, sorted by namespace and name.
+    pub fn selectorless_services(&self) -> impl Iterator<Item = &Arc<Service>> {
+        self.selectorless
+            .iter()
+            .filter_map(|(ns, name)| self.service(ns, name))
+    }
+
+    /// Sets (or with None removes) a Service; returns the previous one.
+    pub fn set_service(
+        &mut self,
+        ns: &str,
+        name: &str,
+        svc: Option<Arc<Service>>,
+    ) -> Option<Arc<Service>> {
+        let key = (ns.to_string(), name.to_string());
+        self.selectorless.remove(&key);
+        match svc {
+            Some(s) => {
+                if is_selectorless(&s) {
+                    self.selectorless.insert(key);
+                }
+                self.services
+                    .entry(ns.to_string())
+                    .or_default()
+                    .insert(name.to_string(), s)
+            }
+            None => {
+                let in_ns = self.services.get_mut(ns)?;
+                let old = in_ns.remove(name);
+                if in_ns.is_empty() {
+                    self.services.remove(ns);
+                }
+                old
+            }
+        }
+    }
+
+    pub fn slice(&self, key: &PodKey) -> Option<&Arc<EndpointSlice>> {
+        self.slices.get(key)
+    }
+
+    pub fn slice_keys(&self) -> impl Iterator<Item = &PodKey> {
+        self.slices.keys()
+    }
+
+    /// The EndpointSlices of a Service.
+    pub fn slices_of(&self, ns: &str, service: &str) -> impl Iterator<Item = &EndpointSlice> {
+        let ns = ns.to_string();
+        self.slices_by_service
+            .get(&(ns.clone(), service.to_string()))
+            .into_iter()
+            .flatten()
+            .filter_map(move |name| self.slices.get(&(ns.clone(), name.clone())))
+            .map(|s| &**s)
+    }
+
+    /// Sets (or with None removes) an EndpointSlice; returns the previous one.
+    pub fn set_slice(
+        &mut self,
+        key: &PodKey,
+        slice: Option<Arc<EndpointSlice>>,
+    ) -> Option<Arc<EndpointSlice>> {
+        let old = match &slice {
+            Some(s) => self.slices.insert(key.clone(), s.clone()),
+            None => self.slices.remove(key),
+        };
+        if let Some(service) = old.as_deref().and_then(slice_service) {
+            remove_from(
+                &mut self.slices_by_service,
+                &(key.0.clone(), service.to_string()),
+                &key.1,
+            );
+        }
+        if let Some(service) = slice.as_deref().and_then(slice_service) {
+            self.slices_by_service
+                .entry((key.0.clone(), service.to_string()))
+                .or_default()
+                .insert(key.1.clone());
+        }
+        old
     }
 
     /// Keeps `ns_by_label` in step with a namespace's effective labels.

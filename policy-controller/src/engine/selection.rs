@@ -10,7 +10,8 @@ use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::objects::{Labels, Objects};
-use crate::resolve::{selector_matches, PeerSelection, PodInfo, PodKey, Selected};
+use super::services::ServiceCache;
+use crate::resolve::{selector_matches, PeerSelection, PodInfo, PodKey, Selected, ServiceInfo};
 
 /// What a selector peer selects, as a cache key. Without a namespace
 /// selector the policy's namespace is part of the key (`scope`).
@@ -76,6 +77,10 @@ pub struct Selections {
 pub struct Used {
     pub sels: Vec<SelKey>,
     pub ports: Vec<String>,
+    /// Namespaces whose Services (with a selector) were read.
+    pub service_ns: Vec<String>,
+    /// Whether the Services without a selector were read.
+    pub selectorless: bool,
 }
 
 impl Selections {
@@ -204,6 +209,7 @@ impl Selections {
 pub struct Selector<'a> {
     pub objects: &'a Objects,
     pub cache: &'a mut Selections,
+    pub services: &'a mut ServiceCache,
     pub used: Used,
 }
 
@@ -271,6 +277,18 @@ impl PeerSelection for Selector<'_> {
             .collect();
         pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         pods
+    }
+
+    fn services_in(&mut self, ns: &str) -> Arc<Vec<Arc<ServiceInfo>>> {
+        if !self.used.service_ns.iter().any(|n| n == ns) {
+            self.used.service_ns.push(ns.to_string());
+        }
+        self.services.services_in(self.objects, ns)
+    }
+
+    fn selectorless_services(&mut self) -> Arc<Vec<Arc<ServiceInfo>>> {
+        self.used.selectorless = true;
+        self.services.selectorless(self.objects)
     }
 }
 

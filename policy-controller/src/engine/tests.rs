@@ -1,6 +1,8 @@
 use super::*;
 use crate::cluster::Object;
 use crate::resolve::resolve_with_errors;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 fn pod(ns: &str, name: &str, app: &str, node: &str, ip: &str) -> Pod {
     serde_json::from_value(serde_json::json!({
@@ -79,4 +81,144 @@ fn an_unchanged_view_recomputes_nothing() {
     let outcome = engine.sync(&state);
     assert_eq!(outcome.recomputed, 0);
     assert!(outcome.changed.is_empty());
+}
+
+fn service(ns: &str, name: &str, selector: Option<&str>, ip: &str) -> Service {
+    let mut spec = serde_json::json!({"clusterIP": ip, "ports": [{"name": "p", "port": 80}]});
+    if let Some(app) = selector {
+        spec["selector"] = serde_json::json!({"app": app});
+    }
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": ns}, "spec": spec
+    }))
+    .unwrap()
+}
+
+fn slice(ns: &str, name: &str, service: &str, ip: &str) -> EndpointSlice {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": ns,
+                     "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [ip]}],
+        "ports": [{"name": "p", "port": 80}]
+    }))
+    .unwrap()
+}
+
+/// The cluster above, and a client in "x" whose egress goes to `app=one`
+/// pods of namespace "a".
+fn cluster_with_client() -> ClusterState {
+    let mut state = cluster();
+    state
+        .pods
+        .push(pod("x", "client", "client", "n0", "10.0.9.1"));
+    state.policies.push(
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "out", "namespace": "x"},
+            "spec": {
+                "podSelector": {"matchLabels": {"app": "client"}},
+                "policyTypes": ["Egress"],
+                "egress": [{"to": [{
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "a"}},
+                    "podSelector": {"matchLabels": {"app": "one"}}
+                }]}]
+            }
+        }))
+        .unwrap(),
+    );
+    state
+}
+
+fn client_rules(engine: &Engine) -> usize {
+    let plan = &engine.plans()["n0"];
+    let client = &plan.pods[&("x".to_string(), "client".to_string())];
+    client.egress.as_ref().unwrap().rules.len()
+}
+
+#[test]
+fn service_changes_recompute_only_the_targets_that_read_them() {
+    let mut state = cluster_with_client();
+    let (mut engine, _) = Engine::from_state(&state);
+    assert_eq!(client_rules(&engine), 1, "the pods alone");
+
+    // A Service in "a" backed by the client's peers: only the client reads
+    // the Services of "a".
+    let svc = service("a", "one", Some("one"), "10.96.0.1");
+    let outcome = engine.apply([Change::ApplyService(svc.clone())]);
+    assert_eq!(outcome.recomputed, 1);
+    assert_eq!(client_rules(&engine), 2, "the pods and the ClusterIP");
+    state.services.push(svc);
+    assert_eq!(engine.resolution(), resolve_with_errors(&state));
+
+    // A Service where no egress rule looks: nothing to recompute.
+    let other = service("b", "one", Some("one"), "10.96.0.2");
+    assert_eq!(engine.apply([Change::ApplyService(other)]).recomputed, 0);
+
+    // A slice of a Service with a selector is not read.
+    let mirrored = slice("a", "one-1", "one", "10.0.0.0");
+    assert_eq!(
+        engine
+            .apply([Change::ApplyEndpointSlice(mirrored)])
+            .recomputed,
+        0
+    );
+
+    // A label no selector reads, on a backend: a0 itself only.
+    let mut relabelled = pod("a", "p0", "one", "n0", "10.0.0.0");
+    relabelled
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("tier".into(), "x".into());
+    let outcome = engine.apply([Change::ApplyPod(relabelled)]);
+    assert_eq!(outcome.recomputed, 1);
+
+    // A selectorless Service whose slice lists a peer's address: read by
+    // every target with egress rules, i.e. the client.
+    let ext = service("c", "ext", None, "10.96.0.3");
+    assert_eq!(
+        engine.apply([Change::ApplyService(ext.clone())]).recomputed,
+        1
+    );
+    assert_eq!(client_rules(&engine), 2);
+    let ext_slice = slice("c", "ext-1", "ext", "10.0.0.1");
+    assert_eq!(
+        engine
+            .apply([Change::ApplyEndpointSlice(ext_slice.clone())])
+            .recomputed,
+        1
+    );
+    assert_eq!(client_rules(&engine), 3, "and the selectorless ClusterIP");
+    state
+        .services
+        .push(service("b", "one", Some("one"), "10.96.0.2"));
+    state.services.push(ext);
+    state
+        .endpoint_slices
+        .push(slice("a", "one-1", "one", "10.0.0.0"));
+    state.endpoint_slices.push(ext_slice);
+    let i = state
+        .pods
+        .iter()
+        .position(|p| {
+            p.metadata.name.as_deref() == Some("p0") && p.metadata.namespace.as_deref() == Some("a")
+        })
+        .unwrap();
+    state.pods[i]
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("tier".into(), "x".into());
+    assert_eq!(engine.resolution(), resolve_with_errors(&state));
+
+    // A backend relabelled out of the client's peers and out of the
+    // Services of "a": the client is recomputed; a/one keeps a0 alone,
+    // still allowed; the slice address 10.0.0.1 is no peer's any more.
+    let outcome = engine.apply([Change::ApplyPod(pod("a", "p1", "two", "n0", "10.0.0.1"))]);
+    assert!(outcome.recomputed < 8, "{}", outcome.recomputed);
+    assert_eq!(client_rules(&engine), 2);
+    engine.apply([Change::DeleteService(("a".into(), "one".into()))]);
+    assert_eq!(client_rules(&engine), 1);
 }

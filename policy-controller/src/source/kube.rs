@@ -1,14 +1,17 @@
-//! The real cluster: Namespaces, Pods and NetworkPolicies from the API server
-//! through kube-rs reflectors (list, then watch, all namespaces).
+//! The real cluster: Namespaces, Pods, NetworkPolicies, Services and
+//! EndpointSlices from the API server through kube-rs reflectors (list, then
+//! watch, all namespaces).
 //!
-//! Nothing is published until all three reflectors have finished their first
-//! list: resolving with the policies listed but the pods not yet would hand
-//! nodes a plan that drops every peer. After that, each burst of changes is
+//! Nothing is published until every reflector has finished its first list:
+//! resolving with the policies listed but the pods not yet would hand nodes
+//! a plan that drops every peer (and without the Services, every ClusterIP
+//! an egress rule allows). After that, each burst of changes is
 //! coalesced for [`DEBOUNCE`] (at most [`MAX_DELAY`] under constant churn)
 //! and published once, if the objects actually differ from the last
 //! publication.
 //!
-//! The marker is `k8s namespaces=<rv> pods=<rv> networkpolicies=<rv>`: for
+//! The marker is `k8s namespaces=<rv> pods=<rv> networkpolicies=<rv>
+//! services=<rv> endpointslices=<rv>`: for
 //! each kind, the highest resourceVersion its watch has delivered (compared
 //! as numbers, as etcd issues them; a non-numeric one simply replaces the
 //! previous). Kinds are kept apart because each has its own watch stream: the
@@ -20,7 +23,8 @@ use std::hash::Hash;
 use std::time::Duration;
 
 use futures::stream::{self, BoxStream, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
@@ -39,6 +43,8 @@ enum Kind {
     Namespaces,
     Pods,
     NetworkPolicies,
+    Services,
+    EndpointSlices,
 }
 
 /// What one reflector reported, after its store took it in.
@@ -87,10 +93,21 @@ pub async fn run(
     let (namespaces, ns_writer) = reflector::store::<Namespace>();
     let (pods, pod_writer) = reflector::store::<Pod>();
     let (policies, np_writer) = reflector::store::<NetworkPolicy>();
+    let (services, svc_writer) = reflector::store::<Service>();
+    let (slices, slice_writer) = reflector::store::<EndpointSlice>();
+    let stores = Stores {
+        namespaces,
+        pods,
+        policies,
+        services,
+        slices,
+    };
     let mut notices = stream::select_all([
         reflect(Api::all(client.clone()), ns_writer, Kind::Namespaces),
         reflect(Api::all(client.clone()), pod_writer, Kind::Pods),
-        reflect(Api::all(client), np_writer, Kind::NetworkPolicies),
+        reflect(Api::all(client.clone()), np_writer, Kind::NetworkPolicies),
+        reflect(Api::all(client.clone()), svc_writer, Kind::Services),
+        reflect(Api::all(client), slice_writer, Kind::EndpointSlices),
     ]);
     let mut versions = Versions::default();
     let mut watch_errors = WatchErrors::default();
@@ -99,9 +116,11 @@ pub async fn run(
     // readiness while draining the notices.
     let ready = async {
         tokio::try_join!(
-            namespaces.wait_until_ready(),
-            pods.wait_until_ready(),
-            policies.wait_until_ready(),
+            stores.namespaces.wait_until_ready(),
+            stores.pods.wait_until_ready(),
+            stores.policies.wait_until_ready(),
+            stores.services.wait_until_ready(),
+            stores.slices.wait_until_ready(),
         )
     };
     tokio::pin!(ready);
@@ -129,14 +148,7 @@ pub async fn run(
     }
 
     let mut published: Option<ClusterState> = None;
-    publish(
-        &tx,
-        &mut published,
-        &namespaces,
-        &pods,
-        &policies,
-        &versions,
-    );
+    publish(&tx, &mut published, &stores, &versions);
 
     loop {
         let first = tokio::select! {
@@ -163,14 +175,7 @@ pub async fn run(
                 Ok(None) | Err(_) => break,
             }
         }
-        publish(
-            &tx,
-            &mut published,
-            &namespaces,
-            &pods,
-            &policies,
-            &versions,
-        );
+        publish(&tx, &mut published, &stores, &versions);
     }
 }
 
@@ -224,6 +229,8 @@ struct Versions {
     namespaces: String,
     pods: String,
     policies: String,
+    services: String,
+    slices: String,
 }
 
 impl Versions {
@@ -239,6 +246,8 @@ impl Versions {
             Kind::Namespaces => &mut self.namespaces,
             Kind::Pods => &mut self.pods,
             Kind::NetworkPolicies => &mut self.policies,
+            Kind::Services => &mut self.services,
+            Kind::EndpointSlices => &mut self.slices,
         };
         let newer = match (rv.parse::<u64>(), slot.parse::<u64>()) {
             (Ok(new), Ok(old)) => new > old,
@@ -251,31 +260,41 @@ impl Versions {
 
     fn marker(&self) -> String {
         format!(
-            "k8s namespaces={} pods={} networkpolicies={}",
-            self.namespaces, self.pods, self.policies
+            "k8s namespaces={} pods={} networkpolicies={} services={} endpointslices={}",
+            self.namespaces, self.pods, self.policies, self.services, self.slices
         )
     }
+}
+
+/// The reflectors' stores, one per kind.
+struct Stores {
+    namespaces: Store<Namespace>,
+    pods: Store<Pod>,
+    policies: Store<NetworkPolicy>,
+    services: Store<Service>,
+    slices: Store<EndpointSlice>,
 }
 
 fn publish(
     tx: &watch::Sender<Option<ClusterState>>,
     published: &mut Option<ClusterState>,
-    namespaces: &Store<Namespace>,
-    pods: &Store<Pod>,
-    policies: &Store<NetworkPolicy>,
+    stores: &Stores,
     versions: &Versions,
 ) {
-    let objects = namespaces
-        .state()
-        .into_iter()
-        .map(|o| Object::Namespace((*o).clone()))
-        .chain(pods.state().into_iter().map(|o| Object::Pod((*o).clone())))
-        .chain(
-            policies
-                .state()
-                .into_iter()
-                .map(|o| Object::NetworkPolicy((*o).clone())),
-        );
+    fn all<K: Clone + Resource>(
+        store: &Store<K>,
+        wrap: fn(K) -> Object,
+    ) -> impl Iterator<Item = Object>
+    where
+        K::DynamicType: Eq + Hash + Clone,
+    {
+        store.state().into_iter().map(move |o| wrap((*o).clone()))
+    }
+    let objects = all(&stores.namespaces, Object::Namespace)
+        .chain(all(&stores.pods, Object::Pod))
+        .chain(all(&stores.policies, Object::NetworkPolicy))
+        .chain(all(&stores.services, Object::Service))
+        .chain(all(&stores.slices, Object::EndpointSlice));
     let state = ClusterState::from_objects(objects, versions.marker());
     // A relist after a watch reconnect replays the whole cluster; without
     // this, every reconnect would make every node's plan be recomputed.
@@ -283,6 +302,8 @@ fn publish(
         if last.namespaces == state.namespaces
             && last.pods == state.pods
             && last.policies == state.policies
+            && last.services == state.services
+            && last.endpoint_slices == state.endpoint_slices
         {
             return;
         }
@@ -292,6 +313,8 @@ fn publish(
         namespaces = state.namespaces.len(),
         pods = state.pods.len(),
         policies = state.policies.len(),
+        services = state.services.len(),
+        endpoint_slices = state.endpoint_slices.len(),
         "cluster state changed"
     );
     *published = Some(state.clone());

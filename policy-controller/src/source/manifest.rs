@@ -92,6 +92,8 @@ pub async fn run_with_interval(
                         namespaces = state.namespaces.len(),
                         pods = state.pods.len(),
                         policies = state.policies.len(),
+                        services = state.services.len(),
+                        endpoint_slices = state.endpoint_slices.len(),
                         "manifests loaded"
                     );
                     build_errors.clear();

@@ -16,7 +16,8 @@ pub mod manifest;
 
 use std::path::PathBuf;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::de::DeserializeOwned;
@@ -46,8 +47,9 @@ pub enum SourceError {
 /// Parses manifests: YAML (several documents separated by `---`) or JSON (one
 /// or more concatenated values, or a top-level array). `List` objects (and
 /// typed lists such as `PodList`, as `kubectl get -o json` prints them) are
-/// flattened. Objects other than v1 Namespace, v1 Pod and
-/// networking.k8s.io/v1 NetworkPolicy are skipped; a namespaced object
+/// flattened. Objects other than v1 Namespace, v1 Pod, v1 Service,
+/// discovery.k8s.io/v1 EndpointSlice and networking.k8s.io/v1 NetworkPolicy
+/// are skipped; a namespaced object
 /// without a namespace lands in "default", as `kubectl apply` would put it.
 pub fn parse_objects(text: &str) -> Result<Vec<Object>, SourceError> {
     let mut objects = Vec::new();
@@ -185,6 +187,18 @@ fn decode_object(
             default_namespace(&mut np.metadata);
             Object::NetworkPolicy(np)
         }
+        ("v1", "Service") => {
+            let mut svc: Service = typed(value, at, &display)?;
+            require_name(&svc.metadata, at, &kind)?;
+            default_namespace(&mut svc.metadata);
+            Object::Service(svc)
+        }
+        ("discovery.k8s.io/v1", "EndpointSlice") => {
+            let mut slice: EndpointSlice = typed(value, at, &display)?;
+            require_name(&slice.metadata, at, &kind)?;
+            default_namespace(&mut slice.metadata);
+            Object::EndpointSlice(slice)
+        }
         _ => {
             tracing::debug!(%api_version, %kind, "skipping object of a kind policy does not read");
             return Ok(());
@@ -256,6 +270,16 @@ mod tests {
                     p.metadata.namespace.as_deref().unwrap(),
                     p.metadata.name.as_deref().unwrap()
                 ),
+                Object::Service(s) => format!(
+                    "svc {}/{}",
+                    s.metadata.namespace.as_deref().unwrap(),
+                    s.metadata.name.as_deref().unwrap()
+                ),
+                Object::EndpointSlice(s) => format!(
+                    "eps {}/{}",
+                    s.metadata.namespace.as_deref().unwrap(),
+                    s.metadata.name.as_deref().unwrap()
+                ),
             })
             .collect()
     }
@@ -283,8 +307,23 @@ kind: Deployment
 metadata: {name: d, namespace: web}
 ---
 apiVersion: v1
+kind: ConfigMap
+metadata: {name: c, namespace: web}
+---
+apiVersion: v1
 kind: Service
 metadata: {name: s, namespace: web}
+spec:
+  selector: {app: db}
+  clusterIP: 10.96.0.10
+  ports: [{port: 5432, targetPort: pg}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: ext-1, labels: {kubernetes.io/service-name: ext}}
+addressType: IPv4
+endpoints: [{addresses: [10.0.9.9]}]
+ports: [{port: 443}]
 ---
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
@@ -295,7 +334,16 @@ spec:
 ---
 "#;
         let objects = parse_objects(text).unwrap();
-        assert_eq!(names(&objects), ["ns web", "pod default/p1", "np web/deny"]);
+        assert_eq!(
+            names(&objects),
+            [
+                "ns web",
+                "pod default/p1",
+                "svc web/s",
+                "eps default/ext-1",
+                "np web/deny"
+            ]
+        );
     }
 
     #[test]

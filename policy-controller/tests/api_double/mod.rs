@@ -43,20 +43,32 @@ pub enum Kind {
     Namespace,
     Pod,
     NetworkPolicy,
+    Service,
+    EndpointSlice,
 }
 
 impl Kind {
+    pub const ALL: [Kind; 5] = [
+        Kind::Namespace,
+        Kind::Pod,
+        Kind::NetworkPolicy,
+        Kind::Service,
+        Kind::EndpointSlice,
+    ];
     fn of(kind: &str) -> Kind {
         match kind {
             "Namespace" => Kind::Namespace,
             "Pod" => Kind::Pod,
             "NetworkPolicy" => Kind::NetworkPolicy,
+            "Service" => Kind::Service,
+            "EndpointSlice" => Kind::EndpointSlice,
             other => panic!("the double does not serve {other}"),
         }
     }
     fn api_version(self) -> &'static str {
         match self {
             Kind::NetworkPolicy => "networking.k8s.io/v1",
+            Kind::EndpointSlice => "discovery.k8s.io/v1",
             _ => "v1",
         }
     }
@@ -65,6 +77,8 @@ impl Kind {
             Kind::Namespace => "Namespace",
             Kind::Pod => "Pod",
             Kind::NetworkPolicy => "NetworkPolicy",
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
         }
     }
     fn path(self) -> &'static str {
@@ -72,6 +86,8 @@ impl Kind {
             Kind::Namespace => "/api/v1/namespaces",
             Kind::Pod => "/api/v1/pods",
             Kind::NetworkPolicy => "/apis/networking.k8s.io/v1/networkpolicies",
+            Kind::Service => "/api/v1/services",
+            Kind::EndpointSlice => "/apis/discovery.k8s.io/v1/endpointslices",
         }
     }
 }
@@ -121,7 +137,7 @@ impl ApiDouble {
             changed: watch::channel((0, 0)).0,
         });
         let mut app = Router::new();
-        for kind in [Kind::Namespace, Kind::Pod, Kind::NetworkPolicy] {
+        for kind in Kind::ALL {
             app = app.route(
                 kind.path(),
                 get(
