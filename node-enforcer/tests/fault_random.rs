@@ -226,6 +226,21 @@ fn iface(p: usize) -> String {
     format!("frv{p}")
 }
 
+/// Pod `p`'s pod-up, naming `host` as its interface.
+fn request(p: usize, container: &str, host: &str) -> PodUp {
+    PodUp {
+        pod: ("x".into(), format!("p{p}")),
+        runtime: PodRuntime {
+            container_id: container.to_string(),
+            netns: String::new(),
+            host_interfaces: vec![host.to_string()],
+            ips: vec![pod_ip(p)],
+            ifindexes: Default::default(),
+            mode: None,
+        },
+    }
+}
+
 fn pod_ip(p: usize) -> Prefix {
     Prefix::from_ip(format!("10.9.0.{}", p + 1).parse().unwrap(), 32)
 }
@@ -298,17 +313,7 @@ impl World {
     fn pod_up(&mut self, p: usize) -> Result<Result<(), String>, String> {
         self.generation += 1;
         let container = format!("c{p}-{}", self.generation);
-        let up = PodUp {
-            pod: ("x".into(), format!("p{p}")),
-            runtime: PodRuntime {
-                container_id: container.clone(),
-                netns: String::new(),
-                host_interfaces: vec![iface(p)],
-                ips: vec![pod_ip(p)],
-                ifindexes: Default::default(),
-                mode: None,
-            },
-        };
+        let up = request(p, &container, &iface(p));
         let (tx, mut rx) = tokio::sync::oneshot::channel();
         self.r().pod_up(up, tx);
         let answer = match rx.try_recv() {
@@ -395,17 +400,7 @@ impl World {
                 }
                 let before = inspect::inspect(&self.pin_root).map_err(|e| e.to_string())?;
                 self.generation += 1;
-                let up = PodUp {
-                    pod: ("x".into(), format!("p{p}")),
-                    runtime: PodRuntime {
-                        container_id: format!("c{p}-{}", self.generation),
-                        netns: String::new(),
-                        host_interfaces: vec![iface(*q)],
-                        ips: vec![pod_ip(*p)],
-                        ifindexes: Default::default(),
-                        mode: None,
-                    },
-                };
+                let up = request(*p, &format!("c{p}-{}", self.generation), &iface(*q));
                 let (tx, mut rx) = tokio::sync::oneshot::channel();
                 self.r().pod_up(up, tx);
                 match rx.try_recv() {

@@ -91,8 +91,7 @@ impl Controller {
             match connect(&self.socket, Duration::from_secs(1)).await {
                 Ok(c) => return c,
                 Err(e) if tokio::time::Instant::now() > deadline => panic!("{e}"),
-                // poll: the server task binds asynchronously.
-                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await, // poll: the server binds asynchronously
             }
         }
     }
@@ -129,8 +128,7 @@ impl Controller {
                 tokio::time::Instant::now() < deadline,
                 "no acceptable Subscribe outcome; last: {outcome:?}"
             );
-            // poll: the manifest source scans every 10 ms.
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await; // poll: the source scans every 10 ms
         }
     }
 }
@@ -215,8 +213,7 @@ async fn an_unsynced_controller_refuses_to_stream_until_its_source_reads_cleanly
             tokio::time::Instant::now() < deadline,
             "bad file not reported"
         );
-        // poll: the manifest source scans every 10 ms.
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await; // poll: the source scans every 10 ms
     }
     let again = c.subscribe_until(|_| true).await.expect("still serving");
     assert_eq!(again.pods, snapshot.pods);

@@ -56,6 +56,16 @@ impl<D: Datapath> Reconciler<D> {
         &self.ifindexes
     }
 
+    /// What each interface no pod explains enforces now.
+    fn unexplained(&self) -> Held {
+        self.realized
+            .endpoints
+            .iter()
+            .filter(|(_, e)| e.owner == Owner::Unexplained)
+            .map(|(n, e)| (n.clone(), e.enforced()))
+            .collect()
+    }
+
     /// Recomputes everything and applies the difference.
     pub(super) fn converge(&mut self) {
         // Shared inputs are re-read when everything is recomputed anyway.
@@ -74,22 +84,7 @@ impl<D: Datapath> Reconciler<D> {
     }
 
     fn converge_scope(&mut self, scope: Option<BTreeSet<PodKey>>) {
-        let unexplained: Held = self
-            .realized
-            .endpoints
-            .iter()
-            .filter(|(_, e)| e.owner == Owner::Unexplained)
-            .map(|(n, e)| {
-                (
-                    n.clone(),
-                    (
-                        e.ingress.clone(),
-                        e.egress.clone(),
-                        e.entry.pod_addrs.clone(),
-                    ),
-                )
-            })
-            .collect();
+        let unexplained = self.unexplained();
         let mut compiled = std::mem::take(&mut self.compiled);
         let mut want = std::mem::take(&mut self.want);
         // The interfaces a scoped change can touch; None: all of them.
@@ -108,15 +103,7 @@ impl<D: Datapath> Reconciler<D> {
                 r
             };
             let realized = &self.realized.endpoints;
-            let held = |n: &str| {
-                realized.get(n).map(|e| {
-                    (
-                        e.ingress.clone(),
-                        e.egress.clone(),
-                        e.entry.pod_addrs.clone(),
-                    )
-                })
-            };
+            let held = |n: &str| realized.get(n).map(RealizedEndpoint::enforced);
             let knowledge = |k: &PodKey| self.knowledge(k);
             let inputs = Inputs {
                 mode: self.mode,
@@ -181,32 +168,9 @@ impl<D: Datapath> Reconciler<D> {
     /// recomputation (None: nowhere). Tests call it after every step.
     pub fn desired_drift(&self) -> Option<String> {
         let kept = self.want.clone();
-        let unexplained: Held = self
-            .realized
-            .endpoints
-            .iter()
-            .filter(|(_, e)| e.owner == Owner::Unexplained)
-            .map(|(n, e)| {
-                (
-                    n.clone(),
-                    (
-                        e.ingress.clone(),
-                        e.egress.clone(),
-                        e.entry.pod_addrs.clone(),
-                    ),
-                )
-            })
-            .collect();
+        let unexplained = self.unexplained();
         let realized = &self.realized.endpoints;
-        let held = |n: &str| {
-            realized.get(n).map(|e| {
-                (
-                    e.ingress.clone(),
-                    e.egress.clone(),
-                    e.entry.pod_addrs.clone(),
-                )
-            })
-        };
+        let held = |n: &str| realized.get(n).map(RealizedEndpoint::enforced);
         let knowledge = |k: &PodKey| self.knowledge(k);
         let full = crate::desired::desired(&Inputs {
             mode: self.mode,

@@ -128,6 +128,16 @@ struct RealizedEndpoint {
     entry: EndpointEntry,
 }
 
+impl RealizedEndpoint {
+    fn enforced(&self) -> crate::desired::Enforced {
+        (
+            self.ingress.clone(),
+            self.egress.clone(),
+            self.entry.pod_addrs.clone(),
+        )
+    }
+}
+
 /// What is in the datapath now, as this process wrote or adopted it.
 #[derive(Default)]
 struct Realized {
