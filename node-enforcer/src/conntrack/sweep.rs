@@ -63,12 +63,10 @@ pub fn sweep(map: &mut HashMap<MapData, CtKey, CtValue>) -> Result<Report, Strin
     let fd = map.map().fd().as_fd().as_raw_fd();
     if !lookup_batch(fd, &mut judge)? {
         // A kernel without batch lookups: one entry at a time.
-        for item in map.iter() {
-            // An entry removed under us (LRU eviction, a program's delete)
-            // has nothing to judge.
-            if let Ok((k, v)) = item {
-                judge(&k, &v);
-            }
+        // An entry removed under us (LRU eviction, a program's delete) has
+        // nothing to judge.
+        for (k, v) in map.iter().flatten() {
+            judge(&k, &v);
         }
     }
     let mut removed = 0;
