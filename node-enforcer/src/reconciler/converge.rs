@@ -196,11 +196,19 @@ impl<D: Datapath> Reconciler<D> {
                 self.errors.clear();
             }
             Some(_) => {
+                let owners = |e: &Owner| e.pod().cloned();
                 let pods: BTreeSet<PodKey> = want
                     .endpoints
                     .iter()
                     .filter(|(n, _)| in_scope(n))
-                    .filter_map(|(_, e)| e.owner.pod().cloned())
+                    .filter_map(|(_, e)| owners(&e.owner))
+                    .chain(
+                        self.realized
+                            .endpoints
+                            .iter()
+                            .filter(|(n, _)| in_scope(n))
+                            .filter_map(|(_, e)| owners(&e.owner)),
+                    )
                     .collect();
                 self.failures.retain(|k, _| !pods.contains(k));
             }
