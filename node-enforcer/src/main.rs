@@ -180,12 +180,14 @@ async fn run(args: Args) -> Result<(), String> {
     });
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    let reachable = std::sync::Arc::new(tokio::sync::Notify::new());
     let plan = tokio::spawn(plan_client::run(
         args.controller.clone(),
         args.node_name.clone(),
         enforcer_id,
         handle.clone(),
         stop_rx,
+        reachable.clone(),
     ));
     let report = tokio::spawn(plan_client::report(args.controller.clone(), state_rx));
     let fetch = tokio::spawn(plan_client::fetch_pods(
@@ -193,6 +195,8 @@ async fn run(args: Args) -> Result<(), String> {
         args.node_name.clone(),
         handle.clone(),
         fetch_rx,
+        std::time::Duration::from_millis(args.pod_up_deadline_ms),
+        reachable,
     ));
 
     let (router, health) = server::router(handle, args.aws_interface_prefix.clone()).await?;

@@ -20,12 +20,16 @@ pub fn backoff(attempt: u32, cap: Duration) -> Duration {
     Duration::from_millis(ms).min(cap)
 }
 
+/// `reachable` is notified when something else (an on-demand fetch) got an
+/// answer from the controller: the stream then retries at once instead of
+/// sleeping out its backoff.
 pub async fn run(
     controller: Address,
     node: String,
     enforcer_id: String,
     handle: Handle,
     mut shutdown: watch::Receiver<bool>,
+    reachable: std::sync::Arc<tokio::sync::Notify>,
 ) {
     let mut attempt = 0u32;
     loop {
@@ -40,6 +44,7 @@ pub async fn run(
         attempt = attempt.saturating_add(1);
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
+            _ = reachable.notified() => attempt = 0,
             _ = shutdown.changed() => return,
         }
     }
@@ -94,36 +99,62 @@ pub async fn fetch_pods(
     node: String,
     handle: Handle,
     mut requests: tokio::sync::mpsc::UnboundedReceiver<crate::desired::PodKey>,
+    give_up_after: Duration,
+    reachable: std::sync::Arc<tokio::sync::Notify>,
 ) {
     let mut client: Option<PlanServiceClient<tonic::transport::Channel>> = None;
     while let Some(pod) = requests.recv().await {
-        let mut c = match client.take() {
-            Some(c) => c,
-            None => match connect(&controller, Duration::from_secs(2)).await {
-                Ok(ch) => PlanServiceClient::new(ch),
-                Err(e) => {
-                    tracing::debug!("fetching the plan of {}/{}: {e}", pod.0, pod.1);
-                    continue;
+        // Retried on a fresh connection until the pod's deadline: the
+        // controller may be coming back, or a cached channel may point at
+        // one that died. A late answer is ignored by the reconciler.
+        let deadline = tokio::time::Instant::now() + give_up_after;
+        let mut attempt = 0u32;
+        loop {
+            match fetch_one(&controller, &node, &pod, &mut client).await {
+                Ok(policy) => {
+                    reachable.notify_one();
+                    handle.pod_plan_fetched(pod, policy).await;
+                    break;
                 }
-            },
-        };
-        let request = palisade_proto::v1::GetPodPlanRequest {
-            node_name: node.clone(),
-            pod: Some(palisade_proto::v1::PodRef {
-                namespace: pod.0.clone(),
-                name: pod.1.clone(),
-            }),
-        };
-        match c.get_pod_plan(request).await {
-            Ok(r) => {
-                let r = r.into_inner();
-                let policy = r.pod.filter(|_| r.known);
-                handle.pod_plan_fetched(pod, policy).await;
-                client = Some(c);
+                Err(e) => {
+                    client = None;
+                    tracing::debug!("fetching the plan of {}/{}: {e}", pod.0, pod.1);
+                }
             }
-            Err(s) => tracing::debug!("fetching the plan of {}/{}: {}", pod.0, pod.1, s.message()),
+            let delay = backoff(attempt, Duration::from_millis(400));
+            attempt = attempt.saturating_add(1);
+            if tokio::time::Instant::now() + delay >= deadline {
+                break;
+            }
+            tokio::time::sleep(delay).await;
         }
     }
+}
+
+async fn fetch_one(
+    controller: &Address,
+    node: &str,
+    pod: &crate::desired::PodKey,
+    client: &mut Option<PlanServiceClient<tonic::transport::Channel>>,
+) -> Result<Option<palisade_proto::v1::PodPolicy>, String> {
+    let mut c = match client.take() {
+        Some(c) => c,
+        None => PlanServiceClient::new(connect(controller, Duration::from_secs(1)).await?),
+    };
+    let request = palisade_proto::v1::GetPodPlanRequest {
+        node_name: node.to_string(),
+        pod: Some(palisade_proto::v1::PodRef {
+            namespace: pod.0.clone(),
+            name: pod.1.clone(),
+        }),
+    };
+    let r = c
+        .get_pod_plan(request)
+        .await
+        .map_err(|s| s.message().to_string())?
+        .into_inner();
+    *client = Some(c);
+    Ok(r.pod.filter(|_| r.known))
 }
 
 /// Sends every new realized state to the controller, retrying until it lands,
