@@ -354,16 +354,7 @@ fn reply_needs_the_other_hooks_entry() {
                       // the peer, were it a local pod) is no proof that this pod's ingress
                       // allowed the flow.
     let key = ct("10.0.1.5", 40000, POD4, 80, PROTO_TCP, OWNER_FROM_POD);
-    h.conntrack()
-        .insert(
-            key,
-            CtValue {
-                last_seen_ns: 1,
-                ..CtValue::default()
-            },
-            0,
-        )
-        .unwrap();
+    forge_entry(&mut h, key);
     assert_eq!(h.pod_sends(&tcp(POD4, 80, "10.0.1.5", 40000)), DROP);
 
     // The right hook, but of another interface: proof about another pod.
@@ -372,32 +363,14 @@ fn reply_needs_the_other_hooks_entry() {
         ifindex: LO + 1,
         ..key
     };
-    h.conntrack()
-        .insert(
-            elsewhere,
-            CtValue {
-                last_seen_ns: 1,
-                ..CtValue::default()
-            },
-            0,
-        )
-        .unwrap();
+    forge_entry(&mut h, elsewhere);
     assert_eq!(h.pod_sends(&tcp(POD4, 80, "10.0.1.5", 40000)), DROP);
 
     let key = CtKey {
         owner: OWNER_TO_POD,
         ..key
     };
-    h.conntrack()
-        .insert(
-            key,
-            CtValue {
-                last_seen_ns: 1,
-                ..CtValue::default()
-            },
-            0,
-        )
-        .unwrap();
+    forge_entry(&mut h, key);
     assert_eq!(h.pod_sends(&tcp(POD4, 80, "10.0.1.5", 40000)), ALLOW);
     assert!(
         h.conntrack().get(&key, 0).unwrap().last_seen_ns > 1,
@@ -1177,4 +1150,19 @@ fn headers_read_by_copy_judge_like_headers_read_in_place() {
     }
     assert_eq!(in_place.1, by_copy.1, "counters");
     assert_eq!(in_place.2, by_copy.2, "conntrack entries");
+}
+
+/// Writes a conntrack entry as if a hook had allowed that flow, without any
+/// packet: what a forger would need to exist.
+fn forge_entry(h: &mut Harness, key: CtKey) {
+    h.conntrack()
+        .insert(
+            key,
+            CtValue {
+                last_seen_ns: 1,
+                ..CtValue::default()
+            },
+            0,
+        )
+        .unwrap();
 }

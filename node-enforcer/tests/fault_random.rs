@@ -222,6 +222,22 @@ fn sh(args: &[&str]) -> Result<(), String> {
     Ok(())
 }
 
+/// Pod `p`'s veth pair, made in the test's namespace.
+fn add_veth(p: usize) -> Result<(), String> {
+    let peer = format!("{}x", iface(p));
+    sh(&[
+        "ip",
+        "link",
+        "add",
+        &iface(p),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &peer,
+    ])
+}
+
 fn iface(p: usize) -> String {
     format!("frv{p}")
 }
@@ -350,33 +366,13 @@ impl World {
         match step {
             Step::Up(p) => {
                 if sh(&["ip", "link", "show", &iface(*p)]).is_err() {
-                    sh(&[
-                        "ip",
-                        "link",
-                        "add",
-                        &iface(*p),
-                        "type",
-                        "veth",
-                        "peer",
-                        "name",
-                        &format!("{}x", iface(*p)),
-                    ])?;
+                    add_veth(*p)?;
                 }
                 let _ = self.pod_up(*p)?;
             }
             Step::Recreate(p) => {
                 let _ = sh(&["ip", "link", "del", &iface(*p)]);
-                sh(&[
-                    "ip",
-                    "link",
-                    "add",
-                    &iface(*p),
-                    "type",
-                    "veth",
-                    "peer",
-                    "name",
-                    &format!("{}x", iface(*p)),
-                ])?;
+                add_veth(*p)?;
                 self.up.remove(p);
                 let _ = self.pod_up(*p)?;
             }
