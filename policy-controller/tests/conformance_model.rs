@@ -250,8 +250,8 @@ fn every_conformance_scenario_agrees_with_the_model() {
     let mut matrices = 0;
     for file in &files {
         let text = std::fs::read_to_string(file).unwrap();
-        let scenario: Value = serde_yaml::from_str(&text)
-            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let scenario: Value =
+            serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         let pods: Vec<String> = serde_json::from_value(scenario["netpol"]["pods"].clone())
             .unwrap_or_else(|e| panic!("{}: netpol.pods: {e}", file.display()));
         let nodes = scenario["nodes"].as_u64().unwrap_or(1) as usize;
