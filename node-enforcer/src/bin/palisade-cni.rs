@@ -8,6 +8,13 @@ use std::process::ExitCode;
 use node_enforcer::cni_plugin::{self, code, CniError};
 
 fn main() -> ExitCode {
+    // A CNI runtime passes everything through the environment and stdin,
+    // never arguments; arguments mean an operator (or the DaemonSet's init
+    // container) is installing or removing the plugin on this node.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(command) = args.first() {
+        return admin(command, &args[1..]);
+    }
     let env: HashMap<String, String> = std::env::vars_os()
         .map(|(k, v)| {
             (
@@ -41,6 +48,36 @@ fn main() -> ExitCode {
             let _ = writeln!(stdout, "{}", err.to_json());
             let _ = stdout.flush();
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// `palisade-cni install|uninstall [FLAGS]`: see `cni_plugin::install`.
+fn admin(command: &str, flags: &[String]) -> ExitCode {
+    use node_enforcer::cni_plugin::install;
+    let result = install::parse_args(flags).and_then(|opts| match command {
+        "install" => {
+            let own = std::env::current_exe()
+                .map_err(|e| install::InstallError::Io(format!("finding this binary: {e}")))?;
+            install::install(&opts, &own)
+        }
+        "uninstall" => install::uninstall(&opts),
+        other => Err(install::InstallError::Usage(format!(
+            "unknown command {other:?}: palisade-cni takes no arguments when a CNI runtime \
+             runs it, and `install` or `uninstall` [--conf-dir DIR] [--conf-file NAME] \
+             [--bin-dir DIR] [--enforcer-socket PATH] [--timeout-seconds N] otherwise"
+        ))),
+    });
+    match result {
+        Ok(lines) => {
+            for line in lines {
+                println!("{line}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("palisade-cni {command}: {e}");
+            ExitCode::from(2)
         }
     }
 }

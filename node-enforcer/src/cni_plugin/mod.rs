@@ -19,6 +19,7 @@ pub mod client;
 pub mod config;
 pub mod error;
 pub mod host_veth;
+pub mod install;
 
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,447 @@
+//! `palisade-cni install` and `palisade-cni uninstall`: put the plugin on a
+//! node and chain it into the node's CNI network configuration, as the
+//! DaemonSet's init container does, and take it out again.
+//!
+//! The runtime (containerd, CRI-O) uses the first configuration file of its
+//! conf dir in lexicographic order. Palisade does not replace that network:
+//! it appends itself to the file's `plugins` list, after the interface and
+//! IPAM plugins, so the pod's interface exists when palisade-cni runs.
+//!
+//! Both directions are idempotent, and touch nothing but our own entry: a
+//! second install changes nothing, an install over an older entry of ours
+//! replaces it in place, and uninstall removes our entries and leaves the
+//! other plugins as they were. Files are replaced atomically (write to a
+//! temporary file in the same directory, fsync, rename), so the runtime
+//! never reads half a file. A plain `.conf` (one plugin, no list) cannot be
+//! chained into; it is refused with an error that says so rather than
+//! rewritten into a list behind the operator's back.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Map, Value};
+
+/// The `type` of our entry, which is also the binary's name in the CNI bin dir.
+pub const PLUGIN_TYPE: &str = "palisade-cni";
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum InstallError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("no CNI network configuration in {0} (looked for *.conflist, *.conf, *.json)")]
+    NoConfig(String),
+    #[error("{path}: {reason}")]
+    Config { path: String, reason: String },
+    #[error("{0}")]
+    Io(String),
+}
+
+/// What `install` or `uninstall` was asked to do, from the command line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    pub conf_dir: PathBuf,
+    /// A file name in `conf_dir`; `None`: the file the runtime uses.
+    pub conf_file: Option<String>,
+    /// Where to copy this binary; `None`: leave binaries alone.
+    pub bin_dir: Option<PathBuf>,
+    pub enforcer_socket: String,
+    pub timeout_seconds: u64,
+}
+
+pub fn parse_args(args: &[String]) -> Result<Options, InstallError> {
+    let mut opts = Options {
+        conf_dir: PathBuf::from("/etc/cni/net.d"),
+        conf_file: None,
+        bin_dir: None,
+        enforcer_socket: super::DEFAULT_ENFORCER_SOCKET.to_string(),
+        timeout_seconds: super::DEFAULT_TIMEOUT_SECONDS,
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| InstallError::Usage(format!("{name} needs a value")))
+        };
+        match flag.as_str() {
+            "--conf-dir" => opts.conf_dir = PathBuf::from(value(flag)?),
+            "--conf-file" => opts.conf_file = Some(value(flag)?),
+            "--bin-dir" => opts.bin_dir = Some(PathBuf::from(value(flag)?)),
+            "--enforcer-socket" => opts.enforcer_socket = value(flag)?,
+            "--timeout-seconds" => {
+                let v = value(flag)?;
+                opts.timeout_seconds = v.parse().map_err(|_| {
+                    InstallError::Usage(format!("--timeout-seconds: {v:?} is not a number"))
+                })?;
+            }
+            other => {
+                return Err(InstallError::Usage(format!(
+                    "unknown flag {other} (known: --conf-dir DIR, --conf-file NAME, \
+                     --bin-dir DIR, --enforcer-socket PATH, --timeout-seconds N)"
+                )))
+            }
+        }
+    }
+    if let Some(name) = &opts.conf_file {
+        if name.contains('/') {
+            return Err(InstallError::Usage(format!(
+                "--conf-file {name:?} must be a file name in --conf-dir, not a path"
+            )));
+        }
+    }
+    Ok(opts)
+}
+
+/// Our entry in a plugin list.
+pub fn entry(enforcer_socket: &str, timeout_seconds: u64) -> Value {
+    json!({
+        "type": PLUGIN_TYPE,
+        "enforcerSocket": enforcer_socket,
+        "timeoutSeconds": timeout_seconds,
+    })
+}
+
+fn is_ours(plugin: &Value) -> bool {
+    plugin.get("type").and_then(Value::as_str) == Some(PLUGIN_TYPE)
+}
+
+fn plugins_of<'a>(conf: &'a mut Value, path: &str) -> Result<&'a mut Vec<Value>, InstallError> {
+    let bad = |reason: &str| InstallError::Config {
+        path: path.to_string(),
+        reason: reason.to_string(),
+    };
+    let object: &mut Map<String, Value> = conf
+        .as_object_mut()
+        .ok_or_else(|| bad("not a JSON object"))?;
+    if !object.contains_key("plugins") {
+        return Err(bad(
+            "a single-plugin configuration (no \"plugins\" list) cannot be chained into; \
+             convert it to a .conflist or name one with --conf-file",
+        ));
+    }
+    object
+        .get_mut("plugins")
+        .and_then(Value::as_array_mut)
+        .ok_or_else(|| bad("\"plugins\" is not a list"))
+}
+
+/// The configuration with our entry last in its plugin list (replacing an
+/// older entry of ours in place), and whether that changed anything.
+pub fn chain(conf: &Value, ours: &Value, path: &str) -> Result<(Value, bool), InstallError> {
+    let mut conf = conf.clone();
+    let plugins = plugins_of(&mut conf, path)?;
+    if plugins.iter().filter(|p| !is_ours(p)).count() == 0 {
+        return Err(InstallError::Config {
+            path: path.to_string(),
+            reason: "the plugin list has no interface plugin for palisade-cni to follow".into(),
+        });
+    }
+    let existing: Vec<usize> = (0..plugins.len())
+        .filter(|&i| is_ours(&plugins[i]))
+        .collect();
+    let changed = match existing.as_slice() {
+        [] => {
+            plugins.push(ours.clone());
+            true
+        }
+        // Exactly one entry of ours, already last and current.
+        [i] if *i == plugins.len() - 1 && plugins[*i] == *ours => false,
+        _ => {
+            plugins.retain(|p| !is_ours(p));
+            plugins.push(ours.clone());
+            true
+        }
+    };
+    Ok((conf, changed))
+}
+
+/// The configuration without any entry of ours, and whether it had one.
+pub fn unchain(conf: &Value, path: &str) -> Result<(Value, bool), InstallError> {
+    let mut conf = conf.clone();
+    let plugins = plugins_of(&mut conf, path)?;
+    let before = plugins.len();
+    plugins.retain(|p| !is_ours(p));
+    let changed = plugins.len() != before;
+    Ok((conf, changed))
+}
+
+/// The runtime's choice among the file names of a conf dir: the first
+/// configuration file in lexicographic order.
+pub fn runtime_choice(names: &[String]) -> Option<&String> {
+    let mut candidates: Vec<&String> = names
+        .iter()
+        .filter(|n| {
+            !n.starts_with('.')
+                && [".conflist", ".conf", ".json"]
+                    .iter()
+                    .any(|ext| n.ends_with(ext))
+        })
+        .collect();
+    candidates.sort();
+    candidates.first().copied()
+}
+
+fn io(what: impl std::fmt::Display, e: std::io::Error) -> InstallError {
+    InstallError::Io(format!("{what}: {e}"))
+}
+
+fn config_path(opts: &Options) -> Result<PathBuf, InstallError> {
+    if let Some(name) = &opts.conf_file {
+        return Ok(opts.conf_dir.join(name));
+    }
+    let names: Vec<String> = std::fs::read_dir(&opts.conf_dir)
+        .map_err(|e| io(format!("reading {}", opts.conf_dir.display()), e))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    runtime_choice(&names)
+        .map(|n| opts.conf_dir.join(n))
+        .ok_or_else(|| InstallError::NoConfig(opts.conf_dir.display().to_string()))
+}
+
+/// Replaces `path` with `bytes` so that a reader sees the old file or the
+/// new one, never a mix, and the new one survives a crash.
+fn replace_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), InstallError> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    // A dot name: the runtime skips it if it ever sees it.
+    let tmp = dir.join(format!(".{name}.palisade-{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)
+            .map_err(|e| io(format!("creating {}", tmp.display()), e))?;
+        f.write_all(bytes)
+            .and_then(|_| f.sync_all())
+            .map_err(|e| io(format!("writing {}", tmp.display()), e))?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| io(format!("chmod {}", tmp.display()), e))?;
+        std::fs::rename(&tmp, path).map_err(|e| io(format!("replacing {}", path.display()), e))?;
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io(format!("syncing {}", dir.display()), e))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn rewrite(
+    opts: &Options,
+    edit: impl Fn(&Value, &str) -> Result<(Value, bool), InstallError>,
+) -> Result<String, InstallError> {
+    let path = config_path(opts)?;
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(&path).map_err(|e| io(format!("reading {shown}"), e))?;
+    let conf: Value = serde_json::from_str(&text).map_err(|e| InstallError::Config {
+        path: shown.clone(),
+        reason: format!("not valid JSON: {e}"),
+    })?;
+    let (new, changed) = edit(&conf, &shown)?;
+    if !changed {
+        return Ok(format!("{shown}: unchanged"));
+    }
+    let mut bytes = serde_json::to_vec_pretty(&new).expect("a JSON value serializes");
+    bytes.push(b'\n');
+    replace_atomically(&path, &bytes, 0o644)?;
+    Ok(format!("{shown}: updated"))
+}
+
+/// Copies this binary into the CNI bin dir, then chains it into the
+/// network configuration; in that order, so the runtime never finds an
+/// entry whose binary is missing.
+pub fn install(opts: &Options, own_binary: &Path) -> Result<Vec<String>, InstallError> {
+    let mut done = Vec::new();
+    if let Some(bin_dir) = &opts.bin_dir {
+        let target = bin_dir.join(PLUGIN_TYPE);
+        let bytes = std::fs::read(own_binary)
+            .map_err(|e| io(format!("reading {}", own_binary.display()), e))?;
+        if std::fs::read(&target).ok().as_deref() == Some(bytes.as_slice()) {
+            done.push(format!("{}: unchanged", target.display()));
+        } else {
+            replace_atomically(&target, &bytes, 0o755)?;
+            done.push(format!("{}: installed", target.display()));
+        }
+    }
+    let ours = entry(&opts.enforcer_socket, opts.timeout_seconds);
+    done.push(rewrite(opts, |conf, path| chain(conf, &ours, path))?);
+    Ok(done)
+}
+
+/// Takes our entry out of the network configuration, then (with a bin dir)
+/// the binary; the reverse order of [`install`].
+pub fn uninstall(opts: &Options) -> Result<Vec<String>, InstallError> {
+    let mut done = vec![rewrite(opts, unchain)?];
+    if let Some(bin_dir) = &opts.bin_dir {
+        let target = bin_dir.join(PLUGIN_TYPE);
+        match std::fs::remove_file(&target) {
+            Ok(()) => done.push(format!("{}: removed", target.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                done.push(format!("{}: absent", target.display()))
+            }
+            Err(e) => return Err(io(format!("removing {}", target.display()), e)),
+        }
+    }
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flannel() -> Value {
+        json!({
+            "cniVersion": "1.0.0",
+            "name": "cbr0",
+            "plugins": [
+                {"type": "flannel", "delegate": {"hairpinMode": true}},
+                {"type": "portmap", "capabilities": {"portMappings": true}}
+            ]
+        })
+    }
+
+    fn ours() -> Value {
+        entry("/run/palisade/cni.sock", 10)
+    }
+
+    #[test]
+    fn chain_appends_once_and_is_idempotent() {
+        let (once, changed) = chain(&flannel(), &ours(), "f").unwrap();
+        assert!(changed);
+        let plugins = once["plugins"].as_array().unwrap();
+        assert_eq!(plugins.len(), 3);
+        assert_eq!(plugins[2], ours());
+        assert_eq!(plugins[..2], flannel()["plugins"].as_array().unwrap()[..]);
+        let (twice, changed) = chain(&once, &ours(), "f").unwrap();
+        assert!(!changed);
+        assert_eq!(twice, once);
+    }
+
+    #[test]
+    fn chain_replaces_a_stale_or_misplaced_entry_of_ours() {
+        let mut conf = flannel();
+        let plugins = conf["plugins"].as_array_mut().unwrap();
+        plugins.insert(0, entry("/old.sock", 5));
+        plugins.push(entry("/old.sock", 5));
+        let (new, changed) = chain(&conf, &ours(), "f").unwrap();
+        assert!(changed);
+        let plugins = new["plugins"].as_array().unwrap();
+        assert_eq!(plugins.iter().filter(|p| is_ours(p)).count(), 1);
+        assert_eq!(plugins.last().unwrap(), &ours());
+        assert_eq!(plugins[0]["type"], "flannel");
+    }
+
+    #[test]
+    fn unchain_removes_only_ours_and_reverses_chain() {
+        let (chained, _) = chain(&flannel(), &ours(), "f").unwrap();
+        let (back, changed) = unchain(&chained, "f").unwrap();
+        assert!(changed);
+        assert_eq!(back, flannel());
+        let (again, changed) = unchain(&back, "f").unwrap();
+        assert!(!changed);
+        assert_eq!(again, flannel());
+    }
+
+    #[test]
+    fn configurations_that_cannot_be_chained_are_named() {
+        let single = json!({"cniVersion": "1.0.0", "name": "n", "type": "bridge"});
+        let err = chain(&single, &ours(), "/etc/cni/net.d/10-bridge.conf").unwrap_err();
+        assert!(err.to_string().contains("10-bridge.conf"), "{err}");
+        assert!(err.to_string().contains("single-plugin"), "{err}");
+        let only_ours = json!({"name": "n", "plugins": [ours()]});
+        let err = chain(&only_ours, &ours(), "f").unwrap_err();
+        assert!(err.to_string().contains("no interface plugin"), "{err}");
+        let not_list = json!({"name": "n", "plugins": {"type": "x"}});
+        assert!(chain(&not_list, &ours(), "f").is_err());
+        assert!(unchain(&json!([1, 2]), "f").is_err());
+    }
+
+    #[test]
+    fn the_runtime_uses_the_first_configuration_file() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let dir = names(&[
+            "99-last.conflist",
+            "10-flannel.conflist",
+            "05-x.txt",
+            ".10-tmp.conflist",
+        ]);
+        assert_eq!(runtime_choice(&dir).unwrap(), "10-flannel.conflist");
+        assert_eq!(runtime_choice(&names(&["README", "a.txt"])), None);
+    }
+
+    #[test]
+    fn flags_are_checked() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let o = parse_args(&args(&[
+            "--conf-dir",
+            "/c",
+            "--bin-dir",
+            "/b",
+            "--timeout-seconds",
+            "7",
+        ]))
+        .unwrap();
+        assert_eq!(o.conf_dir, PathBuf::from("/c"));
+        assert_eq!(o.bin_dir, Some(PathBuf::from("/b")));
+        assert_eq!(o.timeout_seconds, 7);
+        assert!(parse_args(&args(&["--conf-file", "../x.conflist"])).is_err());
+        assert!(parse_args(&args(&["--bogus"]))
+            .unwrap_err()
+            .to_string()
+            .contains("--bogus"));
+        assert!(parse_args(&args(&["--conf-dir"])).is_err());
+    }
+
+    #[test]
+    fn install_then_uninstall_on_disk_restores_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("net.d");
+        let bin = dir.path().join("bin");
+        std::fs::create_dir_all(&conf).unwrap();
+        std::fs::create_dir_all(&bin).unwrap();
+        let original = serde_json::to_vec_pretty(&flannel()).unwrap();
+        std::fs::write(conf.join("10-flannel.conflist"), &original).unwrap();
+        std::fs::write(conf.join("99-other.conflist"), b"{}").unwrap();
+        let own = dir.path().join("self");
+        std::fs::write(&own, b"binary").unwrap();
+        let opts = Options {
+            conf_dir: conf.clone(),
+            conf_file: None,
+            bin_dir: Some(bin.clone()),
+            enforcer_socket: "/run/palisade/cni.sock".into(),
+            timeout_seconds: 10,
+        };
+
+        let first = install(&opts, &own).unwrap();
+        assert!(first.iter().all(|l| !l.ends_with("unchanged")), "{first:?}");
+        let second = install(&opts, &own).unwrap();
+        assert!(
+            second.iter().all(|l| l.ends_with("unchanged")),
+            "{second:?}"
+        );
+        let chained: Value =
+            serde_json::from_slice(&std::fs::read(conf.join("10-flannel.conflist")).unwrap())
+                .unwrap();
+        assert_eq!(chained["plugins"][2], ours());
+        assert_eq!(std::fs::read(bin.join(PLUGIN_TYPE)).unwrap(), b"binary");
+        // Only the runtime's file was touched, and no temporary file is left.
+        assert_eq!(
+            std::fs::read(conf.join("99-other.conflist")).unwrap(),
+            b"{}"
+        );
+        assert_eq!(std::fs::read_dir(&conf).unwrap().count(), 2);
+
+        uninstall(&opts).unwrap();
+        let back: Value =
+            serde_json::from_slice(&std::fs::read(conf.join("10-flannel.conflist")).unwrap())
+                .unwrap();
+        assert_eq!(back, flannel());
+        assert!(!bin.join(PLUGIN_TYPE).exists());
+        assert!(uninstall(&opts).is_ok(), "a second uninstall is a no-op");
+    }
+}
