@@ -13,6 +13,9 @@ fn main() -> ExitCode {
     // container) is installing or removing the plugin on this node.
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let Some(command) = args.first() {
+        if command == "health" {
+            return health(&args[1..]);
+        }
         return admin(command, &args[1..]);
     }
     let env: HashMap<String, String> = std::env::vars_os()
@@ -78,6 +81,43 @@ fn admin(command: &str, flags: &[String]) -> ExitCode {
         Err(e) => {
             eprintln!("palisade-cni {command}: {e}");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// `palisade-cni health [--enforcer-socket PATH] [--service NAME]`: exit 0
+/// when the enforcer reports SERVING, 1 otherwise, with the reason on stderr.
+fn health(flags: &[String]) -> ExitCode {
+    let mut socket = cni_plugin::DEFAULT_ENFORCER_SOCKET.to_string();
+    let mut service = String::new();
+    let mut it = flags.iter();
+    while let Some(flag) = it.next() {
+        let target = match flag.as_str() {
+            "--enforcer-socket" => &mut socket,
+            "--service" => &mut service,
+            other => {
+                eprintln!("palisade-cni health: unknown flag {other} (known: --enforcer-socket PATH, --service NAME)");
+                return ExitCode::from(2);
+            }
+        };
+        match it.next() {
+            Some(v) => *target = v.clone(),
+            None => {
+                eprintln!("palisade-cni health: {flag} needs a value");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let client = cni_plugin::EnforcerClient::new(&socket, std::time::Duration::from_secs(5));
+    match client.serving(&service) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("palisade-cni health: the enforcer at {socket} is not serving {service:?}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("palisade-cni health: {e}");
+            ExitCode::FAILURE
         }
     }
 }

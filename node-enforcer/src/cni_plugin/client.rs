@@ -54,6 +54,43 @@ impl EnforcerClient {
         })
     }
 
+    /// Whether the enforcer reports `service` ("" = the whole process) as
+    /// SERVING on gRPC health: the DaemonSet's probes, which cannot reach
+    /// a unix socket themselves, run `palisade-cni health`.
+    pub fn serving(&self, service: &str) -> Result<bool, CniError> {
+        use tonic_health::pb::health_check_response::ServingStatus;
+        use tonic_health::pb::health_client::HealthClient;
+        use tonic_health::pb::HealthCheckRequest;
+
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                CniError::new(code::INTERNAL, "failed to start the async runtime")
+                    .with_details(e.to_string())
+            })?;
+        let socket = self.socket.clone();
+        let request = HealthCheckRequest {
+            service: service.to_string(),
+        };
+        let timeout = self.timeout;
+        let outcome = runtime.block_on(async move {
+            tokio::time::timeout(timeout, async move {
+                let channel = connect(&socket).await.map_err(Failure::Connect)?;
+                HealthClient::new(channel)
+                    .check(request)
+                    .await
+                    .map_err(Failure::Status)
+            })
+            .await
+        });
+        match outcome {
+            Ok(Ok(response)) => Ok(response.into_inner().status == ServingStatus::Serving as i32),
+            Ok(Err(failure)) => Err(self.map_failure("Health/Check", failure)),
+            Err(_elapsed) => Err(self.deadline_error("Health/Check")),
+        }
+    }
+
     fn call<Req, Resp, F, Fut>(&self, rpc: &str, message: Req, f: F) -> Result<Resp, CniError>
     where
         F: FnOnce(CniServiceClient<Channel>, tonic::Request<Req>) -> Fut,
