@@ -28,6 +28,7 @@ pub mod grpc;
 pub mod lab;
 pub mod listener;
 pub mod manifests;
+pub mod nat;
 pub mod netns;
 pub mod preflight;
 pub mod probe;
@@ -36,6 +37,7 @@ pub mod realized;
 pub mod report;
 pub mod runner;
 pub mod scenario;
+pub mod service;
 pub mod sweep;
 pub mod tcx;
 

@@ -63,6 +63,7 @@ impl Lab {
             }
             self.objects.insert(key, o.clone());
         }
+        self.sync_services()?;
         self.manifests.publish()?;
 
         for o in objects {
@@ -95,10 +96,13 @@ impl Lab {
                     self.objects.remove(&key);
                     let _ = self.manifests.remove(&key);
                 }
+                let _ = self.sync_services();
                 let _ = self.manifests.publish();
                 return Err(e);
             }
         }
+        // Backends exist once their pods are wired.
+        self.sync_services()?;
         self.manifests.publish()
     }
 
@@ -184,6 +188,9 @@ impl Lab {
                 self.manifests.remove(&k)?;
                 self.objects.remove(&k);
             }
+        }
+        if let Err(e) = self.sync_services() {
+            errors.push(format!("{e:#}"));
         }
         let revision = self.manifests.publish()?;
         if !errors.is_empty() {

@@ -95,6 +95,7 @@ impl Lab {
     fn resolve(&self, to: &Target) -> Result<IpAddr> {
         match to {
             Target::Ip(ip) => Ok(*ip),
+            Target::Service(s) => self.cluster_ip(s).map(IpAddr::V4),
             Target::Pod(p) => self
                 .pod_ip(p)
                 .ok_or_else(|| anyhow!("{p}: no such pod in the lab")),
