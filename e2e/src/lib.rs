@@ -21,6 +21,7 @@
 pub mod bench;
 pub mod cancel;
 pub mod cni;
+pub mod ctmap;
 pub mod dump;
 pub mod fault;
 pub mod forge;

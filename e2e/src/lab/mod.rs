@@ -8,6 +8,7 @@
 //! as a fallback), whatever state the lab is in.
 
 mod bench;
+mod conntrack;
 mod dump;
 mod faults;
 mod footprint;
