@@ -92,13 +92,19 @@ pub fn script(translations: &[Translation]) -> String {
         100,
         &format!("meta mark & {MASQ_MARK:#x} == {MASQ_MARK:#x} masquerade"),
     );
-    for (name, hook) in [("filter-forward", "forward"), ("filter-output", "output")] {
+    // Before DNAT and before routing: the lab's node has no default route,
+    // so a packet to a ClusterIP without endpoints would otherwise get
+    // "network unreachable" from routing instead of kube-proxy's reject.
+    for (name, hook) in [
+        ("filter-prerouting", "prerouting"),
+        ("filter-output", "output"),
+    ] {
         base_chain(
             &mut s,
             name,
             "filter",
             hook,
-            -10,
+            -110,
             &format!("ct state new {lookup} vmap @no-endpoint-services"),
         );
     }

@@ -39,6 +39,7 @@ impl Lab {
                 }
             }
         }
+        self.check_services(objects)?;
         // Namespaces first, like kubectl: the controller may read at any time.
         let mut ordered: Vec<&Object> = objects.iter().collect();
         ordered.sort_by_key(|o| o.key().kind != Kind::Namespace);

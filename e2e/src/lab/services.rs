@@ -12,7 +12,7 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use super::Lab;
 use crate::nat;
-use crate::scenario::{CniKind, Kind, ObjectKey, ServiceRef, BRIDGE_SERVICES};
+use crate::scenario::{CniKind, Kind, Object, ObjectKey, ServiceRef, BRIDGE_SERVICES};
 use crate::service::{self, PodView, ServiceSpec, SliceSpec};
 
 impl Lab {
@@ -21,18 +21,7 @@ impl Lab {
     /// Services, EndpointSlices and pods. Called before each publish of a
     /// change.
     pub(super) fn sync_services(&mut self) -> Result<()> {
-        let services: Vec<ServiceSpec> = self
-            .objects
-            .values()
-            .filter(|o| o.key().kind == Kind::Service)
-            .map(|o| ServiceSpec::parse(o.body()).with_context(|| o.key().to_string()))
-            .collect::<Result<_>>()?;
-        let slices: Vec<SliceSpec> = self
-            .objects
-            .values()
-            .filter(|o| o.key().kind == Kind::EndpointSlice)
-            .map(|o| SliceSpec::parse(o.body()).with_context(|| o.key().to_string()))
-            .collect::<Result<_>>()?;
+        let (services, slices) = self.service_inputs(self.objects.values())?;
         let pods: Vec<PodView> = self
             .objects
             .values()
@@ -45,34 +34,10 @@ impl Lab {
                 Some(PodView::from_body(o.body(), ip))
             })
             .collect();
-        for svc in &services {
-            if svc.cluster_ip.is_some() && self.config.cni == CniKind::Bridge {
-                bail!("Service {}: {BRIDGE_SERVICES}", svc.service);
-            }
-        }
-        // The EndpointSlice controller owns a selector Service's slices; one
-        // from the scenario would be a second writer.
-        for (slice, key) in slices.iter().zip(
-            self.objects
-                .keys()
-                .filter(|k| k.kind == Kind::EndpointSlice),
-        ) {
-            if let Some(svc) = services
-                .iter()
-                .find(|s| s.service == slice.service && s.selector.is_some())
-            {
-                bail!("{key}: Service {} has a selector; its EndpointSlices are the lab's to write (as the EndpointSlice controller's), give slices only for Services without one", svc.service);
-            }
-        }
-
         let mut wanted: BTreeMap<ObjectKey, serde_json::Value> = BTreeMap::new();
         for svc in &services {
             if let Some(body) = service::generated_slice(svc, &pods) {
-                let key = generated_key(&svc.service);
-                if self.objects.contains_key(&key) {
-                    bail!("{key}: that name is the lab's generated EndpointSlice of Service {}; rename it", svc.service);
-                }
-                wanted.insert(key, body);
+                wanted.insert(generated_key(&svc.service), body);
             }
         }
         for key in self.generated_slices.keys() {
@@ -101,6 +66,60 @@ impl Lab {
             .context("installing the Services' DNAT in the node")?;
         self.nat_script = Some(script);
         Ok(())
+    }
+
+    /// Checks that the lab's objects plus `incoming` (which replace objects
+    /// of the same key) make Services the lab can realise, before any of
+    /// them is written.
+    pub(super) fn check_services(&self, incoming: &[Object]) -> Result<()> {
+        let mut all: BTreeMap<&ObjectKey, &Object> = self.objects.iter().collect();
+        for o in incoming {
+            all.insert(o.key(), o);
+        }
+        self.service_inputs(all.into_values()).map(|_| ())
+    }
+
+    /// The Services and EndpointSlices among `objects`, refusing what the
+    /// lab cannot realise.
+    fn service_inputs<'a>(
+        &self,
+        objects: impl Iterator<Item = &'a Object>,
+    ) -> Result<(Vec<ServiceSpec>, Vec<SliceSpec>)> {
+        let mut services = Vec::new();
+        let mut slices = Vec::new();
+        for o in objects {
+            match o.key().kind {
+                Kind::Service => services
+                    .push(ServiceSpec::parse(o.body()).with_context(|| o.key().to_string())?),
+                Kind::EndpointSlice => slices.push((
+                    o.key().clone(),
+                    SliceSpec::parse(o.body()).with_context(|| o.key().to_string())?,
+                )),
+                _ => {}
+            }
+        }
+        for svc in &services {
+            if svc.cluster_ip.is_some() && self.config.cni == CniKind::Bridge {
+                bail!("Service {}: {BRIDGE_SERVICES}", svc.service);
+            }
+            if svc.selector.is_some() {
+                let generated = generated_key(&svc.service);
+                if slices.iter().any(|(k, _)| *k == generated) {
+                    bail!("{generated}: that name is the lab's generated EndpointSlice of Service {}; rename it", svc.service);
+                }
+            }
+        }
+        // The EndpointSlice controller owns a selector Service's slices; one
+        // from the scenario would be a second writer.
+        for (key, slice) in &slices {
+            if let Some(svc) = services
+                .iter()
+                .find(|s| s.service == slice.service && s.selector.is_some())
+            {
+                bail!("{key}: Service {} has a selector; its EndpointSlices are the lab's to write (as the EndpointSlice controller's), give slices only for Services without one", svc.service);
+            }
+        }
+        Ok((services, slices.into_iter().map(|(_, s)| s).collect()))
     }
 
     /// Runs an nft script in the node's namespace.
