@@ -462,9 +462,8 @@ pub fn generated_slice(svc: &ServiceSpec, pods: &[PodView]) -> Option<Value> {
     }))
 }
 
-/// `<service>-lab`: the EndpointSlice controller adds a random suffix; this
-/// one cannot collide with a scenario's own slice names... unless the
-/// scenario picks it, which validation refuses.
+/// `<service>-lab` (the EndpointSlice controller adds a random suffix
+/// instead); a scenario slice of that name is refused by the lab.
 pub fn generated_slice_name(svc: &ServiceRef) -> String {
     format!("{}-lab", svc.name)
 }
@@ -532,7 +531,7 @@ mod tests {
             pod("b4", "b", None, &[("http", 8080)]),
             pod("c", "c", Some([10, 244, 0, 6]), &[("http", 8080)]),
         ];
-        let t = translations(&[s.clone()], &pods, &[]);
+        let t = translations(std::slice::from_ref(&s), &pods, &[]);
         assert_eq!(t.len(), 2);
         let addr = |a: [u8; 4], p| SocketAddrV4::new(a.into(), p);
         assert_eq!(
@@ -563,7 +562,7 @@ mod tests {
             "ports": [{"name": "h", "port": 8443}],
         }))
         .unwrap();
-        let t = translations(&[s.clone()], &[], &[slice]);
+        let t = translations(std::slice::from_ref(&s), &[], &[slice]);
         assert_eq!(
             t[0].backends,
             [SocketAddrV4::new([10, 244, 0, 9].into(), 8443)]
