@@ -13,11 +13,13 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, SocketAddr};
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use common::*;
 use palisade_e2e::ctmap::{Entry, Owner};
+use palisade_e2e::netns::NetNs;
 use palisade_e2e::probe::{abort, echo, udp_echo};
 use palisade_e2e::scenario::{Kind, ObjectKey, Target};
 use palisade_e2e::{Lab, LabConfig, Outcome, PodName};
@@ -28,7 +30,8 @@ const WAIT: Duration = Duration::from_secs(15);
 const CLUSTER_IP: [u8; 4] = [10, 96, 0, 10];
 
 /// Client, server (behind Service x/web: TCP 80 -> 8080 "http", UDP 53 ->
-/// 5353) and a second client.
+/// 5353, TCP and UDP 70 -> 7070 for the tests' own server sockets) and a
+/// second client.
 const OBJECTS: &str = r#"
 objects:
   - {apiVersion: v1, kind: Namespace, metadata: {name: x, labels: {ns: x}}}
@@ -44,6 +47,8 @@ objects:
       ports:
         - {name: http, port: 80, targetPort: http}
         - {name: dns, port: 53, targetPort: 5353, protocol: UDP}
+        - {name: push, port: 70, targetPort: 7070}
+        - {name: push-udp, port: 70, targetPort: 7070, protocol: UDP}
 "#;
 
 /// Seed 001's policies: the client may send to the server's pods (so the
@@ -168,10 +173,57 @@ fn wait_flow_gone(lab: &Lab, client: SocketAddr) -> Duration {
     }
 }
 
+/// The server's end of a seed-001 flow is the test's own socket in the
+/// server pod (service port 70 -> 7070, which no lab listener serves), so
+/// that after an idle period the server can speak first: its packet leaves
+/// through its default-deny egress only as a reply, on the entry its ingress
+/// wrote, the one a cleanup that ignores the Service's reply tuple removes
+/// (seed 001: the backend's answer dropped).
+const PUSH_PORT: u16 = 7070;
+
+fn server_ns(lab: &Lab) -> NetNs {
+    NetNs::from_existing(lab.pod_netns(&pod("x/server")).unwrap())
+}
+
+/// Server first, then client; each must hear the other.
+fn tcp_both_ways(client: &mut TcpStream, server: &mut TcpStream) -> Result<(), String> {
+    let mut buf = [0u8; 4];
+    server
+        .write_all(b"push")
+        .map_err(|e| format!("server send: {e}"))?;
+    client
+        .read_exact(&mut buf)
+        .map_err(|e| format!("the client did not hear the server first: {e}"))?;
+    client
+        .write_all(b"pull")
+        .map_err(|e| format!("client send: {e}"))?;
+    server
+        .read_exact(&mut buf)
+        .map_err(|e| format!("the server did not hear the client: {e}"))?;
+    Ok(())
+}
+
+fn udp_both_ways(client: &UdpSocket, server: &UdpSocket, peer: SocketAddr) -> Result<(), String> {
+    let mut buf = [0u8; 16];
+    server
+        .send_to(b"push", peer)
+        .map_err(|e| format!("server send: {e}"))?;
+    client
+        .recv(&mut buf)
+        .map_err(|e| format!("the client did not hear the server first: {e}"))?;
+    client
+        .send(b"pull")
+        .map_err(|e| format!("client send: {e}"))?;
+    server
+        .recv_from(&mut buf)
+        .map_err(|e| format!("the server did not hear the client: {e}"))?;
+    Ok(())
+}
+
 /// Seed 001 for real, TCP: a long-lived connection through the ClusterIP
-/// survives cleanups while idle (no eBPF entry of it removed, it still
-/// echoes); once closed and gone from the kernel, the next cleanups remove
-/// every entry of it.
+/// survives cleanups while idle (no eBPF entry of it removed, and the
+/// server can still speak first); once closed and gone from the kernel, the
+/// next cleanups remove every entry of it.
 #[test]
 fn seed_001_tcp_through_a_cluster_ip() {
     if !is_root() {
@@ -180,12 +232,20 @@ fn seed_001_tcp_through_a_cluster_ip() {
     let mut lab = lab();
     lab.apply(&policies(SEED_001)).unwrap();
     lab.wait_realized().unwrap();
-    let client = pod("x/client");
-    let mut conn = lab.connect(&client, &svc(), 80, TIMEOUT).unwrap();
-    assert_eq!(echo(&mut conn, TIMEOUT), Outcome::Echo);
+    let listener = server_ns(&lab)
+        .run(|| TcpListener::bind((Ipv4Addr::UNSPECIFIED, PUSH_PORT)))
+        .unwrap()
+        .unwrap();
+    let mut conn = lab.connect(&pod("x/client"), &svc(), 70, TIMEOUT).unwrap();
+    let (mut server, _) = listener.accept().unwrap();
+    for s in [&conn, &server] {
+        s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    }
+    conn.write_all(b"open").unwrap();
+    server.read_exact(&mut [0u8; 4]).unwrap();
     let me = conn.local_addr().unwrap();
     let first = flow_entries(&lab, me);
-    assert_both_sides(&lab, &first, 80, 8080);
+    assert_both_sides(&lab, &first, 70, PUSH_PORT);
     let removed_before = lab.conntrack_state().unwrap().removed_total;
 
     for cycle in 0..3 {
@@ -197,12 +257,9 @@ fn seed_001_tcp_through_a_cluster_ip() {
             "cycle {cycle} (cleanup #{at}) changed the live flow's entries\nkernel: {:#?}",
             lab.kernel_conntrack().unwrap_or_default()
         );
-        assert_eq!(
-            echo(&mut conn, TIMEOUT),
-            Outcome::Echo,
-            "cycle {cycle}: the stream stopped echoing\n{}",
-            lab.log_tails(20)
-        );
+        if let Err(e) = tcp_both_ways(&mut conn, &mut server) {
+            panic!("cycle {cycle}: {e}\n{}", lab.log_tails(20));
+        }
     }
     assert_eq!(
         lab.conntrack_state().unwrap().removed_total,
@@ -211,15 +268,17 @@ fn seed_001_tcp_through_a_cluster_ip() {
     );
 
     drop(conn);
+    drop(server);
     let took = wait_flow_gone(&lab, me);
     let state = lab.conntrack_state().unwrap();
     assert!(state.removed_total >= removed_before + 2, "{state:?}");
     eprintln!("closed flow's entries removed {took:?} after close");
+    drop(listener);
     finish(lab);
 }
 
-/// Seed 001 with a UDP "connection" (a connected socket exchanging
-/// datagrams through the ClusterIP).
+/// Seed 001 with a UDP "connection": a connected socket through the
+/// ClusterIP, the server answering (and speaking first) from its own socket.
 #[test]
 fn seed_001_udp_through_a_cluster_ip() {
     if !is_root() {
@@ -228,12 +287,24 @@ fn seed_001_udp_through_a_cluster_ip() {
     let mut lab = lab();
     lab.apply(&policies(SEED_001)).unwrap();
     lab.wait_realized().unwrap();
-    let sock = lab.connect_udp(&pod("x/client"), &svc(), 53).unwrap();
-    assert_eq!(udp_echo(&sock, TIMEOUT), Outcome::Echo);
-    let me = sock.local_addr().unwrap();
-    let me = SocketAddr::new(lab.pod_ip(&pod("x/client")).unwrap(), me.port());
+    let server = server_ns(&lab)
+        .run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, PUSH_PORT)))
+        .unwrap()
+        .unwrap();
+    server.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let sock = lab.connect_udp(&pod("x/client"), &svc(), 70).unwrap();
+    sock.set_read_timeout(Some(TIMEOUT)).unwrap();
+    sock.send(b"open").unwrap();
+    let (_, peer) = server.recv_from(&mut [0u8; 16]).unwrap();
+    let me = SocketAddr::new(
+        lab.pod_ip(&pod("x/client")).unwrap(),
+        sock.local_addr().unwrap().port(),
+    );
+    assert_eq!(peer, me, "the server sees the client itself (no SNAT)");
+    server.send_to(b"back", peer).unwrap();
+    sock.recv(&mut [0u8; 16]).unwrap();
     let first = flow_entries(&lab, me);
-    assert_both_sides(&lab, &first, 53, 5353);
+    assert_both_sides(&lab, &first, 70, PUSH_PORT);
     let removed_before = lab.conntrack_state().unwrap().removed_total;
 
     for cycle in 0..3 {
@@ -245,12 +316,9 @@ fn seed_001_udp_through_a_cluster_ip() {
             "cycle {cycle} (cleanup #{at}) changed the live flow's entries\nkernel: {:#?}",
             lab.kernel_conntrack().unwrap_or_default()
         );
-        assert_eq!(
-            udp_echo(&sock, TIMEOUT),
-            Outcome::Echo,
-            "cycle {cycle}: the datagrams stopped echoing\n{}",
-            lab.log_tails(20)
-        );
+        if let Err(e) = udp_both_ways(&sock, &server, peer) {
+            panic!("cycle {cycle}: {e}\n{}", lab.log_tails(20));
+        }
     }
     assert_eq!(
         lab.conntrack_state().unwrap().removed_total,
@@ -261,6 +329,7 @@ fn seed_001_udp_through_a_cluster_ip() {
     drop(sock);
     let took = wait_flow_gone(&lab, me);
     eprintln!("closed UDP flow's entries removed {took:?} after close");
+    drop(server);
     finish(lab);
 }
 
