@@ -342,9 +342,40 @@ fn random_port() -> u16 {
     20_000 + u16::from_be_bytes(b) % 10_000
 }
 
-/// The same 5-tuple, closed (reset: no TIME_WAIT) and connected again at
-/// once, over and over while cleanups run: every incarnation connects and
-/// echoes, and the last one, idle through cleanups, keeps its entries.
+/// Accepts the connection a client has just completed (it is already in
+/// the backlog).
+fn accept(listener: &TcpListener) -> TcpStream {
+    listener.set_nonblocking(true).unwrap();
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).unwrap();
+                s.set_read_timeout(Some(TIMEOUT)).unwrap();
+                return s;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(Instant::now() < deadline, "no connection to accept");
+                std::thread::sleep(Duration::from_millis(5)); // poll: inside a loop bounded by a deadline
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
+}
+
+/// Whether the kernel's table still has an entry for the client's port.
+fn kernel_has(lab: &Lab, port: u16) -> bool {
+    lab.kernel_conntrack()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains(&format!(" sport={port} ")))
+}
+
+/// The same 5-tuple closed (reset: no TIME_WAIT) and connected again: first
+/// at once, over and over while cleanups run; then only once the kernel
+/// has forgotten the previous incarnation (its eBPF entries stale, about to
+/// be cleaned, or already). Every incarnation connects and the server can
+/// speak first; the last one, idle through cleanups, keeps its entries.
 #[test]
 fn a_reused_five_tuple_keeps_working_across_cleanups() {
     if !is_root() {
@@ -353,58 +384,79 @@ fn a_reused_five_tuple_keeps_working_across_cleanups() {
     let mut lab = lab();
     lab.apply(&policies(SEED_001)).unwrap();
     lab.wait_realized().unwrap();
+    let listener = server_ns(&lab)
+        .run(|| TcpListener::bind((Ipv4Addr::UNSPECIFIED, PUSH_PORT)))
+        .unwrap()
+        .unwrap();
     let client = pod("x/client");
     let port = random_port();
-    let start = lab.conntrack_state().unwrap().cleanups;
-    let mut rounds = 0;
     let (mut busy, mut busy_total) = (0, 0);
-    let deadline = Instant::now() + WAIT;
-    let mut conn = loop {
-        let mut conn = match lab.connect_from_port(&client, port, &svc(), 80, TIMEOUT) {
-            Ok(c) => c,
-            // The client's own stack may briefly still hold the aborted
-            // socket's tuple under load: a local condition, not the
-            // network's answer, so it is retried (a few times in a row at
-            // most).
-            Err(e) if format!("{e:#}").contains("os error 99") && busy < 5 => {
-                busy += 1;
-                busy_total += 1;
-                continue;
+    let mut connect = |round: &str| -> (TcpStream, TcpStream) {
+        loop {
+            let mut conn = match lab.connect_from_port(&client, port, &svc(), 70, TIMEOUT) {
+                Ok(c) => c,
+                // The client's own stack may briefly still hold the aborted
+                // socket's tuple under load: a local condition, not the
+                // network's answer, so it is retried (a few times in a row
+                // at most).
+                Err(e) if format!("{e:#}").contains("os error 99") && busy < 5 => {
+                    busy += 1;
+                    busy_total += 1;
+                    continue;
+                }
+                Err(e) => panic!("{round}: {e:#}\n{}", lab.log_tails(20)),
+            };
+            busy = 0;
+            conn.set_read_timeout(Some(TIMEOUT)).unwrap();
+            let mut server = accept(&listener);
+            if let Err(e) = tcp_both_ways(&mut conn, &mut server) {
+                panic!("{round}: {e}\n{}", lab.log_tails(20));
             }
-            Err(e) => panic!("round {rounds}: {e:#}\n{}", lab.log_tails(20)),
-        };
-        busy = 0;
-        assert_eq!(
-            echo(&mut conn, TIMEOUT),
-            Outcome::Echo,
-            "round {rounds}: no echo on the reused tuple"
-        );
+            return (conn, server);
+        }
+    };
+
+    let start = lab.conntrack_state().unwrap().cleanups;
+    let deadline = Instant::now() + WAIT;
+    let mut rounds = 0;
+    let (mut conn, mut server) = loop {
+        let (conn, server) = connect(&format!("immediate reuse {rounds}"));
         rounds += 1;
-        // Three cleanups ran while the tuple was being reused.
         if lab.conntrack_state().unwrap().cleanups >= start + 3 {
-            break conn;
+            break (conn, server);
         }
         assert!(
             Instant::now() < deadline,
             "3 cleanups did not run in {WAIT:?}"
         );
         abort(conn).unwrap();
+        drop(server);
     };
+    for round in 0..2 {
+        abort(conn).unwrap();
+        drop(server);
+        let deadline = Instant::now() + WAIT;
+        while kernel_has(&lab, port) {
+            assert!(Instant::now() < deadline, "the kernel kept the reset flow");
+            std::thread::sleep(Duration::from_millis(20)); // poll: inside a loop bounded by a deadline
+        }
+        (conn, server) = connect(&format!("reuse {round} after the kernel forgot the flow"));
+    }
     let me = conn.local_addr().unwrap();
     assert_eq!(me.port(), port);
     let first = flow_entries(&lab, me);
-    assert_both_sides(&lab, &first, 80, 8080);
+    assert_both_sides(&lab, &first, 70, PUSH_PORT);
     idle_through_a_cleanup(&lab);
     assert_eq!(
         identities(&flow_entries(&lab, me)),
         identities(&first),
         "a cleanup changed the reused flow's entries"
     );
-    assert_eq!(echo(&mut conn, TIMEOUT), Outcome::Echo);
+    tcp_both_ways(&mut conn, &mut server).unwrap();
     eprintln!(
-        "{rounds} reuses of {me} across cleanups ({busy_total} connects retried: address busy)"
+        "{rounds} immediate reuses of {me} across cleanups, 2 after kernel expiry ({busy_total} connects retried: address busy)"
     );
-    drop(conn);
+    drop((conn, server, listener));
     finish(lab);
 }
 
