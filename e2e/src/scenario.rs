@@ -694,9 +694,9 @@ impl Scenario {
         let mut live: BTreeSet<ObjectKey> = BTreeSet::new();
         let mut liveness = Liveness::default();
         add_all(&mut live, &self.objects).context("objects")?;
-        let mut services: BTreeMap<ObjectKey, ServiceSpec> = BTreeMap::new();
-        self.track_services(&mut services, &self.objects)
-            .context("objects")?;
+        let mut services = ServiceState::default();
+        services.add(&self.objects).context("objects")?;
+        services.check(self.cni).context("objects")?;
         for (i, step) in self.steps.iter().enumerate() {
             let at = format!("steps[{i}] ({:?})", step.name);
             for (j, f) in step.faults.iter().enumerate() {
@@ -716,7 +716,8 @@ impl Scenario {
                 .filter(|k| k.kind == Kind::Pod && !live.contains(k))
                 .collect();
             add_all(&mut live, &step.apply).with_context(|| format!("{at}.apply"))?;
-            self.track_services(&mut services, &step.apply)
+            services
+                .add(&step.apply)
                 .with_context(|| format!("{at}.apply"))?;
             if step.add_error.is_some() {
                 if new_pods.is_empty() {
@@ -734,8 +735,9 @@ impl Scenario {
                 if key.kind == Kind::Namespace {
                     live.retain(|k| k.namespace.as_deref() != Some(&key.name));
                 }
-                services.retain(|k, _| live.contains(k));
             }
+            services.retain(&live);
+            services.check(self.cni).with_context(|| at.clone())?;
             for (j, probe) in step.probes.iter().enumerate() {
                 if !live.contains(&ObjectKey::pod(&probe.from)) {
                     bail!(
@@ -749,7 +751,7 @@ impl Scenario {
                     }
                 }
                 if let Target::Service(to) = &probe.to {
-                    let svc = services.get(&to.key()).ok_or_else(|| {
+                    let svc = services.services.get(&to.key()).ok_or_else(|| {
                         anyhow!("{at}.probes[{j}].to: service {to} does not exist at this step")
                     })?;
                     if svc.cluster_ip.is_none() {
@@ -784,42 +786,42 @@ impl Scenario {
     }
 }
 
-impl Scenario {
-    /// Records the Services among `objects`, refusing what the lab cannot
-    /// realise: a ClusterIP on the bridge chain (its pods on one bridge
-    /// would answer each other directly, past the node's un-DNAT), and a
-    /// ClusterIP two Services claim.
-    fn track_services(
-        &self,
-        services: &mut BTreeMap<ObjectKey, ServiceSpec>,
-        objects: &[Object],
-    ) -> Result<()> {
+/// The Services and EndpointSlices alive at a point of the scenario.
+#[derive(Default)]
+struct ServiceState {
+    services: BTreeMap<ObjectKey, ServiceSpec>,
+    slices: BTreeMap<ObjectKey, SliceSpec>,
+}
+
+impl ServiceState {
+    fn add(&mut self, objects: &[Object]) -> Result<()> {
         for (i, o) in objects.iter().enumerate() {
-            if o.key().kind != Kind::Service {
-                continue;
+            match o.key().kind {
+                Kind::Service => {
+                    let spec = ServiceSpec::parse(o.body()).with_context(|| format!("[{i}]"))?;
+                    self.services.insert(o.key().clone(), spec);
+                }
+                Kind::EndpointSlice => {
+                    let spec = SliceSpec::parse(o.body()).with_context(|| format!("[{i}]"))?;
+                    self.slices.insert(o.key().clone(), spec);
+                }
+                _ => {}
             }
-            let spec = ServiceSpec::parse(o.body()).with_context(|| format!("[{i}]"))?;
-            if spec.cluster_ip.is_some() && self.cni == CniKind::Bridge {
-                bail!("[{i}] ({}): {BRIDGE_SERVICES}", o.key());
-            }
-            if let Some(other) = services.iter().find(|(k, s)| {
-                *k != o.key() && s.cluster_ip.is_some() && s.cluster_ip == spec.cluster_ip
-            }) {
-                bail!(
-                    "[{i}] ({}): clusterIP {} is already {}'s",
-                    o.key(),
-                    spec.cluster_ip.expect("checked"),
-                    other.0
-                );
-            }
-            services.insert(o.key().clone(), spec);
         }
         Ok(())
     }
-}
 
-/// Why Services with a ClusterIP are refused with the bridge chain.
-pub const BRIDGE_SERVICES: &str = "Services with a ClusterIP need cni: ptp; with the bridge chain a backend on the same bridge replies to its client directly, past the node's un-DNAT (a real node needs br_netfilter for that, which the lab does not load: it is global to the machine)";
+    fn retain(&mut self, live: &BTreeSet<ObjectKey>) {
+        self.services.retain(|k, _| live.contains(k));
+        self.slices.retain(|k, _| live.contains(k));
+    }
+
+    fn check(&self, cni: CniKind) -> Result<()> {
+        let services: Vec<_> = self.services.iter().collect();
+        let slices: Vec<_> = self.slices.iter().collect();
+        crate::service::check_realisable(&services, &slices, cni == CniKind::Bridge)
+    }
+}
 
 /// A sysctl of the node's namespace: only `net.` keys are per namespace.
 fn parse_sysctl(key: &str, value: &Value) -> Result<(String, String)> {
@@ -1089,6 +1091,16 @@ steps:
         assert!(e.contains("nodeSysctls.kernel.pid_max"), "{e}");
         let e = err(&SERVICES.replace("conntrackCleanupSecs: 1", "conntrackCleanupSecs: 0"));
         assert!(e.contains("conntrackCleanupSecs"), "{e}");
+        let e = err(&SERVICES.replace(
+            "labels: {kubernetes.io/service-name: ext}",
+            "labels: {kubernetes.io/service-name: web}",
+        ));
+        assert!(
+            e.contains("EndpointSlice x/ext-1") && e.contains("has a selector"),
+            "{e}"
+        );
+        let e = err(&SERVICES.replace("name: ext-1", "name: web-lab"));
+        assert!(e.contains("generated EndpointSlice"), "{e}");
         let e = err(&SERVICES.replace("labels: {kubernetes.io/service-name: ext}", "labels: {}"));
         assert!(
             e.contains("objects[4]") && e.contains("kubernetes.io/service-name"),

@@ -12,7 +12,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::scenario::{Protocol, ServiceRef};
+use crate::scenario::{ObjectKey, Protocol, ServiceRef};
 
 /// The label that ties an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -202,6 +202,46 @@ fn protocol_of(v: Option<&Value>) -> Result<Protocol> {
         Some(_) => bail!("protocol: expected TCP or UDP, got {}", v.unwrap()),
     }
 }
+
+/// Refuses a set of Services and EndpointSlices the lab cannot realise:
+/// a ClusterIP on the bridge chain (see [`BRIDGE_SERVICES`]), one ClusterIP
+/// claimed by two Services, and a scenario EndpointSlice for a Service with
+/// a selector (those are the EndpointSlice controller's, here the lab's) or
+/// named like the lab's own.
+pub fn check_realisable(
+    services: &[(&ObjectKey, &ServiceSpec)],
+    slices: &[(&ObjectKey, &SliceSpec)],
+    bridge: bool,
+) -> Result<()> {
+    for (i, (key, svc)) in services.iter().enumerate() {
+        let Some(ip) = svc.cluster_ip else { continue };
+        if bridge {
+            bail!("{key}: {BRIDGE_SERVICES}");
+        }
+        if let Some((other, _)) = services[..i].iter().find(|(_, s)| s.cluster_ip == Some(ip)) {
+            bail!("{key}: clusterIP {ip} is already {other}'s");
+        }
+    }
+    for (key, slice) in slices {
+        if let Some((svc, _)) = services
+            .iter()
+            .find(|(_, s)| s.service == slice.service && s.selector.is_some())
+        {
+            bail!("{key}: {svc} has a selector; its EndpointSlices are the lab's to write (as the EndpointSlice controller's), give slices only for Services without one");
+        }
+        if let Some((svc, _)) = services.iter().find(|(_, s)| {
+            s.selector.is_some()
+                && key.namespace.as_deref() == Some(s.service.namespace.as_str())
+                && key.name == generated_slice_name(&s.service)
+        }) {
+            bail!("{key}: that name is the lab's generated EndpointSlice of {svc}; rename it");
+        }
+    }
+    Ok(())
+}
+
+/// Why Services with a ClusterIP are refused with the bridge chain.
+pub const BRIDGE_SERVICES: &str = "Services with a ClusterIP need cni: ptp; with the bridge chain a backend on the same bridge replies to its client directly, past the node's un-DNAT (a real node needs br_netfilter for that, which the lab does not load: it is global to the machine)";
 
 /// One EndpointSlice given by the scenario (for a Service without selector).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use super::Lab;
 use crate::nat;
-use crate::scenario::{CniKind, Kind, Object, ObjectKey, ServiceRef, BRIDGE_SERVICES};
+use crate::scenario::{CniKind, Kind, Object, ObjectKey, ServiceRef};
 use crate::service::{self, PodView, ServiceSpec, SliceSpec};
 
 impl Lab {
@@ -98,27 +98,13 @@ impl Lab {
                 _ => {}
             }
         }
-        for svc in &services {
-            if svc.cluster_ip.is_some() && self.config.cni == CniKind::Bridge {
-                bail!("Service {}: {BRIDGE_SERVICES}", svc.service);
-            }
-            if svc.selector.is_some() {
-                let generated = generated_key(&svc.service);
-                if slices.iter().any(|(k, _)| *k == generated) {
-                    bail!("{generated}: that name is the lab's generated EndpointSlice of Service {}; rename it", svc.service);
-                }
-            }
-        }
-        // The EndpointSlice controller owns a selector Service's slices; one
-        // from the scenario would be a second writer.
-        for (key, slice) in &slices {
-            if let Some(svc) = services
-                .iter()
-                .find(|s| s.service == slice.service && s.selector.is_some())
-            {
-                bail!("{key}: Service {} has a selector; its EndpointSlices are the lab's to write (as the EndpointSlice controller's), give slices only for Services without one", svc.service);
-            }
-        }
+        let keyed: Vec<(ObjectKey, &ServiceSpec)> =
+            services.iter().map(|s| (s.service.key(), s)).collect();
+        service::check_realisable(
+            &keyed.iter().map(|(k, s)| (k, *s)).collect::<Vec<_>>(),
+            &slices.iter().map(|(k, s)| (k, s)).collect::<Vec<_>>(),
+            self.config.cni == CniKind::Bridge,
+        )?;
         Ok((services, slices.into_iter().map(|(_, s)| s).collect()))
     }
 
