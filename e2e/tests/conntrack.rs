@@ -658,3 +658,69 @@ objects:
     );
     finish(lab);
 }
+
+/// A node whose namespace has no kernel conntrack user (no Service, so no
+/// NAT table: as on a node whose Services are load-balanced in eBPF without
+/// kube-proxy) reports an empty kernel table; the cleanup must not take
+/// that as "every flow is gone". An idle established flow whose server
+/// speaks first (its default-deny egress passes it only as a reply) must
+/// still get through.
+///
+/// Ignored: fails today (the enforcer removes every idle entry when the
+/// kernel table is empty; the server's first packet after two idle cleanups
+/// is dropped). Run with `--ignored` once the enforcer handles it.
+#[test]
+#[ignore = "enforcer: the cleanup empties the eBPF conntrack when the node's kernel tracks nothing"]
+fn an_idle_flow_survives_cleanups_on_a_node_without_kernel_conntrack() {
+    if !is_root() {
+        return;
+    }
+    let mut lab = Lab::start(LabConfig {
+        conntrack_cleanup_secs: Some(1),
+        ..LabConfig::default()
+    })
+    .expect("lab starts");
+    lab.apply(&objects(PODS)).unwrap();
+    let server_policy = r#"
+objects:
+  - {apiVersion: v1, kind: Namespace, metadata: {name: x, labels: {ns: x}}}
+  - apiVersion: networking.k8s.io/v1
+    kind: NetworkPolicy
+    metadata: {name: b, namespace: x}
+    spec:
+      podSelector: {matchLabels: {app: b}}
+      policyTypes: [Ingress, Egress]
+      ingress: [{from: [{podSelector: {matchLabels: {app: a}}}]}]
+"#;
+    lab.apply(&policies(server_policy)).unwrap();
+    lab.wait_realized().unwrap();
+    assert!(lab.services_ruleset().is_none(), "no Service, no NAT table");
+    let b = NetNs::from_existing(lab.pod_netns(&pod("x/b")).unwrap());
+    let listener = b
+        .run(|| TcpListener::bind((Ipv4Addr::UNSPECIFIED, PUSH_PORT)))
+        .unwrap()
+        .unwrap();
+    let mut conn = lab
+        .connect(
+            &pod("x/a"),
+            &Target::parse("x/b").unwrap(),
+            PUSH_PORT,
+            TIMEOUT,
+        )
+        .unwrap();
+    conn.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let mut server = accept(&listener);
+    conn.write_all(b"open").unwrap();
+    server.read_exact(&mut [0u8; 4]).unwrap();
+    let state = lab
+        .wait_cleanups(lab.conntrack_state().unwrap().cleanups, 2, WAIT)
+        .unwrap();
+    if let Err(e) = tcp_both_ways(&mut conn, &mut server) {
+        panic!(
+            "{e}\ncleanup: {state:?}\neBPF entries: {:?}",
+            lab.conntrack_entries().unwrap()
+        );
+    }
+    drop((conn, server, listener));
+    finish(lab);
+}
