@@ -542,6 +542,68 @@ objects:
     finish(lab);
 }
 
+/// Revocation on the client's side: its egress allowed the server's pods,
+/// hence the ClusterIP; once that rule is replaced by a default deny, its
+/// connection through the ClusterIP is cut on the next packet (at its own
+/// egress, before DNAT), while another pod's connection carries on.
+#[test]
+fn deleting_an_egress_allow_cuts_a_flow_through_the_cluster_ip() {
+    if !is_root() {
+        return;
+    }
+    let mut lab = lab();
+    let allow = r#"
+objects:
+  - {apiVersion: v1, kind: Namespace, metadata: {name: x, labels: {ns: x}}}
+  - apiVersion: networking.k8s.io/v1
+    kind: NetworkPolicy
+    metadata: {name: client-egress, namespace: x}
+    spec:
+      podSelector: {matchLabels: {app: client}}
+      policyTypes: [Egress]
+      egress: [{to: [{podSelector: {matchLabels: {app: web}}}]}]
+"#;
+    let deny = r#"
+objects:
+  - {apiVersion: v1, kind: Namespace, metadata: {name: x, labels: {ns: x}}}
+  - apiVersion: networking.k8s.io/v1
+    kind: NetworkPolicy
+    metadata: {name: client-deny, namespace: x}
+    spec: {podSelector: {matchLabels: {app: client}}, policyTypes: [Egress]}
+"#;
+    lab.apply(&policies(allow)).unwrap();
+    lab.wait_realized().unwrap();
+    let mut cut = lab.connect(&pod("x/client"), &svc(), 80, TIMEOUT).unwrap();
+    let mut kept = lab.connect(&pod("x/other"), &svc(), 80, TIMEOUT).unwrap();
+    assert_eq!(echo(&mut cut, TIMEOUT), Outcome::Echo);
+    assert_eq!(echo(&mut kept, TIMEOUT), Outcome::Echo);
+
+    lab.apply(&policies(deny)).unwrap();
+    lab.delete(&[policy_key("client-egress")]).unwrap();
+    lab.wait_realized().unwrap();
+    assert_eq!(
+        echo(&mut cut, TIMEOUT),
+        Outcome::NoEcho,
+        "the client's flow through the ClusterIP survived the loss of its egress rule"
+    );
+    assert_eq!(
+        echo(&mut kept, TIMEOUT),
+        Outcome::Echo,
+        "another pod's flow dropped\n{}",
+        lab.log_tails(20)
+    );
+    assert_verdicts(
+        &lab,
+        "after the egress revocation",
+        &[
+            ("x/client", "svc/x/web", 80, Tcp, Deny),
+            ("x/client", "x/server", 8080, Tcp, Deny),
+            ("x/other", "svc/x/web", 80, Tcp, Allow),
+        ],
+    );
+    finish(lab);
+}
+
 /// Return traffic: a server with default-deny egress and ingress allowed
 /// from the client answers it, directly and through the ClusterIP, TCP and
 /// UDP, for as long as the connection lives; it still cannot start a flow.
