@@ -1,7 +1,8 @@
 #!/bin/sh
 # Fails if palisade-lab left anything behind: its network namespaces
-# (pl<6 hex>-...), pin roots under /sys/fs/bpf, run dirs, or a controller or
-# enforcer process. CI runs it after the end-to-end suite.
+# (pl<6 hex>-...), pin roots under /sys/fs/bpf, run dirs, the Services'
+# nftables table in the root namespace, or a controller or enforcer
+# process. CI runs it after the end-to-end suite.
 set -u
 
 status=0
@@ -15,6 +16,13 @@ fi
 leftover_pins=$(ls -d /sys/fs/bpf/palisade-lab-* 2>/dev/null || true)
 if [ -n "$leftover_pins" ]; then
     echo "leftover pin roots:"; echo "$leftover_pins" | sed 's/^/  /'
+    status=1
+fi
+
+# The lab's Service table lives in each node namespace (and goes with it);
+# one in the machine's own namespace would translate the machine's traffic.
+if command -v nft >/dev/null 2>&1 && nft list tables ip 2>/dev/null | grep -qx 'table ip palisade-lab-svc'; then
+    echo "leftover nftables table in the root namespace: ip palisade-lab-svc"
     status=1
 fi
 

@@ -21,6 +21,7 @@
 pub mod bench;
 pub mod cancel;
 pub mod cni;
+pub mod ctmap;
 pub mod dump;
 pub mod fault;
 pub mod forge;
@@ -28,6 +29,7 @@ pub mod grpc;
 pub mod lab;
 pub mod listener;
 pub mod manifests;
+pub mod nat;
 pub mod netns;
 pub mod preflight;
 pub mod probe;
@@ -36,6 +38,7 @@ pub mod realized;
 pub mod report;
 pub mod runner;
 pub mod scenario;
+pub mod service;
 pub mod sweep;
 pub mod tcx;
 

@@ -106,6 +106,73 @@ fn sockaddr(addr: SocketAddrV4) -> libc::sockaddr_in {
     }
 }
 
+/// A TCP connection from inside `from` bound to source port `port`, for
+/// flows that must reuse a 5-tuple.
+pub fn connect_bound(
+    from: &NetNs,
+    port: u16,
+    to: SocketAddrV4,
+    timeout: Duration,
+) -> Result<TcpStream, Outcome> {
+    from.run(move || connect_from(port, to, timeout))
+        .unwrap_or_else(|e| Err(Outcome::Error(format!("{e:#}"))))
+}
+
+/// Closes with a reset (SO_LINGER 0): no TIME_WAIT, so the same 5-tuple can
+/// be connected again at once.
+pub fn abort(stream: TcpStream) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket fd and a live linger struct of the right size.
+    let r = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as u32,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    drop(stream);
+    Ok(())
+}
+
+/// A connected UDP socket from inside `from`: a UDP "connection" whose
+/// datagrams all share one 5-tuple.
+pub fn connect_udp(from: &NetNs, to: SocketAddr) -> Result<UdpSocket, Outcome> {
+    from.run(move || {
+        let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+        sock.connect(to)?;
+        Ok::<_, std::io::Error>(sock)
+    })
+    .map_err(|e| Outcome::Error(format!("{e:#}")))?
+    .map_err(|e| Outcome::Error(format!("udp socket: {e}")))
+}
+
+/// Sends the payload on a connected UDP socket and waits for the echo.
+pub fn udp_echo(sock: &UdpSocket, timeout: Duration) -> Outcome {
+    let attempt = || -> std::io::Result<Vec<u8>> {
+        sock.set_read_timeout(Some(timeout.max(Duration::from_millis(1))))?;
+        sock.send(PAYLOAD)?;
+        let mut buf = [0u8; 64];
+        let n = sock.recv(&mut buf)?;
+        Ok(buf[..n].to_vec())
+    };
+    match attempt() {
+        Ok(data) if data == PAYLOAD => Outcome::Echo,
+        Ok(_) => Outcome::Error("the echo did not match what was sent".into()),
+        Err(e) if e.kind() == ErrorKind::ConnectionRefused => Outcome::Refused,
+        Err(e) if is_timeout(e.kind()) => Outcome::NoEcho,
+        Err(e) => Outcome::Error(e.to_string()),
+    }
+}
+
 fn connect_from(port: u16, to: SocketAddrV4, timeout: Duration) -> Result<TcpStream, Outcome> {
     let os = |what: &str| Outcome::Error(format!("{what}: {}", std::io::Error::last_os_error()));
     let len = std::mem::size_of::<libc::sockaddr_in>() as u32;

@@ -4,7 +4,7 @@
 //! Everything is validated here, before the lab builds anything, so a typo
 //! costs a clear message instead of a half-built node.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 use std::path::Path;
@@ -16,6 +16,7 @@ use serde_json::{Map, Value};
 
 use crate::dump::{self, DumpCheck, RawDumpCheck};
 use crate::fault::{self, Fault, Liveness, RawFault};
+use crate::service::{ServiceSpec, SliceSpec};
 
 /// Probe timeout when the scenario does not set `timeoutMs`.
 pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
@@ -57,6 +58,8 @@ pub enum Kind {
     Namespace,
     Pod,
     NetworkPolicy,
+    Service,
+    EndpointSlice,
 }
 
 impl Kind {
@@ -65,6 +68,8 @@ impl Kind {
             "Namespace" => Some(Self::Namespace),
             "Pod" => Some(Self::Pod),
             "NetworkPolicy" => Some(Self::NetworkPolicy),
+            "Service" => Some(Self::Service),
+            "EndpointSlice" => Some(Self::EndpointSlice),
             _ => None,
         }
     }
@@ -74,13 +79,16 @@ impl Kind {
             Self::Namespace => "Namespace",
             Self::Pod => "Pod",
             Self::NetworkPolicy => "NetworkPolicy",
+            Self::Service => "Service",
+            Self::EndpointSlice => "EndpointSlice",
         }
     }
 
     fn api_version(self) -> &'static str {
         match self {
-            Self::Namespace | Self::Pod => "v1",
+            Self::Namespace | Self::Pod | Self::Service => "v1",
             Self::NetworkPolicy => "networking.k8s.io/v1",
+            Self::EndpointSlice => "discovery.k8s.io/v1",
         }
     }
 
@@ -88,6 +96,8 @@ impl Kind {
         !matches!(self, Self::Namespace)
     }
 }
+
+const SUPPORTED_KINDS: &str = "Namespace, Pod, NetworkPolicy, Service, EndpointSlice";
 
 impl fmt::Display for Kind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -191,9 +201,7 @@ impl Object {
             .and_then(Value::as_str)
             .ok_or_else(|| anyhow!("kind: missing or not a string"))?;
         let kind = Kind::parse(kind_str).ok_or_else(|| {
-            anyhow!(
-                "kind: {kind_str:?} is not supported by the lab (Namespace, Pod, NetworkPolicy)"
-            )
+            anyhow!("kind: {kind_str:?} is not supported by the lab ({SUPPORTED_KINDS})")
         })?;
         match body.get("apiVersion") {
             None => {
@@ -238,13 +246,23 @@ impl Object {
         } else {
             Vec::new()
         };
+        let body = Value::Object(body);
+        match kind {
+            Kind::Service => {
+                ServiceSpec::parse(&body)?;
+            }
+            Kind::EndpointSlice => {
+                SliceSpec::parse(&body)?;
+            }
+            _ => {}
+        }
         Ok(Self {
             key: ObjectKey {
                 kind,
                 namespace,
                 name,
             },
-            body: Value::Object(body),
+            body,
             ports,
         })
     }
@@ -331,10 +349,35 @@ fn pod_ports(body: &Map<String, Value>) -> Result<Vec<ServedPort>> {
     Ok(ports)
 }
 
-/// Where a probe goes: a pod of the lab, or a literal address.
+/// A Service of the lab, by namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ServiceRef {
+    pub fn key(&self) -> ObjectKey {
+        ObjectKey {
+            kind: Kind::Service,
+            namespace: Some(self.namespace.clone()),
+            name: self.name.clone(),
+        }
+    }
+}
+
+impl fmt::Display for ServiceRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "svc/{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Where a probe goes: a pod of the lab, a Service's ClusterIP (the probe's
+/// port is the service port), or a literal address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
     Pod(PodName),
+    Service(ServiceRef),
     Ip(IpAddr),
 }
 
@@ -343,9 +386,19 @@ impl Target {
         if let Ok(ip) = s.parse::<IpAddr>() {
             return Ok(Self::Ip(ip));
         }
-        PodName::parse(s)
-            .map(Self::Pod)
-            .map_err(|_| anyhow!("expected <namespace>/<pod> or an IP address, got {s:?}"))
+        if let Some(rest) = s.strip_prefix("svc/") {
+            let p = PodName::parse(rest)
+                .map_err(|_| anyhow!("expected svc/<namespace>/<service>, got {s:?}"))?;
+            return Ok(Self::Service(ServiceRef {
+                namespace: p.namespace,
+                name: p.name,
+            }));
+        }
+        PodName::parse(s).map(Self::Pod).map_err(|_| {
+            anyhow!(
+                "expected <namespace>/<pod>, svc/<namespace>/<service> or an IP address, got {s:?}"
+            )
+        })
     }
 }
 
@@ -353,6 +406,7 @@ impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Pod(p) => p.fmt(f),
+            Self::Service(s) => s.fmt(f),
             Self::Ip(ip) => ip.fmt(f),
         }
     }
@@ -483,6 +537,11 @@ pub struct Scenario {
     pub cni: CniKind,
     /// `None`: the enforcer gets no `--pod-up-deadline-ms` flag.
     pub pod_up_deadline: Option<Duration>,
+    /// Sysctls of the node's namespace (e.g. short kernel conntrack
+    /// timeouts), set before anything runs; they go with the namespace.
+    pub node_sysctls: Vec<(String, String)>,
+    /// `None`: the enforcer gets no `--conntrack-cleanup-secs` flag.
+    pub conntrack_cleanup_secs: Option<u32>,
     pub objects: Vec<Object>,
     pub steps: Vec<Step>,
 }
@@ -493,6 +552,9 @@ struct RawScenario {
     mode: Option<String>,
     cni: Option<String>,
     pod_up_deadline_ms: Option<i64>,
+    #[serde(default)]
+    node_sysctls: BTreeMap<String, Value>,
+    conntrack_cleanup_secs: Option<i64>,
     #[serde(default)]
     objects: Vec<Value>,
     #[serde(default)]
@@ -562,6 +624,16 @@ impl Scenario {
             Some(ms) if (1..=60_000).contains(&ms) => Some(Duration::from_millis(ms as u64)),
             Some(ms) => bail!("podUpDeadlineMs: {ms} is out of range (1-60000)"),
         };
+        let node_sysctls = raw
+            .node_sysctls
+            .into_iter()
+            .map(|(k, v)| parse_sysctl(&k, &v).with_context(|| format!("nodeSysctls.{k}")))
+            .collect::<Result<Vec<_>>>()?;
+        let conntrack_cleanup_secs = match raw.conntrack_cleanup_secs {
+            None => None,
+            Some(s) if (1..=3600).contains(&s) => Some(s as u32),
+            Some(s) => bail!("conntrackCleanupSecs: {s} is out of range (1-3600)"),
+        };
         let objects = parse_objects("objects", raw.objects)?;
         let mut steps = Vec::with_capacity(raw.steps.len());
         for (i, step) in raw.steps.into_iter().enumerate() {
@@ -606,6 +678,8 @@ impl Scenario {
             mode,
             cni,
             pod_up_deadline,
+            node_sysctls,
+            conntrack_cleanup_secs,
             objects,
             steps,
         };
@@ -620,6 +694,9 @@ impl Scenario {
         let mut live: BTreeSet<ObjectKey> = BTreeSet::new();
         let mut liveness = Liveness::default();
         add_all(&mut live, &self.objects).context("objects")?;
+        let mut services = ServiceState::default();
+        services.add(&self.objects).context("objects")?;
+        services.check(self.cni).context("objects")?;
         for (i, step) in self.steps.iter().enumerate() {
             let at = format!("steps[{i}] ({:?})", step.name);
             for (j, f) in step.faults.iter().enumerate() {
@@ -639,6 +716,9 @@ impl Scenario {
                 .filter(|k| k.kind == Kind::Pod && !live.contains(k))
                 .collect();
             add_all(&mut live, &step.apply).with_context(|| format!("{at}.apply"))?;
+            services
+                .add(&step.apply)
+                .with_context(|| format!("{at}.apply"))?;
             if step.add_error.is_some() {
                 if new_pods.is_empty() {
                     bail!("{at}.addError: the step applies no new pod whose CNI ADD could fail");
@@ -656,6 +736,8 @@ impl Scenario {
                     live.retain(|k| k.namespace.as_deref() != Some(&key.name));
                 }
             }
+            services.retain(&live);
+            services.check(self.cni).with_context(|| at.clone())?;
             for (j, probe) in step.probes.iter().enumerate() {
                 if !live.contains(&ObjectKey::pod(&probe.from)) {
                     bail!(
@@ -666,6 +748,21 @@ impl Scenario {
                 if let Target::Pod(to) = &probe.to {
                     if !live.contains(&ObjectKey::pod(to)) {
                         bail!("{at}.probes[{j}].to: pod {to} does not exist at this step");
+                    }
+                }
+                if let Target::Service(to) = &probe.to {
+                    let svc = services.services.get(&to.key()).ok_or_else(|| {
+                        anyhow!("{at}.probes[{j}].to: service {to} does not exist at this step")
+                    })?;
+                    if svc.cluster_ip.is_none() {
+                        bail!("{at}.probes[{j}].to: service {to} is headless (clusterIP: None); probe its pods");
+                    }
+                    if svc.port(probe.port, probe.protocol).is_none() {
+                        bail!(
+                            "{at}.probes[{j}].port: service {to} has no {} port {}",
+                            probe.protocol,
+                            probe.port
+                        );
                     }
                 }
             }
@@ -687,6 +784,61 @@ impl Scenario {
         }
         Ok(())
     }
+}
+
+/// The Services and EndpointSlices alive at a point of the scenario.
+#[derive(Default)]
+struct ServiceState {
+    services: BTreeMap<ObjectKey, ServiceSpec>,
+    slices: BTreeMap<ObjectKey, SliceSpec>,
+}
+
+impl ServiceState {
+    fn add(&mut self, objects: &[Object]) -> Result<()> {
+        for (i, o) in objects.iter().enumerate() {
+            match o.key().kind {
+                Kind::Service => {
+                    let spec = ServiceSpec::parse(o.body()).with_context(|| format!("[{i}]"))?;
+                    self.services.insert(o.key().clone(), spec);
+                }
+                Kind::EndpointSlice => {
+                    let spec = SliceSpec::parse(o.body()).with_context(|| format!("[{i}]"))?;
+                    self.slices.insert(o.key().clone(), spec);
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn retain(&mut self, live: &BTreeSet<ObjectKey>) {
+        self.services.retain(|k, _| live.contains(k));
+        self.slices.retain(|k, _| live.contains(k));
+    }
+
+    fn check(&self, cni: CniKind) -> Result<()> {
+        let services: Vec<_> = self.services.iter().collect();
+        let slices: Vec<_> = self.slices.iter().collect();
+        crate::service::check_realisable(&services, &slices, cni == CniKind::Bridge)
+    }
+}
+
+/// A sysctl of the node's namespace: only `net.` keys are per namespace.
+fn parse_sysctl(key: &str, value: &Value) -> Result<(String, String)> {
+    let ok_key = key.starts_with("net.")
+        && !key.contains("..")
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
+    if !ok_key {
+        bail!("not a sysctl of the node's network namespace (net.*)");
+    }
+    let value = match value {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        other => bail!("expected a number or a string, got {other}"),
+    };
+    Ok((key.to_string(), value))
 }
 
 fn add_all(live: &mut BTreeSet<ObjectKey>, objects: &[Object]) -> Result<()> {
@@ -722,12 +874,8 @@ fn parse_objects(field: &str, values: Vec<Value>) -> Result<Vec<Object>> {
 }
 
 fn parse_ref(r: RawRef) -> Result<ObjectKey> {
-    let kind = Kind::parse(&r.kind).ok_or_else(|| {
-        anyhow!(
-            "kind: {:?} is not supported (Namespace, Pod, NetworkPolicy)",
-            r.kind
-        )
-    })?;
+    let kind = Kind::parse(&r.kind)
+        .ok_or_else(|| anyhow!("kind: {:?} is not supported ({SUPPORTED_KINDS})", r.kind))?;
     check_name("name", &r.name)?;
     let namespace = match (kind.namespaced(), r.namespace) {
         (true, Some(ns)) => {
@@ -842,8 +990,8 @@ steps:
 
     #[test]
     fn errors_name_the_field() {
-        let e = err("objects: [{kind: Service, metadata: {name: s}}]");
-        assert!(e.contains("objects[0]") && e.contains("Service"), "{e}");
+        let e = err("objects: [{kind: Deployment, metadata: {name: s}}]");
+        assert!(e.contains("objects[0]") && e.contains("Deployment"), "{e}");
         let e = err("objects: [{kind: Namespace, metadata: {name: x}}, {kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: [{ports: [{containerPort: 70000}]}]}}]");
         assert!(
             e.contains("objects[1]") && e.contains("containerPort: 70000"),
@@ -881,6 +1029,88 @@ steps:
             "{base}steps: [{{delete: [{{kind: NetworkPolicy, namespace: x, name: p}}]}}]"
         ));
         assert!(e.contains("NetworkPolicy x/p does not exist"), "{e}");
+    }
+
+    const SERVICES: &str = r#"
+nodeSysctls: {net.netfilter.nf_conntrack_tcp_timeout_time_wait: 1}
+conntrackCleanupSecs: 1
+objects:
+  - {kind: Namespace, metadata: {name: x}}
+  - {kind: Pod, metadata: {name: b, namespace: x, labels: {app: b}}, spec: {containers: [{ports: [{containerPort: 8080, name: http}]}]}}
+  - {kind: Service, metadata: {name: web, namespace: x}, spec: {clusterIP: 10.96.0.10, selector: {app: b}, ports: [{port: 80, targetPort: http}]}}
+  - {kind: Service, metadata: {name: ext, namespace: x}, spec: {clusterIP: 10.96.0.11, ports: [{name: dns, port: 53, protocol: UDP}]}}
+  - {apiVersion: discovery.k8s.io/v1, kind: EndpointSlice, metadata: {name: ext-1, namespace: x, labels: {kubernetes.io/service-name: ext}}, addressType: IPv4, endpoints: [{addresses: [10.244.0.2]}], ports: [{name: dns, port: 53, protocol: UDP}]}
+steps:
+  - probes:
+      - {from: x/b, to: svc/x/web, port: 80, expect: allow}
+      - {from: x/b, to: svc/x/ext, port: 53, protocol: UDP}
+"#;
+
+    #[test]
+    fn services_slices_and_node_settings_parse() {
+        let s = Scenario::from_yaml(SERVICES).unwrap();
+        assert_eq!(
+            s.node_sysctls,
+            [(
+                "net.netfilter.nf_conntrack_tcp_timeout_time_wait".to_string(),
+                "1".to_string()
+            )]
+        );
+        assert_eq!(s.conntrack_cleanup_secs, Some(1));
+        assert_eq!(s.objects[4].body()["apiVersion"], "discovery.k8s.io/v1");
+        assert_eq!(
+            s.steps[0].probes[0].to,
+            Target::Service(ServiceRef {
+                namespace: "x".into(),
+                name: "web".into()
+            })
+        );
+    }
+
+    #[test]
+    fn service_probes_and_settings_are_validated() {
+        let e = err(&SERVICES.replace("to: svc/x/web, port: 80", "to: svc/x/nope, port: 80"));
+        assert!(
+            e.contains("probes[0].to") && e.contains("svc/x/nope does not exist"),
+            "{e}"
+        );
+        let e = err(&SERVICES.replace("to: svc/x/web, port: 80", "to: svc/x/web, port: 8080"));
+        assert!(e.contains("has no TCP port 8080"), "{e}");
+        let e = err(&SERVICES.replace("clusterIP: 10.96.0.10, ", ""));
+        assert!(e.contains("spec.clusterIP: missing"), "{e}");
+        let e = err(&SERVICES.replace("10.96.0.11", "10.96.0.10"));
+        assert!(e.contains("clusterIP 10.96.0.10 is already"), "{e}");
+        let e = err(&format!("cni: bridge\n{SERVICES}"));
+        assert!(e.contains("need cni: ptp"), "{e}");
+        let e = err(&SERVICES.replace("clusterIP: 10.96.0.10", "clusterIP: None"));
+        assert!(e.contains("headless"), "{e}");
+        let e = err(&SERVICES.replace(
+            "net.netfilter.nf_conntrack_tcp_timeout_time_wait",
+            "kernel.pid_max",
+        ));
+        assert!(e.contains("nodeSysctls.kernel.pid_max"), "{e}");
+        let e = err(&SERVICES.replace("conntrackCleanupSecs: 1", "conntrackCleanupSecs: 0"));
+        assert!(e.contains("conntrackCleanupSecs"), "{e}");
+        let e = err(&SERVICES.replace(
+            "labels: {kubernetes.io/service-name: ext}",
+            "labels: {kubernetes.io/service-name: web}",
+        ));
+        assert!(
+            e.contains("EndpointSlice x/ext-1") && e.contains("has a selector"),
+            "{e}"
+        );
+        let e = err(&SERVICES.replace("name: ext-1", "name: web-lab"));
+        assert!(e.contains("generated EndpointSlice"), "{e}");
+        let e = err(&SERVICES.replace("labels: {kubernetes.io/service-name: ext}", "labels: {}"));
+        assert!(
+            e.contains("objects[4]") && e.contains("kubernetes.io/service-name"),
+            "{e}"
+        );
+        let e = err(&format!("{SERVICES}  - delete: [{{kind: Service, namespace: x, name: web}}]\n    probes: [{{from: x/b, to: svc/x/web, port: 80}}]\n"));
+        assert!(
+            e.contains("steps[1]") && e.contains("does not exist"),
+            "{e}"
+        );
     }
 
     const ADVERSARIAL: &str = r#"

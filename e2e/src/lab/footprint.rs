@@ -31,6 +31,15 @@ impl Footprint {
                 }
             }
         }
+        // The table belongs in the node's namespace; one in the machine's
+        // would translate the machine's own traffic.
+        if let Ok(true) = super::services_table_exists(None) {
+            left.push(format!(
+                "nftables table {} {} in the root namespace",
+                crate::nat::FAMILY,
+                crate::nat::TABLE
+            ));
+        }
         if self.pin_root.exists() {
             left.push(format!("pin root {}", self.pin_root.display()));
         }

@@ -8,11 +8,13 @@
 //! as a fallback), whatever state the lab is in.
 
 mod bench;
+mod conntrack;
 mod dump;
 mod faults;
 mod footprint;
 mod pods;
 mod processes;
+mod services;
 mod traffic;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,6 +35,7 @@ use crate::sweep::{OWNER_FILE, PIDS_FILE};
 
 pub use footprint::Footprint;
 use pods::LabPod;
+pub use services::services_table_exists;
 
 #[derive(Debug, Clone)]
 pub struct LabConfig {
@@ -64,6 +67,11 @@ pub struct LabConfig {
     pub pod_up_deadline: Option<Duration>,
     /// The plugin Palisade is chained after.
     pub cni: CniKind,
+    /// Sysctls of the node's namespace, set when it is made (they go with
+    /// it): e.g. short kernel conntrack timeouts.
+    pub node_sysctls: Vec<(String, String)>,
+    /// `--conntrack-cleanup-secs` for every enforcer; `None` passes no flag.
+    pub conntrack_cleanup_secs: Option<u32>,
 }
 
 impl Default for LabConfig {
@@ -83,6 +91,8 @@ impl Default for LabConfig {
             mode: None,
             pod_up_deadline: None,
             cni: CniKind::Ptp,
+            node_sysctls: Vec::new(),
+            conntrack_cleanup_secs: None,
         }
     }
 }
@@ -94,6 +104,8 @@ impl LabConfig {
             mode: scenario.mode,
             pod_up_deadline: scenario.pod_up_deadline,
             cni: scenario.cni,
+            node_sysctls: scenario.node_sysctls.clone(),
+            conntrack_cleanup_secs: scenario.conntrack_cleanup_secs,
             ..self
         }
     }
@@ -146,6 +158,11 @@ pub struct Lab {
     next_pod: u32,
     /// The running enforcer's id, when it reports one.
     enforcer_id: Option<String>,
+    /// EndpointSlices written for Services with a selector, as the
+    /// EndpointSlice controller would.
+    generated_slices: BTreeMap<ObjectKey, serde_json::Value>,
+    /// The nft script in force in the node (None: the lab made no table).
+    nat_script: Option<String>,
     cleaned: bool,
 }
 
@@ -207,6 +224,8 @@ impl Lab {
             made_pids: Vec::new(),
             next_pod: 0,
             enforcer_id: None,
+            generated_slices: BTreeMap::new(),
+            nat_script: None,
             cleaned: false,
             config,
             id,
@@ -232,6 +251,9 @@ impl Lab {
         self.node_ns = Some(node_ns);
         // ptp routes between pods through the node, as a real node does.
         self.node_ns().set_sysctl("net.ipv4.ip_forward", "1")?;
+        for (key, value) in &self.config.node_sysctls {
+            self.node_ns().set_sysctl(key, value)?;
+        }
         if !self.config.with_palisade {
             return Ok(());
         }
@@ -374,7 +396,18 @@ impl Lab {
         if let Some(rt) = self.rt.take() {
             rt.shutdown_timeout(Duration::from_secs(2));
         }
+        if let Err(e) = self.remove_services_table() {
+            errors.push(format!("{e:#}"));
+        }
         if let Some(ns) = self.node_ns.take() {
+            match services::services_table_exists(Some(&ns.path().display().to_string())) {
+                Ok(false) => {}
+                Ok(true) => errors.push(format!(
+                    "the Services' table is still in the node namespace {}",
+                    ns.name()
+                )),
+                Err(e) => errors.push(format!("{e:#}")),
+            }
             if let Err(e) = ns.delete() {
                 errors.push(format!("{e:#}"));
             }

@@ -39,6 +39,7 @@ impl Lab {
                 }
             }
         }
+        self.check_services(objects)?;
         // Namespaces first, like kubectl: the controller may read at any time.
         let mut ordered: Vec<&Object> = objects.iter().collect();
         ordered.sort_by_key(|o| o.key().kind != Kind::Namespace);
@@ -63,6 +64,7 @@ impl Lab {
             }
             self.objects.insert(key, o.clone());
         }
+        self.sync_services()?;
         self.manifests.publish()?;
 
         for o in objects {
@@ -95,10 +97,13 @@ impl Lab {
                     self.objects.remove(&key);
                     let _ = self.manifests.remove(&key);
                 }
+                let _ = self.sync_services();
                 let _ = self.manifests.publish();
                 return Err(e);
             }
         }
+        // Backends exist once their pods are wired.
+        self.sync_services()?;
         self.manifests.publish()
     }
 
@@ -184,6 +189,9 @@ impl Lab {
                 self.manifests.remove(&k)?;
                 self.objects.remove(&k);
             }
+        }
+        if let Err(e) = self.sync_services() {
+            errors.push(format!("{e:#}"));
         }
         let revision = self.manifests.publish()?;
         if !errors.is_empty() {

@@ -82,6 +82,9 @@ impl Lab {
         if let Some(mode) = self.config.mode {
             cmd.arg("--mode").arg(mode.as_str());
         }
+        if let Some(secs) = self.config.conntrack_cleanup_secs {
+            cmd.arg("--conntrack-cleanup-secs").arg(secs.to_string());
+        }
         if let Some(deadline) = self.config.pod_up_deadline {
             cmd.arg("--pod-up-deadline-ms")
                 .arg(deadline.as_millis().to_string());

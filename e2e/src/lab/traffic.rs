@@ -77,6 +77,51 @@ impl Lab {
             .map_err(|outcome| anyhow!("connect {from} -> {to}:{port}: {outcome}"))
     }
 
+    /// Like [`Lab::connect`], from a chosen source port (IPv4), to reuse a
+    /// 5-tuple; close with [`probe::abort`] to reuse it at once.
+    pub fn connect_from_port(
+        &self,
+        from: &PodName,
+        source_port: u16,
+        to: &Target,
+        port: u16,
+        timeout: Duration,
+    ) -> Result<std::net::TcpStream> {
+        let ns = &self
+            .pods
+            .get(from)
+            .ok_or_else(|| anyhow!("connect from {from}: no such pod in the lab"))?
+            .netns;
+        let ip = match self.resolve(to)? {
+            IpAddr::V4(ip) => ip,
+            IpAddr::V6(_) => anyhow::bail!("connect from a port: IPv4 only"),
+        };
+        probe::connect_bound(
+            ns,
+            source_port,
+            std::net::SocketAddrV4::new(ip, port),
+            timeout,
+        )
+        .map_err(|outcome| anyhow!("connect {from}:{source_port} -> {to}:{port}: {outcome}"))
+    }
+
+    /// A connected UDP socket from a pod (check it with [`probe::udp_echo`]).
+    pub fn connect_udp(
+        &self,
+        from: &PodName,
+        to: &Target,
+        port: u16,
+    ) -> Result<std::net::UdpSocket> {
+        let ns = &self
+            .pods
+            .get(from)
+            .ok_or_else(|| anyhow!("connect from {from}: no such pod in the lab"))?
+            .netns;
+        let ip = self.resolve(to)?;
+        probe::connect_udp(ns, SocketAddr::new(ip, port))
+            .map_err(|outcome| anyhow!("udp {from} -> {to}:{port}: {outcome}"))
+    }
+
     /// The pod's IPv4 address and a fresh source port for a forged probe:
     /// below the ephemeral range, so no other socket of the pod takes it.
     fn forge_source(&self, pod: &PodName) -> Result<(Ipv4Addr, u16)> {
@@ -95,6 +140,7 @@ impl Lab {
     fn resolve(&self, to: &Target) -> Result<IpAddr> {
         match to {
             Target::Ip(ip) => Ok(*ip),
+            Target::Service(s) => self.cluster_ip(s).map(IpAddr::V4),
             Target::Pod(p) => self
                 .pod_ip(p)
                 .ok_or_else(|| anyhow!("{p}: no such pod in the lab")),
