@@ -82,12 +82,12 @@ fn refresh_keeps_one_entry_and_moves_the_timestamp() {
     h.endpoint(0, 0);
     let key = ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD);
     h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80));
-    let first = h.conntrack().get(&key, 0).unwrap().last_seen_ns;
+    let first = h.ct_get(&key).unwrap().last_seen_ns;
     // The stamp comes from the coarse clock, which moves once a tick.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     let second = loop {
         h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80));
-        let seen = h.conntrack().get(&key, 0).unwrap().last_seen_ns;
+        let seen = h.ct_get(&key).unwrap().last_seen_ns;
         if seen > first || std::time::Instant::now() > deadline {
             break seen;
         }
@@ -109,7 +109,7 @@ fn last_seen_is_never_earlier_than_the_packet() {
         let before = monotonic_ns();
         h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80));
         let after = monotonic_ns();
-        let seen = h.conntrack().get(&key, 0).unwrap().last_seen_ns;
+        let seen = h.ct_get(&key).unwrap().last_seen_ns;
         assert!(seen >= before, "stamp {seen} before the packet ({before})");
         assert!(
             seen <= after + LAST_SEEN_MAX_AHEAD_NS,
@@ -373,7 +373,7 @@ fn reply_needs_the_other_hooks_entry() {
     forge_entry(&mut h, key);
     assert_eq!(h.pod_sends(&tcp(POD4, 80, "10.0.1.5", 40000)), ALLOW);
     assert!(
-        h.conntrack().get(&key, 0).unwrap().last_seen_ns > 1,
+        h.ct_get(&key).unwrap().last_seen_ns > 1,
         "reply refreshes"
     );
 }
@@ -463,11 +463,11 @@ fn an_epoch_change_that_still_allows_refreshes_the_entry() {
     let syn = tcp(POD4, 40000, "10.0.1.5", 80);
     let key = ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD);
     assert_eq!(h.pod_sends(&syn), ALLOW);
-    assert_eq!(h.conntrack().get(&key, 0).unwrap().epoch, 0);
+    assert_eq!(h.ct_get(&key).unwrap().epoch, 0);
     h.switch(0, 3, 0, 5);
     assert_eq!(h.pod_sends(&syn), ALLOW);
     assert_eq!(h.stat(STAT_ALLOWED_POLICY), 2, "re-judged");
-    assert_eq!(h.conntrack().get(&key, 0).unwrap().epoch, 5);
+    assert_eq!(h.ct_get(&key).unwrap().epoch, 5);
     assert_eq!(h.pod_sends(&syn), ALLOW);
     assert_eq!(
         h.stat(STAT_ALLOWED_ESTABLISHED),
@@ -493,12 +493,12 @@ fn replies_are_rejudged_when_the_writing_direction_moves() {
     // The egress epoch moving says nothing about an ingress flow.
     h.switch(1, 4, 0, 9);
     assert_eq!(h.pod_sends(&reply), ALLOW);
-    assert_eq!(h.conntrack().get(&key, 0).unwrap().epoch, 0);
+    assert_eq!(h.ct_get(&key).unwrap().epoch, 0);
 
     // Ingress moves to a policy that still allows the flow: refreshed.
     h.switch(3, 4, 10, 9);
     assert_eq!(h.pod_sends(&reply), ALLOW);
-    assert_eq!(h.conntrack().get(&key, 0).unwrap().epoch, 10);
+    assert_eq!(h.ct_get(&key).unwrap().epoch, 10);
 
     // Ingress moves to one that does not: the replies stop too.
     h.switch(5, 4, 11, 9);
@@ -978,16 +978,13 @@ fn fragments_and_extension_headers_create_and_match_no_entries() {
         (0, "fd00:1::5", POD6),
     ] {
         let planted = ct(dst, 0, src, 0, proto, OWNER_FROM_POD);
-        h.conntrack()
-            .insert(
-                planted,
-                CtValue {
-                    last_seen_ns: 1,
-                    ..CtValue::default()
-                },
-                0,
-            )
-            .unwrap();
+        h.ct_insert(
+            planted,
+            CtValue {
+                last_seen_ns: 1,
+                ..CtValue::default()
+            },
+        );
     }
     assert_eq!(h.pod_receives(&later("10.0.1.5", POD4)), DROP);
     assert_eq!(h.pod_receives(&frag6("fd00:1::5", POD6)), DROP);
@@ -1155,14 +1152,11 @@ fn headers_read_by_copy_judge_like_headers_read_in_place() {
 /// Writes a conntrack entry as if a hook had allowed that flow, without any
 /// packet: what a forger would need to exist.
 fn forge_entry(h: &mut Harness, key: CtKey) {
-    h.conntrack()
-        .insert(
-            key,
-            CtValue {
-                last_seen_ns: 1,
-                ..CtValue::default()
-            },
-            0,
-        )
-        .unwrap();
+    h.ct_insert(
+        key,
+        CtValue {
+            last_seen_ns: 1,
+            ..CtValue::default()
+        },
+    );
 }
