@@ -552,11 +552,22 @@ static __always_inline void ct_key(struct ct_ref *r, const struct flow *f, bool 
 	r->k6.pad[1] = 0;
 }
 
+/* The barrier keeps clang from merging the two lookups into one call
+ * whose map is chosen at run time: the verifier inlines a lookup only
+ * when its call always sees the same map, and the out-of-line helper call
+ * costs about as much again as the lookup itself. */
 static __always_inline struct ct_value *ct_lookup(const struct ct_ref *r)
 {
-	if (r->v4)
-		return bpf_map_lookup_elem(&pal_ct4, &r->k4);
-	return bpf_map_lookup_elem(&pal_conntrack, &r->k6);
+	struct ct_value *v;
+
+	if (r->v4) {
+		v = bpf_map_lookup_elem(&pal_ct4, &r->k4);
+		barrier_var(v);
+		return v;
+	}
+	v = bpf_map_lookup_elem(&pal_conntrack, &r->k6);
+	barrier_var(v);
+	return v;
 }
 
 static __always_inline void ct_delete(const struct ct_ref *r)
