@@ -11,9 +11,13 @@
 //! explains it AND it was not seen since the cleanup began: a 5-tuple reused
 //! while the kernel table was being read must survive.
 //!
-//! `kernel` reads the kernel's table; `stale` is the pure rule.
+//! `kernel` reads the kernel's table; `stale` is the pure rule; `batch`
+//! reads and deletes eBPF map entries in bulk; `listing` keeps the bounded
+//! list of entries the debug dump shows.
 
+pub mod batch;
 pub mod kernel;
+pub mod listing;
 pub mod sweep;
 
 use std::collections::HashSet;
