@@ -24,6 +24,9 @@
  *      than its source tries 7 first, see likely_forward)
  *   8. direction not isolated (policy id 0)    -> next, track the flow
  *   9. policy(peer) and ports(proto, dport)    -> next, track the flow
+ *      (the peer's longest-prefix entry: one exact lookup per prefix
+ *      length the policy has, or a trie walk when it has many; see
+ *      policy_entry)
  *  10. anything else                           -> drop, forget the flow
  *
  * Conntrack: an entry is created only by step 8 or 9, i.e. by a forward
@@ -35,6 +38,9 @@
  * (non-first IPv4 fragments, IPv6 extension headers) neither create nor
  * match entries; policy judges them with port 0, so only a rule allowing
  * every port of the protocol lets them through.
+ *
+ * IPv4 flows are tracked in pal_ct4 under a 20-byte key, IPv6 flows in
+ * pal_conntrack under a 44-byte one; the rules are the same for both.
  *
  * Epochs: each direction of an endpoint has an epoch, which the enforcer
  * moves to a never-used value whenever it changes that direction's policy

@@ -700,6 +700,42 @@ mod tests {
     }
 
     #[test]
+    fn ipv4_conntrack_keys_narrow_and_widen_exactly() {
+        let key = CtKey::new(
+            Tuple {
+                src: "10.0.0.1".parse().unwrap(),
+                sport: 40000,
+                dst: "10.0.0.2".parse().unwrap(),
+                dport: 80,
+                proto: PROTO_TCP,
+            },
+            7,
+            OWNER_TO_POD,
+        );
+        let k4 = Ct4Key::of(&key).unwrap();
+        assert_eq!((k4.src, k4.dst), ([10, 0, 0, 1], [10, 0, 0, 2]));
+        assert_eq!(k4.sport, key.sport, "ports stay network order");
+        assert_eq!(k4.widen(), key);
+        let v6 = CtKey {
+            src: mapped_addr("fd00::1".parse().unwrap()),
+            ..key
+        };
+        assert_eq!(Ct4Key::of(&v6), None, "one IPv6 address makes an IPv6 flow");
+    }
+
+    #[test]
+    fn policy_lens_sort_dedup_and_refuse_too_many() {
+        let lens = PolicyLens::new([152, 160, 152, 128]).unwrap();
+        assert_eq!(lens.lens(), [160, 152, 128]);
+        assert_eq!(lens.prefix_len[3..], [0; MAX_POLICY_LENS - 3]);
+        assert!(PolicyLens::new(100..100 + MAX_POLICY_LENS as u32).is_some());
+        assert!(PolicyLens::new(100..101 + MAX_POLICY_LENS as u32).is_none());
+        let key = PolicyKey::lpm(3, "10.1.2.3".parse().unwrap(), 24);
+        let exact = PolicyExactKey::of(&key);
+        assert_eq!((exact.prefix_len, exact.key), (152, key.data()));
+    }
+
+    #[test]
     fn endpoint_holds_at_most_max_pod_addrs() {
         let a = mapped_addr("10.0.0.2".parse().unwrap());
         let b = mapped_addr("fd00::2".parse().unwrap());

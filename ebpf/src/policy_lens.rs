@@ -146,6 +146,9 @@ mod tests {
         let many: Vec<u32> = (0..=MAX_POLICY_LENS as u32).map(|i| 160 - i).collect();
         assert_eq!(c.adding(1, many.iter().copied()), LensUpdate::Delete);
         assert_eq!(c.adding(1, [160]), LensUpdate::Unchanged);
-        assert_eq!(written(c.removing(1, [many[MAX_POLICY_LENS]])).len(), MAX_POLICY_LENS);
+        assert_eq!(
+            written(c.removing(1, [many[MAX_POLICY_LENS]])).len(),
+            MAX_POLICY_LENS
+        );
     }
 }

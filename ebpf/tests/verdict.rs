@@ -372,10 +372,7 @@ fn reply_needs_the_other_hooks_entry() {
     };
     forge_entry(&mut h, key);
     assert_eq!(h.pod_sends(&tcp(POD4, 80, "10.0.1.5", 40000)), ALLOW);
-    assert!(
-        h.ct_get(&key).unwrap().last_seen_ns > 1,
-        "reply refreshes"
-    );
+    assert!(h.ct_get(&key).unwrap().last_seen_ns > 1, "reply refreshes");
 }
 
 #[test]
@@ -691,7 +688,10 @@ fn a_host_entry_overrides_its_covering_cidr() {
     h.ports(2, PROTO_TCP, 80, 80);
     h.cidr(1, "10.5.0.7/32", 3);
     h.ports(3, PROTO_TCP, 22, 22);
-    let lens = h.policy_lens().get(&1, 0).expect("a policy of two lengths is listed");
+    let lens = h
+        .policy_lens()
+        .get(&1, 0)
+        .expect("a policy of two lengths is listed");
     assert_eq!(lens.lens(), [160, 144]);
     // The host gets its own port set only; its neighbour the CIDR's.
     assert_eq!(host_inside_cidr_verdicts(&h), [ALLOW, DROP, ALLOW, DROP]);
@@ -784,10 +784,18 @@ fn a_policy_only_in_the_trie_is_still_judged() {
     let mut h = Harness::new();
     h.endpoint(0, 1);
     h.policies()
-        .insert(&cidr_key(1, "10.5.0.0/16"), PolicyValue { portset_id: 2 }, 0)
+        .insert(
+            &cidr_key(1, "10.5.0.0/16"),
+            PolicyValue { portset_id: 2 },
+            0,
+        )
         .unwrap();
     h.policies()
-        .insert(&cidr_key(1, "10.5.0.7/32"), PolicyValue { portset_id: 3 }, 0)
+        .insert(
+            &cidr_key(1, "10.5.0.7/32"),
+            PolicyValue { portset_id: 3 },
+            0,
+        )
         .unwrap();
     h.ports(2, PROTO_TCP, 80, 80);
     h.ports(3, PROTO_TCP, 22, 22);

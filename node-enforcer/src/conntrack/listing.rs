@@ -32,6 +32,31 @@ pub struct EntryView {
     pub removed: bool,
 }
 
+/// One line per entry, as the debug dump prints it:
+/// `ifindex=7 hook=from_pod proto=6 10.0.0.2:40000 -> 10.0.1.5:80 epoch=3 idle_ms=1200`
+/// (plus ` removed` when this cleanup removed it).
+impl std::fmt::Display for EntryView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ip = |a: [u8; 16]| palisade_ebpf::unmapped_addr(a);
+        let ep = |a: [u8; 16], port: u16| match ip(a) {
+            std::net::IpAddr::V4(v4) => format!("{v4}:{port}"),
+            std::net::IpAddr::V6(v6) => format!("[{v6}]:{port}"),
+        };
+        write!(
+            f,
+            "ifindex={} hook={} proto={} {} -> {} epoch={} idle_ms={}{}",
+            self.ifindex,
+            self.hook,
+            self.tuple.proto,
+            ep(self.tuple.src, self.tuple.sport),
+            ep(self.tuple.dst, self.tuple.dport),
+            self.epoch,
+            self.idle_ms,
+            if self.removed { " removed" } else { "" }
+        )
+    }
+}
+
 pub fn hook_name(owner: u8) -> &'static str {
     if owner == OWNER_FROM_POD {
         "from_pod"
@@ -55,8 +80,8 @@ pub struct Listing {
 }
 
 impl Listing {
-    pub fn offer(&mut self, k: &CtKey, v: &CtValue, started_ns: u64, removed: bool) {
-        let tuple = super::sweep::tuple_of(k);
+    /// `tuple` is `k`'s (`super::sweep::tuple_of`), which the caller has.
+    pub fn offer(&mut self, k: &CtKey, tuple: Tuple, v: &CtValue, started_ns: u64, removed: bool) {
         let r = rank(k, tuple);
         if self.kept.len() >= LISTED {
             match self.kept.peek() {
@@ -80,7 +105,11 @@ impl Listing {
     }
 
     pub fn into_sorted(self) -> Vec<EntryView> {
-        self.kept.into_sorted_vec().into_iter().map(|(_, e)| e).collect()
+        self.kept
+            .into_sorted_vec()
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect()
     }
 }
 
@@ -127,7 +156,13 @@ mod tests {
             pad: 0,
         };
         for k in &keys {
-            l.offer(k, &value, 5_000_000, false);
+            l.offer(
+                k,
+                super::super::sweep::tuple_of(k),
+                &value,
+                5_000_000,
+                false,
+            );
         }
         let listed = l.into_sorted();
         assert_eq!(listed.len(), LISTED);
@@ -147,9 +182,14 @@ mod tests {
             epoch: 1,
             pad: 0,
         };
-        l.offer(&key(7, OWNER_TO_POD, 1), &v, 5_000_000, false);
+        let k = key(7, OWNER_TO_POD, 1);
+        l.offer(&k, super::super::sweep::tuple_of(&k), &v, 5_000_000, false);
         let e = &l.into_sorted()[0];
         assert_eq!((e.idle_ms, e.hook, e.ifindex), (0, "to_pod", 7));
         assert_eq!(e.tuple.sport, 1);
+        assert_eq!(
+            e.to_string(),
+            "ifindex=7 hook=to_pod proto=6 10.0.0.0:1 -> 10.0.0.0:80 epoch=1 idle_ms=0"
+        );
     }
 }

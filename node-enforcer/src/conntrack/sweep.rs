@@ -74,7 +74,10 @@ impl Conntrack {
     }
 }
 
-fn open_map<K: aya::Pod>(pin_root: &Path, name: &str) -> Result<HashMap<MapData, K, CtValue>, String> {
+fn open_map<K: aya::Pod>(
+    pin_root: &Path,
+    name: &str,
+) -> Result<HashMap<MapData, K, CtValue>, String> {
     let path = pin_root.join(name);
     let data = MapData::from_pin(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let map = Map::from_map_data(data).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -123,9 +126,10 @@ impl Judge<'_> {
         stale_keys.clear();
         for (k, v) in keys.iter().zip(values) {
             let wide = widen(k);
-            let is_stale = stale(&tuple_of(&wide), v.last_seen_ns, self.started, self.explained);
+            let tuple = tuple_of(&wide);
+            let is_stale = stale(&tuple, v.last_seen_ns, self.started, self.explained);
             self.entries += 1;
-            self.listing.offer(&wide, v, self.started, is_stale);
+            self.listing.offer(&wide, tuple, v, self.started, is_stale);
             if is_stale {
                 stale_keys.push(*k);
             }
@@ -147,7 +151,8 @@ pub fn sweep(maps: &mut Conntrack) -> Result<Report, String> {
     // Taken before anything is read: an entry refreshed after this instant
     // belongs to a live (or reused) flow and survives.
     let started = monotonic_ns();
-    let mut explained = Explained::with_capacity(kernel_count_hint() + kernel_count_hint() / 8);
+    let hint = kernel_count_hint();
+    let mut explained = Explained::with_capacity(hint + hint / 4);
     let kernel_entries = kernel::dump(|orig, reply| explained.add(orig, reply))?;
     let (fd4, fd6) = maps.fds();
     let mut judge = Judge {
@@ -182,5 +187,3 @@ pub fn sweep(maps: &mut Conntrack) -> Result<Report, String> {
         listed: judge.listing.into_sorted(),
     })
 }
-
-

@@ -34,8 +34,8 @@ use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
 use palisade_ebpf::{
-    Endpoint, PortKey, PortValue, MAP_CONNTRACK, MAP_CT4, MAP_ENDPOINTS, MAP_PORTS,
-    PROG_FROM_POD, PROG_TO_POD,
+    Endpoint, PortKey, PortValue, MAP_CONNTRACK, MAP_CT4, MAP_ENDPOINTS, MAP_PORTS, PROG_FROM_POD,
+    PROG_TO_POD,
 };
 use policy_tables::PolicyTables;
 

@@ -31,6 +31,15 @@ pub(super) fn policy_key(id: PolicyId, p: &Prefix) -> Key<PolicyKey> {
     )
 }
 
+/// A removal of a key that is not there.
+fn not_found(e: &aya::maps::MapError) -> bool {
+    match e {
+        aya::maps::MapError::KeyNotFound => true,
+        aya::maps::MapError::SyscallError(s) => s.io_error.raw_os_error() == Some(libc::ENOENT),
+        _ => false,
+    }
+}
+
 pub(super) struct PolicyTables {
     pub(super) trie: LpmTrie<MapData, PolicyKey, PolicyValue>,
     exact: HashMap<MapData, PolicyExactKey, PolicyValue>,
@@ -48,8 +57,7 @@ impl PolicyTables {
             trie: LpmTrie::try_from(take(MAP_POLICY)?).map_err(|e| err(MAP_POLICY, e))?,
             exact: HashMap::try_from(take(MAP_POLICY_EXACT)?)
                 .map_err(|e| err(MAP_POLICY_EXACT, e))?,
-            lens: HashMap::try_from(take(MAP_POLICY_LENS)?)
-                .map_err(|e| err(MAP_POLICY_LENS, e))?,
+            lens: HashMap::try_from(take(MAP_POLICY_LENS)?).map_err(|e| err(MAP_POLICY_LENS, e))?,
             counts: PolicyLenCounts::default(),
         })
     }
@@ -62,7 +70,8 @@ impl PolicyTables {
                 .insert(id, v, 0)
                 .map_err(|e| err(format!("writing {MAP_POLICY_LENS} for policy {id}"), e)),
             LensUpdate::Delete => match self.lens.remove(&id) {
-                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+                Ok(()) => Ok(()),
+                Err(e) if not_found(&e) => Ok(()),
                 Err(e) => Err(err(format!("removing {MAP_POLICY_LENS} of policy {id}"), e)),
             },
         }
@@ -99,7 +108,9 @@ impl PolicyTables {
             let _ = self.exact.remove(&PolicyExactKey::of(key));
             let _ = self.trie.remove(key);
         }
-        let update = self.counts.removing(id, keys.iter().map(|k| k.prefix_len()));
+        let update = self
+            .counts
+            .removing(id, keys.iter().map(|k| k.prefix_len()));
         self.apply(id, update)
     }
 
@@ -108,7 +119,10 @@ impl PolicyTables {
     /// stop between the two), then writes every policy's lengths and
     /// removes lengths of policies the trie no longer has, so no list can
     /// miss a length when its id is used again.
-    pub(super) fn adopt(&mut self, adopted: &BTreeMap<PolicyId, Vec<(Prefix, PortSetId)>>) -> Result<()> {
+    pub(super) fn adopt(
+        &mut self,
+        adopted: &BTreeMap<PolicyId, Vec<(Prefix, PortSetId)>>,
+    ) -> Result<()> {
         self.counts = PolicyLenCounts::default();
         for (&id, entries) in adopted {
             let mut lens = Vec::with_capacity(entries.len());
