@@ -114,45 +114,31 @@ impl PolicyTables {
         self.apply(id, update)
     }
 
-    /// After a restart: `adopted` is what the trie holds. Fills the exact
-    /// map from it (an older version wrote the trie alone, and a crash may
-    /// stop between the two), then writes every policy's lengths and
-    /// removes lengths of policies the trie no longer has, so no list can
-    /// miss a length when its id is used again.
+    /// After a restart: `adopted` is what the trie holds, the one table
+    /// every version wrote. The exact map and length lists are rebuilt from
+    /// it: every list is removed first (each policy answered by the trie,
+    /// always right), then the exact map is made equal to the trie (filled
+    /// in where an older version wrote the trie alone or a crash stopped
+    /// between the two; entries the trie lacks, from a downgrade and
+    /// upgrade say, removed), and only then are the lists written again.
     pub(super) fn adopt(
         &mut self,
         adopted: &BTreeMap<PolicyId, Vec<(Prefix, PortSetId)>>,
     ) -> Result<()> {
-        self.counts = PolicyLenCounts::default();
-        for (&id, entries) in adopted {
-            let mut lens = Vec::with_capacity(entries.len());
-            for (p, ps) in entries {
-                let key = policy_key(id, p);
-                lens.push(key.prefix_len());
-                self.exact
-                    .insert(PolicyExactKey::of(&key), PolicyValue { portset_id: *ps }, 0)
-                    .map_err(|e| err(format!("writing {MAP_POLICY_EXACT}"), e))?;
-            }
-            let update = self.counts.adding(id, lens);
-            self.apply(id, update)?;
-        }
         let listed: Vec<u32> = self.lens.keys().filter_map(|k| k.ok()).collect();
         for id in listed {
-            if !adopted.contains_key(&id) {
-                self.apply(id, LensUpdate::Delete)?;
+            self.apply(id, LensUpdate::Delete)?;
+        }
+        let mut known = std::collections::HashSet::new();
+        for (&id, entries) in adopted {
+            for (p, ps) in entries {
+                let key = PolicyExactKey::of(&policy_key(id, p));
+                self.exact
+                    .insert(key, PolicyValue { portset_id: *ps }, 0)
+                    .map_err(|e| err(format!("writing {MAP_POLICY_EXACT}"), e))?;
+                known.insert(key);
             }
         }
-        // Exact entries whose trie entry is gone (none, by the order of
-        // writes; a map edited by hand could have them) would answer for
-        // the trie: drop them.
-        let known: std::collections::HashSet<PolicyExactKey> = adopted
-            .iter()
-            .flat_map(|(&id, entries)| {
-                entries
-                    .iter()
-                    .map(move |(p, _)| PolicyExactKey::of(&policy_key(id, p)))
-            })
-            .collect();
         let orphans: Vec<PolicyExactKey> = self
             .exact
             .keys()
@@ -161,6 +147,12 @@ impl PolicyTables {
             .collect();
         for k in orphans {
             let _ = self.exact.remove(&k);
+        }
+        self.counts = PolicyLenCounts::default();
+        for (&id, entries) in adopted {
+            let lens = entries.iter().map(|(p, _)| policy_key(id, p).prefix_len());
+            let update = self.counts.adding(id, lens);
+            self.apply(id, update)?;
         }
         Ok(())
     }
