@@ -16,12 +16,12 @@
 //! list of entries the debug dump shows.
 
 pub mod batch;
+pub mod digest_set;
 pub mod kernel;
 pub mod listing;
 pub mod sweep;
 
-use std::collections::HashSet;
-use std::hash::{BuildHasher, Hasher};
+use digest_set::DigestSet;
 
 /// A flow's 5-tuple; addresses IPv6 or IPv4-mapped, ports host order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -50,36 +50,15 @@ impl Tuple {
 /// cleanup), never remove a live one.
 #[derive(Default)]
 pub struct Explained {
-    seen: HashSet<u64, Fixed>,
+    seen: DigestSet,
 }
 
-/// A fixed-key hasher: no per-process randomness is needed for a set that
-/// never leaves the process, and SipHash is the slow part at 1M entries.
-#[derive(Clone, Copy, Default)]
-pub struct Fixed;
+/// Multiply-rotate mixing of the tuple's words (no per-process randomness:
+/// the set never leaves the process).
+struct Mix(u64);
 
-impl BuildHasher for Fixed {
-    type Hasher = FxLike;
-    fn build_hasher(&self) -> FxLike {
-        FxLike(0)
-    }
-}
-
-/// Multiply-rotate hashing over the tuple's words.
-pub struct FxLike(u64);
-
-impl Hasher for FxLike {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
-            self.write_u64(u64::from_le_bytes(w));
-        }
-    }
-    fn write_u64(&mut self, i: u64) {
+impl Mix {
+    fn word(&mut self, i: u64) {
         self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
     }
 }
@@ -97,14 +76,14 @@ fn digest(t: &Tuple) -> u64 {
     let word = |addr: [u8; 16], half: usize| {
         u64::from_le_bytes(addr[half * 8..half * 8 + 8].try_into().expect("8 bytes"))
     };
-    let mut h = FxLike(0x9e37_79b9_7f4a_7c15);
-    h.write_u64(word(a.0, 0));
-    h.write_u64(word(a.0, 1));
-    h.write_u64(word(b.0, 0));
-    h.write_u64(word(b.0, 1));
-    h.write_u64(u64::from(a.1) | u64::from(b.1) << 16 | u64::from(t.proto) << 32);
+    let mut h = Mix(0x9e37_79b9_7f4a_7c15);
+    h.word(word(a.0, 0));
+    h.word(word(a.0, 1));
+    h.word(word(b.0, 0));
+    h.word(word(b.0, 1));
+    h.word(u64::from(a.1) | u64::from(b.1) << 16 | u64::from(t.proto) << 32);
     // Finalise so that nearby tuples spread over the table.
-    let mut x = h.finish();
+    let mut x = h.0;
     x ^= x >> 33;
     x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
     x ^ (x >> 33)
@@ -115,7 +94,7 @@ impl Explained {
     /// two when NAT makes its directions differ).
     pub fn with_capacity(n: usize) -> Self {
         Explained {
-            seen: HashSet::with_capacity_and_hasher(n, Fixed),
+            seen: DigestSet::with_capacity(n),
         }
     }
 
@@ -133,7 +112,7 @@ impl Explained {
 
     /// Does a kernel entry explain `t`, recorded in either direction?
     pub fn explains(&self, t: &Tuple) -> bool {
-        self.seen.contains(&digest(t))
+        self.seen.contains(digest(t))
     }
 
     pub fn len(&self) -> usize {
