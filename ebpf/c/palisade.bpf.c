@@ -24,6 +24,9 @@
  *      than its source tries 7 first, see likely_forward)
  *   8. direction not isolated (policy id 0)    -> next, track the flow
  *   9. policy(peer) and ports(proto, dport)    -> next, track the flow
+ *      (the peer's longest-prefix entry: one exact lookup per prefix
+ *      length the policy has, or a trie walk when it has many; see
+ *      policy_entry)
  *  10. anything else                           -> drop, forget the flow
  *
  * Conntrack: an entry is created only by step 8 or 9, i.e. by a forward
@@ -35,6 +38,9 @@
  * (non-first IPv4 fragments, IPv6 extension headers) neither create nor
  * match entries; policy judges them with port 0, so only a rule allowing
  * every port of the protocol lets them through.
+ *
+ * IPv4 flows are tracked in pal_ct4 under a 20-byte key, IPv6 flows in
+ * pal_conntrack under a 44-byte one; the rules are the same for both.
  *
  * Epochs: each direction of an endpoint has an epoch, which the enforcer
  * moves to a never-used value whenever it changes that direction's policy
@@ -102,6 +108,28 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pal_policy SEC(".maps");
 
+/* The trie's entries again, found by exact key: a policy whose entries
+ * have few distinct prefix lengths (pal_policy_lens) is looked up one hash
+ * lookup per length, whose cost does not grow with its size as a trie
+ * walk does.  Always a subset of pal_policy (written after it, removed
+ * before it). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 262144);
+	__type(key, struct policy_key);
+	__type(value, struct policy_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pal_policy_exact SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct policy_lens);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pal_policy_lens SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -120,6 +148,14 @@ struct {
 } pal_conntrack SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct ct4_key);
+	__type(value, struct ct_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pal_ct4 SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, STAT_MAX);
 	__type(key, __u32);
@@ -136,6 +172,7 @@ struct flow {
 	__u16 sport; /* network order, 0 when the protocol has no ports */
 	__u16 dport;
 	__u8 proto;
+	bool v4; /* src and dst are IPv4-mapped */
 	bool ndp;
 	/* The packet carries its real L4 header (not a later fragment, no
 	 * extension header in the way), so it may create or match conntrack. */
@@ -242,6 +279,7 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, struct flow *f)
 	v4_mapped(f->src, ip->saddr);
 	v4_mapped(f->dst, ip->daddr);
 	f->proto = ip->protocol;
+	f->v4 = true;
 	/* A non-first fragment carries no L4 header: it keeps port 0 and stays
 	 * out of conntrack, whose tuple it cannot prove. */
 	if (ip->frag_off & bpf_htons(IPV4_FRAG_OFFSET))
@@ -351,24 +389,74 @@ static __always_inline __u8 other_hook(__u8 owner)
 
 /* ---- policy ---- */
 
+/* The 32-bit word `word` (0..3) of an address prefix of addr_bits bits, as
+ * a mask in network order. */
+static __always_inline __u32 prefix_mask(__s32 addr_bits, int word)
+{
+	__s32 bits = addr_bits - 32 * word;
+
+	if (bits <= 0)
+		return 0;
+	if (bits >= 32)
+		return 0xffffffff;
+	return bpf_htonl(0xffffffffU << (32 - bits));
+}
+
+/* The longest-prefix entry of policy_id for peer, as the pal_policy trie
+ * would answer, by one exact lookup per prefix length the policy has,
+ * longest first: the first hit is the longest match.  A policy with no
+ * recorded lengths is looked up in the trie. */
+static __always_inline struct policy_value *policy_entry(__u32 policy_id, const __u8 peer[16])
+{
+	/* Zeroed then filled field by field: a partial designated initializer
+	 * makes clang emit a .rodata template, which aya would turn into a map. */
+	struct policy_key pk = {};
+	struct policy_lens *lens;
+	struct policy_value *pv;
+	__u32 addr[4];
+
+	pk.policy_id = policy_id;
+	lens = bpf_map_lookup_elem(&pal_policy_lens, &policy_id);
+	if (!lens) {
+		pk.prefixlen = POLICY_FULL_PREFIX;
+		__builtin_memcpy(pk.addr, peer, 16);
+		return bpf_map_lookup_elem(&pal_policy, &pk);
+	}
+	__builtin_memcpy(addr, peer, 16);
+#pragma unroll
+	for (int i = 0; i < MAX_POLICY_LENS; i++) {
+		__u32 len, masked;
+
+		if (i >= lens->count)
+			break;
+		len = lens->prefixlen[i];
+		if (len < POLICY_ID_BITS || len > POLICY_FULL_PREFIX)
+			continue;
+		pk.prefixlen = len;
+#pragma unroll
+		for (int w = 0; w < 4; w++) {
+			masked = addr[w] & prefix_mask(len - POLICY_ID_BITS, w);
+			__builtin_memcpy(pk.addr + 4 * w, &masked, 4);
+		}
+		pv = bpf_map_lookup_elem(&pal_policy_exact, &pk);
+		if (pv)
+			return pv;
+	}
+	return NULL;
+}
+
 /* Does policy_id allow the peer on (proto, dport)?  Policy id 0 is "not
  * isolated": everything.  dport in network order. */
 static __always_inline bool policy_allows(__u32 policy_id, const __u8 peer[16], __u8 proto,
 					  __u16 dport)
 {
-	/* Zeroed then filled field by field: a partial designated initializer
-	 * makes clang emit a .rodata template, which aya would turn into a map. */
-	struct policy_key pk = {};
 	struct port_key portk = {};
 	struct policy_value *pv;
 	struct port_value *portv;
 
 	if (!policy_id)
 		return true;
-	pk.prefixlen = POLICY_FULL_PREFIX;
-	pk.policy_id = policy_id;
-	__builtin_memcpy(pk.addr, peer, 16);
-	pv = bpf_map_lookup_elem(&pal_policy, &pk);
+	pv = policy_entry(policy_id, peer);
 	if (!pv)
 		return false;
 
@@ -428,28 +516,80 @@ static __always_inline void ct_touch(struct ct_value *v)
 		v->last_seen_ns = now;
 }
 
-static __always_inline void ct_key_forward(struct ct_key *k, const struct flow *f,
-					   __u32 ifindex, __u8 owner)
+/* A conntrack key of either family: IPv4 flows live in pal_ct4 under a
+ * 20-byte key, IPv6 flows in pal_conntrack under a 44-byte one. */
+struct ct_ref {
+	bool v4;
+	union {
+		struct ct4_key k4;
+		struct ct_key k6;
+	};
+};
+
+/* The key of the entry hook `owner` of ifindex writes for the flow whose
+ * packet is f (reverse: for the flow f replies to). */
+static __always_inline void ct_key(struct ct_ref *r, const struct flow *f, bool reverse,
+				   __u32 ifindex, __u8 owner)
 {
-	__builtin_memcpy(k->src, f->src, 16);
-	__builtin_memcpy(k->dst, f->dst, 16);
-	k->sport = f->sport;
-	k->dport = f->dport;
-	k->ifindex = ifindex;
-	k->proto = f->proto;
-	k->owner = owner;
+	const __u8 *src = reverse ? f->dst : f->src;
+	const __u8 *dst = reverse ? f->src : f->dst;
+
+	r->v4 = f->v4;
+	if (f->v4) {
+		__builtin_memcpy(&r->k4.src, src + 12, 4);
+		__builtin_memcpy(&r->k4.dst, dst + 12, 4);
+		r->k4.sport = reverse ? f->dport : f->sport;
+		r->k4.dport = reverse ? f->sport : f->dport;
+		r->k4.ifindex = ifindex;
+		r->k4.proto = f->proto;
+		r->k4.owner = owner;
+		r->k4.pad[0] = 0;
+		r->k4.pad[1] = 0;
+		return;
+	}
+	__builtin_memcpy(r->k6.src, src, 16);
+	__builtin_memcpy(r->k6.dst, dst, 16);
+	r->k6.sport = reverse ? f->dport : f->sport;
+	r->k6.dport = reverse ? f->sport : f->dport;
+	r->k6.ifindex = ifindex;
+	r->k6.proto = f->proto;
+	r->k6.owner = owner;
+	r->k6.pad[0] = 0;
+	r->k6.pad[1] = 0;
 }
 
-static __always_inline void ct_key_reverse(struct ct_key *k, const struct flow *f,
-					   __u32 ifindex, __u8 owner)
+/* The barrier keeps clang from merging the two lookups into one call
+ * whose map is chosen at run time: the verifier inlines a lookup only
+ * when its call always sees the same map, and the out-of-line helper call
+ * costs about as much again as the lookup itself. */
+static __always_inline struct ct_value *ct_lookup(const struct ct_ref *r)
 {
-	__builtin_memcpy(k->src, f->dst, 16);
-	__builtin_memcpy(k->dst, f->src, 16);
-	k->sport = f->dport;
-	k->dport = f->sport;
-	k->ifindex = ifindex;
-	k->proto = f->proto;
-	k->owner = owner;
+	struct ct_value *v;
+
+	if (r->v4) {
+		v = bpf_map_lookup_elem(&pal_ct4, &r->k4);
+		barrier_var(v);
+		return v;
+	}
+	v = bpf_map_lookup_elem(&pal_conntrack, &r->k6);
+	barrier_var(v);
+	return v;
+}
+
+static __always_inline void ct_delete(const struct ct_ref *r)
+{
+	if (r->v4)
+		bpf_map_delete_elem(&pal_ct4, &r->k4);
+	else
+		bpf_map_delete_elem(&pal_conntrack, &r->k6);
+}
+
+static __always_inline void ct_create(const struct ct_ref *r, const struct ct_value *v)
+{
+	if (r->v4)
+		bpf_map_update_elem(&pal_ct4, &r->k4, v, BPF_ANY);
+	else
+		bpf_map_update_elem(&pal_conntrack, &r->k6, v, BPF_ANY);
 }
 
 /* Is f a reply to a flow the other hook of this interface allowed?  An
@@ -460,18 +600,18 @@ static __always_inline bool ct_is_reply(const struct flow *f, const struct endpo
 {
 	__u8 writer = other_hook(owner);
 	__u32 epoch = hook_epoch(ep, writer);
-	struct ct_key k = {};
+	struct ct_ref r;
 	struct ct_value *v;
 
 	if (!f->trackable)
 		return false;
-	ct_key_reverse(&k, f, ifindex, writer);
-	v = bpf_map_lookup_elem(&pal_conntrack, &k);
+	ct_key(&r, f, true, ifindex, writer);
+	v = ct_lookup(&r);
 	if (!v)
 		return false;
 	if (v->epoch != epoch) {
 		if (!hook_allows_original(ep, writer, f)) {
-			bpf_map_delete_elem(&pal_conntrack, &k);
+			ct_delete(&r);
 			return false;
 		}
 		v->epoch = epoch;
@@ -481,14 +621,14 @@ static __always_inline bool ct_is_reply(const struct flow *f, const struct endpo
 }
 
 /* The entry this hook wrote for f (a forward packet's own entry), or NULL;
- * k is left holding its key either way. */
-static __always_inline struct ct_value *ct_own_entry(struct ct_key *k, const struct flow *f,
+ * r is left holding its key either way. */
+static __always_inline struct ct_value *ct_own_entry(struct ct_ref *r, const struct flow *f,
 						     __u32 ifindex, __u8 owner)
 {
 	if (!f->trackable)
 		return NULL;
-	ct_key_forward(k, f, ifindex, owner);
-	return bpf_map_lookup_elem(&pal_conntrack, k);
+	ct_key(r, f, false, ifindex, owner);
+	return ct_lookup(r);
 }
 
 /* Was the flow allowed under the hook's current epoch?  Then it passes with
@@ -502,17 +642,18 @@ static __always_inline bool ct_established(struct ct_value *v, const struct endp
 	return true;
 }
 
-/* Judges a forward packet by policy and keeps its entry (v under key k, or
+/* Judges a forward packet by policy and keeps its entry (v under key r, or
  * none) in step: an allowed packet writes or refreshes it, a denied one
  * forgets it. */
 static __always_inline bool ct_policy_allows(const struct flow *f, const struct endpoint *ep,
-					     __u8 owner, struct ct_key *k, struct ct_value *v)
+					     __u8 owner, const struct ct_ref *r,
+					     struct ct_value *v)
 {
 	struct ct_value fresh = {};
 
 	if (!hook_allows(ep, owner, f)) {
 		if (v)
-			bpf_map_delete_elem(&pal_conntrack, k);
+			ct_delete(r);
 		return false;
 	}
 	if (v) {
@@ -521,7 +662,7 @@ static __always_inline bool ct_policy_allows(const struct flow *f, const struct 
 	} else if (f->trackable) {
 		fresh.last_seen_ns = seen_now();
 		fresh.epoch = hook_epoch(ep, owner);
-		bpf_map_update_elem(&pal_conntrack, k, &fresh, BPF_ANY);
+		ct_create(r, &fresh);
 	}
 	return true;
 }
@@ -552,7 +693,7 @@ static __always_inline int account(__u32 stat, int verdict)
 static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 {
 	__u32 ifindex = skb->ifindex;
-	struct ct_key own_key = {};
+	struct ct_ref own_key;
 	struct ct_value *own;
 	struct endpoint *ep;
 	struct flow f = {};

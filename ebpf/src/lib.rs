@@ -14,6 +14,7 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use aya::maps::lpm_trie::Key;
 
+pub mod policy_lens;
 pub mod testkit;
 
 #[repr(C, align(8))]
@@ -38,18 +39,34 @@ pub const PROG_TO_POD: &str = "palisade_to_pod";
 pub const MAP_ENDPOINTS: &str = "pal_endpoints";
 /// `LpmTrie<PolicyKey, PolicyValue>`.
 pub const MAP_POLICY: &str = "pal_policy";
+/// `HashMap<Key<PolicyKey>, PolicyValue>` (open as
+/// `aya::maps::HashMap<_, [u8; 24], PolicyValue>` or through
+/// [`PolicyExactKey`]): the entries of [`MAP_POLICY`] again, found by exact
+/// key, one lookup per prefix length listed in [`MAP_POLICY_LENS`]. Always
+/// a subset of [`MAP_POLICY`]: written after it, removed before it.
+pub const MAP_POLICY_EXACT: &str = "pal_policy_exact";
+/// `HashMap<u32 /*policy id*/, PolicyLens>`: the prefix lengths a policy's
+/// entries have. A policy without one is looked up in [`MAP_POLICY`]'s trie.
+pub const MAP_POLICY_LENS: &str = "pal_policy_lens";
 /// `LpmTrie<PortKey, PortValue>`.
 pub const MAP_PORTS: &str = "pal_ports";
-/// `LruHashMap<CtKey, CtValue>` (open as `aya::maps::HashMap`).
+/// `LruHashMap<CtKey, CtValue>` (open as `aya::maps::HashMap`): IPv6 flows.
+/// (Before IPv4 flows had [`MAP_CT4`], it held them too, IPv4-mapped; such
+/// entries left by an older version are moved to [`MAP_CT4`].)
 pub const MAP_CONNTRACK: &str = "pal_conntrack";
+/// `LruHashMap<Ct4Key, CtValue>`: IPv4 flows.
+pub const MAP_CT4: &str = "pal_ct4";
 /// `PerCpuArray<u64>` indexed by the `STAT_*` constants.
 pub const MAP_STATS: &str = "pal_stats";
 /// Every map name, in no particular order; all are pinned by name.
-pub const MAP_NAMES: [&str; 5] = [
+pub const MAP_NAMES: [&str; 8] = [
     MAP_ENDPOINTS,
     MAP_POLICY,
+    MAP_POLICY_EXACT,
+    MAP_POLICY_LENS,
     MAP_PORTS,
     MAP_CONNTRACK,
+    MAP_CT4,
     MAP_STATS,
 ];
 
@@ -57,7 +74,11 @@ pub const MAP_NAMES: [&str; 5] = [
 pub const MAX_ENDPOINTS: u32 = 16384;
 pub const MAX_POLICY_ENTRIES: u32 = 262_144;
 pub const MAX_PORT_ENTRIES: u32 = 262_144;
+/// Of each of [`MAP_CONNTRACK`] and [`MAP_CT4`].
 pub const MAX_CONNTRACK_ENTRIES: u32 = 65536;
+pub const MAX_POLICY_LENS_ENTRIES: u32 = 65536;
+/// Most prefix lengths a [`PolicyLens`] lists (`MAX_POLICY_LENS`).
+pub const MAX_POLICY_LENS: usize = 6;
 
 /// How far past the packet a [`CtValue::last_seen_ns`] may be
 /// (`COARSE_CLOCK_LAG_NS` in the C file).
@@ -188,6 +209,58 @@ impl PolicyKey {
     }
 }
 
+/// Key of [`MAP_POLICY_EXACT`]: the same bytes as the trie's key (prefix
+/// length, then [`PolicyKey`]), matched whole.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PolicyExactKey {
+    pub prefix_len: u32,
+    pub key: PolicyKey,
+}
+
+impl PolicyExactKey {
+    pub fn of(key: &Key<PolicyKey>) -> Self {
+        PolicyExactKey {
+            prefix_len: key.prefix_len(),
+            key: key.data(),
+        }
+    }
+}
+
+/// Value of [`MAP_POLICY_LENS`]: the trie prefix lengths of a policy's
+/// entries, longest first. It may list a length no entry has (one wasted
+/// lookup) but must never miss one, or entries of that length go unseen.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PolicyLens {
+    pub count: u32,
+    pub prefix_len: [u32; MAX_POLICY_LENS],
+}
+
+impl PolicyLens {
+    /// The value listing `lens` (trie prefix lengths, any order, repeats
+    /// allowed), or `None` when there are more than [`MAX_POLICY_LENS`]
+    /// distinct ones: such a policy is looked up in the trie.
+    pub fn new(lens: impl IntoIterator<Item = u32>) -> Option<Self> {
+        let mut sorted: Vec<u32> = lens.into_iter().collect();
+        sorted.sort_unstable_by(|a, b| b.cmp(a));
+        sorted.dedup();
+        if sorted.len() > MAX_POLICY_LENS {
+            return None;
+        }
+        let mut prefix_len = [0; MAX_POLICY_LENS];
+        prefix_len[..sorted.len()].copy_from_slice(&sorted);
+        Some(PolicyLens {
+            count: sorted.len() as u32,
+            prefix_len,
+        })
+    }
+
+    pub fn lens(&self) -> &[u32] {
+        &self.prefix_len[..(self.count as usize).min(MAX_POLICY_LENS)]
+    }
+}
+
 /// Value of [`MAP_POLICY`]: which portset applies to peers in that CIDR.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -266,6 +339,54 @@ pub struct CtKey {
     pub pad: [u8; 2],
 }
 
+/// Key of [`MAP_CT4`]: [`CtKey`] of an IPv4 flow, addresses in network
+/// order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Ct4Key {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub sport: u16,
+    pub dport: u16,
+    pub ifindex: u32,
+    pub proto: u8,
+    pub owner: u8,
+    pub pad: [u8; 2],
+}
+
+impl Ct4Key {
+    /// The IPv4 form of `k`, or `None` when its addresses are not both
+    /// IPv4-mapped (an IPv6 flow).
+    pub fn of(k: &CtKey) -> Option<Self> {
+        let v4 = |a: [u8; 16]| Ipv6Addr::from(a).to_ipv4_mapped().map(|v| v.octets());
+        Some(Ct4Key {
+            src: v4(k.src)?,
+            dst: v4(k.dst)?,
+            sport: k.sport,
+            dport: k.dport,
+            ifindex: k.ifindex,
+            proto: k.proto,
+            owner: k.owner,
+            pad: [0; 2],
+        })
+    }
+
+    /// The same flow as a [`CtKey`] (addresses IPv4-mapped), the one form
+    /// callers that handle both families work with.
+    pub fn widen(&self) -> CtKey {
+        CtKey {
+            src: std::net::Ipv4Addr::from(self.src).to_ipv6_mapped().octets(),
+            dst: std::net::Ipv4Addr::from(self.dst).to_ipv6_mapped().octets(),
+            sport: self.sport,
+            dport: self.dport,
+            ifindex: self.ifindex,
+            proto: self.proto,
+            owner: self.owner,
+            pad: [0; 2],
+        }
+    }
+}
+
 /// A flow's addresses and ports (host order), as [`CtKey::new`] takes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tuple {
@@ -334,6 +455,9 @@ unsafe impl aya::Pod for PolicyValue {}
 unsafe impl aya::Pod for PortKey {}
 unsafe impl aya::Pod for PortValue {}
 unsafe impl aya::Pod for CtKey {}
+unsafe impl aya::Pod for Ct4Key {}
+unsafe impl aya::Pod for PolicyExactKey {}
+unsafe impl aya::Pod for PolicyLens {}
 unsafe impl aya::Pod for CtValue {}
 
 // Sizes of the C structs in c/palisade.h (which asserts them too).
@@ -348,6 +472,9 @@ const _: () = {
     assert!(size_of::<PortValue>() == 4);
     assert!(size_of::<CtKey>() == 44);
     assert!(size_of::<CtValue>() == 16);
+    assert!(size_of::<Ct4Key>() == 20);
+    assert!(size_of::<PolicyExactKey>() == 24);
+    assert!(size_of::<PolicyLens>() == 4 + MAX_POLICY_LENS * 4);
 };
 
 /// The 16-byte form the maps use: IPv6 as is, IPv4 as `::ffff:a.b.c.d`.
@@ -570,6 +697,42 @@ mod tests {
     fn aya_bytes(key: &CtKey) -> [u8; 44] {
         // SAFETY: CtKey is Pod with size 44 (asserted above).
         unsafe { std::mem::transmute::<CtKey, [u8; 44]>(*key) }
+    }
+
+    #[test]
+    fn ipv4_conntrack_keys_narrow_and_widen_exactly() {
+        let key = CtKey::new(
+            Tuple {
+                src: "10.0.0.1".parse().unwrap(),
+                sport: 40000,
+                dst: "10.0.0.2".parse().unwrap(),
+                dport: 80,
+                proto: PROTO_TCP,
+            },
+            7,
+            OWNER_TO_POD,
+        );
+        let k4 = Ct4Key::of(&key).unwrap();
+        assert_eq!((k4.src, k4.dst), ([10, 0, 0, 1], [10, 0, 0, 2]));
+        assert_eq!(k4.sport, key.sport, "ports stay network order");
+        assert_eq!(k4.widen(), key);
+        let v6 = CtKey {
+            src: mapped_addr("fd00::1".parse().unwrap()),
+            ..key
+        };
+        assert_eq!(Ct4Key::of(&v6), None, "one IPv6 address makes an IPv6 flow");
+    }
+
+    #[test]
+    fn policy_lens_sort_dedup_and_refuse_too_many() {
+        let lens = PolicyLens::new([152, 160, 152, 128]).unwrap();
+        assert_eq!(lens.lens(), [160, 152, 128]);
+        assert_eq!(lens.prefix_len[3..], [0; MAX_POLICY_LENS - 3]);
+        assert!(PolicyLens::new(100..100 + MAX_POLICY_LENS as u32).is_some());
+        assert!(PolicyLens::new(100..101 + MAX_POLICY_LENS as u32).is_none());
+        let key = PolicyKey::lpm(3, "10.1.2.3".parse().unwrap(), 24);
+        let exact = PolicyExactKey::of(&key);
+        assert_eq!((exact.prefix_len, exact.key), (152, key.data()));
     }
 
     #[test]

@@ -82,12 +82,12 @@ fn refresh_keeps_one_entry_and_moves_the_timestamp() {
     h.endpoint(0, 0);
     let key = ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD);
     h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80));
-    let first = h.conntrack().get(&key, 0).unwrap().last_seen_ns;
+    let first = h.ct_get(&key).unwrap().last_seen_ns;
     // The stamp comes from the coarse clock, which moves once a tick.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     let second = loop {
         h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80));
-        let seen = h.conntrack().get(&key, 0).unwrap().last_seen_ns;
+        let seen = h.ct_get(&key).unwrap().last_seen_ns;
         if seen > first || std::time::Instant::now() > deadline {
             break seen;
         }
@@ -109,7 +109,7 @@ fn last_seen_is_never_earlier_than_the_packet() {
         let before = monotonic_ns();
         h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80));
         let after = monotonic_ns();
-        let seen = h.conntrack().get(&key, 0).unwrap().last_seen_ns;
+        let seen = h.ct_get(&key).unwrap().last_seen_ns;
         assert!(seen >= before, "stamp {seen} before the packet ({before})");
         assert!(
             seen <= after + LAST_SEEN_MAX_AHEAD_NS,
@@ -372,10 +372,7 @@ fn reply_needs_the_other_hooks_entry() {
     };
     forge_entry(&mut h, key);
     assert_eq!(h.pod_sends(&tcp(POD4, 80, "10.0.1.5", 40000)), ALLOW);
-    assert!(
-        h.conntrack().get(&key, 0).unwrap().last_seen_ns > 1,
-        "reply refreshes"
-    );
+    assert!(h.ct_get(&key).unwrap().last_seen_ns > 1, "reply refreshes");
 }
 
 #[test]
@@ -463,11 +460,11 @@ fn an_epoch_change_that_still_allows_refreshes_the_entry() {
     let syn = tcp(POD4, 40000, "10.0.1.5", 80);
     let key = ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD);
     assert_eq!(h.pod_sends(&syn), ALLOW);
-    assert_eq!(h.conntrack().get(&key, 0).unwrap().epoch, 0);
+    assert_eq!(h.ct_get(&key).unwrap().epoch, 0);
     h.switch(0, 3, 0, 5);
     assert_eq!(h.pod_sends(&syn), ALLOW);
     assert_eq!(h.stat(STAT_ALLOWED_POLICY), 2, "re-judged");
-    assert_eq!(h.conntrack().get(&key, 0).unwrap().epoch, 5);
+    assert_eq!(h.ct_get(&key).unwrap().epoch, 5);
     assert_eq!(h.pod_sends(&syn), ALLOW);
     assert_eq!(
         h.stat(STAT_ALLOWED_ESTABLISHED),
@@ -493,12 +490,12 @@ fn replies_are_rejudged_when_the_writing_direction_moves() {
     // The egress epoch moving says nothing about an ingress flow.
     h.switch(1, 4, 0, 9);
     assert_eq!(h.pod_sends(&reply), ALLOW);
-    assert_eq!(h.conntrack().get(&key, 0).unwrap().epoch, 0);
+    assert_eq!(h.ct_get(&key).unwrap().epoch, 0);
 
     // Ingress moves to a policy that still allows the flow: refreshed.
     h.switch(3, 4, 10, 9);
     assert_eq!(h.pod_sends(&reply), ALLOW);
-    assert_eq!(h.conntrack().get(&key, 0).unwrap().epoch, 10);
+    assert_eq!(h.ct_get(&key).unwrap().epoch, 10);
 
     // Ingress moves to one that does not: the replies stop too.
     h.switch(5, 4, 11, 9);
@@ -668,6 +665,194 @@ fn a_second_load_shares_the_pinned_maps() {
         .unwrap();
     assert_eq!(result.return_value, DROP, "sees the first load's endpoint");
     assert_eq!(h.stat(STAT_DENIED), 1, "and counts into the same stats");
+}
+
+// ------------------------------- policy lookup: exact keys per prefix length
+
+/// The verdicts of a policy with a host entry inside a CIDR whose ports
+/// differ, and a peer only the CIDR covers.
+fn host_inside_cidr_verdicts(h: &Harness) -> [u32; 4] {
+    [
+        h.pod_sends(&tcp(POD4, 40000, "10.5.0.7", 22)),
+        h.pod_sends(&tcp(POD4, 40001, "10.5.0.7", 80)),
+        h.pod_sends(&tcp(POD4, 40002, "10.5.0.8", 80)),
+        h.pod_sends(&tcp(POD4, 40003, "10.5.0.8", 22)),
+    ]
+}
+
+#[test]
+fn a_host_entry_overrides_its_covering_cidr() {
+    let mut h = Harness::new();
+    h.endpoint(0, 1);
+    h.cidr(1, "10.5.0.0/16", 2);
+    h.ports(2, PROTO_TCP, 80, 80);
+    h.cidr(1, "10.5.0.7/32", 3);
+    h.ports(3, PROTO_TCP, 22, 22);
+    let lens = h
+        .policy_lens()
+        .get(&1, 0)
+        .expect("a policy of two lengths is listed");
+    assert_eq!(lens.lens(), [160, 144]);
+    // The host gets its own port set only; its neighbour the CIDR's.
+    assert_eq!(host_inside_cidr_verdicts(&h), [ALLOW, DROP, ALLOW, DROP]);
+}
+
+#[test]
+fn removing_a_host_entry_falls_back_to_the_cidr_then_to_nothing() {
+    let mut h = Harness::new();
+    h.endpoint(0, 1);
+    h.cidr(1, "10.5.0.0/16", 2);
+    h.ports(2, PROTO_TCP, 80, 80);
+    h.cidr(1, "10.5.0.7/32", 3);
+    h.ports(3, PROTO_TCP, 22, 22);
+    assert_eq!(host_inside_cidr_verdicts(&h), [ALLOW, DROP, ALLOW, DROP]);
+    // Edited in place, so the direction's epoch moves (as the enforcer
+    // does) and the flows just allowed are judged again.
+    h.remove_cidr(1, "10.5.0.7/32");
+    h.switch(0, 1, 0, 1);
+    assert_eq!(h.policy_lens().get(&1, 0).unwrap().lens(), [144]);
+    assert_eq!(host_inside_cidr_verdicts(&h), [DROP, ALLOW, ALLOW, DROP]);
+    h.remove_cidr(1, "10.5.0.0/16");
+    h.switch(0, 1, 0, 2);
+    assert!(h.policy_lens().get(&1, 0).is_err(), "no entries, no list");
+    assert_eq!(host_inside_cidr_verdicts(&h), [DROP; 4]);
+    assert_eq!(h.policy_exact().keys().count(), 0);
+}
+
+#[test]
+fn a_policy_with_more_lengths_than_listed_is_looked_up_in_the_trie() {
+    let mut h = Harness::new();
+    h.endpoint(0, 1);
+    // /8 ../32 in nested CIDRs, alternating between two port sets: seven
+    // lengths, one more than a list holds.
+    let nested = [
+        "10.0.0.0/8",
+        "10.5.0.0/16",
+        "10.5.0.0/20",
+        "10.5.0.0/24",
+        "10.5.0.0/28",
+        "10.5.0.0/30",
+        "10.5.0.1/32",
+    ];
+    assert_eq!(nested.len(), MAX_POLICY_LENS + 1);
+    for (i, cidr) in nested.iter().enumerate() {
+        h.cidr(1, cidr, 2 + (i as u32 % 2));
+    }
+    h.ports(2, PROTO_TCP, 80, 80);
+    h.ports(3, PROTO_TCP, 22, 22);
+    assert!(h.policy_lens().get(&1, 0).is_err(), "trie fallback");
+    // Each address gets the port set of the longest CIDR holding it.
+    let cases = [
+        ("10.9.9.9", 80),  // /8
+        ("10.5.99.1", 22), // /16
+        ("10.5.9.1", 80),  // /20
+        ("10.5.0.99", 22), // /24
+        ("10.5.0.9", 80),  // /28
+        ("10.5.0.2", 22),  // /30
+        ("10.5.0.1", 80),  // /32
+    ];
+    let judge = |h: &Harness| -> Vec<(u32, u32)> {
+        cases
+            .iter()
+            .map(|&(peer, port)| {
+                let other = if port == 80 { 22 } else { 80 };
+                (
+                    h.pod_sends(&tcp(POD4, 40000, peer, port)),
+                    h.pod_sends(&tcp(POD4, 40001, peer, other)),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(judge(&h), vec![(ALLOW, DROP); cases.len()]);
+    // One length fewer: listed again, and the same answers (a new epoch:
+    // the flows above are judged again).
+    h.remove_cidr(1, "10.5.0.0/30");
+    h.switch(0, 1, 0, 1);
+    assert_eq!(
+        h.policy_lens().get(&1, 0).unwrap().lens(),
+        [160, 156, 152, 148, 144, 136]
+    );
+    let mut expected = vec![(ALLOW, DROP); cases.len()];
+    expected[5] = (DROP, ALLOW); // 10.5.0.2 now in the /28 (port 80)
+    assert_eq!(judge(&h), expected);
+}
+
+#[test]
+fn a_policy_only_in_the_trie_is_still_judged() {
+    // What an older version left behind: trie entries, no exact entries,
+    // no length list.
+    let mut h = Harness::new();
+    h.endpoint(0, 1);
+    h.policies()
+        .insert(
+            &cidr_key(1, "10.5.0.0/16"),
+            PolicyValue { portset_id: 2 },
+            0,
+        )
+        .unwrap();
+    h.policies()
+        .insert(
+            &cidr_key(1, "10.5.0.7/32"),
+            PolicyValue { portset_id: 3 },
+            0,
+        )
+        .unwrap();
+    h.ports(2, PROTO_TCP, 80, 80);
+    h.ports(3, PROTO_TCP, 22, 22);
+    assert_eq!(host_inside_cidr_verdicts(&h), [ALLOW, DROP, ALLOW, DROP]);
+}
+
+#[test]
+fn ipv6_hosts_and_prefixes_are_found_by_exact_key() {
+    let mut h = Harness::new();
+    h.endpoint(0, 1);
+    h.cidr(1, "fd00:1::/64", 2);
+    h.ports(2, PROTO_TCP, 80, 80);
+    h.cidr(1, "fd00:1::7/128", 3);
+    h.ports(3, PROTO_TCP, 22, 22);
+    h.cidr(1, "10.5.0.0/16", 2);
+    assert_eq!(h.policy_lens().get(&1, 0).unwrap().lens(), [160, 144, 96]);
+    assert_eq!(h.pod_sends(&tcp(POD6, 40000, "fd00:1::7", 22)), ALLOW);
+    assert_eq!(h.pod_sends(&tcp(POD6, 40000, "fd00:1::7", 80)), DROP);
+    assert_eq!(h.pod_sends(&tcp(POD6, 40000, "fd00:1::8", 80)), ALLOW);
+    assert_eq!(h.pod_sends(&tcp(POD6, 40000, "fd00:2::7", 80)), DROP);
+    assert_eq!(h.pod_sends(&tcp(POD4, 40000, "10.5.3.3", 80)), ALLOW);
+}
+
+#[test]
+fn ipv4_flows_are_tracked_in_their_own_map() {
+    let mut h = Harness::new();
+    h.endpoint(0, 0);
+    assert_eq!(h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80)), ALLOW);
+    assert_eq!(h.pod_sends(&tcp(POD6, 40000, "fd00:1::5", 80)), ALLOW);
+    assert_eq!(h.conntrack4().keys().count(), 1);
+    assert_eq!(h.conntrack().keys().count(), 1);
+    let k = h.conntrack4().keys().next().unwrap().unwrap();
+    assert_eq!(
+        k.widen(),
+        ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD)
+    );
+}
+
+#[test]
+fn an_ipv4_mapped_entry_in_the_ipv6_map_vouches_for_nothing() {
+    // What an older version wrote: the programs look IPv4 flows up in
+    // pal_ct4 only, so the enforcer moves such entries (and until then
+    // they grant nothing).
+    let mut h = Harness::new();
+    h.endpoint(1, 0);
+    let planted = ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD);
+    h.conntrack()
+        .insert(
+            planted,
+            CtValue {
+                last_seen_ns: 1,
+                ..CtValue::default()
+            },
+            0,
+        )
+        .unwrap();
+    assert_eq!(h.pod_receives(&tcp("10.0.1.5", 80, POD4, 40000)), DROP);
 }
 
 // ------------------------------------- forged conntrack, spoofing, identity
@@ -978,16 +1163,13 @@ fn fragments_and_extension_headers_create_and_match_no_entries() {
         (0, "fd00:1::5", POD6),
     ] {
         let planted = ct(dst, 0, src, 0, proto, OWNER_FROM_POD);
-        h.conntrack()
-            .insert(
-                planted,
-                CtValue {
-                    last_seen_ns: 1,
-                    ..CtValue::default()
-                },
-                0,
-            )
-            .unwrap();
+        h.ct_insert(
+            planted,
+            CtValue {
+                last_seen_ns: 1,
+                ..CtValue::default()
+            },
+        );
     }
     assert_eq!(h.pod_receives(&later("10.0.1.5", POD4)), DROP);
     assert_eq!(h.pod_receives(&frag6("fd00:1::5", POD6)), DROP);
@@ -1155,14 +1337,11 @@ fn headers_read_by_copy_judge_like_headers_read_in_place() {
 /// Writes a conntrack entry as if a hook had allowed that flow, without any
 /// packet: what a forger would need to exist.
 fn forge_entry(h: &mut Harness, key: CtKey) {
-    h.conntrack()
-        .insert(
-            key,
-            CtValue {
-                last_seen_ns: 1,
-                ..CtValue::default()
-            },
-            0,
-        )
-        .unwrap();
+    h.ct_insert(
+        key,
+        CtValue {
+            last_seen_ns: 1,
+            ..CtValue::default()
+        },
+    );
 }

@@ -35,7 +35,7 @@ static ALLOC: Counting = Counting;
 
 use node_enforcer::conntrack::{kernel, sweep, Tuple};
 use node_enforcer::datapath::bpf::BpfDatapath;
-use palisade_ebpf::{CtKey, CtValue, OWNER_FROM_POD, OWNER_TO_POD};
+use palisade_ebpf::{Ct4Key, CtKey, CtValue, OWNER_FROM_POD, OWNER_TO_POD};
 
 fn v4(i: u32) -> [u8; 16] {
     let mut o = [0u8; 16];
@@ -94,7 +94,7 @@ fn run(n: usize) -> Row {
             kernel::insert_v4(&pairs, 3600).unwrap();
             drop(pairs);
             let _dp = BpfDatapath::load_with(&pins, Some(n as u32 + 1024)).unwrap();
-            let mut map = sweep::open(&pins).unwrap();
+            let mut maps = sweep::open(&pins).unwrap();
             let old = CtValue {
                 last_seen_ns: 1,
                 epoch: 1,
@@ -116,15 +116,18 @@ fn run(n: usize) -> Row {
                     },
                     pad: [0; 2],
                 };
-                map.insert(k, old, 0).unwrap();
+                maps.v4
+                    .insert(Ct4Key::of(&k).expect("IPv4"), old, 0)
+                    .unwrap();
             }
             // Peak heap from here on is the sweep's.
             let base = LIVE.load(Relaxed);
             PEAK.store(base, Relaxed);
             let (cpu0, t0) = (thread_cpu_s(), Instant::now());
-            let report = sweep::sweep(&mut map).unwrap();
+            let report = sweep::sweep(&mut maps).unwrap();
             let (cpu, wall) = (thread_cpu_s() - cpu0, t0.elapsed().as_secs_f64());
             let extra = PEAK.load(Relaxed).saturating_sub(base) as f64 / (1024.0 * 1024.0);
+            assert_eq!(report.listed.len(), report.entries.min(256));
             Row {
                 entries: report.entries,
                 kernel: report.kernel_entries,

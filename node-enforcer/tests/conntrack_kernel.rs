@@ -134,8 +134,21 @@ fn a_sweep_keeps_live_flows_through_a_vip_and_removes_the_rest() {
         let live_backend = CtKey::new(flow(lo, 8080, cport), 8, OWNER_TO_POD);
         let dead = CtKey::new(flow(lo, 8080, cport.wrapping_add(1)), 8, OWNER_TO_POD);
         let fresh = CtKey::new(flow(lo, 8080, cport.wrapping_add(2)), 8, OWNER_TO_POD);
-        for k in [live_client, live_backend, dead] {
-            map.insert(k, old, 0).unwrap();
+        // An IPv6 flow the kernel does not have (IPv6 entries have a map
+        // of their own).
+        let dead6 = CtKey::new(
+            palisade_ebpf::Tuple {
+                src: "fd00::1".parse().unwrap(),
+                sport: cport,
+                dst: "fd00::2".parse().unwrap(),
+                dport: 8080,
+                proto: 17,
+            },
+            8,
+            OWNER_TO_POD,
+        );
+        for k in [live_client, live_backend, dead, dead6] {
+            map.insert(k, old).unwrap();
         }
         // Used after the sweep starts: a reused 5-tuple.
         let later = CtValue {
@@ -143,18 +156,29 @@ fn a_sweep_keeps_live_flows_through_a_vip_and_removes_the_rest() {
             epoch: 1,
             pad: 0,
         };
-        map.insert(fresh, later, 0).unwrap();
+        map.insert(fresh, later).unwrap();
         let report = sweep::sweep(&mut map).unwrap();
-        let left: Vec<CtKey> = map.keys().filter_map(Result::ok).collect();
+        let left: Vec<CtKey> = map.keys().unwrap();
         let _ = std::fs::remove_dir_all(&pins);
         (report, (left, [live_client, live_backend, dead, fresh]))
     });
     let (left, [live_client, live_backend, dead, fresh]) = left;
     assert_eq!(
         (report.entries, report.removed, report.kept),
-        (4, 1, 3),
+        (5, 2, 3),
         "{report:?}"
     );
+    assert_eq!(left.len(), 3);
+    // The dump's list: every entry, ordered by interface then hook.
+    let listed: Vec<(u32, &str, bool)> = report
+        .listed
+        .iter()
+        .map(|e| (e.ifindex, e.hook, e.removed))
+        .collect();
+    assert_eq!(listed.len(), 5);
+    assert_eq!(listed[0], (7, "from_pod", false));
+    assert!(listed[1..].iter().all(|&(i, h, _)| i == 8 && h == "to_pod"));
+    assert_eq!(listed.iter().filter(|e| e.2).count(), 2);
     assert!(left.contains(&live_client) && left.contains(&live_backend) && left.contains(&fresh));
     assert!(!left.contains(&dead));
 }

@@ -142,6 +142,155 @@ fn pin_root(name: &str) -> PinRoot {
     )))
 }
 
+/// Points the pod's ingress at table `id` and checks 400 random packets'
+/// verdicts against the model; returns (allowed, total).
+fn probe(dp: &mut BpfDatapath, id: u32, set: &PolicySet, rng: &mut Rng) -> (usize, usize) {
+    // The program judges the source against the pod's ingress table.
+    dp.set_endpoint(
+        IFINDEX,
+        &EndpointEntry {
+            ingress: id,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (mut allowed, mut total) = (0, 0);
+    for probe in 0..400u32 {
+        let peer = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 0, 0, 0)) + rng.below(300) as u32);
+        let proto = [6u8, 17, 132][rng.below(3) as usize];
+        let port =
+            [1u16, 79, 80, 81, 999, 1000, 2500, 3999, 4000, 65534, 65535][rng.below(11) as usize];
+        let sport = 20000 + (probe as u16);
+        let verdict = dp
+            .test_run(
+                palisade_ebpf::PROG_TO_POD,
+                &frame(peer, POD, proto, sport, port),
+                IFINDEX,
+            )
+            .unwrap();
+        let expect = set.allows(IpAddr::V4(peer), proto, port);
+        assert_eq!(
+            verdict,
+            if expect { VERDICT_NEXT } else { VERDICT_DROP },
+            "table {id}: {peer} proto {proto} port {port}: {set:?}"
+        );
+        total += 1;
+        allowed += usize::from(expect);
+    }
+    (allowed, total)
+}
+
+fn pinned_hash<K: aya::Pod, V: aya::Pod>(
+    root: &std::path::Path,
+    name: &str,
+) -> aya::maps::HashMap<aya::maps::MapData, K, V> {
+    let data = aya::maps::MapData::from_pin(root.join(name)).unwrap();
+    aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data)).unwrap()
+}
+
+/// What an older version leaves on the pins (the policy trie alone, IPv4
+/// flows in the IPv6 conntrack map), plus leftovers a crash could leave,
+/// taken over by a new process: the exact lookup is filled in, the
+/// leftovers go, IPv4 entries move, and every verdict matches the model.
+#[test]
+fn tables_of_an_older_version_are_adopted_into_the_exact_lookup() {
+    use palisade_ebpf::{
+        Ct4Key, CtKey, CtValue, PolicyExactKey, PolicyLens, PolicyValue, MAP_CONNTRACK, MAP_CT4,
+        MAP_POLICY, MAP_POLICY_EXACT, MAP_POLICY_LENS, OWNER_TO_POD,
+    };
+    let root = pin_root("adopt-exact");
+    let mut dp = BpfDatapath::load(&root.0).expect("load the programs");
+    let mut rng = Rng(0x5eed_1234_abcd_0002);
+    let mut portsets = BTreeMap::new();
+    let sets: Vec<PolicySet> = (1..=12u32)
+        .map(|id| {
+            let set = compile(&random_policy(&mut rng), &[]).unwrap();
+            write(&mut dp, id, &set, &mut portsets);
+            set
+        })
+        .collect();
+    drop(dp);
+
+    // The older version's view: no exact entries, no length lists...
+    let mut exact: aya::maps::HashMap<_, PolicyExactKey, PolicyValue> =
+        pinned_hash(&root.0, MAP_POLICY_EXACT);
+    let keys: Vec<PolicyExactKey> = exact.keys().map(Result::unwrap).collect();
+    assert!(!keys.is_empty());
+    for k in &keys {
+        exact.remove(k).unwrap();
+    }
+    let mut lens: aya::maps::HashMap<_, u32, PolicyLens> = pinned_hash(&root.0, MAP_POLICY_LENS);
+    let mut listed: Vec<u32> = lens.keys().map(Result::unwrap).collect();
+    listed.sort();
+    assert!(!listed.is_empty(), "some random policy has few lengths");
+    for id in &listed {
+        lens.remove(id).unwrap();
+    }
+    // ...a list left for an id no policy has (it would hide entries of
+    // other lengths when the id is used again), an exact entry the trie
+    // does not have...
+    lens.insert(99, PolicyLens::new([160]).unwrap(), 0).unwrap();
+    let orphan = PolicyExactKey {
+        prefix_len: 160,
+        key: palisade_ebpf::PolicyKey {
+            policy_id: 99,
+            addr: Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped().octets(),
+        },
+    };
+    exact
+        .insert(orphan, PolicyValue { portset_id: 1 }, 0)
+        .unwrap();
+    // ...and an IPv4 flow in the IPv6 conntrack map, of a high epoch.
+    let flow = CtKey::new(
+        palisade_ebpf::Tuple {
+            src: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 7)),
+            sport: 40000,
+            dst: IpAddr::V4(POD),
+            dport: 80,
+            proto: 6,
+        },
+        IFINDEX,
+        OWNER_TO_POD,
+    );
+    let mut v6: aya::maps::HashMap<_, CtKey, CtValue> = pinned_hash(&root.0, MAP_CONNTRACK);
+    let seen = CtValue {
+        last_seen_ns: 5,
+        epoch: 1000,
+        pad: 0,
+    };
+    v6.insert(flow, seen, 0).unwrap();
+
+    let mut dp = BpfDatapath::load(&root.0).expect("reload the programs");
+    let adopted = dp.adopt().unwrap();
+    assert_eq!(adopted.policies.len(), sets.len());
+
+    let trie: aya::maps::lpm_trie::LpmTrie<_, palisade_ebpf::PolicyKey, PolicyValue> = {
+        let data = aya::maps::MapData::from_pin(root.0.join(MAP_POLICY)).unwrap();
+        aya::maps::lpm_trie::LpmTrie::try_from(aya::maps::Map::LpmTrie(data)).unwrap()
+    };
+    let exact: aya::maps::HashMap<_, PolicyExactKey, PolicyValue> =
+        pinned_hash(&root.0, MAP_POLICY_EXACT);
+    assert_eq!(exact.keys().count(), trie.keys().count(), "exact = trie");
+    assert!(exact.get(&orphan, 0).is_err(), "the orphan is gone");
+    let lens: aya::maps::HashMap<_, u32, PolicyLens> = pinned_hash(&root.0, MAP_POLICY_LENS);
+    let mut relisted: Vec<u32> = lens.keys().map(Result::unwrap).collect();
+    relisted.sort();
+    assert_eq!(relisted, listed, "the same policies listed, 99 not");
+
+    let v6: aya::maps::HashMap<_, CtKey, CtValue> = pinned_hash(&root.0, MAP_CONNTRACK);
+    let v4: aya::maps::HashMap<_, Ct4Key, CtValue> = pinned_hash(&root.0, MAP_CT4);
+    assert_eq!(v6.keys().count(), 0, "moved out");
+    assert_eq!(v4.get(&Ct4Key::of(&flow).unwrap(), 0).unwrap(), seen);
+
+    for (i, set) in sets.iter().enumerate() {
+        probe(&mut dp, i as u32 + 1, set, &mut rng);
+    }
+    assert!(
+        endpoint_in_map(&root.0, IFINDEX).ingress_epoch > 1000,
+        "epochs start above the moved entry's"
+    );
+}
+
 #[test]
 fn programs_agree_with_the_compiled_tables() {
     let root = pin_root("oracle");
@@ -153,37 +302,9 @@ fn programs_agree_with_the_compiled_tables() {
         let set = compile(&random_policy(&mut rng), &[]).unwrap();
         write(&mut dp, id, &set, &mut portsets);
         // The pod's ingress uses this table; the program judges the source.
-        dp.set_endpoint(
-            IFINDEX,
-            &EndpointEntry {
-                ingress: id,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        for probe in 0..400u32 {
-            let peer =
-                Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 0, 0, 0)) + rng.below(300) as u32);
-            let proto = [6u8, 17, 132][rng.below(3) as usize];
-            let port = [1u16, 79, 80, 81, 999, 1000, 2500, 3999, 4000, 65534, 65535]
-                [rng.below(11) as usize];
-            let sport = 20000 + (probe as u16);
-            let verdict = dp
-                .test_run(
-                    palisade_ebpf::PROG_TO_POD,
-                    &frame(peer, POD, proto, sport, port),
-                    IFINDEX,
-                )
-                .unwrap();
-            let expect = set.allows(IpAddr::V4(peer), proto, port);
-            assert_eq!(
-                verdict,
-                if expect { VERDICT_NEXT } else { VERDICT_DROP },
-                "table {id}: {peer} proto {proto} port {port}: {set:?}"
-            );
-            total += 1;
-            allowed += usize::from(expect);
-        }
+        let (a, t) = probe(&mut dp, id, &set, &mut rng);
+        allowed += a;
+        total += t;
     }
     eprintln!("{total} verdicts from the programs, {allowed} allowed");
     assert!(

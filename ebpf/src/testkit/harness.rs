@@ -10,6 +10,7 @@ use aya::maps::{HashMap, LpmTrie, MapData, PerCpuArray};
 use aya::programs::{SchedClassifier, TestRun, TestRunOptions, TestRunResult};
 use aya::{Ebpf, EbpfLoader};
 
+use crate::policy_lens::{LensUpdate, PolicyLenCounts};
 use crate::*;
 
 /// What the programs return for an allowed packet (TCX_NEXT, -1) and a
@@ -63,6 +64,7 @@ impl Drop for PinDir {
 /// pinned in a fresh [`PinDir`], so no two harnesses see each other's maps.
 pub struct Harness {
     ebpf: Ebpf,
+    lens: PolicyLenCounts,
     // Declared last so it is removed after the maps are closed.
     pins: PinDir,
 }
@@ -95,7 +97,11 @@ impl Harness {
             prog.load()
                 .unwrap_or_else(|e| panic!("verifier rejected {name}: {e:?}"));
         }
-        Harness { ebpf, pins }
+        Harness {
+            ebpf,
+            lens: PolicyLenCounts::default(),
+            pins,
+        }
     }
 
     pub fn ebpf(&self) -> &Ebpf {
@@ -142,20 +148,61 @@ impl Harness {
         HashMap::try_from(self.ebpf.map_mut(MAP_ENDPOINTS).unwrap()).unwrap()
     }
 
+    /// The trie alone: what an older version wrote, or a test that wants
+    /// the trie lookup (no [`MAP_POLICY_LENS`] entry) for its policy.
     pub fn policies(&mut self) -> LpmTrie<&mut MapData, PolicyKey, PolicyValue> {
         LpmTrie::try_from(self.ebpf.map_mut(MAP_POLICY).unwrap()).unwrap()
     }
 
-    /// `peers` is a CIDR such as "10.0.1.0/24".
-    pub fn cidr(&mut self, policy_id: u32, peers: &str, portset_id: u32) {
-        let key = cidr_key(policy_id, peers);
-        self.policies()
-            .insert(&key, PolicyValue { portset_id }, 0)
+    pub fn policy_exact(&mut self) -> HashMap<&mut MapData, PolicyExactKey, PolicyValue> {
+        HashMap::try_from(self.ebpf.map_mut(MAP_POLICY_EXACT).unwrap()).unwrap()
+    }
+
+    pub fn policy_lens(&mut self) -> HashMap<&mut MapData, u32, PolicyLens> {
+        HashMap::try_from(self.ebpf.map_mut(MAP_POLICY_LENS).unwrap()).unwrap()
+    }
+
+    fn apply_lens(&mut self, policy_id: u32, update: LensUpdate) {
+        match update {
+            LensUpdate::Unchanged => {}
+            LensUpdate::Write(v) => self.policy_lens().insert(policy_id, v, 0).unwrap(),
+            LensUpdate::Delete => {
+                let _ = self.policy_lens().remove(&policy_id);
+            }
+        }
+    }
+
+    /// Writes a rule as the enforcer does: its length listed first, then
+    /// the trie, then the exact map.
+    pub fn rule(&mut self, key: &Key<PolicyKey>, portset_id: u32) {
+        let policy_id = key.data().policy_id;
+        let update = self.lens.adding(policy_id, [key.prefix_len()]);
+        self.apply_lens(policy_id, update);
+        let value = PolicyValue { portset_id };
+        self.policies().insert(key, value, 0).unwrap();
+        self.policy_exact()
+            .insert(PolicyExactKey::of(key), value, 0)
             .unwrap();
     }
 
+    /// Removes a rule as the enforcer does: exact map, trie, then lengths.
+    pub fn remove_rule(&mut self, key: &Key<PolicyKey>) {
+        let policy_id = key.data().policy_id;
+        self.policy_exact()
+            .remove(&PolicyExactKey::of(key))
+            .unwrap();
+        self.policies().remove(key).unwrap();
+        let update = self.lens.removing(policy_id, [key.prefix_len()]);
+        self.apply_lens(policy_id, update);
+    }
+
+    /// `peers` is a CIDR such as "10.0.1.0/24".
+    pub fn cidr(&mut self, policy_id: u32, peers: &str, portset_id: u32) {
+        self.rule(&cidr_key(policy_id, peers), portset_id);
+    }
+
     pub fn remove_cidr(&mut self, policy_id: u32, peers: &str) {
-        self.policies().remove(&cidr_key(policy_id, peers)).unwrap();
+        self.remove_rule(&cidr_key(policy_id, peers));
     }
 
     pub fn port_keys(&mut self, key: Key<PortKey>) {
@@ -206,29 +253,59 @@ impl Harness {
         std::array::from_fn(|i| self.stat(i as u32))
     }
 
+    /// The IPv6 flows' map ([`MAP_CONNTRACK`]).
     pub fn conntrack(&mut self) -> HashMap<&mut MapData, CtKey, CtValue> {
         HashMap::try_from(self.ebpf.map_mut(MAP_CONNTRACK).unwrap()).unwrap()
     }
 
+    /// The IPv4 flows' map ([`MAP_CT4`]).
+    pub fn conntrack4(&mut self) -> HashMap<&mut MapData, Ct4Key, CtValue> {
+        HashMap::try_from(self.ebpf.map_mut(MAP_CT4).unwrap()).unwrap()
+    }
+
+    /// The entry under `key`, from the map of its family.
+    pub fn ct_get(&mut self, key: &CtKey) -> Option<CtValue> {
+        match Ct4Key::of(key) {
+            Some(k4) => self.conntrack4().get(&k4, 0).ok(),
+            None => self.conntrack().get(key, 0).ok(),
+        }
+    }
+
+    /// Writes an entry into the map of its family.
+    pub fn ct_insert(&mut self, key: CtKey, value: CtValue) {
+        match Ct4Key::of(&key) {
+            Some(k4) => self.conntrack4().insert(k4, value, 0).unwrap(),
+            None => self.conntrack().insert(key, value, 0).unwrap(),
+        }
+    }
+
+    pub fn ct_remove(&mut self, key: &CtKey) {
+        // An LRU map may have evicted it meanwhile; gone is gone.
+        let _ = match Ct4Key::of(key) {
+            Some(k4) => self.conntrack4().remove(&k4),
+            None => self.conntrack().remove(key),
+        };
+    }
+
     pub fn ct_has(&mut self, key: &CtKey) -> bool {
-        self.conntrack().get(key, 0).is_ok()
+        self.ct_get(key).is_some()
     }
 
     pub fn ct_len(&mut self) -> usize {
-        self.conntrack().keys().count()
+        self.ct_keys().len()
     }
 
+    /// Every entry of both maps, IPv4 ones widened to [`CtKey`].
     pub fn ct_keys(&mut self) -> Vec<CtKey> {
-        self.conntrack().keys().map(|k| k.unwrap()).collect()
+        let mut keys: Vec<CtKey> = self.conntrack().keys().map(|k| k.unwrap()).collect();
+        keys.extend(self.conntrack4().keys().map(|k| k.unwrap().widen()));
+        keys
     }
 
     /// Forgets every conntrack entry, and checks that none is left.
     pub fn ct_clear(&mut self) {
-        let keys = self.ct_keys();
-        let mut map = self.conntrack();
-        for key in keys {
-            // An LRU map may have evicted it meanwhile; gone is gone.
-            let _ = map.remove(&key);
+        for key in self.ct_keys() {
+            self.ct_remove(&key);
         }
         let left = self.ct_len();
         assert_eq!(left, 0, "{left} conntrack entries survived clearing");

@@ -11,13 +11,17 @@
 //! explains it AND it was not seen since the cleanup began: a 5-tuple reused
 //! while the kernel table was being read must survive.
 //!
-//! `kernel` reads the kernel's table; `stale` is the pure rule.
+//! `kernel` reads the kernel's table; `stale` is the pure rule; `batch`
+//! reads and deletes eBPF map entries in bulk; `listing` keeps the bounded
+//! list of entries the debug dump shows.
 
+pub mod batch;
+pub mod digest_set;
 pub mod kernel;
+pub mod listing;
 pub mod sweep;
 
-use std::collections::HashSet;
-use std::hash::{BuildHasher, Hash, Hasher};
+use digest_set::DigestSet;
 
 /// A flow's 5-tuple; addresses IPv6 or IPv4-mapped, ports host order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -46,66 +50,69 @@ impl Tuple {
 /// cleanup), never remove a live one.
 #[derive(Default)]
 pub struct Explained {
-    seen: HashSet<u64, Fixed>,
+    seen: DigestSet,
 }
 
-/// A fixed-key hasher: no per-process randomness is needed for a set that
-/// never leaves the process, and SipHash is the slow part at 1M entries.
-#[derive(Clone, Copy, Default)]
-pub struct Fixed;
+/// Multiply-rotate mixing of the tuple's words (no per-process randomness:
+/// the set never leaves the process).
+struct Mix(u64);
 
-impl BuildHasher for Fixed {
-    type Hasher = FxLike;
-    fn build_hasher(&self) -> FxLike {
-        FxLike(0)
-    }
-}
-
-/// Multiply-rotate hashing over the tuple's words.
-pub struct FxLike(u64);
-
-impl Hasher for FxLike {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
-            self.write_u64(u64::from_le_bytes(w));
-        }
-    }
-    fn write_u64(&mut self, i: u64) {
+impl Mix {
+    fn word(&mut self, i: u64) {
         self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
     }
 }
 
+/// One hash for a flow in either direction: the tuple's two ends are put
+/// in a fixed order first, so `t` and `t.reversed()` hash alike and one
+/// probe answers for both. Mixes the tuple's words directly (no `Hash`
+/// plumbing): this runs twice per flow at a million flows.
 fn digest(t: &Tuple) -> u64 {
-    let mut h = FxLike(0x9e37_79b9_7f4a_7c15);
-    t.hash(&mut h);
+    let (a, b) = if (t.src, t.sport) <= (t.dst, t.dport) {
+        ((t.src, t.sport), (t.dst, t.dport))
+    } else {
+        ((t.dst, t.dport), (t.src, t.sport))
+    };
+    let word = |addr: [u8; 16], half: usize| {
+        u64::from_le_bytes(addr[half * 8..half * 8 + 8].try_into().expect("8 bytes"))
+    };
+    let mut h = Mix(0x9e37_79b9_7f4a_7c15);
+    h.word(word(a.0, 0));
+    h.word(word(a.0, 1));
+    h.word(word(b.0, 0));
+    h.word(word(b.0, 1));
+    h.word(u64::from(a.1) | u64::from(b.1) << 16 | u64::from(t.proto) << 32);
     // Finalise so that nearby tuples spread over the table.
-    let mut x = h.finish();
+    let mut x = h.0;
     x ^= x >> 33;
     x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
     x ^ (x >> 33)
 }
 
 impl Explained {
+    /// Room for `n` kernel entries without a rehash (each takes one slot,
+    /// two when NAT makes its directions differ).
     pub fn with_capacity(n: usize) -> Self {
         Explained {
-            seen: HashSet::with_capacity_and_hasher(n * 2, Fixed),
+            seen: DigestSet::with_capacity(n),
         }
     }
 
-    /// Records one kernel entry.
+    /// Records one kernel entry: its original tuple and its reply tuple
+    /// reversed (the same flow unless NAT rewrote it), each in both
+    /// directions.
     pub fn add(&mut self, original: &Tuple, reply: &Tuple) {
-        self.seen.insert(digest(original));
-        self.seen.insert(digest(&reply.reversed()));
+        let orig = digest(original);
+        self.seen.insert(orig);
+        let rev = digest(reply);
+        if rev != orig {
+            self.seen.insert(rev);
+        }
     }
 
+    /// Does a kernel entry explain `t`, recorded in either direction?
     pub fn explains(&self, t: &Tuple) -> bool {
-        // An entry recorded in the other direction is explained as well.
-        self.seen.contains(&digest(t)) || self.seen.contains(&digest(&t.reversed()))
+        self.seen.contains(digest(t))
     }
 
     pub fn len(&self) -> usize {

@@ -1,22 +1,22 @@
-//! One cleanup pass over the eBPF conntrack map: read the kernel's table,
-//! then remove the eBPF entries nothing explains and nobody used since the
-//! pass began. Runs on its own thread: it touches only the conntrack map,
-//! never the policy tables the reconciler owns.
+//! One cleanup pass over the eBPF conntrack maps (IPv4 and IPv6): read the
+//! kernel's table, then remove the eBPF entries nothing explains and nobody
+//! used since the pass began. Runs on its own thread: it touches only the
+//! conntrack maps, never the policy tables the reconciler owns.
 
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use std::os::fd::{AsFd, AsRawFd};
-
 use aya::maps::{HashMap, IterableMap, Map, MapData};
-use palisade_ebpf::{CtKey, CtValue, MAP_CONNTRACK};
+use palisade_ebpf::{Ct4Key, CtKey, CtValue, MAP_CONNTRACK, MAP_CT4};
 
-use super::{kernel, monotonic_ns, stale, Explained, Tuple};
+use super::listing::{EntryView, Listing};
+use super::{batch, kernel, monotonic_ns, stale, Explained, Tuple};
 
 /// What one pass did, for the state dump and metrics.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Report {
-    /// eBPF entries found.
+    /// eBPF entries found (both families).
     pub entries: usize,
     pub kernel_entries: usize,
     pub kept: usize,
@@ -24,6 +24,9 @@ pub struct Report {
     pub took: Duration,
     /// When it finished, Unix time in milliseconds.
     pub finished_unix_ms: u64,
+    /// The first [`super::listing::LISTED`] entries in a stable order
+    /// (interface, hook, tuple), each as this pass found it.
+    pub listed: Vec<EntryView>,
 }
 
 pub fn tuple_of(k: &CtKey) -> Tuple {
@@ -36,126 +39,151 @@ pub fn tuple_of(k: &CtKey) -> Tuple {
     }
 }
 
-pub fn open(pin_root: &Path) -> Result<HashMap<MapData, CtKey, CtValue>, String> {
-    let path = pin_root.join(MAP_CONNTRACK);
+/// Both conntrack maps, as pinned by the datapath.
+pub struct Conntrack {
+    pub v4: HashMap<MapData, Ct4Key, CtValue>,
+    pub v6: HashMap<MapData, CtKey, CtValue>,
+}
+
+impl Conntrack {
+    /// Writes an entry into the map of its family (tests, benchmarks).
+    pub fn insert(&mut self, key: CtKey, value: CtValue) -> Result<(), String> {
+        match Ct4Key::of(&key) {
+            Some(k4) => self.v4.insert(k4, value, 0),
+            None => self.v6.insert(key, value, 0),
+        }
+        .map_err(|e| format!("writing a conntrack entry: {e}"))
+    }
+
+    /// Every entry's key, IPv4 ones widened to [`CtKey`].
+    pub fn keys(&self) -> Result<Vec<CtKey>, String> {
+        let mut out = Vec::new();
+        let (fd4, fd6) = self.fds();
+        batch::read_all::<Ct4Key, CtValue>(fd4, |keys, _| {
+            out.extend(keys.iter().map(Ct4Key::widen))
+        })?;
+        batch::read_all::<CtKey, CtValue>(fd6, |keys, _| out.extend_from_slice(keys))?;
+        Ok(out)
+    }
+
+    fn fds(&self) -> (RawFd, RawFd) {
+        (
+            self.v4.map().fd().as_fd().as_raw_fd(),
+            self.v6.map().fd().as_fd().as_raw_fd(),
+        )
+    }
+}
+
+fn open_map<K: aya::Pod>(
+    pin_root: &Path,
+    name: &str,
+) -> Result<HashMap<MapData, K, CtValue>, String> {
+    let path = pin_root.join(name);
     let data = MapData::from_pin(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let map = Map::from_map_data(data).map_err(|e| format!("{}: {e}", path.display()))?;
     HashMap::try_from(map).map_err(|e| format!("{}: {e}", path.display()))
 }
 
+pub fn open(pin_root: &Path) -> Result<Conntrack, String> {
+    Ok(Conntrack {
+        v4: open_map(pin_root, MAP_CT4)?,
+        v6: open_map(pin_root, MAP_CONNTRACK)?,
+    })
+}
+
+/// How many entries the kernel's table holds now (a capacity hint; 0 when
+/// unknown).
+fn kernel_count_hint() -> usize {
+    std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_count")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The judgement of one map's entries, chunk by chunk.
+struct Judge<'a> {
+    started: u64,
+    explained: &'a Explained,
+    listing: Listing,
+    entries: usize,
+    removed: usize,
+    error: Option<String>,
+}
+
+impl Judge<'_> {
+    /// Judges one chunk as it is read and removes its stale entries at once
+    /// (a few milliseconds after reading them: a packet in between refreshes
+    /// an entry that is then removed, and its flow's next packet is judged by
+    /// policy again, as after any removal).
+    fn chunk<K: aya::Pod>(
+        &mut self,
+        fd: RawFd,
+        keys: &[K],
+        values: &[CtValue],
+        widen: impl Fn(&K) -> CtKey,
+        stale_keys: &mut Vec<K>,
+    ) {
+        stale_keys.clear();
+        for (k, v) in keys.iter().zip(values) {
+            let wide = widen(k);
+            let tuple = tuple_of(&wide);
+            let is_stale = stale(&tuple, v.last_seen_ns, self.started, self.explained);
+            self.entries += 1;
+            self.listing.offer(&wide, tuple, v, self.started, is_stale);
+            if is_stale {
+                stale_keys.push(*k);
+            }
+        }
+        if stale_keys.is_empty() || self.error.is_some() {
+            return;
+        }
+        match batch::delete_all(fd, stale_keys) {
+            Ok(n) => self.removed += n,
+            Err(e) => self.error = Some(e),
+        }
+    }
+}
+
 /// Runs one pass. The kernel's table is read in the caller's network
 /// namespace (the node's).
-pub fn sweep(map: &mut HashMap<MapData, CtKey, CtValue>) -> Result<Report, String> {
+pub fn sweep(maps: &mut Conntrack) -> Result<Report, String> {
     let begun = Instant::now();
     // Taken before anything is read: an entry refreshed after this instant
     // belongs to a live (or reused) flow and survives.
     let started = monotonic_ns();
-    let mut explained = Explained::with_capacity(map.keys().count());
+    let hint = kernel_count_hint();
+    let mut explained = Explained::with_capacity(hint + hint / 4);
     let kernel_entries = kernel::dump(|orig, reply| explained.add(orig, reply))?;
-    let mut entries = 0;
-    let mut candidates: Vec<CtKey> = Vec::new();
-    let mut judge = |k: &CtKey, v: &CtValue| {
-        entries += 1;
-        if stale(&tuple_of(k), v.last_seen_ns, started, &explained) {
-            candidates.push(*k);
-        }
+    let (fd4, fd6) = maps.fds();
+    let mut judge = Judge {
+        started,
+        explained: &explained,
+        listing: Listing::default(),
+        entries: 0,
+        removed: 0,
+        error: None,
     };
-    let fd = map.map().fd().as_fd().as_raw_fd();
-    if !lookup_batch(fd, &mut judge)? {
-        // A kernel without batch lookups: one entry at a time.
-        // An entry removed under us (LRU eviction, a program's delete) has
-        // nothing to judge.
-        for (k, v) in map.iter().flatten() {
-            judge(&k, &v);
-        }
-    }
-    let mut removed = 0;
-    for k in candidates {
-        // Look again right before removing: a packet may have used it since.
-        if matches!(map.get(&k, 0), Ok(v) if v.last_seen_ns < started) && map.remove(&k).is_ok() {
-            removed += 1;
-        }
+    let mut stale4: Vec<Ct4Key> = Vec::with_capacity(batch::CHUNK);
+    batch::read_all::<Ct4Key, CtValue>(fd4, |keys, values| {
+        judge.chunk(fd4, keys, values, Ct4Key::widen, &mut stale4)
+    })?;
+    let mut stale6: Vec<CtKey> = Vec::with_capacity(batch::CHUNK);
+    batch::read_all::<CtKey, CtValue>(fd6, |keys, values| {
+        judge.chunk(fd6, keys, values, |k| *k, &mut stale6)
+    })?;
+    if let Some(e) = judge.error {
+        return Err(e);
     }
     Ok(Report {
-        entries,
+        entries: judge.entries,
         kernel_entries,
-        kept: entries - removed,
-        removed,
+        kept: judge.entries - judge.removed,
+        removed: judge.removed,
         took: begun.elapsed(),
         finished_unix_ms: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0),
+        listed: judge.listing.into_sorted(),
     })
-}
-
-const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
-
-/// The `batch` member of `union bpf_attr`.
-#[repr(C)]
-struct BatchAttr {
-    in_batch: u64,
-    out_batch: u64,
-    keys: u64,
-    values: u64,
-    count: u32,
-    map_fd: u32,
-    elem_flags: u64,
-    flags: u64,
-}
-
-/// Reads the whole map a few thousand entries per syscall (two syscalls per
-/// entry otherwise: 4 s of CPU at a million entries). False when the kernel
-/// has no batch lookups for this map, before anything was read.
-fn lookup_batch(fd: i32, f: &mut dyn FnMut(&CtKey, &CtValue)) -> Result<bool, String> {
-    const CHUNK: usize = 4096;
-    let mut keys = vec![CtKey::default(); CHUNK];
-    let mut values = vec![CtValue::default(); CHUNK];
-    // The resume token is opaque; a key's size is always enough.
-    let mut token = [[0u8; 64]; 2];
-    let mut first = true;
-    loop {
-        let (tin, tout) = token.split_at_mut(1);
-        let mut attr = BatchAttr {
-            in_batch: if first { 0 } else { tin[0].as_ptr() as u64 },
-            out_batch: tout[0].as_mut_ptr() as u64,
-            keys: keys.as_mut_ptr() as u64,
-            values: values.as_mut_ptr() as u64,
-            count: CHUNK as u32,
-            map_fd: fd as u32,
-            elem_flags: 0,
-            flags: 0,
-        };
-        // SAFETY: the kernel writes at most `count` keys and values into
-        // buffers of that many elements, and a token into `out_batch`.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &mut attr as *mut BatchAttr,
-                std::mem::size_of::<BatchAttr>(),
-            )
-        };
-        let errno = (r < 0).then(|| std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
-        if let Some(e) = errno {
-            if first && (e == libc::EINVAL || e == libc::ENOTSUP || e == 524) {
-                return Ok(false);
-            }
-            if e != libc::ENOENT {
-                return Err(format!(
-                    "reading the conntrack map: {}",
-                    std::io::Error::from_raw_os_error(e)
-                ));
-            }
-        }
-        let n = (attr.count as usize).min(CHUNK);
-        for i in 0..n {
-            f(&keys[i], &values[i]);
-        }
-        if errno.is_some() {
-            return Ok(true);
-        }
-        token[0] = token[1];
-        first = false;
-    }
 }

@@ -21,6 +21,9 @@
 //! use), that direction gets an epoch no entry can hold: drawn from one
 //! node-wide counter that starts above every epoch found in the maps.
 
+mod conntrack_maps;
+mod policy_tables;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -31,9 +34,10 @@ use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
 use palisade_ebpf::{
-    CtKey, CtValue, Endpoint, PolicyKey, PolicyValue, PortKey, PortValue, MAP_CONNTRACK,
-    MAP_ENDPOINTS, MAP_POLICY, MAP_PORTS, POLICY_ID_BITS, PROG_FROM_POD, PROG_TO_POD,
+    Endpoint, PortKey, PortValue, MAP_CONNTRACK, MAP_CT4, MAP_ENDPOINTS, MAP_PORTS, PROG_FROM_POD,
+    PROG_TO_POD,
 };
+use policy_tables::PolicyTables;
 
 use super::{Adopted, Datapath, DatapathError, EndpointEntry, PolicyId, PortSetId, Result};
 use crate::compile::{PortEntry, PortSet, Prefix};
@@ -42,7 +46,7 @@ pub struct BpfDatapath {
     pin_root: PathBuf,
     ebpf: Ebpf,
     endpoints: HashMap<MapData, u32, Endpoint>,
-    policy: LpmTrie<MapData, PolicyKey, PolicyValue>,
+    policies: PolicyTables,
     ports: LpmTrie<MapData, PortKey, PortValue>,
     /// The next epoch to hand out; above every epoch in the endpoint and
     /// conntrack maps (see the module comment).
@@ -58,7 +62,7 @@ const HOOKS: [(&str, TcAttachType, &str); 2] = [
     (PROG_TO_POD, TcAttachType::Egress, "to_pod"),
 ];
 
-fn err(what: impl std::fmt::Display, e: impl std::fmt::Display) -> DatapathError {
+pub(super) fn err(what: impl std::fmt::Display, e: impl std::fmt::Display) -> DatapathError {
     DatapathError::new(format!("{what}: {e}"))
 }
 
@@ -83,7 +87,8 @@ impl BpfDatapath {
                     "the conntrack map needs at least one entry",
                 ));
             }
-            loader.map_max_entries(palisade_ebpf::MAP_CONNTRACK, n);
+            loader.map_max_entries(MAP_CONNTRACK, n);
+            loader.map_max_entries(MAP_CT4, n);
         }
         let mut ebpf = loader
             .load(palisade_ebpf::OBJECT)
@@ -102,8 +107,7 @@ impl BpfDatapath {
         };
         let endpoints = HashMap::try_from(take(&mut ebpf, MAP_ENDPOINTS)?)
             .map_err(|e| err(MAP_ENDPOINTS, e))?;
-        let policy =
-            LpmTrie::try_from(take(&mut ebpf, MAP_POLICY)?).map_err(|e| err(MAP_POLICY, e))?;
+        let policies = PolicyTables::take(&mut ebpf)?;
         let ports =
             LpmTrie::try_from(take(&mut ebpf, MAP_PORTS)?).map_err(|e| err(MAP_PORTS, e))?;
         let next_epoch = first_unused_epoch(&endpoints, &ebpf)?;
@@ -113,7 +117,7 @@ impl BpfDatapath {
             pin_root: pin_root.to_path_buf(),
             ebpf,
             endpoints,
-            policy,
+            policies,
             ports,
             next_epoch,
             links: BTreeMap::new(),
@@ -239,23 +243,10 @@ pub(crate) fn ifname_of_pin(encoded: &str) -> String {
 /// a fresh epoch never matches an entry left by an earlier process, pod or
 /// policy. (2^32 policy changes on one node would wrap it.)
 fn first_unused_epoch(endpoints: &HashMap<MapData, u32, Endpoint>, ebpf: &Ebpf) -> Result<u32> {
-    let mut highest = 0u32;
+    let mut highest = conntrack_maps::highest_epoch(ebpf)?;
     for item in endpoints.iter() {
         let (_, e) = item.map_err(|e| err(MAP_ENDPOINTS, e))?;
         highest = highest.max(e.ingress_epoch).max(e.egress_epoch);
-    }
-    let conntrack: HashMap<&MapData, CtKey, CtValue> =
-        HashMap::try_from(ebpf.map(MAP_CONNTRACK).ok_or_else(|| {
-            DatapathError::new(format!("map {MAP_CONNTRACK} missing from object"))
-        })?)
-        .map_err(|e| err(MAP_CONNTRACK, e))?;
-    for item in conntrack.iter() {
-        match item {
-            Ok((_, v)) => highest = highest.max(v.epoch),
-            // The LRU evicts under us; a vanished key is no epoch to avoid.
-            Err(aya::maps::MapError::KeyNotFound) => {}
-            Err(e) => return Err(err(MAP_CONNTRACK, e)),
-        }
     }
     Ok(highest.wrapping_add(1).max(1))
 }
@@ -285,16 +276,6 @@ fn epochs_for(old: Option<&Endpoint>, new: &Endpoint, fresh: u32) -> (u32, u32, 
     (ingress.unwrap_or(fresh), egress.unwrap_or(fresh), used)
 }
 
-fn policy_key(id: PolicyId, p: &Prefix) -> Key<PolicyKey> {
-    Key::new(
-        POLICY_ID_BITS + u32::from(p.len),
-        PolicyKey {
-            policy_id: id,
-            addr: p.addr,
-        },
-    )
-}
-
 fn port_keys(id: PortSetId, set: &PortSet) -> Vec<Key<PortKey>> {
     set.0
         .iter()
@@ -313,7 +294,18 @@ impl Datapath for BpfDatapath {
             attached,
             ..Adopted::default()
         };
-        super::inspect::read_tables(&self.endpoints, &self.policy, &self.ports, &mut adopted)?;
+        super::inspect::read_tables(
+            &self.endpoints,
+            &self.policies.trie,
+            &self.ports,
+            &mut adopted,
+        )?;
+        self.policies.adopt(&adopted.policies)?;
+        // The older programs no longer run on any adopted link.
+        let moved = conntrack_maps::move_v4_entries(&mut self.ebpf)?;
+        if moved > 0 {
+            tracing::info!(moved, "moved IPv4 conntrack entries to {MAP_CT4}");
+        }
         Ok(adopted)
     }
 
@@ -334,20 +326,11 @@ impl Datapath for BpfDatapath {
     }
 
     fn add_policy(&mut self, id: PolicyId, entries: &[(Prefix, PortSetId)]) -> Result<()> {
-        for (prefix, ps) in entries {
-            self.policy
-                .insert(&policy_key(id, prefix), PolicyValue { portset_id: *ps }, 0)
-                .map_err(|e| err(format!("writing {MAP_POLICY}"), e))?;
-        }
-        Ok(())
+        self.policies.add(id, entries)
     }
 
     fn remove_policy(&mut self, id: PolicyId, entries: &[(Prefix, PortSetId)]) -> Result<()> {
-        for (prefix, _) in entries {
-            // Missing entries are fine: removal follows a partial insert too.
-            let _ = self.policy.remove(&policy_key(id, prefix));
-        }
-        Ok(())
+        self.policies.remove(id, entries)
     }
 
     fn ifindex(&mut self, ifname: &str) -> Result<u32> {

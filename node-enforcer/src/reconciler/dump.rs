@@ -28,7 +28,9 @@ pub struct Dump {
     pub conntrack: ConntrackDump,
 }
 
-/// The conntrack cleanups so far.
+/// The conntrack cleanups so far. `last.listed` holds the first
+/// [`crate::conntrack::listing::LISTED`] eBPF conntrack entries of the last
+/// cleanup in a stable order, `last.entries` how many there were in all.
 #[derive(Clone, Debug, Default)]
 pub struct ConntrackDump {
     pub last: crate::conntrack::sweep::Report,
@@ -38,6 +40,14 @@ pub struct ConntrackDump {
 }
 
 impl ConntrackDump {
+    /// The listed entries of the last cleanup, one line each, and how many
+    /// entries it found in all (the list stops at
+    /// [`crate::conntrack::listing::LISTED`]).
+    pub fn entry_lines(&self) -> (Vec<String>, usize) {
+        let lines = self.last.listed.iter().map(|e| e.to_string()).collect();
+        (lines, self.last.entries)
+    }
+
     pub fn record(&mut self, r: Result<crate::conntrack::sweep::Report, String>) {
         match r {
             Ok(report) => {
@@ -195,5 +205,52 @@ impl<D: Datapath> Reconciler<D> {
                 .collect(),
             conntrack: self.conntrack.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conntrack::listing::EntryView;
+    use crate::conntrack::Tuple;
+
+    #[test]
+    fn the_dump_lists_the_last_cleanups_entries_with_the_total() {
+        let mut d = ConntrackDump::default();
+        let mut addr = [0u8; 16];
+        addr[10] = 0xff;
+        addr[11] = 0xff;
+        addr[12] = 10;
+        addr[15] = 2;
+        let entry = EntryView {
+            ifindex: 7,
+            hook: "from_pod",
+            tuple: Tuple {
+                src: addr,
+                dst: addr,
+                sport: 40000,
+                dport: 80,
+                proto: 6,
+            },
+            epoch: 3,
+            idle_ms: 1200,
+            removed: false,
+        };
+        d.record(Ok(crate::conntrack::sweep::Report {
+            entries: 300,
+            kept: 300,
+            listed: vec![entry],
+            ..Default::default()
+        }));
+        let (lines, total) = d.entry_lines();
+        assert_eq!(total, 300);
+        assert_eq!(
+            lines,
+            ["ifindex=7 hook=from_pod proto=6 10.0.0.2:40000 -> 10.0.0.2:80 epoch=3 idle_ms=1200"]
+        );
+        // A failed cleanup keeps the last good list and says why.
+        d.record(Err("no netlink".into()));
+        assert_eq!(d.entry_lines().0.len(), 1);
+        assert_eq!(d.error, "no netlink");
     }
 }

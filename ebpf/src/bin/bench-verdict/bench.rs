@@ -70,13 +70,8 @@ impl Bench {
             let policy_id = i as u32 + 1;
             let portset_id = policy_id;
             harness.ports(portset_id, PROTO_TCP, PEER_PORT, PEER_PORT);
-            {
-                let mut trie = harness.policies();
-                for &(net, len) in &policy.rules {
-                    let key = PolicyKey::lpm(policy_id, IpAddr::V4(net), len);
-                    trie.insert(&key, PolicyValue { portset_id }, 0)
-                        .unwrap_or_else(|e| panic!("insert rule {net}/{len}: {e:?}"));
-                }
+            for &(net, len) in &policy.rules {
+                harness.rule(&PolicyKey::lpm(policy_id, IpAddr::V4(net), len), portset_id);
             }
             let sport = 40000 + i as u16;
             let peer = policy.allowed_peer.to_string();
@@ -242,9 +237,9 @@ impl Bench {
     /// Fills conntrack to its size with flows of an interface no packet
     /// comes from, so every new flow of the run evicts one.
     fn fill_conntrack(&mut self) {
-        let mut ct = self.harness.conntrack();
+        let mut ct = self.harness.conntrack4();
         for i in 0..MAX_CONNTRACK_ENTRIES {
-            let key = CtKey::new(
+            let key = Ct4Key::of(&CtKey::new(
                 Tuple {
                     src: IpAddr::V4(Ipv4Addr::from(0x0a80_0000 | i)),
                     sport: 40000,
@@ -254,7 +249,8 @@ impl Bench {
                 },
                 u32::MAX,
                 OWNER_FROM_POD,
-            );
+            ))
+            .expect("IPv4");
             let value = CtValue::default();
             ct.insert(key, value, 0).unwrap();
         }

@@ -1,0 +1,159 @@
+//! The policy tables as the programs read them: every entry in the
+//! `pal_policy` trie, and again in `pal_policy_exact` under its exact key,
+//! with `pal_policy_lens` listing each policy's prefix lengths so a lookup
+//! is one hash probe per length instead of a trie walk that deepens with
+//! the policy's size. The order of writes keeps every packet's answer the
+//! trie's own: the exact map is a subset of the trie at all times, and a
+//! policy's length list covers every entry the exact map holds for it.
+
+use std::collections::BTreeMap;
+
+use aya::maps::lpm_trie::{Key, LpmTrie};
+use aya::maps::{HashMap, MapData};
+use aya::Ebpf;
+use palisade_ebpf::policy_lens::{LensUpdate, PolicyLenCounts};
+use palisade_ebpf::{
+    PolicyExactKey, PolicyKey, PolicyLens, PolicyValue, MAP_POLICY, MAP_POLICY_EXACT,
+    MAP_POLICY_LENS, POLICY_ID_BITS,
+};
+
+use super::err;
+use crate::compile::Prefix;
+use crate::datapath::{DatapathError, PolicyId, PortSetId, Result};
+
+pub(super) fn policy_key(id: PolicyId, p: &Prefix) -> Key<PolicyKey> {
+    Key::new(
+        POLICY_ID_BITS + u32::from(p.len),
+        PolicyKey {
+            policy_id: id,
+            addr: p.addr,
+        },
+    )
+}
+
+/// A removal of a key that is not there.
+fn not_found(e: &aya::maps::MapError) -> bool {
+    match e {
+        aya::maps::MapError::KeyNotFound => true,
+        aya::maps::MapError::SyscallError(s) => s.io_error.raw_os_error() == Some(libc::ENOENT),
+        _ => false,
+    }
+}
+
+pub(super) struct PolicyTables {
+    pub(super) trie: LpmTrie<MapData, PolicyKey, PolicyValue>,
+    exact: HashMap<MapData, PolicyExactKey, PolicyValue>,
+    lens: HashMap<MapData, u32, PolicyLens>,
+    counts: PolicyLenCounts,
+}
+
+impl PolicyTables {
+    pub(super) fn take(ebpf: &mut Ebpf) -> Result<Self> {
+        let mut take = |name: &str| {
+            ebpf.take_map(name)
+                .ok_or_else(|| DatapathError::new(format!("map {name} missing from object")))
+        };
+        Ok(PolicyTables {
+            trie: LpmTrie::try_from(take(MAP_POLICY)?).map_err(|e| err(MAP_POLICY, e))?,
+            exact: HashMap::try_from(take(MAP_POLICY_EXACT)?)
+                .map_err(|e| err(MAP_POLICY_EXACT, e))?,
+            lens: HashMap::try_from(take(MAP_POLICY_LENS)?).map_err(|e| err(MAP_POLICY_LENS, e))?,
+            counts: PolicyLenCounts::default(),
+        })
+    }
+
+    fn apply(&mut self, id: PolicyId, update: LensUpdate) -> Result<()> {
+        match update {
+            LensUpdate::Unchanged => Ok(()),
+            LensUpdate::Write(v) => self
+                .lens
+                .insert(id, v, 0)
+                .map_err(|e| err(format!("writing {MAP_POLICY_LENS} for policy {id}"), e)),
+            LensUpdate::Delete => match self.lens.remove(&id) {
+                Ok(()) => Ok(()),
+                Err(e) if not_found(&e) => Ok(()),
+                Err(e) => Err(err(format!("removing {MAP_POLICY_LENS} of policy {id}"), e)),
+            },
+        }
+    }
+
+    /// Adds entries to policy `id`: lengths listed first, then each entry
+    /// into the trie and then the exact map.
+    pub(super) fn add(&mut self, id: PolicyId, entries: &[(Prefix, PortSetId)]) -> Result<()> {
+        let keys: Vec<Key<PolicyKey>> = entries.iter().map(|(p, _)| policy_key(id, p)).collect();
+        let update = self.counts.adding(id, keys.iter().map(|k| k.prefix_len()));
+        if let Err(e) = self.apply(id, update) {
+            // The counts ran ahead of the map; the trie alone is always right.
+            let _ = self.lens.remove(&id);
+            return Err(e);
+        }
+        for (key, (_, ps)) in keys.iter().zip(entries) {
+            let value = PolicyValue { portset_id: *ps };
+            self.trie
+                .insert(key, value, 0)
+                .map_err(|e| err(format!("writing {MAP_POLICY}"), e))?;
+            self.exact
+                .insert(PolicyExactKey::of(key), value, 0)
+                .map_err(|e| err(format!("writing {MAP_POLICY_EXACT}"), e))?;
+        }
+        Ok(())
+    }
+
+    /// Removes entries of policy `id`: each from the exact map and then the
+    /// trie, then the lengths no entry has any more. Missing entries are
+    /// fine (removal follows a partial insert too).
+    pub(super) fn remove(&mut self, id: PolicyId, entries: &[(Prefix, PortSetId)]) -> Result<()> {
+        let keys: Vec<Key<PolicyKey>> = entries.iter().map(|(p, _)| policy_key(id, p)).collect();
+        for key in &keys {
+            let _ = self.exact.remove(&PolicyExactKey::of(key));
+            let _ = self.trie.remove(key);
+        }
+        let update = self
+            .counts
+            .removing(id, keys.iter().map(|k| k.prefix_len()));
+        self.apply(id, update)
+    }
+
+    /// After a restart: `adopted` is what the trie holds, the one table
+    /// every version wrote. The exact map and length lists are rebuilt from
+    /// it: every list is removed first (each policy answered by the trie,
+    /// always right), then the exact map is made equal to the trie (filled
+    /// in where an older version wrote the trie alone or a crash stopped
+    /// between the two; entries the trie lacks, from a downgrade and
+    /// upgrade say, removed), and only then are the lists written again.
+    pub(super) fn adopt(
+        &mut self,
+        adopted: &BTreeMap<PolicyId, Vec<(Prefix, PortSetId)>>,
+    ) -> Result<()> {
+        let listed: Vec<u32> = self.lens.keys().filter_map(|k| k.ok()).collect();
+        for id in listed {
+            self.apply(id, LensUpdate::Delete)?;
+        }
+        let mut known = std::collections::HashSet::new();
+        for (&id, entries) in adopted {
+            for (p, ps) in entries {
+                let key = PolicyExactKey::of(&policy_key(id, p));
+                self.exact
+                    .insert(key, PolicyValue { portset_id: *ps }, 0)
+                    .map_err(|e| err(format!("writing {MAP_POLICY_EXACT}"), e))?;
+                known.insert(key);
+            }
+        }
+        let orphans: Vec<PolicyExactKey> = self
+            .exact
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| !known.contains(k))
+            .collect();
+        for k in orphans {
+            let _ = self.exact.remove(&k);
+        }
+        self.counts = PolicyLenCounts::default();
+        for (&id, entries) in adopted {
+            let lens = entries.iter().map(|(p, _)| policy_key(id, p).prefix_len());
+            let update = self.counts.adding(id, lens);
+            self.apply(id, update)?;
+        }
+        Ok(())
+    }
+}
