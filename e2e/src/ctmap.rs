@@ -16,8 +16,12 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 
 /// The map's pin name under the enforcer's pin root.
+/// IPv6 flows (and, from older datapaths, IPv4 ones), 16-byte addresses.
 pub const MAP_NAME: &str = "pal_conntrack";
+/// IPv4 flows, 4-byte addresses.
+pub const MAP4_NAME: &str = "pal_ct4";
 const KEY_SIZE: usize = 44;
+const KEY4_SIZE: usize = 20;
 const VALUE_SIZE: usize = 16;
 
 /// Which hook of the interface wrote the entry.
@@ -62,7 +66,27 @@ impl Entry {
         (self.src == ip && self.sport == port) || (self.dst == ip && self.dport == port)
     }
 
-    fn decode(k: &[u8; KEY_SIZE], v: &[u8; VALUE_SIZE]) -> Self {
+    fn decode4(k: &[u8], v: &[u8]) -> Self {
+        let addr = |b: &[u8]| IpAddr::from(<[u8; 4]>::try_from(b).expect("4 bytes"));
+        let u16be = |b: &[u8]| u16::from_be_bytes([b[0], b[1]]);
+        Entry {
+            src: addr(&k[0..4]),
+            dst: addr(&k[4..8]),
+            sport: u16be(&k[8..10]),
+            dport: u16be(&k[10..12]),
+            ifindex: u32::from_ne_bytes(k[12..16].try_into().expect("4 bytes")),
+            proto: k[16],
+            owner: match k[17] {
+                0 => Owner::FromPod,
+                1 => Owner::ToPod,
+                o => Owner::Other(o),
+            },
+            last_seen_ns: u64::from_ne_bytes(v[0..8].try_into().expect("8 bytes")),
+            epoch: u32::from_ne_bytes(v[8..12].try_into().expect("4 bytes")),
+        }
+    }
+
+    fn decode(k: &[u8], v: &[u8]) -> Self {
         let addr = |b: &[u8]| {
             let a = Ipv6Addr::from(<[u8; 16]>::try_from(b).expect("16 bytes"));
             a.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(a))
@@ -127,9 +151,14 @@ struct ElemAttr {
     flags: u64,
 }
 
-/// Every entry of the conntrack map pinned under `pin_root`.
+/// Every entry of the conntrack maps (IPv4 and IPv6) pinned under `pin_root`.
 pub fn read(pin_root: &Path) -> Result<Vec<Entry>> {
-    let path = pin_root.join(MAP_NAME);
+    let mut entries = read_map(&pin_root.join(MAP4_NAME), KEY4_SIZE, Entry::decode4)?;
+    entries.extend(read_map(&pin_root.join(MAP_NAME), KEY_SIZE, Entry::decode)?);
+    Ok(entries)
+}
+
+fn read_map(path: &Path, key_len: usize, decode: fn(&[u8], &[u8]) -> Entry) -> Result<Vec<Entry>> {
     let c = CString::new(path.as_os_str().as_encoded_bytes())?;
     let mut get = ObjGet {
         pathname: c.as_ptr() as u64,
@@ -148,15 +177,15 @@ pub fn read(pin_root: &Path) -> Result<Vec<Entry>> {
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut by_fd).context("reading the conntrack map's info")?;
     // struct bpf_map_info: type, id, key_size, value_size, ...
     let (key_size, value_size) = (info[2] as usize, info[3] as usize);
-    if (key_size, value_size) != (KEY_SIZE, VALUE_SIZE) {
+    if (key_size, value_size) != (key_len, VALUE_SIZE) {
         bail!(
-            "{}: key/value sizes {key_size}/{value_size}, the lab decodes {KEY_SIZE}/{VALUE_SIZE}: the datapath's layout changed",
+            "{}: key/value sizes {key_size}/{value_size}, the lab decodes {key_len}/{VALUE_SIZE}: the datapath's layout changed",
             path.display()
         );
     }
     let mut entries = Vec::new();
-    let mut key = [0u8; KEY_SIZE];
-    let mut next = [0u8; KEY_SIZE];
+    let mut key = vec![0u8; key_len];
+    let mut next = vec![0u8; key_len];
     let mut first = true;
     loop {
         let mut attr = ElemAttr {
@@ -173,7 +202,7 @@ pub fn read(pin_root: &Path) -> Result<Vec<Entry>> {
             Err(e) => return Err(e).context("iterating the conntrack map"),
         }
         first = false;
-        key = next;
+        key.copy_from_slice(&next);
         let mut value = [0u8; VALUE_SIZE];
         let mut attr = ElemAttr {
             map_fd: fd.as_raw_fd() as u32,
@@ -183,7 +212,7 @@ pub fn read(pin_root: &Path) -> Result<Vec<Entry>> {
             flags: 0,
         };
         match bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) {
-            Ok(_) => entries.push(Entry::decode(&key, &value)),
+            Ok(_) => entries.push(decode(&key, &value)),
             // Removed between the two calls (a cleanup, LRU eviction).
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
             Err(e) => return Err(e).context("reading a conntrack entry"),
@@ -219,5 +248,27 @@ mod tests {
         assert_eq!((e.sport, e.dport, e.proto, e.ifindex), (40000, 80, 6, 7));
         assert_eq!((e.owner, e.last_seen_ns, e.epoch), (Owner::ToPod, 123, 5));
         assert!(e.involves(IpAddr::from([10, 244, 0, 2]), 40000));
+    }
+
+    #[test]
+    fn decodes_the_ipv4_layout() {
+        let mut k = [0u8; KEY4_SIZE];
+        k[0..4].copy_from_slice(&[10, 244, 0, 2]);
+        k[4..8].copy_from_slice(&[10, 96, 0, 10]);
+        k[8..10].copy_from_slice(&40000u16.to_be_bytes());
+        k[10..12].copy_from_slice(&80u16.to_be_bytes());
+        k[12..16].copy_from_slice(&7u32.to_ne_bytes());
+        k[16] = 6;
+        k[17] = 1;
+        let mut v = [0u8; VALUE_SIZE];
+        v[8..12].copy_from_slice(&3u32.to_ne_bytes());
+        let e = Entry::decode4(&k, &v);
+        assert_eq!(e.src, IpAddr::from([10, 244, 0, 2]));
+        assert_eq!(e.dst, IpAddr::from([10, 96, 0, 10]));
+        assert_eq!(
+            (e.sport, e.dport, e.ifindex, e.proto, e.epoch),
+            (40000, 80, 7, 6, 3)
+        );
+        assert_eq!(e.owner, Owner::ToPod);
     }
 }

@@ -60,7 +60,7 @@ struct Args {
     /// exit; 0 waits forever (a surge rollout's new pod waits for the old).
     #[arg(long, env = "PALISADE_LOCK_TIMEOUT_SECS", default_value_t = 0)]
     lock_timeout_secs: u64,
-    /// Size of the eBPF conntrack map, applied when it is first created.
+    /// Size of each of the eBPF conntrack maps (IPv4 and IPv6), applied when they are first created.
     #[arg(long, env = "PALISADE_CONNTRACK_MAX_ENTRIES", default_value_t = 65536)]
     conntrack_max_entries: u32,
     /// How often eBPF conntrack entries are checked against the kernel's

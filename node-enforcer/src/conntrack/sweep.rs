@@ -27,7 +27,23 @@ pub struct Report {
     /// The first [`super::listing::LISTED`] entries in a stable order
     /// (interface, hook, tuple), each as this pass found it.
     pub listed: Vec<EntryView>,
+    /// Why nothing was removed although entries were unexplained, when the
+    /// pass decided it could not judge (empty otherwise).
+    pub skipped: String,
 }
+
+/// Why a pass must not remove anything. The kernel tracks connections in a
+/// namespace only once a rule there uses conntrack (NAT, a `ct` match), and
+/// nothing tells from outside whether one does: an empty table means either
+/// "every flow ended" or "nothing is tracked here". Until this process has
+/// seen the kernel's table hold an entry, it takes the second reading:
+/// "the kernel does not explain it" then says nothing about a flow, and
+/// removing would cut every idle connection's replies. The LRU bounds the
+/// map meanwhile. (The kernel's `insert` statistic, which would tell, stays
+/// 0 on this kernel.)
+pub const SKIPPED_KERNEL_TRACKS_NOTHING: &str =
+    "the kernel tracks no connection in this network namespace (no rule uses conntrack): \
+     entries are kept, and the map's LRU bounds them";
 
 pub fn tuple_of(k: &CtKey) -> Tuple {
     Tuple {
@@ -43,6 +59,10 @@ pub fn tuple_of(k: &CtKey) -> Tuple {
 pub struct Conntrack {
     pub v4: HashMap<MapData, Ct4Key, CtValue>,
     pub v6: HashMap<MapData, CtKey, CtValue>,
+    /// Whether a pass of this process has found an entry in the kernel's
+    /// table: only then does an unexplained eBPF entry mean a dead flow
+    /// (see [`SKIPPED_KERNEL_TRACKS_NOTHING`]).
+    pub kernel_seen_tracking: bool,
 }
 
 impl Conntrack {
@@ -88,6 +108,7 @@ pub fn open(pin_root: &Path) -> Result<Conntrack, String> {
     Ok(Conntrack {
         v4: open_map(pin_root, MAP_CT4)?,
         v6: open_map(pin_root, MAP_CONNTRACK)?,
+        kernel_seen_tracking: false,
     })
 }
 
@@ -108,6 +129,8 @@ struct Judge<'a> {
     entries: usize,
     removed: usize,
     error: Option<String>,
+    /// False: judge and list, remove nothing (see [`SKIPPED_KERNEL_TRACKS_NOTHING`]).
+    remove: bool,
 }
 
 impl Judge<'_> {
@@ -130,7 +153,7 @@ impl Judge<'_> {
             let is_stale = stale(&tuple, v.last_seen_ns, self.started, self.explained);
             self.entries += 1;
             self.listing.offer(&wide, tuple, v, self.started, is_stale);
-            if is_stale {
+            if is_stale && self.remove {
                 stale_keys.push(*k);
             }
         }
@@ -154,6 +177,8 @@ pub fn sweep(maps: &mut Conntrack) -> Result<Report, String> {
     let hint = kernel_count_hint();
     let mut explained = Explained::with_capacity(hint + hint / 4);
     let kernel_entries = kernel::dump(|orig, reply| explained.add(orig, reply))?;
+    maps.kernel_seen_tracking |= kernel_entries > 0;
+    let kernel_tracks = maps.kernel_seen_tracking;
     let (fd4, fd6) = maps.fds();
     let mut judge = Judge {
         started,
@@ -162,6 +187,7 @@ pub fn sweep(maps: &mut Conntrack) -> Result<Report, String> {
         entries: 0,
         removed: 0,
         error: None,
+        remove: kernel_tracks,
     };
     let mut stale4: Vec<Ct4Key> = Vec::with_capacity(batch::CHUNK);
     batch::read_all::<Ct4Key, CtValue>(fd4, |keys, values| {
@@ -184,6 +210,11 @@ pub fn sweep(maps: &mut Conntrack) -> Result<Report, String> {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0),
+        skipped: if !kernel_tracks && judge.entries > 0 {
+            SKIPPED_KERNEL_TRACKS_NOTHING.to_string()
+        } else {
+            String::new()
+        },
         listed: judge.listing.into_sorted(),
     })
 }

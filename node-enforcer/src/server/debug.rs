@@ -51,6 +51,8 @@ impl DebugService for DebugServer {
                 cleanups: d.conntrack.cleanups,
                 removed_total: d.conntrack.removed_total,
                 error: d.conntrack.error.clone(),
+                listed: d.conntrack.entry_lines().0,
+                skipped: d.conntrack.last.skipped.clone(),
             }),
             warnings: d.warnings,
             node_addresses: d
