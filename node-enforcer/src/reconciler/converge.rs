@@ -221,6 +221,10 @@ impl<D: Datapath> Reconciler<D> {
                 .collect(),
         };
 
+        // 0. Tables whose users all move to one new content are edited in
+        //    place where that is safe, instead of being written anew.
+        self.edit_tables_in_place(want, &in_scope);
+
         // 1. Tables every desired endpoint needs, before anything points at
         //    them. Equal policies share one Arc (compilation is memoized),
         //    so most duplicates are dropped by address before any content
@@ -330,7 +334,7 @@ impl<D: Datapath> Reconciler<D> {
         self.collect_tables();
     }
 
-    fn fail(&mut self, pod: Option<&PodKey>, e: String) {
+    pub(super) fn fail(&mut self, pod: Option<&PodKey>, e: String) {
         match pod {
             Some(p) => {
                 self.failures.insert(p.clone(), e);

@@ -123,9 +123,11 @@ fn replicas_with_equal_policy_share_one_table_until_the_last_goes() {
     r.datapath.assert_no_violations();
 }
 
+/// The new-id path (in-place edits, which would take these host-only
+/// changes, are tested in `in_place`).
 #[test]
 fn policy_change_is_make_before_break() {
-    let mut r = reconciler();
+    let mut r = reconciler().with_in_place_edits(false);
     r.apply_plan(snapshot(0, vec![unselected("a")])).unwrap();
     up_now(&mut r, up("a", "veth-a")).unwrap();
     for (v, port) in [(1, 80), (2, 81), (3, 82)] {
