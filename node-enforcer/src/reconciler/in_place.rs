@@ -320,6 +320,34 @@ impl<D: Datapath> Reconciler<D> {
         }
     }
 
+    /// A predecessor may have died between narrowing a table in place and
+    /// renewing its users' epochs, and its table is final: nothing left to
+    /// diff would say so. So a new process renews every direction that has
+    /// a table once, before anything else: established flows are judged
+    /// again, by the tables as they are now, on their next packet.
+    pub(super) fn renew_after_recovery(&mut self) {
+        let table = |id: PolicyId| id != 0 && id != super::DENY_ALL;
+        let all: Vec<(String, OwedRenewal)> = self
+            .realized
+            .endpoints
+            .iter()
+            .filter(|(_, re)| table(re.entry.ingress) || table(re.entry.egress))
+            .map(|(name, re)| {
+                (
+                    name.clone(),
+                    OwedRenewal {
+                        ifindex: re.ifindex,
+                        ingress: table(re.entry.ingress),
+                        egress: table(re.entry.egress),
+                    },
+                )
+            })
+            .collect();
+        for (name, owed) in all {
+            self.renew(name, owed);
+        }
+    }
+
     fn retry_owed_renewals(&mut self) {
         let owed = std::mem::take(&mut self.realized.owed_renewals);
         for (ifname, o) in owed {

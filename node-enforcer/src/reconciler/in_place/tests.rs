@@ -727,3 +727,27 @@ fn random_plan_changes_leave_exactly_the_compiled_tables() {
     }
     assert!(in_place > 100 && narrowing > 50, "{in_place} edits, {narrowing} renewals");
 }
+
+/// The enforcer dies after narrowing a table in place, before renewing its
+/// users' epochs: the table is final, so nothing is left to diff. The next
+/// process renews every isolated direction on takeover.
+#[test]
+fn a_restart_renews_what_a_dead_predecessor_may_have_owed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = reconciler().with_checkpoint(crate::checkpoint::Checkpoint::open(dir.path()).unwrap());
+    shared_setup(&mut r, &hosts(1..11));
+    // Every renewal fails: as good as dead right after the edit.
+    r.datapath.fail.insert("renew_epochs".into());
+    r.apply_plan(peer_change(2, &hosts(2..11))).unwrap();
+    assert_eq!(r.datapath.stale_flows.len(), 3);
+    r.flush();
+
+    let mut datapath = std::mem::take(&mut r.datapath);
+    datapath.fail.clear();
+    let cp = crate::checkpoint::Checkpoint::open(dir.path()).unwrap();
+    let saved = cp.load().unwrap();
+    let mut r2 = Reconciler::new("n1".into(), "e2".into(), datapath).with_checkpoint(cp);
+    r2.recover(saved).unwrap();
+    assert!(r2.datapath.stale_flows.is_empty(), "{:?}", r2.datapath.stale_flows);
+    r2.datapath.assert_no_violations();
+}
