@@ -217,7 +217,8 @@ impl Datapath for Mortal {
             allowed.min(upserts.len()),
             allowed.saturating_sub(upserts.len()),
         );
-        self.inner.update_policy(id, &upserts[..u], &removals[..r])?;
+        self.inner
+            .update_policy(id, &upserts[..u], &removals[..r])?;
         if let Some(n) = &mut self.budget {
             *n -= allowed;
         }
@@ -499,12 +500,7 @@ impl World {
                     // Dies part-way through the next plan change.
                     self.r().datapath.budget = Some(*n);
                     let p = (self.version as usize) % PODS;
-                    let shape = self
-                        .policies
-                        .get(&p)
-                        .copied()
-                        .flatten()
-                        .map(next_shape);
+                    let shape = self.policies.get(&p).copied().flatten().map(next_shape);
                     self.policies.insert(p, shape);
                     self.version += 1;
                     let plan = self.plan();
@@ -642,8 +638,7 @@ fn between_two(allowed: &[Option<u8>], table: &Option<PolicySet>, node: &[Prefix
             t.entries
                 .iter()
                 .all(|(p, v)| a.entries.get(p) == Some(v) || b.entries.get(p) == Some(v))
-                && a
-                    .entries
+                && a.entries
                     .iter()
                     .filter(|(p, v)| b.entries.get(*p) == Some(*v))
                     .all(|(p, v)| t.entries.get(p) == Some(v))

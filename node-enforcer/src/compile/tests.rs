@@ -352,7 +352,14 @@ fn indexed_compilation_equals_the_scan_on_random_policies() {
                 ports: (0..below(3))
                     .map(|_| {
                         let port = 1 + below(100) as u32;
-                        tcp(port, if below(2) == 0 { 0 } else { port + below(50) as u32 })
+                        tcp(
+                            port,
+                            if below(2) == 0 {
+                                0
+                            } else {
+                                port + below(50) as u32
+                            },
+                        )
                     })
                     .collect(),
             })

@@ -134,7 +134,10 @@ impl FakeDatapath {
         self.endpoints
             .iter()
             .flat_map(|(i, e)| {
-                [(e.ingress == id).then_some((*i, true)), (e.egress == id).then_some((*i, false))]
+                [
+                    (e.ingress == id).then_some((*i, true)),
+                    (e.egress == id).then_some((*i, false)),
+                ]
             })
             .flatten()
             .collect()
@@ -195,9 +198,11 @@ impl Datapath for FakeDatapath {
         removals: &[Prefix],
     ) -> Result<()> {
         self.injected(&format!("update_policy {id}"))?;
-        let before = self.policies.get(&id).cloned().ok_or_else(|| {
-            DatapathError::new(format!("update_policy {id}: no such table"))
-        })?;
+        let before = self
+            .policies
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| DatapathError::new(format!("update_policy {id}: no such table")))?;
         let mut after: BTreeMap<Prefix, PortSetId> = before.iter().copied().collect();
         after.extend(upserts.iter().copied());
         for p in removals {

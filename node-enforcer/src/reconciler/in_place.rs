@@ -28,7 +28,7 @@
 //! moves to the same new content (the old content has no user left) and
 //! that content has no table yet.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::{RealizedPolicy, Reconciler};
@@ -54,23 +54,36 @@ pub(super) struct TableDiff<'a> {
 /// The in-place diff from `old` to `new`, or None when it would add or
 /// remove a non-host prefix (see the module comment).
 pub(super) fn host_only_diff<'a>(old: &PolicySet, new: &'a PolicySet) -> Option<TableDiff<'a>> {
+    // One walk of both sorted tables: the cost is the table's, once, with
+    // no lookups.
     let mut added = Vec::new();
     let mut changed = Vec::new();
-    for (p, ports) in &new.entries {
-        match old.entries.get(p) {
-            None if p.len == HOST => added.push((*p, ports)),
-            None => return None,
-            Some(was) if was != ports => changed.push((*p, ports)),
-            Some(_) => {}
-        }
-    }
     let mut removals = Vec::new();
-    for p in old.entries.keys() {
-        if !new.entries.contains_key(p) {
-            if p.len != HOST {
-                return None;
+    let mut olds = old.entries.iter().peekable();
+    let mut news = new.entries.iter().peekable();
+    loop {
+        match (olds.peek(), news.peek()) {
+            (None, None) => break,
+            (Some((o, _)), Some((n, _))) if o == n => {
+                let ((_, was), (p, ports)) = (olds.next()?, news.next()?);
+                if was != ports {
+                    changed.push((*p, ports));
+                }
             }
-            removals.push(*p);
+            (Some((o, _)), n) if n.is_none_or(|(n, _)| o < n) => {
+                if o.len != HOST {
+                    return None;
+                }
+                removals.push(**o);
+                olds.next();
+            }
+            _ => {
+                let (p, ports) = news.next()?;
+                if p.len != HOST {
+                    return None;
+                }
+                added.push((*p, ports));
+            }
         }
     }
     let narrows = !changed.is_empty() || !removals.is_empty();
@@ -80,6 +93,29 @@ pub(super) fn host_only_diff<'a>(old: &PolicySet, new: &'a PolicySet) -> Option<
         removals,
         narrows,
     })
+}
+
+/// A table's entries after a diff: few keys change in a long sorted list.
+fn edited_entries(
+    mut entries: Vec<(Prefix, PortSetId)>,
+    upserts: &[(Prefix, PortSetId)],
+    removals: &[Prefix],
+) -> Vec<(Prefix, PortSetId)> {
+    if !entries.is_sorted_by_key(|(p, _)| *p) {
+        entries.sort_by_key(|(p, _)| *p);
+    }
+    for p in removals {
+        if let Ok(i) = entries.binary_search_by_key(p, |(q, _)| *q) {
+            entries.remove(i);
+        }
+    }
+    for (p, ps) in upserts {
+        match entries.binary_search_by_key(p, |(q, _)| *q) {
+            Ok(i) => entries[i].1 = *ps,
+            Err(i) => entries.insert(i, (*p, *ps)),
+        }
+    }
+    entries
 }
 
 /// A table all of whose users move to one new content.
@@ -117,7 +153,11 @@ impl<D: Datapath> Reconciler<D> {
         }
     }
 
-    fn in_place_candidates(&self, want: &Desired, in_scope: &dyn Fn(&str) -> bool) -> Vec<Candidate> {
+    fn in_place_candidates(
+        &self,
+        want: &Desired,
+        in_scope: &dyn Fn(&str) -> bool,
+    ) -> Vec<Candidate> {
         let content: BTreeMap<PolicyId, &Arc<PolicySet>> = self
             .realized
             .policies
@@ -133,7 +173,9 @@ impl<D: Datapath> Reconciler<D> {
                 (re.entry.ingress, &re.ingress, true),
                 (re.entry.egress, &re.egress, false),
             ] {
-                let Some(old) = content.get(&id) else { continue };
+                let Some(old) = content.get(&id) else {
+                    continue;
+                };
                 // The record must name the table's content: anything else
                 // is not safe to reason on, and takes the new-id path.
                 let consistent =
@@ -209,10 +251,7 @@ impl<D: Datapath> Reconciler<D> {
         let Some(realized) = self.realized.policies.remove(&c.old) else {
             return false;
         };
-        if let Err(e) = self
-            .datapath
-            .update_policy(c.id, &upserts, &diff.removals)
-        {
+        if let Err(e) = self.datapath.update_policy(c.id, &upserts, &diff.removals) {
             // Each address now holds its old or new value, but which is
             // unknown: retire the table (removed once no endpoint points at
             // it, with every key it may hold) and let the new-id path give
@@ -228,20 +267,10 @@ impl<D: Datapath> Reconciler<D> {
             ));
             return false;
         }
-        let removed: BTreeSet<Prefix> = diff.removals.iter().copied().collect();
-        let mut entries: BTreeMap<Prefix, PortSetId> = realized
-            .entries
-            .into_iter()
-            .filter(|(p, _)| !removed.contains(p))
-            .collect();
-        entries.extend(upserts);
-        self.realized.policies.insert(
-            c.new.clone(),
-            RealizedPolicy {
-                id: c.id,
-                entries: entries.into_iter().collect(),
-            },
-        );
+        let entries = edited_entries(realized.entries, &upserts, &diff.removals);
+        self.realized
+            .policies
+            .insert(c.new.clone(), RealizedPolicy { id: c.id, entries });
         // The table its users point at holds the new content now.
         let mut users = Vec::new();
         for (name, re) in self.realized.endpoints.iter_mut() {

@@ -387,7 +387,10 @@ fn restart_takes_over_without_touching_a_correct_datapath() {
     let mut r2 = restart(&mut r, dir.path());
     // Only the isolated directions' epochs move (the predecessor may have
     // died before renewing them after an in-place edit): one write each.
-    let (a, b) = (r2.datapath.interfaces["veth-a"], r2.datapath.interfaces["veth-b"]);
+    let (a, b) = (
+        r2.datapath.interfaces["veth-a"],
+        r2.datapath.interfaces["veth-b"],
+    );
     assert_eq!(
         r2.datapath.log,
         vec![

@@ -67,7 +67,11 @@ fn snapshot(version: u64, pods: Vec<PodPolicy>) -> PlanMessage {
 const IFACES: [&str; 6] = ["veth-a", "veth-b", "veth-c", "veth-d", "veth-e", "veth-f"];
 
 fn reconciler() -> Reconciler<FakeDatapath> {
-    Reconciler::new("n1".into(), "e1".into(), FakeDatapath::with_interfaces(&IFACES))
+    Reconciler::new(
+        "n1".into(),
+        "e1".into(),
+        FakeDatapath::with_interfaces(&IFACES),
+    )
 }
 
 /// Brings up pod `name` on its interface (`veth-<name>`).
@@ -179,7 +183,11 @@ fn host_additions_and_removals_are_diffed_and_anything_shorter_is_refused() {
 
     // Adding or removing anything shorter than a host moves other
     // addresses' longest match.
-    assert!(host_only_diff(&old, &set(&[(net, 80), (a, 80), (v4([10, 1, 0, 0], 16), 80)])).is_none());
+    assert!(host_only_diff(
+        &old,
+        &set(&[(net, 80), (a, 80), (v4([10, 1, 0, 0], 16), 80)])
+    )
+    .is_none());
     assert!(host_only_diff(&old, &set(&[(a, 80)])).is_none());
     // IPv6 hosts are hosts too.
     let v6 = Prefix::from_ip("fd00::1".parse().unwrap(), 128);
@@ -206,7 +214,10 @@ fn random_table(rng: &mut Rng) -> BTreeMap<Prefix, u16> {
     for _ in 0..rng.below(6) {
         let len = [29u8, 30, 31, 32, 32, 32][rng.below(6) as usize];
         let last = (rng.below(8) as u8) & !(((1u16 << (32 - len)) - 1) as u8);
-        t.insert(v4([10, 0, 0, last], len), [0, 80, 81][rng.below(3) as usize]);
+        t.insert(
+            v4([10, 0, 0, last], len),
+            [0, 80, 81][rng.below(3) as usize],
+        );
     }
     t
 }
@@ -267,16 +278,16 @@ fn every_intermediate_table_of_an_accepted_diff_is_old_or_new_per_address() {
     let (mut accepted, mut refused, mut wrong_order_caught) = (0, 0, 0);
     for _ in 0..20_000 {
         let (old, new) = (random_table(&mut rng), random_table(&mut rng));
-        let as_set = |t: &BTreeMap<Prefix, u16>| {
-            set(&t.iter().map(|(p, v)| (*p, *v)).collect::<Vec<_>>())
-        };
+        let as_set =
+            |t: &BTreeMap<Prefix, u16>| set(&t.iter().map(|(p, v)| (*p, *v)).collect::<Vec<_>>());
         let (old_set, new_set) = (as_set(&old), as_set(&new));
         let Some(d) = host_only_diff(&old_set, &new_set) else {
             refused += 1;
             continue;
         };
         accepted += 1;
-        let upserts: Vec<(Prefix, u16)> = d.upserts.iter().map(|(p, ps)| (*p, port_of(ps))).collect();
+        let upserts: Vec<(Prefix, u16)> =
+            d.upserts.iter().map(|(p, ps)| (*p, port_of(ps))).collect();
         if let Some(e) = first_unsafe_step(&old, &new, &upserts, &d.removals) {
             panic!("{old:?} -> {new:?}: {e}");
         }
@@ -345,7 +356,10 @@ fn a_peer_joining_is_one_write_in_place_and_renews_no_epoch() {
         "one write, nothing else"
     );
     assert_eq!(ingress_id(&r, "a"), id);
-    assert_eq!(r.datapath.epochs, epochs, "widening keeps established flows");
+    assert_eq!(
+        r.datapath.epochs, epochs,
+        "widening keeps established flows"
+    );
     let want = compile(&direction(vec![rule(&hosts(1..12), 80)]).unwrap(), &[]).unwrap();
     assert_eq!(table(&r.datapath, id), want);
     assert_eq!(r.datapath.policies.len(), 2);
@@ -383,7 +397,10 @@ fn a_peer_leaving_is_one_delete_and_renews_exactly_the_users_directions() {
     );
     let now = &r.datapath.epochs;
     assert_ne!(now[&a].0, epochs[&a].0);
-    assert_eq!(now[&a].1, epochs[&a].1, "egress of a is not the table's user");
+    assert_eq!(
+        now[&a].1, epochs[&a].1,
+        "egress of a is not the table's user"
+    );
     assert_ne!(now[&c].1, epochs[&c].1);
     assert_eq!(now[&c].0, epochs[&c].0);
     assert_eq!(now[&d], epochs[&d], "another table's user keeps its flows");
@@ -403,7 +420,11 @@ fn a_cidr_change_or_a_user_left_behind_takes_a_new_table() {
     let new = ingress_id(&r, "a");
     assert_ne!(new, id);
     assert!(!r.datapath.policies.contains_key(&id), "old table removed");
-    assert!(!r.datapath.log.iter().any(|l| l.starts_with("update_policy")));
+    assert!(!r
+        .datapath
+        .log
+        .iter()
+        .any(|l| l.starts_with("update_policy")));
 
     // Only a and b move: c keeps the table, so it is not edited.
     let shared = direction(vec![rule(&hosts(1..5), 80)]);
@@ -416,7 +437,11 @@ fn a_cidr_change_or_a_user_left_behind_takes_a_new_table() {
     .unwrap();
     assert_ne!(ingress_id(&r, "a"), new);
     assert_eq!(r.datapath.endpoint_of("veth-c").unwrap().1, new);
-    assert!(!r.datapath.log.iter().any(|l| l.starts_with("update_policy")));
+    assert!(!r
+        .datapath
+        .log
+        .iter()
+        .any(|l| l.starts_with("update_policy")));
 
     // Switched off, a host change takes a new table as well.
     let mut r = reconciler().with_in_place_edits(false);
@@ -424,7 +449,11 @@ fn a_cidr_change_or_a_user_left_behind_takes_a_new_table() {
     let id = ingress_id(&r, "a");
     r.apply_plan(peer_change(2, &hosts(1..5))).unwrap();
     assert_ne!(ingress_id(&r, "a"), id);
-    assert!(!r.datapath.log.iter().any(|l| l.starts_with("update_policy")));
+    assert!(!r
+        .datapath
+        .log
+        .iter()
+        .any(|l| l.starts_with("update_policy")));
     r.datapath.assert_no_violations();
 }
 
@@ -481,7 +510,10 @@ fn a_failed_edit_moves_the_users_to_a_complete_new_table() {
     let new = ingress_id(&r, "a");
     assert_ne!(new, id, "users moved to a new table");
     assert_eq!(r.datapath.endpoint_of("veth-c").unwrap().1, new);
-    assert!(!r.datapath.policies.contains_key(&id), "half-edited table removed");
+    assert!(
+        !r.datapath.policies.contains_key(&id),
+        "half-edited table removed"
+    );
     let want = compile(&direction(vec![rule(&peers, 80)]).unwrap(), &[]).unwrap();
     assert_eq!(table(&r.datapath, new), want);
     let errors = r.node_state().errors;
@@ -596,7 +628,10 @@ fn check_against_scratch(
     let mut used = BTreeSet::new();
     for (name, p) in plan {
         let (ingress, egress) = r.datapath.endpoint_of(&format!("veth-{name}")).unwrap();
-        for (id, d, dir) in [(ingress, &p.ingress, "ingress"), (egress, &p.egress, "egress")] {
+        for (id, d, dir) in [
+            (ingress, &p.ingress, "ingress"),
+            (egress, &p.egress, "egress"),
+        ] {
             match d {
                 None => assert_eq!(id, 0, "{what}: {name} {dir} should be open"),
                 Some(d) => {
@@ -628,20 +663,27 @@ fn random_plan_changes_leave_exactly_the_compiled_tables() {
         r.datapath.node_addresses = vec!["10.0.0.200".parse().unwrap()];
         let node = [v4([10, 0, 0, 200], 32)];
         // Replicas: pods share one of a few policies, so tables have users.
-        let mut shapes: Vec<(Option<DirectionPolicy>, Option<DirectionPolicy>)> =
-            (0..3).map(|_| (random_direction(&mut rng), random_direction(&mut rng))).collect();
+        let mut shapes: Vec<(Option<DirectionPolicy>, Option<DirectionPolicy>)> = (0..3)
+            .map(|_| (random_direction(&mut rng), random_direction(&mut rng)))
+            .collect();
         let assign: Vec<usize> = names.iter().map(|_| rng.below(3) as usize).collect();
         let plan_of = |shapes: &[(Option<DirectionPolicy>, Option<DirectionPolicy>)]| {
             names
                 .iter()
                 .zip(&assign)
-                .map(|(n, s)| (n.to_string(), pod(n, shapes[*s].0.clone(), shapes[*s].1.clone())))
+                .map(|(n, s)| {
+                    (
+                        n.to_string(),
+                        pod(n, shapes[*s].0.clone(), shapes[*s].1.clone()),
+                    )
+                })
                 .collect::<BTreeMap<String, PodPolicy>>()
         };
         let mut overrides: BTreeMap<String, PodPolicy> = BTreeMap::new();
         let mut plan = plan_of(&shapes);
         let mut version = 1;
-        r.apply_plan(snapshot(version, plan.values().cloned().collect())).unwrap();
+        r.apply_plan(snapshot(version, plan.values().cloned().collect()))
+            .unwrap();
         for n in names {
             up(&mut r, n);
         }
@@ -652,11 +694,17 @@ fn random_plan_changes_leave_exactly_the_compiled_tables() {
             match rng.below(5) {
                 // A peer joins or leaves one rule: the churn this is for.
                 0..=2 => {
-                    let d = if rng.below(2) == 0 { &mut shapes[s].0 } else { &mut shapes[s].1 };
+                    let d = if rng.below(2) == 0 {
+                        &mut shapes[s].0
+                    } else {
+                        &mut shapes[s].1
+                    };
                     if let Some(d) = d {
                         if let Some(rule) = d.rules.first_mut() {
                             let host = proto_prefix(&v4([10, 0, 0, rng.below(12) as u8], 32));
-                            if let Some(i) = rule.peers.iter().position(|p| p.cidr == Some(host.clone())) {
+                            if let Some(i) =
+                                rule.peers.iter().position(|p| p.cidr == Some(host.clone()))
+                            {
                                 rule.peers.remove(i);
                             } else {
                                 rule.peers.push(PeerBlock {
@@ -708,11 +756,16 @@ fn random_plan_changes_leave_exactly_the_compiled_tables() {
             }
             r.apply_plan(msg).unwrap();
             let log = log_since(&r, from);
-            in_place += log.iter().filter(|l| l.starts_with("update_policy")).count();
+            in_place += log
+                .iter()
+                .filter(|l| l.starts_with("update_policy"))
+                .count();
             narrowing += log.iter().filter(|l| l.starts_with("renew_epochs")).count();
-            r.datapath.violations.is_empty().then_some(()).unwrap_or_else(|| {
-                panic!("seed {seed} step {step}: {:?}", r.datapath.violations)
-            });
+            r.datapath
+                .violations
+                .is_empty()
+                .then_some(())
+                .unwrap_or_else(|| panic!("seed {seed} step {step}: {:?}", r.datapath.violations));
             if fail {
                 r.datapath.fail.clear();
                 r.handle(Event::Tick);
@@ -725,7 +778,10 @@ fn random_plan_changes_leave_exactly_the_compiled_tables() {
             );
         }
     }
-    assert!(in_place > 100 && narrowing > 50, "{in_place} edits, {narrowing} renewals");
+    assert!(
+        in_place > 100 && narrowing > 50,
+        "{in_place} edits, {narrowing} renewals"
+    );
 }
 
 /// The enforcer dies after narrowing a table in place, before renewing its
@@ -734,7 +790,8 @@ fn random_plan_changes_leave_exactly_the_compiled_tables() {
 #[test]
 fn a_restart_renews_what_a_dead_predecessor_may_have_owed() {
     let dir = tempfile::tempdir().unwrap();
-    let mut r = reconciler().with_checkpoint(crate::checkpoint::Checkpoint::open(dir.path()).unwrap());
+    let mut r =
+        reconciler().with_checkpoint(crate::checkpoint::Checkpoint::open(dir.path()).unwrap());
     shared_setup(&mut r, &hosts(1..11));
     // Every renewal fails: as good as dead right after the edit.
     r.datapath.fail.insert("renew_epochs".into());
@@ -748,6 +805,29 @@ fn a_restart_renews_what_a_dead_predecessor_may_have_owed() {
     let saved = cp.load().unwrap();
     let mut r2 = Reconciler::new("n1".into(), "e2".into(), datapath).with_checkpoint(cp);
     r2.recover(saved).unwrap();
-    assert!(r2.datapath.stale_flows.is_empty(), "{:?}", r2.datapath.stale_flows);
+    assert!(
+        r2.datapath.stale_flows.is_empty(),
+        "{:?}",
+        r2.datapath.stale_flows
+    );
     r2.datapath.assert_no_violations();
+}
+
+/// Every churn event compiles new tables; the memo must not keep the ones
+/// nothing uses any more.
+#[test]
+fn compiled_tables_do_not_pile_up_under_churn() {
+    let mut r = reconciler();
+    shared_setup(&mut r, &hosts(1..11));
+    let before = r.compiled.len();
+    for v in 2..40u64 {
+        let last = 11 + (v % 2) as u8;
+        r.apply_plan(peer_change(v, &hosts(1..last))).unwrap();
+    }
+    assert!(
+        r.compiled.len() <= before,
+        "{} > {before}",
+        r.compiled.len()
+    );
+    r.datapath.assert_no_violations();
 }
