@@ -271,7 +271,8 @@ fn the_node_is_always_allowed_even_inside_an_except() {
 /// mentioned prefix (quadratic, obviously right). The indexed one must give
 /// exactly its tables.
 fn compile_by_scan(policy: &DirectionPolicy, always: &[Prefix]) -> PolicySet {
-    let mut rules: Vec<(Vec<(Prefix, Vec<Prefix>)>, PortSet)> = Vec::new();
+    type Blocks = Vec<(Prefix, Vec<Prefix>)>;
+    let mut rules: Vec<(Blocks, PortSet)> = Vec::new();
     let mut mentioned = BTreeSet::new();
     if !always.is_empty() {
         mentioned.extend(always.iter().copied());

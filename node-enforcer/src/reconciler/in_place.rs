@@ -16,6 +16,7 @@
 //!     removed one must go once that prefix has its new value (its
 //!     address's new value); every other address keeps its longest match
 //!     throughout and sees that key's old or new value.
+//!
 //! A diff that adds or removes a shorter prefix moves the longest match of
 //! addresses other than its own, and is written under a new id instead.
 //!

@@ -761,11 +761,11 @@ fn random_plan_changes_leave_exactly_the_compiled_tables() {
                 .filter(|l| l.starts_with("update_policy"))
                 .count();
             narrowing += log.iter().filter(|l| l.starts_with("renew_epochs")).count();
-            r.datapath
-                .violations
-                .is_empty()
-                .then_some(())
-                .unwrap_or_else(|| panic!("seed {seed} step {step}: {:?}", r.datapath.violations));
+            assert!(
+                r.datapath.violations.is_empty(),
+                "seed {seed} step {step}: {:?}",
+                r.datapath.violations
+            );
             if fail {
                 r.datapath.fail.clear();
                 r.handle(Event::Tick);
