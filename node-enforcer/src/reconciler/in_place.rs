@@ -256,11 +256,10 @@ impl<D: Datapath> Reconciler<D> {
             // Each address now holds its old or new value, but which is
             // unknown: retire the table (removed once no endpoint points at
             // it, with every key it may hold) and let the new-id path give
-            // its users a complete table, or deny them.
+            // its users a complete table, or deny them. A key may be listed
+            // with its old and its new port set: both stay until it goes.
             let mut keys = realized.entries;
             keys.extend(upserts.iter().copied());
-            keys.sort();
-            keys.dedup_by_key(|(p, _)| *p);
             self.realized.garbage_policies.push((c.id, keys));
             self.errors.push(format!(
                 "editing policy table {} in place failed, writing it anew: {e}",

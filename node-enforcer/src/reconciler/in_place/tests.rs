@@ -831,3 +831,44 @@ fn compiled_tables_do_not_pile_up_under_churn() {
     );
     r.datapath.assert_no_violations();
 }
+
+/// A failed edit whose users cannot all be moved off the half-edited table:
+/// it stays, with every port set any of its keys may point at.
+#[test]
+fn a_half_edited_table_still_in_use_keeps_its_port_sets() {
+    let mut r = reconciler();
+    shared_setup(&mut r, &hosts(1..11));
+    let id = ingress_id(&r, "a");
+    let b = ifindex(&r, "b");
+    // Every key's value changes (port 80 -> 81); the edit dies half-way,
+    // the new table cannot be written, and b cannot be moved to deny-all.
+    r.datapath
+        .fail
+        .insert(format!("update_policy {id} upsert 10.0.0.5/32"));
+    r.datapath.fail.insert("add_policy".into());
+    r.datapath.fail.insert(format!("set_endpoint {b}"));
+    let moved = direction(vec![rule(&hosts(1..11), 81)]);
+    r.apply_plan(PlanMessage::Delta(PlanDelta {
+        base_version: 1,
+        version: 2,
+        upserted: vec![
+            pod("a", moved.clone(), None),
+            pod("b", moved.clone(), None),
+            pod("c", None, moved),
+        ],
+        removed: vec![],
+    }))
+    .unwrap();
+    assert_eq!(ingress_id(&r, "a"), DENY_ALL);
+    assert_eq!(ingress_id(&r, "b"), id, "b stays on the half-edited table");
+    assert!(r.datapath.violations.is_empty(), "{:?}", r.datapath.violations);
+    assert!(!r.node_state().errors.is_empty());
+
+    r.datapath.fail.clear();
+    r.handle(Event::Tick);
+    let new = ingress_id(&r, "b");
+    assert!(new != id && new != DENY_ALL);
+    assert_eq!(ingress_id(&r, "a"), new);
+    assert!(!r.datapath.policies.contains_key(&id));
+    r.datapath.assert_no_violations();
+}
