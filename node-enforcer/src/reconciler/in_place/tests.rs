@@ -861,7 +861,11 @@ fn a_half_edited_table_still_in_use_keeps_its_port_sets() {
     .unwrap();
     assert_eq!(ingress_id(&r, "a"), DENY_ALL);
     assert_eq!(ingress_id(&r, "b"), id, "b stays on the half-edited table");
-    assert!(r.datapath.violations.is_empty(), "{:?}", r.datapath.violations);
+    assert!(
+        r.datapath.violations.is_empty(),
+        "{:?}",
+        r.datapath.violations
+    );
     assert!(!r.node_state().errors.is_empty());
 
     r.datapath.fail.clear();
