@@ -296,9 +296,12 @@ fn run(s: Shape, in_place: bool) -> Vec<Measurement> {
             }
             // Every change was realized without an error (checked once:
             // the state report names every pod's tables, which is not free).
+            let t = Instant::now();
             let state = r.node_state();
+            let state_ms = t.elapsed().as_secs_f64() * 1e3;
             assert!(state.errors.is_empty(), "{:?}", state.errors);
             assert_eq!(state.realized_version, version);
+            println!("({path}: the state report after an event takes {state_ms:.1} ms)");
             // Every table is gone with the pods.
             for i in 0..s.pods {
                 r.pod_down(Some(("x".into(), format!("p{i}"))), &format!("c{i}"))
