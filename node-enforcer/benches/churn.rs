@@ -7,6 +7,8 @@
 //! deletes (a counting decorator around the real datapath) and wall time
 //! from the plan's arrival to its realization (`apply_plan` returns once the
 //! datapath holds it), for the in-place path and the new-id rewrite.
+//! Columns: `ms` wall time, `cpu_ms` the reconciler thread's CPU time
+//! (kernel included), `dp_ms` the part spent in datapath calls.
 //! Root. `cargo bench -p node-enforcer --bench churn [-- peers=N pods=N
 //! groups=N reps=N]`. Prints a table and
 //! `bench=churn change=join|leave path=in_place|rewrite map_ops=N ms=X`.
@@ -195,7 +197,18 @@ struct Measurement {
     writes: usize,
     deletes: usize,
     ms: f64,
+    cpu_ms: f64,
     dp_ms: f64,
+}
+
+/// CPU time of this thread (the reconciler's, syscalls included): the
+/// machine may be shared, wall time alone is noisy.
+fn thread_cpu_ms() -> f64 {
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage fills the struct.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
+    let t = |v: libc::timeval| v.tv_sec as f64 * 1e3 + v.tv_usec as f64 / 1e3;
+    t(u.ru_utime) + t(u.ru_stime)
 }
 
 /// One node (namespace, pin root, reconciler), set up with every pod up;
@@ -276,9 +289,10 @@ fn run(s: Shape, in_place: bool) -> Vec<Measurement> {
                     version += 1;
                     let (w0, d0) = (r.datapath.writes, r.datapath.deletes);
                     r.datapath.spent = Duration::ZERO;
-                    let t = Instant::now();
+                    let (cpu0, t) = (thread_cpu_ms(), Instant::now());
                     r.apply_plan(delta).unwrap();
                     let ms = t.elapsed().as_secs_f64() * 1e3;
+                    let cpu_ms = thread_cpu_ms() - cpu0;
                     let (writes, deletes) = (r.datapath.writes - w0, r.datapath.deletes - d0);
                     // The first round warms caches (compiled policies, maps).
                     if rep > 0 || s.reps == 1 {
@@ -289,6 +303,7 @@ fn run(s: Shape, in_place: bool) -> Vec<Measurement> {
                             writes,
                             deletes,
                             ms,
+                            cpu_ms,
                             dp_ms: r.datapath.spent.as_secs_f64() * 1e3,
                         });
                     }
@@ -349,8 +364,8 @@ fn main() {
         s.reps.saturating_sub(1).max(1)
     );
     println!(
-        "{:>6} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9}",
-        "change", "path", "map_ops", "writes", "deletes", "ms", "dp_ms"
+        "{:>6} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9}",
+        "change", "path", "map_ops", "writes", "deletes", "ms", "cpu_ms", "dp_ms"
     );
     let mut lines = Vec::new();
     for in_place in [false, true] {
@@ -359,12 +374,13 @@ fn main() {
             let m: Vec<&Measurement> = all.iter().filter(|m| m.change == change).collect();
             let ms = median(m.iter().map(|m| m.ms).collect());
             let dp_ms = median(m.iter().map(|m| m.dp_ms).collect());
+            let cpu_ms = median(m.iter().map(|m| m.cpu_ms).collect());
             let first = m[0];
             // The same change costs the same operations every round.
             assert!(m.iter().all(|x| x.map_ops == first.map_ops));
             println!(
-                "{:>6} {:>9} {:>8} {:>8} {:>8} {:>9.2} {:>9.2}",
-                change, first.path, first.map_ops, first.writes, first.deletes, ms, dp_ms
+                "{:>6} {:>9} {:>8} {:>8} {:>8} {:>9.2} {:>9.2} {:>9.2}",
+                change, first.path, first.map_ops, first.writes, first.deletes, ms, cpu_ms, dp_ms
             );
             lines.push(format!(
                 "bench=churn change={change} path={} map_ops={} ms={ms:.2}",
