@@ -9,8 +9,13 @@
 #            kernel conntrack table of the same size
 #            (node-enforcer/benches/conntrack_cleanup.rs):
 #            bench=cleanup entries= wall_s= cpu_s= extra_mb=
+#   churn    one pod joining and leaving a 10,000-address peer set that 100
+#            local pods' policies name, on real maps and veths: map writes
+#            and time to realize, in place vs a new table
+#            (node-enforcer/benches/churn.rs; ARGS: peers= pods= groups= reps=):
+#            bench=churn change=join|leave path=in_place|rewrite map_ops= ms=
 #
-#   scripts/bench-datapath.sh [verdict|cleanup] [ARGS...]   (no argument: both)
+#   scripts/bench-datapath.sh [verdict|cleanup|churn] [ARGS...]   (no argument: all)
 #
 # Root (BPF, bpffs, conntrack). Installs nothing beyond what scripts/setup.sh
 # does. The cleanup part raises net.netfilter.nf_conntrack_max for its run
@@ -22,7 +27,7 @@ source scripts/setup.sh >/dev/null
 
 what="${1:-all}"
 case "$what" in
-  verdict|cleanup) shift ;;
+  verdict|cleanup|churn) shift ;;
   all) ;;
   *) what=verdict ;; # bare flags go to the verdict bench, as before
 esac
@@ -31,4 +36,7 @@ if [[ "$what" == verdict || "$what" == all ]]; then
 fi
 if [[ "$what" == cleanup || "$what" == all ]]; then
   cargo bench --quiet -p node-enforcer --bench conntrack_cleanup -- "$@"
+fi
+if [[ "$what" == churn || "$what" == all ]]; then
+  cargo bench --quiet -p node-enforcer --bench churn -- "$@"
 fi

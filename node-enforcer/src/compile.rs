@@ -230,6 +230,44 @@ struct CompiledRule {
     ports: PortSet,
 }
 
+/// The blocks of a rule by their CIDR, so the blocks containing a prefix
+/// are found by masking it to each CIDR length the rule uses, not by a scan
+/// of every block (a rule naming 10,000 peers would make compiling it
+/// quadratic).
+struct RuleIndex<'a> {
+    rule: &'a CompiledRule,
+    by_cidr: BTreeMap<Prefix, Vec<&'a [Prefix]>>,
+    lens: BTreeSet<u8>,
+}
+
+impl<'a> RuleIndex<'a> {
+    fn new(rule: &'a CompiledRule) -> Self {
+        let mut by_cidr: BTreeMap<Prefix, Vec<&[Prefix]>> = BTreeMap::new();
+        for (cidr, except) in &rule.blocks {
+            by_cidr.entry(*cidr).or_default().push(except);
+        }
+        let lens = by_cidr.keys().map(|c| c.len).collect();
+        RuleIndex {
+            rule,
+            by_cidr,
+            lens,
+        }
+    }
+
+    /// Whether some block of the rule contains `p` outside its excepts.
+    fn covers(&self, p: &Prefix) -> bool {
+        self.lens.range(..=p.len).any(|len| {
+            self.by_cidr
+                .get(&Prefix::new(p.addr, *len))
+                .is_some_and(|blocks| {
+                    blocks
+                        .iter()
+                        .any(|except| !except.iter().any(|e| e.contains(p)))
+                })
+        })
+    }
+}
+
 /// Compiles a direction of a pod's policy. `always_allowed` are peers no
 /// policy can block: upstream NetworkPolicy always allows traffic between a
 /// pod and its own node (kubelet probes, for one).
@@ -269,16 +307,13 @@ pub fn compile(
         rules.push(CompiledRule { blocks, ports });
     }
 
+    let indexes: Vec<RuleIndex> = rules.iter().map(RuleIndex::new).collect();
     let mut entries = BTreeMap::new();
     for p in &mentioned {
         let mut ports = PortSet::default();
-        for rule in &rules {
-            let in_rule = rule
-                .blocks
-                .iter()
-                .any(|(cidr, except)| cidr.contains(p) && !except.iter().any(|e| e.contains(p)));
-            if in_rule {
-                ports.0.extend(rule.ports.0.iter().copied());
+        for index in &indexes {
+            if index.covers(p) {
+                ports.0.extend(index.rule.ports.0.iter().copied());
             }
         }
         ports.normalize();
@@ -286,17 +321,18 @@ pub fn compile(
     }
     // An entry that allows nothing matters only below a prefix that allows
     // something; elsewhere a miss already denies.
-    let keep: Vec<Prefix> = entries
+    let allowing: BTreeSet<Prefix> = entries
         .iter()
-        .filter(|(p, ports)| {
-            !ports.0.is_empty()
-                || entries
-                    .iter()
-                    .any(|(q, qp)| q.len < p.len && q.contains(p) && !qp.0.is_empty())
-        })
+        .filter(|(_, ports)| !ports.0.is_empty())
         .map(|(p, _)| *p)
         .collect();
-    entries.retain(|p, _| keep.contains(p));
+    let allowing_lens: BTreeSet<u8> = allowing.iter().map(|p| p.len).collect();
+    entries.retain(|p, ports| {
+        !ports.0.is_empty()
+            || allowing_lens
+                .range(..p.len)
+                .any(|len| allowing.contains(&Prefix::new(p.addr, *len)))
+    });
     Ok(PolicySet { entries })
 }
 

@@ -8,6 +8,10 @@
 //! its policy isolates it. At the end, after the plan is delivered and every
 //! pod is deleted, nothing is left in the kernel.
 //!
+//! Policy shapes 2 and 4 differ by one host peer, so a pod alone on one of
+//! them moving to the other is edited in place, and a crash can land
+//! part-way through that edit (the budget counts each key written).
+//!
 //! A failure prints its seed and a shrunk step list. More seeds:
 //! `PALISADE_FAULT_SEEDS=200 cargo test -p node-enforcer --test fault_random`.
 
@@ -90,16 +94,33 @@ fn policy(shape: Option<u8>) -> Option<DirectionPolicy> {
         }],
     };
     Some(DirectionPolicy {
-        rules: match s % 4 {
+        rules: match s % 5 {
             0 => vec![],
             1 => vec![rule([10, 1, 0, 0], 16, 80, 0)],
             2 => vec![
                 rule([10, 2, 0, 0], 24, 1000, 1100),
                 rule([10, 3, 0, 7], 32, 0, 0),
             ],
-            _ => vec![rule([10, 0, 0, 0], 8, 443, 0)],
+            3 => vec![rule([10, 0, 0, 0], 8, 443, 0)],
+            // Shape 2 with one more host peer (and one fewer: 10.3.0.7's
+            // rule now allows only port 22): host-only, in place.
+            _ => vec![
+                rule([10, 2, 0, 0], 24, 1000, 1100),
+                rule([10, 3, 0, 8], 32, 0, 0),
+                rule([10, 3, 0, 7], 32, 22, 0),
+            ],
         },
     })
+}
+
+/// The shape a crash-interrupted change moves a pod to: 2 and 4 into each
+/// other (an in-place edit when the pod is the table's only user).
+fn next_shape(s: u8) -> u8 {
+    match s % 5 {
+        2 => 4,
+        4 => 2,
+        s => (s + 1) % 4,
+    }
 }
 
 fn random_steps(rng: &mut Rng, n: usize) -> Vec<Step> {
@@ -112,7 +133,7 @@ fn random_steps(rng: &mut Rng, n: usize) -> Vec<Step> {
                 6..=7 => Step::Down(p),
                 8 => Step::StaleDown(p),
                 9 => Step::Steal(p, rng.below(PODS as u64) as usize),
-                10..=13 => Step::Policy(p, (rng.below(5) > 0).then(|| rng.below(4) as u8)),
+                10..=13 => Step::Policy(p, (rng.below(5) > 0).then(|| rng.below(5) as u8)),
                 14 => Step::Unsynced,
                 15 => Step::Vanish(p),
                 _ => Step::Crash {
@@ -136,6 +157,9 @@ struct Mortal {
     inner: BpfDatapath,
     budget: Option<usize>,
 }
+
+/// In-place edits over the whole run, to show the path is exercised.
+static EDITS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 impl Mortal {
     fn spend(&mut self, op: &str) -> DpResult<()> {
@@ -177,6 +201,37 @@ impl Datapath for Mortal {
     fn remove_policy(&mut self, id: PolicyId, e: &[(Prefix, PortSetId)]) -> DpResult<()> {
         self.spend("remove_policy")?;
         self.inner.remove_policy(id, e)
+    }
+    fn update_policy(
+        &mut self,
+        id: PolicyId,
+        upserts: &[(Prefix, PortSetId)],
+        removals: &[Prefix],
+    ) -> DpResult<()> {
+        self.spend("update_policy")?;
+        EDITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Each key is a write of its own: death can come between any two.
+        let writes = upserts.len() + removals.len();
+        let allowed = self.budget.map_or(writes, |n| n.min(writes));
+        let (u, r) = (
+            allowed.min(upserts.len()),
+            allowed.saturating_sub(upserts.len()),
+        );
+        self.inner
+            .update_policy(id, &upserts[..u], &removals[..r])?;
+        if let Some(n) = &mut self.budget {
+            *n -= allowed;
+        }
+        if allowed < writes {
+            return Err(DatapathError::new(
+                "update_policy: the process died part-way",
+            ));
+        }
+        Ok(())
+    }
+    fn renew_epochs(&mut self, ifindex: u32, ingress: bool, egress: bool) -> DpResult<()> {
+        self.spend("renew_epochs")?;
+        self.inner.renew_epochs(ifindex, ingress, egress)
     }
     fn ifindex(&mut self, ifname: &str) -> DpResult<u32> {
         self.inner.ifindex(ifname)
@@ -445,12 +500,7 @@ impl World {
                     // Dies part-way through the next plan change.
                     self.r().datapath.budget = Some(*n);
                     let p = (self.version as usize) % PODS;
-                    let shape = self
-                        .policies
-                        .get(&p)
-                        .copied()
-                        .flatten()
-                        .map(|s| s.wrapping_add(1) % 4);
+                    let shape = self.policies.get(&p).copied().flatten().map(next_shape);
                     self.policies.insert(p, shape);
                     self.version += 1;
                     let plan = self.plan();
@@ -532,7 +582,7 @@ impl World {
                 (None, Some(_)) => self.mode == Mode::Strict,
                 (Some(_), None) => false,
                 (Some(d), Some(t)) => compile(&d, &node).unwrap() == *t,
-            });
+            }) || (self.held.is_some() && between_two(&allowed, &table, &node));
             if !ok {
                 return Err(format!(
                     "{name} (x/p{p}): ingress id {id} with {table:?}, but its policy is one of {:?}",
@@ -571,6 +621,29 @@ impl World {
         }
         Ok(())
     }
+}
+
+/// After a crash part-way through an in-place edit, until the plan is
+/// back: every key holds its value in one of the two policies, and every
+/// key they agree on is there (each address sees its old or new value).
+fn between_two(allowed: &[Option<u8>], table: &Option<PolicySet>, node: &[Prefix]) -> bool {
+    let Some(t) = table else { return false };
+    let sets: Vec<PolicySet> = allowed
+        .iter()
+        .filter_map(|s| policy(*s))
+        .map(|d| compile(&d, node).unwrap())
+        .collect();
+    sets.iter().any(|a| {
+        sets.iter().any(|b| {
+            t.entries
+                .iter()
+                .all(|(p, v)| a.entries.get(p) == Some(v) || b.entries.get(p) == Some(v))
+                && a.entries
+                    .iter()
+                    .filter(|(p, v)| b.entries.get(*p) == Some(*v))
+                    .all(|(p, v)| t.entries.get(p) == Some(v))
+        })
+    })
 }
 
 fn palisade_proto_ip(p: &Prefix) -> IpPrefix {
@@ -672,5 +745,9 @@ fn random_faults_never_leave_a_pod_open() {
             );
         }
     }
-    println!("random faults: {seeds} seeds, {steps_run} steps, kernel checked after each");
+    let edits = EDITS.load(std::sync::atomic::Ordering::Relaxed);
+    println!(
+        "random faults: {seeds} seeds, {steps_run} steps, {edits} in-place edits, kernel checked after each"
+    );
+    assert!(edits > 0, "no step took the in-place path");
 }

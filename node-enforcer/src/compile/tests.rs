@@ -266,3 +266,113 @@ fn the_node_is_always_allowed_even_inside_an_except() {
     assert!(!except.allows(ip("10.1.0.2"), 6, 80));
     assert!(except.allows(ip("10.2.0.2"), 6, 80));
 }
+
+/// The compilation as first written: every block scanned for every
+/// mentioned prefix (quadratic, obviously right). The indexed one must give
+/// exactly its tables.
+fn compile_by_scan(policy: &DirectionPolicy, always: &[Prefix]) -> PolicySet {
+    type Blocks = Vec<(Prefix, Vec<Prefix>)>;
+    let mut rules: Vec<(Blocks, PortSet)> = Vec::new();
+    let mut mentioned = BTreeSet::new();
+    if !always.is_empty() {
+        mentioned.extend(always.iter().copied());
+        rules.push((
+            always.iter().map(|p| (*p, vec![])).collect(),
+            PortSet(BTreeSet::from([PortEntry::Any])),
+        ));
+    }
+    for rule in &policy.rules {
+        let mut ports = PortSet::default();
+        if rule.ports.is_empty() {
+            ports.0.insert(PortEntry::Any);
+        }
+        for r in &rule.ports {
+            ports.add_range(r).unwrap();
+        }
+        let mut blocks = Vec::new();
+        for peer in &rule.peers {
+            let cidr = prefix_of(peer.cidr.as_ref().unwrap()).unwrap();
+            let except: Vec<Prefix> = peer.except.iter().map(|e| prefix_of(e).unwrap()).collect();
+            mentioned.insert(cidr);
+            mentioned.extend(except.iter().copied());
+            blocks.push((cidr, except));
+        }
+        rules.push((blocks, ports));
+    }
+    let mut entries = BTreeMap::new();
+    for p in &mentioned {
+        let mut ports = PortSet::default();
+        for (blocks, rule_ports) in &rules {
+            if blocks
+                .iter()
+                .any(|(c, ex)| c.contains(p) && !ex.iter().any(|e| e.contains(p)))
+            {
+                ports.0.extend(rule_ports.0.iter().copied());
+            }
+        }
+        ports.normalize();
+        entries.insert(*p, ports);
+    }
+    let keep: Vec<Prefix> = entries
+        .iter()
+        .filter(|(p, ports)| {
+            !ports.0.is_empty()
+                || entries
+                    .iter()
+                    .any(|(q, qp)| q.len < p.len && q.contains(p) && !qp.0.is_empty())
+        })
+        .map(|(p, _)| *p)
+        .collect();
+    entries.retain(|p, _| keep.contains(p));
+    PolicySet { entries }
+}
+
+#[test]
+fn indexed_compilation_equals_the_scan_on_random_policies() {
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut below = |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    for _ in 0..3000 {
+        let random_prefix = |below: &mut dyn FnMut(u64) -> u64| {
+            let len = 24 + below(9) as u32;
+            let last = (below(256) as u32) & !((1u32 << (32 - len)).wrapping_sub(1)) & 0xff;
+            p(&format!("10.0.0.{last}/{len}"))
+        };
+        let rules: Vec<Rule> = (0..below(4))
+            .map(|_| Rule {
+                peers: (0..below(5))
+                    .map(|_| PeerBlock {
+                        cidr: Some(random_prefix(&mut below)),
+                        except: (0..below(3)).map(|_| random_prefix(&mut below)).collect(),
+                    })
+                    .collect(),
+                ports: (0..below(3))
+                    .map(|_| {
+                        let port = 1 + below(100) as u32;
+                        tcp(
+                            port,
+                            if below(2) == 0 {
+                                0
+                            } else {
+                                port + below(50) as u32
+                            },
+                        )
+                    })
+                    .collect(),
+            })
+            .collect();
+        let always: Vec<Prefix> = (0..below(2))
+            .map(|_| prefix_of(&random_prefix(&mut below)).unwrap())
+            .collect();
+        let policy = DirectionPolicy { rules };
+        assert_eq!(
+            compile(&policy, &always).unwrap(),
+            compile_by_scan(&policy, &always),
+            "{policy:?} {always:?}"
+        );
+    }
+}

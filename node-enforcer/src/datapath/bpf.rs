@@ -462,6 +462,41 @@ impl Datapath for BpfDatapath {
     fn describe(&self) -> String {
         self.pin_root.display().to_string()
     }
+
+    // In-place edits of a table in use (reconciler::in_place), built on
+    // add_policy and remove_policy so they follow whatever layout those
+    // give the policy map: each is one single-key write per entry, in order.
+    fn update_policy(
+        &mut self,
+        id: PolicyId,
+        upserts: &[(Prefix, PortSetId)],
+        removals: &[Prefix],
+    ) -> Result<()> {
+        self.add_policy(id, upserts)?;
+        // remove_policy reads only the prefixes.
+        let removals: Vec<(Prefix, PortSetId)> = removals.iter().map(|p| (*p, 0)).collect();
+        self.remove_policy(id, &removals)
+    }
+
+    fn renew_epochs(&mut self, ifindex: u32, ingress: bool, egress: bool) -> Result<()> {
+        let mut value = self
+            .endpoints
+            .get(&ifindex, 0)
+            .map_err(|e| err(format!("reading {MAP_ENDPOINTS} for ifindex {ifindex}"), e))?;
+        let fresh = self.next_epoch;
+        if ingress {
+            value.ingress_epoch = fresh;
+        }
+        if egress {
+            value.egress_epoch = fresh;
+        }
+        // One update of the whole entry: policies and addresses unchanged.
+        self.endpoints
+            .insert(ifindex, value, 0)
+            .map_err(|e| err(format!("writing {MAP_ENDPOINTS} for ifindex {ifindex}"), e))?;
+        self.next_epoch = fresh.wrapping_add(1).max(1);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,9 @@
 //! An in-memory datapath that checks, after every operation, the invariant a
-//! packet could observe: every endpoint refers only to complete tables.
+//! packet could observe: every endpoint refers only to complete tables; and
+//! during an in-place edit of a table, after every single-key write, that
+//! every address sees its old or its new value. It also keeps each
+//! endpoint's epochs as the real datapath does, and which directions still
+//! owe a renewal after their table was narrowed in place.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -22,6 +26,14 @@ pub struct FakeDatapath {
     pub node_addresses: Vec<std::net::IpAddr>,
     /// Set when an operation left a window a packet could see.
     pub violations: Vec<String>,
+    /// Each endpoint's (ingress, egress) epochs, as the real datapath keeps
+    /// them: fresh when a direction's policy id changes or is renewed.
+    pub epochs: BTreeMap<u32, (u32, u32)>,
+    pub next_epoch: u32,
+    /// Endpoint directions (ifindex, ingress?) whose table was narrowed in
+    /// place since their epoch last moved: their established flows would
+    /// still pass on what the table no longer allows.
+    pub stale_flows: BTreeSet<(u32, bool)>,
 }
 
 impl FakeDatapath {
@@ -77,9 +89,68 @@ impl FakeDatapath {
     }
 
     /// Panics naming every moment a packet could have seen a half-made
-    /// datapath.
+    /// datapath, and every established flow a narrowed table left
+    /// un-judged.
     pub fn assert_no_violations(&self) {
         assert!(self.violations.is_empty(), "{:?}", self.violations);
+        assert!(
+            self.stale_flows.is_empty(),
+            "narrowed in place without an epoch renewal: {:?}",
+            self.stale_flows
+        );
+    }
+
+    fn fresh_epoch(&mut self) -> u32 {
+        self.next_epoch = self.next_epoch.wrapping_add(1).max(1);
+        self.next_epoch
+    }
+
+    /// Checks one intermediate table of an in-place edit of `id` from
+    /// `before` to `after`, just after a write to `written`: each address
+    /// must see its old or new value. Only addresses inside `written` can
+    /// have changed, so only they are tried (every earlier state was
+    /// checked the same way).
+    fn check_intermediate(
+        &mut self,
+        op: &str,
+        id: PolicyId,
+        written: &Prefix,
+        before: &[(Prefix, PortSetId)],
+        after: &[(Prefix, PortSetId)],
+    ) {
+        let now = self.policies.get(&id).cloned().unwrap_or_default();
+        let inside = before
+            .iter()
+            .chain(after)
+            .map(|(p, _)| p)
+            .filter(|p| written.contains(p))
+            .chain([written]);
+        for addr in witnesses(inside) {
+            let (old, new, seen) = (
+                lookup(before, &addr),
+                lookup(after, &addr),
+                lookup(&now, &addr),
+            );
+            if seen != old && seen != new {
+                self.violations.push(format!(
+                    "after {op}: {} sees {seen:?}, neither its old {old:?} nor its new {new:?}",
+                    addr.display()
+                ));
+            }
+        }
+    }
+
+    fn in_use(&self, id: PolicyId) -> Vec<(u32, bool)> {
+        self.endpoints
+            .iter()
+            .flat_map(|(i, e)| {
+                [
+                    (e.ingress == id).then_some((*i, true)),
+                    (e.egress == id).then_some((*i, false)),
+                ]
+            })
+            .flatten()
+            .collect()
     }
 
     /// Nothing attached and no table left.
@@ -130,6 +201,90 @@ impl Datapath for FakeDatapath {
         self.check(&format!("remove_policy {id}"));
         Ok(())
     }
+    fn update_policy(
+        &mut self,
+        id: PolicyId,
+        upserts: &[(Prefix, PortSetId)],
+        removals: &[Prefix],
+    ) -> Result<()> {
+        self.injected(&format!("update_policy {id}"))?;
+        let before = self
+            .policies
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| DatapathError::new(format!("update_policy {id}: no such table")))?;
+        let mut after: BTreeMap<Prefix, PortSetId> = before.iter().copied().collect();
+        after.extend(upserts.iter().copied());
+        for p in removals {
+            after.remove(p);
+        }
+        let after: Vec<(Prefix, PortSetId)> = after.into_iter().collect();
+        let users = self.in_use(id);
+        let writes = upserts
+            .iter()
+            .map(|(p, ps)| (*p, Some(*ps)))
+            .chain(removals.iter().map(|p| (*p, None)));
+        let mut narrowed = false;
+        let mut result = Ok(());
+        for (prefix, value) in writes {
+            let op = match value {
+                Some(ps) => format!("update_policy {id} upsert {} {ps}", prefix.display()),
+                None => format!("update_policy {id} remove {}", prefix.display()),
+            };
+            if let Err(e) = self.injected(&op) {
+                result = Err(e);
+                break;
+            }
+            let table = self.policies.entry(id).or_default();
+            let old = table.iter().position(|(p, _)| *p == prefix);
+            if prefix.len != 128 && (old.is_none() || value.is_none()) && !users.is_empty() {
+                self.violations.push(format!(
+                    "{op}: adds or removes a non-host prefix of a table in use"
+                ));
+            }
+            match (old, value) {
+                (Some(i), Some(ps)) => {
+                    narrowed |= table[i].1 != ps;
+                    table[i].1 = ps;
+                }
+                (None, Some(ps)) => {
+                    table.push((prefix, ps));
+                    table.sort();
+                }
+                (Some(i), None) => {
+                    narrowed = true;
+                    table.remove(i);
+                }
+                (None, None) => {}
+            }
+            self.check(&op);
+            self.check_intermediate(&op, id, &prefix, &before, &after);
+        }
+        if narrowed {
+            self.stale_flows.extend(users);
+        }
+        result
+    }
+    fn renew_epochs(&mut self, ifindex: u32, ingress: bool, egress: bool) -> Result<()> {
+        self.injected(&format!("renew_epochs {ifindex}"))?;
+        if !self.endpoints.contains_key(&ifindex) {
+            return Err(DatapathError::new(format!(
+                "renew_epochs {ifindex}: no such endpoint"
+            )));
+        }
+        let fresh = self.fresh_epoch();
+        let e = self.epochs.entry(ifindex).or_default();
+        if ingress {
+            e.0 = fresh;
+            self.stale_flows.remove(&(ifindex, true));
+        }
+        if egress {
+            e.1 = fresh;
+            self.stale_flows.remove(&(ifindex, false));
+        }
+        self.check(&format!("renew_epochs {ifindex} {ingress} {egress}"));
+        Ok(())
+    }
     fn ifindex(&mut self, ifname: &str) -> Result<u32> {
         self.interfaces
             .get(ifname)
@@ -158,7 +313,20 @@ impl Datapath for FakeDatapath {
     }
     fn set_endpoint(&mut self, ifindex: u32, entry: &EndpointEntry) -> Result<()> {
         self.injected(&format!("set_endpoint {ifindex}"))?;
-        self.endpoints.insert(ifindex, entry.clone());
+        // As the real datapath: a direction whose policy id changes (or a
+        // new endpoint) gets a fresh epoch; one that keeps it keeps its own.
+        let old = self.endpoints.insert(ifindex, entry.clone());
+        let (mut ingress, mut egress) = self.epochs.get(&ifindex).copied().unwrap_or_default();
+        let fresh = self.fresh_epoch();
+        if old.as_ref().is_none_or(|o| o.ingress != entry.ingress) {
+            ingress = fresh;
+            self.stale_flows.remove(&(ifindex, true));
+        }
+        if old.as_ref().is_none_or(|o| o.egress != entry.egress) {
+            egress = fresh;
+            self.stale_flows.remove(&(ifindex, false));
+        }
+        self.epochs.insert(ifindex, (ingress, egress));
         self.check(&format!(
             "set_endpoint {ifindex} {} {}",
             entry.ingress, entry.egress
@@ -168,6 +336,8 @@ impl Datapath for FakeDatapath {
     fn remove_endpoint(&mut self, ifindex: u32) -> Result<()> {
         self.injected(&format!("remove_endpoint {ifindex}"))?;
         self.endpoints.remove(&ifindex);
+        self.epochs.remove(&ifindex);
+        self.stale_flows.retain(|(i, _)| *i != ifindex);
         self.check(&format!("remove_endpoint {ifindex}"));
         Ok(())
     }
@@ -177,4 +347,36 @@ impl Datapath for FakeDatapath {
     fn describe(&self) -> String {
         "fake".into()
     }
+}
+
+/// The value a table gives an address: its longest matching prefix's port
+/// set, None on a miss.
+fn lookup(table: &[(Prefix, PortSetId)], addr: &Prefix) -> Option<PortSetId> {
+    table
+        .iter()
+        .filter(|(p, _)| p.contains(addr))
+        .max_by_key(|(p, _)| p.len)
+        .map(|(_, ps)| *ps)
+}
+
+/// Host addresses that between them fall in every region the given prefixes
+/// cut the address space into (near enough for the tables tests make): each
+/// prefix's first and last address and the first one's neighbour.
+fn witnesses<'a>(prefixes: impl Iterator<Item = &'a Prefix>) -> BTreeSet<Prefix> {
+    let mut out = BTreeSet::new();
+    for p in prefixes {
+        let first = u128::from_be_bytes(p.addr);
+        let host_bits = 128 - u32::from(p.len);
+        let last = if host_bits == 0 {
+            first
+        } else {
+            first | (u128::MAX >> (128 - host_bits))
+        };
+        for a in [first, last, first ^ 1] {
+            if p.contains(&Prefix::new(a.to_be_bytes(), 128)) {
+                out.insert(Prefix::new(a.to_be_bytes(), 128));
+            }
+        }
+    }
+    out
 }

@@ -63,6 +63,21 @@ pub trait Datapath: Send {
     fn remove_portset(&mut self, id: PortSetId, set: &PortSet) -> Result<()>;
     fn add_policy(&mut self, id: PolicyId, entries: &[(Prefix, PortSetId)]) -> Result<()>;
     fn remove_policy(&mut self, id: PolicyId, entries: &[(Prefix, PortSetId)]) -> Result<()>;
+    /// Edits a policy table that may be in use, one key at a time: every
+    /// upsert in the order given, then every removal. Packets see each
+    /// intermediate table, so the caller orders the writes to keep each of
+    /// them safe (see `reconciler::in_place`). A failure leaves the writes
+    /// before it done; the caller no longer knows the table's content.
+    fn update_policy(
+        &mut self,
+        id: PolicyId,
+        upserts: &[(Prefix, PortSetId)],
+        removals: &[Prefix],
+    ) -> Result<()>;
+    /// Moves the chosen directions of an endpoint to a never-used epoch, so
+    /// established flows are judged again by the (edited) policy on their
+    /// next packet. An endpoint that does not exist is an error.
+    fn renew_epochs(&mut self, ifindex: u32, ingress: bool, egress: bool) -> Result<()>;
     /// The interface's index, or an error naming it when it does not exist.
     fn ifindex(&mut self, ifname: &str) -> Result<u32>;
     /// Every interface of the node, by name, with its index.

@@ -159,9 +159,12 @@ impl<D: Datapath> Reconciler<D> {
                 }
             }
         }
-        self.compiled = compiled;
         self.apply(&want, affected.as_ref());
         self.want = want;
+        // Forget compiled tables nothing wants or holds any more: under peer
+        // churn every change compiles new ones, which would pile up.
+        compiled.retain(|_, r| r.as_ref().map_or(true, |s| Arc::strong_count(s) > 1));
+        self.compiled = compiled;
     }
 
     /// Where the incrementally kept desired state differs from a full
@@ -221,6 +224,10 @@ impl<D: Datapath> Reconciler<D> {
                 .collect(),
         };
 
+        // 0. Tables whose users all move to one new content are edited in
+        //    place where that is safe, instead of being written anew.
+        self.edit_tables_in_place(want, &in_scope);
+
         // 1. Tables every desired endpoint needs, before anything points at
         //    them. Equal policies share one Arc (compilation is memoized),
         //    so most duplicates are dropped by address before any content
@@ -249,13 +256,25 @@ impl<D: Datapath> Reconciler<D> {
         // 2. Endpoints: point each interface at its tables, then attach. An
         //    interface that keeps its index is updated in place with one map
         //    write, never detached, so no packet sees it unenforced.
+        //    Tables are found by the Arc first: a lookup by content compares
+        //    whole tables when it finds one.
+        let by_ptr: std::collections::HashMap<*const PolicySet, PolicyId> = self
+            .realized
+            .policies
+            .iter()
+            .map(|(s, p)| (Arc::as_ptr(s), p.id))
+            .collect();
         for (ifname, de) in endpoints {
             let id_of = |v: &Verdict| -> PolicyId {
                 match v {
                     Verdict::Open => 0,
                     Verdict::Deny => DENY_ALL,
                     // A table that could not be written denies everything.
-                    Verdict::Policy(s) => self.realized.policies.get(s).map_or(DENY_ALL, |p| p.id),
+                    Verdict::Policy(s) => {
+                        by_ptr.get(&Arc::as_ptr(s)).copied().unwrap_or_else(|| {
+                            self.realized.policies.get(s).map_or(DENY_ALL, |p| p.id)
+                        })
+                    }
                 }
             };
             let entry = EndpointEntry {
@@ -330,7 +349,7 @@ impl<D: Datapath> Reconciler<D> {
         self.collect_tables();
     }
 
-    fn fail(&mut self, pod: Option<&PodKey>, e: String) {
+    pub(super) fn fail(&mut self, pod: Option<&PodKey>, e: String) {
         match pod {
             Some(p) => {
                 self.failures.insert(p.clone(), e);

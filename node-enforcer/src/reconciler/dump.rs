@@ -82,16 +82,32 @@ pub struct InterfaceDump {
     pub egress: String,
 }
 
-fn describe(v: &Verdict) -> String {
-    match v {
-        Verdict::Open => String::new(),
-        Verdict::Deny => "deny-all".into(),
-        Verdict::Policy(s) => s.id(),
+/// Names of policy sets, each computed once per report: a name reads the
+/// whole table, and replicas share one (100 pods naming a 10,000-address
+/// peer set would otherwise read it 100 times after every event).
+#[derive(Default)]
+struct Names(std::collections::HashMap<*const crate::compile::PolicySet, String>);
+
+impl Names {
+    fn describe(&mut self, v: &Verdict) -> String {
+        match v {
+            Verdict::Open => String::new(),
+            Verdict::Deny => "deny-all".into(),
+            Verdict::Policy(s) => self
+                .0
+                .entry(std::sync::Arc::as_ptr(s))
+                .or_insert_with(|| s.id())
+                .clone(),
+        }
     }
 }
 
 impl<D: Datapath> Reconciler<D> {
     pub(super) fn pod_state(&self, key: &PodKey, rt: &PodRuntime) -> PodState {
+        self.pod_state_named(key, rt, &mut Names::default())
+    }
+
+    fn pod_state_named(&self, key: &PodKey, rt: &PodRuntime, names: &mut Names) -> PodState {
         let policy = self.plan.get(key).or_else(|| self.fetched.get(key));
         let ep = rt.host_interfaces.iter().find_map(|i| {
             self.realized
@@ -128,8 +144,8 @@ impl<D: Datapath> Reconciler<D> {
             pod_ips: rt.ips.iter().map(to_ip_prefix).collect(),
             ingress_isolated: policy.is_some_and(|p| p.ingress.is_some()),
             egress_isolated: policy.is_some_and(|p| p.egress.is_some()),
-            ingress_policy_set: ep.map(|e| describe(&e.ingress)).unwrap_or_default(),
-            egress_policy_set: ep.map(|e| describe(&e.egress)).unwrap_or_default(),
+            ingress_policy_set: ep.map(|e| names.describe(&e.ingress)).unwrap_or_default(),
+            egress_policy_set: ep.map(|e| names.describe(&e.egress)).unwrap_or_default(),
             policies: policy.map(|p| p.policies.clone()).unwrap_or_default(),
             error,
         }
@@ -151,6 +167,7 @@ impl<D: Datapath> Reconciler<D> {
                 ));
             }
         }
+        let mut names = Names::default();
         NodeState {
             node_name: self.node.clone(),
             enforcer_id: self.enforcer_id.clone(),
@@ -158,13 +175,14 @@ impl<D: Datapath> Reconciler<D> {
             pods: self
                 .pods
                 .iter()
-                .map(|(k, rt)| self.pod_state(k, rt))
+                .map(|(k, rt)| self.pod_state_named(k, rt, &mut names))
                 .collect(),
             errors,
         }
     }
 
     pub fn dump(&self) -> Dump {
+        let mut names = Names::default();
         let mut references: BTreeMap<PolicyId, usize> = BTreeMap::new();
         for e in self.realized.endpoints.values() {
             for id in [e.entry.ingress, e.entry.egress] {
@@ -199,8 +217,8 @@ impl<D: Datapath> Reconciler<D> {
                     name: name.clone(),
                     ifindex: e.ifindex,
                     pod: e.owner.pod().cloned(),
-                    ingress: describe(&e.ingress),
-                    egress: describe(&e.egress),
+                    ingress: names.describe(&e.ingress),
+                    egress: names.describe(&e.egress),
                 })
                 .collect(),
             conntrack: self.conntrack.clone(),

@@ -15,6 +15,7 @@
 
 mod converge;
 mod dump;
+mod in_place;
 mod plan;
 mod pods;
 mod recover;
@@ -150,6 +151,9 @@ struct Realized {
     /// endpoint points at them.
     garbage_policies: Vec<(PolicyId, Vec<(Prefix, PortSetId)>)>,
     garbage_portsets: Vec<(PortSetId, PortSet)>,
+    /// Endpoints whose table was narrowed in place and whose epoch renewal
+    /// failed, by interface: retried until done.
+    owed_renewals: BTreeMap<String, in_place::OwedRenewal>,
 }
 
 impl Realized {
@@ -241,6 +245,9 @@ pub struct Reconciler<D: Datapath> {
     fetch: Option<mpsc::UnboundedSender<PodKey>>,
     conntrack: dump::ConntrackDump,
     links_pending: crate::links::Pending,
+    /// Edit a table in place when that is safe (see `in_place`); off: every
+    /// content change gets a new table, as before.
+    in_place_edits: bool,
     pub datapath: D,
 }
 
@@ -274,6 +281,7 @@ impl<D: Datapath> Reconciler<D> {
             fetch: None,
             conntrack: Default::default(),
             links_pending: Default::default(),
+            in_place_edits: true,
             datapath,
         }
     }
@@ -286,6 +294,13 @@ impl<D: Datapath> Reconciler<D> {
 
     pub fn with_mode(mut self, mode: Mode) -> Self {
         self.mode = mode;
+        self
+    }
+
+    /// Whether changed content may be written into the table it replaces
+    /// (on by default; off measures or avoids the new-id path).
+    pub fn with_in_place_edits(mut self, on: bool) -> Self {
+        self.in_place_edits = on;
         self
     }
 

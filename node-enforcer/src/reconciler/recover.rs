@@ -149,6 +149,7 @@ impl<D: Datapath> Reconciler<D> {
                 let _ = self.datapath.remove_endpoint(*ifindex);
             }
         }
+        self.renew_after_recovery();
         // A pod whose interfaces are all gone was deleted while we were down.
         self.refresh_node_addresses();
         self.refresh_links();
