@@ -43,9 +43,11 @@
  * pal_conntrack under a 44-byte one; the rules are the same for both.
  *
  * Epochs: each direction of an endpoint has an epoch, which the enforcer
- * moves to a never-used value whenever it changes that direction's policy
- * (a changed policy always gets a new policy id; tables are never edited
- * in place under an id in use).  An entry remembers the epoch it was
+ * moves to a never-used value whenever it changes that direction's policy:
+ * a new policy id, or an in-place edit of its table that narrowed it (such
+ * edits only add or remove host keys, so every address sees its old or its
+ * new answer in between), and on every takeover by a new enforcer.  An
+ * entry remembers the epoch it was
  * allowed under.  A packet whose entry is of the current epoch passes on one
  * lookup (step 6 or 7); an entry of another epoch is re-judged by the policy
  * that wrote it and refreshed if still allowed, or deleted, so a tightened

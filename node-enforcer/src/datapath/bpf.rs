@@ -16,10 +16,13 @@
 //!
 //! Epochs: the programs let an established flow pass on one conntrack
 //! lookup when its entry was written under the direction's current epoch.
-//! So whenever `set_endpoint` changes a direction's policy id (the
-//! reconciler gives changed content a new id and never edits a table in
-//! use), that direction gets an epoch no entry can hold: drawn from one
-//! node-wide counter that starts above every epoch found in the maps.
+//! So whenever `set_endpoint` changes a direction's policy id, that
+//! direction gets an epoch no entry can hold: drawn from one node-wide
+//! counter that starts above every epoch found in the maps. A table in use
+//! is edited in place only by adding or removing host keys
+//! (`update_policy`); the reconciler then calls `renew_epochs` for its users
+//! when the edit narrowed the table, and for every isolated direction when
+//! it takes over from a predecessor (which may have died in between).
 
 mod conntrack_maps;
 mod policy_tables;

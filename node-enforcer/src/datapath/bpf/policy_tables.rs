@@ -104,9 +104,20 @@ impl PolicyTables {
     /// fine (removal follows a partial insert too).
     pub(super) fn remove(&mut self, id: PolicyId, entries: &[(Prefix, PortSetId)]) -> Result<()> {
         let keys: Vec<Key<PolicyKey>> = entries.iter().map(|(p, _)| policy_key(id, p)).collect();
+        // A key already gone is fine (removal follows a partial insert too);
+        // any other failure is reported: an in-place edit that narrows a
+        // table must not leave an allow behind unseen.
         for key in &keys {
-            let _ = self.exact.remove(&PolicyExactKey::of(key));
-            let _ = self.trie.remove(key);
+            if let Err(e) = self.exact.remove(&PolicyExactKey::of(key)) {
+                if !not_found(&e) {
+                    return Err(err(format!("removing from {MAP_POLICY_EXACT}"), e));
+                }
+            }
+            if let Err(e) = self.trie.remove(key) {
+                if !not_found(&e) {
+                    return Err(err(format!("removing from {MAP_POLICY}"), e));
+                }
+            }
         }
         let update = self
             .counts
