@@ -206,7 +206,12 @@ fn the_other_examples_pass() {
     if !common::is_root() {
         return;
     }
-    for name in ["egress-ipblock.yaml", "namespaces.yaml", "services.yaml"] {
+    for name in [
+        "egress-ipblock.yaml",
+        "namespaces.yaml",
+        "services.yaml",
+        "fixed/named-ports-endport-policytypes.yaml",
+    ] {
         let path = example(name);
         let (out, stdout, stderr) = run(&["run", path.to_str().unwrap()]);
         assert_eq!(

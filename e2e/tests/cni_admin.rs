@@ -1,0 +1,102 @@
+//! The CNI plugin binary's operator commands, run as the DaemonSet runs
+//! them: `health` against a live enforcer's socket (the probes), and
+//! `install` / `uninstall` on a CNI conf dir (the init container).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::*;
+use palisade_e2e::lab::default_bin_dir;
+
+fn cni_binary() -> PathBuf {
+    default_bin_dir().join("palisade-cni")
+}
+
+fn run(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(cni_binary())
+        .args(args)
+        .output()
+        .expect("palisade-cni runs (cargo build --bins)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}
+
+#[test]
+fn health_reports_a_live_enforcer_and_names_a_missing_one() {
+    if !is_root() {
+        return;
+    }
+    let lab = lab_with_pods();
+    let socket = lab.enforcer_socket().to_str().unwrap().to_string();
+    let (code, text) = run(&["health", "--enforcer-socket", &socket]);
+    assert_eq!(code, Some(0), "{text}");
+
+    let gone = format!("{socket}.gone");
+    let (code, text) = run(&["health", "--enforcer-socket", &gone]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("cannot reach") && text.contains(&gone),
+        "{text}"
+    );
+    finish(lab);
+}
+
+#[test]
+fn install_and_uninstall_edit_only_our_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let (conf, bin) = (dir.path().join("net.d"), dir.path().join("bin"));
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::create_dir_all(&bin).unwrap();
+    let original = r#"{"cniVersion": "1.0.0", "name": "k8s", "plugins": [{"type": "ptp", "ipam": {"type": "host-local"}}]}"#;
+    let file = conf.join("10-k8s.conflist");
+    std::fs::write(&file, original).unwrap();
+    let args = |cmd: &'static str| {
+        vec![
+            cmd.to_string(),
+            "--conf-dir".into(),
+            conf.to_str().unwrap().into(),
+            "--bin-dir".into(),
+            bin.to_str().unwrap().into(),
+        ]
+    };
+    let as_strs = |v: &Vec<String>| v.iter().map(String::as_str).collect::<Vec<_>>().join(" ");
+
+    let (code, text) = run(&args("install")
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>());
+    assert_eq!(code, Some(0), "{} -> {text}", as_strs(&args("install")));
+    let chained: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(chained["plugins"][1]["type"], "palisade-cni");
+    assert_eq!(chained["plugins"][0]["type"], "ptp");
+    assert!(bin.join("palisade-cni").exists());
+
+    let (code, text) = run(&args("install")
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>());
+    assert_eq!(code, Some(0));
+    assert!(text.lines().all(|l| l.ends_with("unchanged")), "{text}");
+
+    let (code, text) = run(&args("uninstall")
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>());
+    assert_eq!(code, Some(0), "{text}");
+    let back: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let want: serde_json::Value = serde_json::from_str(original).unwrap();
+    assert_eq!(back, want);
+    assert!(!bin.join("palisade-cni").exists());
+
+    let (code, text) = run(&["frobnicate"]);
+    assert_eq!(code, Some(2));
+    assert!(text.contains("frobnicate"), "{text}");
+}
