@@ -31,6 +31,7 @@ pub mod listener;
 pub mod manifests;
 pub mod nat;
 pub mod netns;
+pub mod netpol;
 pub mod preflight;
 pub mod probe;
 pub mod process;

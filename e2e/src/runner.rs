@@ -8,17 +8,25 @@
 //! process down it does not wait at all (nothing can be realized through a
 //! missing process), so its probes show what the node does meanwhile.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 
 use crate::lab::Lab;
 use crate::report::{Report, Row, Table};
-use crate::scenario::{Scenario, Step};
+use crate::scenario::{Object, ObjectKey, Scenario, Step};
 
 /// Prints the table as it goes. Errors (as opposed to failed expectations)
 /// abort the run; the caller still owns and shuts down the lab.
 pub fn run_scenario(lab: &mut Lab, scenario: &Scenario, out: &mut dyn Write) -> Result<Report> {
+    if scenario.nodes > 1 {
+        bail!(
+            "nodes: {}: the lab has one node so far; a multi-node lab is planned \
+             (Scenario::single_node runs such a scenario on one node)",
+            scenario.nodes
+        );
+    }
     if !scenario.objects.is_empty() {
         lab.apply(&scenario.objects)
             .context("applying the initial objects")?;
@@ -35,8 +43,12 @@ pub fn run_scenario(lab: &mut Lab, scenario: &Scenario, out: &mut dyn Write) -> 
             lab.inject(fault).with_context(at)?;
         }
         let started = std::time::Instant::now();
+        if !step.labels.is_empty() {
+            relabel(lab, &step.labels).with_context(at)?;
+        }
         if !step.apply.is_empty() {
-            apply(lab, step, &table, &mut rows, out).with_context(at)?;
+            let step = with_pod_cidrs(lab, step).with_context(at)?;
+            apply(lab, &step, &table, &mut rows, out).with_context(at)?;
         }
         if !step.delete.is_empty() {
             lab.delete(&step.delete).with_context(at)?;
@@ -76,6 +88,37 @@ pub fn run_scenario(lab: &mut Lab, scenario: &Scenario, out: &mut dyn Write) -> 
         out.flush()?;
     }
     Ok(Report { rows })
+}
+
+/// Replaces the labels of existing pods and namespaces in place: the pods
+/// keep their sandboxes and addresses, as after `kubectl label`.
+fn relabel(lab: &mut Lab, labels: &[(ObjectKey, BTreeMap<String, String>)]) -> Result<()> {
+    let mut changed = Vec::with_capacity(labels.len());
+    for (key, new) in labels {
+        let object = lab
+            .object(key)
+            .ok_or_else(|| anyhow!("label: {key} does not exist in the lab"))?;
+        let mut body = object.body().clone();
+        body["metadata"]["labels"] = serde_json::to_value(new)?;
+        changed.push(Object::from_value(body).with_context(|| format!("label: {key}"))?);
+    }
+    lab.apply(&changed)?;
+    Ok(())
+}
+
+/// The step with every `{pod: ns/name, prefix: N}` CIDR in its objects
+/// replaced by that pod's address masked to N bits, as it is now.
+fn with_pod_cidrs(lab: &Lab, step: &Step) -> Result<Step> {
+    let ips = lab.pod_ips();
+    let mut step = step.clone();
+    for o in step.apply.iter_mut() {
+        let mut body = o.body().clone();
+        crate::netpol::resolve_cidrs(&mut body, &ips).with_context(|| format!("{}", o.key()))?;
+        if &body != o.body() {
+            *o = Object::from_value(body)?;
+        }
+    }
+    Ok(step)
 }
 
 /// Applies the step's objects; with `addError`, the CNI ADD must fail.

@@ -478,6 +478,9 @@ pub struct Step {
     pub name: String,
     /// Injected, in order, before the step's apply and delete.
     pub faults: Vec<Fault>,
+    /// Objects whose labels the step replaces in place (`label:`), as
+    /// `kubectl label --overwrite` of every key would; before its apply.
+    pub labels: Vec<(ObjectKey, BTreeMap<String, String>)>,
     pub apply: Vec<Object>,
     pub delete: Vec<ObjectKey>,
     /// `Some(text)`: the CNI ADD of the pods this step applies must fail,
@@ -542,6 +545,9 @@ pub struct Scenario {
     pub node_sysctls: Vec<(String, String)>,
     /// `None`: the enforcer gets no `--conntrack-cleanup-secs` flag.
     pub conntrack_cleanup_secs: Option<u32>,
+    /// How many nodes the scenario asks for (`nodes:`, default 1). The lab
+    /// has one node today; see [`Scenario::single_node`].
+    pub nodes: u32,
     pub objects: Vec<Object>,
     pub steps: Vec<Step>,
 }
@@ -555,6 +561,8 @@ struct RawScenario {
     #[serde(default)]
     node_sysctls: BTreeMap<String, Value>,
     conntrack_cleanup_secs: Option<i64>,
+    nodes: Option<i64>,
+    netpol: Option<crate::netpol::RawNetpol>,
     #[serde(default)]
     objects: Vec<Value>,
     #[serde(default)]
@@ -575,7 +583,20 @@ struct RawStep {
     #[serde(default)]
     probes: Vec<RawProbe>,
     #[serde(default)]
+    reachability: Vec<crate::netpol::RawMatrix>,
+    #[serde(default)]
+    label: Vec<RawLabel>,
+    #[serde(default)]
     dump: Vec<RawDumpCheck>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLabel {
+    kind: String,
+    namespace: Option<String>,
+    name: String,
+    labels: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -634,7 +655,20 @@ impl Scenario {
             Some(s) if (1..=3600).contains(&s) => Some(s as u32),
             Some(s) => bail!("conntrackCleanupSecs: {s} is out of range (1-3600)"),
         };
-        let objects = parse_objects("objects", raw.objects)?;
+        let nodes = match raw.nodes {
+            None => 1,
+            Some(n) if (1..=16).contains(&n) => n as u32,
+            Some(n) => bail!("nodes: {n} is out of range (1-16)"),
+        };
+        let mut object_values = match &raw.netpol {
+            Some(netpol) => crate::netpol::topology(netpol).context("netpol")?,
+            None => Vec::new(),
+        };
+        object_values.extend(raw.objects);
+        let objects = parse_objects("objects", object_values)?;
+        // The pods a matrix covers: those that exist at its step.
+        let mut pods: BTreeSet<PodName> =
+            objects.iter().filter_map(|o| o.key().pod_name()).collect();
         let mut steps = Vec::with_capacity(raw.steps.len());
         for (i, step) in raw.steps.into_iter().enumerate() {
             let name = step.name.unwrap_or_else(|| format!("step {}", i + 1));
@@ -658,15 +692,42 @@ impl Scenario {
                 .enumerate()
                 .map(|(j, r)| parse_ref(r).with_context(|| format!("{at}.delete[{j}]")))
                 .collect::<Result<Vec<_>>>()?;
-            let probes = step
+            let mut probes = step
                 .probes
                 .into_iter()
                 .enumerate()
                 .map(|(j, p)| parse_probe(p).with_context(|| format!("{at}.probes[{j}]")))
                 .collect::<Result<Vec<_>>>()?;
+            let labels = step
+                .label
+                .into_iter()
+                .enumerate()
+                .map(|(j, l)| parse_label(l).with_context(|| format!("{at}.label[{j}]")))
+                .collect::<Result<Vec<_>>>()?;
+            pods.extend(apply.iter().filter_map(|o| o.key().pod_name()));
+            for key in &delete {
+                if let Some(p) = key.pod_name() {
+                    pods.remove(&p);
+                }
+            }
+            let live: Vec<PodName> = pods.iter().cloned().collect();
+            for (j, m) in step.reachability.iter().enumerate() {
+                let expanded = crate::netpol::expand(m, &live)
+                    .with_context(|| format!("{at}.reachability[{j}]"))?;
+                for p in expanded {
+                    if p.protocol == Protocol::Sctp {
+                        bail!("{at}.reachability[{j}]: SCTP probes are not supported by the lab yet (TCP, UDP)");
+                    }
+                    probes.push(
+                        ProbeSpec::new(&p.from.to_string(), &p.to.to_string(), p.port, p.protocol)?
+                            .expect(p.expect),
+                    );
+                }
+            }
             steps.push(Step {
                 name,
                 faults,
+                labels,
                 apply,
                 delete,
                 add_error: step.add_error,
@@ -680,11 +741,20 @@ impl Scenario {
             pod_up_deadline,
             node_sysctls,
             conntrack_cleanup_secs,
+            nodes,
             objects,
             steps,
         };
         scenario.check_references()?;
         Ok(scenario)
+    }
+
+    /// The scenario on the lab's single node: `nodes:` set to 1, pods
+    /// placed as before. For running multi-node scenarios (the conformance
+    /// suite asks for 2) until the lab has several nodes.
+    pub fn single_node(mut self) -> Self {
+        self.nodes = 1;
+        self
     }
 
     /// Follows the objects through the steps so that a probe from a pod that
@@ -707,6 +777,11 @@ impl Scenario {
                     if !live.contains(&ObjectKey::pod(pod)) {
                         bail!("{at}.fault[{j}].unplug: pod {pod} does not exist at this step");
                     }
+                }
+            }
+            for (j, (key, _)) in step.labels.iter().enumerate() {
+                if !live.contains(key) {
+                    bail!("{at}.label[{j}]: {key} does not exist at this step");
                 }
             }
             let new_pods: Vec<ObjectKey> = step
@@ -871,6 +946,28 @@ fn parse_objects(field: &str, values: Vec<Value>) -> Result<Vec<Object>> {
         objects.push(o);
     }
     Ok(objects)
+}
+
+fn parse_label(r: RawLabel) -> Result<(ObjectKey, BTreeMap<String, String>)> {
+    let key = parse_ref(RawRef {
+        kind: r.kind,
+        namespace: r.namespace,
+        name: r.name,
+    })?;
+    if !matches!(key.kind, Kind::Pod | Kind::Namespace) {
+        bail!(
+            "kind: only Pod and Namespace labels can be changed in place, not {}",
+            key.kind
+        );
+    }
+    let as_value = Value::Object(
+        r.labels
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect(),
+    );
+    check_labels(&as_value).context("labels")?;
+    Ok((key, r.labels))
 }
 
 fn parse_ref(r: RawRef) -> Result<ObjectKey> {

@@ -1,6 +1,7 @@
 //! Pods: their namespaces, their CNI attachments, their listeners and their
 //! manifests, created and removed together.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -227,6 +228,19 @@ impl Lab {
             .get(pod)
             .and_then(|p| p.attachment.as_ref())
             .and_then(|a| a.ips.first().copied())
+    }
+
+    /// Every pod with an address, by name.
+    pub fn pod_ips(&self) -> BTreeMap<PodName, IpAddr> {
+        self.pods
+            .keys()
+            .filter_map(|p| self.pod_ip(p).map(|ip| (p.clone(), ip)))
+            .collect()
+    }
+
+    /// The object as the lab holds it now.
+    pub fn object(&self, key: &ObjectKey) -> Option<&Object> {
+        self.objects.get(key)
     }
 
     pub fn pod_netns(&self, pod: &PodName) -> Option<&str> {
