@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use common::*;
 use palisade_e2e::{run_scenario, Lab, LabConfig, Scenario};
@@ -24,7 +24,7 @@ fn scenario_files() -> Vec<PathBuf> {
 }
 
 /// Plays one file; Err(the table and logs) unless every probe matched.
-fn play(path: &PathBuf) -> Result<usize, String> {
+fn play(path: &Path) -> Result<usize, String> {
     let name = path.file_name().unwrap().to_string_lossy().into_owned();
     let scenario = Scenario::from_file(path)
         .map_err(|e| format!("{name}: {e:#}"))?
@@ -69,7 +69,7 @@ fn every_conformance_case_passes_on_a_real_lab() {
         let chunks: Vec<&[PathBuf]> = runnable.chunks(runnable.len().div_ceil(4)).collect();
         let handles: Vec<_> = chunks
             .into_iter()
-            .map(|chunk| s.spawn(move || chunk.iter().map(play).collect::<Vec<_>>()))
+            .map(|chunk| s.spawn(move || chunk.iter().map(|f| play(f)).collect::<Vec<_>>()))
             .collect();
         handles
             .into_iter()
