@@ -27,16 +27,15 @@ mod services;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
+use crate::cluster::ClusterState;
+use crate::plan::{Entry, Plan};
+use crate::resolve::{
+    is_selectorless, namespace_of, ns_labels, pod_info, resolve_target, selector_matches,
+    slice_service, PodInfo, PodKey, Resolution,
+};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use palisade_proto::v1::PodPolicy;
-
-use crate::cluster::ClusterState;
-use crate::resolve::{
-    is_selectorless, namespace_of, ns_labels, pod_info, resolve_target, selector_matches,
-    slice_service, NodePlan, PodInfo, PodKey, Resolution,
-};
 use objects::{Labels, Objects};
 use selection::{Selections, Selector, Used};
 use services::ServiceCache;
@@ -59,6 +58,35 @@ pub enum Change {
     DeleteEndpointSlice(PodKey),
 }
 
+/// Pods that resolve alike: resolution reads of its target only the
+/// namespace, the labels and the named ports (besides the name and the
+/// addresses, which are the entry's own fields).
+struct Class(Arc<PodInfo>);
+
+impl PartialEq for Class {
+    fn eq(&self, other: &Class) -> bool {
+        let (a, b) = (&*self.0, &*other.0);
+        a.namespace == b.namespace && a.labels == b.labels && a.named_ports == b.named_ports
+    }
+}
+
+impl Eq for Class {}
+
+impl std::hash::Hash for Class {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.namespace.hash(state);
+        self.0.labels.hash(state);
+        self.0.named_ports.hash(state);
+    }
+}
+
+/// One class's resolution.
+struct Resolved {
+    entry: Entry,
+    used: Used,
+    errors: Vec<String>,
+}
+
 /// A target's result and what computing it used.
 struct Target {
     node: String,
@@ -72,15 +100,18 @@ pub struct Engine {
     selections: Selections,
     services: ServiceCache,
     targets: HashMap<PodKey, Target>,
-    plans: HashMap<String, Arc<NodePlan>>,
+    plans: HashMap<String, Arc<Plan>>,
     /// Every distinct problem, with how many targets found it.
     errors: BTreeMap<String, usize>,
+    /// Targets that changes taken by [`Engine::stage`] may affect, computed
+    /// by the next [`Engine::apply`].
+    staged: HashSet<PodKey>,
 }
 
 /// The nodes whose plan changed, with their new plans.
 #[derive(Debug, Default)]
 pub struct Outcome {
-    pub changed: BTreeMap<String, Arc<NodePlan>>,
+    pub changed: BTreeMap<String, Arc<Plan>>,
     /// How many targets were recomputed.
     pub recomputed: usize,
 }
@@ -125,13 +156,26 @@ impl Engine {
         (engine, outcome)
     }
 
-    /// Applies changes, then recomputes what they can affect.
+    /// Applies changes, then recomputes what they (and the changes staged
+    /// before) can affect.
     pub fn apply(&mut self, changes: impl IntoIterator<Item = Change>) -> Outcome {
         let mut dirty = HashSet::new();
         for change in changes {
             self.take(change, &mut dirty);
         }
         self.recompute(dirty)
+    }
+
+    /// Takes changes in without computing anything yet: a source's first
+    /// list arrives in pieces, and resolving after each piece would
+    /// recompute the same targets over and over (and with half the cluster
+    /// listed). The next [`Engine::apply`] computes what they affect.
+    pub fn stage(&mut self, changes: impl IntoIterator<Item = Change>) {
+        let mut dirty = std::mem::take(&mut self.staged);
+        for change in changes {
+            self.take(change, &mut dirty);
+        }
+        self.staged = dirty;
     }
 
     /// Brings the engine to `state`, by the changes that lead there. The
@@ -143,7 +187,7 @@ impl Engine {
     }
 
     /// Every node's plan as the engine holds it.
-    pub fn plans(&self) -> &HashMap<String, Arc<NodePlan>> {
+    pub fn plans(&self) -> &HashMap<String, Arc<Plan>> {
         &self.plans
     }
 
@@ -159,7 +203,7 @@ impl Engine {
                 .plans
                 .iter()
                 .filter(|(_, p)| !p.pods.is_empty())
-                .map(|(n, p)| (n.clone(), (**p).clone()))
+                .map(|(n, p)| (n.clone(), p.decode()))
                 .collect(),
             errors: self.errors(),
         }
@@ -398,14 +442,18 @@ impl Engine {
         }
     }
 
-    fn recompute(&mut self, dirty: HashSet<PodKey>) -> Outcome {
+    fn recompute(&mut self, mut dirty: HashSet<PodKey>) -> Outcome {
+        dirty.extend(self.staged.drain());
         let mut outcome = Outcome {
             recomputed: dirty.len(),
             ..Default::default()
         };
         let mut changed_nodes = BTreeSet::new();
+        // Pods that resolve alike are resolved once per pass: the objects do
+        // not change during a pass, so neither does what a class resolves to.
+        let mut memo: HashMap<Class, Resolved> = HashMap::new();
         for key in dirty {
-            self.recompute_target(&key, &mut changed_nodes);
+            self.recompute_target(&key, &mut memo, &mut changed_nodes);
         }
         for node in changed_nodes {
             let plan = self.plans.get(&node).cloned().unwrap_or_default();
@@ -414,7 +462,12 @@ impl Engine {
         outcome
     }
 
-    fn recompute_target(&mut self, key: &PodKey, changed: &mut BTreeSet<String>) {
+    fn recompute_target(
+        &mut self,
+        key: &PodKey,
+        memo: &mut HashMap<Class, Resolved>,
+        changed: &mut BTreeSet<String>,
+    ) {
         let old = self.targets.remove(key);
         let pod = self
             .objects
@@ -424,26 +477,33 @@ impl Engine {
         let (new, entry) = match pod {
             None => (None, None),
             Some(pod) => {
-                let mut selector = Selector {
-                    objects: &self.objects,
-                    cache: &mut self.selections,
-                    services: &mut self.services,
-                    used: Used::default(),
-                };
-                let mut errors = Vec::new();
-                let policies: Vec<Arc<NetworkPolicy>> =
-                    self.objects.policies_in(&pod.namespace).cloned().collect();
-                let entry = resolve_target(
-                    &pod,
-                    policies.iter().map(|p| &**p),
-                    &mut selector,
-                    &mut errors,
-                );
-                errors.sort();
-                errors.dedup();
-                let used = selector.used;
                 let node = pod.node.clone().expect("filtered above");
-                (Some(Target { node, used, errors }), Some(entry))
+                let class = Class(pod.clone());
+                let resolved = match memo.get(&class) {
+                    Some(r) => Resolved {
+                        entry: r.entry.sibling(&pod.namespace, &pod.name, &pod.ips),
+                        used: r.used.clone(),
+                        errors: r.errors.clone(),
+                    },
+                    None => {
+                        let r = self.resolve(&pod);
+                        memo.insert(
+                            class,
+                            Resolved {
+                                entry: r.entry.clone(),
+                                used: r.used.clone(),
+                                errors: r.errors.clone(),
+                            },
+                        );
+                        r
+                    }
+                };
+                let target = Target {
+                    node,
+                    used: resolved.used,
+                    errors: resolved.errors,
+                };
+                (Some(target), Some(resolved.entry))
             }
         };
         let empty = Used::default();
@@ -483,21 +543,47 @@ impl Engine {
         }
     }
 
+    /// One pod's policy, through the indexes and the selection cache.
+    fn resolve(&mut self, pod: &PodInfo) -> Resolved {
+        let mut selector = Selector {
+            objects: &self.objects,
+            cache: &mut self.selections,
+            services: &mut self.services,
+            used: Used::default(),
+        };
+        let mut errors = Vec::new();
+        let policies: Vec<Arc<NetworkPolicy>> =
+            self.objects.policies_in(&pod.namespace).cloned().collect();
+        let policy = resolve_target(
+            pod,
+            policies.iter().map(|p| &**p),
+            &mut selector,
+            &mut errors,
+        );
+        errors.sort();
+        errors.dedup();
+        Resolved {
+            entry: Entry::new(&policy),
+            used: selector.used,
+            errors,
+        }
+    }
+
     fn set_entry(
         &mut self,
         node: &str,
         key: &PodKey,
-        entry: Option<PodPolicy>,
+        entry: Option<Entry>,
         changed: &mut BTreeSet<String>,
     ) {
         let plan = self.plans.entry(node.to_string()).or_default();
-        if plan.pods.get(key).map(|p| &**p) == entry.as_ref() {
+        if plan.pods.get(key) == entry.as_ref() {
             return;
         }
         // Copy-on-write: the hub shares the previous plan until it is replaced.
         let plan = Arc::make_mut(plan);
         match entry {
-            Some(e) => plan.pods.insert(key.clone(), Arc::new(e)),
+            Some(e) => plan.pods.insert(key.clone(), e),
             None => plan.pods.remove(key),
         };
         changed.insert(node.to_string());

@@ -73,7 +73,7 @@ pub struct Selections {
 }
 
 /// What one target's computation used.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Used {
     pub sels: Vec<SelKey>,
     pub ports: Vec<String>,
