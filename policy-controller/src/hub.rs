@@ -113,6 +113,22 @@ struct HubState {
     /// last good view stays in force meanwhile.
     source_errors: Vec<String>,
     nodes: BTreeMap<String, NodeEntry>,
+    counters: Counters,
+}
+
+/// How the hub has been fed: a source that delivers whole views costs a
+/// diff of the cluster per view; one that delivers changes costs what the
+/// changes touch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Whole views diffed against the engine ([`Hub::update`]).
+    pub views: u64,
+    /// Batches of changes resolved and published ([`Hub::apply`]).
+    pub batches: u64,
+    /// Changes in those batches.
+    pub changes: u64,
+    /// Changes staged before the source had synced ([`Hub::stage`]).
+    pub staged: u64,
 }
 
 /// Shared between the source loop and the gRPC handlers. Each method holds
@@ -166,6 +182,7 @@ impl Hub {
     /// recompute only what differs from the previous view.
     pub fn update(&self, cluster: &ClusterState) -> Vec<PlanChange> {
         let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
+        self.lock().counters.views += 1;
         let outcome = match engine.as_mut() {
             Some(engine) => engine.sync(cluster),
             None => {
@@ -183,10 +200,29 @@ impl Hub {
     /// and publishes the plans that changed.
     pub fn apply(&self, changes: Vec<Change>, marker: String) -> Vec<PlanChange> {
         let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
+        {
+            let mut st = self.lock();
+            st.counters.batches += 1;
+            st.counters.changes += changes.len() as u64;
+        }
         let engine = engine.get_or_insert_with(Engine::default);
         let outcome = engine.apply(changes);
         let errors = engine.errors();
         self.publish(outcome, marker, errors)
+    }
+
+    /// Takes changes into the engine without resolving or publishing
+    /// anything: a source's first list, before it is complete. The next
+    /// [`Hub::apply`] resolves what they affect. The hub stays unsynced.
+    pub fn stage(&self, changes: Vec<Change>) {
+        let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
+        self.lock().counters.staged += changes.len() as u64;
+        engine.get_or_insert_with(Engine::default).stage(changes);
+    }
+
+    /// How the hub has been fed so far.
+    pub fn counters(&self) -> Counters {
+        self.lock().counters
     }
 
     /// Runs `f` on the engine (None before the first view), for inspection.
