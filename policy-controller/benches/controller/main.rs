@@ -1,11 +1,13 @@
 //! The controller at cluster scale: full computation and single changes, on
 //! Antrea's benchmark shape and on a mixed shape. Run through
 //! `scripts/bench-controller.sh`; by hand:
-//! `cargo bench -p policy-controller --bench controller -- antrea small`.
+//! `cargo bench -p policy-controller --bench controller -- antrea small`
+//! (add `kube` for the kube source's path against the API double).
 //!
 //! Every measurement prints one line of `key=value` pairs so runs can be
 //! compared; the script collects them into a table.
 
+mod kube_path;
 mod shapes;
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -47,7 +49,7 @@ fn live() -> usize {
 }
 
 /// The process's peak resident memory (VmHWM), in MB.
-fn peak_mb() -> f64 {
+pub(crate) fn peak_mb() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
@@ -69,7 +71,7 @@ fn wire(changes: &[PlanChange]) -> usize {
         .sum()
 }
 
-fn line(scale: &str, shape: Shape, what: &str, fields: &[(&str, String)]) {
+pub(crate) fn line(scale: &str, shape: Shape, what: &str, fields: &[(&str, String)]) {
     let shape = format!("{shape:?}").to_lowercase();
     let rest: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!("scale={scale} shape={shape} what={what} {}", rest.join(" "));
@@ -78,34 +80,53 @@ fn line(scale: &str, shape: Shape, what: &str, fields: &[(&str, String)]) {
 /// Builds the change to namespace `i`.
 type MakeChange<'a> = Box<dyn Fn(usize) -> Change + 'a>;
 
-fn run(shape: Shape, scale: Scale) {
-    let mut state = shapes::cluster(shape, scale);
-    // The objects as a source would hand them over; not the hub's.
-    let input = live();
+/// Namespaces generated at a time: the bench's own input stays small, so
+/// the peak is the hub's.
+const CHUNK: usize = 500;
 
+/// Feeds a cluster into `hub` as a source that watches events does: every
+/// object staged as a change, generated a chunk at a time and dropped once
+/// taken, then one apply that resolves everything. Returns the time spent
+/// in the hub (generation excluded), split into staging and resolving.
+fn feed(hub: &Hub, shape: Shape, scale: Scale, with_policies: bool) -> (f64, f64, Vec<PlanChange>) {
+    let mut stage = 0.0;
+    for chunk in (0..scale.namespaces).collect::<Vec<_>>().chunks(CHUNK) {
+        let changes: Vec<Change> = chunk
+            .iter()
+            .flat_map(|&i| shapes::namespace_objects(shape, scale, i, with_policies))
+            .map(Change::from)
+            .collect();
+        let start = Instant::now();
+        hub.stage(changes);
+        stage += start.elapsed().as_secs_f64() * 1e3;
+    }
+    let start = Instant::now();
+    let published = hub.apply(Vec::new(), "bench".into());
+    (stage, start.elapsed().as_secs_f64() * 1e3, published)
+}
+
+fn run(shape: Shape, scale: Scale) {
     // Held state: bytes the hub (engine + plans) holds, for pods alone and
     // with policies.
-    let policies = std::mem::take(&mut state.policies);
     let before = live();
     let hub = Hub::new(1);
-    hub.update(&state);
+    feed(&hub, shape, scale, false);
     let pods_bytes = live() - before;
     drop(hub);
-    state.policies = policies;
 
     let before = live();
-    let start = Instant::now();
     let hub = Hub::new(1);
-    let published = hub.update(&state);
-    let full_ms = start.elapsed().as_secs_f64() * 1e3;
+    let (stage_ms, resolve_ms, published) = feed(&hub, shape, scale, true);
+    let full_ms = stage_ms + resolve_ms;
     let held = live() - before;
     let mut plan_bytes: Vec<usize> = published
         .iter()
         .map(|c| c.after.snapshot().encoded_len())
         .collect();
     plan_bytes.sort();
-    let pods = state.pods.len();
-    let policies = state.policies.len();
+    let stats = hub.with_engine(|e| e.expect("fed").stats());
+    let pods = stats.pods;
+    let policies = stats.policies;
     line(
         scale.name,
         shape,
@@ -115,11 +136,12 @@ fn run(shape: Shape, scale: Scale) {
             ("peak_mb", format!("{:.0}", peak_mb())),
             ("nodes_reached", published.len().to_string()),
             ("delta_bytes", plan_bytes.iter().sum::<usize>().to_string()),
-            ("namespaces", state.namespaces.len().to_string()),
+            ("stage_ms", format!("{stage_ms:.0}")),
+            ("resolve_ms", format!("{resolve_ms:.0}")),
+            ("namespaces", scale.namespaces.to_string()),
             ("pods", pods.to_string()),
             ("policies", policies.to_string()),
             ("held_mb", format!("{:.0}", mb(held))),
-            ("input_mb", format!("{:.0}", mb(input))),
             ("bytes_per_pod", (pods_bytes / pods.max(1)).to_string()),
             (
                 "bytes_per_policy",
@@ -211,17 +233,17 @@ fn run(shape: Shape, scale: Scale) {
             ],
         );
     }
-    view_diff(&hub, &mut state, shape, scale);
+    view_diff(&hub, shape, scale);
 }
 
-/// The path the sources take today: a whole new view with one pod
-/// relabelled, which the hub diffs against what it holds.
-fn view_diff(
-    hub: &Hub,
-    state: &mut policy_controller::cluster::ClusterState,
-    shape: Shape,
-    scale: Scale,
-) {
+/// The manifest source's path: a whole new view with one pod relabelled,
+/// which the hub diffs against what it holds. The view is the whole
+/// cluster as objects, built here (after every other measurement, so that
+/// it raises only this line's peak); its size is the bench's input.
+fn view_diff(hub: &Hub, shape: Shape, scale: Scale) {
+    let before = live();
+    let mut state = shapes::cluster(shape, scale);
+    let input = live() - before;
     let i = 4242 % scale.namespaces;
     let key = (shapes::ns_name(i), "pod-1".to_string());
     let at = state
@@ -243,7 +265,7 @@ fn view_diff(
         shapes::default_app(shape, 3),
     );
     let start = Instant::now();
-    let published = hub.update(state);
+    let published = hub.update(&state);
     let bytes = wire(&published);
     let ms = start.elapsed().as_secs_f64() * 1e3;
     line(
@@ -255,6 +277,7 @@ fn view_diff(
             ("peak_mb", format!("{:.0}", peak_mb())),
             ("nodes_reached", published.len().to_string()),
             ("delta_bytes", bytes.to_string()),
+            ("input_mb", format!("{:.0}", mb(input))),
         ],
     );
 }
@@ -282,5 +305,12 @@ fn main() {
             std::process::exit(2);
         }
     };
-    run(shape, scale);
+    match args.get(2).map(String::as_str) {
+        None => run(shape, scale),
+        Some("kube") => kube_path::run(shape, scale),
+        Some(other) => {
+            eprintln!("unknown path {other:?}: want kube or nothing");
+            std::process::exit(2);
+        }
+    }
 }

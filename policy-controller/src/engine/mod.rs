@@ -27,7 +27,7 @@ mod services;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::cluster::ClusterState;
+use crate::cluster::{ClusterState, Object};
 use crate::plan::{Entry, Plan};
 use crate::resolve::{
     is_selectorless, namespace_of, ns_labels, pod_info, resolve_target, selector_matches,
@@ -85,6 +85,19 @@ struct Resolved {
     entry: Entry,
     used: Used,
     errors: Vec<String>,
+}
+
+impl From<Object> for Change {
+    /// The object created or updated.
+    fn from(object: Object) -> Change {
+        match object {
+            Object::Namespace(ns) => Change::ApplyNamespace(ns),
+            Object::Pod(pod) => Change::ApplyPod(pod),
+            Object::NetworkPolicy(np) => Change::ApplyPolicy(np),
+            Object::Service(svc) => Change::ApplyService(svc),
+            Object::EndpointSlice(slice) => Change::ApplyEndpointSlice(slice),
+        }
+    }
 }
 
 /// A target's result and what computing it used.
