@@ -65,8 +65,13 @@ pub struct Selections {
     entries: HashMap<SelKey, SelEntry>,
     /// Selections without a namespace selector, by the namespace they look in.
     by_scope: HashMap<String, HashSet<SelKey>>,
-    /// Selections with a namespace selector: any namespace may matter.
-    cross_ns: HashSet<SelKey>,
+    /// Selections with a namespace selector that requires a label, by the
+    /// first label it requires: a namespace can only be selected by those
+    /// filed under one of its labels.
+    cross_by_label: HashMap<(String, String), HashSet<SelKey>>,
+    /// Selections with a namespace selector that requires no label (only
+    /// expressions, or none): any namespace may matter.
+    cross_any: HashSet<SelKey>,
     /// Targets whose egress named ports were resolved against every pod
     /// with a port of that name.
     port_dependents: HashMap<String, HashSet<PodKey>>,
@@ -123,9 +128,11 @@ impl Selections {
     }
 
     fn forget(&mut self, key: &SelKey) {
-        self.entries.remove(key);
-        match &key.scope {
-            Some(ns) if key.ns_selector.is_none() => {
+        let Some(entry) = self.entries.remove(key) else {
+            return;
+        };
+        match (&key.scope, required_label(entry.ns_selector.as_ref())) {
+            (Some(ns), _) if key.ns_selector.is_none() => {
                 if let Some(set) = self.by_scope.get_mut(ns) {
                     set.remove(key);
                     if set.is_empty() {
@@ -133,10 +140,53 @@ impl Selections {
                     }
                 }
             }
-            _ => {
-                self.cross_ns.remove(key);
+            (_, Some(label)) => {
+                if let Some(set) = self.cross_by_label.get_mut(&label) {
+                    set.remove(key);
+                    if set.is_empty() {
+                        self.cross_by_label.remove(&label);
+                    }
+                }
+            }
+            (_, None) => {
+                self.cross_any.remove(key);
             }
         }
+    }
+
+    /// Files a new selection where changes will find it.
+    fn index(&mut self, key: &SelKey, ns_selector: Option<&LabelSelector>) {
+        match (&key.scope, required_label(ns_selector)) {
+            (Some(ns), _) if ns_selector.is_none() => {
+                self.by_scope
+                    .entry(ns.clone())
+                    .or_default()
+                    .insert(key.clone());
+            }
+            (_, Some(label)) => {
+                self.cross_by_label
+                    .entry(label)
+                    .or_default()
+                    .insert(key.clone());
+            }
+            (_, None) => {
+                self.cross_any.insert(key.clone());
+            }
+        }
+    }
+
+    /// The selections with a namespace selector that could select a
+    /// namespace with any of these label sets.
+    fn cross_candidates<'a>(&'a self, labels: &[Option<&Labels>]) -> HashSet<&'a SelKey> {
+        let mut out: HashSet<&SelKey> = self.cross_any.iter().collect();
+        for (k, v) in labels.iter().flatten().flat_map(|l| l.iter()) {
+            // Borrowed lookups would need another key type; the clone is
+            // per label of one namespace, not per selection.
+            if let Some(set) = self.cross_by_label.get(&(k.clone(), v.clone())) {
+                out.extend(set.iter());
+            }
+        }
+        out
     }
 
     /// A pod in `ns` changed from `old` to `new`: drops the selections that
@@ -150,13 +200,16 @@ impl Selections {
         (new, ns_after): (Option<&PodInfo>, Option<&Labels>),
         dirty: &mut HashSet<PodKey>,
     ) {
-        let candidates = self
+        let cross = self.cross_candidates(&[ns_before, ns_after]);
+        let candidates: Vec<SelKey> = self
             .by_scope
             .get(ns)
             .into_iter()
             .flatten()
-            .chain(self.cross_ns.iter());
-        for key in candidates {
+            .chain(cross)
+            .cloned()
+            .collect();
+        for key in &candidates {
             let e = self.entries.get_mut(key).expect("indexed selections exist");
             let held =
                 old.is_some_and(|p| e.ns_matches(&key.scope, ns, ns_before) && e.pod_matches(p));
@@ -195,7 +248,12 @@ impl Selections {
         after: Option<&Labels>,
         dirty: &mut HashSet<PodKey>,
     ) {
-        for key in &self.cross_ns {
+        let candidates: Vec<SelKey> = self
+            .cross_candidates(&[before, after])
+            .into_iter()
+            .cloned()
+            .collect();
+        for key in &candidates {
             let e = self.entries.get_mut(key).expect("indexed selections exist");
             if e.ns_matches(&key.scope, ns, before) != e.ns_matches(&key.scope, ns, after) {
                 e.result = None;
@@ -203,6 +261,16 @@ impl Selections {
             }
         }
     }
+}
+
+/// A label every namespace the selector selects must carry, if it names one.
+fn required_label(ns_selector: Option<&LabelSelector>) -> Option<(String, String)> {
+    ns_selector?
+        .match_labels
+        .as_ref()?
+        .iter()
+        .next()
+        .map(|(k, v)| (k.clone(), v.clone()))
 }
 
 /// Selection through the indexes and the cache, recording what it used.
@@ -238,15 +306,7 @@ impl PeerSelection for Selector<'_> {
             None => probe,
         };
         if !self.cache.entries.contains_key(&key) {
-            match &key.scope {
-                Some(ns) => self
-                    .cache
-                    .by_scope
-                    .entry(ns.clone())
-                    .or_default()
-                    .insert(key.clone()),
-                None => self.cache.cross_ns.insert(key.clone()),
-            };
+            self.cache.index(&key, peer.namespace_selector.as_ref());
             self.cache.entries.insert(
                 key.clone(),
                 SelEntry {
