@@ -46,11 +46,15 @@ impl Eq for Entry {}
 
 impl Entry {
     /// Splits a pod's policy into its own fields and a body to share.
-    pub fn new(policy: &PodPolicy) -> Entry {
-        let (own, body) = split(policy);
+    pub fn new(mut policy: PodPolicy) -> Entry {
+        let own = PodPolicy {
+            pod: policy.pod.take(),
+            pod_ips: std::mem::take(&mut policy.pod_ips),
+            ..Default::default()
+        };
         Entry {
             own: encode(&own).into(),
-            body: encode(&body).into(),
+            body: encode(&policy).into(),
         }
     }
 
@@ -82,23 +86,6 @@ impl Entry {
     pub fn encoded_len(&self) -> usize {
         self.own.len() + self.body.len()
     }
-}
-
-/// `policy` as (its own fields, the rest).
-fn split(policy: &PodPolicy) -> (PodPolicy, PodPolicy) {
-    let own = PodPolicy {
-        pod: policy.pod.clone(),
-        pod_ips: policy.pod_ips.clone(),
-        ..Default::default()
-    };
-    let body = PodPolicy {
-        pod: None,
-        pod_ips: Vec::new(),
-        ingress: policy.ingress.clone(),
-        egress: policy.egress.clone(),
-        policies: policy.policies.clone(),
-    };
-    (own, body)
 }
 
 fn encode(m: &PodPolicy) -> Vec<u8> {
@@ -164,7 +151,7 @@ mod tests {
     #[test]
     fn parts_concatenated_are_the_whole_encoding() {
         let p = policy("a", 1);
-        let e = Entry::new(&p);
+        let e = Entry::new(p.clone());
         let mut whole = e.own.to_vec();
         whole.extend_from_slice(&e.body);
         assert_eq!(whole, p.encode_to_vec());
@@ -173,12 +160,12 @@ mod tests {
 
     #[test]
     fn a_sibling_shares_the_body_and_keeps_its_own_fields() {
-        let a = Entry::new(&policy("a", 1));
+        let a = Entry::new(policy("a", 1));
         let b_policy = policy("b", 2);
         let b = a.sibling("ns", "b", &["10.0.0.2".parse().unwrap()]);
         assert!(Arc::ptr_eq(&a.body, &b.body));
         assert_eq!(b.decode(), b_policy);
         assert_ne!(a, b);
-        assert_eq!(b, Entry::new(&b_policy), "equal by content, shared or not");
+        assert_eq!(b, Entry::new(b_policy), "equal by content, shared or not");
     }
 }

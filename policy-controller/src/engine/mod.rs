@@ -576,7 +576,7 @@ impl Engine {
         errors.sort();
         errors.dedup();
         Resolved {
-            entry: Entry::new(&policy),
+            entry: Entry::new(policy),
             used: selector.used,
             errors,
         }

@@ -49,6 +49,17 @@ impl Objects {
             .map(|_| default_ns_labels(ns))
     }
 
+    /// As [`Objects::ns_labels`], without copying an object's labels.
+    pub fn ns_labels_ref(&self, ns: &str) -> Option<std::borrow::Cow<'_, Labels>> {
+        if let Some(labels) = self.ns_objects.get(ns) {
+            return Some(std::borrow::Cow::Borrowed(labels));
+        }
+        self.pods_by_ns
+            .get(ns)
+            .filter(|p| !p.is_empty())
+            .map(|_| std::borrow::Cow::Owned(default_ns_labels(ns)))
+    }
+
     pub fn ns_object_labels(&self, ns: &str) -> Option<&Labels> {
         self.ns_objects.get(ns)
     }

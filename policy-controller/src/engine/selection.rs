@@ -373,7 +373,7 @@ fn compute(objects: &Objects, key: &SelKey, e: &SelEntry) -> Vec<Arc<PodInfo>> {
             };
             let matched: BTreeMap<&str, ()> = namespaces
                 .into_iter()
-                .filter(|ns| e.ns_matches(&key.scope, ns, objects.ns_labels(ns).as_ref()))
+                .filter(|ns| e.ns_matches(&key.scope, ns, objects.ns_labels_ref(ns).as_deref()))
                 .map(|ns| (ns.as_str(), ()))
                 .collect();
             let by_label = e
