@@ -134,38 +134,23 @@ impl Engine {
     /// every pod computed once.
     pub fn from_state(state: &ClusterState) -> (Engine, Outcome) {
         let mut engine = Engine::default();
-        for ns in &state.namespaces {
-            let name = ns.metadata.name.clone().unwrap_or_default();
-            engine.objects.set_namespace(&name, Some(ns_labels(ns)));
-        }
-        let mut dirty = HashSet::new();
-        for pod in &state.pods {
-            if let Some(info) = pod_info(pod) {
-                let key = info.key();
-                dirty.insert(key.clone());
-                engine.objects.set_pod(&key, Some(Arc::new(info)));
-            }
-        }
-        for np in &state.policies {
-            let ns = namespace_of(&np.metadata);
-            let name = np.metadata.name.clone().unwrap_or_default();
-            engine
-                .objects
-                .set_policy(&ns, &name, Some(Arc::new(np.clone())));
-        }
-        for svc in &state.services {
-            let (ns, name) = object_key(&svc.metadata);
-            engine
-                .objects
-                .set_service(&ns, &name, Some(Arc::new(svc.clone())));
-        }
-        for slice in &state.endpoint_slices {
-            let key = object_key(&slice.metadata);
-            engine
-                .objects
-                .set_slice(&key, Some(Arc::new(slice.clone())));
-        }
-        let outcome = engine.recompute(dirty);
+        let objects = state
+            .namespaces
+            .iter()
+            .cloned()
+            .map(Object::Namespace)
+            .chain(state.pods.iter().cloned().map(Object::Pod))
+            .chain(state.policies.iter().cloned().map(Object::NetworkPolicy))
+            .chain(state.services.iter().cloned().map(Object::Service))
+            .chain(
+                state
+                    .endpoint_slices
+                    .iter()
+                    .cloned()
+                    .map(Object::EndpointSlice),
+            );
+        engine.stage(objects.map(Change::from));
+        let outcome = engine.apply([]);
         (engine, outcome)
     }
 
@@ -329,14 +314,17 @@ impl Engine {
                 self.set_pod(&key, pod_info(&pod).map(Arc::new), dirty);
             }
             Change::DeletePod(key) => self.set_pod(&key, None, dirty),
-            Change::ApplyPolicy(np) => {
+            Change::ApplyPolicy(mut np) => {
                 let ns = namespace_of(&np.metadata);
                 let name = np.metadata.name.clone().unwrap_or_default();
+                np.metadata = bare_meta(&ns, &name);
                 self.set_policy(&ns, &name, Some(Arc::new(np)), dirty);
             }
             Change::DeletePolicy((ns, name)) => self.set_policy(&ns, &name, None, dirty),
-            Change::ApplyService(svc) => {
+            Change::ApplyService(mut svc) => {
                 let (ns, name) = object_key(&svc.metadata);
+                svc.metadata = bare_meta(&ns, &name);
+                svc.status = None;
                 self.set_service(&ns, &name, Some(Arc::new(svc)), dirty);
             }
             Change::DeleteService((ns, name)) => self.set_service(&ns, &name, None, dirty),
@@ -468,6 +456,7 @@ impl Engine {
         for key in dirty {
             self.recompute_target(&key, &mut memo, &mut changed_nodes);
         }
+        self.selections.end_pass();
         for node in changed_nodes {
             let plan = self.plans.get(&node).cloned().unwrap_or_default();
             outcome.changed.insert(node, plan);
@@ -600,6 +589,17 @@ impl Engine {
             None => plan.pods.remove(key),
         };
         changed.insert(node.to_string());
+    }
+}
+
+/// Only what resolution reads of a policy's or a Service's metadata: the
+/// rest (annotations such as kubectl's last-applied-configuration, managed
+/// fields, labels) can be most of an object, and the engine holds every one.
+fn bare_meta(ns: &str, name: &str) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        namespace: Some(ns.to_string()),
+        name: Some(name.to_string()),
+        ..Default::default()
     }
 }
 

@@ -75,6 +75,11 @@ pub struct Selections {
     /// Targets whose egress named ports were resolved against every pod
     /// with a port of that name.
     port_dependents: HashMap<String, HashSet<PodKey>>,
+    /// The key of each peer met during the current pass, by the peer's
+    /// address: a key is the peer's selectors serialized, and every pod the
+    /// policy selects meets the same peers. Addresses are stable during a
+    /// pass (the objects do not change) and are forgotten after it.
+    peer_keys: HashMap<usize, SelKey>,
 }
 
 /// What one target's computation used.
@@ -91,6 +96,11 @@ pub struct Used {
 impl Selections {
     pub fn len(&self) -> usize {
         self.entries.len()
+    }
+
+    /// A recompute pass is over: the peers it met may go away.
+    pub fn end_pass(&mut self) {
+        self.peer_keys = HashMap::new();
     }
 
     /// Records that `target` now uses `used` instead of `before`. Every
@@ -287,23 +297,31 @@ impl PeerSelection for Selector<'_> {
         policy_ns: &str,
         peer: &NetworkPolicyPeer,
     ) -> Result<Arc<Selected>, String> {
-        let json = |s: &Option<LabelSelector>| {
-            s.as_ref()
-                .map(|s| serde_json::to_string(s).expect("selectors serialize"))
-        };
-        let parts = SelKeyParts {
-            scope: peer
-                .namespace_selector
-                .is_none()
-                .then(|| policy_ns.to_string()),
-            ns_selector: json(&peer.namespace_selector),
-            pod_selector: json(&peer.pod_selector),
-        };
-        // The key already held by the cache, so that targets share it.
-        let probe = SelKey(Arc::new(parts));
-        let key = match self.cache.entries.get_key_value(&probe) {
-            Some((k, _)) => k.clone(),
-            None => probe,
+        let address = peer as *const NetworkPolicyPeer as usize;
+        let key = match self.cache.peer_keys.get(&address) {
+            Some(key) => key.clone(),
+            None => {
+                let json = |s: &Option<LabelSelector>| {
+                    s.as_ref()
+                        .map(|s| serde_json::to_string(s).expect("selectors serialize"))
+                };
+                let parts = SelKeyParts {
+                    scope: peer
+                        .namespace_selector
+                        .is_none()
+                        .then(|| policy_ns.to_string()),
+                    ns_selector: json(&peer.namespace_selector),
+                    pod_selector: json(&peer.pod_selector),
+                };
+                // The key already held by the cache, so that targets share it.
+                let probe = SelKey(Arc::new(parts));
+                let key = match self.cache.entries.get_key_value(&probe) {
+                    Some((k, _)) => k.clone(),
+                    None => probe,
+                };
+                self.cache.peer_keys.insert(address, key.clone());
+                key
+            }
         };
         if !self.cache.entries.contains_key(&key) {
             self.cache.index(&key, peer.namespace_selector.as_ref());
