@@ -63,7 +63,7 @@ pub fn delta(old: &VersionedPlan, new: &VersionedPlan) -> Option<PlanDelta> {
         .pods
         .keys()
         .filter(|k| !new.plan.pods.contains_key(*k))
-        .map(pod_ref)
+        .map(|k| pod_ref(k))
         .collect();
     Some(PlanDelta {
         base_version: old.version,

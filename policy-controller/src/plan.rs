@@ -95,7 +95,8 @@ fn encode(m: &PodPolicy) -> Vec<u8> {
 /// Every pod's entry of one node.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Plan {
-    pub pods: BTreeMap<PodKey, Entry>,
+    /// Keys shared with the engine's own records of the pod.
+    pub pods: BTreeMap<Arc<PodKey>, Entry>,
 }
 
 impl Plan {
@@ -110,7 +111,7 @@ impl Plan {
             pods: self
                 .pods
                 .iter()
-                .map(|(k, e)| (k.clone(), Arc::new(e.decode())))
+                .map(|(k, e)| (PodKey::clone(k), Arc::new(e.decode())))
                 .collect(),
         }
     }

@@ -112,7 +112,7 @@ pub struct Engine {
     objects: Objects,
     selections: Selections,
     services: ServiceCache,
-    targets: HashMap<PodKey, Target>,
+    targets: HashMap<selection::Target, Target>,
     plans: HashMap<String, Arc<Plan>>,
     /// Every distinct problem, with how many targets found it.
     errors: BTreeMap<String, usize>,
@@ -470,7 +470,10 @@ impl Engine {
         memo: &mut HashMap<Class, Resolved>,
         changed: &mut BTreeSet<String>,
     ) {
-        let old = self.targets.remove(key);
+        let (shared, old) = match self.targets.remove_entry(key) {
+            Some((k, t)) => (k, Some(t)),
+            None => (Arc::new(key.clone()), None),
+        };
         let pod = self
             .objects
             .pod(key)
@@ -510,12 +513,12 @@ impl Engine {
         };
         let empty = Used::default();
         self.selections.depend(
-            key,
+            &shared,
             old.as_ref().map_or(&empty, |t| &t.used),
             new.as_ref().map_or(&empty, |t| &t.used),
         );
         self.services.depend(
-            key,
+            &shared,
             old.as_ref().map_or(&empty, |t| &t.used),
             new.as_ref().map_or(&empty, |t| &t.used),
         );
@@ -533,15 +536,15 @@ impl Engine {
         let old_node = old.as_ref().map(|t| t.node.clone());
         let new_node = new.as_ref().map(|t| t.node.clone());
         if let Some(t) = new {
-            self.targets.insert(key.clone(), t);
+            self.targets.insert(shared.clone(), t);
         }
         if let Some(node) = &old_node {
             if new_node.as_ref() != Some(node) {
-                self.set_entry(node, key, None, changed);
+                self.set_entry(node, &shared, None, changed);
             }
         }
         if let (Some(node), Some(entry)) = (new_node, entry) {
-            self.set_entry(&node, key, Some(entry), changed);
+            self.set_entry(&node, &shared, Some(entry), changed);
         }
     }
 
@@ -574,7 +577,7 @@ impl Engine {
     fn set_entry(
         &mut self,
         node: &str,
-        key: &PodKey,
+        key: &selection::Target,
         entry: Option<Entry>,
         changed: &mut BTreeSet<String>,
     ) {

@@ -13,6 +13,11 @@ use super::objects::{Labels, Objects};
 use super::services::ServiceCache;
 use crate::resolve::{selector_matches, PeerSelection, PodInfo, PodKey, Selected, ServiceInfo};
 
+/// A target's key, shared by every dependency set that holds it: a pod
+/// depends on several selections, and a copy of its key in each would cost
+/// more than the rest of the entry.
+pub type Target = Arc<PodKey>;
+
 /// What a selector peer selects, as a cache key. Without a namespace
 /// selector the policy's namespace is part of the key (`scope`).
 /// Shared: every target that uses a selection holds its key.
@@ -39,7 +44,7 @@ struct SelEntry {
     /// None once a change may have altered the selection; recomputed when a
     /// target next asks.
     result: Option<Arc<Selected>>,
-    dependents: HashSet<PodKey>,
+    dependents: HashSet<Target>,
 }
 
 impl SelEntry {
@@ -74,7 +79,7 @@ pub struct Selections {
     cross_any: HashSet<SelKey>,
     /// Targets whose egress named ports were resolved against every pod
     /// with a port of that name.
-    port_dependents: HashMap<String, HashSet<PodKey>>,
+    port_dependents: HashMap<String, HashSet<Target>>,
     /// The key of each peer met during the current pass, by the peer's
     /// address: a key is the peer's selectors serialized, and every pod the
     /// policy selects meets the same peers. Addresses are stable during a
@@ -105,7 +110,7 @@ impl Selections {
 
     /// Records that `target` now uses `used` instead of `before`. Every
     /// selection in `used` exists (the computation created it).
-    pub fn depend(&mut self, target: &PodKey, before: &Used, used: &Used) {
+    pub fn depend(&mut self, target: &Target, before: &Used, used: &Used) {
         // New links first: a selection used before and now must not be
         // forgotten in between.
         for key in &used.sels {
@@ -234,7 +239,7 @@ impl Selections {
                     .is_some_and(|(o, n)| o.ips == n.ips && o.named_ports == n.named_ports);
             if (held || holds) && !same {
                 e.result = None;
-                dirty.extend(e.dependents.iter().cloned());
+                dirty.extend(e.dependents.iter().map(|k| PodKey::clone(k)));
             }
         }
         let names = old
@@ -244,7 +249,7 @@ impl Selections {
             .flat_map(|p| p.named_ports.keys());
         for name in names {
             if let Some(set) = self.port_dependents.get(name) {
-                dirty.extend(set.iter().cloned());
+                dirty.extend(set.iter().map(|k| PodKey::clone(k)));
             }
         }
     }
@@ -267,7 +272,7 @@ impl Selections {
             let e = self.entries.get_mut(key).expect("indexed selections exist");
             if e.ns_matches(&key.scope, ns, before) != e.ns_matches(&key.scope, ns, after) {
                 e.result = None;
-                dirty.extend(e.dependents.iter().cloned());
+                dirty.extend(e.dependents.iter().map(|k| PodKey::clone(k)));
             }
         }
     }
