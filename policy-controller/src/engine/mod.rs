@@ -112,7 +112,7 @@ pub struct Engine {
     objects: Objects,
     selections: Selections,
     services: ServiceCache,
-    targets: HashMap<selection::Target, Target>,
+    targets: HashMap<Arc<PodKey>, Target>,
     plans: HashMap<String, Arc<Plan>>,
     /// Every distinct problem, with how many targets found it.
     errors: BTreeMap<String, usize>,
@@ -471,8 +471,8 @@ impl Engine {
         changed: &mut BTreeSet<String>,
     ) {
         let (shared, old) = match self.targets.remove_entry(key) {
-            Some((k, t)) => (k, Some(t)),
-            None => (Arc::new(key.clone()), None),
+            Some((k, t)) => (selection::Target(k), Some(t)),
+            None => (selection::Target(Arc::new(key.clone())), None),
         };
         let pod = self
             .objects
@@ -536,7 +536,7 @@ impl Engine {
         let old_node = old.as_ref().map(|t| t.node.clone());
         let new_node = new.as_ref().map(|t| t.node.clone());
         if let Some(t) = new {
-            self.targets.insert(shared.clone(), t);
+            self.targets.insert(shared.0.clone(), t);
         }
         if let Some(node) = &old_node {
             if new_node.as_ref() != Some(node) {
@@ -582,14 +582,14 @@ impl Engine {
         changed: &mut BTreeSet<String>,
     ) {
         let plan = self.plans.entry(node.to_string()).or_default();
-        if plan.pods.get(key) == entry.as_ref() {
+        if plan.pods.get(&key.0) == entry.as_ref() {
             return;
         }
         // Copy-on-write: the hub shares the previous plan until it is replaced.
         let plan = Arc::make_mut(plan);
         match entry {
-            Some(e) => plan.pods.insert(key.clone(), e),
-            None => plan.pods.remove(key),
+            Some(e) => plan.pods.insert(key.0.clone(), e),
+            None => plan.pods.remove(&key.0),
         };
         changed.insert(node.to_string());
     }

@@ -15,20 +15,82 @@ use crate::resolve::{selector_matches, PeerSelection, PodInfo, PodKey, Selected,
 
 /// A target's key, shared by every dependency set that holds it: a pod
 /// depends on several selections, and a copy of its key in each would cost
-/// more than the rest of the entry.
-pub type Target = Arc<PodKey>;
+/// more than the rest of the entry. The engine keeps one per target for
+/// the target's whole life, so the sets compare and hash it by address.
+#[derive(Clone, Debug)]
+pub struct Target(pub Arc<PodKey>);
+
+impl PartialEq for Target {
+    fn eq(&self, other: &Target) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Target {}
+
+impl std::hash::Hash for Target {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::ptr::hash(Arc::as_ptr(&self.0), state)
+    }
+}
+
+impl Target {
+    pub fn key(&self) -> PodKey {
+        PodKey::clone(&self.0)
+    }
+}
 
 /// What a selector peer selects, as a cache key. Without a namespace
 /// selector the policy's namespace is part of the key (`scope`).
 /// Shared: every target that uses a selection holds its key.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug)]
 pub struct SelKey(Arc<SelKeyParts>);
 
-#[derive(Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct SelKeyParts {
     scope: Option<String>,
     ns_selector: Option<String>,
     pod_selector: Option<String>,
+    /// Of the three above, computed once: keys are looked up for every
+    /// target that uses them, and hashing the serialized selectors each time
+    /// was a large part of a full computation.
+    hash: u64,
+}
+
+impl SelKeyParts {
+    fn new(
+        scope: Option<String>,
+        ns_selector: Option<String>,
+        pod_selector: Option<String>,
+    ) -> Self {
+        use std::hash::BuildHasher;
+        // Seeded per process, so that selectors cannot be written to collide.
+        static SEED: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+            std::sync::OnceLock::new();
+        let hash =
+            SEED.get_or_init(Default::default)
+                .hash_one((&scope, &ns_selector, &pod_selector));
+        SelKeyParts {
+            scope,
+            ns_selector,
+            pod_selector,
+            hash,
+        }
+    }
+}
+
+impl PartialEq for SelKey {
+    fn eq(&self, other: &SelKey) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
+}
+
+impl Eq for SelKey {}
+
+impl std::hash::Hash for SelKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.0.hash)
+    }
 }
 
 impl std::ops::Deref for SelKey {
@@ -239,7 +301,7 @@ impl Selections {
                     .is_some_and(|(o, n)| o.ips == n.ips && o.named_ports == n.named_ports);
             if (held || holds) && !same {
                 e.result = None;
-                dirty.extend(e.dependents.iter().map(|k| PodKey::clone(k)));
+                dirty.extend(e.dependents.iter().map(Target::key));
             }
         }
         let names = old
@@ -249,7 +311,7 @@ impl Selections {
             .flat_map(|p| p.named_ports.keys());
         for name in names {
             if let Some(set) = self.port_dependents.get(name) {
-                dirty.extend(set.iter().map(|k| PodKey::clone(k)));
+                dirty.extend(set.iter().map(Target::key));
             }
         }
     }
@@ -272,7 +334,7 @@ impl Selections {
             let e = self.entries.get_mut(key).expect("indexed selections exist");
             if e.ns_matches(&key.scope, ns, before) != e.ns_matches(&key.scope, ns, after) {
                 e.result = None;
-                dirty.extend(e.dependents.iter().map(|k| PodKey::clone(k)));
+                dirty.extend(e.dependents.iter().map(Target::key));
             }
         }
     }
@@ -310,14 +372,13 @@ impl PeerSelection for Selector<'_> {
                     s.as_ref()
                         .map(|s| serde_json::to_string(s).expect("selectors serialize"))
                 };
-                let parts = SelKeyParts {
-                    scope: peer
-                        .namespace_selector
+                let parts = SelKeyParts::new(
+                    peer.namespace_selector
                         .is_none()
                         .then(|| policy_ns.to_string()),
-                    ns_selector: json(&peer.namespace_selector),
-                    pod_selector: json(&peer.pod_selector),
-                };
+                    json(&peer.namespace_selector),
+                    json(&peer.pod_selector),
+                );
                 // The key already held by the cache, so that targets share it.
                 let probe = SelKey(Arc::new(parts));
                 let key = match self.cache.entries.get_key_value(&probe) {

@@ -44,10 +44,17 @@ impl ServiceCache {
             }
         }
         for ns in &used.service_ns {
-            self.ns_dependents
-                .entry(ns.clone())
-                .or_default()
-                .insert(target.clone());
+            // Looked up before inserting: most namespaces have an entry, and
+            // `entry` would copy the name for every target.
+            match self.ns_dependents.get_mut(ns) {
+                Some(set) => {
+                    set.insert(target.clone());
+                }
+                None => {
+                    self.ns_dependents
+                        .insert(ns.clone(), HashSet::from([target.clone()]));
+                }
+            }
         }
         if used.selectorless {
             self.selectorless_dependents.insert(target.clone());
@@ -60,18 +67,14 @@ impl ServiceCache {
     pub fn namespace_changed(&mut self, ns: &str, dirty: &mut HashSet<PodKey>) {
         self.by_ns.remove(ns);
         if let Some(set) = self.ns_dependents.get(ns) {
-            dirty.extend(set.iter().map(|k| PodKey::clone(k)));
+            dirty.extend(set.iter().map(Target::key));
         }
     }
 
     /// A Service without a selector, or one of its slices, changed.
     pub fn selectorless_changed(&mut self, dirty: &mut HashSet<PodKey>) {
         self.selectorless = None;
-        dirty.extend(
-            self.selectorless_dependents
-                .iter()
-                .map(|k| PodKey::clone(k)),
-        );
+        dirty.extend(self.selectorless_dependents.iter().map(Target::key));
     }
 
     /// Whether a pod change in its namespace changes what the Services
