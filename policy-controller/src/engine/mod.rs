@@ -394,21 +394,41 @@ impl Engine {
     }
 
     fn set_pod(&mut self, key: &PodKey, pod: Option<Arc<PodInfo>>, dirty: &mut HashSet<PodKey>) {
-        let ns_before = self.objects.ns_labels(&key.0);
+        // A pod changes its namespace's labels only when the namespace has
+        // no object (then the pods make it exist); otherwise the labels are
+        // read once, without a copy.
+        let ns_object = self.objects.ns_object_labels(&key.0).is_some();
+        let ns_before = (!ns_object)
+            .then(|| self.objects.ns_labels(&key.0))
+            .flatten();
         let old = self.objects.set_pod(key, pod.clone());
-        let ns_after = self.objects.ns_labels(&key.0);
         if old.as_deref() == pod.as_deref() {
             return;
         }
-        self.selections.pod_changed(
-            &key.0,
-            (old.as_deref(), ns_before.as_ref()),
-            (pod.as_deref(), ns_after.as_ref()),
-            dirty,
-        );
-        if ns_before != ns_after {
-            self.selections
-                .namespace_changed(&key.0, ns_before.as_ref(), ns_after.as_ref(), dirty);
+        if ns_object {
+            let labels = self.objects.ns_object_labels(&key.0);
+            self.selections.pod_changed(
+                &key.0,
+                (old.as_deref(), labels),
+                (pod.as_deref(), labels),
+                dirty,
+            );
+        } else {
+            let ns_after = self.objects.ns_labels(&key.0);
+            self.selections.pod_changed(
+                &key.0,
+                (old.as_deref(), ns_before.as_ref()),
+                (pod.as_deref(), ns_after.as_ref()),
+                dirty,
+            );
+            if ns_before != ns_after {
+                self.selections.namespace_changed(
+                    &key.0,
+                    ns_before.as_ref(),
+                    ns_after.as_ref(),
+                    dirty,
+                );
+            }
         }
         if ServiceCache::pod_changes_backends(&self.objects, &key.0, old.as_deref(), pod.as_deref())
         {

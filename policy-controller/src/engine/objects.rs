@@ -136,7 +136,9 @@ impl Objects {
 
     /// Sets (or with None removes) a pod; returns the previous one.
     pub fn set_pod(&mut self, key: &PodKey, pod: Option<Arc<PodInfo>>) -> Option<Arc<PodInfo>> {
-        let ns_before = self.ns_labels(&key.0);
+        // Pods decide a namespace's labels only when it has no object.
+        let ns_object = self.ns_objects.contains_key(&key.0);
+        let ns_before = (!ns_object).then(|| self.ns_labels(&key.0)).flatten();
         let old = match &pod {
             Some(p) => self.pods.insert(key.clone(), p.clone()),
             None => self.pods.remove(key),
@@ -175,7 +177,9 @@ impl Objects {
                 .or_default()
                 .insert(key.1.clone(), new.clone());
         }
-        self.reindex_ns(&key.0, ns_before);
+        if !ns_object {
+            self.reindex_ns(&key.0, ns_before);
+        }
         old
     }
 
