@@ -13,6 +13,38 @@ use super::objects::{Labels, Objects};
 use super::services::ServiceCache;
 use crate::resolve::{selector_matches, PeerSelection, PodInfo, PodKey, Selected, ServiceInfo};
 
+/// Hashes values that are spread already: an address (a [`Target`]) or a
+/// hash computed with a per-process seed (a [`SelKey`]). Running SipHash
+/// over them again was a visible part of a full computation; neither can be
+/// chosen by whoever writes the objects.
+#[derive(Default)]
+pub struct Spread(u64);
+
+impl std::hash::Hasher for Spread {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Not used by the keys above; kept correct for any other caller.
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+
+    fn write_u64(&mut self, x: u64) {
+        let h = (self.0.rotate_left(29) ^ x).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = h ^ (h >> 32);
+    }
+
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64)
+    }
+}
+
+pub type SpreadSet<T> = HashSet<T, std::hash::BuildHasherDefault<Spread>>;
+pub type SpreadMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<Spread>>;
+
 /// A target's key, shared by every dependency set that holds it: a pod
 /// depends on several selections, and a copy of its key in each would cost
 /// more than the rest of the entry. The engine keeps one per target for
@@ -106,7 +138,7 @@ struct SelEntry {
     /// None once a change may have altered the selection; recomputed when a
     /// target next asks.
     result: Option<Arc<Selected>>,
-    dependents: HashSet<Target>,
+    dependents: SpreadSet<Target>,
 }
 
 impl SelEntry {
@@ -129,19 +161,19 @@ impl SelEntry {
 
 #[derive(Default)]
 pub struct Selections {
-    entries: HashMap<SelKey, SelEntry>,
+    entries: SpreadMap<SelKey, SelEntry>,
     /// Selections without a namespace selector, by the namespace they look in.
-    by_scope: HashMap<String, HashSet<SelKey>>,
+    by_scope: HashMap<String, SpreadSet<SelKey>>,
     /// Selections with a namespace selector that requires a label, by the
     /// first label it requires: a namespace can only be selected by those
     /// filed under one of its labels.
-    cross_by_label: HashMap<(String, String), HashSet<SelKey>>,
+    cross_by_label: HashMap<(String, String), SpreadSet<SelKey>>,
     /// Selections with a namespace selector that requires no label (only
     /// expressions, or none): any namespace may matter.
-    cross_any: HashSet<SelKey>,
+    cross_any: SpreadSet<SelKey>,
     /// Targets whose egress named ports were resolved against every pod
     /// with a port of that name.
-    port_dependents: HashMap<String, HashSet<Target>>,
+    port_dependents: HashMap<String, SpreadSet<Target>>,
     /// The key of each peer met during the current pass, by the peer's
     /// address: a key is the peer's selectors serialized, and every pod the
     /// policy selects meets the same peers. Addresses are stable during a
@@ -254,8 +286,8 @@ impl Selections {
 
     /// The selections with a namespace selector that could select a
     /// namespace with any of these label sets.
-    fn cross_candidates<'a>(&'a self, labels: &[Option<&Labels>]) -> HashSet<&'a SelKey> {
-        let mut out: HashSet<&SelKey> = self.cross_any.iter().collect();
+    fn cross_candidates<'a>(&'a self, labels: &[Option<&Labels>]) -> SpreadSet<&'a SelKey> {
+        let mut out: SpreadSet<&SelKey> = self.cross_any.iter().collect();
         for (k, v) in labels.iter().flatten().flat_map(|l| l.iter()) {
             // Borrowed lookups would need another key type; the clone is
             // per label of one namespace, not per selection.
@@ -397,7 +429,7 @@ impl PeerSelection for Selector<'_> {
                     ns_selector: peer.namespace_selector.clone(),
                     pod_selector: peer.pod_selector.clone(),
                     result: None,
-                    dependents: HashSet::new(),
+                    dependents: SpreadSet::default(),
                 },
             );
         }

@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::objects::Objects;
-use super::selection::{Target, Used};
+use super::selection::{SpreadSet, Target, Used};
 use crate::resolve::{service_info, PodInfo, PodKey, ServiceInfo};
 
 type Infos = Arc<Vec<Arc<ServiceInfo>>>;
@@ -22,8 +22,8 @@ type Infos = Arc<Vec<Arc<ServiceInfo>>>;
 pub struct ServiceCache {
     by_ns: HashMap<String, Infos>,
     selectorless: Option<Infos>,
-    ns_dependents: HashMap<String, HashSet<Target>>,
-    selectorless_dependents: HashSet<Target>,
+    ns_dependents: HashMap<String, SpreadSet<Target>>,
+    selectorless_dependents: SpreadSet<Target>,
 }
 
 impl ServiceCache {
@@ -52,7 +52,7 @@ impl ServiceCache {
                 }
                 None => {
                     self.ns_dependents
-                        .insert(ns.clone(), HashSet::from([target.clone()]));
+                        .insert(ns.clone(), SpreadSet::from_iter([target.clone()]));
                 }
             }
         }
