@@ -553,18 +553,16 @@ impl Engine {
         for e in new.iter().flat_map(|t| &t.errors) {
             *self.errors.entry(e.clone()).or_default() += 1;
         }
-        let old_node = old.as_ref().map(|t| t.node.clone());
-        let new_node = new.as_ref().map(|t| t.node.clone());
-        if let Some(t) = new {
-            self.targets.insert(shared.0.clone(), t);
-        }
-        if let Some(node) = &old_node {
-            if new_node.as_ref() != Some(node) {
-                self.set_entry(node, &shared, None, changed);
+        if let Some(old) = &old {
+            if new.as_ref().map(|t| &t.node) != Some(&old.node) {
+                self.set_entry(&old.node, &shared, None, changed);
             }
         }
-        if let (Some(node), Some(entry)) = (new_node, entry) {
-            self.set_entry(&node, &shared, Some(entry), changed);
+        if let (Some(new), Some(entry)) = (&new, entry) {
+            self.set_entry(&new.node, &shared, Some(entry), changed);
+        }
+        if let Some(t) = new {
+            self.targets.insert(shared.0, t);
         }
     }
 
@@ -601,7 +599,12 @@ impl Engine {
         entry: Option<Entry>,
         changed: &mut BTreeSet<String>,
     ) {
-        let plan = self.plans.entry(node.to_string()).or_default();
+        // Looked up before inserting: `entry` would copy the node's name for
+        // every pod.
+        if !self.plans.contains_key(node) {
+            self.plans.insert(node.to_string(), Arc::default());
+        }
+        let plan = self.plans.get_mut(node).expect("inserted above");
         if plan.pods.get(&key.0) == entry.as_ref() {
             return;
         }
@@ -611,7 +614,9 @@ impl Engine {
             Some(e) => plan.pods.insert(key.0.clone(), e),
             None => plan.pods.remove(&key.0),
         };
-        changed.insert(node.to_string());
+        if !changed.contains(node) {
+            changed.insert(node.to_string());
+        }
     }
 }
 

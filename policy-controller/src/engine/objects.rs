@@ -160,22 +160,38 @@ impl Objects {
             }
         }
         if let Some(new) = &pod {
+            // Each index is looked up before inserting: nearly every label,
+            // port name and namespace has an entry already, and `entry`
+            // would copy the names for every pod.
             for (k, v) in &new.labels {
-                self.pods_by_label
-                    .entry((k.clone(), v.clone()))
-                    .or_default()
-                    .insert(key.clone());
+                let label = (k.clone(), v.clone());
+                match self.pods_by_label.get_mut(&label) {
+                    Some(set) => set.insert(key.clone()),
+                    None => self
+                        .pods_by_label
+                        .entry(label)
+                        .or_default()
+                        .insert(key.clone()),
+                };
             }
             for name in new.named_ports.keys() {
-                self.pods_by_port
-                    .entry(name.clone())
-                    .or_default()
-                    .insert(key.clone());
+                match self.pods_by_port.get_mut(name) {
+                    Some(set) => set.insert(key.clone()),
+                    None => self
+                        .pods_by_port
+                        .entry(name.clone())
+                        .or_default()
+                        .insert(key.clone()),
+                };
             }
-            self.pods_by_ns
-                .entry(key.0.clone())
-                .or_default()
-                .insert(key.1.clone(), new.clone());
+            match self.pods_by_ns.get_mut(&key.0) {
+                Some(in_ns) => in_ns.insert(key.1.clone(), new.clone()),
+                None => self
+                    .pods_by_ns
+                    .entry(key.0.clone())
+                    .or_default()
+                    .insert(key.1.clone(), new.clone()),
+            };
         }
         if !ns_object {
             self.reindex_ns(&key.0, ns_before);
