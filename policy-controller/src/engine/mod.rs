@@ -473,7 +473,12 @@ impl Engine {
         // Pods that resolve alike are resolved once per pass: the objects do
         // not change during a pass, so neither does what a class resolves to.
         let mut memo: HashMap<Class, Resolved> = HashMap::new();
-        for key in dirty {
+        // In namespace order: pods of one namespace share their policies,
+        // selections and Services, which then stay in cache from one target
+        // to the next (a hash set's order jumps across the whole cluster).
+        let mut order: Vec<PodKey> = dirty.into_iter().collect();
+        order.sort_unstable();
+        for key in order {
             self.recompute_target(&key, &mut memo, &mut changed_nodes);
         }
         self.selections.end_pass();
