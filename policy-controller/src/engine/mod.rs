@@ -83,7 +83,8 @@ impl std::hash::Hash for Class {
 /// One class's resolution.
 struct Resolved {
     entry: Entry,
-    used: Used,
+    /// Shared by the pods of a class.
+    used: Arc<Used>,
     errors: Vec<String>,
 }
 
@@ -103,7 +104,7 @@ impl From<Object> for Change {
 /// A target's result and what computing it used.
 struct Target {
     node: String,
-    used: Used,
+    used: Arc<Used>,
     errors: Vec<String>,
 }
 
@@ -539,13 +540,13 @@ impl Engine {
         let empty = Used::default();
         self.selections.depend(
             &shared,
-            old.as_ref().map_or(&empty, |t| &t.used),
-            new.as_ref().map_or(&empty, |t| &t.used),
+            old.as_ref().map_or(&empty, |t| &*t.used),
+            new.as_ref().map_or(&empty, |t| &*t.used),
         );
         self.services.depend(
             &shared,
-            old.as_ref().map_or(&empty, |t| &t.used),
-            new.as_ref().map_or(&empty, |t| &t.used),
+            old.as_ref().map_or(&empty, |t| &*t.used),
+            new.as_ref().map_or(&empty, |t| &*t.used),
         );
         for e in old.iter().flat_map(|t| &t.errors) {
             if let Some(n) = self.errors.get_mut(e) {
@@ -592,7 +593,7 @@ impl Engine {
         errors.dedup();
         Resolved {
             entry: Entry::new(policy),
-            used: selector.used,
+            used: Arc::new(selector.used),
             errors,
         }
     }
