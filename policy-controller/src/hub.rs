@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use crate::cluster::ClusterState;
 use crate::engine::{Change, Engine, Outcome};
+use crate::plan::Plan;
 use crate::resolve::{NodePlan, PodKey};
 
 /// A node's plan at one version.
@@ -22,7 +23,7 @@ pub struct VersionedPlan {
     /// a revision did not change keeps its version and this number.
     pub source_revision: u64,
     /// Shared with the engine until the engine changes it.
-    pub plan: Arc<NodePlan>,
+    pub plan: Arc<Plan>,
 }
 
 /// One node's plan as a publication changed it.
@@ -37,7 +38,7 @@ impl VersionedPlan {
     pub fn snapshot(&self) -> PlanSnapshot {
         PlanSnapshot {
             version: self.version,
-            pods: self.plan.pods.values().map(|p| (**p).clone()).collect(),
+            pods: self.plan.pods.values().map(|p| p.decode()).collect(),
             // Plans exist for a subscriber only once the hub has synced (see
             // `Hub::subscribe`), so every snapshot that leaves is synced.
             source_synced: true,
@@ -54,20 +55,15 @@ pub fn delta(old: &VersionedPlan, new: &VersionedPlan) -> Option<PlanDelta> {
         .plan
         .pods
         .iter()
-        .filter(|(k, v)| {
-            old.plan
-                .pods
-                .get(*k)
-                .is_none_or(|o| !Arc::ptr_eq(o, v) && o != *v)
-        })
-        .map(|(_, v)| (**v).clone())
+        .filter(|(k, v)| old.plan.pods.get(*k) != Some(*v))
+        .map(|(_, v)| v.decode())
         .collect();
     let removed: Vec<PodRef> = old
         .plan
         .pods
         .keys()
         .filter(|k| !new.plan.pods.contains_key(*k))
-        .map(pod_ref)
+        .map(|k| pod_ref(k))
         .collect();
     Some(PlanDelta {
         base_version: old.version,
@@ -117,6 +113,22 @@ struct HubState {
     /// last good view stays in force meanwhile.
     source_errors: Vec<String>,
     nodes: BTreeMap<String, NodeEntry>,
+    counters: Counters,
+}
+
+/// How the hub has been fed: a source that delivers whole views costs a
+/// diff of the cluster per view; one that delivers changes costs what the
+/// changes touch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Whole views diffed against the engine ([`Hub::update`]).
+    pub views: u64,
+    /// Batches of changes resolved and published ([`Hub::apply`]).
+    pub batches: u64,
+    /// Changes in those batches.
+    pub changes: u64,
+    /// Changes staged before the source had synced ([`Hub::stage`]).
+    pub staged: u64,
 }
 
 /// Shared between the source loop and the gRPC handlers. Each method holds
@@ -170,6 +182,7 @@ impl Hub {
     /// recompute only what differs from the previous view.
     pub fn update(&self, cluster: &ClusterState) -> Vec<PlanChange> {
         let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
+        self.lock().counters.views += 1;
         let outcome = match engine.as_mut() {
             Some(engine) => engine.sync(cluster),
             None => {
@@ -187,10 +200,29 @@ impl Hub {
     /// and publishes the plans that changed.
     pub fn apply(&self, changes: Vec<Change>, marker: String) -> Vec<PlanChange> {
         let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
+        {
+            let mut st = self.lock();
+            st.counters.batches += 1;
+            st.counters.changes += changes.len() as u64;
+        }
         let engine = engine.get_or_insert_with(Engine::default);
         let outcome = engine.apply(changes);
         let errors = engine.errors();
         self.publish(outcome, marker, errors)
+    }
+
+    /// Takes changes into the engine without resolving or publishing
+    /// anything: a source's first list, before it is complete. The next
+    /// [`Hub::apply`] resolves what they affect. The hub stays unsynced.
+    pub fn stage(&self, changes: Vec<Change>) {
+        let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
+        self.lock().counters.staged += changes.len() as u64;
+        engine.get_or_insert_with(Engine::default).stage(changes);
+    }
+
+    /// How the hub has been fed so far.
+    pub fn counters(&self) -> Counters {
+        self.lock().counters
     }
 
     /// Runs `f` on the engine (None before the first view), for inspection.
@@ -284,7 +316,7 @@ impl Hub {
         };
         let plan = entry.plan.borrow();
         Ok(PodLookup {
-            pod: plan.plan.pods.get(pod).map(|p| (**p).clone()),
+            pod: plan.plan.pods.get(pod).map(|p| p.decode()),
             plan_version: plan.version,
         })
     }
@@ -457,7 +489,7 @@ mod tests {
         let mut sub = hub.subscribe("n1").unwrap();
         let v = sub.rx.borrow().clone();
         assert_eq!((v.version, v.source_revision), (101, 1));
-        let open = &v.plan.pods[&("x".to_string(), "a".to_string())];
+        let open = &v.plan.decode().pods[&("x".to_string(), "a".to_string())];
         assert_eq!(
             (&open.ingress, &open.egress),
             (&None, &None),
@@ -467,7 +499,7 @@ mod tests {
         let v = sub.rx.borrow_and_update().clone();
         assert_eq!((v.version, v.source_revision), (102, 2));
         assert_eq!(v.plan.pods.len(), 1);
-        assert!(v.plan.pods.values().all(|p| p.ingress.is_some()));
+        assert!(v.plan.pods.values().all(|p| p.decode().ingress.is_some()));
         hub.update(&cluster(true, "3"));
         assert_eq!(sub.rx.borrow().version, 102);
         assert!(
@@ -500,9 +532,9 @@ mod tests {
         let full = sub.rx.borrow().clone();
         let d = delta(&empty, &full).expect("plans differ");
         assert_eq!((d.base_version, d.version), (1, 2));
-        let mut plan = (*empty.plan).clone();
+        let mut plan = empty.plan.decode();
         apply_delta(&mut plan, &d);
-        assert_eq!(plan, *full.plan);
+        assert_eq!(plan, full.plan.decode());
         hub.update(&cluster(false, "2"));
         let open = sub.rx.borrow().clone();
         let d = delta(&full, &open).unwrap();
@@ -512,13 +544,13 @@ mod tests {
             "un-isolated, still listed"
         );
         apply_delta(&mut plan, &d);
-        assert_eq!(plan, *open.plan);
+        assert_eq!(plan, open.plan.decode());
         hub.update(&ClusterState::default());
         let gone = sub.rx.borrow().clone();
         let d = delta(&open, &gone).unwrap();
         assert_eq!(d.removed.len(), 1);
         apply_delta(&mut plan, &d);
-        assert_eq!(plan, *gone.plan);
+        assert_eq!(plan, gone.plan.decode());
         assert!(delta(&gone, &gone).is_none());
     }
 

@@ -6,6 +6,7 @@ pub mod engine;
 pub mod feed;
 pub mod hub;
 pub mod model;
+pub mod plan;
 pub mod resolve;
 pub mod server;
 pub mod source;

@@ -41,23 +41,24 @@ async fn run(args: Args) -> Result<(), String> {
         .map(|d| d.as_micros() as u64)
         .unwrap_or(1);
     let hub = Hub::new(start_micros);
-    let (tx, rx) = watch::channel::<Option<ClusterState>>(None);
     let (err_tx, err_rx) = watch::channel::<Vec<String>>(Vec::new());
 
     let source_task = match args.manifests.clone() {
         Some(dir) => {
             tracing::info!(dir = %dir.display(), "reading manifests");
+            let (tx, rx) = watch::channel::<Option<ClusterState>>(None);
+            tokio::spawn(feed::run(hub.clone(), rx, err_rx));
             tokio::spawn(async move { source::manifest::run(dir, tx, err_tx).await })
         }
         None => {
             let client = kube::Client::try_default()
                 .await
                 .map_err(|e| format!("cannot reach the Kubernetes API: {e}"))?;
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            tokio::spawn(feed::run_changes(hub.clone(), rx, err_rx));
             tokio::spawn(async move { source::kube::run(client, tx, err_tx).await })
         }
     };
-
-    tokio::spawn(feed::run(hub.clone(), rx, err_rx));
 
     let router = server::router(hub.clone()).await?;
     tracing::info!(listen = %args.listen, "serving");

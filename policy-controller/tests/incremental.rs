@@ -527,7 +527,7 @@ fn check(seed: u64, steps: usize) {
         .map(|n| {
             let sub = hub.subscribe(n).unwrap();
             let seen = sub.rx.borrow().clone();
-            let plan = (*seen.plan).clone();
+            let plan = seen.plan.decode();
             (*n, Receiver { sub, seen, plan })
         })
         .collect();

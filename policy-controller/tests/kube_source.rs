@@ -1,6 +1,7 @@
 //! The kube-rs source, run against an in-process API server double over
-//! HTTP, yields the same plans as the manifest source for the same objects:
-//! the cluster path is the real watcher/reflector code, not a stub.
+//! HTTP, brings the hub to the same plans as the manifest source's objects
+//! give, one change at a time: the cluster path is the real watcher code,
+//! the real feed and the real engine, not a stub.
 
 mod api_double;
 
@@ -10,10 +11,12 @@ use std::time::Duration;
 
 use api_double::{yaml_documents, ApiDouble, Kind};
 use policy_controller::cluster::ClusterState;
-use policy_controller::resolve::{resolve, NodePlan};
+use policy_controller::feed;
+use policy_controller::hub::Hub;
+use policy_controller::resolve::{resolve_with_errors, NodePlan, Resolution};
 use policy_controller::source::{kube as kube_source, manifest};
 use serde_json::{json, Value};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 const OBJECTS: &str = r#"
 apiVersion: v1
@@ -189,34 +192,45 @@ fn client_reaches_ext_service(plans: &BTreeMap<String, NodePlan>) -> bool {
     })
 }
 
-/// Waits until the kube source publishes a state that `done` accepts.
-async fn wait_for_state(
-    rx: &mut watch::Receiver<Option<ClusterState>>,
-    what: &str,
-    done: impl Fn(&ClusterState) -> bool,
-) -> ClusterState {
-    let outcome = {
-        let wait = rx.wait_for(|s| s.as_ref().is_some_and(&done));
-        match tokio::time::timeout(DEADLINE, wait).await {
-            Ok(Ok(state)) => Ok(state.clone().unwrap()),
-            Ok(Err(_)) => panic!("kube source stopped while waiting for {what}"),
-            Err(_) => Err(()),
+/// The controller's kube path as main.rs wires it: the kube source sending
+/// changes, the feed taking them into the hub.
+fn start_controller(url: &str) -> (Hub, tokio::task::JoinHandle<()>) {
+    let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+    let hub = Hub::new(1);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (etx, erx) = watch::channel(Vec::new());
+    let source = tokio::spawn(kube_source::run(client, tx, etx));
+    tokio::spawn(feed::run_changes(hub.clone(), rx, erx));
+    (hub, source)
+}
+
+/// Waits until the hub's engine holds exactly what a full computation of
+/// `want` gives, and returns that.
+async fn wait_for_plans(hub: &Hub, want: &ClusterState, what: &str) -> Resolution {
+    let want = resolve_with_errors(want);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let synced = hub.view().source_synced;
+        let held = hub.with_engine(|e| e.map(|e| e.resolution()));
+        if synced && held.as_ref() == Some(&want) {
+            return want;
         }
-    };
-    match outcome {
-        Ok(state) => state,
-        Err(()) => panic!(
-            "no state with {what} within {DEADLINE:?}; last: {:?}",
-            rx.borrow().as_ref().map(|s| (counts(s), s.marker.clone()))
-        ),
+        if tokio::time::Instant::now() > deadline {
+            panic!(
+                "{what}: the hub does not hold the plans within {DEADLINE:?}; \
+                 synced={synced} counters={:?}\nheld: {held:?}\nwant: {want:?}",
+                hub.counters()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await; // poll: the hub has no change signal for the whole engine
     }
 }
 
-fn has_policy(state: &ClusterState, namespace: &str, name: &str) -> bool {
-    state.policies.iter().any(|p| {
-        p.metadata.namespace.as_deref() == Some(namespace)
-            && p.metadata.name.as_deref() == Some(name)
-    })
+/// How many changes have reached the engine one by one (staged during the
+/// first list, or applied after it).
+fn changes_taken(hub: &Hub) -> u64 {
+    let c = hub.counters();
+    c.staged + c.changes
 }
 
 fn pod_policies(
@@ -230,8 +244,16 @@ fn pod_policies(
         .clone()
 }
 
+fn lists_of(double: &ApiDouble, kind: Kind) -> usize {
+    double
+        .requests()
+        .iter()
+        .filter(|r| r.kind == kind && !r.is_watch())
+        .count()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kube_source_yields_the_same_plans_as_the_manifest_source() {
+async fn kube_source_delivers_changes_that_yield_the_manifest_sources_plans() {
     let dir = tempfile::tempdir().unwrap();
     let mut objects = yaml_documents(OBJECTS);
 
@@ -239,22 +261,20 @@ async fn kube_source_yields_the_same_plans_as_the_manifest_source() {
     for object in &objects {
         double.apply(object.clone());
     }
-    let config = kube::Config::new(double.url.parse().unwrap());
-    let client = kube::Client::try_from(config).unwrap();
-    let (tx, mut rx) = watch::channel(None);
-    let (etx, _erx) = watch::channel(Vec::new());
-    let source = tokio::spawn(kube_source::run(client, tx, etx));
+    let (hub, source) = start_controller(&double.url);
 
-    // (a) The initial lists.
+    // (a) The initial lists: every object once, as a change; no view.
     let from_manifest = manifest_state(dir.path(), &objects, "r1");
     assert_eq!(counts(&from_manifest), (2, 5, 3, 1, 1));
-    let from_kube = wait_for_state(&mut rx, "every object", |s| counts(s) == (2, 5, 3, 1, 1)).await;
+    let plans = wait_for_plans(&hub, &from_manifest, "the initial lists")
+        .await
+        .plans;
     assert_eq!(
-        from_kube.marker,
+        hub.view().source_marker,
         "k8s namespaces=2 pods=7 networkpolicies=10 services=11 endpointslices=12"
     );
-    let plans = resolve(&from_kube);
-    assert_eq!(plans, resolve(&from_manifest));
+    assert_eq!(hub.counters().views, 0);
+    assert_eq!(changes_taken(&hub), 12, "{:?}", hub.counters());
     // The selectorless Service's slice address lies in client-1's ipBlock:
     // its ClusterIP is allowed on the service port.
     assert!(client_reaches_ext_service(&plans));
@@ -276,7 +296,8 @@ async fn kube_source_yields_the_same_plans_as_the_manifest_source() {
         .is_some());
 
     // (b) Changes through the watch: a policy ADDED, a pod's labels MODIFIED,
-    // a pod DELETED.
+    // a pod DELETED, a slice MODIFIED. Each reaches the engine as one
+    // change, never as a view of the cluster.
     let allow_db = yaml_documents(ALLOW_DB).remove(0);
     double.apply(allow_db.clone());
     objects.push(allow_db);
@@ -297,17 +318,9 @@ async fn kube_source_yields_the_same_plans_as_the_manifest_source() {
     double.apply(slice.clone());
 
     let from_manifest = manifest_state(dir.path(), &objects, "r2");
-    let from_kube = wait_for_state(&mut rx, "the mutations", |s| {
-        counts(s) == (2, 4, 4, 1, 1)
-            && s.endpoint_slices[0].endpoints[0].addresses == ["192.0.2.1"]
-            && s.pods.iter().any(|p| {
-                p.metadata.name.as_deref() == Some("client-2")
-                    && p.metadata.labels.as_ref().unwrap()["app"] == "batch"
-            })
-    })
-    .await;
-    let plans = resolve(&from_kube);
-    assert_eq!(plans, resolve(&from_manifest));
+    let plans = wait_for_plans(&hub, &from_manifest, "the mutations")
+        .await
+        .plans;
     assert!(!client_reaches_ext_service(&plans));
     assert_eq!(
         pod_policies(&plans, "node-a", "prod", "db-1"),
@@ -319,6 +332,10 @@ async fn kube_source_yields_the_same_plans_as_the_manifest_source() {
     assert!(!plans
         .get("node-b")
         .is_some_and(|p| p.pods.contains_key(&("prod".into(), "web-2".into()))));
+    let counters = hub.counters();
+    assert_eq!(counters.views, 0, "{counters:?}");
+    assert_eq!(changes_taken(&hub), 12 + 4, "{counters:?}");
+    assert!(counters.batches >= 1, "{counters:?}");
 
     // (c) Watches cut (an API server restart) and a change made meanwhile:
     // the watcher resumes from its resourceVersion and catches up.
@@ -326,12 +343,13 @@ async fn kube_source_yields_the_same_plans_as_the_manifest_source() {
     double.delete(Kind::NetworkPolicy, Some("prod"), "default-deny");
     objects.retain(|o| key(o) != ("NetworkPolicy".into(), "prod".into(), "default-deny".into()));
     let from_manifest = manifest_state(dir.path(), &objects, "r3");
-    let from_kube = wait_for_state(&mut rx, "the policy deleted while disconnected", |s| {
-        !has_policy(s, "prod", "default-deny")
-    })
+    wait_for_plans(
+        &hub,
+        &from_manifest,
+        "the policy deleted while disconnected",
+    )
     .await;
-    assert_eq!(counts(&from_kube), (2, 4, 3, 1, 1));
-    assert_eq!(resolve(&from_kube), resolve(&from_manifest));
+    assert_eq!(changes_taken(&hub), 12 + 4 + 1);
 
     // What kube's watcher actually asked: one full list per kind, then
     // watches from the list's revision, with bookmarks.
@@ -365,6 +383,58 @@ async fn kube_source_yields_the_same_plans_as_the_manifest_source() {
         }
     }
 
+    // (d) An outage past the history the API server keeps: the resumed
+    // watches get 410 Gone and every kind relists. Objects deleted
+    // meanwhile must go (a pod, and a Service whose ClusterIP client-1's
+    // egress allowed before), a changed one must change, and the objects
+    // that did not move must not be applied again.
+    let client_1 = objects
+        .iter_mut()
+        .find(|o| key(o) == ("Pod".into(), "dev".into(), "client-1".into()))
+        .unwrap();
+    client_1["metadata"]["labels"] = json!({"app": "client", "tier": "gold"});
+    let client_1 = client_1.clone();
+    double.outage(|offline| {
+        offline.delete(Kind::Pod, Some("prod"), "db-1");
+        offline.delete(Kind::Service, Some("dev"), "ext");
+        offline.apply(client_1);
+    });
+    objects.retain(|o| {
+        key(o) != ("Pod".into(), "prod".into(), "db-1".into())
+            && key(o) != ("Service".into(), "dev".into(), "ext".into())
+    });
+    let from_manifest = manifest_state(dir.path(), &objects, "r4");
+    assert_eq!(counts(&from_manifest), (2, 3, 3, 0, 1));
+    let plans = wait_for_plans(&hub, &from_manifest, "the relist after an outage")
+        .await
+        .plans;
+    assert!(!plans["node-a"]
+        .pods
+        .contains_key(&("prod".into(), "db-1".into())));
+    // Kinds where nothing moved relist on their own backoff schedule, and
+    // a deletion that changes no plan (the Service) may land after the
+    // plans match.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while Kind::ALL.iter().any(|k| lists_of(&double, *k) < 2)
+        || changes_taken(&hub) < 12 + 4 + 1 + 3
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not every kind relisted, or not every change taken ({:?}): {:?}",
+            hub.counters(),
+            double.requests()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await; // poll: the double records requests as they come
+    }
+    wait_for_plans(&hub, &from_manifest, "after every relist").await;
+    let counters = hub.counters();
+    assert_eq!(counters.views, 0, "{counters:?}");
+    assert_eq!(
+        changes_taken(&hub),
+        12 + 4 + 1 + 3,
+        "only what moved during the outage: {counters:?}"
+    );
+
     source.abort();
 }
 
@@ -378,21 +448,28 @@ async fn unreachable_api_server_publishes_nothing_and_says_why() {
         .local_addr()
         .unwrap()
         .port();
-    let config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
-    let client = kube::Client::try_from(config).unwrap();
-    let (tx, rx) = watch::channel(None);
-    let (etx, mut erx) = watch::channel(Vec::<String>::new());
-    let source = tokio::spawn(kube_source::run(client, tx, etx));
-    let errors = tokio::time::timeout(DEADLINE, erx.wait_for(|e| !e.is_empty()))
-        .await
-        .expect("no watch error reported")
-        .unwrap()
-        .clone();
+    let (hub, source) = start_controller(&format!("http://127.0.0.1:{port}"));
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let errors = loop {
+        let errors = hub.view().errors;
+        if !errors.is_empty() {
+            break errors;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no watch error reported"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await; // poll: errors reach the hub through the feed
+    };
     assert!(
         errors.iter().all(|e| e.starts_with("watching ")),
         "{errors:?}"
     );
-    assert!(rx.borrow().is_none(), "published without a first list");
+    assert_eq!(hub.counters(), Default::default(), "changes without a list");
+    // Still unsynced, and a subscriber is told why.
+    let refused = hub.subscribe("n1").err().expect("refused before sync");
+    assert!(refused.0.contains("watching "), "{refused}");
+    assert!(!hub.view().source_synced);
     source.abort();
 }
 

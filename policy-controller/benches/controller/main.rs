@@ -1,11 +1,13 @@
 //! The controller at cluster scale: full computation and single changes, on
 //! Antrea's benchmark shape and on a mixed shape. Run through
 //! `scripts/bench-controller.sh`; by hand:
-//! `cargo bench -p policy-controller --bench controller -- antrea small`.
+//! `cargo bench -p policy-controller --bench controller -- antrea small`
+//! (add `kube` for the kube source's path against the API double).
 //!
 //! Every measurement prints one line of `key=value` pairs so runs can be
 //! compared; the script collects them into a table.
 
+mod kube_path;
 mod shapes;
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -47,13 +49,33 @@ fn live() -> usize {
 }
 
 /// The process's peak resident memory (VmHWM), in MB.
-fn peak_mb() -> f64 {
+pub(crate) fn peak_mb() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// CPU time this thread has used, in ms. The machine is shared: wall time
+/// also measures the neighbours, CPU time mostly the code.
+pub(crate) fn cpu_ms() -> f64 {
+    #[repr(C)]
+    struct Timespec {
+        sec: i64,
+        nsec: i64,
+    }
+    unsafe extern "C" {
+        fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
+    }
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut t = Timespec { sec: 0, nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec (two 64-bit fields on
+    // 64-bit Linux) to the pointer it is given.
+    let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    assert_eq!(rc, 0, "clock_gettime");
+    t.sec as f64 * 1e3 + t.nsec as f64 / 1e6
 }
 
 fn mb(bytes: usize) -> f64 {
@@ -69,7 +91,7 @@ fn wire(changes: &[PlanChange]) -> usize {
         .sum()
 }
 
-fn line(scale: &str, shape: Shape, what: &str, fields: &[(&str, String)]) {
+pub(crate) fn line(scale: &str, shape: Shape, what: &str, fields: &[(&str, String)]) {
     let shape = format!("{shape:?}").to_lowercase();
     let rest: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!("scale={scale} shape={shape} what={what} {}", rest.join(" "));
@@ -78,34 +100,72 @@ fn line(scale: &str, shape: Shape, what: &str, fields: &[(&str, String)]) {
 /// Builds the change to namespace `i`.
 type MakeChange<'a> = Box<dyn Fn(usize) -> Change + 'a>;
 
-fn run(shape: Shape, scale: Scale) {
-    let mut state = shapes::cluster(shape, scale);
-    // The objects as a source would hand them over; not the hub's.
-    let input = live();
+/// Namespaces generated at a time: the bench's own input stays small, so
+/// the peak is the hub's.
+const CHUNK: usize = 500;
 
+/// Feeds a cluster into `hub` as a source that watches events does: every
+/// object staged as a change, generated a chunk at a time and dropped once
+/// taken, then one apply that resolves everything. Returns the time spent
+/// in the hub (generation excluded), split into staging and resolving.
+fn feed(hub: &Hub, shape: Shape, scale: Scale, with_policies: bool) -> Fed {
+    let mut stage = 0.0;
+    let mut stage_cpu = 0.0;
+    for chunk in (0..scale.namespaces).collect::<Vec<_>>().chunks(CHUNK) {
+        let changes: Vec<Change> = chunk
+            .iter()
+            .flat_map(|&i| shapes::namespace_objects(shape, scale, i, with_policies))
+            .map(Change::from)
+            .collect();
+        let (start, cpu) = (Instant::now(), cpu_ms());
+        hub.stage(changes);
+        stage += start.elapsed().as_secs_f64() * 1e3;
+        stage_cpu += cpu_ms() - cpu;
+    }
+    let (start, cpu) = (Instant::now(), cpu_ms());
+    let published = hub.apply(Vec::new(), "bench".into());
+    Fed {
+        stage_ms: stage,
+        resolve_ms: start.elapsed().as_secs_f64() * 1e3,
+        cpu_ms: stage_cpu + cpu_ms() - cpu,
+        published,
+    }
+}
+
+struct Fed {
+    stage_ms: f64,
+    resolve_ms: f64,
+    cpu_ms: f64,
+    published: Vec<PlanChange>,
+}
+
+fn run(shape: Shape, scale: Scale) {
     // Held state: bytes the hub (engine + plans) holds, for pods alone and
     // with policies.
-    let policies = std::mem::take(&mut state.policies);
     let before = live();
     let hub = Hub::new(1);
-    hub.update(&state);
+    feed(&hub, shape, scale, false);
     let pods_bytes = live() - before;
     drop(hub);
-    state.policies = policies;
 
     let before = live();
-    let start = Instant::now();
     let hub = Hub::new(1);
-    let published = hub.update(&state);
-    let full_ms = start.elapsed().as_secs_f64() * 1e3;
+    let Fed {
+        stage_ms,
+        resolve_ms,
+        cpu_ms: full_cpu,
+        published,
+    } = feed(&hub, shape, scale, true);
+    let full_ms = stage_ms + resolve_ms;
     let held = live() - before;
     let mut plan_bytes: Vec<usize> = published
         .iter()
         .map(|c| c.after.snapshot().encoded_len())
         .collect();
     plan_bytes.sort();
-    let pods = state.pods.len();
-    let policies = state.policies.len();
+    let stats = hub.with_engine(|e| e.expect("fed").stats());
+    let pods = stats.pods;
+    let policies = stats.policies;
     line(
         scale.name,
         shape,
@@ -115,11 +175,13 @@ fn run(shape: Shape, scale: Scale) {
             ("peak_mb", format!("{:.0}", peak_mb())),
             ("nodes_reached", published.len().to_string()),
             ("delta_bytes", plan_bytes.iter().sum::<usize>().to_string()),
-            ("namespaces", state.namespaces.len().to_string()),
+            ("cpu_ms", format!("{full_cpu:.0}")),
+            ("stage_ms", format!("{stage_ms:.0}")),
+            ("resolve_ms", format!("{resolve_ms:.0}")),
+            ("namespaces", scale.namespaces.to_string()),
             ("pods", pods.to_string()),
             ("policies", policies.to_string()),
             ("held_mb", format!("{:.0}", mb(held))),
-            ("input_mb", format!("{:.0}", mb(input))),
             ("bytes_per_pod", (pods_bytes / pods.max(1)).to_string()),
             (
                 "bytes_per_policy",
@@ -187,15 +249,17 @@ fn run(shape: Shape, scale: Scale) {
     ];
     for (what, make) in &changes {
         let mut times = Vec::new();
+        let mut cpu_times = Vec::new();
         let mut first: Option<(usize, usize)> = None;
         // Five changes, each to another namespace; the median is reported.
         for rep in 0..5 {
             let i = (rep * 7919 + 17) % scale.namespaces;
             let change = make(i);
-            let start = Instant::now();
+            let (start, cpu) = (Instant::now(), cpu_ms());
             let published = hub.apply(vec![change], format!("{what}-{rep}"));
             let bytes = wire(&published);
             times.push(start.elapsed().as_secs_f64() * 1e3);
+            cpu_times.push(cpu_ms() - cpu);
             first.get_or_insert((published.len(), bytes));
         }
         let (nodes, bytes) = first.unwrap();
@@ -207,21 +271,22 @@ fn run(shape: Shape, scale: Scale) {
                 ("ms", format!("{:.3}", shapes::median(times))),
                 ("peak_mb", format!("{:.0}", peak_mb())),
                 ("nodes_reached", nodes.to_string()),
+                ("cpu_ms", format!("{:.3}", shapes::median(cpu_times))),
                 ("delta_bytes", bytes.to_string()),
             ],
         );
     }
-    view_diff(&hub, &mut state, shape, scale);
+    view_diff(&hub, shape, scale);
 }
 
-/// The path the sources take today: a whole new view with one pod
-/// relabelled, which the hub diffs against what it holds.
-fn view_diff(
-    hub: &Hub,
-    state: &mut policy_controller::cluster::ClusterState,
-    shape: Shape,
-    scale: Scale,
-) {
+/// The manifest source's path: a whole new view with one pod relabelled,
+/// which the hub diffs against what it holds. The view is the whole
+/// cluster as objects, built here (after every other measurement, so that
+/// it raises only this line's peak); its size is the bench's input.
+fn view_diff(hub: &Hub, shape: Shape, scale: Scale) {
+    let before = live();
+    let mut state = shapes::cluster(shape, scale);
+    let input = live() - before;
     let i = 4242 % scale.namespaces;
     let key = (shapes::ns_name(i), "pod-1".to_string());
     let at = state
@@ -242,10 +307,11 @@ fn view_diff(
         scale.nodes,
         shapes::default_app(shape, 3),
     );
-    let start = Instant::now();
-    let published = hub.update(state);
+    let (start, cpu) = (Instant::now(), cpu_ms());
+    let published = hub.update(&state);
     let bytes = wire(&published);
     let ms = start.elapsed().as_secs_f64() * 1e3;
+    let cpu = cpu_ms() - cpu;
     line(
         scale.name,
         shape,
@@ -255,6 +321,8 @@ fn view_diff(
             ("peak_mb", format!("{:.0}", peak_mb())),
             ("nodes_reached", published.len().to_string()),
             ("delta_bytes", bytes.to_string()),
+            ("input_mb", format!("{:.0}", mb(input))),
+            ("cpu_ms", format!("{cpu:.1}")),
         ],
     );
 }
@@ -282,5 +350,12 @@ fn main() {
             std::process::exit(2);
         }
     };
-    run(shape, scale);
+    match args.get(2).map(String::as_str) {
+        None => run(shape, scale),
+        Some("kube") => kube_path::run(shape, scale),
+        Some(other) => {
+            eprintln!("unknown path {other:?}: want kube or nothing");
+            std::process::exit(2);
+        }
+    }
 }

@@ -219,27 +219,32 @@ pub fn db_service(i: usize) -> Service {
     .unwrap()
 }
 
-pub fn cluster(shape: Shape, scale: Scale) -> ClusterState {
-    let mut objects = Vec::with_capacity(scale.namespaces * 8);
-    for i in 0..scale.namespaces {
-        objects.push(Object::Namespace(namespace(shape, i, &team(i))));
-        for j in 0..4 {
-            objects.push(Object::Pod(pod(
-                shape,
-                i,
-                j,
-                i * 4 + j,
-                scale.nodes,
-                default_app(shape, j),
-            )));
-        }
-        for p in policies(shape, i, 0) {
-            objects.push(Object::NetworkPolicy(p));
-        }
-        if shape == Shape::Mixed {
-            objects.push(Object::Service(db_service(i)));
-        }
+/// The objects of namespace `i`: the namespace, its pods, its Service (mixed)
+/// and, with `with_policies`, its policies.
+pub fn namespace_objects(shape: Shape, scale: Scale, i: usize, with_policies: bool) -> Vec<Object> {
+    let mut objects = vec![Object::Namespace(namespace(shape, i, &team(i)))];
+    for j in 0..4 {
+        objects.push(Object::Pod(pod(
+            shape,
+            i,
+            j,
+            i * 4 + j,
+            scale.nodes,
+            default_app(shape, j),
+        )));
     }
+    if with_policies {
+        objects.extend(policies(shape, i, 0).into_iter().map(Object::NetworkPolicy));
+    }
+    if shape == Shape::Mixed {
+        objects.push(Object::Service(db_service(i)));
+    }
+    objects
+}
+
+/// The whole cluster as one view.
+pub fn cluster(shape: Shape, scale: Scale) -> ClusterState {
+    let objects = (0..scale.namespaces).flat_map(|i| namespace_objects(shape, scale, i, true));
     ClusterState::from_objects(objects, "bench".into())
 }
 

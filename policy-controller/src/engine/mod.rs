@@ -27,16 +27,15 @@ mod services;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
+use crate::cluster::{ClusterState, Object};
+use crate::plan::{Entry, Plan};
+use crate::resolve::{
+    is_selectorless, namespace_of, ns_labels, pod_info, resolve_target, selector_matches,
+    slice_service, PodInfo, PodKey, Resolution,
+};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use palisade_proto::v1::PodPolicy;
-
-use crate::cluster::ClusterState;
-use crate::resolve::{
-    is_selectorless, namespace_of, ns_labels, pod_info, resolve_target, selector_matches,
-    slice_service, NodePlan, PodInfo, PodKey, Resolution,
-};
 use objects::{Labels, Objects};
 use selection::{Selections, Selector, Used};
 use services::ServiceCache;
@@ -59,10 +58,53 @@ pub enum Change {
     DeleteEndpointSlice(PodKey),
 }
 
+/// Pods that resolve alike: resolution reads of its target only the
+/// namespace, the labels and the named ports (besides the name and the
+/// addresses, which are the entry's own fields).
+struct Class(Arc<PodInfo>);
+
+impl PartialEq for Class {
+    fn eq(&self, other: &Class) -> bool {
+        let (a, b) = (&*self.0, &*other.0);
+        a.namespace == b.namespace && a.labels == b.labels && a.named_ports == b.named_ports
+    }
+}
+
+impl Eq for Class {}
+
+impl std::hash::Hash for Class {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.namespace.hash(state);
+        self.0.labels.hash(state);
+        self.0.named_ports.hash(state);
+    }
+}
+
+/// One class's resolution.
+struct Resolved {
+    entry: Entry,
+    /// Shared by the pods of a class.
+    used: Arc<Used>,
+    errors: Vec<String>,
+}
+
+impl From<Object> for Change {
+    /// The object created or updated.
+    fn from(object: Object) -> Change {
+        match object {
+            Object::Namespace(ns) => Change::ApplyNamespace(ns),
+            Object::Pod(pod) => Change::ApplyPod(pod),
+            Object::NetworkPolicy(np) => Change::ApplyPolicy(np),
+            Object::Service(svc) => Change::ApplyService(svc),
+            Object::EndpointSlice(slice) => Change::ApplyEndpointSlice(slice),
+        }
+    }
+}
+
 /// A target's result and what computing it used.
 struct Target {
     node: String,
-    used: Used,
+    used: Arc<Used>,
     errors: Vec<String>,
 }
 
@@ -71,16 +113,19 @@ pub struct Engine {
     objects: Objects,
     selections: Selections,
     services: ServiceCache,
-    targets: HashMap<PodKey, Target>,
-    plans: HashMap<String, Arc<NodePlan>>,
+    targets: HashMap<Arc<PodKey>, Target>,
+    plans: HashMap<String, Arc<Plan>>,
     /// Every distinct problem, with how many targets found it.
     errors: BTreeMap<String, usize>,
+    /// Targets that changes taken by [`Engine::stage`] may affect, computed
+    /// by the next [`Engine::apply`].
+    staged: HashSet<PodKey>,
 }
 
 /// The nodes whose plan changed, with their new plans.
 #[derive(Debug, Default)]
 pub struct Outcome {
-    pub changed: BTreeMap<String, Arc<NodePlan>>,
+    pub changed: BTreeMap<String, Arc<Plan>>,
     /// How many targets were recomputed.
     pub recomputed: usize,
 }
@@ -90,48 +135,46 @@ impl Engine {
     /// every pod computed once.
     pub fn from_state(state: &ClusterState) -> (Engine, Outcome) {
         let mut engine = Engine::default();
-        for ns in &state.namespaces {
-            let name = ns.metadata.name.clone().unwrap_or_default();
-            engine.objects.set_namespace(&name, Some(ns_labels(ns)));
-        }
-        let mut dirty = HashSet::new();
-        for pod in &state.pods {
-            if let Some(info) = pod_info(pod) {
-                let key = info.key();
-                dirty.insert(key.clone());
-                engine.objects.set_pod(&key, Some(Arc::new(info)));
-            }
-        }
-        for np in &state.policies {
-            let ns = namespace_of(&np.metadata);
-            let name = np.metadata.name.clone().unwrap_or_default();
-            engine
-                .objects
-                .set_policy(&ns, &name, Some(Arc::new(np.clone())));
-        }
-        for svc in &state.services {
-            let (ns, name) = object_key(&svc.metadata);
-            engine
-                .objects
-                .set_service(&ns, &name, Some(Arc::new(svc.clone())));
-        }
-        for slice in &state.endpoint_slices {
-            let key = object_key(&slice.metadata);
-            engine
-                .objects
-                .set_slice(&key, Some(Arc::new(slice.clone())));
-        }
-        let outcome = engine.recompute(dirty);
+        let objects = state
+            .namespaces
+            .iter()
+            .cloned()
+            .map(Object::Namespace)
+            .chain(state.pods.iter().cloned().map(Object::Pod))
+            .chain(state.policies.iter().cloned().map(Object::NetworkPolicy))
+            .chain(state.services.iter().cloned().map(Object::Service))
+            .chain(
+                state
+                    .endpoint_slices
+                    .iter()
+                    .cloned()
+                    .map(Object::EndpointSlice),
+            );
+        engine.stage(objects.map(Change::from));
+        let outcome = engine.apply([]);
         (engine, outcome)
     }
 
-    /// Applies changes, then recomputes what they can affect.
+    /// Applies changes, then recomputes what they (and the changes staged
+    /// before) can affect.
     pub fn apply(&mut self, changes: impl IntoIterator<Item = Change>) -> Outcome {
         let mut dirty = HashSet::new();
         for change in changes {
             self.take(change, &mut dirty);
         }
         self.recompute(dirty)
+    }
+
+    /// Takes changes in without computing anything yet: a source's first
+    /// list arrives in pieces, and resolving after each piece would
+    /// recompute the same targets over and over (and with half the cluster
+    /// listed). The next [`Engine::apply`] computes what they affect.
+    pub fn stage(&mut self, changes: impl IntoIterator<Item = Change>) {
+        let mut dirty = std::mem::take(&mut self.staged);
+        for change in changes {
+            self.take(change, &mut dirty);
+        }
+        self.staged = dirty;
     }
 
     /// Brings the engine to `state`, by the changes that lead there. The
@@ -143,7 +186,7 @@ impl Engine {
     }
 
     /// Every node's plan as the engine holds it.
-    pub fn plans(&self) -> &HashMap<String, Arc<NodePlan>> {
+    pub fn plans(&self) -> &HashMap<String, Arc<Plan>> {
         &self.plans
     }
 
@@ -159,7 +202,7 @@ impl Engine {
                 .plans
                 .iter()
                 .filter(|(_, p)| !p.pods.is_empty())
-                .map(|(n, p)| (n.clone(), (**p).clone()))
+                .map(|(n, p)| (n.clone(), p.decode()))
                 .collect(),
             errors: self.errors(),
         }
@@ -272,14 +315,17 @@ impl Engine {
                 self.set_pod(&key, pod_info(&pod).map(Arc::new), dirty);
             }
             Change::DeletePod(key) => self.set_pod(&key, None, dirty),
-            Change::ApplyPolicy(np) => {
+            Change::ApplyPolicy(mut np) => {
                 let ns = namespace_of(&np.metadata);
                 let name = np.metadata.name.clone().unwrap_or_default();
+                np.metadata = bare_meta(&ns, &name);
                 self.set_policy(&ns, &name, Some(Arc::new(np)), dirty);
             }
             Change::DeletePolicy((ns, name)) => self.set_policy(&ns, &name, None, dirty),
-            Change::ApplyService(svc) => {
+            Change::ApplyService(mut svc) => {
                 let (ns, name) = object_key(&svc.metadata);
+                svc.metadata = bare_meta(&ns, &name);
+                svc.status = None;
                 self.set_service(&ns, &name, Some(Arc::new(svc)), dirty);
             }
             Change::DeleteService((ns, name)) => self.set_service(&ns, &name, None, dirty),
@@ -349,21 +395,41 @@ impl Engine {
     }
 
     fn set_pod(&mut self, key: &PodKey, pod: Option<Arc<PodInfo>>, dirty: &mut HashSet<PodKey>) {
-        let ns_before = self.objects.ns_labels(&key.0);
+        // A pod changes its namespace's labels only when the namespace has
+        // no object (then the pods make it exist); otherwise the labels are
+        // read once, without a copy.
+        let ns_object = self.objects.ns_object_labels(&key.0).is_some();
+        let ns_before = (!ns_object)
+            .then(|| self.objects.ns_labels(&key.0))
+            .flatten();
         let old = self.objects.set_pod(key, pod.clone());
-        let ns_after = self.objects.ns_labels(&key.0);
         if old.as_deref() == pod.as_deref() {
             return;
         }
-        self.selections.pod_changed(
-            &key.0,
-            (old.as_deref(), ns_before.as_ref()),
-            (pod.as_deref(), ns_after.as_ref()),
-            dirty,
-        );
-        if ns_before != ns_after {
-            self.selections
-                .namespace_changed(&key.0, ns_before.as_ref(), ns_after.as_ref(), dirty);
+        if ns_object {
+            let labels = self.objects.ns_object_labels(&key.0);
+            self.selections.pod_changed(
+                &key.0,
+                (old.as_deref(), labels),
+                (pod.as_deref(), labels),
+                dirty,
+            );
+        } else {
+            let ns_after = self.objects.ns_labels(&key.0);
+            self.selections.pod_changed(
+                &key.0,
+                (old.as_deref(), ns_before.as_ref()),
+                (pod.as_deref(), ns_after.as_ref()),
+                dirty,
+            );
+            if ns_before != ns_after {
+                self.selections.namespace_changed(
+                    &key.0,
+                    ns_before.as_ref(),
+                    ns_after.as_ref(),
+                    dirty,
+                );
+            }
         }
         if ServiceCache::pod_changes_backends(&self.objects, &key.0, old.as_deref(), pod.as_deref())
         {
@@ -398,15 +464,25 @@ impl Engine {
         }
     }
 
-    fn recompute(&mut self, dirty: HashSet<PodKey>) -> Outcome {
+    fn recompute(&mut self, mut dirty: HashSet<PodKey>) -> Outcome {
+        dirty.extend(self.staged.drain());
         let mut outcome = Outcome {
             recomputed: dirty.len(),
             ..Default::default()
         };
         let mut changed_nodes = BTreeSet::new();
-        for key in dirty {
-            self.recompute_target(&key, &mut changed_nodes);
+        // Pods that resolve alike are resolved once per pass: the objects do
+        // not change during a pass, so neither does what a class resolves to.
+        let mut memo: HashMap<Class, Resolved> = HashMap::new();
+        // In namespace order: pods of one namespace share their policies,
+        // selections and Services, which then stay in cache from one target
+        // to the next (a hash set's order jumps across the whole cluster).
+        let mut order: Vec<PodKey> = dirty.into_iter().collect();
+        order.sort_unstable();
+        for key in order {
+            self.recompute_target(&key, &mut memo, &mut changed_nodes);
         }
+        self.selections.end_pass();
         for node in changed_nodes {
             let plan = self.plans.get(&node).cloned().unwrap_or_default();
             outcome.changed.insert(node, plan);
@@ -414,8 +490,16 @@ impl Engine {
         outcome
     }
 
-    fn recompute_target(&mut self, key: &PodKey, changed: &mut BTreeSet<String>) {
-        let old = self.targets.remove(key);
+    fn recompute_target(
+        &mut self,
+        key: &PodKey,
+        memo: &mut HashMap<Class, Resolved>,
+        changed: &mut BTreeSet<String>,
+    ) {
+        let (shared, old) = match self.targets.remove_entry(key) {
+            Some((k, t)) => (selection::Target(k), Some(t)),
+            None => (selection::Target(Arc::new(key.clone())), None),
+        };
         let pod = self
             .objects
             .pod(key)
@@ -424,38 +508,45 @@ impl Engine {
         let (new, entry) = match pod {
             None => (None, None),
             Some(pod) => {
-                let mut selector = Selector {
-                    objects: &self.objects,
-                    cache: &mut self.selections,
-                    services: &mut self.services,
-                    used: Used::default(),
-                };
-                let mut errors = Vec::new();
-                let policies: Vec<Arc<NetworkPolicy>> =
-                    self.objects.policies_in(&pod.namespace).cloned().collect();
-                let entry = resolve_target(
-                    &pod,
-                    policies.iter().map(|p| &**p),
-                    &mut selector,
-                    &mut errors,
-                );
-                errors.sort();
-                errors.dedup();
-                let used = selector.used;
                 let node = pod.node.clone().expect("filtered above");
-                (Some(Target { node, used, errors }), Some(entry))
+                let class = Class(pod.clone());
+                let resolved = match memo.get(&class) {
+                    Some(r) => Resolved {
+                        entry: r.entry.sibling(&pod.namespace, &pod.name, &pod.ips),
+                        used: r.used.clone(),
+                        errors: r.errors.clone(),
+                    },
+                    None => {
+                        let r = self.resolve(&pod);
+                        memo.insert(
+                            class,
+                            Resolved {
+                                entry: r.entry.clone(),
+                                used: r.used.clone(),
+                                errors: r.errors.clone(),
+                            },
+                        );
+                        r
+                    }
+                };
+                let target = Target {
+                    node,
+                    used: resolved.used,
+                    errors: resolved.errors,
+                };
+                (Some(target), Some(resolved.entry))
             }
         };
         let empty = Used::default();
         self.selections.depend(
-            key,
-            old.as_ref().map_or(&empty, |t| &t.used),
-            new.as_ref().map_or(&empty, |t| &t.used),
+            &shared,
+            old.as_ref().map_or(&empty, |t| &*t.used),
+            new.as_ref().map_or(&empty, |t| &*t.used),
         );
         self.services.depend(
-            key,
-            old.as_ref().map_or(&empty, |t| &t.used),
-            new.as_ref().map_or(&empty, |t| &t.used),
+            &shared,
+            old.as_ref().map_or(&empty, |t| &*t.used),
+            new.as_ref().map_or(&empty, |t| &*t.used),
         );
         for e in old.iter().flat_map(|t| &t.errors) {
             if let Some(n) = self.errors.get_mut(e) {
@@ -468,39 +559,81 @@ impl Engine {
         for e in new.iter().flat_map(|t| &t.errors) {
             *self.errors.entry(e.clone()).or_default() += 1;
         }
-        let old_node = old.as_ref().map(|t| t.node.clone());
-        let new_node = new.as_ref().map(|t| t.node.clone());
-        if let Some(t) = new {
-            self.targets.insert(key.clone(), t);
-        }
-        if let Some(node) = &old_node {
-            if new_node.as_ref() != Some(node) {
-                self.set_entry(node, key, None, changed);
+        if let Some(old) = &old {
+            if new.as_ref().map(|t| &t.node) != Some(&old.node) {
+                self.set_entry(&old.node, &shared, None, changed);
             }
         }
-        if let (Some(node), Some(entry)) = (new_node, entry) {
-            self.set_entry(&node, key, Some(entry), changed);
+        if let (Some(new), Some(entry)) = (&new, entry) {
+            self.set_entry(&new.node, &shared, Some(entry), changed);
+        }
+        if let Some(t) = new {
+            self.targets.insert(shared.0, t);
+        }
+    }
+
+    /// One pod's policy, through the indexes and the selection cache.
+    fn resolve(&mut self, pod: &PodInfo) -> Resolved {
+        let mut selector = Selector {
+            objects: &self.objects,
+            cache: &mut self.selections,
+            services: &mut self.services,
+            used: Used::default(),
+        };
+        let mut errors = Vec::new();
+        let policies: Vec<Arc<NetworkPolicy>> =
+            self.objects.policies_in(&pod.namespace).cloned().collect();
+        let policy = resolve_target(
+            pod,
+            policies.iter().map(|p| &**p),
+            &mut selector,
+            &mut errors,
+        );
+        errors.sort();
+        errors.dedup();
+        Resolved {
+            entry: Entry::new(policy),
+            used: Arc::new(selector.used),
+            errors,
         }
     }
 
     fn set_entry(
         &mut self,
         node: &str,
-        key: &PodKey,
-        entry: Option<PodPolicy>,
+        key: &selection::Target,
+        entry: Option<Entry>,
         changed: &mut BTreeSet<String>,
     ) {
-        let plan = self.plans.entry(node.to_string()).or_default();
-        if plan.pods.get(key).map(|p| &**p) == entry.as_ref() {
+        // Looked up before inserting: `entry` would copy the node's name for
+        // every pod.
+        if !self.plans.contains_key(node) {
+            self.plans.insert(node.to_string(), Arc::default());
+        }
+        let plan = self.plans.get_mut(node).expect("inserted above");
+        if plan.pods.get(&key.0) == entry.as_ref() {
             return;
         }
         // Copy-on-write: the hub shares the previous plan until it is replaced.
         let plan = Arc::make_mut(plan);
         match entry {
-            Some(e) => plan.pods.insert(key.clone(), Arc::new(e)),
-            None => plan.pods.remove(key),
+            Some(e) => plan.pods.insert(key.0.clone(), e),
+            None => plan.pods.remove(&key.0),
         };
-        changed.insert(node.to_string());
+        if !changed.contains(node) {
+            changed.insert(node.to_string());
+        }
+    }
+}
+
+/// Only what resolution reads of a policy's or a Service's metadata: the
+/// rest (annotations such as kubectl's last-applied-configuration, managed
+/// fields, labels) can be most of an object, and the engine holds every one.
+fn bare_meta(ns: &str, name: &str) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        namespace: Some(ns.to_string()),
+        name: Some(name.to_string()),
+        ..Default::default()
     }
 }
 

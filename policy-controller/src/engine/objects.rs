@@ -49,6 +49,17 @@ impl Objects {
             .map(|_| default_ns_labels(ns))
     }
 
+    /// As [`Objects::ns_labels`], without copying an object's labels.
+    pub fn ns_labels_ref(&self, ns: &str) -> Option<std::borrow::Cow<'_, Labels>> {
+        if let Some(labels) = self.ns_objects.get(ns) {
+            return Some(std::borrow::Cow::Borrowed(labels));
+        }
+        self.pods_by_ns
+            .get(ns)
+            .filter(|p| !p.is_empty())
+            .map(|_| std::borrow::Cow::Owned(default_ns_labels(ns)))
+    }
+
     pub fn ns_object_labels(&self, ns: &str) -> Option<&Labels> {
         self.ns_objects.get(ns)
     }
@@ -125,7 +136,9 @@ impl Objects {
 
     /// Sets (or with None removes) a pod; returns the previous one.
     pub fn set_pod(&mut self, key: &PodKey, pod: Option<Arc<PodInfo>>) -> Option<Arc<PodInfo>> {
-        let ns_before = self.ns_labels(&key.0);
+        // Pods decide a namespace's labels only when it has no object.
+        let ns_object = self.ns_objects.contains_key(&key.0);
+        let ns_before = (!ns_object).then(|| self.ns_labels(&key.0)).flatten();
         let old = match &pod {
             Some(p) => self.pods.insert(key.clone(), p.clone()),
             None => self.pods.remove(key),
@@ -147,24 +160,42 @@ impl Objects {
             }
         }
         if let Some(new) = &pod {
+            // Each index is looked up before inserting: nearly every label,
+            // port name and namespace has an entry already, and `entry`
+            // would copy the names for every pod.
             for (k, v) in &new.labels {
-                self.pods_by_label
-                    .entry((k.clone(), v.clone()))
-                    .or_default()
-                    .insert(key.clone());
+                let label = (k.clone(), v.clone());
+                match self.pods_by_label.get_mut(&label) {
+                    Some(set) => set.insert(key.clone()),
+                    None => self
+                        .pods_by_label
+                        .entry(label)
+                        .or_default()
+                        .insert(key.clone()),
+                };
             }
             for name in new.named_ports.keys() {
-                self.pods_by_port
-                    .entry(name.clone())
-                    .or_default()
-                    .insert(key.clone());
+                match self.pods_by_port.get_mut(name) {
+                    Some(set) => set.insert(key.clone()),
+                    None => self
+                        .pods_by_port
+                        .entry(name.clone())
+                        .or_default()
+                        .insert(key.clone()),
+                };
             }
-            self.pods_by_ns
-                .entry(key.0.clone())
-                .or_default()
-                .insert(key.1.clone(), new.clone());
+            match self.pods_by_ns.get_mut(&key.0) {
+                Some(in_ns) => in_ns.insert(key.1.clone(), new.clone()),
+                None => self
+                    .pods_by_ns
+                    .entry(key.0.clone())
+                    .or_default()
+                    .insert(key.1.clone(), new.clone()),
+            };
         }
-        self.reindex_ns(&key.0, ns_before);
+        if !ns_object {
+            self.reindex_ns(&key.0, ns_before);
+        }
         old
     }
 

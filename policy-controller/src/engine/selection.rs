@@ -13,17 +13,116 @@ use super::objects::{Labels, Objects};
 use super::services::ServiceCache;
 use crate::resolve::{selector_matches, PeerSelection, PodInfo, PodKey, Selected, ServiceInfo};
 
+/// Hashes values that are spread already: an address (a [`Target`]) or a
+/// hash computed with a per-process seed (a [`SelKey`]). Running SipHash
+/// over them again was a visible part of a full computation; neither can be
+/// chosen by whoever writes the objects.
+#[derive(Default)]
+pub struct Spread(u64);
+
+impl std::hash::Hasher for Spread {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Not used by the keys above; kept correct for any other caller.
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+
+    fn write_u64(&mut self, x: u64) {
+        let h = (self.0.rotate_left(29) ^ x).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = h ^ (h >> 32);
+    }
+
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64)
+    }
+}
+
+pub type SpreadSet<T> = HashSet<T, std::hash::BuildHasherDefault<Spread>>;
+pub type SpreadMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<Spread>>;
+
+/// A target's key, shared by every dependency set that holds it: a pod
+/// depends on several selections, and a copy of its key in each would cost
+/// more than the rest of the entry. The engine keeps one per target for
+/// the target's whole life, so the sets compare and hash it by address.
+#[derive(Clone, Debug)]
+pub struct Target(pub Arc<PodKey>);
+
+impl PartialEq for Target {
+    fn eq(&self, other: &Target) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Target {}
+
+impl std::hash::Hash for Target {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::ptr::hash(Arc::as_ptr(&self.0), state)
+    }
+}
+
+impl Target {
+    pub fn key(&self) -> PodKey {
+        PodKey::clone(&self.0)
+    }
+}
+
 /// What a selector peer selects, as a cache key. Without a namespace
 /// selector the policy's namespace is part of the key (`scope`).
 /// Shared: every target that uses a selection holds its key.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug)]
 pub struct SelKey(Arc<SelKeyParts>);
 
-#[derive(Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct SelKeyParts {
     scope: Option<String>,
     ns_selector: Option<String>,
     pod_selector: Option<String>,
+    /// Of the three above, computed once: keys are looked up for every
+    /// target that uses them, and hashing the serialized selectors each time
+    /// was a large part of a full computation.
+    hash: u64,
+}
+
+impl SelKeyParts {
+    fn new(
+        scope: Option<String>,
+        ns_selector: Option<String>,
+        pod_selector: Option<String>,
+    ) -> Self {
+        use std::hash::BuildHasher;
+        // Seeded per process, so that selectors cannot be written to collide.
+        static SEED: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+            std::sync::OnceLock::new();
+        let hash =
+            SEED.get_or_init(Default::default)
+                .hash_one((&scope, &ns_selector, &pod_selector));
+        SelKeyParts {
+            scope,
+            ns_selector,
+            pod_selector,
+            hash,
+        }
+    }
+}
+
+impl PartialEq for SelKey {
+    fn eq(&self, other: &SelKey) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
+}
+
+impl Eq for SelKey {}
+
+impl std::hash::Hash for SelKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.0.hash)
+    }
 }
 
 impl std::ops::Deref for SelKey {
@@ -39,7 +138,7 @@ struct SelEntry {
     /// None once a change may have altered the selection; recomputed when a
     /// target next asks.
     result: Option<Arc<Selected>>,
-    dependents: HashSet<PodKey>,
+    dependents: SpreadSet<Target>,
 }
 
 impl SelEntry {
@@ -62,18 +161,28 @@ impl SelEntry {
 
 #[derive(Default)]
 pub struct Selections {
-    entries: HashMap<SelKey, SelEntry>,
+    entries: SpreadMap<SelKey, SelEntry>,
     /// Selections without a namespace selector, by the namespace they look in.
-    by_scope: HashMap<String, HashSet<SelKey>>,
-    /// Selections with a namespace selector: any namespace may matter.
-    cross_ns: HashSet<SelKey>,
+    by_scope: HashMap<String, SpreadSet<SelKey>>,
+    /// Selections with a namespace selector that requires a label, by the
+    /// first label it requires: a namespace can only be selected by those
+    /// filed under one of its labels.
+    cross_by_label: HashMap<(String, String), SpreadSet<SelKey>>,
+    /// Selections with a namespace selector that requires no label (only
+    /// expressions, or none): any namespace may matter.
+    cross_any: SpreadSet<SelKey>,
     /// Targets whose egress named ports were resolved against every pod
     /// with a port of that name.
-    port_dependents: HashMap<String, HashSet<PodKey>>,
+    port_dependents: HashMap<String, SpreadSet<Target>>,
+    /// The key of each peer met during the current pass, by the peer's
+    /// address: a key is the peer's selectors serialized, and every pod the
+    /// policy selects meets the same peers. Addresses are stable during a
+    /// pass (the objects do not change) and are forgotten after it.
+    peer_keys: HashMap<usize, SelKey>,
 }
 
 /// What one target's computation used.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Used {
     pub sels: Vec<SelKey>,
     pub ports: Vec<String>,
@@ -88,9 +197,14 @@ impl Selections {
         self.entries.len()
     }
 
+    /// A recompute pass is over: the peers it met may go away.
+    pub fn end_pass(&mut self) {
+        self.peer_keys = HashMap::new();
+    }
+
     /// Records that `target` now uses `used` instead of `before`. Every
     /// selection in `used` exists (the computation created it).
-    pub fn depend(&mut self, target: &PodKey, before: &Used, used: &Used) {
+    pub fn depend(&mut self, target: &Target, before: &Used, used: &Used) {
         // New links first: a selection used before and now must not be
         // forgotten in between.
         for key in &used.sels {
@@ -123,9 +237,11 @@ impl Selections {
     }
 
     fn forget(&mut self, key: &SelKey) {
-        self.entries.remove(key);
-        match &key.scope {
-            Some(ns) if key.ns_selector.is_none() => {
+        let Some(entry) = self.entries.remove(key) else {
+            return;
+        };
+        match (&key.scope, required_label(entry.ns_selector.as_ref())) {
+            (Some(ns), _) if key.ns_selector.is_none() => {
                 if let Some(set) = self.by_scope.get_mut(ns) {
                     set.remove(key);
                     if set.is_empty() {
@@ -133,10 +249,53 @@ impl Selections {
                     }
                 }
             }
-            _ => {
-                self.cross_ns.remove(key);
+            (_, Some(label)) => {
+                if let Some(set) = self.cross_by_label.get_mut(&label) {
+                    set.remove(key);
+                    if set.is_empty() {
+                        self.cross_by_label.remove(&label);
+                    }
+                }
+            }
+            (_, None) => {
+                self.cross_any.remove(key);
             }
         }
+    }
+
+    /// Files a new selection where changes will find it.
+    fn index(&mut self, key: &SelKey, ns_selector: Option<&LabelSelector>) {
+        match (&key.scope, required_label(ns_selector)) {
+            (Some(ns), _) if ns_selector.is_none() => {
+                self.by_scope
+                    .entry(ns.clone())
+                    .or_default()
+                    .insert(key.clone());
+            }
+            (_, Some(label)) => {
+                self.cross_by_label
+                    .entry(label)
+                    .or_default()
+                    .insert(key.clone());
+            }
+            (_, None) => {
+                self.cross_any.insert(key.clone());
+            }
+        }
+    }
+
+    /// The selections with a namespace selector that could select a
+    /// namespace with any of these label sets.
+    fn cross_candidates<'a>(&'a self, labels: &[Option<&Labels>]) -> SpreadSet<&'a SelKey> {
+        let mut out: SpreadSet<&SelKey> = self.cross_any.iter().collect();
+        for (k, v) in labels.iter().flatten().flat_map(|l| l.iter()) {
+            // Borrowed lookups would need another key type; the clone is
+            // per label of one namespace, not per selection.
+            if let Some(set) = self.cross_by_label.get(&(k.clone(), v.clone())) {
+                out.extend(set.iter());
+            }
+        }
+        out
     }
 
     /// A pod in `ns` changed from `old` to `new`: drops the selections that
@@ -150,13 +309,16 @@ impl Selections {
         (new, ns_after): (Option<&PodInfo>, Option<&Labels>),
         dirty: &mut HashSet<PodKey>,
     ) {
-        let candidates = self
+        let cross = self.cross_candidates(&[ns_before, ns_after]);
+        let candidates: Vec<SelKey> = self
             .by_scope
             .get(ns)
             .into_iter()
             .flatten()
-            .chain(self.cross_ns.iter());
-        for key in candidates {
+            .chain(cross)
+            .cloned()
+            .collect();
+        for key in &candidates {
             let e = self.entries.get_mut(key).expect("indexed selections exist");
             let held =
                 old.is_some_and(|p| e.ns_matches(&key.scope, ns, ns_before) && e.pod_matches(p));
@@ -171,7 +333,7 @@ impl Selections {
                     .is_some_and(|(o, n)| o.ips == n.ips && o.named_ports == n.named_ports);
             if (held || holds) && !same {
                 e.result = None;
-                dirty.extend(e.dependents.iter().cloned());
+                dirty.extend(e.dependents.iter().map(Target::key));
             }
         }
         let names = old
@@ -181,7 +343,7 @@ impl Selections {
             .flat_map(|p| p.named_ports.keys());
         for name in names {
             if let Some(set) = self.port_dependents.get(name) {
-                dirty.extend(set.iter().cloned());
+                dirty.extend(set.iter().map(Target::key));
             }
         }
     }
@@ -195,14 +357,29 @@ impl Selections {
         after: Option<&Labels>,
         dirty: &mut HashSet<PodKey>,
     ) {
-        for key in &self.cross_ns {
+        let candidates: Vec<SelKey> = self
+            .cross_candidates(&[before, after])
+            .into_iter()
+            .cloned()
+            .collect();
+        for key in &candidates {
             let e = self.entries.get_mut(key).expect("indexed selections exist");
             if e.ns_matches(&key.scope, ns, before) != e.ns_matches(&key.scope, ns, after) {
                 e.result = None;
-                dirty.extend(e.dependents.iter().cloned());
+                dirty.extend(e.dependents.iter().map(Target::key));
             }
         }
     }
+}
+
+/// A label every namespace the selector selects must carry, if it names one.
+fn required_label(ns_selector: Option<&LabelSelector>) -> Option<(String, String)> {
+    ns_selector?
+        .match_labels
+        .as_ref()?
+        .iter()
+        .next()
+        .map(|(k, v)| (k.clone(), v.clone()))
 }
 
 /// Selection through the indexes and the cache, recording what it used.
@@ -219,41 +396,40 @@ impl PeerSelection for Selector<'_> {
         policy_ns: &str,
         peer: &NetworkPolicyPeer,
     ) -> Result<Arc<Selected>, String> {
-        let json = |s: &Option<LabelSelector>| {
-            s.as_ref()
-                .map(|s| serde_json::to_string(s).expect("selectors serialize"))
-        };
-        let parts = SelKeyParts {
-            scope: peer
-                .namespace_selector
-                .is_none()
-                .then(|| policy_ns.to_string()),
-            ns_selector: json(&peer.namespace_selector),
-            pod_selector: json(&peer.pod_selector),
-        };
-        // The key already held by the cache, so that targets share it.
-        let probe = SelKey(Arc::new(parts));
-        let key = match self.cache.entries.get_key_value(&probe) {
-            Some((k, _)) => k.clone(),
-            None => probe,
+        let address = peer as *const NetworkPolicyPeer as usize;
+        let key = match self.cache.peer_keys.get(&address) {
+            Some(key) => key.clone(),
+            None => {
+                let json = |s: &Option<LabelSelector>| {
+                    s.as_ref()
+                        .map(|s| serde_json::to_string(s).expect("selectors serialize"))
+                };
+                let parts = SelKeyParts::new(
+                    peer.namespace_selector
+                        .is_none()
+                        .then(|| policy_ns.to_string()),
+                    json(&peer.namespace_selector),
+                    json(&peer.pod_selector),
+                );
+                // The key already held by the cache, so that targets share it.
+                let probe = SelKey(Arc::new(parts));
+                let key = match self.cache.entries.get_key_value(&probe) {
+                    Some((k, _)) => k.clone(),
+                    None => probe,
+                };
+                self.cache.peer_keys.insert(address, key.clone());
+                key
+            }
         };
         if !self.cache.entries.contains_key(&key) {
-            match &key.scope {
-                Some(ns) => self
-                    .cache
-                    .by_scope
-                    .entry(ns.clone())
-                    .or_default()
-                    .insert(key.clone()),
-                None => self.cache.cross_ns.insert(key.clone()),
-            };
+            self.cache.index(&key, peer.namespace_selector.as_ref());
             self.cache.entries.insert(
                 key.clone(),
                 SelEntry {
                     ns_selector: peer.namespace_selector.clone(),
                     pod_selector: peer.pod_selector.clone(),
                     result: None,
-                    dependents: HashSet::new(),
+                    dependents: SpreadSet::default(),
                 },
             );
         }
@@ -313,7 +489,7 @@ fn compute(objects: &Objects, key: &SelKey, e: &SelEntry) -> Vec<Arc<PodInfo>> {
             };
             let matched: BTreeMap<&str, ()> = namespaces
                 .into_iter()
-                .filter(|ns| e.ns_matches(&key.scope, ns, objects.ns_labels(ns).as_ref()))
+                .filter(|ns| e.ns_matches(&key.scope, ns, objects.ns_labels_ref(ns).as_deref()))
                 .map(|ns| (ns.as_str(), ()))
                 .collect();
             let by_label = e

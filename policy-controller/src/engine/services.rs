@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::objects::Objects;
-use super::selection::Used;
+use super::selection::{SpreadSet, Target, Used};
 use crate::resolve::{service_info, PodInfo, PodKey, ServiceInfo};
 
 type Infos = Arc<Vec<Arc<ServiceInfo>>>;
@@ -22,13 +22,13 @@ type Infos = Arc<Vec<Arc<ServiceInfo>>>;
 pub struct ServiceCache {
     by_ns: HashMap<String, Infos>,
     selectorless: Option<Infos>,
-    ns_dependents: HashMap<String, HashSet<PodKey>>,
-    selectorless_dependents: HashSet<PodKey>,
+    ns_dependents: HashMap<String, SpreadSet<Target>>,
+    selectorless_dependents: SpreadSet<Target>,
 }
 
 impl ServiceCache {
     /// Records that `target` now reads what `used` says instead of `before`.
-    pub fn depend(&mut self, target: &PodKey, before: &Used, used: &Used) {
+    pub fn depend(&mut self, target: &Target, before: &Used, used: &Used) {
         for ns in before
             .service_ns
             .iter()
@@ -44,10 +44,17 @@ impl ServiceCache {
             }
         }
         for ns in &used.service_ns {
-            self.ns_dependents
-                .entry(ns.clone())
-                .or_default()
-                .insert(target.clone());
+            // Looked up before inserting: most namespaces have an entry, and
+            // `entry` would copy the name for every target.
+            match self.ns_dependents.get_mut(ns) {
+                Some(set) => {
+                    set.insert(target.clone());
+                }
+                None => {
+                    self.ns_dependents
+                        .insert(ns.clone(), SpreadSet::from_iter([target.clone()]));
+                }
+            }
         }
         if used.selectorless {
             self.selectorless_dependents.insert(target.clone());
@@ -60,14 +67,14 @@ impl ServiceCache {
     pub fn namespace_changed(&mut self, ns: &str, dirty: &mut HashSet<PodKey>) {
         self.by_ns.remove(ns);
         if let Some(set) = self.ns_dependents.get(ns) {
-            dirty.extend(set.iter().cloned());
+            dirty.extend(set.iter().map(Target::key));
         }
     }
 
     /// A Service without a selector, or one of its slices, changed.
     pub fn selectorless_changed(&mut self, dirty: &mut HashSet<PodKey>) {
         self.selectorless = None;
-        dirty.extend(self.selectorless_dependents.iter().cloned());
+        dirty.extend(self.selectorless_dependents.iter().map(Target::key));
     }
 
     /// Whether a pod change in its namespace changes what the Services

@@ -131,7 +131,7 @@ fn cluster_with_client() -> ClusterState {
 
 fn client_rules(engine: &Engine) -> usize {
     let plan = &engine.plans()["n0"];
-    let client = &plan.pods[&("x".to_string(), "client".to_string())];
+    let client = plan.pods[&("x".to_string(), "client".to_string())].decode();
     client.egress.as_ref().unwrap().rules.len()
 }
 

@@ -1,14 +1,20 @@
 //! The real cluster: Namespaces, Pods, NetworkPolicies, Services and
-//! EndpointSlices from the API server through kube-rs reflectors (list, then
-//! watch, all namespaces).
+//! EndpointSlices from the API server through kube-rs watchers (list, then
+//! watch, all namespaces), delivered as changes to single objects.
 //!
-//! Nothing is published until every reflector has finished its first list:
-//! resolving with the policies listed but the pods not yet would hand nodes
-//! a plan that drops every peer (and without the Services, every ClusterIP
-//! an egress rule allows). After that, each burst of changes is
-//! coalesced for [`DEBOUNCE`] (at most [`MAX_DELAY`] under constant churn)
-//! and published once, if the objects actually differ from the last
-//! publication.
+//! Every watch event becomes one [`Change`]: an object applied or deleted,
+//! so a change in the cluster costs the engine what that change touches,
+//! not a comparison of the whole cluster. A relist (the first list, or
+//! after the watch fell too far behind, HTTP 410) replays every object: the
+//! [`Tracker`] of each kind drops the objects whose resourceVersion did not
+//! move and turns the objects missing from the relist into deletions, so an
+//! object deleted while the watch was down is deleted here too.
+//!
+//! Updates carry `synced: false` until every kind has finished its first
+//! list: resolving with the policies listed but the pods not yet would hand
+//! nodes a plan that drops every peer (and without the Services, every
+//! ClusterIP an egress rule allows), so until then the feed only stages
+//! the changes and the hub stays unsynced.
 //!
 //! The marker is `k8s namespaces=<rv> pods=<rv> networkpolicies=<rv>
 //! services=<rv> endpointslices=<rv>`: for
@@ -18,25 +24,23 @@
 //! view is at least that new for each kind, which one cluster-wide number
 //! could not promise.
 
+use std::collections::BTreeSet;
 use std::fmt::Debug;
-use std::hash::Hash;
-use std::time::Duration;
 
 use futures::stream::{self, BoxStream, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
-use crate::cluster::{ClusterState, Object};
-
-pub const DEBOUNCE: Duration = Duration::from_millis(50);
-pub const MAX_DELAY: Duration = Duration::from_millis(500);
+use super::tracker::Tracker;
+use crate::engine::Change;
+use crate::feed::Update;
+use crate::resolve::PodKey;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
@@ -47,13 +51,15 @@ enum Kind {
     EndpointSlices,
 }
 
-/// What one reflector reported, after its store took it in.
+const KINDS: usize = 5;
+
+/// What one watch reported.
 struct Notice {
     kind: Kind,
     resource_version: Option<String>,
-    /// Whether the store may now differ. An object of a relist is only
-    /// buffered by the store until the relist completes.
-    changed: bool,
+    changes: Vec<Change>,
+    /// This kind has completed a list (now or before).
+    listed: bool,
     /// The watch failed (and will be retried).
     error: Option<String>,
 }
@@ -81,145 +87,164 @@ impl WatchErrors {
     }
 }
 
-/// Watches the cluster through `client` and publishes `Some(state)` on `tx`
-/// after the initial lists and after every change. Returns only when `tx`
-/// has no receivers left or every watch stream has ended (they do not end on
-/// errors: those are logged, put on `errors` and retried with backoff).
+/// Watches the cluster through `client` and sends every change on `tx`.
+/// Returns only when `tx` has no receiver left or every watch stream has
+/// ended (they do not end on errors: those are logged, put on `errors` and
+/// retried with backoff).
 pub async fn run(
     client: Client,
-    tx: watch::Sender<Option<ClusterState>>,
+    tx: mpsc::UnboundedSender<Update>,
     errors: watch::Sender<Vec<String>>,
 ) {
-    let (namespaces, ns_writer) = reflector::store::<Namespace>();
-    let (pods, pod_writer) = reflector::store::<Pod>();
-    let (policies, np_writer) = reflector::store::<NetworkPolicy>();
-    let (services, svc_writer) = reflector::store::<Service>();
-    let (slices, slice_writer) = reflector::store::<EndpointSlice>();
-    let stores = Stores {
-        namespaces,
-        pods,
-        policies,
-        services,
-        slices,
-    };
     let mut notices = stream::select_all([
-        reflect(Api::all(client.clone()), ns_writer, Kind::Namespaces),
-        reflect(Api::all(client.clone()), pod_writer, Kind::Pods),
-        reflect(Api::all(client.clone()), np_writer, Kind::NetworkPolicies),
-        reflect(Api::all(client.clone()), svc_writer, Kind::Services),
-        reflect(Api::all(client), slice_writer, Kind::EndpointSlices),
+        watch_kind::<Namespace>(Api::all(client.clone()), Kind::Namespaces, false, |ns| {
+            Change::ApplyNamespace(ns)
+        }),
+        watch_kind::<Pod>(Api::all(client.clone()), Kind::Pods, true, Change::ApplyPod),
+        watch_kind::<NetworkPolicy>(
+            Api::all(client.clone()),
+            Kind::NetworkPolicies,
+            true,
+            Change::ApplyPolicy,
+        ),
+        watch_kind::<Service>(
+            Api::all(client.clone()),
+            Kind::Services,
+            true,
+            Change::ApplyService,
+        ),
+        watch_kind::<EndpointSlice>(
+            Api::all(client),
+            Kind::EndpointSlices,
+            true,
+            Change::ApplyEndpointSlice,
+        ),
     ]);
     let mut versions = Versions::default();
     let mut watch_errors = WatchErrors::default();
-
-    // The stores fill only while their streams are polled, so wait for
-    // readiness while draining the notices.
-    let ready = async {
-        tokio::try_join!(
-            stores.namespaces.wait_until_ready(),
-            stores.pods.wait_until_ready(),
-            stores.policies.wait_until_ready(),
-            stores.services.wait_until_ready(),
-            stores.slices.wait_until_ready(),
-        )
-    };
-    tokio::pin!(ready);
+    let mut listed = BTreeSet::new();
+    let mut synced = false;
     loop {
-        tokio::select! {
-            result = &mut ready => {
-                if let Err(e) = result {
-                    tracing::error!(error = %e, "a reflector stopped before its first list");
-                    return;
-                }
-                break;
-            }
-            notice = notices.next() => match notice {
-                Some(notice) => {
-                    versions.note(&notice);
-                    watch_errors.note(&notice, &errors);
-                }
-                None => {
-                    tracing::error!("watch streams ended before the first list");
-                    return;
-                }
-            },
-            _ = tx.closed() => return,
-        }
-    }
-
-    let mut published: Option<ClusterState> = None;
-    publish(&tx, &mut published, &stores, &versions);
-
-    loop {
-        let first = tokio::select! {
+        let notice = tokio::select! {
             notice = notices.next() => notice,
             _ = tx.closed() => return,
         };
-        let Some(first) = first else {
+        let Some(notice) = notice else {
             tracing::error!("all watch streams ended");
             return;
         };
-        versions.note(&first);
-        watch_errors.note(&first, &errors);
-        if !first.changed {
+        versions.note(&notice);
+        watch_errors.note(&notice, &errors);
+        if notice.listed {
+            listed.insert(notice.kind);
+        }
+        let now_synced = listed.len() == KINDS;
+        if notice.changes.is_empty() && now_synced == synced {
             continue;
         }
-        let deadline = tokio::time::Instant::now() + MAX_DELAY;
-        loop {
-            let quiet = (tokio::time::Instant::now() + DEBOUNCE).min(deadline);
-            match tokio::time::timeout_at(quiet, notices.next()).await {
-                Ok(Some(notice)) => {
-                    versions.note(&notice);
-                    watch_errors.note(&notice, &errors);
-                }
-                Ok(None) | Err(_) => break,
-            }
+        if now_synced && !synced {
+            tracing::info!(marker = %versions.marker(), "every kind listed");
         }
-        publish(&tx, &mut published, &stores, &versions);
+        synced = now_synced;
+        let update = Update {
+            changes: notice.changes,
+            marker: versions.marker(),
+            synced,
+        };
+        if tx.send(update).is_err() {
+            return;
+        }
     }
 }
 
-/// One kind's reflector as a stream of notices.
-fn reflect<K>(
+/// One kind's watch as a stream of notices carrying its changes.
+fn watch_kind<K>(
     api: Api<K>,
-    writer: reflector::store::Writer<K>,
     kind: Kind,
+    namespaced: bool,
+    apply: fn(K) -> Change,
 ) -> BoxStream<'static, Notice>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + Hash + Clone,
 {
+    let key = move |obj: &K| -> PodKey {
+        let ns = obj.namespace().unwrap_or_default();
+        let ns = if namespaced && ns.is_empty() {
+            // As resolution files an object without a namespace.
+            "default".to_string()
+        } else {
+            ns
+        };
+        (ns, obj.name_any())
+    };
+    let delete = move |(ns, name): PodKey| -> Change {
+        match kind {
+            Kind::Namespaces => Change::DeleteNamespace(name),
+            Kind::Pods => Change::DeletePod((ns, name)),
+            Kind::NetworkPolicies => Change::DeletePolicy((ns, name)),
+            Kind::Services => Change::DeleteService((ns, name)),
+            Kind::EndpointSlices => Change::DeleteEndpointSlice((ns, name)),
+        }
+    };
+    let mut tracker: Tracker<PodKey> = Tracker::default();
     watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         // managedFields are often the larger part of an object and policy
-        // never reads them; the store keeps every object of the cluster.
+        // never reads them.
         .modify(|obj: &mut K| obj.meta_mut().managed_fields = None)
-        .reflect(writer)
-        .filter_map(move |event| async move {
-            let (object, changed) = match event {
-                Ok(Event::Apply(obj) | Event::Delete(obj)) => (Some(obj), true),
-                Ok(Event::InitApply(obj)) => (Some(obj), false),
-                // The store swaps in the relisted objects here.
-                Ok(Event::InitDone) => (None, true),
-                Ok(Event::Init) => (None, false),
+        .map(move |event| {
+            let mut changes = Vec::new();
+            let mut version = None;
+            match event {
+                Ok(Event::Init) => tracker.init(),
+                Ok(Event::InitApply(obj)) => {
+                    version = obj.resource_version();
+                    if tracker.init_apply(key(&obj), version.as_deref().unwrap_or_default()) {
+                        changes.push(apply(obj));
+                    }
+                }
+                Ok(Event::InitDone) => {
+                    let gone = tracker.init_done();
+                    tracing::info!(
+                        ?kind,
+                        objects = tracker.count(),
+                        deleted_meanwhile = gone.len(),
+                        "listed"
+                    );
+                    changes.extend(gone.into_iter().map(delete));
+                }
+                Ok(Event::Apply(obj)) => {
+                    version = obj.resource_version();
+                    if tracker.apply(key(&obj), version.as_deref().unwrap_or_default()) {
+                        changes.push(apply(obj));
+                    }
+                }
+                Ok(Event::Delete(obj)) => {
+                    version = obj.resource_version();
+                    let k = key(&obj);
+                    tracker.delete(&k);
+                    changes.push(delete(k));
+                }
                 Err(e) => {
                     // The backoff retries; a transient API error must never
-                    // stop the controller or withdraw the published state.
+                    // stop the controller or withdraw what is in force.
                     tracing::warn!(?kind, error = %e, "watch failed; retrying with backoff");
-                    return Some(Notice {
+                    return Notice {
                         kind,
                         resource_version: None,
-                        changed: false,
+                        changes,
+                        listed: tracker.listed(),
                         error: Some(e.to_string()),
-                    });
+                    };
                 }
-            };
-            Some(Notice {
+            }
+            Notice {
                 kind,
-                resource_version: object.and_then(|o| o.resource_version()),
-                changed,
+                resource_version: version,
+                changes,
+                listed: tracker.listed(),
                 error: None,
-            })
+            }
         })
         .boxed()
 }
@@ -264,59 +289,4 @@ impl Versions {
             self.namespaces, self.pods, self.policies, self.services, self.slices
         )
     }
-}
-
-/// The reflectors' stores, one per kind.
-struct Stores {
-    namespaces: Store<Namespace>,
-    pods: Store<Pod>,
-    policies: Store<NetworkPolicy>,
-    services: Store<Service>,
-    slices: Store<EndpointSlice>,
-}
-
-fn publish(
-    tx: &watch::Sender<Option<ClusterState>>,
-    published: &mut Option<ClusterState>,
-    stores: &Stores,
-    versions: &Versions,
-) {
-    fn all<K: Clone + Resource>(
-        store: &Store<K>,
-        wrap: fn(K) -> Object,
-    ) -> impl Iterator<Item = Object>
-    where
-        K::DynamicType: Eq + Hash + Clone,
-    {
-        store.state().into_iter().map(move |o| wrap((*o).clone()))
-    }
-    let objects = all(&stores.namespaces, Object::Namespace)
-        .chain(all(&stores.pods, Object::Pod))
-        .chain(all(&stores.policies, Object::NetworkPolicy))
-        .chain(all(&stores.services, Object::Service))
-        .chain(all(&stores.slices, Object::EndpointSlice));
-    let state = ClusterState::from_objects(objects, versions.marker());
-    // A relist after a watch reconnect replays the whole cluster; without
-    // this, every reconnect would make every node's plan be recomputed.
-    if let Some(last) = published {
-        if last.namespaces == state.namespaces
-            && last.pods == state.pods
-            && last.policies == state.policies
-            && last.services == state.services
-            && last.endpoint_slices == state.endpoint_slices
-        {
-            return;
-        }
-    }
-    tracing::info!(
-        marker = %state.marker,
-        namespaces = state.namespaces.len(),
-        pods = state.pods.len(),
-        policies = state.policies.len(),
-        services = state.services.len(),
-        endpoint_slices = state.endpoint_slices.len(),
-        "cluster state changed"
-    );
-    *published = Some(state.clone());
-    tx.send_replace(Some(state));
 }

@@ -1,10 +1,12 @@
 //! Where the controller's view of the cluster comes from.
 //!
-//! Two sources produce the same [`ClusterState`](crate::cluster::ClusterState): [`kube`] watches a real API
-//! server, [`manifest`] watches a directory of manifests (the lab's cluster).
-//! Both publish through a `tokio::sync::watch` channel holding
-//! `Option<ClusterState>`: `None` until the source has a complete first view,
-//! so nothing downstream ever resolves a half-listed cluster.
+//! [`kube`] watches a real API server and sends changes to single objects
+//! ([`Update`](crate::feed::Update)s, marked synced once every kind has been
+//! listed); [`manifest`] watches a directory of manifests (the lab's
+//! cluster) and publishes whole views ([`ClusterState`](crate::cluster::ClusterState))
+//! through a `tokio::sync::watch` channel holding `Option<ClusterState>`,
+//! `None` until it has a complete first view. Either way nothing downstream
+//! ever resolves a half-listed cluster.
 //!
 //! This module also holds the manifest parser both the manifest source and the
 //! tests use. Every document is untrusted: a malformed one is an error naming
@@ -13,6 +15,7 @@
 
 pub mod kube;
 pub mod manifest;
+mod tracker;
 
 use std::path::PathBuf;
 

@@ -115,6 +115,76 @@ struct Store {
     requests: Vec<Request>,
     /// Bumped to end every open watch, as an API server restart would.
     watch_epoch: u64,
+    /// Watches from before this revision are refused with 410 Gone, as
+    /// etcd's compaction makes the API server do: the client must relist.
+    compacted: u64,
+}
+
+impl Store {
+    fn apply(&mut self, mut object: Value) {
+        let kind = Kind::of(object["kind"].as_str().expect("object without kind"));
+        self.revision += 1;
+        let revision = self.revision;
+        let meta = object["metadata"]
+            .as_object_mut()
+            .expect("object without metadata");
+        let name = meta["name"]
+            .as_str()
+            .expect("object without name")
+            .to_string();
+        let namespace = if kind == Kind::Namespace {
+            String::new()
+        } else {
+            meta.entry("namespace")
+                .or_insert_with(|| json!("default"))
+                .as_str()
+                .unwrap()
+                .to_string()
+        };
+        meta.insert("resourceVersion".into(), json!(revision.to_string()));
+        meta.entry("uid")
+            .or_insert_with(|| json!(format!("uid-{namespace}-{name}")));
+        let existed = self
+            .objects
+            .entry(kind)
+            .or_default()
+            .insert((namespace, name), object.clone())
+            .is_some();
+        let kind_of_event = if existed { "MODIFIED" } else { "ADDED" };
+        self.log.push((
+            revision,
+            kind,
+            json!({"type": kind_of_event, "object": object}),
+        ));
+    }
+
+    fn delete(&mut self, kind: Kind, namespace: Option<&str>, name: &str) {
+        self.revision += 1;
+        let revision = self.revision;
+        let key = (namespace.unwrap_or("").to_string(), name.to_string());
+        let mut object = self
+            .objects
+            .entry(kind)
+            .or_default()
+            .remove(&key)
+            .unwrap_or_else(|| panic!("deleting {kind:?} {key:?}, which is not there"));
+        object["metadata"]["resourceVersion"] = json!(revision.to_string());
+        self.log
+            .push((revision, kind, json!({"type": "DELETED", "object": object})));
+    }
+}
+
+/// The store during an [`ApiDouble::outage`].
+pub struct Offline<'a>(&'a mut Store);
+
+impl Offline<'_> {
+    pub fn apply(&mut self, object: Value) {
+        self.0.apply(object);
+    }
+
+    pub fn delete(&mut self, kind: Kind, namespace: Option<&str>, name: &str) {
+        self.0.delete(kind, namespace, name);
+    }
 }
 
 struct Shared {
@@ -156,42 +226,9 @@ impl ApiDouble {
     }
 
     /// Creates or replaces an object (ADDED or MODIFIED to watchers).
-    pub fn apply(&self, mut object: Value) {
-        let kind = Kind::of(object["kind"].as_str().expect("object without kind"));
+    pub fn apply(&self, object: Value) {
         let mut store = self.shared.store.lock().unwrap();
-        store.revision += 1;
-        let revision = store.revision;
-        let meta = object["metadata"]
-            .as_object_mut()
-            .expect("object without metadata");
-        let name = meta["name"]
-            .as_str()
-            .expect("object without name")
-            .to_string();
-        let namespace = if kind == Kind::Namespace {
-            String::new()
-        } else {
-            meta.entry("namespace")
-                .or_insert_with(|| json!("default"))
-                .as_str()
-                .unwrap()
-                .to_string()
-        };
-        meta.insert("resourceVersion".into(), json!(revision.to_string()));
-        meta.entry("uid")
-            .or_insert_with(|| json!(format!("uid-{namespace}-{name}")));
-        let existed = store
-            .objects
-            .entry(kind)
-            .or_default()
-            .insert((namespace, name), object.clone())
-            .is_some();
-        let kind_of_event = if existed { "MODIFIED" } else { "ADDED" };
-        store.log.push((
-            revision,
-            kind,
-            json!({"type": kind_of_event, "object": object}),
-        ));
+        store.apply(object);
         self.notify(&store);
     }
 
@@ -199,19 +236,20 @@ impl ApiDouble {
     /// revision as the API server does).
     pub fn delete(&self, kind: Kind, namespace: Option<&str>, name: &str) {
         let mut store = self.shared.store.lock().unwrap();
-        store.revision += 1;
-        let revision = store.revision;
-        let key = (namespace.unwrap_or("").to_string(), name.to_string());
-        let mut object = store
-            .objects
-            .entry(kind)
-            .or_default()
-            .remove(&key)
-            .unwrap_or_else(|| panic!("deleting {kind:?} {key:?}, which is not there"));
-        object["metadata"]["resourceVersion"] = json!(revision.to_string());
-        store
-            .log
-            .push((revision, kind, json!({"type": "DELETED", "object": object})));
+        store.delete(kind, namespace, name);
+        self.notify(&store);
+    }
+
+    /// An outage the watches cannot catch up with: every open watch ends,
+    /// `changes` are made while none is open, and the history is compacted
+    /// past them, so a watch resuming from an older revision gets 410 Gone
+    /// and the client has to list again (and find out from the list what
+    /// was deleted meanwhile).
+    pub fn outage(&self, changes: impl FnOnce(&mut Offline)) {
+        let mut store = self.shared.store.lock().unwrap();
+        store.watch_epoch += 1;
+        changes(&mut Offline(&mut store));
+        store.compacted = store.revision;
         self.notify(&store);
     }
 
@@ -312,6 +350,24 @@ fn watch_response(shared: Arc<Shared>, kind: Kind, query: &BTreeMap<String, Stri
             store.revision
         } else {
             match from.parse::<u64>() {
+                Ok(rv) if rv < store.compacted => {
+                    // As the API server answers it: a 200 whose one event
+                    // is an ERROR carrying the 410 status.
+                    let event = json!({"type": "ERROR", "object": {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "metadata": {},
+                        "status": "Failure",
+                        "message": format!("too old resource version: {rv} ({})", store.compacted),
+                        "reason": "Expired",
+                        "code": 410,
+                    }});
+                    return (
+                        [(header::CONTENT_TYPE, "application/json")],
+                        format!("{event}\n"),
+                    )
+                        .into_response();
+                }
                 Ok(rv) if rv <= store.revision => rv,
                 _ => return status(StatusCode::BAD_REQUEST, "bad resourceVersion"),
             }
