@@ -39,6 +39,7 @@ pub mod realized;
 pub mod report;
 pub mod runner;
 pub mod scenario;
+pub mod sctp;
 pub mod service;
 pub mod sweep;
 pub mod tcx;

@@ -4,7 +4,10 @@
 //! belongs to the namespace it was created in, for good) and then served on
 //! the lab's tokio runtime, so one runtime serves every pod.
 
+use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -18,12 +21,18 @@ use crate::scenario::{Protocol, ServedPort};
 #[derive(Default)]
 pub struct Listeners {
     tasks: Vec<JoinHandle<()>>,
+    /// The SCTP responder (a raw socket on a thread of its own), if the pod
+    /// serves SCTP ports: set to stop it.
+    sctp_stop: Option<Arc<AtomicBool>>,
 }
 
 impl Drop for Listeners {
     fn drop(&mut self) {
         for t in &self.tasks {
             t.abort();
+        }
+        if let Some(stop) = &self.sctp_stop {
+            stop.store(true, Ordering::Relaxed);
         }
     }
 }
@@ -33,9 +42,22 @@ enum Bound {
     Udp(std::net::UdpSocket),
 }
 
-/// Binds every TCP and UDP port in `ns` and serves them. SCTP ports are
-/// skipped: std has no SCTP sockets, and scenarios cannot probe SCTP.
+/// Binds every TCP and UDP port in `ns` and serves them; SCTP ports are
+/// answered by one raw-socket responder (see [`crate::sctp`]).
 pub fn start(rt: &Handle, ns: &NetNs, ports: &[ServedPort]) -> Result<Listeners> {
+    let sctp_ports: BTreeSet<u16> = ports
+        .iter()
+        .filter(|p| p.protocol == Protocol::Sctp)
+        .map(|p| p.port)
+        .collect();
+    let sctp_socket = if sctp_ports.is_empty() {
+        None
+    } else {
+        Some(
+            ns.run(crate::sctp::raw_socket)?
+                .with_context(|| format!("the SCTP responder in netns {}", ns.name()))?,
+        )
+    };
     let bound = ns.run(|| {
         ports
             .iter()
@@ -54,6 +76,14 @@ pub fn start(rt: &Handle, ns: &NetNs, ports: &[ServedPort]) -> Result<Listeners>
     })??;
     let _guard = rt.enter();
     let mut listeners = Listeners::default();
+    if let Some(fd) = sctp_socket {
+        let stop = Arc::new(AtomicBool::new(false));
+        listeners.sctp_stop = Some(stop.clone());
+        std::thread::Builder::new()
+            .name(format!("sctp-{}", ns.name()))
+            .spawn(move || crate::sctp::respond(fd, sctp_ports, stop))
+            .context("starting the SCTP responder")?;
+    }
     for b in bound {
         let task = match b {
             Bound::Tcp(l) => {

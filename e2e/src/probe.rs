@@ -57,7 +57,10 @@ pub fn run(from: &NetNs, to: SocketAddr, protocol: Protocol, timeout: Duration) 
     let result = from.run(move || match protocol {
         Protocol::Tcp => tcp(to, timeout),
         Protocol::Udp => udp(to, timeout),
-        Protocol::Sctp => Outcome::Error("SCTP probes are not supported".into()),
+        Protocol::Sctp => match to {
+            SocketAddr::V4(v4) => crate::sctp::probe(v4, timeout),
+            SocketAddr::V6(_) => Outcome::Error("SCTP probes are IPv4 only".into()),
+        },
     });
     result.unwrap_or_else(|e| Outcome::Error(format!("{e:#}")))
 }

@@ -715,9 +715,6 @@ impl Scenario {
                 let expanded = crate::netpol::expand(m, &live)
                     .with_context(|| format!("{at}.reachability[{j}]"))?;
                 for p in expanded {
-                    if p.protocol == Protocol::Sctp {
-                        bail!("{at}.reachability[{j}]: SCTP probes are not supported by the lab yet (TCP, UDP)");
-                    }
                     probes.push(
                         ProbeSpec::new(&p.from.to_string(), &p.to.to_string(), p.port, p.protocol)?
                             .expect(p.expect),
@@ -1001,8 +998,8 @@ fn parse_probe(p: RawProbe) -> Result<ProbeSpec> {
         None => Protocol::Tcp,
         Some("TCP") => Protocol::Tcp,
         Some("UDP") => Protocol::Udp,
-        Some("SCTP") => bail!("protocol: SCTP probes are not supported by the lab (TCP, UDP)"),
-        Some(other) => bail!("protocol: expected TCP or UDP, got {other:?}"),
+        Some("SCTP") => Protocol::Sctp,
+        Some(other) => bail!("protocol: expected TCP, UDP or SCTP, got {other:?}"),
     };
     let expect = match p.expect.as_deref() {
         None => None,
