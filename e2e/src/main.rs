@@ -67,6 +67,17 @@ enum Cmd {
         #[arg(long, default_value = "/usr/lib/cni")]
         cni_bin_dir: PathBuf,
     },
+    /// Build a lab, play the scenario, then keep it running for a person to
+    /// explore (grpcurl, nsenter) until Ctrl-C; cleans up as `run` does.
+    Up {
+        scenario: PathBuf,
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+        #[arg(long, default_value = "/usr/lib/cni")]
+        cni_bin_dir: PathBuf,
+        #[arg(long, default_value_t = 30)]
+        realize_timeout: u64,
+    },
     /// Check a scenario file without building anything.
     Validate { scenario: PathBuf },
     /// Remove what labs killed before their cleanup left behind
@@ -140,12 +151,30 @@ fn main() -> ExitCode {
             if let Some(dir) = bin_dir {
                 config.bin_dir = dir;
             }
-            ExitCode::from(run(&scenario, config))
+            ExitCode::from(run(&scenario, config, false))
+        }
+        Cmd::Up {
+            scenario,
+            bin_dir,
+            cni_bin_dir,
+            realize_timeout,
+        } => {
+            let mut config = LabConfig {
+                cni_bin_dir,
+                realize_timeout: Duration::from_secs(realize_timeout),
+                ..LabConfig::default()
+            };
+            if let Some(dir) = bin_dir {
+                config.bin_dir = dir;
+            }
+            ExitCode::from(run(&scenario, config, true))
         }
     }
 }
 
-fn run(path: &std::path::Path, config: LabConfig) -> u8 {
+/// `run`, or with `stay_up` (`up`): after the scenario, print how to reach
+/// the lab and wait for a signal before cleaning up.
+fn run(path: &std::path::Path, config: LabConfig, stay_up: bool) -> u8 {
     if !nix::unistd::geteuid().is_root() {
         eprintln!("palisade-lab: {NotRoot}");
         return EXIT_CANNOT_RUN;
@@ -158,7 +187,7 @@ fn run(path: &std::path::Path, config: LabConfig) -> u8 {
         }
     };
     let config = config.for_scenario(&scenario);
-    watch_signals(config.cancel.clone());
+    let signalled = watch_signals(config.cancel.clone());
     let keep_logs = config.keep_logs;
     let mut lab = match Lab::start(config) {
         Ok(lab) => lab,
@@ -202,6 +231,11 @@ fn run(path: &std::path::Path, config: LabConfig) -> u8 {
     };
     if (code == EXIT_FAILED || code == EXIT_LAB_ERROR) && !keep_logs {
         eprint!("{}", lab.log_tails(40));
+    }
+    if stay_up && code != EXIT_INTERRUPTED && code != EXIT_LAB_ERROR {
+        print!("{}", how_to_reach(&lab));
+        // Blocks until SIGINT or SIGTERM: the lab is for a person now.
+        let _ = signalled.recv();
     }
     let log_dir = lab.log_dir().to_path_buf();
     if let Err(e) = lab.shutdown() {
@@ -267,7 +301,54 @@ fn bench(pods: usize, parallel: usize, mode: &str, config: LabConfig) -> u8 {
 
 /// SIGINT/SIGTERM only set the cancel flag: the main thread notices at its
 /// next wait and tears the lab down in order.
-fn watch_signals(cancel: Cancel) {
+/// What `up` prints: the processes' sockets for grpcurl, and how to run a
+/// command in the node or a pod.
+fn how_to_reach(lab: &Lab) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let g = "grpcurl -plaintext -authority localhost -unix";
+    let _ = writeln!(
+        out,
+        "\nlab {} is up; Ctrl-C stops it and removes everything it made.",
+        lab.id()
+    );
+    let _ = writeln!(
+        out,
+        "  controller: {g} {} list",
+        lab.controller_socket().display()
+    );
+    let _ = writeln!(
+        out,
+        "  enforcer:   {g} {} palisade.v1.DebugService/GetEnforcerState",
+        lab.enforcer_socket().display()
+    );
+    if let Some(node) = lab.node_netns() {
+        let _ = writeln!(
+            out,
+            "  node:       nsenter --net=/run/netns/{node} ip route"
+        );
+    }
+    let ips = lab.pod_ips();
+    for pod in lab.pods() {
+        let ip = ips
+            .get(pod)
+            .map(|i| i.to_string())
+            .unwrap_or_else(|| "-".into());
+        if let Some(ns) = lab.pod_netns(pod) {
+            let _ = writeln!(
+                out,
+                "  pod {pod:<12} {ip:<15} nsenter --net=/run/netns/{ns} sh"
+            );
+        }
+    }
+    let _ = writeln!(out, "  logs:       {}", lab.log_dir().display());
+    out
+}
+
+/// Cancels `cancel` on SIGINT or SIGTERM, and says so on the returned
+/// channel (for `up`, which waits for exactly that).
+fn watch_signals(cancel: Cancel) -> std::sync::mpsc::Receiver<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let Ok(rt) = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -289,8 +370,10 @@ fn watch_signals(cancel: Cancel) {
             }
             eprintln!("palisade-lab: signal received, stopping and cleaning up");
             cancel.cancel();
+            let _ = tx.send(());
         });
     });
+    rx
 }
 
 fn clean() -> ExitCode {

@@ -265,3 +265,62 @@ fn ctrl_c_mid_run_cleans_up_and_exits_130() {
     assert_eq!(status.code(), Some(130), "{rest:?}");
     assert_run_left_nothing(&first);
 }
+
+/// `up` plays the scenario, prints how to reach every process and pod,
+/// keeps the lab running (its enforcer answers grpcurl) until SIGINT, then
+/// removes everything, as `run` does.
+#[test]
+fn up_keeps_the_lab_until_interrupted_then_cleans_up() {
+    use std::io::{BufRead, BufReader};
+    if !common::is_root() {
+        return;
+    }
+    let mut child = Command::new(LAB)
+        .args(["up", example("quickstart.yaml").to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut stdout = String::new();
+    // Reading blocks until `up` prints; its own deadlines bound the wait.
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        stdout.push_str(&line);
+        stdout.push('\n');
+        if line.trim_start().starts_with("logs:") {
+            break;
+        }
+    }
+    assert!(stdout.contains("is up"), "{stdout}");
+    let socket = stdout
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("enforcer:"))
+        .and_then(|rest| rest.split_whitespace().nth(5))
+        .unwrap_or_else(|| panic!("no enforcer socket in {stdout}"))
+        .to_string();
+    let state = Command::new("grpcurl")
+        .args(["-plaintext", "-authority", "localhost", "-unix", &socket])
+        .arg("palisade.v1.DebugService/GetEnforcerState")
+        .output()
+        .expect("grpcurl runs");
+    assert!(
+        state.status.success(),
+        "{}",
+        String::from_utf8_lossy(&state.stderr)
+    );
+    assert!(stdout.contains("nsenter --net=/run/netns/"), "{stdout}");
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    for line in lines {
+        stdout.push_str(&line.unwrap());
+        stdout.push('\n');
+    }
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{stdout}");
+    assert_run_left_nothing(&stdout);
+}
