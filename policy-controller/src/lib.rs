@@ -1,11 +1,11 @@
 //! The policy-controller: watches the cluster, resolves NetworkPolicies into a
 //! plan per node, streams each node its plan and keeps what each node reports.
 
-pub mod cluster;
+pub use palisade_model::cluster;
 pub mod engine;
 pub mod feed;
 pub mod hub;
-pub mod model;
+pub use palisade_model::verdict as model;
 pub mod plan;
 pub mod resolve;
 pub mod server;

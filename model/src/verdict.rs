@@ -18,7 +18,7 @@ use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, Network
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::cluster::ClusterState;
-use crate::resolve::selector_matches;
+use crate::selector::selector_matches;
 
 /// One side of a connection.
 #[derive(Clone, Copy, Debug)]

@@ -1,0 +1,13 @@
+//! Palisade's reference model of Kubernetes NetworkPolicy, shared by the
+//! policy-controller (its oracle tests) and the lab (`palisade-lab run
+//! --engine model`, and its check of every observed verdict), so that the
+//! lab never imports the controller's own code.
+//!
+//! - [`cluster`]: the objects (namespaces, pods, policies, Services,
+//!   EndpointSlices) as one value.
+//! - [`selector`]: label selectors.
+//! - [`verdict`]: whether one connection is allowed, one at a time, naively.
+
+pub mod cluster;
+pub mod selector;
+pub mod verdict;
