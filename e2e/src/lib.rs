@@ -29,6 +29,7 @@ pub mod grpc;
 pub mod lab;
 pub mod listener;
 pub mod manifests;
+pub mod model_engine;
 pub mod nat;
 pub mod netns;
 pub mod netpol;

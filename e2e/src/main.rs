@@ -47,6 +47,10 @@ enum Cmd {
         /// Plain ptp networking, no Palisade process: checks the lab itself.
         #[arg(long)]
         baseline: bool,
+        /// datapath: a real lab; model: the reference model alone (no root,
+        /// no lab, milliseconds; refuses what it cannot judge).
+        #[arg(long, default_value = "datapath", value_parser = ["datapath", "model"])]
+        engine: String,
     },
     /// Pod-up benchmark: start PODS pods, PARALLEL at a time, through the
     /// real CNI chain and enforcer; print the palisade-cni ADD time (exec to
@@ -140,7 +144,11 @@ fn main() -> ExitCode {
             keep_logs,
             realize_timeout,
             baseline,
+            engine,
         } => {
+            if engine == "model" {
+                return ExitCode::from(run_model(&scenario));
+            }
             let mut config = LabConfig {
                 cni_bin_dir,
                 keep_logs,
@@ -168,6 +176,31 @@ fn main() -> ExitCode {
                 config.bin_dir = dir;
             }
             ExitCode::from(run(&scenario, config, true))
+        }
+    }
+}
+
+/// `run --engine model`: the table from the reference model alone.
+fn run_model(path: &std::path::Path) -> u8 {
+    let scenario = match Scenario::from_file(path) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("palisade-lab: {e:#}");
+            return EXIT_CANNOT_RUN;
+        }
+    };
+    match palisade_e2e::model_engine::run(&scenario, &mut std::io::stdout()) {
+        Ok(report) => {
+            println!("{} (model)", report.summary());
+            if report.passed() {
+                0
+            } else {
+                EXIT_FAILED
+            }
+        }
+        Err(e) => {
+            eprintln!("palisade-lab: {e:#}");
+            EXIT_CANNOT_RUN
         }
     }
 }

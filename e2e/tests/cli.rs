@@ -324,3 +324,32 @@ fn up_keeps_the_lab_until_interrupted_then_cleans_up() {
     assert_eq!(status.code(), Some(0), "{stdout}");
     assert_run_left_nothing(&stdout);
 }
+
+/// `--engine model` judges a scenario with the reference model alone and
+/// prints the same table; what it cannot judge it refuses by name.
+#[test]
+fn the_model_engine_runs_without_a_lab() {
+    let (out, stdout, stderr) = run(&[
+        "run",
+        "--engine",
+        "model",
+        example("fixed/named-ports-endport-policytypes.yaml")
+            .to_str()
+            .unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("PASS") && stdout.contains("(model)"),
+        "{stdout}"
+    );
+    let (out, _, stderr) = run(&[
+        "run",
+        "--engine",
+        "model",
+        example("adversarial/new-pod-controller-down-strict.yaml")
+            .to_str()
+            .unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("cannot play"), "{stderr}");
+}

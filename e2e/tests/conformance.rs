@@ -89,3 +89,27 @@ fn every_conformance_case_passes_on_a_real_lab() {
     // Every case's matrices hold several pairs; a silent skip shows here.
     assert!(probes > 8 * runnable.len(), "only {probes} expectations");
 }
+
+/// The same files through `palisade-lab run --engine model`: the reference
+/// model alone, two nodes as written (the model has no nodes), no root.
+#[test]
+fn every_conformance_case_passes_in_the_model_engine() {
+    let mut failures = Vec::new();
+    let mut rows = 0;
+    for f in scenario_files() {
+        let scenario = Scenario::from_file(&f).unwrap_or_else(|e| panic!("{e:#}"));
+        let mut out = Vec::new();
+        match palisade_e2e::model_engine::run(&scenario, &mut out) {
+            Ok(report) if report.passed() => rows += report.rows.len(),
+            Ok(report) => failures.push(format!(
+                "{}: {}\n{}",
+                f.display(),
+                report.summary(),
+                String::from_utf8_lossy(&out)
+            )),
+            Err(e) => failures.push(format!("{}: {e:#}", f.display())),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(rows > 500, "{rows} expectations");
+}
