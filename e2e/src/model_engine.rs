@@ -111,8 +111,20 @@ impl World {
     }
 
     fn cluster(&self) -> Result<ClusterState> {
-        let mut out = Vec::with_capacity(self.objects.len());
-        for (key, o) in &self.objects {
+        cluster_of(self.objects.values(), &self.ips)
+    }
+}
+
+/// The objects as the model reads them, pods placed on one node with the
+/// given addresses (a pod without one is Pending).
+pub fn cluster_of<'a>(
+    objects: impl Iterator<Item = &'a Object>,
+    ips: &BTreeMap<PodName, IpAddr>,
+) -> Result<ClusterState> {
+    {
+        let mut out = Vec::new();
+        for o in objects {
+            let key = o.key();
             let mut body = o.body().clone();
             let typed = match key.kind {
                 Kind::Namespace => ModelObject::Namespace(serde_json::from_value(body)?),
@@ -120,7 +132,7 @@ impl World {
                     let pod = key.pod_name().expect("a pod key names a pod");
                     body["spec"]["nodeName"] = "node-1".into();
                     body["status"] = json!({"phase": "Running",
-                                            "podIP": self.ips.get(&pod).map(ToString::to_string)});
+                                            "podIP": ips.get(&pod).map(ToString::to_string)});
                     ModelObject::Pod(serde_json::from_value(body)?)
                 }
                 Kind::NetworkPolicy => ModelObject::NetworkPolicy(serde_json::from_value(body)?),
@@ -133,7 +145,7 @@ impl World {
     }
 }
 
-fn verdict(
+pub fn verdict(
     cluster: &ClusterState,
     ips: &BTreeMap<PodName, IpAddr>,
     from: &PodName,

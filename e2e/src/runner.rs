@@ -14,8 +14,9 @@ use std::io::Write;
 use anyhow::{anyhow, bail, Context, Result};
 
 use crate::lab::Lab;
+use crate::probe::Outcome;
 use crate::report::{Report, Row, Table};
-use crate::scenario::{Object, ObjectKey, Scenario, Step};
+use crate::scenario::{Mode, Object, ObjectKey, Scenario, Step, Target, Verdict};
 
 /// Prints the table as it goes. Errors (as opposed to failed expectations)
 /// abort the run; the caller still owns and shuts down the lab.
@@ -34,6 +35,14 @@ pub fn run_scenario(lab: &mut Lab, scenario: &Scenario, out: &mut dyn Write) -> 
             .context("realizing the initial objects")?;
     }
     let table = Table::for_scenario(scenario);
+    // Every observed verdict is also checked against the reference model,
+    // where the model can judge the scenario: the enforcer's mode and
+    // injected faults are not the API's, so such scenarios are not compared.
+    let comparable = scenario.mode != Some(Mode::Strict)
+        && scenario
+            .steps
+            .iter()
+            .all(|s| s.faults.is_empty() && s.add_error.is_none());
     writeln!(out, "{}", table.header())?;
     let mut rows = Vec::new();
     for (i, step) in scenario.steps.iter().enumerate() {
@@ -71,6 +80,13 @@ pub fn run_scenario(lab: &mut Lab, scenario: &Scenario, out: &mut dyn Write) -> 
             writeln!(out, "{}", table.row(&row))?;
             rows.push(row);
         }
+        if comparable {
+            for (row, reason) in disagreements(lab, step, &outcomes).with_context(at)? {
+                writeln!(out, "{}", table.row(&row))?;
+                writeln!(out, "    {reason}")?;
+                rows.push(row);
+            }
+        }
         for (check, result) in lab.check_dump(&step.dump).with_context(at)? {
             let row = Row::check(&step.name, "dump", &check.to_string(), &result);
             writeln!(out, "{}", table.row(&row))?;
@@ -88,6 +104,40 @@ pub fn run_scenario(lab: &mut Lab, scenario: &Scenario, out: &mut dyn Write) -> 
         out.flush()?;
     }
     Ok(Report { rows })
+}
+
+/// A row for each pod-to-pod probe whose observed verdict the reference
+/// model does not share: a bug in Palisade or in the model, reported as
+/// such, never as an expectation failure.
+fn disagreements(lab: &Lab, step: &Step, outcomes: &[Outcome]) -> Result<Vec<(Row, String)>> {
+    let ips = lab.pod_ips();
+    let cluster = crate::model_engine::cluster_of(lab.objects(), &ips)?;
+    let mut rows = Vec::new();
+    for (spec, outcome) in step.probes.iter().zip(outcomes) {
+        let (Target::Pod(to), Some(seen)) = (&spec.to, outcome.verdict()) else {
+            continue;
+        };
+        let model = crate::model_engine::verdict(
+            &cluster,
+            &ips,
+            &spec.from,
+            to,
+            spec.protocol.as_str(),
+            spec.port,
+        )?;
+        let model = if model { Verdict::Allow } else { Verdict::Deny };
+        if model != seen {
+            let what = format!("{} -> {to} {}/{}", spec.from, spec.port, spec.protocol);
+            let reason = format!(
+                "model disagrees: {what}: the datapath says {seen}, the model says {model} (a bug in Palisade or in the model)"
+            );
+            rows.push((
+                Row::check(&step.name, "model", &what, &Err(reason.clone())),
+                reason,
+            ));
+        }
+    }
+    Ok(rows)
 }
 
 /// Replaces the labels of existing pods and namespaces in place: the pods

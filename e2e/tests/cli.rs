@@ -353,3 +353,23 @@ fn the_model_engine_runs_without_a_lab() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("cannot play"), "{stderr}");
 }
+
+/// A datapath verdict the reference model does not share is reported as a
+/// disagreement of its own: here the lab runs without Palisade, so every
+/// denial the model expects is a disagreement.
+#[test]
+fn a_datapath_verdict_the_model_does_not_share_is_reported_as_such() {
+    if !common::is_root() {
+        return;
+    }
+    let path = example("quickstart.yaml");
+    let (out, stdout, stderr) = run(&["run", "--baseline", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stdout.contains(
+            "model disagrees: x/a -> x/b 81/TCP: the datapath says allow, the model says deny"
+        ),
+        "{stdout}"
+    );
+    assert_run_left_nothing(&stdout);
+}

@@ -238,6 +238,11 @@ impl Lab {
             .collect()
     }
 
+    /// Every object as the lab holds it now.
+    pub fn objects(&self) -> impl Iterator<Item = &Object> {
+        self.objects.values()
+    }
+
     /// The object as the lab holds it now.
     pub fn object(&self, key: &ObjectKey) -> Option<&Object> {
         self.objects.get(key)
