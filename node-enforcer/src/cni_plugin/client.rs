@@ -62,13 +62,7 @@ impl EnforcerClient {
         use tonic_health::pb::health_client::HealthClient;
         use tonic_health::pb::HealthCheckRequest;
 
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| {
-                CniError::new(code::INTERNAL, "failed to start the async runtime")
-                    .with_details(e.to_string())
-            })?;
+        let runtime = one_call_runtime()?;
         let socket = self.socket.clone();
         let request = HealthCheckRequest {
             service: service.to_string(),
@@ -96,15 +90,7 @@ impl EnforcerClient {
         F: FnOnce(CniServiceClient<Channel>, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
-        // A plugin invocation makes one call; a multi-threaded runtime would
-        // only add start-up cost.
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| {
-                CniError::new(code::INTERNAL, "failed to start the async runtime")
-                    .with_details(e.to_string())
-            })?;
+        let runtime = one_call_runtime()?;
 
         let socket = self.socket.clone();
         let timeout = self.timeout;
@@ -169,6 +155,18 @@ impl EnforcerClient {
             .with_details(describe_status(&status)),
         }
     }
+}
+
+/// A plugin invocation makes one call; a multi-threaded runtime would only
+/// add start-up cost.
+fn one_call_runtime() -> Result<tokio::runtime::Runtime, CniError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            CniError::new(code::INTERNAL, "failed to start the async runtime")
+                .with_details(e.to_string())
+        })
 }
 
 enum Failure {
