@@ -160,6 +160,12 @@ pub fn connect_udp(from: &NetNs, to: SocketAddr) -> Result<UdpSocket, Outcome> {
 
 /// Sends the payload on a connected UDP socket and waits for the echo.
 pub fn udp_echo(sock: &UdpSocket, timeout: Duration) -> Outcome {
+    udp_exchange(sock, timeout, Outcome::NoEcho)
+}
+
+/// One datagram out and its echo back on a connected socket; silence until
+/// `timeout` is `silence` (a deny, or no echo on a flow already open).
+fn udp_exchange(sock: &UdpSocket, timeout: Duration, silence: Outcome) -> Outcome {
     let attempt = || -> std::io::Result<Vec<u8>> {
         sock.set_read_timeout(Some(timeout.max(Duration::from_millis(1))))?;
         sock.send(PAYLOAD)?;
@@ -171,7 +177,7 @@ pub fn udp_echo(sock: &UdpSocket, timeout: Duration) -> Outcome {
         Ok(data) if data == PAYLOAD => Outcome::Echo,
         Ok(_) => Outcome::Error("the echo did not match what was sent".into()),
         Err(e) if e.kind() == ErrorKind::ConnectionRefused => Outcome::Refused,
-        Err(e) if is_timeout(e.kind()) => Outcome::NoEcho,
+        Err(e) if is_timeout(e.kind()) => silence,
         Err(e) => Outcome::Error(e.to_string()),
     }
 }
@@ -320,21 +326,14 @@ pub fn connect(from: &NetNs, to: SocketAddr, timeout: Duration) -> Result<TcpStr
 }
 
 fn udp(to: SocketAddr, timeout: Duration) -> Outcome {
-    let attempt = || -> std::io::Result<Vec<u8>> {
+    let open = || -> std::io::Result<UdpSocket> {
         let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
         // Connected, so an ICMP port unreachable surfaces as ECONNREFUSED.
         sock.connect(to)?;
-        sock.set_read_timeout(Some(timeout))?;
-        sock.send(PAYLOAD)?;
-        let mut buf = [0u8; 64];
-        let n = sock.recv(&mut buf)?;
-        Ok(buf[..n].to_vec())
+        Ok(sock)
     };
-    match attempt() {
-        Ok(data) if data == PAYLOAD => Outcome::Echo,
-        Ok(_) => Outcome::Error("the echo did not match what was sent".into()),
-        Err(e) if e.kind() == ErrorKind::ConnectionRefused => Outcome::Refused,
-        Err(e) if is_timeout(e.kind()) => Outcome::Timeout,
+    match open() {
+        Ok(sock) => udp_exchange(&sock, timeout, Outcome::Timeout),
         Err(e) => Outcome::Error(e.to_string()),
     }
 }
