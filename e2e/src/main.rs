@@ -238,9 +238,9 @@ fn run(path: &std::path::Path, config: LabConfig, stay_up: bool) -> u8 {
         }
     };
     println!(
-        "lab {} (node {}, logs {})",
+        "lab {} (nodes {}, logs {})",
         lab.id(),
-        lab.node_name(),
+        lab.node_names().join(", "),
         lab.log_dir().display()
     );
     let result = run_scenario(&mut lab, &scenario, &mut std::io::stdout());
@@ -350,16 +350,17 @@ fn how_to_reach(lab: &Lab) -> String {
         "  controller: {g} {} list",
         lab.controller_socket().display()
     );
-    let _ = writeln!(
-        out,
-        "  enforcer:   {g} {} palisade.v1.DebugService/GetEnforcerState",
-        lab.enforcer_socket().display()
-    );
-    if let Some(node) = lab.node_netns() {
-        let _ = writeln!(
-            out,
-            "  node:       nsenter --net=/run/netns/{node} ip route"
-        );
+    for node in lab.node_names() {
+        if let Ok(socket) = lab.enforcer_socket_of(node) {
+            let _ = writeln!(
+                out,
+                "  {node:<11} {g} {} palisade.v1.DebugService/GetEnforcerState",
+                socket.display()
+            );
+        }
+        if let Ok(ns) = lab.node_netns_of(node) {
+            let _ = writeln!(out, "  {node:<11} nsenter --net=/run/netns/{ns} ip route");
+        }
     }
     let ips = lab.pod_ips();
     for pod in lab.pods() {
@@ -368,9 +369,10 @@ fn how_to_reach(lab: &Lab) -> String {
             .map(|i| i.to_string())
             .unwrap_or_else(|| "-".into());
         if let Some(ns) = lab.pod_netns(pod) {
+            let node = lab.node_of(pod).unwrap_or("-");
             let _ = writeln!(
                 out,
-                "  pod {pod:<12} {ip:<15} nsenter --net=/run/netns/{ns} sh"
+                "  pod {pod:<12} {ip:<15} {node:<8} nsenter --net=/run/netns/{ns} sh"
             );
         }
     }

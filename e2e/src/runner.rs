@@ -21,11 +21,11 @@ use crate::scenario::{Mode, Object, ObjectKey, Scenario, Step, Target, Verdict};
 /// Prints the table as it goes. Errors (as opposed to failed expectations)
 /// abort the run; the caller still owns and shuts down the lab.
 pub fn run_scenario(lab: &mut Lab, scenario: &Scenario, out: &mut dyn Write) -> Result<Report> {
-    if scenario.nodes > 1 {
+    if scenario.nodes as usize != lab.node_names().len() {
         bail!(
-            "nodes: {}: the lab has one node so far; a multi-node lab is planned \
-             (Scenario::single_node runs such a scenario on one node)",
-            scenario.nodes
+            "the scenario asks for {} node(s), the lab has {} (start it with LabConfig::for_scenario)",
+            scenario.nodes,
+            lab.node_names().len()
         );
     }
     if !scenario.objects.is_empty() {

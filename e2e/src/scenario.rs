@@ -545,8 +545,9 @@ pub struct Scenario {
     pub node_sysctls: Vec<(String, String)>,
     /// `None`: the enforcer gets no `--conntrack-cleanup-secs` flag.
     pub conntrack_cleanup_secs: Option<u32>,
-    /// How many nodes the scenario asks for (`nodes:`, default 1). The lab
-    /// has one node today; see [`Scenario::single_node`].
+    /// How many nodes the scenario asks for (`nodes:`, default 1): named
+    /// `node-1` to `node-N`; pods without `spec.nodeName` are spread over
+    /// them round-robin, in the order they are applied.
     pub nodes: u32,
     pub objects: Vec<Object>,
     pub steps: Vec<Step>,
@@ -746,18 +747,31 @@ impl Scenario {
         Ok(scenario)
     }
 
-    /// The scenario on the lab's single node: `nodes:` set to 1, pods
-    /// placed as before. For running multi-node scenarios (the conformance
-    /// suite asks for 2) until the lab has several nodes.
-    pub fn single_node(mut self) -> Self {
-        self.nodes = 1;
-        self
-    }
-
     /// Follows the objects through the steps so that a probe from a pod that
     /// does not exist at that step, or a delete of nothing, fails before the
     /// lab starts.
     fn check_references(&self) -> Result<()> {
+        let steps = self.steps.iter().map(|s| s.apply.as_slice());
+        for o in std::iter::once(self.objects.as_slice())
+            .chain(steps)
+            .flatten()
+        {
+            if o.key().kind != Kind::Pod {
+                continue;
+            }
+            if let Some(node) = o.body()["spec"]["nodeName"].as_str() {
+                let k = node
+                    .strip_prefix("node-")
+                    .and_then(|k| k.parse::<u32>().ok());
+                if !k.is_some_and(|k| (1..=self.nodes).contains(&k)) {
+                    bail!(
+                        "{}: spec.nodeName {node:?} is not a node of this scenario (node-1 to node-{})",
+                        o.key(),
+                        self.nodes
+                    );
+                }
+            }
+        }
         let mut live: BTreeSet<ObjectKey> = BTreeSet::new();
         let mut liveness = Liveness::default();
         add_all(&mut live, &self.objects).context("objects")?;

@@ -1,8 +1,7 @@
 //! The conformance scenarios (e2e/conformance/, the upstream network policy
 //! e2e suite as data) on a real lab with real traffic, every matrix probe
-//! checked. They ask for 2 nodes; until the lab has several they run on one
-//! (`Scenario::single_node`), which still judges every pod pair through both
-//! pods' programs. SCTP is probed with raw sockets (an INIT answered by an
+//! checked, on 2 nodes with every namespace's pods spread over both, so
+//! most pairs cross the fabric between two enforcers. SCTP is probed with raw sockets (an INIT answered by an
 //! INIT-ACK), as this kernel has no SCTP stack.
 
 mod common;
@@ -26,9 +25,7 @@ fn scenario_files() -> Vec<PathBuf> {
 /// Plays one file; Err(the table and logs) unless every probe matched.
 fn play(path: &Path) -> Result<usize, String> {
     let name = path.file_name().unwrap().to_string_lossy().into_owned();
-    let scenario = Scenario::from_file(path)
-        .map_err(|e| format!("{name}: {e:#}"))?
-        .single_node();
+    let scenario = Scenario::from_file(path).map_err(|e| format!("{name}: {e:#}"))?;
     let mut lab = Lab::start(LabConfig::default().for_scenario(&scenario))
         .map_err(|e| format!("{name}: the lab did not start: {e:#}"))?;
     let mut out = Vec::new();

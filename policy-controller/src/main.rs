@@ -11,9 +11,16 @@ use tokio::sync::watch;
 #[derive(Parser, Debug)]
 #[command(name = "palisade-controller", version, about)]
 struct Args {
-    /// Where to serve gRPC: unix:PATH or HOST:PORT.
-    #[arg(long, env = "PALISADE_LISTEN", default_value = "0.0.0.0:7443")]
-    listen: Address,
+    /// Where to serve gRPC: unix:PATH or HOST:PORT. Repeat the flag (or
+    /// separate with commas) to serve several, e.g. TCP for the enforcers
+    /// and a unix socket for local debugging.
+    #[arg(
+        long,
+        env = "PALISADE_LISTEN",
+        default_value = "0.0.0.0:7443",
+        value_delimiter = ','
+    )]
+    listen: Vec<Address>,
     /// Read objects from manifest files in this directory (the lab) instead
     /// of watching the Kubernetes API.
     #[arg(long, env = "PALISADE_MANIFESTS")]
@@ -60,17 +67,43 @@ async fn run(args: Args) -> Result<(), String> {
         }
     };
 
-    let router = server::router(hub.clone()).await?;
-    tracing::info!(listen = %args.listen, "serving");
-    let shutdown = async {
-        shutdown_signal().await;
-        tracing::info!("shutting down");
-        hub.close();
-    };
-    let result = serve(router, &args.listen, shutdown).await;
+    // One server per address, all stopped by the same signal; the first
+    // to fail stops the others, as a half-listening controller would be
+    // reachable by some nodes only.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut servers = tokio::task::JoinSet::new();
+    for addr in args.listen.clone() {
+        let router = server::router(hub.clone()).await?;
+        tracing::info!(listen = %addr, "serving");
+        let mut stop = stop_rx.clone();
+        servers.spawn(async move {
+            let stopped = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            serve(router, &addr, stopped).await
+        });
+    }
+    let mut result = Ok(());
+    tokio::select! {
+        _ = shutdown_signal() => tracing::info!("shutting down"),
+        Some(first) = servers.join_next() => {
+            result = first.map_err(|e| format!("a server task failed: {e}")).and_then(|r| r);
+        }
+    }
+    hub.close();
+    let _ = stop_tx.send(true);
+    while let Some(r) = servers.join_next().await {
+        if result.is_ok() {
+            result = r
+                .map_err(|e| format!("a server task failed: {e}"))
+                .and_then(|r| r);
+        }
+    }
     source_task.abort();
-    if let Address::Unix(p) = &args.listen {
-        let _ = std::fs::remove_file(p);
+    for addr in &args.listen {
+        if let Address::Unix(p) = addr {
+            let _ = std::fs::remove_file(p);
+        }
     }
     result
 }

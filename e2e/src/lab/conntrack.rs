@@ -12,16 +12,30 @@ use super::Lab;
 use crate::ctmap::{self, Entry};
 
 impl Lab {
-    /// Every entry of the enforcer's eBPF conntrack map, read from its pin.
+    /// Every entry of node 1's eBPF conntrack maps, read from their pins.
     pub fn conntrack_entries(&self) -> Result<Vec<Entry>> {
-        ctmap::read(&self.pin_root)
+        ctmap::read(&self.nodes[0].pin_root)
     }
 
-    /// The kernel's conntrack table of the node, one `conntrack -L` line per
+    /// Every entry of node `name`'s eBPF conntrack maps.
+    pub fn conntrack_entries_on(&self, name: &str) -> Result<Vec<Entry>> {
+        ctmap::read(&self.nodes[self.node_index(name)?].pin_root)
+    }
+
+    /// The kernel's conntrack table of node 1, one `conntrack -L` line per
     /// entry (`src=... dst=... sport=... dport=...` for both directions).
     pub fn kernel_conntrack(&self) -> Result<Vec<String>> {
+        self.kernel_conntrack_of(0)
+    }
+
+    /// The kernel's conntrack table of node `name`.
+    pub fn kernel_conntrack_on(&self, name: &str) -> Result<Vec<String>> {
+        self.kernel_conntrack_of(self.node_index(name)?)
+    }
+
+    fn kernel_conntrack_of(&self, i: usize) -> Result<Vec<String>> {
         let out = Command::new("nsenter")
-            .arg(format!("--net={}", self.node_ns().path().display()))
+            .arg(format!("--net={}", self.nodes[i].ns().path().display()))
             .args(["conntrack", "-L"])
             .output()
             .context("running conntrack -L in the node namespace")?;
@@ -38,12 +52,17 @@ impl Lab {
             .collect())
     }
 
-    /// The enforcer's conntrack cleanup account (GetEnforcerState).
+    /// Node 1's enforcer's conntrack cleanup account (GetEnforcerState).
     pub fn conntrack_state(&self) -> Result<ConntrackState> {
         Ok(self.enforcer_state()?.conntrack.unwrap_or_default())
     }
 
-    /// Waits until the enforcer has finished `runs` more cleanups than
+    /// Node `name`'s enforcer's conntrack cleanup account.
+    pub fn conntrack_state_on(&self, name: &str) -> Result<ConntrackState> {
+        Ok(self.enforcer_state_on(name)?.conntrack.unwrap_or_default())
+    }
+
+    /// Waits until node 1's enforcer has finished `runs` more cleanups than
     /// `after` counted; returns the state then. A cleanup that fails is an
     /// error at once.
     pub fn wait_cleanups(
@@ -52,10 +71,22 @@ impl Lab {
         runs: u64,
         timeout: Duration,
     ) -> Result<ConntrackState> {
+        let first = self.nodes[0].name.clone();
+        self.wait_cleanups_on(&first, after, runs, timeout)
+    }
+
+    /// [`Lab::wait_cleanups`] on node `name`.
+    pub fn wait_cleanups_on(
+        &self,
+        name: &str,
+        after: u64,
+        runs: u64,
+        timeout: Duration,
+    ) -> Result<ConntrackState> {
         let deadline = Instant::now() + timeout;
         loop {
             self.config.cancel.check()?;
-            let state = self.conntrack_state()?;
+            let state = self.conntrack_state_on(name)?;
             if !state.error.is_empty() {
                 bail!("the conntrack cleanup failed: {}", state.error);
             }
@@ -64,7 +95,7 @@ impl Lab {
             }
             if Instant::now() >= deadline {
                 bail!(
-                    "{runs} conntrack cleanups after #{after} did not finish within {timeout:?} (at #{})",
+                    "{runs} conntrack cleanups on {name} after #{after} did not finish within {timeout:?} (at #{})",
                     state.cleanups
                 );
             }

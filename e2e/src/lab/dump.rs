@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 
 use super::Lab;
 use crate::dump::{self, DumpCheck};
-use crate::{grpc, tcx};
+use crate::tcx;
 
 impl Lab {
     /// Polls until every check holds or the realize timeout passes; returns
@@ -28,15 +28,23 @@ impl Lab {
     }
 
     fn judge(&self, check: &DumpCheck) -> Result<(), String> {
+        // A pod's checks read its own node's enforcer; the bridge is node 1's.
+        let node = match check {
+            DumpCheck::Realized { pod, .. }
+            | DumpCheck::VethAttached(pod)
+            | DumpCheck::VethGone(pod) => self.pod_node(pod).unwrap_or(0),
+            DumpCheck::BridgeClean => 0,
+        };
         let state = self
-            .rt()
-            .block_on(grpc::enforcer_state(&self.enforcer_socket))
+            .enforcer_state_of(node)
             .map_err(|e| format!("reading the enforcer's state: {e:#}"))?;
         match check {
             DumpCheck::Realized { pod, realized } => dump::judge_realized(&state, pod, *realized),
             DumpCheck::VethAttached(pod) => {
                 let veth = self.host_veth(pod).map_err(|e| format!("{e:#}"))?;
-                let progs = self.tc_programs_on(&veth).map_err(|e| format!("{e:#}"))?;
+                let progs = self
+                    .tc_programs_in(node, &veth)
+                    .map_err(|e| format!("{e:#}"))?;
                 if progs.is_empty() {
                     return Err(format!("no TC program on {veth}, the host veth of {pod}"));
                 }
@@ -57,25 +65,25 @@ impl Lab {
                 Ok(())
             }
             DumpCheck::BridgeClean => {
-                let progs = self
-                    .tc_programs_on(&self.bridge)
-                    .map_err(|e| format!("{e:#}"))?;
+                let bridge = &self.nodes[0].bridge;
+                let progs = self.tc_programs_on(bridge).map_err(|e| format!("{e:#}"))?;
                 if progs.is_empty() {
                     Ok(())
                 } else {
-                    Err(format!(
-                        "programs attached to bridge {}: {progs:?}",
-                        self.bridge
-                    ))
+                    Err(format!("programs attached to bridge {bridge}: {progs:?}"))
                 }
             }
         }
     }
 
-    /// The TC programs the kernel has on a device of the node: TCX counts
+    /// The TC programs the kernel has on a device of node 1: TCX counts
     /// from BPF_PROG_QUERY and classic BPF filters, one string each.
     pub fn tc_programs_on(&self, dev: &str) -> Result<Vec<String>> {
-        let node = self.node_ns();
+        self.tc_programs_in(0, dev)
+    }
+
+    fn tc_programs_in(&self, node: usize, dev: &str) -> Result<Vec<String>> {
+        let node = self.nodes[node].ns();
         let name = dev.to_string();
         let (ingress, egress) = node.run(move || -> Result<(u32, u32)> {
             let c = std::ffi::CString::new(name.clone())?;

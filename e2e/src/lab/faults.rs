@@ -1,5 +1,6 @@
 //! Injecting faults: crashes, restarts, a damaged checkpoint, a second
-//! enforcer, a broken source, a veth pulled without a DEL.
+//! enforcer, a broken source, a veth pulled without a DEL. Process faults
+//! act on node 1's enforcer; an unplug acts on the pod's own node.
 //!
 //! Waits after a fault: a restarted enforcer is awaited until SERVING; a
 //! started controller only until it answers health (an unsynced one may say
@@ -15,7 +16,6 @@ use anyhow::{anyhow, bail, Context, Result};
 use super::processes::Role;
 use super::Lab;
 use crate::fault::{Fault, Process};
-use crate::grpc;
 use crate::netns;
 use crate::preflight::{CONTROLLER_BIN, ENFORCER_BIN};
 use crate::process::{self, Daemon};
@@ -50,7 +50,7 @@ impl Lab {
     pub fn kill(&mut self, process: Process) -> Result<()> {
         let (slot, name) = match process {
             Process::Controller => (&mut self.controller, CONTROLLER_BIN),
-            Process::Enforcer => (&mut self.enforcer, ENFORCER_BIN),
+            Process::Enforcer => (&mut self.nodes[0].enforcer, ENFORCER_BIN),
         };
         let mut daemon = slot
             .take()
@@ -66,7 +66,7 @@ impl Lab {
                 self.spawn_controller()?;
                 self.wait_answering(Role::Controller)
             }
-            Process::Enforcer if self.enforcer.is_none() => self.start_enforcer(),
+            Process::Enforcer if self.nodes[0].enforcer.is_none() => self.start_enforcer(0),
             _ => bail!("the {} is already running", process.as_str()),
         }
     }
@@ -75,7 +75,7 @@ impl Lab {
     /// the others to half their length) while the enforcer is dead, then a
     /// restart on them.
     pub fn corrupt_checkpoint(&mut self) -> Result<()> {
-        if self.enforcer.is_some() {
+        if self.nodes[0].enforcer.is_some() {
             self.kill(Process::Enforcer)?;
         }
         let dir = self.state_dir();
@@ -98,22 +98,27 @@ impl Lab {
                 .and_then(|f| f.set_len(keep))
                 .with_context(|| format!("truncating {}", path.display()))?;
         }
-        self.start_enforcer()
+        self.start_enforcer(0)
     }
 
     /// Another enforcer with the same flags (pin root, state dir, socket)
     /// while the first runs. Returns once it has shown what it does; fails
     /// if it neither waits, exits, nor takes over within the start timeout.
     pub fn start_second_enforcer(&mut self) -> Result<()> {
-        if self.second_enforcer.is_some() {
+        if self.nodes[0].second_enforcer.is_some() {
             bail!("a second enforcer is already running");
         }
-        let first_id = self.enforcer_id.clone();
-        let log = self.log_dir.join("enforcer-2.log");
-        let cmd = self.enforcer_command();
-        let second = Daemon::spawn("second palisade-enforcer", cmd, self.node_ns.as_ref(), &log)?;
+        let first_id = self.nodes[0].enforcer_id.clone();
+        let log = self.nodes[0].second_log.clone();
+        let cmd = self.enforcer_command(0);
+        let second = Daemon::spawn(
+            "second palisade-enforcer",
+            cmd,
+            self.nodes[0].ns.as_ref(),
+            &log,
+        )?;
         self.record_pid(second.pid())?;
-        self.second_enforcer = Some(second);
+        self.nodes[0].second_enforcer = Some(second);
         let deadline = Instant::now() + self.config.start_timeout;
         loop {
             self.config.cancel.check()?;
@@ -121,14 +126,13 @@ impl Lab {
             if text.to_lowercase().contains("wait") {
                 return Ok(());
             }
-            if let Some(second) = self.second_enforcer.as_mut() {
+            if let Some(second) = self.nodes[0].second_enforcer.as_mut() {
                 if second.exit_status().is_some() {
                     return Ok(());
                 }
             }
             let answering = self
-                .rt()
-                .block_on(grpc::enforcer_state(&self.enforcer_socket))
+                .enforcer_state_of(0)
                 .ok()
                 .and_then(|s| s.state)
                 .map(|s| s.enforcer_id);
@@ -148,8 +152,7 @@ impl Lab {
 
     /// The enforcer that answers on the socket now (its id), if any.
     pub fn answering_enforcer_id(&self) -> Option<String> {
-        self.rt()
-            .block_on(grpc::enforcer_state(&self.enforcer_socket))
+        self.enforcer_state_of(0)
             .ok()
             .and_then(|s| s.state)
             .map(|s| s.enforcer_id)
@@ -157,12 +160,13 @@ impl Lab {
 
     /// The id of the enforcer the lab started last (and believes in).
     pub fn enforcer_id(&self) -> Option<&str> {
-        self.enforcer_id.as_deref()
+        self.nodes[0].enforcer_id.as_deref()
     }
 
     /// Whether the second enforcer is still running (waiting for the lock).
     pub fn second_enforcer_running(&mut self) -> bool {
-        self.second_enforcer
+        self.nodes[0]
+            .second_enforcer
             .as_mut()
             .is_some_and(|d| d.exit_status().is_none())
     }
@@ -192,10 +196,10 @@ impl Lab {
         Ok(())
     }
 
-    /// Deletes the pod's host veth in the node with no CNI DEL.
+    /// Deletes the pod's host veth in its node with no CNI DEL.
     pub fn unplug(&mut self, pod: &PodName) -> Result<()> {
         let veth = self.host_veth(pod)?;
-        netns::delete_link(self.node_ns().name(), &veth)?;
+        netns::delete_link(self.pod_node_ns(pod)?.name(), &veth)?;
         self.unplugged.insert(pod.clone(), veth);
         Ok(())
     }
@@ -209,11 +213,19 @@ impl Lab {
         let ns = self
             .pod_netns(pod)
             .ok_or_else(|| anyhow!("pod {pod} is not in the lab"))?;
-        netns::veth_peer(ns, crate::cni::IFNAME, self.node_ns().name())
+        netns::veth_peer(ns, crate::cni::IFNAME, self.pod_node_ns(pod)?.name())
     }
 
-    /// The bridge device of a `cni: bridge` lab.
+    /// The namespace of the node the pod runs on.
+    pub(super) fn pod_node_ns(&self, pod: &PodName) -> Result<&crate::netns::NetNs> {
+        let i = self
+            .pod_node(pod)
+            .ok_or_else(|| anyhow!("pod {pod} is not in the lab"))?;
+        Ok(self.nodes[i].ns())
+    }
+
+    /// The bridge device of node 1 in a `cni: bridge` lab.
     pub fn bridge_name(&self) -> &str {
-        &self.bridge
+        &self.nodes[0].bridge
     }
 }

@@ -10,7 +10,7 @@ use crate::process;
 pub struct Footprint {
     pub netns: Vec<String>,
     pub host_interfaces: Vec<String>,
-    pub pin_root: PathBuf,
+    pub pin_roots: Vec<PathBuf>,
     pub pids: Vec<u32>,
     pub run_dir: PathBuf,
 }
@@ -40,8 +40,10 @@ impl Footprint {
                 crate::nat::TABLE
             ));
         }
-        if self.pin_root.exists() {
-            left.push(format!("pin root {}", self.pin_root.display()));
+        for root in &self.pin_roots {
+            if root.exists() {
+                left.push(format!("pin root {}", root.display()));
+            }
         }
         for pid in &self.pids {
             if process::is_alive(*pid) {

@@ -1,8 +1,9 @@
-//! The lab: one Kubernetes node built on this machine.
+//! The lab: a small Kubernetes cluster built on this machine.
 //!
-//! The node and every pod are network namespaces; pods are wired by the real
-//! CNI chain (ptp + host-local, then palisade-cni); the real controller reads
-//! the lab's manifests and the real enforcer runs inside the node namespace.
+//! Every node and every pod is a network namespace; pods are wired by the
+//! real CNI chain of their node (ptp + host-local, then palisade-cni); nodes
+//! are joined by a routed fabric (see [`node`]); the real controller reads
+//! the lab's manifests and serves every node's real enforcer over TCP.
 //! Everything is named after a random run id so parallel labs never collide,
 //! and everything the lab makes is undone by [`Lab::shutdown`] (or by `Drop`
 //! as a fallback), whatever state the lab is in.
@@ -12,6 +13,7 @@ mod conntrack;
 mod dump;
 mod faults;
 mod footprint;
+mod node;
 mod pods;
 mod processes;
 mod services;
@@ -25,15 +27,16 @@ use anyhow::{bail, Context, Result};
 use tokio::runtime::Runtime;
 
 use crate::cancel::Cancel;
-use crate::cni::{lab_chain, CniChain};
 use crate::manifests::Manifests;
 use crate::netns::NetNs;
-use crate::preflight::{self, BPFFS};
+use crate::preflight;
 use crate::process::{self, Daemon};
 use crate::scenario::{CniKind, Mode, Object, ObjectKey, PodName};
 use crate::sweep::{OWNER_FILE, PIDS_FILE};
 
 pub use footprint::Footprint;
+use node::LabNode;
+pub use node::MAX_NODES;
 use pods::LabPod;
 pub use services::services_table_exists;
 
@@ -45,7 +48,10 @@ pub struct LabConfig {
     pub cni_bin_dir: PathBuf,
     /// Each lab gets `<run_root>/<id>/` for manifests, sockets, IPAM and logs.
     pub run_root: PathBuf,
+    /// Node 1's pod range; node K gets the range K-1 sizes further on.
     pub pod_subnet: String,
+    /// How many nodes (1 to [`MAX_NODES`]).
+    pub nodes: usize,
     /// Keep `<run dir>/logs` after shutdown.
     pub keep_logs: bool,
     /// `false` builds the node with plain ptp networking and no Palisade
@@ -81,6 +87,7 @@ impl Default for LabConfig {
             cni_bin_dir: PathBuf::from("/usr/lib/cni"),
             run_root: PathBuf::from("/run/palisade-lab"),
             pod_subnet: "10.244.0.0/24".to_string(),
+            nodes: 1,
             keep_logs: false,
             with_palisade: true,
             start_timeout: Duration::from_secs(30),
@@ -98,9 +105,11 @@ impl Default for LabConfig {
 }
 
 impl LabConfig {
-    /// Takes the scenario's top-level settings: mode, pod-up deadline, CNI.
+    /// Takes the scenario's top-level settings: nodes, mode, pod-up
+    /// deadline, CNI.
     pub fn for_scenario(self, scenario: &crate::scenario::Scenario) -> Self {
         Self {
+            nodes: scenario.nodes as usize,
             mode: scenario.mode,
             pod_up_deadline: scenario.pod_up_deadline,
             cni: scenario.cni,
@@ -128,27 +137,21 @@ pub fn default_bin_dir() -> PathBuf {
 pub struct Lab {
     config: LabConfig,
     id: String,
-    node_name: String,
     run_dir: PathBuf,
     log_dir: PathBuf,
-    pin_root: PathBuf,
     controller_socket: PathBuf,
-    enforcer_socket: PathBuf,
     rt: Option<Runtime>,
-    node_ns: Option<NetNs>,
+    /// The namespace joining the nodes, where the controller runs.
+    fabric: Option<NetNs>,
+    nodes: Vec<LabNode>,
     controller: Option<Daemon>,
-    enforcer: Option<Daemon>,
-    /// Started by a `start: second-enforcer` fault; never waited on.
-    second_enforcer: Option<Daemon>,
     /// Set by a `break: manifests` fault.
     manifests_broken: bool,
     /// Pods whose host veth a fault deleted, with that veth's name.
     unplugged: BTreeMap<PodName, String>,
-    /// Processes a fault killed and left down.
+    /// Processes a fault killed and left down (faults act on node 1).
     down: BTreeSet<&'static str>,
-    bridge: String,
     manifests: Manifests,
-    cni: CniChain,
     objects: BTreeMap<ObjectKey, Object>,
     pods: BTreeMap<PodName, LabPod>,
     /// Every namespace and host interface ever made, for [`Lab::footprint`].
@@ -156,13 +159,13 @@ pub struct Lab {
     made_interfaces: Vec<String>,
     made_pids: Vec<u32>,
     next_pod: u32,
-    /// The running enforcer's id, when it reports one.
-    enforcer_id: Option<String>,
+    /// Where the next pod without `spec.nodeName` goes (round-robin).
+    next_node: usize,
+    /// The node of every pod the lab holds (wired or not yet).
+    placement: BTreeMap<PodName, usize>,
     /// EndpointSlices written for Services with a selector, as the
     /// EndpointSlice controller would.
     generated_slices: BTreeMap<ObjectKey, serde_json::Value>,
-    /// The nft script in force in the node (None: the lab made no table).
-    nat_script: Option<String>,
     cleaned: bool,
 }
 
@@ -172,29 +175,16 @@ impl Lab {
     /// built is removed before the error is returned.
     pub fn start(config: LabConfig) -> Result<Lab> {
         preflight::check(&config.bin_dir, &config.cni_bin_dir, config.with_palisade)?;
+        if !(1..=MAX_NODES).contains(&config.nodes) {
+            bail!("nodes: {} is out of range (1-{MAX_NODES})", config.nodes);
+        }
         let id = random_id()?;
         let run_dir = config.run_root.join(&id);
         let log_dir = run_dir.join("logs");
+        let nodes = (0..config.nodes)
+            .map(|i| LabNode::new(&config, &id, &run_dir, i))
+            .collect::<Result<Vec<_>>>()?;
         create_run_dir(&config.run_root, &id)?;
-        let enforcer_socket = run_dir.join("enforcer.sock");
-        // Interface names are at most 15 bytes; the id keeps labs apart.
-        let bridge = format!("plbr{id}");
-        let mut plugin_dirs = vec![config.cni_bin_dir.clone()];
-        if config.with_palisade {
-            plugin_dirs.push(config.bin_dir.clone());
-        }
-        let cni = CniChain {
-            plugin_dirs,
-            plugins: lab_chain(
-                &run_dir.join("ipam"),
-                &config.pod_subnet,
-                config.cni,
-                &bridge,
-                config.with_palisade.then_some(enforcer_socket.as_path()),
-            ),
-            timeout: config.cni_timeout,
-            log: log_dir.join("cni.log"),
-        };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -202,30 +192,24 @@ impl Lab {
             .build()
             .context("starting the lab's tokio runtime")?;
         let mut lab = Lab {
-            node_name: format!("lab-{id}"),
-            pin_root: Path::new(BPFFS).join(format!("palisade-lab-{id}")),
             controller_socket: run_dir.join("controller.sock"),
-            enforcer_socket,
             manifests: Manifests::create(&run_dir.join("manifests"))?,
-            cni,
             rt: Some(rt),
-            node_ns: None,
+            fabric: None,
+            nodes,
             controller: None,
-            enforcer: None,
-            second_enforcer: None,
             manifests_broken: false,
             unplugged: BTreeMap::new(),
             down: BTreeSet::new(),
-            bridge,
             objects: BTreeMap::new(),
             pods: BTreeMap::new(),
             made_netns: Vec::new(),
             made_interfaces: Vec::new(),
             made_pids: Vec::new(),
             next_pod: 0,
-            enforcer_id: None,
+            next_node: 0,
+            placement: BTreeMap::new(),
             generated_slices: BTreeMap::new(),
-            nat_script: None,
             cleaned: false,
             config,
             id,
@@ -245,34 +229,66 @@ impl Lab {
     }
 
     fn boot(&mut self) -> Result<()> {
-        let node_ns_name = format!("pl{}-node", self.id);
-        self.made_netns.push(node_ns_name.clone());
-        let node_ns = NetNs::create(&node_ns_name)?;
-        self.node_ns = Some(node_ns);
-        // ptp routes between pods through the node, as a real node does.
-        self.node_ns().set_sysctl("net.ipv4.ip_forward", "1")?;
-        for (key, value) in &self.config.node_sysctls {
-            self.node_ns().set_sysctl(key, value)?;
+        let fabric_name = format!("pl{}-fabric", self.id);
+        self.made_netns.push(fabric_name.clone());
+        self.fabric = Some(NetNs::create(&fabric_name)?);
+        node::make_fabric(self.fabric())?;
+        for i in 0..self.nodes.len() {
+            let name = self.nodes[i].netns_name.clone();
+            self.made_netns.push(name.clone());
+            let ns = NetNs::create(&name)?;
+            // ptp routes between pods through the node, as a real node does.
+            ns.set_sysctl("net.ipv4.ip_forward", "1")?;
+            for (key, value) in &self.config.node_sysctls {
+                ns.set_sysctl(key, value)?;
+            }
+            node::join_fabric(self.fabric(), &ns, i)?;
+            self.nodes[i].ns = Some(ns);
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            for (j, other) in self.nodes.iter().enumerate() {
+                if i != j {
+                    node::route_to(n.ns(), &other.pod_subnet, j)?;
+                }
+            }
         }
         if !self.config.with_palisade {
             return Ok(());
         }
         self.manifests.publish()?;
         self.start_controller()?;
-        self.start_enforcer()?;
+        for i in 0..self.nodes.len() {
+            self.start_enforcer(i)?;
+        }
         self.wait_realized()
+    }
+
+    fn fabric(&self) -> &NetNs {
+        self.fabric
+            .as_ref()
+            .expect("the fabric namespace exists once booted")
+    }
+
+    /// The index of the node called `name` (`node-K`).
+    pub(super) fn node_index(&self, name: &str) -> Result<usize> {
+        self.nodes
+            .iter()
+            .position(|n| n.name == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = self.nodes.iter().map(|n| n.name.as_str()).collect();
+                anyhow::anyhow!("no node {name:?} in the lab (it has {})", names.join(", "))
+            })
+    }
+
+    /// The node a pod runs on (None: not a pod of the lab).
+    pub(super) fn pod_node(&self, pod: &PodName) -> Option<usize> {
+        self.placement.get(pod).copied()
     }
 
     fn record_pid(&mut self, pid: u32) -> Result<()> {
         self.made_pids.push(pid);
         let list: String = self.made_pids.iter().map(|p| format!("{p}\n")).collect();
         std::fs::write(self.run_dir.join(PIDS_FILE), list).context("recording process ids")
-    }
-
-    fn node_ns(&self) -> &NetNs {
-        self.node_ns
-            .as_ref()
-            .expect("the node namespace exists once booted")
     }
 
     fn rt(&self) -> &Runtime {
@@ -283,20 +299,48 @@ impl Lab {
         &self.id
     }
 
+    /// Node 1's name.
     pub fn node_name(&self) -> &str {
-        &self.node_name
+        &self.nodes[0].name
+    }
+
+    /// Every node's name, in order (`node-1`, `node-2`, ...).
+    pub fn node_names(&self) -> Vec<&str> {
+        self.nodes.iter().map(|n| n.name.as_str()).collect()
     }
 
     pub fn controller_socket(&self) -> &Path {
         &self.controller_socket
     }
 
-    pub fn enforcer_socket(&self) -> &Path {
-        &self.enforcer_socket
+    /// The controller's TCP address on the fabric, where enforcers reach it.
+    pub fn controller_address(&self) -> String {
+        format!("{}:{}", node::controller_ip(), node::CONTROLLER_PORT)
     }
 
+    /// Node 1's enforcer socket.
+    pub fn enforcer_socket(&self) -> &Path {
+        &self.nodes[0].enforcer_socket
+    }
+
+    /// The enforcer socket of node `name`.
+    pub fn enforcer_socket_of(&self, name: &str) -> Result<&Path> {
+        Ok(&self.nodes[self.node_index(name)?].enforcer_socket)
+    }
+
+    /// Node 1's pin root.
     pub fn pin_root(&self) -> &Path {
-        &self.pin_root
+        &self.nodes[0].pin_root
+    }
+
+    /// The pin root of node `name`.
+    pub fn pin_root_of(&self, name: &str) -> Result<&Path> {
+        Ok(&self.nodes[self.node_index(name)?].pin_root)
+    }
+
+    /// The name of the node pod `pod` runs on.
+    pub fn node_of(&self, pod: &PodName) -> Option<&str> {
+        self.pod_node(pod).map(|i| self.nodes[i].name.as_str())
     }
 
     pub fn run_dir(&self) -> &Path {
@@ -316,15 +360,31 @@ impl Lab {
         self.manifests.revision()
     }
 
+    /// Node 1's network namespace.
     pub fn node_netns(&self) -> Option<&str> {
-        self.node_ns.as_ref().map(NetNs::name)
+        self.nodes[0].ns.as_ref().map(NetNs::name)
+    }
+
+    /// The network namespace of node `name`.
+    pub fn node_netns_of(&self, name: &str) -> Result<&str> {
+        let i = self.node_index(name)?;
+        self.nodes[i]
+            .ns
+            .as_ref()
+            .map(NetNs::name)
+            .ok_or_else(|| anyhow::anyhow!("node {name} has no namespace yet"))
+    }
+
+    /// The fabric's network namespace, where the controller runs.
+    pub fn fabric_netns(&self) -> Option<&str> {
+        self.fabric.as_ref().map(NetNs::name)
     }
 
     pub fn footprint(&self) -> Footprint {
         Footprint {
             netns: self.made_netns.clone(),
             host_interfaces: self.made_interfaces.clone(),
-            pin_root: self.pin_root.clone(),
+            pin_roots: self.nodes.iter().map(|n| n.pin_root.clone()).collect(),
             pids: self.made_pids.clone(),
             run_dir: self.run_dir.clone(),
         }
@@ -333,13 +393,15 @@ impl Lab {
     /// The end of every process log, for failure reports.
     pub fn log_tails(&self, lines: usize) -> String {
         let mut out = String::new();
-        for name in [
-            "controller.log",
-            "enforcer.log",
-            "enforcer-2.log",
-            "cni.log",
-        ] {
-            let path = self.log_dir.join(name);
+        let mut paths = vec![self.log_dir.join("controller.log")];
+        for n in &self.nodes {
+            paths.extend([
+                n.enforcer_log.clone(),
+                n.second_log.clone(),
+                n.cni.log.clone(),
+            ]);
+        }
+        for path in paths {
             if path.exists() {
                 out += &format!(
                     "--- {} (last {lines} lines)\n{}\n",
@@ -362,18 +424,26 @@ impl Lab {
         }
         self.cleaned = true;
         let mut errors = Vec::new();
-        // A second enforcer goes first: it would take the node over once the
+        // Second enforcers go first: one would take its node over once the
         // first one stops.
-        if let Some(mut second) = self.second_enforcer.take() {
-            if let Err(e) = second.stop(self.config.stop_grace) {
-                errors.push(format!("{e:#}"));
+        for n in &mut self.nodes {
+            if let Some(mut second) = n.second_enforcer.take() {
+                if let Err(e) = second.stop(self.config.stop_grace) {
+                    errors.push(format!("{e:#}"));
+                }
             }
         }
-        // Pods first, while the enforcer is alive to answer palisade-cni DEL:
-        // one a fault left down is started again for that.
-        if self.config.with_palisade && self.enforcer.is_none() && self.node_ns.is_some() {
-            if let Err(e) = self.start_enforcer() {
-                errors.push(format!("restarting the enforcer for pod teardown: {e:#}"));
+        // Pods first, while the enforcers are alive to answer palisade-cni
+        // DEL: one a fault left down is started again for that.
+        for i in 0..self.nodes.len() {
+            let n = &self.nodes[i];
+            if self.config.with_palisade && n.enforcer.is_none() && n.ns.is_some() {
+                if let Err(e) = self.start_enforcer(i) {
+                    errors.push(format!(
+                        "restarting the enforcer of {} for pod teardown: {e:#}",
+                        self.nodes[i].name
+                    ));
+                }
             }
         }
         let pods = std::mem::take(&mut self.pods);
@@ -382,42 +452,52 @@ impl Lab {
                 errors.push(format!("{e:#}"));
             }
         }
-        for d in [self.enforcer.as_mut(), self.controller.as_mut()]
-            .into_iter()
-            .flatten()
+        for d in self
+            .nodes
+            .iter_mut()
+            .filter_map(|n| n.enforcer.as_mut())
+            .chain(self.controller.as_mut())
         {
             if let Err(e) = d.stop(self.config.stop_grace) {
                 errors.push(format!("{e:#}"));
             }
         }
-        self.enforcer = None;
+        for n in &mut self.nodes {
+            n.enforcer = None;
+        }
         self.controller = None;
         // Dropping the runtime closes every listener socket still open.
         if let Some(rt) = self.rt.take() {
             rt.shutdown_timeout(Duration::from_secs(2));
         }
-        if let Err(e) = self.remove_services_table() {
-            errors.push(format!("{e:#}"));
-        }
-        if let Some(ns) = self.node_ns.take() {
-            match services::services_table_exists(Some(&ns.path().display().to_string())) {
-                Ok(false) => {}
-                Ok(true) => errors.push(format!(
-                    "the Services' table is still in the node namespace {}",
-                    ns.name()
-                )),
-                Err(e) => errors.push(format!("{e:#}")),
-            }
-            if let Err(e) = ns.delete() {
+        for i in 0..self.nodes.len() {
+            if let Err(e) = self.remove_services_table(i) {
                 errors.push(format!("{e:#}"));
             }
         }
-        if self.pin_root.exists() {
-            if let Err(e) = std::fs::remove_dir_all(&self.pin_root) {
-                errors.push(format!(
-                    "removing pin root {}: {e}",
-                    self.pin_root.display()
-                ));
+        for n in &mut self.nodes {
+            if let Some(ns) = n.ns.take() {
+                match services::services_table_exists(Some(&ns.path().display().to_string())) {
+                    Ok(false) => {}
+                    Ok(true) => errors.push(format!(
+                        "the Services' table is still in the node namespace {}",
+                        ns.name()
+                    )),
+                    Err(e) => errors.push(format!("{e:#}")),
+                }
+                if let Err(e) = ns.delete() {
+                    errors.push(format!("{e:#}"));
+                }
+            }
+            if n.pin_root.exists() {
+                if let Err(e) = std::fs::remove_dir_all(&n.pin_root) {
+                    errors.push(format!("removing pin root {}: {e}", n.pin_root.display()));
+                }
+            }
+        }
+        if let Some(ns) = self.fabric.take() {
+            if let Err(e) = ns.delete() {
+                errors.push(format!("{e:#}"));
             }
         }
         if let Err(e) = self.remove_run_dir() {

@@ -41,6 +41,7 @@ impl Lab {
             }
         }
         self.check_services(objects)?;
+        let placed = self.place(objects)?;
         // Namespaces first, like kubectl: the controller may read at any time.
         let mut ordered: Vec<&Object> = objects.iter().collect();
         ordered.sort_by_key(|o| o.key().kind != Kind::Namespace);
@@ -53,13 +54,17 @@ impl Lab {
                     .get(&pod)
                     .and_then(|p| p.attachment.as_ref())
                     .map(|a| a.ips.clone());
+                let node = placed[&pod];
+                self.placement.insert(pod.clone(), node);
                 if ips.is_none() {
                     new_pods.push(pod);
                 }
                 // A new pod is first written Pending, as the scheduler would,
                 // so its policy can be known before its network exists.
-                self.manifests
-                    .write(&key, &pod_manifest(o, &self.node_name, ips.as_deref()))?;
+                self.manifests.write(
+                    &key,
+                    &pod_manifest(o, &self.nodes[node].name, ips.as_deref()),
+                )?;
             } else {
                 self.manifests.write(&key, o.body())?;
             }
@@ -96,6 +101,7 @@ impl Lab {
                     }
                     let key = ObjectKey::pod(p);
                     self.objects.remove(&key);
+                    self.placement.remove(p);
                     let _ = self.manifests.remove(&key);
                 }
                 let _ = self.sync_services();
@@ -108,7 +114,47 @@ impl Lab {
         self.manifests.publish()
     }
 
+    /// The node of each pod among `objects`: where it already runs, the
+    /// node its `spec.nodeName` names, or the next node round-robin. Checks
+    /// everything before anything is placed.
+    fn place(&mut self, objects: &[Object]) -> Result<BTreeMap<PodName, usize>> {
+        let mut placed = BTreeMap::new();
+        let mut next = self.next_node;
+        for o in objects {
+            let Some(pod) = o.key().pod_name() else {
+                continue;
+            };
+            let asked = match o.body()["spec"]["nodeName"].as_str() {
+                Some(name) => Some(
+                    self.node_index(name)
+                        .with_context(|| format!("pod {pod}: spec.nodeName"))?,
+                ),
+                None => None,
+            };
+            let node = match (self.placement.get(&pod), asked) {
+                (Some(&now), Some(asked)) if now != asked => bail!(
+                    "pod {pod}: spec.nodeName cannot change (it runs on {}, the update says {})",
+                    self.nodes[now].name,
+                    self.nodes[asked].name
+                ),
+                (Some(&now), _) => now,
+                (None, Some(asked)) => asked,
+                (None, None) => {
+                    let n = next % self.nodes.len();
+                    next += 1;
+                    n
+                }
+            };
+            placed.insert(pod, node);
+        }
+        self.next_node = next;
+        Ok(placed)
+    }
+
     fn add_pod(&mut self, pod: &PodName, object: &Object) -> Result<()> {
+        let node = self
+            .pod_node(pod)
+            .ok_or_else(|| anyhow!("pod {pod} was not placed on a node"))?;
         let index = self.next_pod;
         self.next_pod += 1;
         let ns_name = format!("pl{}-p{index}", self.id);
@@ -119,7 +165,8 @@ impl Lab {
             container_id: format!("pl{}p{index}", self.id),
             netns: netns.path().to_path_buf(),
         };
-        let attachment = match self.cni.add(self.node_ns(), &sandbox, &self.config.cancel) {
+        let n = &self.nodes[node];
+        let attachment = match n.cni.add(n.ns(), &sandbox, &self.config.cancel) {
             Ok(a) => a,
             Err(e) => {
                 let _ = netns.delete();
@@ -128,7 +175,7 @@ impl Lab {
         };
         self.made_interfaces
             .extend(attachment.host_interfaces.iter().cloned());
-        let manifest = pod_manifest(object, &self.node_name, Some(&attachment.ips));
+        let manifest = pod_manifest(object, &self.nodes[node].name, Some(&attachment.ips));
         self.pods.insert(
             pod.clone(),
             LabPod {
@@ -189,6 +236,9 @@ impl Lab {
                 }
                 self.manifests.remove(&k)?;
                 self.objects.remove(&k);
+                if let Some(pod) = k.pod_name() {
+                    self.placement.remove(&pod);
+                }
             }
         }
         if let Err(e) = self.sync_services() {
@@ -203,9 +253,14 @@ impl Lab {
 
     pub(super) fn teardown_pod(&self, pod: LabPod) -> Result<()> {
         let mut errors = Vec::new();
-        if let (Some(a), Some(node)) = (&pod.attachment, &self.node_ns) {
-            if let Err(e) = self.cni.del(node, &pod.sandbox, Some(&a.result)) {
-                errors.push(format!("{e:#}"));
+        let node = self
+            .pod_node(&pod.sandbox.pod)
+            .and_then(|i| self.nodes.get(i));
+        if let (Some(a), Some(node)) = (&pod.attachment, node) {
+            if let Some(ns) = &node.ns {
+                if let Err(e) = node.cni.del(ns, &pod.sandbox, Some(&a.result)) {
+                    errors.push(format!("{e:#}"));
+                }
             }
         }
         // Open sockets would keep the namespace alive after it is unmounted.

@@ -23,15 +23,19 @@ impl Lab {
 
     pub(super) fn spawn_controller(&mut self) -> Result<()> {
         let mut cmd = Command::new(self.config.bin_dir.join(CONTROLLER_BIN));
+        // TCP on the fabric for the enforcers, as in a cluster; the unix
+        // socket for the lab and for people with grpcurl.
         cmd.arg("--manifests")
             .arg(self.manifests.dir())
+            .arg("--listen")
+            .arg(self.controller_address())
             .arg("--listen")
             .arg(format!("unix:{}", self.controller_socket.display()));
         default_log_level(&mut cmd);
         let controller = Daemon::spawn(
             CONTROLLER_BIN,
             cmd,
-            None,
+            self.fabric.as_ref(),
             &self.log_dir.join("controller.log"),
         )?;
         self.record_pid(controller.pid())?;
@@ -40,45 +44,46 @@ impl Lab {
         Ok(())
     }
 
-    pub(super) fn start_enforcer(&mut self) -> Result<()> {
-        let cmd = self.enforcer_command();
-        let enforcer = Daemon::spawn(
-            ENFORCER_BIN,
-            cmd,
-            self.node_ns.as_ref(),
-            &self.log_dir.join("enforcer.log"),
-        )?;
+    /// Starts node `i`'s enforcer and waits until it is healthy.
+    pub(super) fn start_enforcer(&mut self, i: usize) -> Result<()> {
+        let cmd = self.enforcer_command(i);
+        let node = &self.nodes[i];
+        let enforcer = Daemon::spawn(ENFORCER_BIN, cmd, node.ns.as_ref(), &node.enforcer_log)?;
         self.record_pid(enforcer.pid())?;
-        self.enforcer = Some(enforcer);
-        self.down.remove(ENFORCER_BIN);
-        self.wait_healthy(Role::Enforcer)?;
+        self.nodes[i].enforcer = Some(enforcer);
+        if i == 0 {
+            self.down.remove(ENFORCER_BIN);
+        }
+        self.wait_healthy(Role::Enforcer(i))?;
         // Realization is only believed from this process: a report left by
         // a previous enforcer says nothing about the datapath now.
         let id = self
-            .enforcer_state()?
+            .enforcer_state_of(i)?
             .state
             .map(|s| s.enforcer_id)
             .unwrap_or_default();
-        self.enforcer_id = (!id.is_empty()).then_some(id);
+        self.nodes[i].enforcer_id = (!id.is_empty()).then_some(id);
         Ok(())
     }
 
-    /// The enforcer's command line; every enforcer of the lab (restarts, a
-    /// second one) gets the same. `--mode` and `--pod-up-deadline-ms` only
-    /// when configured, so enforcers without those flags still run.
-    pub(super) fn enforcer_command(&self) -> Command {
+    /// Node `i`'s enforcer command line; every enforcer of the node
+    /// (restarts, a second one) gets the same. `--mode` and
+    /// `--pod-up-deadline-ms` only when configured, so enforcers without
+    /// those flags still run.
+    pub(super) fn enforcer_command(&self, i: usize) -> Command {
+        let node = &self.nodes[i];
         let mut cmd = Command::new(self.config.bin_dir.join(ENFORCER_BIN));
         cmd.arg("--node-name")
-            .arg(&self.node_name)
+            .arg(&node.name)
             .arg("--controller")
-            .arg(format!("unix:{}", self.controller_socket.display()))
+            .arg(self.controller_address())
             .arg("--cni-socket")
-            .arg(&self.enforcer_socket)
+            .arg(&node.enforcer_socket)
             .arg("--pin-root")
-            .arg(&self.pin_root)
+            .arg(&node.pin_root)
             // Kept across restart_enforcer, as a DaemonSet's hostPath would be.
             .arg("--state-dir")
-            .arg(self.state_dir());
+            .arg(&node.state_dir);
         if let Some(mode) = self.config.mode {
             cmd.arg("--mode").arg(mode.as_str());
         }
@@ -93,19 +98,25 @@ impl Lab {
         cmd
     }
 
+    /// Node 1's enforcer state dir.
     pub fn state_dir(&self) -> std::path::PathBuf {
-        self.run_dir.join("enforcer-state")
+        self.nodes[0].state_dir.clone()
     }
 
-    /// Stops the enforcer (SIGTERM) and starts a new one with the same pin
-    /// root, as a DaemonSet rollout would; returns once it is healthy. Its
-    /// output is appended to the same log. Follow with [`Lab::wait_realized`].
+    /// Stops node 1's enforcer (SIGTERM) and starts a new one with the same
+    /// pin root, as a DaemonSet rollout would; returns once it is healthy.
+    /// Its output is appended to the same log. Follow with
+    /// [`Lab::wait_realized`].
     pub fn restart_enforcer(&mut self) -> Result<()> {
+        self.restart_enforcer_of(0)
+    }
+
+    pub(super) fn restart_enforcer_of(&mut self, i: usize) -> Result<()> {
         self.require_palisade()?;
-        if let Some(mut old) = self.enforcer.take() {
+        if let Some(mut old) = self.nodes[i].enforcer.take() {
             old.stop(self.config.stop_grace)?;
         }
-        self.start_enforcer()
+        self.start_enforcer(i)
     }
 
     /// Stops the controller and starts a new one on the same manifests;
@@ -129,8 +140,9 @@ impl Lab {
         self.controller.as_ref().map(Daemon::pid)
     }
 
+    /// Node 1's enforcer.
     pub fn enforcer_pid(&self) -> Option<u32> {
-        self.enforcer.as_ref().map(Daemon::pid)
+        self.nodes[0].enforcer.as_ref().map(Daemon::pid)
     }
 
     pub fn controller_state(&self) -> Result<GetControllerStateResponse> {
@@ -138,14 +150,24 @@ impl Lab {
             .block_on(grpc::controller_state(&self.controller_socket))
     }
 
+    /// Node 1's enforcer's dump.
     pub fn enforcer_state(&self) -> Result<GetEnforcerStateResponse> {
-        self.rt()
-            .block_on(grpc::enforcer_state(&self.enforcer_socket))
+        self.enforcer_state_of(0)
     }
 
-    /// Waits until the last published revision is realized on the node:
+    pub(super) fn enforcer_state_of(&self, i: usize) -> Result<GetEnforcerStateResponse> {
+        self.rt()
+            .block_on(grpc::enforcer_state(&self.nodes[i].enforcer_socket))
+    }
+
+    /// The dump of node `name`'s enforcer.
+    pub fn enforcer_state_on(&self, name: &str) -> Result<GetEnforcerStateResponse> {
+        self.enforcer_state_of(self.node_index(name)?)
+    }
+
+    /// Waits until the last published revision is realized on every node:
     /// read by the controller, planned for the node, and reported realized
-    /// by the enforcer.
+    /// by its enforcer.
     ///
     /// Refused while a fault has a process down or the manifests broken:
     /// nothing can be realized through a missing process, so waiting would
@@ -158,24 +180,39 @@ impl Lab {
             bail!("cannot wait for realization: {why}");
         }
         let revision = self.manifests.revision();
-        let pods: Vec<String> = self
-            .pods
-            .iter()
-            .filter(|(name, p)| p.attachment.is_some() && !self.unplugged.contains_key(*name))
-            .map(|(name, _)| name.to_string())
-            .collect();
         let tolerated: Vec<String> = self.unplugged.keys().map(ToString::to_string).collect();
-        let (node, enforcer_id) = (self.node_name.clone(), self.enforcer_id.clone());
-        let want = realized::Expected {
-            node: &node,
-            revision,
-            enforcer_id: enforcer_id.as_deref(),
-            pods: &pods,
-            tolerated: &tolerated,
-        };
+        let per_node: Vec<(String, Option<String>, Vec<String>)> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let pods = self
+                    .pods
+                    .iter()
+                    .filter(|(name, p)| {
+                        self.placement.get(*name) == Some(&i)
+                            && p.attachment.is_some()
+                            && !self.unplugged.contains_key(*name)
+                    })
+                    .map(|(name, _)| name.to_string())
+                    .collect();
+                (n.name.clone(), n.enforcer_id.clone(), pods)
+            })
+            .collect();
+        let wants: Vec<realized::Expected> = per_node
+            .iter()
+            .map(|(node, enforcer_id, pods)| realized::Expected {
+                node,
+                revision,
+                enforcer_id: enforcer_id.as_deref(),
+                pods,
+                tolerated: &tolerated,
+            })
+            .collect();
         let deadline = Instant::now() + self.config.realize_timeout;
         let mut last;
         let mut last_state = String::from("none");
+        let mut last_node = self.nodes[0].name.clone();
         loop {
             self.config.cancel.check()?;
             self.check_processes()?;
@@ -183,19 +220,23 @@ impl Lab {
                 .rt()
                 .block_on(grpc::controller_state(&self.controller_socket))
             {
-                Ok(state) => match realized::check(&state, &want) {
-                    Ok(()) => return Ok(()),
-                    Err(reason) => {
+                Ok(state) => match wants
+                    .iter()
+                    .map(|want| realized::check(&state, want).map_err(|r| (want.node, r)))
+                    .collect::<Result<Vec<()>, _>>()
+                {
+                    Ok(_) => return Ok(()),
+                    Err((node, reason)) => {
                         last = reason;
-                        last_state = realized::describe(&state, &self.node_name);
+                        last_state = realized::describe(&state, node);
+                        last_node = node.to_string();
                     }
                 },
                 Err(e) => last = format!("{e:#}"),
             }
             if Instant::now() >= deadline {
                 bail!(
-                    "revision {revision} was not realized on node {} within {:?}: {last}\n  last controller state: {last_state}",
-                    self.node_name,
+                    "revision {revision} was not realized on node {last_node} within {:?}: {last}\n  last controller state: {last_state}",
                     self.config.realize_timeout
                 );
             }
@@ -204,16 +245,18 @@ impl Lab {
     }
 
     pub(super) fn check_processes(&mut self) -> Result<()> {
-        for d in [self.controller.as_mut(), self.enforcer.as_mut()]
-            .into_iter()
-            .flatten()
+        for d in self
+            .nodes
+            .iter_mut()
+            .filter_map(|n| n.enforcer.as_mut())
+            .chain(self.controller.as_mut())
         {
             d.check_running()?;
         }
         Ok(())
     }
 
-    /// Whether the controller and the enforcer are both running.
+    /// Whether the controller and every enforcer are running.
     pub fn processes_up(&self) -> bool {
         self.down.is_empty()
     }
@@ -234,14 +277,22 @@ impl Lab {
         None
     }
 
-    /// Waits until the enforcer's stream is connected to the controller and
-    /// the enforcer has applied whatever the controller serves the node (the
-    /// same plan version), or the controller serves it no plan at all: used
+    /// Waits until every enforcer's stream is connected to the controller
+    /// and the enforcer has applied whatever the controller serves its node
+    /// (the same plan version), or the controller serves no plan at all: used
     /// where realization cannot be awaited because the source is broken, so
     /// that probes see the outcome and not a race. Assumes an unsynced
     /// controller still accepts the stream (and sends nothing on it).
     pub fn wait_settled(&mut self) -> Result<()> {
+        for i in 0..self.nodes.len() {
+            self.wait_node_settled(i)?;
+        }
+        Ok(())
+    }
+
+    fn wait_node_settled(&mut self, i: usize) -> Result<()> {
         let deadline = Instant::now() + self.config.realize_timeout;
+        let name = self.nodes[i].name.clone();
         let mut last;
         loop {
             self.config.cancel.check()?;
@@ -249,18 +300,16 @@ impl Lab {
             let controller = self
                 .rt()
                 .block_on(grpc::controller_state(&self.controller_socket));
-            let enforcer = self
-                .rt()
-                .block_on(grpc::enforcer_state(&self.enforcer_socket));
+            let enforcer = self.enforcer_state_of(i);
             match (controller, enforcer) {
                 // A controller that has not synced its source serves no
                 // plan to anyone (it refuses the stream): nothing will
                 // change on the node until it does.
                 (Ok(c), Ok(_)) if !c.source_synced => return Ok(()),
-                (Ok(c), Ok(e)) => match realized::node_view(&c, &self.node_name) {
+                (Ok(c), Ok(e)) => match realized::node_view(&c, &name) {
                     // Until the enforcer's stream reaches this controller,
                     // nothing it serves has had a chance to be applied.
-                    None => last = format!("the controller has no view of node {}", self.node_name),
+                    None => last = format!("the controller has no view of node {name}"),
                     Some(v) if v.connected && v.plan_version == 0 => return Ok(()),
                     Some(v) if v.connected && e.plan_version == v.plan_version => return Ok(()),
                     Some(v) => {
@@ -274,8 +323,7 @@ impl Lab {
             }
             if Instant::now() >= deadline {
                 bail!(
-                    "node {} did not settle within {:?}: {last}",
-                    self.node_name,
+                    "node {name} did not settle within {:?}: {last}",
                     self.config.realize_timeout
                 );
             }
@@ -294,9 +342,10 @@ impl Lab {
     }
 
     fn wait_health(&mut self, role: Role, serving: bool) -> Result<()> {
-        let (socket, timeout) = match role {
-            Role::Controller => (self.controller_socket.clone(), self.config.start_timeout),
-            Role::Enforcer => (self.enforcer_socket.clone(), self.config.start_timeout),
+        let timeout = self.config.start_timeout;
+        let socket = match role {
+            Role::Controller => self.controller_socket.clone(),
+            Role::Enforcer(i) => self.nodes[i].enforcer_socket.clone(),
         };
         let deadline = Instant::now() + timeout;
         let mut last = String::from("the socket does not exist yet");
@@ -314,7 +363,7 @@ impl Lab {
             if Instant::now() >= deadline {
                 let daemon = match role {
                     Role::Controller => self.controller.as_ref(),
-                    Role::Enforcer => self.enforcer.as_ref(),
+                    Role::Enforcer(i) => self.nodes[i].enforcer.as_ref(),
                 };
                 let log = daemon
                     .map(|d| {
@@ -339,14 +388,15 @@ impl Lab {
 #[derive(Clone, Copy)]
 pub(super) enum Role {
     Controller,
-    Enforcer,
+    /// Node `i`'s enforcer.
+    Enforcer(usize),
 }
 
 impl Role {
     fn name(self) -> &'static str {
         match self {
             Role::Controller => CONTROLLER_BIN,
-            Role::Enforcer => ENFORCER_BIN,
+            Role::Enforcer(_) => ENFORCER_BIN,
         }
     }
 }

@@ -1,7 +1,7 @@
-//! Services on the node: the EndpointSlices the EndpointSlice controller
-//! would write for Services with a selector, and the node's DNAT (the
-//! lab's nftables table, kube-proxy style), both recomputed from the lab's
-//! objects and pod addresses on every change.
+//! Services on the nodes: the EndpointSlices the EndpointSlice controller
+//! would write for Services with a selector, and every node's DNAT (the
+//! lab's nftables table, kube-proxy style: the same rules on every node),
+//! both recomputed from the lab's objects and pod addresses on every change.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -53,18 +53,21 @@ impl Lab {
         self.generated_slices = wanted;
 
         let translations = service::translations(&services, &pods, &slices);
-        if translations.is_empty() && self.nat_script.is_none() {
-            // No Service yet: no table, and no kernel conntrack in the node
-            // until a scenario asks for it.
-            return Ok(());
-        }
         let script = nat::script(&translations);
-        if self.nat_script.as_deref() == Some(script.as_str()) {
-            return Ok(());
+        for i in 0..self.nodes.len() {
+            let node = &self.nodes[i];
+            if translations.is_empty() && node.nat_script.is_none() {
+                // No Service yet: no table, and no kernel conntrack in the
+                // node until a scenario asks for it.
+                continue;
+            }
+            if node.nat_script.as_deref() == Some(script.as_str()) {
+                continue;
+            }
+            self.nft(i, &script)
+                .with_context(|| format!("installing the Services' DNAT in {}", node.name))?;
+            self.nodes[i].nat_script = Some(script.clone());
         }
-        self.nft(&script)
-            .context("installing the Services' DNAT in the node")?;
-        self.nat_script = Some(script);
         Ok(())
     }
 
@@ -108,9 +111,9 @@ impl Lab {
         Ok((services, slices.into_iter().map(|(_, s)| s).collect()))
     }
 
-    /// Runs an nft script in the node's namespace.
-    fn nft(&self, script: &str) -> Result<()> {
-        let node = self.node_ns();
+    /// Runs an nft script in node `i`'s namespace.
+    fn nft(&self, i: usize, script: &str) -> Result<()> {
+        let node = self.nodes[i].ns();
         let mut child = Command::new("nsenter")
             .arg(format!("--net={}", node.path().display()))
             .args(["nft", "-f", "-"])
@@ -136,13 +139,13 @@ impl Lab {
         Ok(())
     }
 
-    /// Removes the lab's table from the node, if it made one.
-    pub(super) fn remove_services_table(&mut self) -> Result<()> {
-        if self.nat_script.take().is_none() || self.node_ns.is_none() {
+    /// Removes the lab's table from node `i`, if it made one.
+    pub(super) fn remove_services_table(&mut self, i: usize) -> Result<()> {
+        if self.nodes[i].nat_script.take().is_none() || self.nodes[i].ns.is_none() {
             return Ok(());
         }
-        self.nft(&nat::delete_script())
-            .context("removing the Services' table from the node")
+        self.nft(i, &nat::delete_script())
+            .with_context(|| format!("removing the Services' table from {}", self.nodes[i].name))
     }
 
     /// The ClusterIP of a Service of the lab.
@@ -156,9 +159,10 @@ impl Lab {
             .ok_or_else(|| anyhow!("{svc} is headless (clusterIP: None): it has no address"))
     }
 
-    /// The nft script last installed in the node (None: no table).
+    /// The nft script last installed in node 1 (None: no table); every
+    /// node holds the same.
     pub fn services_ruleset(&self) -> Option<&str> {
-        self.nat_script.as_deref()
+        self.nodes[0].nat_script.as_deref()
     }
 }
 

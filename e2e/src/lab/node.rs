@@ -1,0 +1,249 @@
+//! The lab's nodes and the fabric between them.
+//!
+//! Each node is a network namespace with its own enforcer process, pin root,
+//! state dir, CNI socket, CNI chain and host-local pod range. The fabric is
+//! one more namespace holding a bridge that every node joins with a veth;
+//! each node has a route to every other node's pod range through that
+//! node's fabric address, so a packet between pods on two nodes is routed by
+//! the kernel through both nodes (and both nodes' programs). The controller
+//! runs in the fabric namespace and serves the enforcers over TCP there, as
+//! a controller Service does in a cluster.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::cni::{lab_chain, CniChain};
+use crate::netns::NetNs;
+use crate::preflight::BPFFS;
+use crate::process::Daemon;
+
+use super::LabConfig;
+
+/// The fabric's addresses: node K (1-based) is `10.250.0.K`, the controller
+/// is `.254`. Outside the pod ranges and the usual Service ranges.
+const FABRIC_PREFIX: [u8; 3] = [10, 250, 0];
+const FABRIC_LEN: u8 = 24;
+const CONTROLLER_HOST: u8 = 254;
+pub(super) const CONTROLLER_PORT: u16 = 7443;
+/// The fabric side of node K's link is `n{K}`; the node side is this.
+const NODE_LINK: &str = "fab0";
+const BRIDGE: &str = "fabric";
+
+/// Most nodes a lab has (the scenario parser enforces the same bound).
+pub const MAX_NODES: usize = 16;
+
+pub(super) struct LabNode {
+    /// `node-K`, K from 1: what pods name in `spec.nodeName`.
+    pub(super) name: String,
+    pub(super) netns_name: String,
+    pub(super) ns: Option<NetNs>,
+    pub(super) pin_root: PathBuf,
+    pub(super) enforcer_socket: PathBuf,
+    pub(super) state_dir: PathBuf,
+    pub(super) enforcer_log: PathBuf,
+    pub(super) second_log: PathBuf,
+    pub(super) pod_subnet: String,
+    pub(super) bridge: String,
+    pub(super) cni: CniChain,
+    pub(super) enforcer: Option<Daemon>,
+    /// Started by a `start: second-enforcer` fault; never waited on.
+    pub(super) second_enforcer: Option<Daemon>,
+    /// The running enforcer's id, when it reports one.
+    pub(super) enforcer_id: Option<String>,
+    /// The nft script in force in the node (None: the lab made no table).
+    pub(super) nat_script: Option<String>,
+}
+
+impl LabNode {
+    /// Node `index` (from 0) of lab `id`. Node 1 keeps the names a
+    /// single-node lab always had (`pl<id>-node`, `enforcer.sock`, ...), so
+    /// tools and people that know them still find them.
+    pub(super) fn new(config: &LabConfig, id: &str, run_dir: &Path, index: usize) -> Result<Self> {
+        let k = index + 1;
+        let sfx = if index == 0 {
+            String::new()
+        } else {
+            format!("-node-{k}")
+        };
+        let log_dir = run_dir.join("logs");
+        let enforcer_socket = run_dir.join(format!("enforcer{sfx}.sock"));
+        let pod_subnet = node_subnet(&config.pod_subnet, index)?;
+        // Interface names are at most 15 bytes; the id keeps labs apart.
+        let bridge = format!(
+            "plbr{id}{}",
+            if index == 0 {
+                String::new()
+            } else {
+                k.to_string()
+            }
+        );
+        let mut plugin_dirs = vec![config.cni_bin_dir.clone()];
+        if config.with_palisade {
+            plugin_dirs.push(config.bin_dir.clone());
+        }
+        let cni = CniChain {
+            plugin_dirs,
+            plugins: lab_chain(
+                &run_dir.join(format!("ipam{sfx}")),
+                &pod_subnet,
+                config.cni,
+                &bridge,
+                config.with_palisade.then_some(enforcer_socket.as_path()),
+            ),
+            timeout: config.cni_timeout,
+            log: log_dir.join(format!("cni{sfx}.log")),
+        };
+        Ok(Self {
+            name: format!("node-{k}"),
+            netns_name: if index == 0 {
+                format!("pl{id}-node")
+            } else {
+                format!("pl{id}-node{k}")
+            },
+            ns: None,
+            pin_root: Path::new(BPFFS).join(format!("palisade-lab-{id}{sfx}")),
+            enforcer_socket,
+            state_dir: run_dir.join(format!("enforcer-state{sfx}")),
+            enforcer_log: log_dir.join(format!("enforcer{sfx}.log")),
+            second_log: log_dir.join(format!("enforcer-2{sfx}.log")),
+            pod_subnet,
+            bridge,
+            cni,
+            enforcer: None,
+            second_enforcer: None,
+            enforcer_id: None,
+            nat_script: None,
+        })
+    }
+
+    pub(super) fn ns(&self) -> &NetNs {
+        self.ns
+            .as_ref()
+            .expect("the node namespace exists once booted")
+    }
+}
+
+/// Node `index`'s pod range: the configured range shifted by `index` times
+/// its own size (10.244.0.0/24, 10.244.1.0/24, ...).
+pub(super) fn node_subnet(base: &str, index: usize) -> Result<String> {
+    let (addr, len) = base
+        .split_once('/')
+        .with_context(|| format!("pod subnet {base:?} is not ADDRESS/PREFIX"))?;
+    let addr: Ipv4Addr = addr
+        .parse()
+        .with_context(|| format!("pod subnet {base:?}: the lab's pods are IPv4"))?;
+    let len: u32 = len
+        .parse()
+        .ok()
+        .filter(|l| (8..=30).contains(l))
+        .with_context(|| format!("pod subnet {base:?}: prefix must be 8-30"))?;
+    let size = 1u64 << (32 - len);
+    let start = u64::from(u32::from(addr)) & !(size - 1);
+    let shifted = start + size * index as u64;
+    if shifted + size > 1 << 32 {
+        bail!("pod subnet {base:?} has no room for node {}", index + 1);
+    }
+    Ok(format!("{}/{len}", Ipv4Addr::from(shifted as u32)))
+}
+
+pub(super) fn fabric_ip(node_index: usize) -> Ipv4Addr {
+    let [a, b, c] = FABRIC_PREFIX;
+    Ipv4Addr::new(a, b, c, node_index as u8 + 1)
+}
+
+pub(super) fn controller_ip() -> Ipv4Addr {
+    let [a, b, c] = FABRIC_PREFIX;
+    Ipv4Addr::new(a, b, c, CONTROLLER_HOST)
+}
+
+/// The fabric's bridge and its controller address, in `fabric`.
+pub(super) fn make_fabric(fabric: &NetNs) -> Result<()> {
+    let f = fabric.name();
+    ip(&["-n", f, "link", "add", BRIDGE, "type", "bridge"])?;
+    ip(&[
+        "-n",
+        f,
+        "addr",
+        "add",
+        &format!("{}/{FABRIC_LEN}", controller_ip()),
+        "dev",
+        BRIDGE,
+    ])?;
+    ip(&["-n", f, "link", "set", BRIDGE, "up"])
+}
+
+/// Joins node `index` to the fabric: a veth with the node's fabric address.
+pub(super) fn join_fabric(fabric: &NetNs, node: &NetNs, index: usize) -> Result<()> {
+    let (f, n) = (fabric.name(), node.name());
+    let port = format!("n{}", index + 1);
+    ip(&[
+        "-n", n, "link", "add", NODE_LINK, "type", "veth", "peer", "name", &port, "netns", f,
+    ])?;
+    ip(&[
+        "-n",
+        n,
+        "addr",
+        "add",
+        &format!("{}/{FABRIC_LEN}", fabric_ip(index)),
+        "dev",
+        NODE_LINK,
+    ])?;
+    ip(&["-n", n, "link", "set", NODE_LINK, "up"])?;
+    ip(&["-n", f, "link", "set", &port, "master", BRIDGE, "up"])
+}
+
+/// A route in `node` to another node's pod range through its fabric address.
+pub(super) fn route_to(node: &NetNs, subnet: &str, via_index: usize) -> Result<()> {
+    ip(&[
+        "-n",
+        node.name(),
+        "route",
+        "add",
+        subnet,
+        "via",
+        &fabric_ip(via_index).to_string(),
+        "dev",
+        NODE_LINK,
+    ])
+}
+
+fn ip(args: &[&str]) -> Result<()> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .with_context(|| format!("running ip {}", args.join(" ")))?;
+    if !out.status.success() {
+        bail!(
+            "ip {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_ranges_follow_each_other() {
+        assert_eq!(node_subnet("10.244.0.0/24", 0).unwrap(), "10.244.0.0/24");
+        assert_eq!(node_subnet("10.244.0.0/24", 1).unwrap(), "10.244.1.0/24");
+        assert_eq!(node_subnet("10.244.0.0/22", 2).unwrap(), "10.244.8.0/22");
+        assert_eq!(node_subnet("10.244.0.7/24", 1).unwrap(), "10.244.1.0/24");
+        assert!(node_subnet("255.255.255.0/24", 1).is_err());
+        assert!(node_subnet("fd00::/64", 0).is_err());
+        assert!(node_subnet("10.244.0.0", 0).is_err());
+    }
+
+    #[test]
+    fn fabric_addresses_are_outside_pod_ranges() {
+        assert_eq!(fabric_ip(0), Ipv4Addr::new(10, 250, 0, 1));
+        assert_eq!(fabric_ip(MAX_NODES - 1), Ipv4Addr::new(10, 250, 0, 16));
+        assert_eq!(controller_ip(), Ipv4Addr::new(10, 250, 0, 254));
+    }
+}
