@@ -74,6 +74,10 @@ objects:
 "#;
 
 fn lab() -> Lab {
+    lab_of(1, OBJECTS)
+}
+
+fn lab_of(nodes: usize, objects_yaml: &str) -> Lab {
     let sysctls = [
         ("net.netfilter.nf_conntrack_tcp_timeout_time_wait", "1"),
         ("net.netfilter.nf_conntrack_tcp_timeout_close", "1"),
@@ -86,6 +90,7 @@ fn lab() -> Lab {
     ];
     let mut lab = Lab::start(LabConfig {
         conntrack_cleanup_secs: Some(1),
+        nodes,
         node_sysctls: sysctls
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -93,7 +98,7 @@ fn lab() -> Lab {
         ..LabConfig::default()
     })
     .expect("lab starts");
-    lab.apply(&objects(OBJECTS)).expect("pods and Service");
+    lab.apply(&objects(objects_yaml)).expect("pods and Service");
     lab.wait_realized().expect("pods realized");
     lab
 }
@@ -116,7 +121,12 @@ fn policy_key(name: &str) -> ObjectKey {
 
 /// The eBPF entries of the flow from `client`.
 fn flow_entries(lab: &Lab, client: SocketAddr) -> BTreeSet<Entry> {
-    lab.conntrack_entries()
+    flow_entries_on(lab, "node-1", client)
+}
+
+/// The eBPF entries of the flow from `client` on node `node`.
+fn flow_entries_on(lab: &Lab, node: &str, client: SocketAddr) -> BTreeSet<Entry> {
+    lab.conntrack_entries_on(node)
         .expect("the conntrack map is readable")
         .into_iter()
         .filter(|e| e.involves(client.ip(), client.port()))
@@ -783,5 +793,109 @@ objects:
         "the dump must say why idle entries were kept: {state:?}"
     );
     drop((conn, server, listener));
+    finish(lab);
+}
+
+/// Seed 001 across nodes: the client on node-1 (whose kernel DNATs the
+/// ClusterIP), the backend on node-2 (whose kernel sees only the backend
+/// address). Each node's cleanup keeps its own entry of the live flow for
+/// several cycles, and removes it once the closed flow left its kernel.
+#[test]
+fn seed_001_tcp_through_a_cluster_ip_across_nodes() {
+    if !is_root() {
+        return;
+    }
+    let placed = OBJECTS
+        .replace(
+            "labels: {app: client}}, spec: {",
+            "labels: {app: client}}, spec: {nodeName: node-1, ",
+        )
+        .replace(
+            "labels: {app: web}}, spec: {",
+            "labels: {app: web}}, spec: {nodeName: node-2, ",
+        );
+    assert_ne!(placed, OBJECTS, "the pods are placed");
+    let mut lab = lab_of(2, &placed);
+    assert_eq!(lab.node_of(&pod("x/client")), Some("node-1"));
+    assert_eq!(lab.node_of(&pod("x/server")), Some("node-2"));
+    lab.apply(&policies(SEED_001)).unwrap();
+    lab.wait_realized().unwrap();
+    let listener = server_ns(&lab)
+        .run(|| TcpListener::bind((Ipv4Addr::UNSPECIFIED, PUSH_PORT)))
+        .unwrap()
+        .unwrap();
+    let mut conn = lab.connect(&pod("x/client"), &svc(), 70, TIMEOUT).unwrap();
+    let (mut server, _) = listener.accept().unwrap();
+    for s in [&conn, &server] {
+        s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    }
+    conn.write_all(b"open").unwrap();
+    server.read_exact(&mut [0u8; 4]).unwrap();
+    let me = conn.local_addr().unwrap();
+    let vip = IpAddr::from(CLUSTER_IP);
+    let backend = lab.pod_ip(&pod("x/server")).unwrap();
+    let first: Vec<BTreeSet<Entry>> = ["node-1", "node-2"]
+        .iter()
+        .map(|n| flow_entries_on(&lab, n, me))
+        .collect();
+    assert!(
+        first[0].iter().any(|e| e.owner == Owner::FromPod && e.dst == vip && e.dport == 70),
+        "node-1 holds the client's entry to the VIP: {:#?}",
+        first[0]
+    );
+    assert!(
+        first[1]
+            .iter()
+            .any(|e| e.owner == Owner::ToPod && e.dst == backend && e.dport == PUSH_PORT),
+        "node-2 holds the backend's entry: {:#?}",
+        first[1]
+    );
+    let removed_before: Vec<u64> = ["node-1", "node-2"]
+        .iter()
+        .map(|n| lab.conntrack_state_on(n).unwrap().removed_total)
+        .collect();
+    for cycle in 0..3 {
+        for n in ["node-1", "node-2"] {
+            let before = lab.conntrack_state_on(n).unwrap().cleanups;
+            lab.wait_cleanups_on(n, before, 2, WAIT).unwrap();
+        }
+        for (i, n) in ["node-1", "node-2"].iter().enumerate() {
+            assert_eq!(
+                identities(&flow_entries_on(&lab, n, me)),
+                identities(&first[i]),
+                "cycle {cycle}: a cleanup on {n} changed the live flow's entries\nkernel: {:#?}",
+                lab.kernel_conntrack_on(n).unwrap_or_default()
+            );
+        }
+        if let Err(e) = tcp_both_ways(&mut conn, &mut server) {
+            panic!("cycle {cycle}: {e}\n{}", lab.log_tails(20));
+        }
+    }
+    for (i, n) in ["node-1", "node-2"].iter().enumerate() {
+        assert_eq!(
+            lab.conntrack_state_on(n).unwrap().removed_total,
+            removed_before[i],
+            "a cleanup on {n} removed entries while the only flow was live"
+        );
+    }
+    drop(conn);
+    drop(server);
+    let start = Instant::now();
+    for n in ["node-1", "node-2"] {
+        loop {
+            let left = flow_entries_on(&lab, n, me);
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                start.elapsed() < WAIT,
+                "entries of the closed flow on {n} still there after {WAIT:?}: {left:#?}\nkernel: {:#?}",
+                lab.kernel_conntrack_on(n).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50)); // poll: inside a loop bounded by a deadline
+        }
+    }
+    eprintln!("closed cross-node flow's entries removed {:?} after close", start.elapsed());
+    drop(listener);
     finish(lab);
 }
