@@ -1,0 +1,186 @@
+//! PolicyEndpoint slices held by the policy they belong to, each policy
+//! resolved from the union of its slices (`source::policy_endpoint::resolve`)
+//! and indexed by the pods it selects.
+//!
+//! A slice changed or deleted re-resolves its policy; the targets that
+//! change can affect are the pods the policy selected before or selects now.
+//! Peers are addresses, so no other pod depends on a policy; a pod that
+//! appears, moves or goes is recomputed by the engine as a target anyway,
+//! and finds its policies here by its name.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use palisade_proto::v1::{DirectionPolicy, PodPolicy};
+
+use crate::resolve::{namespace_of, PodKey};
+use crate::source::policy_endpoint::resolve::{resolve_policy, EndpointPolicy};
+use crate::source::policy_endpoint::{display_name, parse_spec, PolicyEndpoint, PolicyEndpointSpec};
+
+#[derive(Default)]
+pub struct EndpointPolicies {
+    /// The last spec of each slice that could be used (a slice that stops
+    /// parsing keeps it: nothing in force is withdrawn by bad input), with
+    /// the policy it refers to.
+    slices: HashMap<PodKey, (PodKey, Arc<PolicyEndpointSpec>)>,
+    /// Problems with a slice as a whole (it does not parse, or refers to a
+    /// policy of another namespace).
+    slice_errors: BTreeMap<PodKey, String>,
+    /// Slice names by policy.
+    by_policy: HashMap<PodKey, BTreeSet<String>>,
+    resolved: HashMap<PodKey, Arc<EndpointPolicy>>,
+    /// Policies by the pods they select.
+    by_pod: HashMap<PodKey, BTreeSet<PodKey>>,
+}
+
+impl EndpointPolicies {
+    pub fn apply(&mut self, pe: &PolicyEndpoint, dirty: &mut HashSet<PodKey>) {
+        let key = (
+            namespace_of(&pe.metadata),
+            pe.metadata.name.clone().unwrap_or_default(),
+        );
+        let parsed = parse_spec(&key.0, &key.1, &pe.spec).and_then(|spec| {
+            let ref_ns = if spec.policy_ref.namespace.is_empty() {
+                key.0.clone()
+            } else {
+                spec.policy_ref.namespace.clone()
+            };
+            let display = display_name(&key.0, &key.1);
+            if spec.policy_ref.name.is_empty() {
+                Err(format!("{display}: spec.policyRef.name: missing"))
+            } else if ref_ns != key.0 {
+                // Only the policy's own namespace holds its slices; a slice
+                // elsewhere could grant traffic to pods its writer does not
+                // own.
+                Err(format!(
+                    "{display}: spec.policyRef.namespace: {ref_ns:?} is not the object's \
+                     namespace; slice ignored"
+                ))
+            } else {
+                Ok(((ref_ns, spec.policy_ref.name.clone()), spec))
+            }
+        });
+        match parsed {
+            Ok((policy, spec)) => {
+                self.slice_errors.remove(&key);
+                let old = self.slices.insert(key.clone(), (policy.clone(), Arc::new(spec)));
+                if let Some((old_policy, _)) = old {
+                    if old_policy != policy {
+                        self.unlink(&old_policy, &key.1);
+                        self.reresolve(&old_policy, dirty);
+                    }
+                }
+                self.by_policy
+                    .entry(policy.clone())
+                    .or_default()
+                    .insert(key.1.clone());
+                self.reresolve(&policy, dirty);
+            }
+            Err(e) => {
+                let kept = if self.slices.contains_key(&key) {
+                    "; its previous version stays in force"
+                } else {
+                    ""
+                };
+                self.slice_errors.insert(key, format!("{e}{kept}"));
+            }
+        }
+    }
+
+    pub fn delete(&mut self, key: &PodKey, dirty: &mut HashSet<PodKey>) {
+        self.slice_errors.remove(key);
+        if let Some((policy, _)) = self.slices.remove(key) {
+            self.unlink(&policy, &key.1);
+            self.reresolve(&policy, dirty);
+        }
+    }
+
+    /// The policies that select a pod, by name.
+    pub fn selecting(&self, pod: &PodKey) -> Vec<Arc<EndpointPolicy>> {
+        self.by_pod
+            .get(pod)
+            .into_iter()
+            .flatten()
+            .filter_map(|p| self.resolved.get(p).cloned())
+            .collect()
+    }
+
+    /// Every problem with the slices, sorted.
+    pub fn errors(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.slice_errors.values().cloned().collect();
+        out.extend(self.resolved.values().flat_map(|p| p.errors.iter().cloned()));
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    fn unlink(&mut self, policy: &PodKey, slice: &str) {
+        if let Some(names) = self.by_policy.get_mut(policy) {
+            names.remove(slice);
+            if names.is_empty() {
+                self.by_policy.remove(policy);
+            }
+        }
+    }
+
+    fn reresolve(&mut self, policy: &PodKey, dirty: &mut HashSet<PodKey>) {
+        let new = self.by_policy.get(policy).map(|names| {
+            let specs: Vec<(&str, &PolicyEndpointSpec)> = names
+                .iter()
+                .filter_map(|n| {
+                    self.slices
+                        .get(&(policy.0.clone(), n.clone()))
+                        .map(|(_, s)| (n.as_str(), &**s))
+                })
+                .collect();
+            Arc::new(resolve_policy(policy, &specs))
+        });
+        let old = match &new {
+            Some(p) => self.resolved.insert(policy.clone(), p.clone()),
+            None => self.resolved.remove(policy),
+        };
+        if old.as_deref() == new.as_deref() {
+            return;
+        }
+        for pod in old.iter().flat_map(|p| p.pods.iter()) {
+            if let Some(set) = self.by_pod.get_mut(pod) {
+                set.remove(policy);
+                if set.is_empty() {
+                    self.by_pod.remove(pod);
+                }
+            }
+            dirty.insert(pod.clone());
+        }
+        for pod in new.iter().flat_map(|p| p.pods.iter()) {
+            self.by_pod
+                .entry(pod.clone())
+                .or_default()
+                .insert(policy.clone());
+            dirty.insert(pod.clone());
+        }
+    }
+}
+
+/// Adds what the PolicyEndpoint policies selecting a pod say to its policy:
+/// as with NetworkPolicies, each isolates the pod in its directions and the
+/// rules of all of them are unioned.
+pub fn add_to(policy: &mut PodPolicy, selecting: &[Arc<EndpointPolicy>]) {
+    if selecting.is_empty() {
+        return;
+    }
+    for p in selecting {
+        for (rules, dir) in [
+            (&p.ingress, &mut policy.ingress),
+            (&p.egress, &mut policy.egress),
+        ] {
+            if let Some(rules) = rules {
+                dir.get_or_insert_with(DirectionPolicy::default)
+                    .rules
+                    .extend(rules.iter().cloned());
+            }
+        }
+        policy.policies.push(p.name.clone());
+    }
+    policy.policies.sort();
+    policy.policies.dedup();
+}
