@@ -45,15 +45,18 @@ pub enum Kind {
     NetworkPolicy,
     Service,
     EndpointSlice,
+    /// The AWS network policy controller's CRD (networking.k8s.aws/v1alpha1).
+    PolicyEndpoint,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 6] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::NetworkPolicy,
         Kind::Service,
         Kind::EndpointSlice,
+        Kind::PolicyEndpoint,
     ];
     fn of(kind: &str) -> Kind {
         match kind {
@@ -62,6 +65,7 @@ impl Kind {
             "NetworkPolicy" => Kind::NetworkPolicy,
             "Service" => Kind::Service,
             "EndpointSlice" => Kind::EndpointSlice,
+            "PolicyEndpoint" => Kind::PolicyEndpoint,
             other => panic!("the double does not serve {other}"),
         }
     }
@@ -69,6 +73,7 @@ impl Kind {
         match self {
             Kind::NetworkPolicy => "networking.k8s.io/v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
+            Kind::PolicyEndpoint => "networking.k8s.aws/v1alpha1",
             _ => "v1",
         }
     }
@@ -79,6 +84,7 @@ impl Kind {
             Kind::NetworkPolicy => "NetworkPolicy",
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
+            Kind::PolicyEndpoint => "PolicyEndpoint",
         }
     }
     fn path(self) -> &'static str {
@@ -88,6 +94,7 @@ impl Kind {
             Kind::NetworkPolicy => "/apis/networking.k8s.io/v1/networkpolicies",
             Kind::Service => "/api/v1/services",
             Kind::EndpointSlice => "/apis/discovery.k8s.io/v1/endpointslices",
+            Kind::PolicyEndpoint => "/apis/networking.k8s.aws/v1alpha1/policyendpoints",
         }
     }
 }
