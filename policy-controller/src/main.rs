@@ -20,7 +20,12 @@ struct Args {
     manifests: Option<PathBuf>,
     /// Where policy comes from: NetworkPolicies, or the PolicyEndpoints the
     /// AWS network policy controller writes (Kubernetes API only).
-    #[arg(long, env = "PALISADE_POLICY_SOURCE", value_enum, default_value = "networkpolicy")]
+    #[arg(
+        long,
+        env = "PALISADE_POLICY_SOURCE",
+        value_enum,
+        default_value = "networkpolicy"
+    )]
     policy_source: source::policy_endpoint::PolicySource,
 }
 
@@ -67,9 +72,9 @@ async fn run(args: Args) -> Result<(), String> {
             tokio::spawn(feed::run_changes(hub.clone(), rx, err_rx));
             let policy_source = args.policy_source;
             tracing::info!(?policy_source, "watching the Kubernetes API");
-            tokio::spawn(async move {
-                source::kube::run_with(client, tx, err_tx, policy_source).await
-            })
+            tokio::spawn(
+                async move { source::kube::run_with(client, tx, err_tx, policy_source).await },
+            )
         }
     };
 

@@ -102,15 +102,15 @@ impl Cluster {
     }
 
     fn state(&self) -> ClusterState {
-        let objects = self.0.values().map(|v| {
-            match v["kind"].as_str().unwrap() {
-                "Namespace" => Object::Namespace(serde_json::from_value::<Namespace>(v.clone()).unwrap()),
-                "Pod" => Object::Pod(serde_json::from_value::<Pod>(v.clone()).unwrap()),
-                "NetworkPolicy" => Object::NetworkPolicy(
-                    serde_json::from_value::<NetworkPolicy>(v.clone()).unwrap(),
-                ),
-                other => panic!("no {other} in these clusters"),
+        let objects = self.0.values().map(|v| match v["kind"].as_str().unwrap() {
+            "Namespace" => {
+                Object::Namespace(serde_json::from_value::<Namespace>(v.clone()).unwrap())
             }
+            "Pod" => Object::Pod(serde_json::from_value::<Pod>(v.clone()).unwrap()),
+            "NetworkPolicy" => {
+                Object::NetworkPolicy(serde_json::from_value::<NetworkPolicy>(v.clone()).unwrap())
+            }
+            other => panic!("no {other} in these clusters"),
         });
         ClusterState::from_objects(objects, String::new())
     }
@@ -143,9 +143,13 @@ fn namespace(rng: &mut Rng, name: &str) -> Value {
 /// namespaces, so egress named ports resolve per destination.
 fn container_ports(ns: &str) -> Value {
     match ns {
-        "a" => json!([{"name": "http", "containerPort": 80}, {"name": "dns", "containerPort": 53, "protocol": "UDP"}]),
+        "a" => {
+            json!([{"name": "http", "containerPort": 80}, {"name": "dns", "containerPort": 53, "protocol": "UDP"}])
+        }
         "b" => json!([{"name": "http", "containerPort": 8080}]),
-        "d" => json!([{"name": "http", "containerPort": 80}, {"name": "dns", "containerPort": 5353, "protocol": "UDP"}]),
+        "d" => {
+            json!([{"name": "http", "containerPort": 80}, {"name": "dns", "containerPort": 5353, "protocol": "UDP"}])
+        }
         _ => json!([]),
     }
 }
@@ -325,8 +329,7 @@ fn mutate(rng: &mut Rng, c: &mut Cluster, addresses: &mut Addresses) {
             c.put(p);
         }
         2 => {
-            let pods: Vec<(String, String, String)> =
-                c.of_kind("Pod").map(Cluster::key).collect();
+            let pods: Vec<(String, String, String)> = c.of_kind("Pod").map(Cluster::key).collect();
             if pods.is_empty() {
                 return;
             }
@@ -509,9 +512,9 @@ mod aws {
                 }
             }
             self.lossy = self.written.values().any(|o| {
-                ["ingress", "egress"].iter().any(|d| {
-                    combine(&o["spec"]["__raw"][d]).1
-                })
+                ["ingress", "egress"]
+                    .iter()
+                    .any(|d| combine(&o["spec"]["__raw"][d]).1)
             });
             ops
         }
@@ -524,7 +527,9 @@ mod aws {
 
     fn render(key: &(String, String), s: &Slice, isolation: &Value, pod_selector: &Value) -> Value {
         let parse = |list: &[String]| -> Vec<Value> {
-            list.iter().map(|e| serde_json::from_str(e).unwrap()).collect()
+            list.iter()
+                .map(|e| serde_json::from_str(e).unwrap())
+                .collect()
         };
         let mut spec = json!({
             "isGlobal": false,
@@ -572,9 +577,8 @@ mod aws {
         let mut lossy = false;
         let mut out = Vec::new();
         for (cidr, group) in by_cidr {
-            let list = |e: &Value, k: &str| -> Vec<Value> {
-                e[k].as_array().cloned().unwrap_or_default()
-            };
+            let list =
+                |e: &Value, k: &str| -> Vec<Value> { e[k].as_array().cloned().unwrap_or_default() };
             let except_set = |e: &Value| -> BTreeSet<String> {
                 list(e, "except").iter().map(|v| v.to_string()).collect()
             };
@@ -606,8 +610,12 @@ mod aws {
             .filter(|ip| !ip.is_empty())
     }
 
-    fn matches(sel: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector, labels: Option<&BTreeMap<String, String>>) -> bool {
-        selector_matches(sel, &labels.cloned().unwrap_or_default()).expect("generated selectors are valid")
+    fn matches(
+        sel: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+        labels: Option<&BTreeMap<String, String>>,
+    ) -> bool {
+        selector_matches(sel, &labels.cloned().unwrap_or_default())
+            .expect("generated selectors are valid")
     }
 
     fn entry(cidr: &str, except: &[String], ports: &[Value]) -> String {
@@ -674,14 +682,26 @@ mod aws {
             .pods
             .iter()
             .filter(|p| p.metadata.namespace.as_deref() == Some(&ns))
-            .filter(|p| matches(spec.pod_selector.as_ref().unwrap(), p.metadata.labels.as_ref()))
+            .filter(|p| {
+                matches(
+                    spec.pod_selector.as_ref().unwrap(),
+                    p.metadata.labels.as_ref(),
+                )
+            })
             .collect();
         let pods = targets
             .iter()
             .filter_map(|p| {
                 let ip = pod_ip(p)?;
-                let host = p.status.as_ref().and_then(|s| s.host_ip.clone()).unwrap_or_default();
-                Some(json!({"hostIP": host, "podIP": ip, "name": p.metadata.name, "namespace": ns}).to_string())
+                let host = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.host_ip.clone())
+                    .unwrap_or_default();
+                Some(
+                    json!({"hostIP": host, "podIP": ip, "name": p.metadata.name, "namespace": ns})
+                        .to_string(),
+                )
             })
             .collect();
         let namespaces = |peer: &NetworkPolicyPeer| -> Vec<String> {
@@ -701,7 +721,11 @@ mod aws {
                 .pods
                 .iter()
                 .filter(|p| nss.contains(p.metadata.namespace.as_ref().unwrap()))
-                .filter(|p| peer.pod_selector.as_ref().is_none_or(|s| matches(s, p.metadata.labels.as_ref())))
+                .filter(|p| {
+                    peer.pod_selector
+                        .as_ref()
+                        .is_none_or(|s| matches(s, p.metadata.labels.as_ref()))
+                })
                 .filter(|p| pod_ip(p).is_some())
                 .collect()
         };
@@ -714,14 +738,19 @@ mod aws {
                 out.insert(entry(cidr, &[], &converted));
             }
         };
-        let block = |peer: &NetworkPolicyPeer, ports: &[NetworkPolicyPort], out: &mut BTreeSet<String>| {
-            let b = peer.ip_block.as_ref().unwrap();
-            let converted: Vec<Value> = ports.iter().filter_map(cidr_port).collect();
-            if !ports.is_empty() && converted.is_empty() {
-                return;
-            }
-            out.insert(entry(&b.cidr, b.except.as_deref().unwrap_or_default(), &converted));
-        };
+        let block =
+            |peer: &NetworkPolicyPeer, ports: &[NetworkPolicyPort], out: &mut BTreeSet<String>| {
+                let b = peer.ip_block.as_ref().unwrap();
+                let converted: Vec<Value> = ports.iter().filter_map(cidr_port).collect();
+                if !ports.is_empty() && converted.is_empty() {
+                    return;
+                }
+                out.insert(entry(
+                    &b.cidr,
+                    b.except.as_deref().unwrap_or_default(),
+                    &converted,
+                ));
+            };
 
         let mut ingress = BTreeSet::new();
         for rule in spec.ingress.iter().flatten() {
@@ -741,7 +770,8 @@ mod aws {
                     continue;
                 }
                 for p in peers_of(peer) {
-                    let own: Vec<Value> = ports.iter().filter_map(|port| pod_port(p, port)).collect();
+                    let own: Vec<Value> =
+                        ports.iter().filter_map(|port| pod_port(p, port)).collect();
                     if !ports.is_empty() && own.is_empty() {
                         continue;
                     }
@@ -762,7 +792,8 @@ mod aws {
                     continue;
                 }
                 for p in peers_of(peer) {
-                    let own: Vec<Value> = ports.iter().filter_map(|port| pod_port(p, port)).collect();
+                    let own: Vec<Value> =
+                        ports.iter().filter_map(|port| pod_port(p, port)).collect();
                     if !ports.is_empty() && own.is_empty() {
                         continue;
                     }
@@ -817,7 +848,10 @@ impl Served {
         }
         let k = (
             kind,
-            object["metadata"]["namespace"].as_str().unwrap_or("").to_string(),
+            object["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
             object["metadata"]["name"].as_str().unwrap().to_string(),
         );
         if self.held.get(&k) == Some(&object) {
@@ -831,7 +865,11 @@ impl Served {
 
     fn delete(&mut self, kind: Kind, ns: &str, name: &str) {
         let ns_key = if kind == Kind::Namespace { "" } else { ns };
-        if self.held.remove(&(kind, ns_key.to_string(), name.to_string())).is_none() {
+        if self
+            .held
+            .remove(&(kind, ns_key.to_string(), name.to_string()))
+            .is_none()
+        {
             return;
         }
         self.double
@@ -886,7 +924,10 @@ impl Served {
     }
 
     fn slices(&self) -> usize {
-        self.held.keys().filter(|k| k.0 == Kind::PolicyEndpoint).count()
+        self.held
+            .keys()
+            .filter(|k| k.0 == Kind::PolicyEndpoint)
+            .count()
     }
 }
 
@@ -897,7 +938,12 @@ fn start_controller(url: &str) -> Hub {
     let hub = Hub::new(1);
     let (tx, rx) = mpsc::unbounded_channel();
     let (etx, erx) = watch::channel(Vec::new());
-    tokio::spawn(kube_source::run_with(client, tx, etx, PolicySource::PolicyEndpoint));
+    tokio::spawn(kube_source::run_with(
+        client,
+        tx,
+        etx,
+        PolicySource::PolicyEndpoint,
+    ));
     tokio::spawn(feed::run_changes(hub.clone(), rx, erx));
     hub
 }
@@ -966,7 +1012,13 @@ const PORTS: [(Protocol, u16); 12] = [
 ];
 
 /// Addresses that are no pod's: inside and outside the ipBlocks and excepts.
-const OUTSIDE: [&str; 5] = ["10.0.1.200", "10.0.0.9", "10.0.9.9", "192.0.2.1", "fd00::ffff"];
+const OUTSIDE: [&str; 5] = [
+    "10.0.1.200",
+    "10.0.0.9",
+    "10.0.9.9",
+    "192.0.2.1",
+    "fd00::ffff",
+];
 
 #[derive(Default, Debug)]
 struct Tally {
@@ -1008,7 +1060,10 @@ fn compare(np: &Resolution, pe: &Resolution, exact: bool, what: &str, tally: &mu
             let b = &pe.plans[node].pods[key];
             assert_eq!(a.pod_ips, b.pod_ips, "{what}: {key:?}");
             if exact {
-                assert_eq!(a.policies, b.policies, "{what}: {key:?}: selecting policies");
+                assert_eq!(
+                    a.policies, b.policies,
+                    "{what}: {key:?}: selecting policies"
+                );
                 assert_eq!(
                     (a.ingress.is_some(), a.egress.is_some()),
                     (b.ingress.is_some(), b.egress.is_some()),
@@ -1021,7 +1076,8 @@ fn compare(np: &Resolution, pe: &Resolution, exact: bool, what: &str, tally: &mu
                         ("ingress from", a.ingress.as_ref(), b.ingress.as_ref()),
                         ("egress to", a.egress.as_ref(), b.egress.as_ref()),
                     ] {
-                        let (want, got) = (allows(x, *ip, proto, port), allows(y, *ip, proto, port));
+                        let (want, got) =
+                            (allows(x, *ip, proto, port), allows(y, *ip, proto, port));
                         tally.checks += 1;
                         if want && !got {
                             tally.fewer_allowed += 1;
@@ -1049,7 +1105,14 @@ fn compare(np: &Resolution, pe: &Resolution, exact: bool, what: &str, tally: &mu
 
 /// Serves `cluster` through the double, lets the controller take it in,
 /// and compares the verdicts with the NetworkPolicy plans.
-async fn check(hub: &Hub, served: &mut Served, aws: &mut aws::Controller, cluster: &Cluster, what: &str, tally: &mut Tally) {
+async fn check(
+    hub: &Hub,
+    served: &mut Served,
+    aws: &mut aws::Controller,
+    cluster: &Cluster,
+    what: &str,
+    tally: &mut Tally,
+) {
     served.sync(cluster, aws);
     let pe = plans_once_caught_up(hub, served, what).await;
     let np = resolve_with_errors(&cluster.state());
@@ -1180,7 +1243,15 @@ async fn fixed_cluster_policy_endpoints_grant_what_the_network_policies_grant() 
     cluster
         .0
         .remove(&("NetworkPolicy".into(), "dev".into(), "client".into()));
-    check(&hub, &mut served, &mut aws, &cluster, "fixed, changed", &mut tally).await;
+    check(
+        &hub,
+        &mut served,
+        &mut aws,
+        &cluster,
+        "fixed, changed",
+        &mut tally,
+    )
+    .await;
     let pe = plans_once_caught_up(&hub, &served, "fixed, changed").await;
     let web = &pe.plans["node-a"].pods[&("prod".into(), "web-1".into())];
     assert!(!allows(web.egress.as_ref(), api, Protocol::Tcp, 8080));
@@ -1202,13 +1273,29 @@ async fn generated_clusters_policy_endpoints_grant_what_the_network_policies_gra
         let mut served = Served::start().await;
         let hub = start_controller(&served.double.url);
         let mut aws = aws::Controller::new(1 + rng.below(4), seed);
-        check(&hub, &mut served, &mut aws, &cluster, &format!("seed {seed}"), &mut tally).await;
+        check(
+            &hub,
+            &mut served,
+            &mut aws,
+            &cluster,
+            &format!("seed {seed}"),
+            &mut tally,
+        )
+        .await;
         slices += served.slices();
         for step in 0..STEPS {
             for _ in 0..1 + rng.below(3) {
                 mutate(&mut rng, &mut cluster, &mut addresses);
             }
-            check(&hub, &mut served, &mut aws, &cluster, &format!("seed {seed} step {step}"), &mut tally).await;
+            check(
+                &hub,
+                &mut served,
+                &mut aws,
+                &cluster,
+                &format!("seed {seed} step {step}"),
+                &mut tally,
+            )
+            .await;
         }
     }
     eprintln!("{tally:?}, {slices} slices in the first views");
@@ -1236,21 +1323,27 @@ async fn bad_slices_are_errors_naming_object_and_field_and_weaken_nothing() {
     served.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}));
     served.apply(pod("server", "10.0.0.1"));
     served.apply(pod("client", "10.0.0.2"));
-    served.apply(slice("p-a", json!({
-        "policyRef": {"name": "p", "namespace": "x"},
-        "podIsolation": ["Ingress"],
-        "podSelectorEndpoints": [{"name": "server", "namespace": "x", "podIP": "10.0.0.1"}],
-        "ingress": [{"cidr": "10.0.0.2", "ports": [{"protocol": "TCP", "port": 80}]}],
-    })));
-    served.apply(slice("p-b", json!({
-        "policyRef": {"name": "p", "namespace": "x"},
-        "podIsolation": ["Ingress"],
-        "ingress": [
-            {"cidr": "10.0.0.0/33"},
-            {"cidr": "10.0.0.3", "ports": [{"protocol": "ICMP", "port": 1}]},
-            {"cidr": "10.0.0.4", "ports": [{"protocol": "UDP", "port": 53}]},
-        ],
-    })));
+    served.apply(slice(
+        "p-a",
+        json!({
+            "policyRef": {"name": "p", "namespace": "x"},
+            "podIsolation": ["Ingress"],
+            "podSelectorEndpoints": [{"name": "server", "namespace": "x", "podIP": "10.0.0.1"}],
+            "ingress": [{"cidr": "10.0.0.2", "ports": [{"protocol": "TCP", "port": 80}]}],
+        }),
+    ));
+    served.apply(slice(
+        "p-b",
+        json!({
+            "policyRef": {"name": "p", "namespace": "x"},
+            "podIsolation": ["Ingress"],
+            "ingress": [
+                {"cidr": "10.0.0.0/33"},
+                {"cidr": "10.0.0.3", "ports": [{"protocol": "ICMP", "port": 1}]},
+                {"cidr": "10.0.0.4", "ports": [{"protocol": "UDP", "port": 53}]},
+            ],
+        }),
+    ));
     let key = ("x".to_string(), "server".to_string());
     let client: IpAddr = "10.0.0.2".parse().unwrap();
     let fourth: IpAddr = "10.0.0.4".parse().unwrap();
@@ -1258,7 +1351,12 @@ async fn bad_slices_are_errors_naming_object_and_field_and_weaken_nothing() {
     let server = &pe.plans["n1"].pods[&key];
     assert!(allows(server.ingress.as_ref(), client, Protocol::Tcp, 80));
     assert!(allows(server.ingress.as_ref(), fourth, Protocol::Udp, 53));
-    assert!(!allows(server.ingress.as_ref(), "10.0.0.9".parse().unwrap(), Protocol::Tcp, 80));
+    assert!(!allows(
+        server.ingress.as_ref(),
+        "10.0.0.9".parse().unwrap(),
+        Protocol::Tcp,
+        80
+    ));
     assert_eq!(
         pe.errors,
         [
@@ -1269,10 +1367,13 @@ async fn bad_slices_are_errors_naming_object_and_field_and_weaken_nothing() {
     assert_eq!(hub.view().errors, pe.errors, "operators see them");
 
     // A slice that stops parsing keeps its previous version in force.
-    served.apply(slice("p-a", json!({
-        "policyRef": {"name": "p", "namespace": "x"},
-        "podIsolation": "Ingress",
-    })));
+    served.apply(slice(
+        "p-a",
+        json!({
+            "policyRef": {"name": "p", "namespace": "x"},
+            "podIsolation": "Ingress",
+        }),
+    ));
     let pe = plans_once_caught_up(&hub, &served, "unparsable slice").await;
     let server = &pe.plans["n1"].pods[&key];
     assert!(server.ingress.is_some() && allows(server.ingress.as_ref(), client, Protocol::Tcp, 80));
@@ -1285,31 +1386,51 @@ async fn bad_slices_are_errors_naming_object_and_field_and_weaken_nothing() {
     );
 
     // Slices disagreeing on isolation: the union, and an error saying so.
-    served.apply(slice("p-a", json!({
-        "policyRef": {"name": "p", "namespace": "x"},
-        "podIsolation": ["Ingress", "Egress"],
-        "podSelectorEndpoints": [{"name": "server", "namespace": "x", "podIP": "10.0.0.1"}],
-        "ingress": [{"cidr": "10.0.0.2", "ports": [{"protocol": "TCP", "port": 80}]}],
-    })));
+    served.apply(slice(
+        "p-a",
+        json!({
+            "policyRef": {"name": "p", "namespace": "x"},
+            "podIsolation": ["Ingress", "Egress"],
+            "podSelectorEndpoints": [{"name": "server", "namespace": "x", "podIP": "10.0.0.1"}],
+            "ingress": [{"cidr": "10.0.0.2", "ports": [{"protocol": "TCP", "port": 80}]}],
+        }),
+    ));
     let pe = plans_once_caught_up(&hub, &served, "disagreeing slices").await;
     let server = &pe.plans["n1"].pods[&key];
-    assert_eq!(server.egress.as_ref().map(|e| e.rules.len()), Some(0), "egress isolated, nothing allowed");
+    assert_eq!(
+        server.egress.as_ref().map(|e| e.rules.len()),
+        Some(0),
+        "egress isolated, nothing allowed"
+    );
     assert!(pe.errors.iter().any(|e| e.starts_with(
         "NetworkPolicy x/p: its PolicyEndpoints disagree on podIsolation ([Egress, Ingress] in p-a; [Ingress] in p-b)"
     )), "{:?}", pe.errors);
 
     // A slice in one namespace cannot speak for a policy of another.
-    served.apply(json!({"apiVersion": "networking.k8s.aws/v1alpha1", "kind": "PolicyEndpoint",
+    served.apply(
+        json!({"apiVersion": "networking.k8s.aws/v1alpha1", "kind": "PolicyEndpoint",
         "metadata": {"name": "intruder", "namespace": "y"},
         "spec": {"policyRef": {"name": "p", "namespace": "x"}, "podIsolation": ["Ingress"],
                  "podSelectorEndpoints": [{"name": "server", "namespace": "x"}],
-                 "ingress": [{"cidr": "0.0.0.0/0"}]}}));
+                 "ingress": [{"cidr": "0.0.0.0/0"}]}}),
+    );
     let pe = plans_once_caught_up(&hub, &served, "foreign slice").await;
     let server = &pe.plans["n1"].pods[&key];
-    assert!(!allows(server.ingress.as_ref(), "10.0.0.9".parse().unwrap(), Protocol::Tcp, 80));
-    assert!(pe.errors.iter().any(|e| e.starts_with(
+    assert!(!allows(
+        server.ingress.as_ref(),
+        "10.0.0.9".parse().unwrap(),
+        Protocol::Tcp,
+        80
+    ));
+    assert!(
+        pe.errors.iter().any(|e| {
+            e.starts_with(
         "PolicyEndpoint y/intruder: spec.policyRef.namespace: \"x\" is not the object's namespace"
-    )), "{:?}", pe.errors);
+    )
+        }),
+        "{:?}",
+        pe.errors
+    );
 
     // Deleting every slice lifts the policy; the errors go with them.
     for name in ["p-a", "p-b"] {

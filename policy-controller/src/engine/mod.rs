@@ -34,11 +34,11 @@ use crate::resolve::{
     is_selectorless, namespace_of, ns_labels, pod_info, resolve_target, selector_matches,
     slice_service, PodInfo, PodKey, Resolution,
 };
+use crate::source::policy_endpoint::resolve::EndpointPolicy;
+use crate::source::policy_endpoint::PolicyEndpoint;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use crate::source::policy_endpoint::resolve::EndpointPolicy;
-use crate::source::policy_endpoint::PolicyEndpoint;
 use objects::{Labels, Objects};
 use policy_endpoints::EndpointPolicies;
 use selection::{Selections, Selector, Used};

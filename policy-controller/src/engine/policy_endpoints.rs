@@ -15,7 +15,9 @@ use palisade_proto::v1::{DirectionPolicy, PodPolicy};
 
 use crate::resolve::{namespace_of, PodKey};
 use crate::source::policy_endpoint::resolve::{resolve_policy, EndpointPolicy};
-use crate::source::policy_endpoint::{display_name, parse_spec, PolicyEndpoint, PolicyEndpointSpec};
+use crate::source::policy_endpoint::{
+    display_name, parse_spec, PolicyEndpoint, PolicyEndpointSpec,
+};
 
 #[derive(Default)]
 pub struct EndpointPolicies {
@@ -63,7 +65,9 @@ impl EndpointPolicies {
         match parsed {
             Ok((policy, spec)) => {
                 self.slice_errors.remove(&key);
-                let old = self.slices.insert(key.clone(), (policy.clone(), Arc::new(spec)));
+                let old = self
+                    .slices
+                    .insert(key.clone(), (policy.clone(), Arc::new(spec)));
                 if let Some((old_policy, _)) = old {
                     if old_policy != policy {
                         self.unlink(&old_policy, &key.1);
@@ -108,7 +112,11 @@ impl EndpointPolicies {
     /// Every problem with the slices, sorted.
     pub fn errors(&self) -> Vec<String> {
         let mut out: Vec<String> = self.slice_errors.values().cloned().collect();
-        out.extend(self.resolved.values().flat_map(|p| p.errors.iter().cloned()));
+        out.extend(
+            self.resolved
+                .values()
+                .flat_map(|p| p.errors.iter().cloned()),
+        );
         out.sort();
         out.dedup();
         out
@@ -156,7 +164,6 @@ impl EndpointPolicies {
                 .entry(pod.clone())
                 .or_default()
                 .insert(policy.clone());
-            dirty.insert(pod.clone());
         }
     }
 }

@@ -150,8 +150,11 @@ impl Entries {
         ports.sort();
         ports.dedup();
         let cidr = b.cidr.expect("parse_entry sets a cidr");
-        let mut except: Vec<(Vec<u8>, u32)> =
-            b.except.into_iter().map(|e| (e.addr, e.prefix_len)).collect();
+        let mut except: Vec<(Vec<u8>, u32)> = b
+            .except
+            .into_iter()
+            .map(|e| (e.addr, e.prefix_len))
+            .collect();
         except.sort();
         except.dedup();
         self.0
@@ -161,10 +164,8 @@ impl Entries {
     }
 
     fn rules(self) -> Vec<Rule> {
-        let as_prefix = |addr: Vec<u8>, prefix_len: u32| palisade_proto::v1::IpPrefix {
-            addr,
-            prefix_len,
-        };
+        let as_prefix =
+            |addr: Vec<u8>, prefix_len: u32| palisade_proto::v1::IpPrefix { addr, prefix_len };
         self.0
             .into_iter()
             .map(|(ports, blocks)| Rule {
@@ -257,14 +258,10 @@ fn parse_port(p: &Port) -> Result<PortRange, String> {
     let (port, end_port) = match (p.port, p.end_port) {
         (None, None) => (0, 0),
         (None, Some(_)) => return Err(".endPort: requires port".into()),
-        (Some(n), _) if !in_range(n) => {
-            return Err(format!(".port: {n} is out of range 1-65535"))
-        }
+        (Some(n), _) if !in_range(n) => return Err(format!(".port: {n} is out of range 1-65535")),
         (Some(n), None) => (n, 0),
         (Some(n), Some(e)) if !in_range(e) || e < n => {
-            return Err(format!(
-                ".endPort: {e} must be between port {n} and 65535"
-            ))
+            return Err(format!(".endPort: {e} must be between port {n} and 65535"))
         }
         (Some(n), Some(e)) => (n, e),
     };
@@ -327,7 +324,11 @@ mod tests {
         assert!(rules[0].ports.is_empty());
         assert_eq!(rules[0].peers[0].except.len(), 1);
         assert_eq!(
-            rules[1].peers.iter().map(|b| b.cidr.clone().unwrap()).collect::<Vec<_>>(),
+            rules[1]
+                .peers
+                .iter()
+                .map(|b| b.cidr.clone().unwrap())
+                .collect::<Vec<_>>(),
             [host([10, 0, 0, 8]), host([10, 0, 0, 9])]
         );
         assert_eq!(rules[1].ports.len(), 1);
@@ -401,7 +402,8 @@ mod tests {
         assert_eq!(p.egress.as_ref().unwrap().len(), 1);
         assert_eq!(p.errors.len(), 1);
         assert!(
-            p.errors[0].contains("disagree on podIsolation ([Egress, Ingress] in b; [Ingress] in a)"),
+            p.errors[0]
+                .contains("disagree on podIsolation ([Egress, Ingress] in b; [Ingress] in a)"),
             "{:?}",
             p.errors
         );
