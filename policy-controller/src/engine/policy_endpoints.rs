@@ -164,6 +164,7 @@ impl EndpointPolicies {
                 .entry(pod.clone())
                 .or_default()
                 .insert(policy.clone());
+            dirty.insert(pod.clone());
         }
     }
 }
