@@ -150,6 +150,18 @@ impl EndpointPolicies {
         if old.as_deref() == new.as_deref() {
             return;
         }
+        // When only the selection moved (a pod added to a slice, as the AWS
+        // controller does for every new pod), the pods it still selects
+        // resolve as before: only those that came or went are recomputed.
+        let same_rules = match (&old, &new) {
+            (Some(a), Some(b)) => a.ingress == b.ingress && a.egress == b.egress,
+            _ => false,
+        };
+        let unchanged = |pod: &PodKey| {
+            same_rules
+                && old.as_ref().is_some_and(|p| p.pods.contains(pod))
+                && new.as_ref().is_some_and(|p| p.pods.contains(pod))
+        };
         for pod in old.iter().flat_map(|p| p.pods.iter()) {
             if let Some(set) = self.by_pod.get_mut(pod) {
                 set.remove(policy);
@@ -157,14 +169,18 @@ impl EndpointPolicies {
                     self.by_pod.remove(pod);
                 }
             }
-            dirty.insert(pod.clone());
+            if !unchanged(pod) {
+                dirty.insert(pod.clone());
+            }
         }
         for pod in new.iter().flat_map(|p| p.pods.iter()) {
             self.by_pod
                 .entry(pod.clone())
                 .or_default()
                 .insert(policy.clone());
-            dirty.insert(pod.clone());
+            if !unchanged(pod) {
+                dirty.insert(pod.clone());
+            }
         }
     }
 }
@@ -191,4 +207,74 @@ pub fn add_to(policy: &mut PodPolicy, selecting: &[Arc<EndpointPolicy>]) {
     }
     policy.policies.sort();
     policy.policies.dedup();
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use crate::engine::{Change, Engine};
+    use crate::source::policy_endpoint::PolicyEndpoint;
+
+    fn pod(name: &str, ip: &str) -> Change {
+        Change::ApplyPod(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "x", "labels": {"app": "same"}},
+                "spec": {"nodeName": "n1", "containers": [{"name": "c"}]},
+                "status": {"podIP": ip},
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn slice(name: &str, policy: &str, pods: &[&str]) -> Change {
+        let pods: Vec<_> = pods
+            .iter()
+            .map(|p| json!({"name": p, "namespace": "x"}))
+            .collect();
+        Change::ApplyPolicyEndpoint(
+            serde_json::from_value::<PolicyEndpoint>(json!({
+                "metadata": {"name": name, "namespace": "x"},
+                "spec": {"policyRef": {"name": policy, "namespace": "x"},
+                         "podIsolation": ["Ingress"],
+                         "podSelectorEndpoints": pods,
+                         "ingress": [{"cidr": "10.0.0.9"}]},
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn policies(engine: &Engine, pod: &str) -> Vec<String> {
+        engine.resolution().plans["n1"].pods[&("x".to_string(), pod.to_string())]
+            .policies
+            .clone()
+    }
+
+    #[test]
+    fn pods_alike_but_named_by_different_slices_resolve_apart() {
+        let mut engine = Engine::default();
+        engine.apply([
+            pod("a", "10.0.0.1"),
+            pod("b", "10.0.0.2"),
+            slice("p-1", "p", &["a"]),
+        ]);
+        assert_eq!(policies(&engine, "a"), ["x/p"]);
+        assert!(policies(&engine, "b").is_empty(), "same labels, not named");
+
+        // A second slice of the same policy names b: only b is recomputed.
+        let outcome = engine.apply([slice("p-2", "p", &["b"])]);
+        assert_eq!(outcome.recomputed, 1);
+        assert_eq!(policies(&engine, "b"), ["x/p"]);
+
+        // A slice moved to another policy: the pod it names leaves one and
+        // joins the other, and is the only one recomputed.
+        let outcome = engine.apply([slice("p-2", "q", &["b"])]);
+        assert_eq!(outcome.recomputed, 1);
+        assert_eq!(policies(&engine, "b"), ["x/q"]);
+
+        // Deleting a policy's last slice lifts it.
+        engine.apply([Change::DeletePolicyEndpoint(("x".into(), "p-1".into()))]);
+        assert!(policies(&engine, "a").is_empty());
+        assert!(engine.errors().is_empty());
+    }
 }
