@@ -68,7 +68,7 @@ pub enum Change {
 /// Pods that resolve alike: resolution reads of its target only the
 /// namespace, the labels and the named ports (besides the name and the
 /// addresses, which are the entry's own fields), and the PolicyEndpoint
-/// policies that name it (which select pods by name, not by label).
+/// policies that select it (which may list pods by name).
 struct Class(Arc<PodInfo>, Vec<Arc<EndpointPolicy>>);
 
 impl PartialEq for Class {
@@ -357,8 +357,12 @@ impl Engine {
                 self.set_slice(&key, Some(Arc::new(slice)), dirty);
             }
             Change::DeleteEndpointSlice(key) => self.set_slice(&key, None, dirty),
-            Change::ApplyPolicyEndpoint(pe) => self.endpoint_policies.apply(&pe, dirty),
-            Change::DeletePolicyEndpoint(key) => self.endpoint_policies.delete(&key, dirty),
+            Change::ApplyPolicyEndpoint(pe) => {
+                self.endpoint_policies.apply(&pe, &self.objects, dirty)
+            }
+            Change::DeletePolicyEndpoint(key) => {
+                self.endpoint_policies.delete(&key, &self.objects, dirty)
+            }
         }
     }
 
@@ -534,7 +538,7 @@ impl Engine {
             None => (None, None),
             Some(pod) => {
                 let node = pod.node.clone().expect("filtered above");
-                let class = Class(pod.clone(), self.endpoint_policies.selecting(key));
+                let class = Class(pod.clone(), self.endpoint_policies.selecting(&pod));
                 let resolved = match memo.get(&class) {
                     Some(r) => Resolved {
                         entry: r.entry.sibling(&pod.namespace, &pod.name, &pod.ips),

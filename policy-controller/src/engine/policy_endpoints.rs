@@ -1,19 +1,21 @@
 //! PolicyEndpoint slices held by the policy they belong to, each policy
 //! resolved from the union of its slices (`source::policy_endpoint::resolve`)
-//! and indexed by the pods it selects.
+//! and indexed by its namespace.
 //!
 //! A slice changed or deleted re-resolves its policy; the targets that
-//! change can affect are the pods the policy selected before or selects now.
-//! Peers are addresses, so no other pod depends on a policy; a pod that
-//! appears, moves or goes is recomputed by the engine as a target anyway,
-//! and finds its policies here by its name.
+//! change can affect are the pods of its namespace the policy selected
+//! before or selects now. Peers are addresses, so no other pod depends on a
+//! policy; a pod that appears, is relabelled, moves or goes is recomputed by
+//! the engine as a target anyway, and finds its policies here.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
 use std::sync::Arc;
 
 use palisade_proto::v1::{DirectionPolicy, PodPolicy};
 
-use crate::resolve::{namespace_of, PodKey};
+use super::objects::Objects;
+use crate::resolve::{namespace_of, PodInfo, PodKey};
 use crate::source::policy_endpoint::resolve::{resolve_policy, EndpointPolicy};
 use crate::source::policy_endpoint::{
     display_name, parse_spec, PolicyEndpoint, PolicyEndpointSpec,
@@ -31,12 +33,12 @@ pub struct EndpointPolicies {
     /// Slice names by policy.
     by_policy: HashMap<PodKey, BTreeSet<String>>,
     resolved: HashMap<PodKey, Arc<EndpointPolicy>>,
-    /// Policies by the pods they select.
-    by_pod: HashMap<PodKey, BTreeSet<PodKey>>,
+    /// Resolved policies by namespace.
+    by_namespace: HashMap<String, BTreeSet<String>>,
 }
 
 impl EndpointPolicies {
-    pub fn apply(&mut self, pe: &PolicyEndpoint, dirty: &mut HashSet<PodKey>) {
+    pub fn apply(&mut self, pe: &PolicyEndpoint, objects: &Objects, dirty: &mut HashSet<PodKey>) {
         let key = (
             namespace_of(&pe.metadata),
             pe.metadata.name.clone().unwrap_or_default(),
@@ -71,14 +73,14 @@ impl EndpointPolicies {
                 if let Some((old_policy, _)) = old {
                     if old_policy != policy {
                         self.unlink(&old_policy, &key.1);
-                        self.reresolve(&old_policy, dirty);
+                        self.reresolve(&old_policy, objects, dirty);
                     }
                 }
                 self.by_policy
                     .entry(policy.clone())
                     .or_default()
                     .insert(key.1.clone());
-                self.reresolve(&policy, dirty);
+                self.reresolve(&policy, objects, dirty);
             }
             Err(e) => {
                 let kept = if self.slices.contains_key(&key) {
@@ -91,21 +93,25 @@ impl EndpointPolicies {
         }
     }
 
-    pub fn delete(&mut self, key: &PodKey, dirty: &mut HashSet<PodKey>) {
+    pub fn delete(&mut self, key: &PodKey, objects: &Objects, dirty: &mut HashSet<PodKey>) {
         self.slice_errors.remove(key);
         if let Some((policy, _)) = self.slices.remove(key) {
             self.unlink(&policy, &key.1);
-            self.reresolve(&policy, dirty);
+            self.reresolve(&policy, objects, dirty);
         }
     }
 
-    /// The policies that select a pod, by name.
-    pub fn selecting(&self, pod: &PodKey) -> Vec<Arc<EndpointPolicy>> {
-        self.by_pod
-            .get(pod)
-            .into_iter()
-            .flatten()
-            .filter_map(|p| self.resolved.get(p).cloned())
+    /// The policies that select a pod, sorted by name.
+    pub fn selecting(&self, pod: &PodInfo) -> Vec<Arc<EndpointPolicy>> {
+        let Some(names) = self.by_namespace.get(&pod.namespace) else {
+            return Vec::new();
+        };
+        let key = pod.key();
+        names
+            .iter()
+            .filter_map(|name| self.resolved.get(&(pod.namespace.clone(), name.clone())))
+            .filter(|p| p.selects(&key, &pod.labels))
+            .cloned()
             .collect()
     }
 
@@ -131,7 +137,7 @@ impl EndpointPolicies {
         }
     }
 
-    fn reresolve(&mut self, policy: &PodKey, dirty: &mut HashSet<PodKey>) {
+    fn reresolve(&mut self, policy: &PodKey, objects: &Objects, dirty: &mut HashSet<PodKey>) {
         let new = self.by_policy.get(policy).map(|names| {
             let specs: Vec<(&str, &PolicyEndpointSpec)> = names
                 .iter()
@@ -150,6 +156,22 @@ impl EndpointPolicies {
         if old.as_deref() == new.as_deref() {
             return;
         }
+        match &new {
+            Some(_) => {
+                self.by_namespace
+                    .entry(policy.0.clone())
+                    .or_default()
+                    .insert(policy.1.clone());
+            }
+            None => {
+                if let Some(names) = self.by_namespace.get_mut(&policy.0) {
+                    names.remove(&policy.1);
+                    if names.is_empty() {
+                        self.by_namespace.remove(&policy.0);
+                    }
+                }
+            }
+        }
         // When only the selection moved (a pod added to a slice, as the AWS
         // controller does for every new pod), the pods it still selects
         // resolve as before: only those that came or went are recomputed.
@@ -157,29 +179,12 @@ impl EndpointPolicies {
             (Some(a), Some(b)) => a.ingress == b.ingress && a.egress == b.egress,
             _ => false,
         };
-        let unchanged = |pod: &PodKey| {
-            same_rules
-                && old.as_ref().is_some_and(|p| p.pods.contains(pod))
-                && new.as_ref().is_some_and(|p| p.pods.contains(pod))
-        };
-        for pod in old.iter().flat_map(|p| p.pods.iter()) {
-            if let Some(set) = self.by_pod.get_mut(pod) {
-                set.remove(policy);
-                if set.is_empty() {
-                    self.by_pod.remove(pod);
-                }
-            }
-            if !unchanged(pod) {
-                dirty.insert(pod.clone());
-            }
-        }
-        for pod in new.iter().flat_map(|p| p.pods.iter()) {
-            self.by_pod
-                .entry(pod.clone())
-                .or_default()
-                .insert(policy.clone());
-            if !unchanged(pod) {
-                dirty.insert(pod.clone());
+        for pod in objects.pods_in(&policy.0) {
+            let key = pod.key();
+            let before = old.as_ref().is_some_and(|p| p.selects(&key, &pod.labels));
+            let after = new.as_ref().is_some_and(|p| p.selects(&key, &pod.labels));
+            if (before || after) && !(same_rules && before == after) {
+                dirty.insert(key);
             }
         }
     }

@@ -21,7 +21,7 @@ pub mod resolve;
 
 use std::borrow::Cow;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::core::NamespaceResourceScope;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -72,12 +72,14 @@ impl kube::Resource for PolicyEndpoint {
 }
 
 /// The spec as the AWS controller's CRD defines it. Go's `omitempty` means
-/// any list may be absent or null. `podSelector` (the policy's label
-/// selector) is not read: the slices list the selected pods themselves.
+/// any list may be absent or null.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PolicyEndpointSpec {
     pub policy_ref: PolicyRef,
+    /// The policy's own pod selector, copied by the AWS controller.
+    #[serde(default)]
+    pub pod_selector: Option<LabelSelector>,
     #[serde(default)]
     pub pod_isolation: Option<Vec<String>>,
     #[serde(default)]

@@ -8,27 +8,49 @@
 //! controller patches slices one at a time, so this is seen for a moment
 //! during every change of policyTypes) isolate in the union of their
 //! directions: isolation only ever removes traffic.
+//!
+//! A policy selects the pods its slices list and the pods its `podSelector`
+//! (which every slice of a NetworkPolicy carries) matches in its namespace.
+//! The list alone lags: the AWS controller adds a new pod to it only once
+//! the pod has an address and the controller has caught up, and until then
+//! the pod would run unisolated. Selecting by both isolates it from the
+//! start, with the rules the policy gives every pod it selects.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use palisade_proto::v1::{PeerBlock, PortRange, Protocol, Rule};
 
 use super::{display_name, EndpointInfo, PolicyEndpointSpec, Port};
-use crate::resolve::{block, prefix, PodKey};
+use crate::resolve::{block, prefix, selector_matches, validate_selector, PodKey};
 
 /// One policy as its slices define it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct EndpointPolicy {
     /// `namespace/name` of the NetworkPolicy the slices came from.
     pub name: String,
-    /// The pods the policy selects, all in its namespace.
+    /// The pods the slices list, all in the policy's namespace.
     pub pods: BTreeSet<PodKey>,
+    /// The slices' podSelectors (valid ones; distinct).
+    pub selectors: Vec<LabelSelector>,
     /// Some when the policy isolates its pods for ingress: the rules it adds.
     pub ingress: Option<Vec<Rule>>,
     pub egress: Option<Vec<Rule>>,
     pub errors: Vec<String>,
+}
+
+impl EndpointPolicy {
+    /// Whether the policy selects a pod of its namespace, by name or by
+    /// labels.
+    pub fn selects(&self, pod: &PodKey, labels: &BTreeMap<String, String>) -> bool {
+        self.pods.contains(pod)
+            || self
+                .selectors
+                .iter()
+                .any(|s| selector_matches(s, labels).unwrap_or(false))
+    }
 }
 
 /// One slice: its name (in the policy's namespace) and its parsed spec.
@@ -43,6 +65,7 @@ pub fn resolve_policy(policy: &PodKey, slices: &[Slice<'_>]) -> EndpointPolicy {
         ..Default::default()
     };
     let mut isolation: BTreeMap<Vec<String>, Vec<&str>> = BTreeMap::new();
+    let mut selectors: Vec<(LabelSelector, Vec<&str>)> = Vec::new();
     let mut ingress = Entries::default();
     let mut egress = Entries::default();
     let mut has_egress_entries = false;
@@ -64,6 +87,17 @@ pub fn resolve_policy(policy: &PodKey, slices: &[Slice<'_>]) -> EndpointPolicy {
                     ));
                     isolates = (true, true);
                 }
+            }
+        }
+        if let Some(sel) = &spec.pod_selector {
+            match validate_selector(sel) {
+                Err(e) => out.errors.push(format!(
+                    "{display}: spec.podSelector: {e}; only the listed pods are selected"
+                )),
+                Ok(()) => match selectors.iter_mut().find(|(s, _)| s == sel) {
+                    Some((_, names)) => names.push(slice),
+                    None => selectors.push((sel.clone(), vec![slice])),
+                },
             }
         }
         if spec.is_global == Some(true) {
@@ -119,6 +153,25 @@ pub fn resolve_policy(policy: &PodKey, slices: &[Slice<'_>]) -> EndpointPolicy {
             groups.join("; ")
         ));
     }
+    if selectors.len() > 1 {
+        let groups: Vec<String> = selectors
+            .iter()
+            .map(|(s, slices)| {
+                format!(
+                    "{} in {}",
+                    serde_json::to_string(s).unwrap_or_default(),
+                    slices.join(", ")
+                )
+            })
+            .collect();
+        out.errors.push(format!(
+            "NetworkPolicy {}: its PolicyEndpoints disagree on podSelector ({}); \
+             selecting the pods any of them matches",
+            out.name,
+            groups.join("; ")
+        ));
+    }
+    out.selectors = selectors.into_iter().map(|(s, _)| s).collect();
     if isolation.contains_key(&Vec::new()) {
         // Without podIsolation, as NetworkPolicy defaults policyTypes:
         // ingress always, egress when there are egress rules.
