@@ -282,4 +282,38 @@ mod tests {
         assert!(policies(&engine, "a").is_empty());
         assert!(engine.errors().is_empty());
     }
+
+    #[test]
+    fn a_pod_the_pod_selector_matches_is_selected_before_it_is_listed() {
+        let mut engine = Engine::default();
+        let Change::ApplyPolicyEndpoint(mut pe) = slice("p-1", "p", &["a"]) else {
+            unreachable!()
+        };
+        pe.spec["podSelector"] = json!({"matchLabels": {"app": "same"}});
+        engine.apply([
+            pod("a", "10.0.0.1"),
+            Change::ApplyPolicyEndpoint(pe.clone()),
+        ]);
+        // Created after the slice, not (yet) in it: isolated at once.
+        engine.apply([pod("late", "10.0.0.3")]);
+        assert_eq!(policies(&engine, "late"), ["x/p"]);
+        // Relabelled out of the selector: lifted.
+        let Change::ApplyPod(mut relabelled) = pod("late", "10.0.0.3") else {
+            unreachable!()
+        };
+        relabelled.metadata.labels = Some([("app".to_string(), "other".to_string())].into());
+        engine.apply([Change::ApplyPod(relabelled)]);
+        assert!(policies(&engine, "late").is_empty());
+        // An invalid selector is an error; the listed pods stay selected.
+        pe.spec["podSelector"] = json!({"matchExpressions": [{"key": "app", "operator": "Near"}]});
+        engine.apply([Change::ApplyPolicyEndpoint(pe)]);
+        assert_eq!(policies(&engine, "a"), ["x/p"]);
+        assert_eq!(
+            engine.errors(),
+            [
+                "PolicyEndpoint x/p-1: spec.podSelector: matchExpressions key \"app\": \
+              unknown operator \"Near\"; only the listed pods are selected"
+            ]
+        );
+    }
 }
