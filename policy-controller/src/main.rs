@@ -25,6 +25,15 @@ struct Args {
     /// of watching the Kubernetes API.
     #[arg(long, env = "PALISADE_MANIFESTS")]
     manifests: Option<PathBuf>,
+    /// Where policy comes from: NetworkPolicies, or the PolicyEndpoints the
+    /// AWS network policy controller writes (Kubernetes API only).
+    #[arg(
+        long,
+        env = "PALISADE_POLICY_SOURCE",
+        value_enum,
+        default_value = "networkpolicy"
+    )]
+    policy_source: source::policy_endpoint::PolicySource,
 }
 
 #[tokio::main]
@@ -51,6 +60,11 @@ async fn run(args: Args) -> Result<(), String> {
     let (err_tx, err_rx) = watch::channel::<Vec<String>>(Vec::new());
 
     let source_task = match args.manifests.clone() {
+        Some(_) if args.policy_source == source::policy_endpoint::PolicySource::PolicyEndpoint => {
+            return Err("--policy-source policyendpoint reads the Kubernetes API; \
+                        it cannot be used with --manifests"
+                .into());
+        }
         Some(dir) => {
             tracing::info!(dir = %dir.display(), "reading manifests");
             let (tx, rx) = watch::channel::<Option<ClusterState>>(None);
@@ -63,7 +77,11 @@ async fn run(args: Args) -> Result<(), String> {
                 .map_err(|e| format!("cannot reach the Kubernetes API: {e}"))?;
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             tokio::spawn(feed::run_changes(hub.clone(), rx, err_rx));
-            tokio::spawn(async move { source::kube::run(client, tx, err_tx).await })
+            let policy_source = args.policy_source;
+            tracing::info!(?policy_source, "watching the Kubernetes API");
+            tokio::spawn(
+                async move { source::kube::run_with(client, tx, err_tx, policy_source).await },
+            )
         }
     };
 

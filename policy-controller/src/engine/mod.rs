@@ -21,6 +21,7 @@
 //! sequence of changes the plans and errors here equal a full recompute.
 
 mod objects;
+mod policy_endpoints;
 mod selection;
 mod services;
 
@@ -33,10 +34,13 @@ use crate::resolve::{
     is_selectorless, namespace_of, ns_labels, pod_info, resolve_target, selector_matches,
     slice_service, PodInfo, PodKey, Resolution,
 };
+use crate::source::policy_endpoint::resolve::EndpointPolicy;
+use crate::source::policy_endpoint::PolicyEndpoint;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use objects::{Labels, Objects};
+use policy_endpoints::EndpointPolicies;
 use selection::{Selections, Selector, Used};
 use services::ServiceCache;
 
@@ -56,17 +60,25 @@ pub enum Change {
     DeleteService(PodKey),
     ApplyEndpointSlice(EndpointSlice),
     DeleteEndpointSlice(PodKey),
+    /// A slice of a policy resolved by the AWS network policy controller.
+    ApplyPolicyEndpoint(PolicyEndpoint),
+    DeletePolicyEndpoint(PodKey),
 }
 
 /// Pods that resolve alike: resolution reads of its target only the
 /// namespace, the labels and the named ports (besides the name and the
-/// addresses, which are the entry's own fields).
-struct Class(Arc<PodInfo>);
+/// addresses, which are the entry's own fields), and the PolicyEndpoint
+/// policies that select it (which may list pods by name).
+struct Class(Arc<PodInfo>, Vec<Arc<EndpointPolicy>>);
 
 impl PartialEq for Class {
     fn eq(&self, other: &Class) -> bool {
         let (a, b) = (&*self.0, &*other.0);
-        a.namespace == b.namespace && a.labels == b.labels && a.named_ports == b.named_ports
+        a.namespace == b.namespace
+            && a.labels == b.labels
+            && a.named_ports == b.named_ports
+            && self.1.len() == other.1.len()
+            && self.1.iter().zip(&other.1).all(|(x, y)| Arc::ptr_eq(x, y))
     }
 }
 
@@ -77,6 +89,9 @@ impl std::hash::Hash for Class {
         self.0.namespace.hash(state);
         self.0.labels.hash(state);
         self.0.named_ports.hash(state);
+        for p in &self.1 {
+            p.name.hash(state);
+        }
     }
 }
 
@@ -113,6 +128,7 @@ pub struct Engine {
     objects: Objects,
     selections: Selections,
     services: ServiceCache,
+    endpoint_policies: EndpointPolicies,
     targets: HashMap<Arc<PodKey>, Target>,
     plans: HashMap<String, Arc<Plan>>,
     /// Every distinct problem, with how many targets found it.
@@ -191,7 +207,14 @@ impl Engine {
     }
 
     pub fn errors(&self) -> Vec<String> {
-        self.errors.keys().cloned().collect()
+        let mut errors: Vec<String> = self.errors.keys().cloned().collect();
+        let from_slices = self.endpoint_policies.errors();
+        if !from_slices.is_empty() {
+            errors.extend(from_slices);
+            errors.sort();
+            errors.dedup();
+        }
+        errors
     }
 
     /// Plans and errors in the shape of the full computation, for
@@ -334,6 +357,12 @@ impl Engine {
                 self.set_slice(&key, Some(Arc::new(slice)), dirty);
             }
             Change::DeleteEndpointSlice(key) => self.set_slice(&key, None, dirty),
+            Change::ApplyPolicyEndpoint(pe) => {
+                self.endpoint_policies.apply(&pe, &self.objects, dirty)
+            }
+            Change::DeletePolicyEndpoint(key) => {
+                self.endpoint_policies.delete(&key, &self.objects, dirty)
+            }
         }
     }
 
@@ -509,7 +538,7 @@ impl Engine {
             None => (None, None),
             Some(pod) => {
                 let node = pod.node.clone().expect("filtered above");
-                let class = Class(pod.clone());
+                let class = Class(pod.clone(), self.endpoint_policies.selecting(&pod));
                 let resolved = match memo.get(&class) {
                     Some(r) => Resolved {
                         entry: r.entry.sibling(&pod.namespace, &pod.name, &pod.ips),
@@ -517,7 +546,7 @@ impl Engine {
                         errors: r.errors.clone(),
                     },
                     None => {
-                        let r = self.resolve(&pod);
+                        let r = self.resolve(&pod, &class.1);
                         memo.insert(
                             class,
                             Resolved {
@@ -572,8 +601,9 @@ impl Engine {
         }
     }
 
-    /// One pod's policy, through the indexes and the selection cache.
-    fn resolve(&mut self, pod: &PodInfo) -> Resolved {
+    /// One pod's policy, through the indexes and the selection cache, with
+    /// what the PolicyEndpoint policies that select it add.
+    fn resolve(&mut self, pod: &PodInfo, endpoint_policies: &[Arc<EndpointPolicy>]) -> Resolved {
         let mut selector = Selector {
             objects: &self.objects,
             cache: &mut self.selections,
@@ -583,12 +613,13 @@ impl Engine {
         let mut errors = Vec::new();
         let policies: Vec<Arc<NetworkPolicy>> =
             self.objects.policies_in(&pod.namespace).cloned().collect();
-        let policy = resolve_target(
+        let mut policy = resolve_target(
             pod,
             policies.iter().map(|p| &**p),
             &mut selector,
             &mut errors,
         );
+        policy_endpoints::add_to(&mut policy, endpoint_policies);
         errors.sort();
         errors.dedup();
         Resolved {

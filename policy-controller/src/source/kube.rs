@@ -23,6 +23,12 @@
 //! previous). Kinds are kept apart because each has its own watch stream: the
 //! view is at least that new for each kind, which one cluster-wide number
 //! could not promise.
+//!
+//! With [`PolicySource::PolicyEndpoint`] the policy comes from the AWS
+//! network policy controller's PolicyEndpoints instead: NetworkPolicies,
+//! Services and EndpointSlices are not watched (that controller has already
+//! resolved them into addresses), and the marker is `k8s namespaces=<rv>
+//! pods=<rv> policyendpoints=<rv>`.
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
@@ -37,6 +43,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
+use super::policy_endpoint::{PolicyEndpoint, PolicySource};
 use super::tracker::Tracker;
 use crate::engine::Change;
 use crate::feed::Update;
@@ -49,9 +56,8 @@ enum Kind {
     NetworkPolicies,
     Services,
     EndpointSlices,
+    PolicyEndpoints,
 }
-
-const KINDS: usize = 5;
 
 /// What one watch reported.
 struct Notice {
@@ -96,7 +102,81 @@ pub async fn run(
     tx: mpsc::UnboundedSender<Update>,
     errors: watch::Sender<Vec<String>>,
 ) {
-    let mut notices = stream::select_all([
+    run_with(client, tx, errors, PolicySource::NetworkPolicy).await
+}
+
+/// As [`run`], taking policy from `source`.
+pub async fn run_with(
+    client: Client,
+    tx: mpsc::UnboundedSender<Update>,
+    errors: watch::Sender<Vec<String>>,
+    source: PolicySource,
+) {
+    let watches = match source {
+        PolicySource::NetworkPolicy => network_policy_watches(client),
+        PolicySource::PolicyEndpoint => policy_endpoint_watches(client),
+    };
+    let kinds = watches.len();
+    let mut notices = stream::select_all(watches);
+    let mut versions = Versions {
+        source,
+        ..Default::default()
+    };
+    let mut watch_errors = WatchErrors::default();
+    let mut listed = BTreeSet::new();
+    let mut synced = false;
+    loop {
+        let notice = tokio::select! {
+            notice = notices.next() => notice,
+            _ = tx.closed() => return,
+        };
+        let Some(notice) = notice else {
+            tracing::error!("all watch streams ended");
+            return;
+        };
+        versions.note(&notice);
+        watch_errors.note(&notice, &errors);
+        if notice.listed {
+            listed.insert(notice.kind);
+        }
+        let now_synced = listed.len() == kinds;
+        if notice.changes.is_empty() && now_synced == synced {
+            continue;
+        }
+        if now_synced && !synced {
+            tracing::info!(marker = %versions.marker(), "every kind listed");
+        }
+        synced = now_synced;
+        let update = Update {
+            changes: notice.changes,
+            marker: versions.marker(),
+            synced,
+        };
+        if tx.send(update).is_err() {
+            return;
+        }
+    }
+}
+
+/// The pods and the slices the AWS controller resolved their policies
+/// into; namespaces only for the marker's shape and the pods' namespaces.
+fn policy_endpoint_watches(client: Client) -> Vec<BoxStream<'static, Notice>> {
+    vec![
+        watch_kind::<Namespace>(Api::all(client.clone()), Kind::Namespaces, false, |ns| {
+            Change::ApplyNamespace(ns)
+        }),
+        watch_kind::<Pod>(Api::all(client.clone()), Kind::Pods, true, Change::ApplyPod),
+        watch_kind::<PolicyEndpoint>(
+            Api::all(client),
+            Kind::PolicyEndpoints,
+            true,
+            Change::ApplyPolicyEndpoint,
+        ),
+    ]
+}
+
+fn network_policy_watches(client: Client) -> Vec<BoxStream<'static, Notice>> {
+    vec![
         watch_kind::<Namespace>(Api::all(client.clone()), Kind::Namespaces, false, |ns| {
             Change::ApplyNamespace(ns)
         }),
@@ -119,42 +199,7 @@ pub async fn run(
             true,
             Change::ApplyEndpointSlice,
         ),
-    ]);
-    let mut versions = Versions::default();
-    let mut watch_errors = WatchErrors::default();
-    let mut listed = BTreeSet::new();
-    let mut synced = false;
-    loop {
-        let notice = tokio::select! {
-            notice = notices.next() => notice,
-            _ = tx.closed() => return,
-        };
-        let Some(notice) = notice else {
-            tracing::error!("all watch streams ended");
-            return;
-        };
-        versions.note(&notice);
-        watch_errors.note(&notice, &errors);
-        if notice.listed {
-            listed.insert(notice.kind);
-        }
-        let now_synced = listed.len() == KINDS;
-        if notice.changes.is_empty() && now_synced == synced {
-            continue;
-        }
-        if now_synced && !synced {
-            tracing::info!(marker = %versions.marker(), "every kind listed");
-        }
-        synced = now_synced;
-        let update = Update {
-            changes: notice.changes,
-            marker: versions.marker(),
-            synced,
-        };
-        if tx.send(update).is_err() {
-            return;
-        }
-    }
+    ]
 }
 
 /// One kind's watch as a stream of notices carrying its changes.
@@ -184,6 +229,7 @@ where
             Kind::NetworkPolicies => Change::DeletePolicy((ns, name)),
             Kind::Services => Change::DeleteService((ns, name)),
             Kind::EndpointSlices => Change::DeleteEndpointSlice((ns, name)),
+            Kind::PolicyEndpoints => Change::DeletePolicyEndpoint((ns, name)),
         }
     };
     let mut tracker: Tracker<PodKey> = Tracker::default();
@@ -251,11 +297,13 @@ where
 
 #[derive(Default)]
 struct Versions {
+    source: PolicySource,
     namespaces: String,
     pods: String,
     policies: String,
     services: String,
     slices: String,
+    policy_endpoints: String,
 }
 
 impl Versions {
@@ -273,6 +321,7 @@ impl Versions {
             Kind::NetworkPolicies => &mut self.policies,
             Kind::Services => &mut self.services,
             Kind::EndpointSlices => &mut self.slices,
+            Kind::PolicyEndpoints => &mut self.policy_endpoints,
         };
         let newer = match (rv.parse::<u64>(), slot.parse::<u64>()) {
             (Ok(new), Ok(old)) => new > old,
@@ -284,6 +333,12 @@ impl Versions {
     }
 
     fn marker(&self) -> String {
+        if self.source == PolicySource::PolicyEndpoint {
+            return format!(
+                "k8s namespaces={} pods={} policyendpoints={}",
+                self.namespaces, self.pods, self.policy_endpoints
+            );
+        }
         format!(
             "k8s namespaces={} pods={} networkpolicies={} services={} endpointslices={}",
             self.namespaces, self.pods, self.policies, self.services, self.slices

@@ -15,6 +15,7 @@
 
 pub mod kube;
 pub mod manifest;
+pub mod policy_endpoint;
 mod tracker;
 
 use std::path::PathBuf;

@@ -45,6 +45,8 @@ pub enum Kind {
     NetworkPolicy,
     Service,
     EndpointSlice,
+    /// The AWS network policy controller's CRD (networking.k8s.aws/v1alpha1).
+    PolicyEndpoint,
 }
 
 impl Kind {
@@ -55,6 +57,9 @@ impl Kind {
         Kind::Service,
         Kind::EndpointSlice,
     ];
+    /// Served as well, outside `ALL` (the kinds the NetworkPolicy source
+    /// watches, which tests check one by one).
+    pub const CUSTOM: [Kind; 1] = [Kind::PolicyEndpoint];
     fn of(kind: &str) -> Kind {
         match kind {
             "Namespace" => Kind::Namespace,
@@ -62,6 +67,7 @@ impl Kind {
             "NetworkPolicy" => Kind::NetworkPolicy,
             "Service" => Kind::Service,
             "EndpointSlice" => Kind::EndpointSlice,
+            "PolicyEndpoint" => Kind::PolicyEndpoint,
             other => panic!("the double does not serve {other}"),
         }
     }
@@ -69,6 +75,7 @@ impl Kind {
         match self {
             Kind::NetworkPolicy => "networking.k8s.io/v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
+            Kind::PolicyEndpoint => "networking.k8s.aws/v1alpha1",
             _ => "v1",
         }
     }
@@ -79,6 +86,7 @@ impl Kind {
             Kind::NetworkPolicy => "NetworkPolicy",
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
+            Kind::PolicyEndpoint => "PolicyEndpoint",
         }
     }
     fn path(self) -> &'static str {
@@ -88,6 +96,7 @@ impl Kind {
             Kind::NetworkPolicy => "/apis/networking.k8s.io/v1/networkpolicies",
             Kind::Service => "/api/v1/services",
             Kind::EndpointSlice => "/apis/discovery.k8s.io/v1/endpointslices",
+            Kind::PolicyEndpoint => "/apis/networking.k8s.aws/v1alpha1/policyendpoints",
         }
     }
 }
@@ -207,7 +216,7 @@ impl ApiDouble {
             changed: watch::channel((0, 0)).0,
         });
         let mut app = Router::new();
-        for kind in Kind::ALL {
+        for kind in Kind::ALL.into_iter().chain(Kind::CUSTOM) {
             app = app.route(
                 kind.path(),
                 get(
