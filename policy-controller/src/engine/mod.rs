@@ -23,6 +23,7 @@
 mod objects;
 mod selection;
 mod services;
+mod view;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
