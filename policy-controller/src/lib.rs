@@ -6,6 +6,7 @@ pub mod debug;
 pub mod engine;
 pub mod feed;
 pub mod hub;
+pub mod metrics;
 pub use palisade_model::verdict as model;
 pub mod plan;
 pub mod resolve;

@@ -18,6 +18,9 @@ struct Args {
     /// of watching the Kubernetes API.
     #[arg(long, env = "PALISADE_MANIFESTS")]
     manifests: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (HOST:PORT); off when unset.
+    #[arg(long, env = "PALISADE_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[tokio::main]
@@ -60,6 +63,13 @@ async fn run(args: Args) -> Result<(), String> {
         }
     };
 
+    if let Some(addr) = args.metrics_addr {
+        let listener = policy_controller::metrics::http::bind(addr).await?;
+        tracing::info!(metrics_addr = %listener.local_addr().map_err(|e| e.to_string())?, "serving metrics");
+        let hub = hub.clone();
+        let render = move || policy_controller::metrics::controller::render(&hub.view());
+        tokio::spawn(policy_controller::metrics::http::serve(listener, render));
+    }
     let router = server::router(hub.clone()).await?;
     tracing::info!(listen = %args.listen, "serving");
     let shutdown = async {
