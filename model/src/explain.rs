@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::cluster::ClusterState;
 use crate::verdict::{
-    block_contains, namespace, peers_match, ports_match, selects, Direction, Endpoint,
+    block_contains, namespace, peers_match, ports_match, selects, Direction, Endpoint, Rule,
 };
 
 /// The other side of the connection, as seen from the pod whose policies
@@ -81,21 +81,20 @@ pub fn explain_direction(
         let name = policy_name(policy);
         let spec = policy.spec.as_ref().expect("selects checked spec");
         let ns = namespace(policy.metadata.namespace.as_deref());
-        let rules: Vec<(Option<&Vec<NetworkPolicyPeer>>, Option<&Vec<NetworkPolicyPort>>)> =
-            match dir {
-                Direction::Ingress => spec
-                    .ingress
-                    .iter()
-                    .flatten()
-                    .map(|r| (r.from.as_ref(), r.ports.as_ref()))
-                    .collect(),
-                Direction::Egress => spec
-                    .egress
-                    .iter()
-                    .flatten()
-                    .map(|r| (r.to.as_ref(), r.ports.as_ref()))
-                    .collect(),
-            };
+        let rules: Vec<Rule<'_>> = match dir {
+            Direction::Ingress => spec
+                .ingress
+                .iter()
+                .flatten()
+                .map(|r| (r.from.as_ref(), r.ports.as_ref()))
+                .collect(),
+            Direction::Egress => spec
+                .egress
+                .iter()
+                .flatten()
+                .map(|r| (r.to.as_ref(), r.ports.as_ref()))
+                .collect(),
+        };
         let found = rules.iter().position(|(peers, ports)| {
             let peer_ok = match peer {
                 Peer::Pod(p) => peers_match(cluster, *peers, ns, p),
@@ -173,11 +172,19 @@ pub fn describe_rule(
     };
     let peers = match peers.filter(|p| !p.is_empty()) {
         None => "any peer".to_string(),
-        Some(peers) => peers.iter().map(describe_peer).collect::<Vec<_>>().join("; "),
+        Some(peers) => peers
+            .iter()
+            .map(describe_peer)
+            .collect::<Vec<_>>()
+            .join("; "),
     };
     let ports = match ports.filter(|p| !p.is_empty()) {
         None => "any port".to_string(),
-        Some(ports) => ports.iter().map(describe_port).collect::<Vec<_>>().join(", "),
+        Some(ports) => ports
+            .iter()
+            .map(describe_port)
+            .collect::<Vec<_>>()
+            .join(", "),
     };
     format!("{list}[{index}]: {word} {peers} on {ports}")
 }
@@ -284,8 +291,8 @@ mod tests {
             Decision::Allowed(DecidingRule {
                 policy: "x/web".into(),
                 rule: 1,
-                description: "ingress[1]: from pods{app=client} in the policy's namespace on TCP/http"
-                    .into(),
+                description:
+                    "ingress[1]: from pods{app=client} in the policy's namespace on TCP/http".into(),
             })
         );
         let d = explain_direction(&c, web, peer, Some(web), "TCP", 80, Direction::Ingress);
@@ -305,7 +312,10 @@ mod tests {
         let web = &c.pods[1];
         let outside = Peer::External("192.0.2.9".parse().unwrap());
         let d = explain_direction(&c, web, outside, Some(web), "TCP", 22, Direction::Ingress);
-        assert!(matches!(d, Decision::Allowed(ref r) if r.rule == 0), "{d:?}");
+        assert!(
+            matches!(d, Decision::Allowed(ref r) if r.rule == 0),
+            "{d:?}"
+        );
         let d = explain_direction(&c, web, outside, Some(web), "TCP", 8080, Direction::Ingress);
         assert!(!d.allowed(), "a pod selector never selects an address");
     }

@@ -42,7 +42,7 @@ pub fn allowed(
 }
 
 /// A rule's peers and ports, whichever direction it is for.
-type Rule<'a> = (
+pub(crate) type Rule<'a> = (
     Option<&'a Vec<NetworkPolicyPeer>>,
     Option<&'a Vec<NetworkPolicyPort>>,
 );

@@ -40,9 +40,10 @@ pub fn scraper(
         let (handle, pin_root) = (handle.clone(), pin_root.clone());
         Box::pin(async move {
             let dump = handle.dump().await;
-            let datapath = tokio::task::spawn_blocking(move || crate::metrics_maps::read(&pin_root))
-                .await
-                .unwrap_or_else(|e| Err(e.to_string()));
+            let datapath =
+                tokio::task::spawn_blocking(move || crate::metrics_maps::read(&pin_root))
+                    .await
+                    .unwrap_or_else(|e| Err(e.to_string()));
             if let Err(e) = &datapath {
                 tracing::warn!(error = %e, "metrics: reading the datapath's maps");
             }
@@ -58,8 +59,16 @@ pub fn render(dump: Option<&Dump>, datapath: Option<&DatapathReading>) -> String
         "gauge",
         "1 when this part could be read for this scrape: reconciler (its state) or datapath (the pinned maps).",
     );
-    e.sample_u64("palisade_enforcer_scrape_ok", &[("part", "reconciler")], u64::from(dump.is_some()));
-    e.sample_u64("palisade_enforcer_scrape_ok", &[("part", "datapath")], u64::from(datapath.is_some()));
+    e.sample_u64(
+        "palisade_enforcer_scrape_ok",
+        &[("part", "reconciler")],
+        u64::from(dump.is_some()),
+    );
+    e.sample_u64(
+        "palisade_enforcer_scrape_ok",
+        &[("part", "datapath")],
+        u64::from(datapath.is_some()),
+    );
     if let Some(d) = dump {
         reconciler_metrics(&mut e, d);
     }
@@ -193,7 +202,11 @@ fn datapath_metrics(e: &mut Exposition, r: &DatapathReading) {
         "Entries in each main eBPF map (counted by walking its keys).",
     );
     for m in &r.maps {
-        e.sample_u64("palisade_enforcer_map_entries", &[("map", m.name)], m.entries);
+        e.sample_u64(
+            "palisade_enforcer_map_entries",
+            &[("map", m.name)],
+            m.entries,
+        );
     }
     e.family(
         "palisade_enforcer_map_capacity",

@@ -65,7 +65,8 @@ fn capacity(map: &Map, name: &str) -> Result<u32, String> {
 fn hash_level<K: Pod, V: Pod>(pin_root: &Path, name: &'static str) -> Result<MapLevel, String> {
     let map = open(pin_root, name)?;
     let capacity = capacity(&map, name)?;
-    let table: HashMap<MapData, K, V> = HashMap::try_from(map).map_err(|e| format!("{name}: {e}"))?;
+    let table: HashMap<MapData, K, V> =
+        HashMap::try_from(map).map_err(|e| format!("{name}: {e}"))?;
     let entries = table.keys().take_while(Result::is_ok).count() as u64;
     Ok(MapLevel {
         name,
@@ -77,7 +78,8 @@ fn hash_level<K: Pod, V: Pod>(pin_root: &Path, name: &'static str) -> Result<Map
 fn trie_level<K: Pod, V: Pod>(pin_root: &Path, name: &'static str) -> Result<MapLevel, String> {
     let map = open(pin_root, name)?;
     let capacity = capacity(&map, name)?;
-    let trie: LpmTrie<MapData, K, V> = LpmTrie::try_from(map).map_err(|e| format!("{name}: {e}"))?;
+    let trie: LpmTrie<MapData, K, V> =
+        LpmTrie::try_from(map).map_err(|e| format!("{name}: {e}"))?;
     let entries = trie.keys().take_while(Result::is_ok).count() as u64;
     Ok(MapLevel {
         name,

@@ -104,7 +104,8 @@ async fn scrape_until(
 }
 
 fn get(m: &BTreeMap<String, f64>, key: &str) -> f64 {
-    *m.get(key).unwrap_or_else(|| panic!("{key} not scraped: {m:#?}"))
+    *m.get(key)
+        .unwrap_or_else(|| panic!("{key} not scraped: {m:#?}"))
 }
 
 #[tokio::test]
@@ -145,8 +146,14 @@ async fn metrics_follow_plans_pod_up_and_datapath_verdicts() {
     ));
 
     let m = scrape(&addr).await;
-    assert_eq!(get(&m, "palisade_enforcer_scrape_ok{part=\"reconciler\"}"), 1.0);
-    assert_eq!(get(&m, "palisade_enforcer_scrape_ok{part=\"datapath\"}"), 1.0);
+    assert_eq!(
+        get(&m, "palisade_enforcer_scrape_ok{part=\"reconciler\"}"),
+        1.0
+    );
+    assert_eq!(
+        get(&m, "palisade_enforcer_scrape_ok{part=\"datapath\"}"),
+        1.0
+    );
     assert_eq!(get(&m, "palisade_enforcer_realized_version"), 0.0);
     assert_eq!(
         get(&m, "palisade_enforcer_map_capacity{map=\"pal_ct4\"}"),
@@ -157,7 +164,10 @@ async fn metrics_follow_plans_pod_up_and_datapath_verdicts() {
         get(&m, "palisade_enforcer_map_capacity{map=\"pal_endpoints\"}"),
         f64::from(palisade_ebpf::MAX_ENDPOINTS)
     );
-    assert_eq!(get(&m, "palisade_enforcer_map_entries{map=\"pal_endpoints\"}"), 0.0);
+    assert_eq!(
+        get(&m, "palisade_enforcer_map_entries{map=\"pal_endpoints\"}"),
+        0.0
+    );
     let verdicts: f64 = m
         .iter()
         .filter(|(k, _)| k.starts_with("palisade_enforcer_verdicts_total{"))
@@ -213,7 +223,10 @@ async fn metrics_follow_plans_pod_up_and_datapath_verdicts() {
         .into_inner();
     assert!(up.ingress_isolated);
     let m = scrape(&addr).await;
-    assert_eq!(get(&m, "palisade_enforcer_pod_up_duration_seconds_count"), pod_ups + 1.0);
+    assert_eq!(
+        get(&m, "palisade_enforcer_pod_up_duration_seconds_count"),
+        pod_ups + 1.0
+    );
     assert_eq!(get(&m, "palisade_enforcer_pods"), 1.0);
 
     // The real datapath: one endpoint whose ingress allows 10.0.0.1 on
@@ -258,15 +271,27 @@ async fn metrics_follow_plans_pod_up_and_datapath_verdicts() {
     assert_eq!(judge(&dp, 1), palisade_ebpf::VERDICT_NEXT);
     let m = scrape(&addr).await;
     assert_eq!(
-        get(&m, "palisade_enforcer_verdicts_total{verdict=\"denied\",reason=\"policy\"}"),
+        get(
+            &m,
+            "palisade_enforcer_verdicts_total{verdict=\"denied\",reason=\"policy\"}"
+        ),
         3.0
     );
     assert_eq!(
-        get(&m, "palisade_enforcer_verdicts_total{verdict=\"allowed\",reason=\"policy\"}"),
+        get(
+            &m,
+            "palisade_enforcer_verdicts_total{verdict=\"allowed\",reason=\"policy\"}"
+        ),
         1.0
     );
-    assert_eq!(get(&m, "palisade_enforcer_map_entries{map=\"pal_endpoints\"}"), 1.0);
-    assert_eq!(get(&m, "palisade_enforcer_map_entries{map=\"pal_policy\"}"), 1.0);
+    assert_eq!(
+        get(&m, "palisade_enforcer_map_entries{map=\"pal_endpoints\"}"),
+        1.0
+    );
+    assert_eq!(
+        get(&m, "palisade_enforcer_map_entries{map=\"pal_policy\"}"),
+        1.0
+    );
     assert!(
         get(&m, "palisade_enforcer_map_entries{map=\"pal_ct4\"}") >= 1.0,
         "the allowed SYN made a conntrack entry"
@@ -277,7 +302,12 @@ async fn metrics_follow_plans_pod_up_and_datapath_verdicts() {
     drop(dp);
     std::fs::remove_dir_all(&root.0).unwrap();
     let m = scrape(&addr).await;
-    assert_eq!(get(&m, "palisade_enforcer_scrape_ok{part=\"datapath\"}"), 0.0);
-    assert!(!m.keys().any(|k| k.starts_with("palisade_enforcer_verdicts_total")));
+    assert_eq!(
+        get(&m, "palisade_enforcer_scrape_ok{part=\"datapath\"}"),
+        0.0
+    );
+    assert!(!m
+        .keys()
+        .any(|k| k.starts_with("palisade_enforcer_verdicts_total")));
     assert_eq!(get(&m, "palisade_enforcer_realized_version"), 7.0);
 }

@@ -9,8 +9,8 @@ use palisade_proto::v1::{
     plan_service_server::{PlanService, PlanServiceServer},
     subscribe_response::Update,
     ExplainRequest, ExplainResponse, GetControllerStateRequest, GetControllerStateResponse,
-    GetEnforcerStateRequest, GetEnforcerStateResponse, GetRealizationRequest,
-    GetRealizationResponse, GetPodPlanRequest, GetPodPlanResponse, NodeView, ReportStateRequest,
+    GetEnforcerStateRequest, GetEnforcerStateResponse, GetPodPlanRequest, GetPodPlanResponse,
+    GetRealizationRequest, GetRealizationResponse, NodeView, ReportStateRequest,
     ReportStateResponse, SubscribeRequest, SubscribeResponse,
 };
 use tonic::{Request, Response, Status};

@@ -115,7 +115,12 @@ async fn realization_until(
     }
 }
 
-async fn report(plans: &mut PlanServiceClient<Channel>, node: &str, version: u64, error_pod: Option<&str>) {
+async fn report(
+    plans: &mut PlanServiceClient<Channel>,
+    node: &str,
+    version: u64,
+    error_pod: Option<&str>,
+) {
     let pods = error_pod
         .map(|name| PodState {
             pod: Some(PodRef {
@@ -189,7 +194,10 @@ async fn policies_are_realized_on_the_nodes_that_need_them() {
     let r = realization_until(&mut debug, "prod/web", |r| r.nodes[0].realized).await;
     assert_eq!(r.nodes[0].realized_version, n1_version);
     assert_eq!(r.policies.len(), 1, "narrowed to the policy asked for");
-    assert_eq!((r.policies[0].realized_nodes, r.policies[0].expected_nodes), (1, 2));
+    assert_eq!(
+        (r.policies[0].realized_nodes, r.policies[0].expected_nodes),
+        (1, 2)
+    );
     assert_eq!(r.policies[0].lagging_nodes, ["n2"]);
 
     // n2 reports its version, but an error for web2: web still lags there.
@@ -200,9 +208,14 @@ async fn policies_are_realized_on_the_nodes_that_need_them() {
     let web2 = &r.nodes[1].pods[0];
     assert_eq!(web2.error, "attaching: no such interface");
     report(&mut plans, "n2", n2_version, None).await;
-    let r = realization_until(&mut debug, "prod/web", |r| r.policies[0].lagging_nodes.is_empty())
-        .await;
-    assert_eq!((r.policies[0].realized_nodes, r.policies[0].expected_nodes), (2, 2));
+    let r = realization_until(&mut debug, "prod/web", |r| {
+        r.policies[0].lagging_nodes.is_empty()
+    })
+    .await;
+    assert_eq!(
+        (r.policies[0].realized_nodes, r.policies[0].expected_nodes),
+        (2, 2)
+    );
 
     // A policy that now selects db changes n1's plan only: n1 lags again,
     // for both policies it needs, by one version.
@@ -222,7 +235,10 @@ async fn policies_are_realized_on_the_nodes_that_need_them() {
     // A policy asked for by a name that selects nothing: listed, needed nowhere.
     let r = realization_until(&mut debug, "prod/none", |_| true).await;
     assert_eq!(r.policies.len(), 1);
-    assert_eq!((r.policies[0].expected_nodes, r.policies[0].realized_nodes), (0, 0));
+    assert_eq!(
+        (r.policies[0].expected_nodes, r.policies[0].realized_nodes),
+        (0, 0)
+    );
     let status = debug
         .get_realization(GetRealizationRequest {
             policy: "web".into(),

@@ -301,7 +301,8 @@ fn an_external_peer_is_allowed_only_by_an_ip_block_or_a_rule_without_peers() {
                         None => true,
                         Some(from) => from.iter().any(|p| {
                             p.ip_block.as_ref().is_some_and(|b| {
-                                let inside = |c: &str| c.parse::<ipnet::IpNet>().unwrap().contains(&ip);
+                                let inside =
+                                    |c: &str| c.parse::<ipnet::IpNet>().unwrap().contains(&ip);
                                 inside(&b.cidr) && !b.except.iter().flatten().any(|e| inside(e))
                             })
                         }),
@@ -449,7 +450,10 @@ async fn the_explain_rpc_names_the_deciding_policy_and_rule() {
     };
     // The source reads the manifests on its own schedule.
     let first = loop {
-        match client.explain(req("prod/client", "prod/web", 8080, "")).await {
+        match client
+            .explain(req("prod/client", "prod/web", 8080, ""))
+            .await
+        {
             Ok(r) => break r.into_inner(),
             Err(s) if s.code() == Code::Unavailable || s.code() == Code::NotFound => {
                 assert!(tokio::time::Instant::now() < deadline, "{s}");
@@ -463,13 +467,24 @@ async fn the_explain_rpc_names_the_deciding_policy_and_rule() {
     assert_eq!(first.destination, "pod prod/web (10.1.0.1)");
     let egress = first.egress.unwrap();
     assert_eq!(
-        (egress.pod.as_str(), egress.policy.as_str(), egress.rule_index),
+        (
+            egress.pod.as_str(),
+            egress.policy.as_str(),
+            egress.rule_index
+        ),
         ("prod/client", "prod/client-egress", 0)
     );
-    assert_eq!(egress.rule, "egress[0]: to all pods in namespaces{team=red} on any port");
+    assert_eq!(
+        egress.rule,
+        "egress[0]: to all pods in namespaces{team=red} on any port"
+    );
     let ingress = first.ingress.unwrap();
     assert_eq!(
-        (ingress.policy.as_str(), ingress.rule_index, ingress.reason.as_str()),
+        (
+            ingress.policy.as_str(),
+            ingress.rule_index,
+            ingress.reason.as_str()
+        ),
         ("prod/web-ingress", 1, "allowed by rule")
     );
     assert_eq!(
@@ -487,8 +502,16 @@ async fn the_explain_rpc_names_the_deciding_policy_and_rule() {
     assert!(r.egress.unwrap().allowed);
     let ingress = r.ingress.unwrap();
     assert_eq!(
-        (ingress.allowed, ingress.reason.as_str(), ingress.isolated_by),
-        (false, "isolated, no rule allows", vec!["prod/web-ingress".to_string()])
+        (
+            ingress.allowed,
+            ingress.reason.as_str(),
+            ingress.isolated_by
+        ),
+        (
+            false,
+            "isolated, no rule allows",
+            vec!["prod/web-ingress".to_string()]
+        )
     );
 
     // An external source: no egress of its own; the ipBlock rule decides.
@@ -519,12 +542,36 @@ async fn the_explain_rpc_names_the_deciding_policy_and_rule() {
     assert!(!r.allowed);
 
     for (request, code, text) in [
-        (req("prod/nope", "prod/web", 80, ""), Code::NotFound, "source prod/nope: no such pod"),
-        (req("prod/web", "10.96.0.10", 80, ""), Code::InvalidArgument, "ClusterIP of Service prod/web"),
-        (req("prod/web", "prod/client", 80, "ICMP"), Code::InvalidArgument, "protocol \"ICMP\""),
-        (req("prod/web", "prod/client", 0, ""), Code::InvalidArgument, "port 0"),
-        (req("web", "prod/client", 80, ""), Code::InvalidArgument, "expected namespace/name of a pod, or an IP address"),
-        (req("192.0.2.1", "192.0.2.2", 80, ""), Code::InvalidArgument, "neither source nor destination is a pod"),
+        (
+            req("prod/nope", "prod/web", 80, ""),
+            Code::NotFound,
+            "source prod/nope: no such pod",
+        ),
+        (
+            req("prod/web", "10.96.0.10", 80, ""),
+            Code::InvalidArgument,
+            "ClusterIP of Service prod/web",
+        ),
+        (
+            req("prod/web", "prod/client", 80, "ICMP"),
+            Code::InvalidArgument,
+            "protocol \"ICMP\"",
+        ),
+        (
+            req("prod/web", "prod/client", 0, ""),
+            Code::InvalidArgument,
+            "port 0",
+        ),
+        (
+            req("web", "prod/client", 80, ""),
+            Code::InvalidArgument,
+            "expected namespace/name of a pod, or an IP address",
+        ),
+        (
+            req("192.0.2.1", "192.0.2.2", 80, ""),
+            Code::InvalidArgument,
+            "neither source nor destination is a pod",
+        ),
     ] {
         let status = client.explain(request.clone()).await.expect_err("refused");
         assert_eq!(status.code(), code, "{request:?}: {status}");

@@ -100,10 +100,7 @@ async fn scrape(addr: &str) -> BTreeMap<String, f64> {
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("# TYPE ") {
             let (name, kind) = rest.split_once(' ').unwrap();
-            assert!(
-                ["gauge", "counter", "histogram"].contains(&kind),
-                "{line}"
-            );
+            assert!(["gauge", "counter", "histogram"].contains(&kind), "{line}");
             assert!(typed.insert(name.to_string()), "family {name} twice");
             continue;
         }
@@ -184,9 +181,18 @@ async fn metrics_follow_plans_and_reports() {
     .await;
     let version = m["palisade_controller_node_plan_version{node=\"n1\"}"];
     assert!(version > 0.0);
-    assert_eq!(m["palisade_controller_node_realized_version{node=\"n1\"}"], 0.0);
-    assert_eq!(m["palisade_controller_policy_expected_nodes{policy=\"prod/deny\"}"], 1.0);
-    assert_eq!(m["palisade_controller_policy_realized_nodes{policy=\"prod/deny\"}"], 0.0);
+    assert_eq!(
+        m["palisade_controller_node_realized_version{node=\"n1\"}"],
+        0.0
+    );
+    assert_eq!(
+        m["palisade_controller_policy_expected_nodes{policy=\"prod/deny\"}"],
+        1.0
+    );
+    assert_eq!(
+        m["palisade_controller_policy_realized_nodes{policy=\"prod/deny\"}"],
+        0.0
+    );
     assert_eq!(m["palisade_controller_nodes_connected"], 0.0);
     assert!(m["palisade_controller_resolve_duration_seconds_count"] >= 1.0);
     assert_eq!(
@@ -227,8 +233,14 @@ async fn metrics_follow_plans_and_reports() {
     .await;
     assert_eq!(m["palisade_controller_nodes_connected"], 1.0);
     assert_eq!(m["palisade_controller_node_connected{node=\"n1\"}"], 1.0);
-    assert_eq!(m["palisade_controller_node_realization_lag_versions{node=\"n1\"}"], 0.0);
-    assert_eq!(m["palisade_controller_policy_realized_nodes{policy=\"prod/deny\"}"], 1.0);
+    assert_eq!(
+        m["palisade_controller_node_realization_lag_versions{node=\"n1\"}"],
+        0.0
+    );
+    assert_eq!(
+        m["palisade_controller_policy_realized_nodes{policy=\"prod/deny\"}"],
+        1.0
+    );
     assert_eq!(m["palisade_controller_policies_realized"], 1.0);
     let passes = m["palisade_controller_resolve_duration_seconds_count"];
 
@@ -238,8 +250,14 @@ async fn metrics_follow_plans_and_reports() {
         m.get("palisade_controller_node_plan_version{node=\"n1\"}") == Some(&(version + 1.0))
     })
     .await;
-    assert_eq!(m["palisade_controller_node_realization_lag_versions{node=\"n1\"}"], 1.0);
+    assert_eq!(
+        m["palisade_controller_node_realization_lag_versions{node=\"n1\"}"],
+        1.0
+    );
     assert_eq!(m["palisade_controller_node_realized{node=\"n1\"}"], 0.0);
-    assert_eq!(m["palisade_controller_policy_realized_nodes{policy=\"prod/deny\"}"], 0.0);
+    assert_eq!(
+        m["palisade_controller_policy_realized_nodes{policy=\"prod/deny\"}"],
+        0.0
+    );
     assert!(m["palisade_controller_resolve_duration_seconds_count"] > passes);
 }

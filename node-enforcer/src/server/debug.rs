@@ -1,10 +1,9 @@
 //! DebugService on the enforcer: a structured dump of the reconciler's state.
 
 use palisade_proto::v1::{
-    debug_service_server::DebugService, ExplainRequest, ExplainResponse,
-    GetControllerStateRequest, GetControllerStateResponse, GetEnforcerStateRequest,
-    GetEnforcerStateResponse, GetRealizationRequest, GetRealizationResponse, InterfaceState,
-    PolicySetState,
+    debug_service_server::DebugService, ExplainRequest, ExplainResponse, GetControllerStateRequest,
+    GetControllerStateResponse, GetEnforcerStateRequest, GetEnforcerStateResponse,
+    GetRealizationRequest, GetRealizationResponse, InterfaceState, PolicySetState,
 };
 use tonic::{Request, Response, Status};
 
@@ -40,7 +39,10 @@ impl DebugService for DebugServer {
         ))
     }
 
-    async fn explain(&self, _: Request<ExplainRequest>) -> Result<Response<ExplainResponse>, Status> {
+    async fn explain(
+        &self,
+        _: Request<ExplainRequest>,
+    ) -> Result<Response<ExplainResponse>, Status> {
         Err(Status::unimplemented(
             "this is a node-enforcer; Explain is served by the policy-controller, which knows every policy",
         ))

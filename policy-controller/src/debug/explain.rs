@@ -48,7 +48,10 @@ impl Side<'_> {
     }
 }
 
-pub fn explain(cluster: &ClusterState, req: &ExplainRequest) -> Result<ExplainResponse, ExplainError> {
+pub fn explain(
+    cluster: &ClusterState,
+    req: &ExplainRequest,
+) -> Result<ExplainResponse, ExplainError> {
     let protocol = match req.protocol.to_ascii_uppercase().as_str() {
         "" | "TCP" => "TCP",
         "UDP" => "UDP",
@@ -77,14 +80,30 @@ pub fn explain(cluster: &ClusterState, req: &ExplainRequest) -> Result<ExplainRe
     let egress = match src {
         Side::Pod(pod, _) => Some(direction(
             pod,
-            explain_direction(cluster, pod, dst.peer(), server, protocol, port, Direction::Egress),
+            explain_direction(
+                cluster,
+                pod,
+                dst.peer(),
+                server,
+                protocol,
+                port,
+                Direction::Egress,
+            ),
         )),
         Side::External(_) => None,
     };
     let ingress = server.map(|pod| {
         direction(
             pod,
-            explain_direction(cluster, pod, src.peer(), server, protocol, port, Direction::Ingress),
+            explain_direction(
+                cluster,
+                pod,
+                src.peer(),
+                server,
+                protocol,
+                port,
+                Direction::Ingress,
+            ),
         )
     });
     Ok(ExplainResponse {
@@ -140,7 +159,10 @@ fn side<'a>(cluster: &'a ClusterState, what: &str, text: &str) -> Result<Side<'a
     }
     if let Some(svc) = cluster.services.iter().find(|s| {
         s.spec.iter().any(|spec| {
-            spec.cluster_ip.iter().chain(spec.cluster_ips.iter().flatten()).any(|c| c.parse() == Ok(ip))
+            spec.cluster_ip
+                .iter()
+                .chain(spec.cluster_ips.iter().flatten())
+                .any(|c| c.parse() == Ok(ip))
         })
     }) {
         return Err(ExplainError::Invalid(format!(

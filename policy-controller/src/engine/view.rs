@@ -3,7 +3,8 @@
 //! (labels, node, addresses, named container ports): all the model reads of
 //! a pod. Finished pods are not kept, so they are not here either.
 
-use k8s_openapi::api::core::v1::{Container, ContainerPort, Namespace, Pod, PodIP, PodSpec, PodStatus,
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, Namespace, Pod, PodIP, PodSpec, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use palisade_proto::v1::Protocol;
@@ -33,7 +34,8 @@ impl Engine {
         namespaces.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         let mut pods: Vec<Pod> = o.all_pods().map(|p| pod_object(p)).collect();
         pods.sort_by(|a, b| {
-            (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
+            (&a.metadata.namespace, &a.metadata.name)
+                .cmp(&(&b.metadata.namespace, &b.metadata.name))
         });
         let mut policy_keys: Vec<_> = o.policy_keys().collect();
         policy_keys.sort();

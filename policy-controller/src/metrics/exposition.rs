@@ -14,7 +14,11 @@ pub struct Exposition {
 impl Exposition {
     /// Starts a metric family; its samples follow.
     pub fn family(&mut self, name: &str, kind: &str, help: &str) {
-        let _ = writeln!(self.out, "# HELP {name} {}", help.replace('\\', "\\\\").replace('\n', "\\n"));
+        let _ = writeln!(
+            self.out,
+            "# HELP {name} {}",
+            help.replace('\\', "\\\\").replace('\n', "\\n")
+        );
         let _ = writeln!(self.out, "# TYPE {name} {kind}");
     }
 
@@ -55,7 +59,11 @@ impl Exposition {
         let mut cumulative = 0u64;
         for (bound, count) in h.bounds.iter().zip(&state.counts) {
             cumulative += count;
-            self.sample_u64(&format!("{name}_bucket"), &[("le", &number(*bound))], cumulative);
+            self.sample_u64(
+                &format!("{name}_bucket"),
+                &[("le", &number(*bound))],
+                cumulative,
+            );
         }
         self.sample_u64(&format!("{name}_bucket"), &[("le", "+Inf")], state.count);
         self.sample(&format!("{name}_sum"), &[], state.sum);
@@ -68,12 +76,18 @@ impl Exposition {
 }
 
 fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 fn number(v: f64) -> String {
     if v.is_infinite() {
-        return if v > 0.0 { "+Inf".into() } else { "-Inf".into() };
+        return if v > 0.0 {
+            "+Inf".into()
+        } else {
+            "-Inf".into()
+        };
     }
     if v.is_nan() {
         return "NaN".into();
