@@ -35,12 +35,27 @@ fn metrics_addr(log: &Path) -> String {
         if let Some(addr) = found {
             return addr;
         }
-        assert!(Instant::now() < deadline, "no metrics address in {}", log.display());
+        assert!(
+            Instant::now() < deadline,
+            "no metrics address in {}",
+            log.display()
+        );
         std::thread::sleep(Duration::from_millis(50)); // poll: the log is written by the process
     }
 }
 
-fn scrape(addr: &str) -> BTreeMap<String, f64> {
+/// One scrape, parsed, from inside `ns` (the lab runs the enforcer in the
+/// node's network namespace, the controller in its own: None).
+fn scrape(ns: Option<&str>, addr: &str) -> BTreeMap<String, f64> {
+    match ns {
+        Some(ns) => palisade_e2e::netns::NetNs::from_existing(ns)
+            .run(|| scrape_here(addr))
+            .expect("entering the node's namespace"),
+        None => scrape_here(addr),
+    }
+}
+
+fn scrape_here(addr: &str) -> BTreeMap<String, f64> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -64,20 +79,25 @@ fn scrape(addr: &str) -> BTreeMap<String, f64> {
         .filter(|l| !l.starts_with('#'))
         .map(|l| {
             let (k, v) = l.rsplit_once(' ').unwrap();
-            let v = if v == "+Inf" { f64::INFINITY } else { v.parse().unwrap() };
+            let v = if v == "+Inf" {
+                f64::INFINITY
+            } else {
+                v.parse().unwrap()
+            };
             (k.to_string(), v)
         })
         .collect()
 }
 
 fn scrape_until(
+    ns: Option<&str>,
     addr: &str,
     what: &str,
     done: impl Fn(&BTreeMap<String, f64>) -> bool,
 ) -> BTreeMap<String, f64> {
     let deadline = Instant::now() + DEADLINE;
     loop {
-        let m = scrape(addr);
+        let m = scrape(ns, addr);
         if done(&m) {
             return m;
         }
@@ -104,20 +124,33 @@ fn both_processes_serve_metrics_that_follow_plans_and_traffic() {
     let controller = metrics_addr(&lab.log_dir().join("controller.log"));
     let enforcer = metrics_addr(&lab.log_dir().join("enforcer.log"));
     let node = lab.node_name().to_string();
+    let node_ns = lab.node_netns().map(str::to_string);
+    let ns = node_ns.as_deref();
 
     let plan_key = format!("palisade_controller_node_plan_version{{node=\"{node}\"}}");
-    let c = scrape_until(&controller, "the node realized its plan", |m| {
-        m.get(&format!("palisade_controller_node_realized{{node=\"{node}\"}}")) == Some(&1.0)
+    let c = scrape_until(None, &controller, "the node realized its plan", |m| {
+        m.get(&format!(
+            "palisade_controller_node_realized{{node=\"{node}\"}}"
+        )) == Some(&1.0)
     });
     assert_eq!(
-        get(&c, "palisade_controller_policy_realized_nodes{policy=\"x/deny-b\"}"),
+        get(
+            &c,
+            "palisade_controller_policy_realized_nodes{policy=\"x/deny-b\"}"
+        ),
         1.0
     );
     assert_eq!(get(&c, "palisade_controller_nodes_connected"), 1.0);
-    let e = scrape_until(&enforcer, "the enforcer realized the plan version", |m| {
-        m.get("palisade_enforcer_realized_version") == Some(&get(&c, &plan_key))
-    });
-    assert_eq!(get(&e, "palisade_enforcer_scrape_ok{part=\"datapath\"}"), 1.0);
+    let e = scrape_until(
+        ns,
+        &enforcer,
+        "the enforcer realized the plan version",
+        |m| m.get("palisade_enforcer_realized_version") == Some(&get(&c, &plan_key)),
+    );
+    assert_eq!(
+        get(&e, "palisade_enforcer_scrape_ok{part=\"datapath\"}"),
+        1.0
+    );
     assert!(get(&e, "palisade_enforcer_pod_up_duration_seconds_count") >= 3.0);
     assert!(get(&e, "palisade_enforcer_map_entries{map=\"pal_endpoints\"}") >= 3.0);
 
@@ -127,10 +160,16 @@ fn both_processes_serve_metrics_that_follow_plans_and_traffic() {
     assert_verdicts(
         &lab,
         "b denies ingress, c is open",
-        &[("x/a", "x/b", 80, Tcp, Deny), ("x/a", "x/c", 80, Tcp, Allow)],
+        &[
+            ("x/a", "x/b", 80, Tcp, Deny),
+            ("x/a", "x/c", 80, Tcp, Allow),
+        ],
     );
-    let after = scrape(&enforcer);
+    let after = scrape(ns, &enforcer);
     assert!(get(&after, denied) > before.0, "denied SYNs are counted");
-    assert!(get(&after, allowed) > before.1, "allowed packets are counted");
+    assert!(
+        get(&after, allowed) > before.1,
+        "allowed packets are counted"
+    );
     lab.shutdown().unwrap();
 }
