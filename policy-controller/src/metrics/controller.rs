@@ -31,8 +31,8 @@ pub fn render(view: &HubView) -> String {
     );
     e.single(
         "palisade_controller_source_revision",
-        "counter",
-        "Views of the cluster resolved and published.",
+        "gauge",
+        "Views of the cluster resolved and published since the controller started.",
         view.source_revision,
     );
     e.single(
