@@ -7,7 +7,9 @@
 //!   EndpointSlices) as one value.
 //! - [`selector`]: label selectors.
 //! - [`verdict`]: whether one connection is allowed, one at a time, naively.
+//! - [`explain`]: which policy and rule decided one direction, for operators.
 
 pub mod cluster;
+pub mod explain;
 pub mod selector;
 pub mod verdict;

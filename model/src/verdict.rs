@@ -42,13 +42,13 @@ pub fn allowed(
 }
 
 /// A rule's peers and ports, whichever direction it is for.
-type Rule<'a> = (
+pub(crate) type Rule<'a> = (
     Option<&'a Vec<NetworkPolicyPeer>>,
     Option<&'a Vec<NetworkPolicyPort>>,
 );
 
-#[derive(Clone, Copy, PartialEq)]
-enum Direction {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
     Ingress,
     Egress,
 }
@@ -97,11 +97,11 @@ fn direction_allows(
     !isolated
 }
 
-fn namespace(ns: Option<&str>) -> &str {
+pub(crate) fn namespace(ns: Option<&str>) -> &str {
     ns.unwrap_or("default")
 }
 
-fn selects(policy: &NetworkPolicy, pod: &Pod, dir: Direction) -> bool {
+pub(crate) fn selects(policy: &NetworkPolicy, pod: &Pod, dir: Direction) -> bool {
     let Some(spec) = policy.spec.as_ref() else {
         return false;
     };
@@ -127,7 +127,7 @@ fn selects(policy: &NetworkPolicy, pod: &Pod, dir: Direction) -> bool {
     }
 }
 
-fn peers_match(
+pub(crate) fn peers_match(
     cluster: &ClusterState,
     peers: Option<&Vec<NetworkPolicyPeer>>,
     policy_ns: &str,
@@ -180,7 +180,7 @@ fn namespace_labels(cluster: &ClusterState, ns: &str) -> BTreeMap<String, String
     labels
 }
 
-fn ports_match(
+pub(crate) fn ports_match(
     ports: Option<&Vec<NetworkPolicyPort>>,
     server: &Pod,
     protocol: &str,
@@ -315,7 +315,7 @@ fn peer_valid(p: &NetworkPolicyPeer) -> bool {
         && known(&p.namespace_selector)
 }
 
-fn block_contains(p: &NetworkPolicyPeer, ip: IpAddr) -> bool {
+pub(crate) fn block_contains(p: &NetworkPolicyPeer, ip: IpAddr) -> bool {
     let Some(block) = &p.ip_block else {
         return false;
     };

@@ -62,7 +62,9 @@ impl Handle {
             tokio::time::sleep(after).await;
             let _ = tx.send(deadline).await;
         });
+        let started = std::time::Instant::now();
         let answer = self.ask(|r| Event::PodUp(up, r)).await;
+        crate::metrics::observe_pod_up(started.elapsed());
         timer.abort();
         answer?
     }

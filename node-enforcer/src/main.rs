@@ -67,6 +67,9 @@ struct Args {
     /// conntrack; entries nothing explains are removed.
     #[arg(long, env = "PALISADE_CONNTRACK_CLEANUP_SECS", default_value_t = 60)]
     conntrack_cleanup_secs: u64,
+    /// Serve Prometheus metrics at http://ADDR/metrics (HOST:PORT); off when unset.
+    #[arg(long, env = "PALISADE_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[tokio::main]
@@ -137,6 +140,12 @@ async fn run(args: Args) -> Result<(), String> {
         std::time::Duration::from_millis(args.pod_up_deadline_ms),
     );
     node_enforcer::links::watch(tx.clone(), links_pending)?;
+    if let Some(addr) = args.metrics_addr {
+        let listener = node_enforcer::metrics_http::bind(addr).await?;
+        tracing::info!(metrics_addr = %listener.local_addr().map_err(|e| e.to_string())?, "serving metrics");
+        let scrape = node_enforcer::metrics::scraper(handle.clone(), args.pin_root.clone());
+        tokio::spawn(node_enforcer::metrics_http::serve(listener, scrape));
+    }
     let mut conntrack = node_enforcer::conntrack::sweep::open(&args.pin_root)?;
     let cleanup_tx = tx.clone();
     let period = std::time::Duration::from_secs(args.conntrack_cleanup_secs);

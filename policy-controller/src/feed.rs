@@ -39,7 +39,10 @@ pub async fn run(
     loop {
         if let Some(state) = pending.take() {
             let hub = hub.clone();
-            if let Err(e) = tokio::task::spawn_blocking(move || hub.update(&state)).await {
+            let started = std::time::Instant::now();
+            let work = tokio::task::spawn_blocking(move || hub.update(&state)).await;
+            crate::metrics::controller::observe_resolve(started.elapsed());
+            if let Err(e) = work {
                 // A panic in resolution leaves the last plans in force.
                 tracing::error!(error = %e, "resolution failed");
             }
@@ -71,6 +74,7 @@ pub async fn run_changes(
             synced = next.synced;
         }
         let hub = hub.clone();
+        let started = std::time::Instant::now();
         let work = tokio::task::spawn_blocking(move || {
             if synced {
                 hub.apply(changes, marker);
@@ -78,7 +82,11 @@ pub async fn run_changes(
                 hub.stage(changes);
             }
         });
-        if let Err(e) = work.await {
+        let work = work.await;
+        if synced {
+            crate::metrics::controller::observe_resolve(started.elapsed());
+        }
+        if let Err(e) = work {
             // A panic in resolution leaves the last plans in force.
             tracing::error!(error = %e, "resolution failed");
         }

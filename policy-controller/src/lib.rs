@@ -2,9 +2,11 @@
 //! plan per node, streams each node its plan and keeps what each node reports.
 
 pub use palisade_model::cluster;
+pub mod debug;
 pub mod engine;
 pub mod feed;
 pub mod hub;
+pub mod metrics;
 pub use palisade_model::verdict as model;
 pub mod plan;
 pub mod resolve;

@@ -34,6 +34,9 @@ struct Args {
         default_value = "networkpolicy"
     )]
     policy_source: source::policy_endpoint::PolicySource,
+    /// Serve Prometheus metrics at http://ADDR/metrics (HOST:PORT); off when unset.
+    #[arg(long, env = "PALISADE_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[tokio::main]
@@ -85,6 +88,13 @@ async fn run(args: Args) -> Result<(), String> {
         }
     };
 
+    if let Some(addr) = args.metrics_addr {
+        let listener = policy_controller::metrics::http::bind(addr).await?;
+        tracing::info!(metrics_addr = %listener.local_addr().map_err(|e| e.to_string())?, "serving metrics");
+        let hub = hub.clone();
+        let render = move || policy_controller::metrics::controller::render(&hub.view());
+        tokio::spawn(policy_controller::metrics::http::serve(listener, render));
+    }
     // One server per address, all stopped by the same signal; the first
     // to fail stops the others, as a half-listening controller would be
     // reachable by some nodes only.

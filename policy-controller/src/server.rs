@@ -8,8 +8,9 @@ use palisade_proto::v1::{
     debug_service_server::{DebugService, DebugServiceServer},
     plan_service_server::{PlanService, PlanServiceServer},
     subscribe_response::Update,
-    GetControllerStateRequest, GetControllerStateResponse, GetEnforcerStateRequest,
-    GetEnforcerStateResponse, GetPodPlanRequest, GetPodPlanResponse, NodeView, ReportStateRequest,
+    ExplainRequest, ExplainResponse, GetControllerStateRequest, GetControllerStateResponse,
+    GetEnforcerStateRequest, GetEnforcerStateResponse, GetPodPlanRequest, GetPodPlanResponse,
+    GetRealizationRequest, GetRealizationResponse, NodeView, ReportStateRequest,
     ReportStateResponse, SubscribeRequest, SubscribeResponse,
 };
 use tonic::{Request, Response, Status};
@@ -158,6 +159,56 @@ impl DebugService for DebugServer {
         Err(Status::unimplemented(
             "this is the policy-controller; ask a node-enforcer (GetControllerState shows what each node reported)",
         ))
+    }
+
+    async fn get_realization(
+        &self,
+        request: Request<GetRealizationRequest>,
+    ) -> Result<Response<GetRealizationResponse>, Status> {
+        let req = request.into_inner();
+        let only = Some(req.policy.as_str()).filter(|p| !p.is_empty());
+        if only.is_some_and(|p| p.split_once('/').is_none()) {
+            return Err(Status::invalid_argument(format!(
+                "policy {:?}: expected namespace/name",
+                req.policy
+            )));
+        }
+        Ok(Response::new(crate::debug::realization::realization(
+            &self.hub.view(),
+            only,
+        )))
+    }
+
+    async fn explain(
+        &self,
+        request: Request<ExplainRequest>,
+    ) -> Result<Response<ExplainResponse>, Status> {
+        use crate::debug::explain::{explain, ExplainError};
+        let req = request.into_inner();
+        let hub = self.hub.clone();
+        // Copying the cluster out of the engine waits for a resolution in
+        // progress: off the async runtime.
+        let answer = tokio::task::spawn_blocking(move || {
+            hub.with_engine(|engine| {
+                // Under the engine lock, the hub's marker is the one of the
+                // view the engine holds (publication happens under it too).
+                let view = hub.view();
+                match engine {
+                    Some(engine) if view.source_synced => {
+                        Ok(explain(&engine.cluster_view(view.source_marker), &req))
+                    }
+                    _ => Err(Status::unavailable(
+                        "the controller has not read a complete view of the cluster yet",
+                    )),
+                }
+            })
+        })
+        .await
+        .map_err(|e| Status::internal(format!("explain failed: {e}")))??;
+        answer.map(Response::new).map_err(|e| match e {
+            ExplainError::Invalid(m) => Status::invalid_argument(m),
+            ExplainError::NotFound(m) => Status::not_found(m),
+        })
     }
 }
 

@@ -1,8 +1,9 @@
 //! DebugService on the enforcer: a structured dump of the reconciler's state.
 
 use palisade_proto::v1::{
-    debug_service_server::DebugService, GetControllerStateRequest, GetControllerStateResponse,
-    GetEnforcerStateRequest, GetEnforcerStateResponse, InterfaceState, PolicySetState,
+    debug_service_server::DebugService, ExplainRequest, ExplainResponse, GetControllerStateRequest,
+    GetControllerStateResponse, GetEnforcerStateRequest, GetEnforcerStateResponse,
+    GetRealizationRequest, GetRealizationResponse, InterfaceState, PolicySetState,
 };
 use tonic::{Request, Response, Status};
 
@@ -26,6 +27,24 @@ impl DebugService for DebugServer {
     ) -> Result<Response<GetControllerStateResponse>, Status> {
         Err(Status::unimplemented(
             "this is a node-enforcer; ask the policy-controller for its state",
+        ))
+    }
+
+    async fn get_realization(
+        &self,
+        _: Request<GetRealizationRequest>,
+    ) -> Result<Response<GetRealizationResponse>, Status> {
+        Err(Status::unimplemented(
+            "this is a node-enforcer; realization across nodes is the policy-controller's GetRealization",
+        ))
+    }
+
+    async fn explain(
+        &self,
+        _: Request<ExplainRequest>,
+    ) -> Result<Response<ExplainResponse>, Status> {
+        Err(Status::unimplemented(
+            "this is a node-enforcer; Explain is served by the policy-controller, which knows every policy",
         ))
     }
 

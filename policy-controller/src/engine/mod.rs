@@ -24,6 +24,7 @@ mod objects;
 mod policy_endpoints;
 mod selection;
 mod services;
+mod view;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;

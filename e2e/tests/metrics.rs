@@ -1,0 +1,175 @@
+//! Both live processes serve /metrics (`--metrics-addr`, here through its
+//! PALISADE_METRICS_ADDR variable with port 0, read back from each log),
+//! scraped with a real HTTP client while real traffic runs: the enforcer's
+//! realized version equals the controller's plan version for the node, the
+//! policy is realized on its one node, every pod up was timed, and denied
+//! and allowed probes move the verdict counters.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// The address a process logged for its metrics server.
+fn metrics_addr(log: &Path) -> String {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let found = text.lines().find_map(|line| {
+            // Colour codes may surround the field name.
+            let clean: String = line
+                .split('\x1b')
+                .map(|part| part.split_once('m').map_or(part, |(_, rest)| rest))
+                .collect();
+            let rest = clean.split("metrics_addr=").nth(1)?;
+            rest.split_whitespace().next().map(str::to_string)
+        });
+        if let Some(addr) = found {
+            return addr;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no metrics address in {}",
+            log.display()
+        );
+        std::thread::sleep(Duration::from_millis(50)); // poll: the log is written by the process
+    }
+}
+
+/// One scrape, parsed, from inside `ns` (the lab runs the enforcer in the
+/// node's network namespace, the controller in its own: None).
+fn scrape(ns: Option<&str>, addr: &str) -> BTreeMap<String, f64> {
+    match ns {
+        Some(ns) => palisade_e2e::netns::NetNs::from_existing(ns)
+            .run(|| scrape_here(addr))
+            .expect("entering the node's namespace"),
+        None => scrape_here(addr),
+    }
+}
+
+fn scrape_here(addr: &str) -> BTreeMap<String, f64> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let text = rt.block_on(async {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let req = hyper::Request::get("/metrics")
+            .header("host", addr)
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(body.to_vec()).unwrap()
+    });
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').unwrap();
+            let v = if v == "+Inf" {
+                f64::INFINITY
+            } else {
+                v.parse().unwrap()
+            };
+            (k.to_string(), v)
+        })
+        .collect()
+}
+
+fn scrape_until(
+    ns: Option<&str>,
+    addr: &str,
+    what: &str,
+    done: impl Fn(&BTreeMap<String, f64>) -> bool,
+) -> BTreeMap<String, f64> {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let m = scrape(ns, addr);
+        if done(&m) {
+            return m;
+        }
+        assert!(Instant::now() < deadline, "{what}: {m:#?}");
+        std::thread::sleep(Duration::from_millis(100)); // poll: reports and scans run on their own schedule
+    }
+}
+
+fn get(m: &BTreeMap<String, f64>, key: &str) -> f64 {
+    *m.get(key).unwrap_or_else(|| panic!("{key} not scraped"))
+}
+
+#[test]
+fn both_processes_serve_metrics_that_follow_plans_and_traffic() {
+    if !is_root() {
+        return;
+    }
+    // The only test in this binary: the variable reaches both processes,
+    // and port 0 lets each bind its own.
+    std::env::set_var("PALISADE_METRICS_ADDR", "127.0.0.1:0");
+    let mut lab = lab_with_pods();
+    lab.apply(&policies(DENY_B)).unwrap();
+    lab.wait_realized().unwrap();
+    let controller = metrics_addr(&lab.log_dir().join("controller.log"));
+    let enforcer = metrics_addr(&lab.log_dir().join("enforcer.log"));
+    let node = lab.node_name().to_string();
+    let node_ns = lab.node_netns().map(str::to_string);
+    let ns = node_ns.as_deref();
+
+    let plan_key = format!("palisade_controller_node_plan_version{{node=\"{node}\"}}");
+    let c = scrape_until(None, &controller, "the node realized its plan", |m| {
+        m.get(&format!(
+            "palisade_controller_node_realized{{node=\"{node}\"}}"
+        )) == Some(&1.0)
+    });
+    assert_eq!(
+        get(
+            &c,
+            "palisade_controller_policy_realized_nodes{policy=\"x/deny-b\"}"
+        ),
+        1.0
+    );
+    assert_eq!(get(&c, "palisade_controller_nodes_connected"), 1.0);
+    let e = scrape_until(
+        ns,
+        &enforcer,
+        "the enforcer realized the plan version",
+        |m| m.get("palisade_enforcer_realized_version") == Some(&get(&c, &plan_key)),
+    );
+    assert_eq!(
+        get(&e, "palisade_enforcer_scrape_ok{part=\"datapath\"}"),
+        1.0
+    );
+    assert!(get(&e, "palisade_enforcer_pod_up_duration_seconds_count") >= 3.0);
+    assert!(get(&e, "palisade_enforcer_map_entries{map=\"pal_endpoints\"}") >= 3.0);
+
+    let denied = "palisade_enforcer_verdicts_total{verdict=\"denied\",reason=\"policy\"}";
+    let allowed = "palisade_enforcer_verdicts_total{verdict=\"allowed\",reason=\"not_isolated\"}";
+    let before = (get(&e, denied), get(&e, allowed));
+    assert_verdicts(
+        &lab,
+        "b denies ingress, c is open",
+        &[
+            ("x/a", "x/b", 80, Tcp, Deny),
+            ("x/a", "x/c", 80, Tcp, Allow),
+        ],
+    );
+    let after = scrape(ns, &enforcer);
+    assert!(get(&after, denied) > before.0, "denied SYNs are counted");
+    assert!(
+        get(&after, allowed) > before.1,
+        "allowed packets are counted"
+    );
+    lab.shutdown().unwrap();
+}

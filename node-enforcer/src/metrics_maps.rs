@@ -1,0 +1,113 @@
+//! Reads the pinned eBPF maps for metrics, read-only and apart from the
+//! datapath the reconciler owns: the verdict counters (pal_stats, one slot
+//! per CPU, summed here) and how full each main map is.
+//!
+//! Entries are counted by walking the keys, as the kernel keeps no count of
+//! a hash map's or trie's entries; a walk races the datapath's own changes
+//! and so is an estimate to within the changes made meanwhile.
+
+use std::path::Path;
+
+use aya::maps::lpm_trie::LpmTrie;
+use aya::maps::{HashMap, Map, MapData, PerCpuArray};
+use aya::Pod;
+use palisade_ebpf::{
+    Ct4Key, CtKey, CtValue, Endpoint, PolicyExactKey, PolicyKey, PolicyLens, PolicyValue, PortKey,
+    PortValue, MAP_CONNTRACK, MAP_CT4, MAP_ENDPOINTS, MAP_POLICY, MAP_POLICY_EXACT,
+    MAP_POLICY_LENS, MAP_PORTS, MAP_STATS, STAT_ALLOWED_ESTABLISHED, STAT_ALLOWED_NDP,
+    STAT_ALLOWED_POLICY, STAT_ALLOWED_REPLY, STAT_ALLOWED_UNISOLATED, STAT_COUNT, STAT_DENIED,
+    STAT_DENIED_MALFORMED, STAT_DENIED_SPOOF,
+};
+
+/// Each `STAT_*` slot as (verdict, reason) labels.
+pub const STAT_LABELS: [(u32, &str, &str); STAT_COUNT as usize] = [
+    (STAT_ALLOWED_POLICY, "allowed", "policy"),
+    (STAT_ALLOWED_REPLY, "allowed", "reply"),
+    (STAT_ALLOWED_UNISOLATED, "allowed", "not_isolated"),
+    (STAT_DENIED, "denied", "policy"),
+    (STAT_ALLOWED_NDP, "allowed", "ndp"),
+    (STAT_DENIED_SPOOF, "denied", "spoofed_source"),
+    (STAT_DENIED_MALFORMED, "denied", "malformed"),
+    (STAT_ALLOWED_ESTABLISHED, "allowed", "established"),
+];
+
+/// One map's fill level.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapLevel {
+    pub name: &'static str,
+    pub entries: u64,
+    pub capacity: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DatapathReading {
+    /// Packets per `STAT_*` slot, summed over CPUs.
+    pub verdicts: Vec<u64>,
+    pub maps: Vec<MapLevel>,
+}
+
+fn open(pin_root: &Path, name: &str) -> Result<Map, String> {
+    let path = pin_root.join(name);
+    let data = MapData::from_pin(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Map::from_map_data(data).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn capacity(map: &Map, name: &str) -> Result<u32, String> {
+    let data = match map {
+        Map::HashMap(d) | Map::LruHashMap(d) | Map::LpmTrie(d) | Map::PerCpuArray(d) => d,
+        _ => return Err(format!("{name}: unexpected map type")),
+    };
+    data.info()
+        .map(|i| i.max_entries())
+        .map_err(|e| format!("{name}: {e}"))
+}
+
+fn hash_level<K: Pod, V: Pod>(pin_root: &Path, name: &'static str) -> Result<MapLevel, String> {
+    let map = open(pin_root, name)?;
+    let capacity = capacity(&map, name)?;
+    let table: HashMap<MapData, K, V> =
+        HashMap::try_from(map).map_err(|e| format!("{name}: {e}"))?;
+    let entries = table.keys().take_while(Result::is_ok).count() as u64;
+    Ok(MapLevel {
+        name,
+        entries,
+        capacity,
+    })
+}
+
+fn trie_level<K: Pod, V: Pod>(pin_root: &Path, name: &'static str) -> Result<MapLevel, String> {
+    let map = open(pin_root, name)?;
+    let capacity = capacity(&map, name)?;
+    let trie: LpmTrie<MapData, K, V> =
+        LpmTrie::try_from(map).map_err(|e| format!("{name}: {e}"))?;
+    let entries = trie.keys().take_while(Result::is_ok).count() as u64;
+    Ok(MapLevel {
+        name,
+        entries,
+        capacity,
+    })
+}
+
+/// The verdict counters and fill levels of the maps pinned under
+/// `pin_root`.
+pub fn read(pin_root: &Path) -> Result<DatapathReading, String> {
+    let stats: PerCpuArray<MapData, u64> = PerCpuArray::try_from(open(pin_root, MAP_STATS)?)
+        .map_err(|e| format!("{MAP_STATS}: {e}"))?;
+    let mut verdicts = Vec::with_capacity(STAT_COUNT as usize);
+    for slot in 0..STAT_COUNT {
+        let per_cpu = stats
+            .get(&slot, 0)
+            .map_err(|e| format!("{MAP_STATS}[{slot}]: {e}"))?;
+        verdicts.push(per_cpu.iter().copied().fold(0u64, u64::wrapping_add));
+    }
+    let maps = vec![
+        hash_level::<u32, Endpoint>(pin_root, MAP_ENDPOINTS)?,
+        trie_level::<PolicyKey, PolicyValue>(pin_root, MAP_POLICY)?,
+        hash_level::<PolicyExactKey, PolicyValue>(pin_root, MAP_POLICY_EXACT)?,
+        hash_level::<u32, PolicyLens>(pin_root, MAP_POLICY_LENS)?,
+        trie_level::<PortKey, PortValue>(pin_root, MAP_PORTS)?,
+        hash_level::<CtKey, CtValue>(pin_root, MAP_CONNTRACK)?,
+        hash_level::<Ct4Key, CtValue>(pin_root, MAP_CT4)?,
+    ];
+    Ok(DatapathReading { verdicts, maps })
+}

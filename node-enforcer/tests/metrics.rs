@@ -1,0 +1,313 @@
+//! The enforcer's /metrics, served by the real metrics server in process
+//! and scraped with a real HTTP client, as grpc_services.rs runs the gRPC
+//! servers: the reconciler (with the in-memory datapath) behind the real
+//! CNI service gives plan versions and pod up, and a real eBPF datapath
+//! loaded under its own pin root gives the maps the scrape reads: its map
+//! fill levels, and its verdict counters after packets judged by the real
+//! programs (BPF_PROG_TEST_RUN). Needs root and bpffs.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use node_enforcer::compile::{PortEntry, PortSet, Prefix};
+use node_enforcer::datapath::bpf::BpfDatapath;
+use node_enforcer::datapath::fake::FakeDatapath;
+use node_enforcer::datapath::{Datapath, EndpointEntry};
+use node_enforcer::handle::Handle;
+use node_enforcer::reconciler::{PlanMessage, Reconciler};
+use node_enforcer::{metrics, metrics_http, server};
+use palisade_proto::transport::{connect, serve, Address};
+use palisade_proto::v1::{
+    cni_service_client::CniServiceClient, DirectionPolicy, IpPrefix, NodeState, PlanSnapshot,
+    PodPolicy, PodRef, PodUpRequest,
+};
+use tokio::sync::{mpsc, watch};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+/// Loopback: every namespace has it, and test runs need no attachment.
+const IFINDEX: u32 = 1;
+const POD: Ipv4Addr = Ipv4Addr::new(10, 9, 0, 1);
+
+struct PinRoot(std::path::PathBuf);
+
+impl Drop for PinRoot {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Ethernet + IPv4 + a TCP SYN from `src:40000` to the pod's `port`.
+fn syn(src: Ipv4Addr, port: u16) -> Vec<u8> {
+    let mut f = vec![2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x08, 0x00];
+    f.extend_from_slice(&[0x45, 0]);
+    f.extend_from_slice(&40u16.to_be_bytes());
+    f.extend_from_slice(&[0, 1, 0, 0, 64, 6, 0, 0]);
+    f.extend_from_slice(&src.octets());
+    f.extend_from_slice(&POD.octets());
+    f.extend_from_slice(&40000u16.to_be_bytes());
+    f.extend_from_slice(&port.to_be_bytes());
+    f.resize(14 + 40, 0);
+    f[14 + 20 + 12] = 0x50;
+    f[14 + 20 + 13] = 0x02;
+    f
+}
+
+/// One scrape, parsed: `name{labels}` -> value.
+async fn scrape(addr: &str) -> BTreeMap<String, f64> {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::get("/metrics")
+        .header("host", addr)
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (key, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("{line:?}"));
+        let value = match value {
+            "+Inf" => f64::INFINITY,
+            v => v.parse().unwrap_or_else(|_| panic!("{line:?}")),
+        };
+        assert!(out.insert(key.to_string(), value).is_none(), "{key} twice");
+    }
+    out
+}
+
+async fn scrape_until(
+    addr: &str,
+    what: &str,
+    done: impl Fn(&BTreeMap<String, f64>) -> bool,
+) -> BTreeMap<String, f64> {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let m = scrape(addr).await;
+        if done(&m) {
+            return m;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {m:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await; // poll: the reconciler applies on its own thread
+    }
+}
+
+fn get(m: &BTreeMap<String, f64>, key: &str) -> f64 {
+    *m.get(key)
+        .unwrap_or_else(|| panic!("{key} not scraped: {m:#?}"))
+}
+
+#[tokio::test]
+async fn metrics_follow_plans_pod_up_and_datapath_verdicts() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "needs root to load eBPF programs"
+    );
+    let root = PinRoot(std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/palisade-test-metrics-{}",
+        std::process::id()
+    )));
+    let mut dp = BpfDatapath::load_with(&root.0, Some(4096)).expect("load the programs");
+
+    // The reconciler and its CNI service, as grpc_services.rs runs them.
+    let dir = tempfile::tempdir().unwrap();
+    let socket = Address::Unix(dir.path().join("cni.sock"));
+    let (tx, rx) = mpsc::channel(16);
+    let (state_tx, _state_rx) = watch::channel(NodeState::default());
+    let reconciler = Reconciler::new(
+        "n1".into(),
+        "test".into(),
+        FakeDatapath::with_interfaces(&["veth1"]),
+    );
+    std::thread::spawn(move || reconciler.run(rx, state_tx));
+    let handle = Handle::new(tx, Duration::from_secs(5));
+    let (router, _health) = server::router(handle.clone(), "eni".into()).await.unwrap();
+    let cni_addr = socket.clone();
+    tokio::spawn(async move { serve(router, &cni_addr, std::future::pending()).await });
+
+    let listener = metrics_http::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(metrics_http::serve(
+        listener,
+        metrics::scraper(handle.clone(), root.0.clone()),
+    ));
+
+    let m = scrape(&addr).await;
+    assert_eq!(
+        get(&m, "palisade_enforcer_scrape_ok{part=\"reconciler\"}"),
+        1.0
+    );
+    assert_eq!(
+        get(&m, "palisade_enforcer_scrape_ok{part=\"datapath\"}"),
+        1.0
+    );
+    assert_eq!(get(&m, "palisade_enforcer_realized_version"), 0.0);
+    assert_eq!(
+        get(&m, "palisade_enforcer_map_capacity{map=\"pal_ct4\"}"),
+        4096.0,
+        "the size this datapath was loaded with, read from the kernel"
+    );
+    assert_eq!(
+        get(&m, "palisade_enforcer_map_capacity{map=\"pal_endpoints\"}"),
+        f64::from(palisade_ebpf::MAX_ENDPOINTS)
+    );
+    assert_eq!(
+        get(&m, "palisade_enforcer_map_entries{map=\"pal_endpoints\"}"),
+        0.0
+    );
+    let verdicts: f64 = m
+        .iter()
+        .filter(|(k, _)| k.starts_with("palisade_enforcer_verdicts_total{"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(verdicts, 0.0);
+    let pod_ups = get(&m, "palisade_enforcer_pod_up_duration_seconds_count");
+
+    // A plan: received and realized.
+    let policy = PodPolicy {
+        pod: Some(PodRef {
+            namespace: "x".into(),
+            name: "a".into(),
+        }),
+        pod_ips: vec![],
+        ingress: Some(DirectionPolicy { rules: vec![] }),
+        egress: None,
+        policies: vec!["x/deny".into()],
+    };
+    handle
+        .plan(PlanMessage::Snapshot(PlanSnapshot {
+            version: 7,
+            pods: vec![policy],
+            source_synced: true,
+        }))
+        .await
+        .unwrap()
+        .unwrap();
+    let m = scrape_until(&addr, "plan 7 realized", |m| {
+        m.get("palisade_enforcer_realized_version") == Some(&7.0)
+    })
+    .await;
+    assert_eq!(get(&m, "palisade_enforcer_plan_version"), 7.0);
+
+    // A pod up through the CNI service is timed.
+    let channel = connect(&socket, Duration::from_secs(5)).await.unwrap();
+    let up = CniServiceClient::new(channel)
+        .pod_up(PodUpRequest {
+            pod: Some(PodRef {
+                namespace: "x".into(),
+                name: "a".into(),
+            }),
+            container_id: "c1".into(),
+            netns: "/run/netns/a".into(),
+            host_interfaces: vec!["veth1".into()],
+            pod_ips: vec![IpPrefix {
+                addr: vec![10, 0, 0, 5],
+                prefix_len: 32,
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(up.ingress_isolated);
+    let m = scrape(&addr).await;
+    assert_eq!(
+        get(&m, "palisade_enforcer_pod_up_duration_seconds_count"),
+        pod_ups + 1.0
+    );
+    assert_eq!(get(&m, "palisade_enforcer_pods"), 1.0);
+
+    // The real datapath: one endpoint whose ingress allows 10.0.0.1 on
+    // TCP/80; packets judged by the real programs are counted.
+    dp.add_portset(
+        1,
+        &PortSet(
+            [PortEntry::Block {
+                proto: 6,
+                port: 80,
+                bits: 16,
+            }]
+            .into(),
+        ),
+    )
+    .unwrap();
+    dp.add_policy(
+        7,
+        &[(Prefix::from_ip(Ipv4Addr::new(10, 0, 0, 1).into(), 32), 1)],
+    )
+    .unwrap();
+    dp.set_endpoint(
+        IFINDEX,
+        &EndpointEntry {
+            ingress: 7,
+            egress: 0,
+            pod_addrs: vec![POD.to_ipv6_mapped().octets()],
+        },
+    )
+    .unwrap();
+    let judge = |dp: &BpfDatapath, from: u8| {
+        dp.test_run(
+            palisade_ebpf::PROG_TO_POD,
+            &syn(Ipv4Addr::new(10, 0, 0, from), 80),
+            IFINDEX,
+        )
+        .unwrap()
+    };
+    for _ in 0..3 {
+        assert_eq!(judge(&dp, 3), palisade_ebpf::VERDICT_DROP);
+    }
+    assert_eq!(judge(&dp, 1), palisade_ebpf::VERDICT_NEXT);
+    let m = scrape(&addr).await;
+    assert_eq!(
+        get(
+            &m,
+            "palisade_enforcer_verdicts_total{verdict=\"denied\",reason=\"policy\"}"
+        ),
+        3.0
+    );
+    assert_eq!(
+        get(
+            &m,
+            "palisade_enforcer_verdicts_total{verdict=\"allowed\",reason=\"policy\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        get(&m, "palisade_enforcer_map_entries{map=\"pal_endpoints\"}"),
+        1.0
+    );
+    assert_eq!(
+        get(&m, "palisade_enforcer_map_entries{map=\"pal_policy\"}"),
+        1.0
+    );
+    assert!(
+        get(&m, "palisade_enforcer_map_entries{map=\"pal_ct4\"}") >= 1.0,
+        "the allowed SYN made a conntrack entry"
+    );
+    dp.remove_endpoint(IFINDEX).unwrap();
+
+    // Maps that cannot be read are said so, not shown as zero traffic.
+    drop(dp);
+    std::fs::remove_dir_all(&root.0).unwrap();
+    let m = scrape(&addr).await;
+    assert_eq!(
+        get(&m, "palisade_enforcer_scrape_ok{part=\"datapath\"}"),
+        0.0
+    );
+    assert!(!m
+        .keys()
+        .any(|k| k.starts_with("palisade_enforcer_verdicts_total")));
+    assert_eq!(get(&m, "palisade_enforcer_realized_version"), 7.0);
+}

@@ -1,0 +1,228 @@
+//! Explain: whether the controller's current view of the cluster allows one
+//! flow, and which policy and rule decided each direction, computed by the
+//! reference model (palisade-model), not by the resolver, so that it is an
+//! independent reading of the objects.
+//!
+//! A side is named as "namespace/name" (a pod, which must be known and hold
+//! an address) or as an IP address: the address of a known pod means that
+//! pod; any other address is an external peer, which only ipBlocks can
+//! match and whose own policies nobody knows (its direction is left out).
+//! A Service's ClusterIP is refused: which backend the kernel picks is not
+//! known here, so ask about a backend pod.
+
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::Pod;
+use palisade_model::cluster::ClusterState;
+use palisade_model::explain::{explain_direction, Decision, Peer};
+use palisade_model::verdict::{Direction, Endpoint};
+use palisade_proto::v1::{DirectionExplanation, ExplainRequest, ExplainResponse};
+
+/// Why a request cannot be explained; each names the problem.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ExplainError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    NotFound(String),
+}
+
+/// One side of the flow as understood.
+enum Side<'a> {
+    Pod(&'a Pod, IpAddr),
+    External(IpAddr),
+}
+
+impl Side<'_> {
+    fn describe(&self) -> String {
+        match self {
+            Side::Pod(pod, ip) => format!("pod {} ({ip})", pod_name(pod)),
+            Side::External(ip) => format!("external {ip}"),
+        }
+    }
+    fn peer(&self) -> Peer<'_> {
+        match self {
+            Side::Pod(pod, ip) => Peer::Pod(Endpoint { pod, ip: *ip }),
+            Side::External(ip) => Peer::External(*ip),
+        }
+    }
+}
+
+pub fn explain(
+    cluster: &ClusterState,
+    req: &ExplainRequest,
+) -> Result<ExplainResponse, ExplainError> {
+    let protocol = match req.protocol.to_ascii_uppercase().as_str() {
+        "" | "TCP" => "TCP",
+        "UDP" => "UDP",
+        "SCTP" => "SCTP",
+        other => {
+            return Err(ExplainError::Invalid(format!(
+                "protocol {other:?}: expected TCP, UDP or SCTP"
+            )))
+        }
+    };
+    let port = u16::try_from(req.port)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| ExplainError::Invalid(format!("port {}: expected 1..=65535", req.port)))?;
+    let src = side(cluster, "source", &req.source)?;
+    let dst = side(cluster, "destination", &req.destination)?;
+    if matches!((&src, &dst), (Side::External(_), Side::External(_))) {
+        return Err(ExplainError::Invalid(
+            "neither source nor destination is a pod: no NetworkPolicy applies".into(),
+        ));
+    }
+    let server = match dst {
+        Side::Pod(pod, _) => Some(pod),
+        Side::External(_) => None,
+    };
+    let egress = match src {
+        Side::Pod(pod, _) => Some(direction(
+            pod,
+            explain_direction(
+                cluster,
+                pod,
+                dst.peer(),
+                server,
+                protocol,
+                port,
+                Direction::Egress,
+            ),
+        )),
+        Side::External(_) => None,
+    };
+    let ingress = server.map(|pod| {
+        direction(
+            pod,
+            explain_direction(
+                cluster,
+                pod,
+                src.peer(),
+                server,
+                protocol,
+                port,
+                Direction::Ingress,
+            ),
+        )
+    });
+    Ok(ExplainResponse {
+        allowed: egress.iter().chain(ingress.iter()).all(|d| d.allowed),
+        egress,
+        ingress,
+        source: src.describe(),
+        destination: dst.describe(),
+        source_marker: cluster.marker.clone(),
+    })
+}
+
+fn side<'a>(cluster: &'a ClusterState, what: &str, text: &str) -> Result<Side<'a>, ExplainError> {
+    let text = text.trim();
+    if let Some((ns, name)) = text.split_once('/') {
+        let pod = cluster
+            .pods
+            .iter()
+            .find(|p| {
+                p.metadata.namespace.as_deref().unwrap_or("default") == ns
+                    && p.metadata.name.as_deref() == Some(name)
+            })
+            .ok_or_else(|| {
+                ExplainError::NotFound(format!(
+                    "{what} {text}: no such pod in the controller's view"
+                ))
+            })?;
+        let ip = pod_ips(pod).into_iter().next().ok_or_else(|| {
+            ExplainError::NotFound(format!("{what} {text}: the pod has no address yet"))
+        })?;
+        return Ok(Side::Pod(pod, ip));
+    }
+    let ip: IpAddr = text.parse().map_err(|_| {
+        ExplainError::Invalid(format!(
+            "{what} {text:?}: expected namespace/name of a pod, or an IP address"
+        ))
+    })?;
+    let holders: Vec<&Pod> = cluster
+        .pods
+        .iter()
+        .filter(|p| pod_ips(p).contains(&ip))
+        .collect();
+    match holders.as_slice() {
+        [pod] => return Ok(Side::Pod(pod, ip)),
+        [] => {}
+        many => {
+            let names: Vec<String> = many.iter().map(|p| pod_name(p)).collect();
+            return Err(ExplainError::Invalid(format!(
+                "{what} {ip} is held by several pods ({}): name one",
+                names.join(", ")
+            )));
+        }
+    }
+    if let Some(svc) = cluster.services.iter().find(|s| {
+        s.spec.iter().any(|spec| {
+            spec.cluster_ip
+                .iter()
+                .chain(spec.cluster_ips.iter().flatten())
+                .any(|c| c.parse() == Ok(ip))
+        })
+    }) {
+        return Err(ExplainError::Invalid(format!(
+            "{what} {ip} is the ClusterIP of Service {}/{}: explain a flow to one of its backend pods",
+            svc.metadata.namespace.as_deref().unwrap_or("default"),
+            svc.metadata.name.as_deref().unwrap_or_default()
+        )));
+    }
+    Ok(Side::External(ip))
+}
+
+fn pod_name(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
+    let Some(status) = pod.status.as_ref() else {
+        return vec![];
+    };
+    if matches!(status.phase.as_deref(), Some("Succeeded") | Some("Failed")) {
+        return vec![];
+    }
+    let mut ips: Vec<IpAddr> = status
+        .pod_ip
+        .iter()
+        .chain(status.pod_ips.iter().flatten().map(|i| &i.ip))
+        .filter_map(|i| i.parse().ok())
+        .collect();
+    ips.dedup();
+    ips
+}
+
+fn direction(pod: &Pod, decision: Decision) -> DirectionExplanation {
+    let pod = pod_name(pod);
+    match decision {
+        Decision::NotIsolated => DirectionExplanation {
+            pod,
+            allowed: true,
+            reason: "no policy isolates this pod".into(),
+            ..Default::default()
+        },
+        Decision::Allowed(rule) => DirectionExplanation {
+            pod,
+            allowed: true,
+            reason: "allowed by rule".into(),
+            policy: rule.policy,
+            rule_index: rule.rule as u32,
+            rule: rule.description,
+            isolated_by: vec![],
+        },
+        Decision::Denied { isolated_by } => DirectionExplanation {
+            pod,
+            allowed: false,
+            reason: "isolated, no rule allows".into(),
+            isolated_by,
+            ..Default::default()
+        },
+    }
+}

@@ -1,0 +1,580 @@
+//! Explain against the verdict it explains.
+//!
+//! - Random clusters: for every pair of pods (and pods against external
+//!   addresses), protocols and ports, explain's allow/deny per direction
+//!   equals the reference model's `allowed` (and its overall answer their
+//!   conjunction), and a rule it names really is in the named policy.
+//! - The engine's copy of the cluster (what the Explain RPC reads) judges
+//!   every such connection as the objects it was built from do.
+//! - The Explain RPC over a real socket, fed by the manifest source: the
+//!   deciding policy and rule, named ports, external peers, and each refusal.
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use palisade_model::explain::{explain_direction, Decision, Peer};
+use palisade_model::verdict::Direction;
+use palisade_proto::transport::{connect, serve, Address};
+use palisade_proto::v1::{debug_service_client::DebugServiceClient, ExplainRequest};
+use policy_controller::cluster::{ClusterState, Object};
+use policy_controller::engine::Engine;
+use policy_controller::model::{allowed, Endpoint};
+use policy_controller::{feed, hub::Hub, server, source::manifest};
+use serde_json::{json, Value};
+use tokio::sync::watch;
+use tonic::Code;
+
+/// xorshift64*: deterministic, so a failing seed replays.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+}
+
+const NAMESPACES: [&str; 3] = ["a", "b", "c"];
+const APPS: [&str; 3] = ["web", "db", "cache"];
+const PROTOCOLS: [&str; 3] = ["TCP", "UDP", "SCTP"];
+const PORTS: [u16; 5] = [53, 80, 443, 8080, 8050];
+const EXTERNAL: [&str; 3] = ["192.0.2.7", "10.0.1.3", "10.9.0.1"];
+
+fn selector(rng: &mut Rng, key: &str, values: &[&str]) -> Value {
+    match rng.below(5) {
+        0 => json!({}),
+        1 | 2 => json!({"matchLabels": {key: rng.pick(values)}}),
+        3 => {
+            json!({"matchExpressions": [{"key": key, "operator": "In", "values": [rng.pick(values), rng.pick(values)]}]})
+        }
+        _ => {
+            json!({"matchExpressions": [{"key": key, "operator": rng.pick(&["NotIn", "Exists", "DoesNotExist"]), "values": [rng.pick(values)]}]})
+        }
+    }
+}
+
+fn peer(rng: &mut Rng) -> Value {
+    match rng.below(5) {
+        0 => json!({"podSelector": selector(rng, "app", &APPS)}),
+        1 => json!({"namespaceSelector": selector(rng, "team", &["red", "blue"])}),
+        2 => json!({
+            "namespaceSelector": selector(rng, "team", &["red", "blue"]),
+            "podSelector": selector(rng, "app", &APPS),
+        }),
+        3 => json!({"ipBlock": {"cidr": "10.0.0.0/16", "except": ["10.0.1.0/24"]}}),
+        _ => json!({"ipBlock": {"cidr": "192.0.2.0/24"}}),
+    }
+}
+
+fn ports(rng: &mut Rng) -> Value {
+    let out: Vec<Value> = (0..rng.below(3))
+        .map(|_| match rng.below(4) {
+            0 => json!({"port": rng.pick(&[80, 443, 53])}),
+            1 => json!({"port": 8000, "endPort": 8100, "protocol": "TCP"}),
+            2 => json!({"port": "http"}),
+            _ => json!({"port": "dns", "protocol": "UDP"}),
+        })
+        .collect();
+    Value::Array(out)
+}
+
+fn rules(rng: &mut Rng, key: &str) -> Value {
+    let out: Vec<Value> = (0..rng.below(3))
+        .map(|_| {
+            let mut rule = serde_json::Map::new();
+            if rng.chance(75) {
+                let peers: Vec<Value> = (0..1 + rng.below(2)).map(|_| peer(rng)).collect();
+                rule.insert(key.into(), Value::Array(peers));
+            }
+            if rng.chance(60) {
+                rule.insert("ports".into(), ports(rng));
+            }
+            Value::Object(rule)
+        })
+        .collect();
+    Value::Array(out)
+}
+
+fn random_cluster(rng: &mut Rng) -> ClusterState {
+    let mut objects = Vec::new();
+    for ns in &NAMESPACES[..2] {
+        let ns: Namespace = serde_json::from_value(json!({
+            "metadata": {"name": ns, "labels": {"team": rng.pick(&["red", "blue"])}}
+        }))
+        .unwrap();
+        objects.push(Object::Namespace(ns));
+    }
+    for i in 0..4 + rng.below(5) {
+        let mut ports = Vec::new();
+        if rng.chance(60) {
+            ports.push(json!({"name": "http", "containerPort": rng.pick(&[80, 8080])}));
+        }
+        if rng.chance(30) {
+            ports.push(json!({"name": "dns", "containerPort": 53, "protocol": "UDP"}));
+        }
+        let mut labels = serde_json::Map::new();
+        if rng.chance(85) {
+            labels.insert("app".into(), json!(rng.pick(&APPS)));
+        }
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("p{i}"), "namespace": rng.pick(&NAMESPACES), "labels": labels},
+            "spec": {"nodeName": rng.pick(&["n1", "n2"]), "containers": [{"name": "c", "ports": ports}]},
+            "status": {"podIP": format!("10.0.{}.{}", i % 2, 10 + i)},
+        }))
+        .unwrap();
+        objects.push(Object::Pod(pod));
+    }
+    for i in 0..1 + rng.below(4) {
+        let mut spec = json!({"podSelector": selector(rng, "app", &APPS)});
+        if rng.chance(80) {
+            spec["ingress"] = rules(rng, "from");
+        }
+        if rng.chance(60) {
+            spec["egress"] = rules(rng, "to");
+        }
+        if rng.chance(40) {
+            spec["policyTypes"] = json!(match rng.below(3) {
+                0 => vec!["Ingress"],
+                1 => vec!["Egress"],
+                _ => vec!["Ingress", "Egress"],
+            });
+        }
+        let np: NetworkPolicy = serde_json::from_value(json!({
+            "metadata": {"name": format!("np{i}"), "namespace": rng.pick(&NAMESPACES)},
+            "spec": spec,
+        }))
+        .unwrap();
+        objects.push(Object::NetworkPolicy(np));
+    }
+    ClusterState::from_objects(objects, "random".into())
+}
+
+fn ip_of(pod: &Pod) -> IpAddr {
+    pod.status
+        .as_ref()
+        .unwrap()
+        .pod_ip
+        .as_ref()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// The rule `decision` names exists in the policy it names, in `dir`.
+fn check_named_rule(cluster: &ClusterState, decision: &Decision, dir: Direction) {
+    let Decision::Allowed(rule) = decision else {
+        return;
+    };
+    let (ns, name) = rule.policy.split_once('/').unwrap();
+    let policy = cluster
+        .policies
+        .iter()
+        .find(|p| {
+            p.metadata.namespace.as_deref() == Some(ns) && p.metadata.name.as_deref() == Some(name)
+        })
+        .expect("the named policy exists");
+    let spec = policy.spec.as_ref().unwrap();
+    let count = match dir {
+        Direction::Ingress => spec.ingress.as_ref().map_or(0, Vec::len),
+        Direction::Egress => spec.egress.as_ref().map_or(0, Vec::len),
+    };
+    assert!(rule.rule < count, "{rule:?} is out of the policy's rules");
+}
+
+#[test]
+fn explain_agrees_with_the_verdict_on_random_clusters() {
+    let mut compared = 0usize;
+    let mut decided = [0usize; 3];
+    for seed in 1..=150u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let cluster = random_cluster(&mut rng);
+        for src in &cluster.pods {
+            for dst in &cluster.pods {
+                let (s, d) = (
+                    Endpoint {
+                        pod: src,
+                        ip: ip_of(src),
+                    },
+                    Endpoint {
+                        pod: dst,
+                        ip: ip_of(dst),
+                    },
+                );
+                for protocol in PROTOCOLS {
+                    for port in PORTS {
+                        let egress = explain_direction(
+                            &cluster,
+                            src,
+                            Peer::Pod(d),
+                            Some(dst),
+                            protocol,
+                            port,
+                            Direction::Egress,
+                        );
+                        let ingress = explain_direction(
+                            &cluster,
+                            dst,
+                            Peer::Pod(s),
+                            Some(dst),
+                            protocol,
+                            port,
+                            Direction::Ingress,
+                        );
+                        check_named_rule(&cluster, &egress, Direction::Egress);
+                        check_named_rule(&cluster, &ingress, Direction::Ingress);
+                        for decision in [&egress, &ingress] {
+                            decided[match decision {
+                                Decision::NotIsolated => 0,
+                                Decision::Allowed(_) => 1,
+                                Decision::Denied { .. } => 2,
+                            }] += 1;
+                        }
+                        assert_eq!(
+                            egress.allowed() && ingress.allowed(),
+                            allowed(&cluster, s, d, protocol, port),
+                            "seed {seed}: {protocol}/{port} from {:?} to {:?}: egress {egress:?}, ingress {ingress:?}",
+                            src.metadata.name,
+                            dst.metadata.name,
+                        );
+                        compared += 1;
+                    }
+                }
+            }
+        }
+    }
+    // Each kind of decision must have been exercised, or the comparison
+    // proves little.
+    assert!(compared > 50_000, "{compared}");
+    assert!(decided.iter().all(|n| *n > 1000), "{decided:?}");
+}
+
+#[test]
+fn an_external_peer_is_allowed_only_by_an_ip_block_or_a_rule_without_peers() {
+    let mut checked = [0usize; 2];
+    for seed in 1..=100u64 {
+        let mut rng = Rng(seed.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1);
+        let cluster = random_cluster(&mut rng);
+        for pod in &cluster.pods {
+            for ext in EXTERNAL {
+                let ip: IpAddr = ext.parse().unwrap();
+                for port in PORTS {
+                    let d = explain_direction(
+                        &cluster,
+                        pod,
+                        Peer::External(ip),
+                        Some(pod),
+                        "TCP",
+                        port,
+                        Direction::Ingress,
+                    );
+                    check_named_rule(&cluster, &d, Direction::Ingress);
+                    let Decision::Allowed(rule) = &d else {
+                        checked[1] += 1;
+                        continue;
+                    };
+                    checked[0] += 1;
+                    let (ns, name) = rule.policy.split_once('/').unwrap();
+                    let np = cluster
+                        .policies
+                        .iter()
+                        .find(|p| {
+                            p.metadata.namespace.as_deref() == Some(ns)
+                                && p.metadata.name.as_deref() == Some(name)
+                        })
+                        .unwrap();
+                    let r = &np.spec.as_ref().unwrap().ingress.as_ref().unwrap()[rule.rule];
+                    let open = match r.from.as_ref().filter(|f| !f.is_empty()) {
+                        None => true,
+                        Some(from) => from.iter().any(|p| {
+                            p.ip_block.as_ref().is_some_and(|b| {
+                                let inside =
+                                    |c: &str| c.parse::<ipnet::IpNet>().unwrap().contains(&ip);
+                                inside(&b.cidr) && !b.except.iter().flatten().any(|e| inside(e))
+                            })
+                        }),
+                    };
+                    assert!(open, "seed {seed}: {ext} allowed by {rule:?}");
+                }
+            }
+        }
+    }
+    assert!(checked.iter().all(|n| *n > 100), "{checked:?}");
+}
+
+#[test]
+fn the_engines_copy_of_the_cluster_judges_as_the_objects_do() {
+    for seed in 1..=60u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1);
+        let cluster = random_cluster(&mut rng);
+        let (engine, _) = Engine::from_state(&cluster);
+        let copy = engine.cluster_view("m".into());
+        assert_eq!(copy.marker, "m");
+        assert_eq!(copy.policies, cluster.policies);
+        assert_eq!(copy.pods.len(), cluster.pods.len());
+        for (a, b) in copy.pods.iter().zip(&cluster.pods) {
+            for (x, y) in copy.pods.iter().zip(&cluster.pods) {
+                for protocol in PROTOCOLS {
+                    for port in PORTS {
+                        let (ia, ix) = (ip_of_any(a), ip_of_any(x));
+                        assert_eq!(
+                            allowed(
+                                &copy,
+                                Endpoint { pod: a, ip: ia },
+                                Endpoint { pod: x, ip: ix },
+                                protocol,
+                                port
+                            ),
+                            allowed(
+                                &cluster,
+                                Endpoint { pod: b, ip: ia },
+                                Endpoint { pod: y, ip: ix },
+                                protocol,
+                                port
+                            ),
+                            "seed {seed}: {protocol}/{port} {:?} -> {:?}",
+                            a.metadata.name,
+                            x.metadata.name
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn ip_of_any(pod: &Pod) -> IpAddr {
+    pod.status.as_ref().unwrap().pod_ips.as_ref().unwrap()[0]
+        .ip
+        .parse()
+        .unwrap()
+}
+
+const MANIFESTS: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: prod, labels: {team: red}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: prod, labels: {app: web}}
+spec: {nodeName: n1, containers: [{name: c, ports: [{name: http, containerPort: 8080}]}]}
+status: {podIP: 10.1.0.1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: prod, labels: {app: client}}
+spec: {nodeName: n2, containers: [{name: c}]}
+status: {podIP: 10.1.0.2}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: prod}
+spec: {clusterIP: 10.96.0.10, selector: {app: web}, ports: [{port: 80, targetPort: http}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web-ingress, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  ingress:
+  - from: [{ipBlock: {cidr: 192.0.2.0/24}}]
+    ports: [{port: 22}]
+  - from: [{podSelector: {matchLabels: {app: client}}}]
+    ports: [{port: http}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: client-egress, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: client}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{namespaceSelector: {matchLabels: {team: red}}}]
+"#;
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+async fn start(dir: &Path, socket: &Address) {
+    std::fs::write(dir.join("all.yaml"), MANIFESTS).unwrap();
+    let hub = Hub::new(1000);
+    let (tx, rx) = watch::channel(None);
+    let (etx, erx) = watch::channel(Vec::new());
+    tokio::spawn(manifest::run_with_interval(
+        dir.to_path_buf(),
+        Duration::from_millis(10),
+        tx,
+        etx,
+    ));
+    tokio::spawn(feed::run(hub.clone(), rx, erx));
+    let router = server::router(hub).await.unwrap();
+    let addr = socket.clone();
+    tokio::spawn(async move { serve(router, &addr, std::future::pending()).await.unwrap() });
+}
+
+fn req(source: &str, destination: &str, port: u32, protocol: &str) -> ExplainRequest {
+    ExplainRequest {
+        source: source.into(),
+        destination: destination.into(),
+        port,
+        protocol: protocol.into(),
+    }
+}
+
+#[tokio::test]
+async fn the_explain_rpc_names_the_deciding_policy_and_rule() {
+    let manifests = tempfile::tempdir().unwrap();
+    let sock_dir = tempfile::tempdir().unwrap();
+    let socket = Address::Unix(sock_dir.path().join("controller.sock"));
+    start(manifests.path(), &socket).await;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let mut client = loop {
+        if let Ok(c) = connect(&socket, Duration::from_secs(1)).await {
+            break DebugServiceClient::new(c);
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no server");
+        tokio::time::sleep(Duration::from_millis(20)).await; // poll: the server binds asynchronously
+    };
+    // The source reads the manifests on its own schedule.
+    let first = loop {
+        match client
+            .explain(req("prod/client", "prod/web", 8080, ""))
+            .await
+        {
+            Ok(r) => break r.into_inner(),
+            Err(s) if s.code() == Code::Unavailable || s.code() == Code::NotFound => {
+                assert!(tokio::time::Instant::now() < deadline, "{s}");
+                tokio::time::sleep(Duration::from_millis(20)).await; // poll: the source scans every 10 ms
+            }
+            Err(s) => panic!("{s}"),
+        }
+    };
+    assert!(first.allowed, "{first:?}");
+    assert_eq!(first.source, "pod prod/client (10.1.0.2)");
+    assert_eq!(first.destination, "pod prod/web (10.1.0.1)");
+    let egress = first.egress.unwrap();
+    assert_eq!(
+        (
+            egress.pod.as_str(),
+            egress.policy.as_str(),
+            egress.rule_index
+        ),
+        ("prod/client", "prod/client-egress", 0)
+    );
+    assert_eq!(
+        egress.rule,
+        "egress[0]: to all pods in namespaces{team=red} on any port"
+    );
+    let ingress = first.ingress.unwrap();
+    assert_eq!(
+        (
+            ingress.policy.as_str(),
+            ingress.rule_index,
+            ingress.reason.as_str()
+        ),
+        ("prod/web-ingress", 1, "allowed by rule")
+    );
+    assert_eq!(
+        ingress.rule,
+        "ingress[1]: from pods{app=client} in the policy's namespace on TCP/http"
+    );
+
+    // The named port means 8080 on web, so 80 is denied on ingress only.
+    let r = client
+        .explain(req("10.1.0.2", "prod/web", 80, "tcp"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!r.allowed);
+    assert!(r.egress.unwrap().allowed);
+    let ingress = r.ingress.unwrap();
+    assert_eq!(
+        (
+            ingress.allowed,
+            ingress.reason.as_str(),
+            ingress.isolated_by
+        ),
+        (
+            false,
+            "isolated, no rule allows",
+            vec!["prod/web-ingress".to_string()]
+        )
+    );
+
+    // An external source: no egress of its own; the ipBlock rule decides.
+    let r = client
+        .explain(req("192.0.2.9", "prod/web", 22, "TCP"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.allowed && r.egress.is_none(), "{r:?}");
+    assert_eq!(r.source, "external 192.0.2.9");
+    assert_eq!(r.ingress.unwrap().rule_index, 0);
+
+    // web has no egress policy: nothing isolates it; the external
+    // destination has no ingress to judge.
+    let r = client
+        .explain(req("prod/web", "203.0.113.1", 443, "UDP"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.allowed && r.ingress.is_none());
+    assert_eq!(r.egress.unwrap().reason, "no policy isolates this pod");
+    // client's egress reaches only namespaces labelled team=red.
+    let r = client
+        .explain(req("prod/client", "203.0.113.1", 443, "TCP"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!r.allowed);
+
+    for (request, code, text) in [
+        (
+            req("prod/nope", "prod/web", 80, ""),
+            Code::NotFound,
+            "source prod/nope: no such pod",
+        ),
+        (
+            req("prod/web", "10.96.0.10", 80, ""),
+            Code::InvalidArgument,
+            "ClusterIP of Service prod/web",
+        ),
+        (
+            req("prod/web", "prod/client", 80, "ICMP"),
+            Code::InvalidArgument,
+            "protocol \"ICMP\"",
+        ),
+        (
+            req("prod/web", "prod/client", 0, ""),
+            Code::InvalidArgument,
+            "port 0",
+        ),
+        (
+            req("web", "prod/client", 80, ""),
+            Code::InvalidArgument,
+            "expected namespace/name of a pod, or an IP address",
+        ),
+        (
+            req("192.0.2.1", "192.0.2.2", 80, ""),
+            Code::InvalidArgument,
+            "neither source nor destination is a pod",
+        ),
+    ] {
+        let status = client.explain(request.clone()).await.expect_err("refused");
+        assert_eq!(status.code(), code, "{request:?}: {status}");
+        assert!(status.message().contains(text), "{request:?}: {status}");
+    }
+}

@@ -1,0 +1,263 @@
+//! The real palisade-controller binary with `--metrics-addr`, scraped with
+//! a real HTTP client: the exposition parses, and its values follow what
+//! happens — a node's plan version appears when the manifests put a pod
+//! there, its realized version and the policy's realized count once the
+//! node reports, the lag when the plan moves on, and resolution passes are
+//! counted.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use palisade_proto::transport::{connect, Address};
+use palisade_proto::v1::{
+    plan_service_client::PlanServiceClient, subscribe_response::Update, NodeState,
+    ReportStateRequest, SubscribeRequest,
+};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn manifests(cidr: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: web, namespace: prod, labels: {{app: web}}}}
+spec: {{nodeName: n1, containers: [{{name: c}}]}}
+status: {{podIP: 10.1.0.1}}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {{name: deny, namespace: prod}}
+spec:
+  podSelector: {{matchLabels: {{app: web}}}}
+  ingress: [{{from: [{{ipBlock: {{cidr: {cidr}}}}}]}}]
+"#
+    )
+}
+
+fn write(dir: &Path, text: &str) {
+    let tmp = dir.join(".all.yaml.tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(tmp, dir.join("all.yaml")).unwrap();
+}
+
+/// Kills the controller however the test ends.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Drops terminal colour sequences, which the log may hold.
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// One scrape, parsed: `name{labels}` -> value. Fails on any line that is
+/// not a comment or a sample.
+async fn scrape(addr: &str) -> BTreeMap<String, f64> {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::get("/metrics")
+        .header("host", addr)
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    let mut samples = BTreeMap::new();
+    let mut typed = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            assert!(["gauge", "counter", "histogram"].contains(&kind), "{line}");
+            assert!(typed.insert(name.to_string()), "family {name} twice");
+            continue;
+        }
+        if line.starts_with("# HELP ") {
+            continue;
+        }
+        let (key, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("{line:?}"));
+        let family = key.split('{').next().unwrap();
+        let base = family
+            .strip_suffix("_bucket")
+            .or_else(|| family.strip_suffix("_sum"))
+            .or_else(|| family.strip_suffix("_count"))
+            .filter(|b| typed.contains(*b))
+            .unwrap_or(family);
+        assert!(typed.contains(base), "sample before its TYPE: {line}");
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            v => v.parse().unwrap_or_else(|_| panic!("{line:?}")),
+        };
+        samples.insert(key.to_string(), value);
+    }
+    samples
+}
+
+async fn scrape_until(
+    addr: &str,
+    what: &str,
+    done: impl Fn(&BTreeMap<String, f64>) -> bool,
+) -> BTreeMap<String, f64> {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let m = scrape(addr).await;
+        if done(&m) {
+            return m;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {m:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await; // poll: the source scans on its own schedule
+    }
+}
+
+#[tokio::test]
+async fn metrics_follow_plans_and_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), &manifests("192.0.2.0/24"));
+    let sock = dir.path().join("controller.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_palisade-controller"))
+        .arg("--manifests")
+        .arg(dir.path())
+        .arg("--listen")
+        .arg(format!("unix:{}", sock.display()))
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let _process = Process(child);
+    // The bound port is in the log line that says metrics are served.
+    let mut lines = BufReader::new(tokio::process::ChildStderr::from_std(stderr).unwrap()).lines();
+    let addr = tokio::time::timeout(DEADLINE, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let line = strip_ansi(&line);
+            if let Some(rest) = line.split("metrics_addr=").nth(1) {
+                return rest.split_whitespace().next().unwrap().to_string();
+            }
+        }
+        panic!("the controller exited without serving metrics");
+    })
+    .await
+    .expect("metrics served in time");
+    // Keep draining the log so the controller never blocks on it.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+
+    let m = scrape_until(&addr, "synced with n1's plan", |m| {
+        m.get("palisade_controller_source_synced") == Some(&1.0)
+            && m.contains_key("palisade_controller_node_plan_version{node=\"n1\"}")
+    })
+    .await;
+    let version = m["palisade_controller_node_plan_version{node=\"n1\"}"];
+    assert!(version > 0.0);
+    assert_eq!(
+        m["palisade_controller_node_realized_version{node=\"n1\"}"],
+        0.0
+    );
+    assert_eq!(
+        m["palisade_controller_policy_expected_nodes{policy=\"prod/deny\"}"],
+        1.0
+    );
+    assert_eq!(
+        m["palisade_controller_policy_realized_nodes{policy=\"prod/deny\"}"],
+        0.0
+    );
+    assert_eq!(m["palisade_controller_nodes_connected"], 0.0);
+    assert!(m["palisade_controller_resolve_duration_seconds_count"] >= 1.0);
+    assert_eq!(
+        m["palisade_controller_resolve_duration_seconds_bucket{le=\"+Inf\"}"],
+        m["palisade_controller_resolve_duration_seconds_count"]
+    );
+
+    // n1 subscribes and reports its plan realized.
+    let address = Address::Unix(sock.clone());
+    let channel = connect(&address, Duration::from_secs(5)).await.unwrap();
+    let mut plans = PlanServiceClient::new(channel);
+    let mut stream = plans
+        .subscribe(SubscribeRequest {
+            node_name: "n1".into(),
+            enforcer_id: "n1-e".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(Update::Snapshot(snapshot)) = stream.message().await.unwrap().unwrap().update else {
+        panic!("no snapshot first");
+    };
+    assert_eq!(snapshot.version as f64, version);
+    plans
+        .report_state(ReportStateRequest {
+            state: Some(NodeState {
+                node_name: "n1".into(),
+                enforcer_id: "n1-e".into(),
+                realized_version: snapshot.version,
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
+    let m = scrape_until(&addr, "n1 realized", |m| {
+        m.get("palisade_controller_node_realized_version{node=\"n1\"}") == Some(&version)
+    })
+    .await;
+    assert_eq!(m["palisade_controller_nodes_connected"], 1.0);
+    assert_eq!(m["palisade_controller_node_connected{node=\"n1\"}"], 1.0);
+    assert_eq!(
+        m["palisade_controller_node_realization_lag_versions{node=\"n1\"}"],
+        0.0
+    );
+    assert_eq!(
+        m["palisade_controller_policy_realized_nodes{policy=\"prod/deny\"}"],
+        1.0
+    );
+    assert_eq!(m["palisade_controller_policies_realized"], 1.0);
+    let passes = m["palisade_controller_resolve_duration_seconds_count"];
+
+    // A policy edit moves n1's plan on: one version behind until it reports.
+    write(dir.path(), &manifests("198.51.100.0/24"));
+    let m = scrape_until(&addr, "n1's plan moved on", |m| {
+        m.get("palisade_controller_node_plan_version{node=\"n1\"}") == Some(&(version + 1.0))
+    })
+    .await;
+    assert_eq!(
+        m["palisade_controller_node_realization_lag_versions{node=\"n1\"}"],
+        1.0
+    );
+    assert_eq!(m["palisade_controller_node_realized{node=\"n1\"}"], 0.0);
+    assert_eq!(
+        m["palisade_controller_policy_realized_nodes{policy=\"prod/deny\"}"],
+        0.0
+    );
+    assert!(m["palisade_controller_resolve_duration_seconds_count"] > passes);
+}
