@@ -5,6 +5,7 @@ pub use palisade_model::cluster;
 pub mod engine;
 pub mod feed;
 pub mod hub;
+pub mod leader;
 pub use palisade_model::verdict as model;
 pub mod plan;
 pub mod resolve;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use palisade_proto::transport::{serve, shutdown_signal, Address};
+use policy_controller::leader::{self, Elector, Leadership, Timings};
 use policy_controller::{cluster::ClusterState, feed, hub::Hub, server, source};
 use tokio::sync::watch;
 
@@ -18,6 +19,47 @@ struct Args {
     /// of watching the Kubernetes API.
     #[arg(long, env = "PALISADE_MANIFESTS")]
     manifests: Option<PathBuf>,
+    /// Serve plans only while holding a coordination.k8s.io/v1 Lease, so
+    /// several replicas can run and exactly one serves. Off: this process
+    /// always serves (term 0).
+    #[arg(long, env = "PALISADE_LEADER_ELECT")]
+    leader_elect: bool,
+    /// The Lease's name.
+    #[arg(
+        long,
+        env = "PALISADE_LEASE_NAME",
+        default_value = "palisade-controller"
+    )]
+    lease_name: String,
+    /// The Lease's namespace; default: POD_NAMESPACE, else "default".
+    #[arg(long, env = "PALISADE_LEASE_NAMESPACE")]
+    lease_namespace: Option<String>,
+    /// Who this replica is in the Lease; default: POD_NAME, else
+    /// hostname-pid.
+    #[arg(long, env = "PALISADE_LEADER_IDENTITY")]
+    leader_identity: Option<String>,
+    /// How long a lease lives after its last renewal (whole seconds).
+    #[arg(long, env = "PALISADE_LEASE_DURATION_MS", default_value_t = 15_000)]
+    lease_duration_ms: u64,
+    /// A leader stops serving this long after the start of its last
+    /// successful renewal; shorter than the lease duration.
+    #[arg(long, env = "PALISADE_RENEW_DEADLINE_MS", default_value_t = 10_000)]
+    renew_deadline_ms: u64,
+    /// How often the lease is read and renewed.
+    #[arg(long, env = "PALISADE_RETRY_PERIOD_MS", default_value_t = 2_000)]
+    retry_period_ms: u64,
+}
+
+fn identity(given: Option<String>) -> String {
+    given
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()))
+        .unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|_| "controller".into());
+            format!("{host}-{}", std::process::id())
+        })
 }
 
 #[tokio::main]
@@ -42,6 +84,22 @@ async fn run(args: Args) -> Result<(), String> {
         .unwrap_or(1);
     let hub = Hub::new(start_micros);
     let (err_tx, err_rx) = watch::channel::<Vec<String>>(Vec::new());
+    let timings = Timings {
+        lease_duration: std::time::Duration::from_millis(args.lease_duration_ms),
+        renew_deadline: std::time::Duration::from_millis(args.renew_deadline_ms),
+        retry_period: std::time::Duration::from_millis(args.retry_period_ms),
+    };
+    if args.leader_elect {
+        timings.check()?;
+    }
+    let mut kube_client = None;
+    if args.manifests.is_none() || args.leader_elect {
+        kube_client = Some(
+            kube::Client::try_default()
+                .await
+                .map_err(|e| format!("cannot reach the Kubernetes API: {e}"))?,
+        );
+    }
 
     let source_task = match args.manifests.clone() {
         Some(dir) => {
@@ -51,16 +109,35 @@ async fn run(args: Args) -> Result<(), String> {
             tokio::spawn(async move { source::manifest::run(dir, tx, err_tx).await })
         }
         None => {
-            let client = kube::Client::try_default()
-                .await
-                .map_err(|e| format!("cannot reach the Kubernetes API: {e}"))?;
+            let client = kube_client.clone().expect("made above");
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             tokio::spawn(feed::run_changes(hub.clone(), rx, err_rx));
             tokio::spawn(async move { source::kube::run(client, tx, err_tx).await })
         }
     };
 
-    let router = server::router(hub.clone()).await?;
+    let (leadership, elector_task) = if args.leader_elect {
+        let namespace = args
+            .lease_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "default".into());
+        let me = identity(args.leader_identity.clone());
+        tracing::info!(lease = %format!("{namespace}/{}", args.lease_name), identity = %me, ?timings, "leader election on: serving plans only while leading");
+        let api = kube::Api::namespaced(kube_client.clone().expect("made above"), &namespace);
+        let leadership = Leadership::standby();
+        let task = tokio::spawn(leader::lease::run(
+            api,
+            args.lease_name.clone(),
+            Elector::new(me, timings),
+            leadership.clone(),
+        ));
+        (leadership, Some(task))
+    } else {
+        (Leadership::always(), None)
+    };
+    let router = server::router_with(hub.clone(), leadership.clone()).await?;
     tracing::info!(listen = %args.listen, "serving");
     let shutdown = async {
         shutdown_signal().await;
@@ -69,6 +146,9 @@ async fn run(args: Args) -> Result<(), String> {
     };
     let result = serve(router, &args.listen, shutdown).await;
     source_task.abort();
+    if let Some(t) = elector_task {
+        t.abort();
+    }
     if let Address::Unix(p) = &args.listen {
         let _ = std::fs::remove_file(p);
     }

@@ -15,9 +15,15 @@ use palisade_proto::v1::{
 use tonic::{Request, Response, Status};
 
 use crate::hub::{delta, Hub};
+use crate::leader::{Leadership, NotLeader};
 
 pub struct PlanServer {
     hub: Hub,
+    leadership: Leadership,
+}
+
+fn not_leader(e: NotLeader) -> Status {
+    Status::unavailable(e.to_string())
 }
 
 type PlanStream = Pin<Box<dyn Stream<Item = Result<SubscribeResponse, Status>> + Send>>;
@@ -34,25 +40,49 @@ impl PlanService for PlanServer {
         if req.node_name.is_empty() {
             return Err(Status::invalid_argument("node_name is required"));
         }
+        // Only the leader serves; a standby says who is, and the enforcer
+        // tries its next address.
+        let serving = self.leadership.serving().map_err(not_leader)?;
+        let term = serving.term;
         // Refusing (rather than holding the stream open) tells the enforcer
         // why at once; it keeps what it enforces and retries.
         let mut sub = self
             .hub
             .subscribe(&req.node_name)
             .map_err(|e| Status::unavailable(e.to_string()))?;
-        tracing::info!(node = %req.node_name, enforcer = %req.enforcer_id, "enforcer subscribed");
+        tracing::info!(node = %req.node_name, enforcer = %req.enforcer_id, term, "enforcer subscribed");
         let node = req.node_name.clone();
+        let leadership = self.leadership.clone();
         let stream = async_stream(move |tx| async move {
+            // Checked right before every send: what leaves this process is
+            // sent by the leader of `term`, or not at all.
+            let still_leading = || leadership.serving().ok().filter(|s| s.term == term);
             let mut sent = sub.rx.borrow_and_update().clone();
+            let mut snapshot = sent.snapshot();
+            snapshot.term = term;
             let first = SubscribeResponse {
-                update: Some(Update::Snapshot(sent.snapshot())),
+                update: Some(Update::Snapshot(snapshot)),
             };
-            if tx.send(Ok(first)).await.is_err() {
+            let mut lost = still_leading().is_none();
+            if !lost && tx.send(Ok(first)).await.is_err() {
                 return;
             }
-            while sub.rx.changed().await.is_ok() {
+            while !lost {
+                let Some(serving) = still_leading() else {
+                    lost = true;
+                    break;
+                };
+                tokio::select! {
+                    changed = sub.rx.changed() => if changed.is_err() { break },
+                    _ = leadership.may_have_ended(serving) => continue,
+                }
                 let next = sub.rx.borrow_and_update().clone();
-                if let Some(d) = delta(&sent, &next) {
+                if let Some(mut d) = delta(&sent, &next) {
+                    d.term = term;
+                    if still_leading().is_none() {
+                        lost = true;
+                        break;
+                    }
                     let msg = SubscribeResponse {
                         update: Some(Update::Delta(d)),
                     };
@@ -61,6 +91,14 @@ impl PlanService for PlanServer {
                     }
                 }
                 sent = next;
+            }
+            if lost {
+                let why = match leadership.serving() {
+                    Ok(_) => format!("leadership term {term} ended"),
+                    Err(e) => format!("leadership term {term} ended: {e}"),
+                };
+                tracing::warn!(%node, "ending the plan stream: {why}");
+                let _ = tx.send(Err(Status::unavailable(why))).await;
             }
             tracing::info!(%node, "enforcer stream ended");
         });
@@ -79,6 +117,7 @@ impl PlanService for PlanServer {
             .pod
             .filter(|p| !p.name.is_empty() && !p.namespace.is_empty())
             .ok_or_else(|| Status::invalid_argument("pod.namespace and pod.name are required"))?;
+        let serving = self.leadership.serving().map_err(not_leader)?;
         let found = self
             .hub
             .pod_plan(&req.node_name, &(pod.namespace, pod.name))
@@ -87,6 +126,7 @@ impl PlanService for PlanServer {
             known: found.pod.is_some(),
             pod: found.pod,
             plan_version: found.plan_version,
+            term: serving.term,
         }))
     }
 
@@ -101,6 +141,8 @@ impl PlanService for PlanServer {
         if state.node_name.is_empty() {
             return Err(Status::invalid_argument("state.node_name is required"));
         }
+        // Reports belong with the leader, which the enforcers follow.
+        self.leadership.serving().map_err(not_leader)?;
         self.hub.report(state);
         Ok(Response::new(ReportStateResponse {}))
     }
@@ -161,10 +203,40 @@ impl DebugService for DebugServer {
     }
 }
 
-/// Every service of the controller, with health and reflection.
+/// Reports PlanService as serving exactly while this controller leads, so a
+/// readiness probe (and a Service) points enforcers at the leader.
+pub async fn report_leadership(
+    health: tonic_health::server::HealthReporter,
+    leadership: Leadership,
+) {
+    let mut rx = leadership.watch();
+    let mut serving = leadership.serving();
+    loop {
+        if serving.is_ok() {
+            health.set_serving::<PlanServiceServer<PlanServer>>().await;
+        } else {
+            health
+                .set_not_serving::<PlanServiceServer<PlanServer>>()
+                .await;
+        }
+        serving = crate::leader::role::next_serving(&leadership, &mut rx).await;
+    }
+}
+
+/// Every service of the controller, with health and reflection, always
+/// leading (no leader election).
 pub async fn router(hub: Hub) -> Result<tonic::transport::server::Router, String> {
+    router_with(hub, Leadership::always()).await
+}
+
+/// Every service of the controller, serving plans only while `leadership`
+/// says it leads.
+pub async fn router_with(
+    hub: Hub,
+    leadership: Leadership,
+) -> Result<tonic::transport::server::Router, String> {
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<PlanServiceServer<PlanServer>>().await;
+    tokio::spawn(report_leadership(health.clone(), leadership.clone()));
     health
         .set_serving::<DebugServiceServer<DebugServer>>()
         .await;
@@ -192,10 +264,14 @@ pub async fn router(hub: Hub) -> Result<tonic::transport::server::Router, String
     let reflection_alpha = v1alpha
         .build_v1alpha()
         .map_err(|e| format!("reflection: {e}"))?;
-    Ok(tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)
-        .add_service(PlanServiceServer::new(PlanServer { hub: hub.clone() }))
-        .add_service(DebugServiceServer::new(DebugServer { hub })))
+        .add_service(PlanServiceServer::new(PlanServer {
+            hub: hub.clone(),
+            leadership,
+        }))
+        .add_service(DebugServiceServer::new(DebugServer { hub }));
+    Ok(router)
 }
