@@ -50,15 +50,43 @@ impl std::fmt::Display for Address {
     }
 }
 
+/// How a client holds its connection beyond the defaults.
+#[derive(Clone, Debug, Default)]
+pub struct ClientOptions {
+    /// HTTP/2 pings at this interval, and the connection is dropped when one
+    /// is not answered within it: a peer that is paused or cut off without
+    /// a reset is noticed, not waited on forever.
+    pub keepalive: Option<Duration>,
+}
+
 /// Connects lazily-failing: the error names the address.
 pub async fn connect(addr: &Address, timeout: Duration) -> Result<Channel, String> {
+    connect_with(addr, timeout, &ClientOptions::default()).await
+}
+
+fn with_options(mut e: Endpoint, opts: &ClientOptions) -> Endpoint {
+    if let Some(k) = opts.keepalive {
+        e = e
+            .http2_keep_alive_interval(k)
+            .keep_alive_timeout(k)
+            .keep_alive_while_idle(true);
+    }
+    e
+}
+
+/// As [`connect`], with options.
+pub async fn connect_with(
+    addr: &Address,
+    timeout: Duration,
+    opts: &ClientOptions,
+) -> Result<Channel, String> {
     match addr {
         Address::Unix(path) => {
             let path = path.clone();
             let shown = path.display().to_string();
             // The URI is required by the API but unused: the connector dials
             // the socket.
-            Endpoint::from_static("http://[::]:50051")
+            with_options(Endpoint::from_static("http://[::]:50051"), opts)
                 .connect_timeout(timeout)
                 .connect_with_connector(tower::service_fn(move |_| {
                     let path = path.clone();
@@ -71,12 +99,14 @@ pub async fn connect(addr: &Address, timeout: Duration) -> Result<Channel, Strin
                 .await
                 .map_err(|e| format!("cannot connect to unix:{shown}: {}", source_chain(&e)))
         }
-        Address::Tcp(uri) => Endpoint::from_shared(uri.clone())
-            .map_err(|e| format!("{uri}: {e}"))?
-            .connect_timeout(timeout)
-            .connect()
-            .await
-            .map_err(|e| format!("cannot connect to {uri}: {}", source_chain(&e))),
+        Address::Tcp(uri) => with_options(
+            Endpoint::from_shared(uri.clone()).map_err(|e| format!("{uri}: {e}"))?,
+            opts,
+        )
+        .connect_timeout(timeout)
+        .connect()
+        .await
+        .map_err(|e| format!("cannot connect to {uri}: {}", source_chain(&e))),
     }
 }
 
