@@ -36,6 +36,24 @@ struct Args {
         default_value_t = 10_000
     )]
     controller_keepalive_ms: u64,
+    /// Speak TLS to the controller, trusting this CA (PEM).
+    #[arg(long, env = "PALISADE_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// This node's client certificate (PEM, CN=node:NODE_NAME); with
+    /// --tls-key. The controller serves it only this node's plan.
+    #[arg(
+        long,
+        env = "PALISADE_TLS_CERT",
+        requires = "tls_key",
+        requires = "tls_ca"
+    )]
+    tls_cert: Option<PathBuf>,
+    #[arg(long, env = "PALISADE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// The name to verify the controller's certificate for (default: the
+    /// host of the controller address).
+    #[arg(long, env = "PALISADE_TLS_SERVER_NAME", requires = "tls_ca")]
+    tls_server_name: Option<String>,
     /// The unix socket for the CNI plugin, debug, health and reflection.
     #[arg(
         long,
@@ -133,6 +151,19 @@ async fn run(args: Args) -> Result<(), String> {
             keepalive: Some(std::time::Duration::from_millis(
                 args.controller_keepalive_ms,
             )),
+            tls: match &args.tls_ca {
+                Some(ca) => Some(palisade_proto::transport::client_tls(
+                    ca,
+                    args.tls_cert.as_deref().zip(args.tls_key.as_deref()),
+                    args.tls_server_name.as_deref(),
+                )?),
+                None => {
+                    if args.controller.iter().any(|a| matches!(a, Address::Tcp(_))) {
+                        tracing::warn!("talking to the controller over plaintext TCP: use --tls-ca, --tls-cert and --tls-key outside a lab");
+                    }
+                    None
+                }
+            },
         },
         saved.plan.as_ref().map_or(0, |p| p.term),
     )?;

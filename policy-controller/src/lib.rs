@@ -11,3 +11,4 @@ pub mod plan;
 pub mod resolve;
 pub mod server;
 pub mod source;
+pub mod tls;

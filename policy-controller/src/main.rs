@@ -48,6 +48,20 @@ struct Args {
     /// How often the lease is read and renewed.
     #[arg(long, env = "PALISADE_RETRY_PERIOD_MS", default_value_t = 2_000)]
     retry_period_ms: u64,
+    /// Serve TLS with this certificate (PEM); with --tls-key.
+    #[arg(long, env = "PALISADE_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "PALISADE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require client certificates from this CA (PEM): each enforcer's
+    /// names its node (CN=node:NODE_NAME) and gets only that node's plan.
+    #[arg(long, env = "PALISADE_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Also serve the gRPC health service alone, in plaintext, here (for
+    /// kubelet probes, which cannot present a client certificate).
+    #[arg(long, env = "PALISADE_HEALTH_LISTEN")]
+    health_listen: Option<Address>,
 }
 
 fn identity(given: Option<String>) -> String {
@@ -137,7 +151,41 @@ async fn run(args: Args) -> Result<(), String> {
     } else {
         (Leadership::always(), None)
     };
-    let router = server::router_with(hub.clone(), leadership.clone()).await?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(policy_controller::tls::server_config(
+            cert,
+            key,
+            args.tls_client_ca.as_deref(),
+        )?),
+        _ => None,
+    };
+    match (&args.listen, &tls) {
+        (Address::Tcp(_), None) => tracing::warn!(
+            listen = %args.listen,
+            "SERVING PLANS OVER PLAINTEXT TCP: anyone who can reach this port can read every node's plan and report for any node. Use --tls-cert, --tls-key and --tls-client-ca outside a lab"
+        ),
+        (_, Some(_)) if args.tls_client_ca.is_none() => tracing::warn!(
+            "TLS without --tls-client-ca: callers are not authenticated, and any of them can read any node's plan"
+        ),
+        _ => {}
+    }
+    let options = server::ServeOptions {
+        leadership: leadership.clone(),
+        tls,
+        authz: policy_controller::tls::Authz {
+            mutual: args.tls_client_ca.is_some(),
+            ..Default::default()
+        },
+    };
+    let (router, health_router) = server::router_with(hub.clone(), options).await?;
+    if let Some(addr) = args.health_listen.clone() {
+        tracing::info!(listen = %addr, "serving health (plaintext)");
+        tokio::spawn(async move {
+            if let Err(e) = serve(health_router, &addr, std::future::pending()).await {
+                tracing::error!("health: {e}");
+            }
+        });
+    }
     tracing::info!(listen = %args.listen, "serving");
     let shutdown = async {
         shutdown_signal().await;

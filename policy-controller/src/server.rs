@@ -16,10 +16,12 @@ use tonic::{Request, Response, Status};
 
 use crate::hub::{delta, Hub};
 use crate::leader::{Leadership, NotLeader};
+use crate::tls::Authz;
 
 pub struct PlanServer {
     hub: Hub,
     leadership: Leadership,
+    authz: Authz,
 }
 
 fn not_leader(e: NotLeader) -> Status {
@@ -36,6 +38,8 @@ impl PlanService for PlanServer {
         &self,
         request: Request<SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
+        self.authz
+            .check_node(&request, &request.get_ref().node_name)?;
         let req = request.into_inner();
         if req.node_name.is_empty() {
             return Err(Status::invalid_argument("node_name is required"));
@@ -109,6 +113,8 @@ impl PlanService for PlanServer {
         &self,
         request: Request<GetPodPlanRequest>,
     ) -> Result<Response<GetPodPlanResponse>, Status> {
+        self.authz
+            .check_node(&request, &request.get_ref().node_name)?;
         let req = request.into_inner();
         if req.node_name.is_empty() {
             return Err(Status::invalid_argument("node_name is required"));
@@ -134,6 +140,13 @@ impl PlanService for PlanServer {
         &self,
         request: Request<ReportStateRequest>,
     ) -> Result<Response<ReportStateResponse>, Status> {
+        let node = request
+            .get_ref()
+            .state
+            .as_ref()
+            .map(|s| s.node_name.clone())
+            .unwrap_or_default();
+        self.authz.check_node(&request, &node)?;
         let state = request
             .into_inner()
             .state
@@ -224,17 +237,47 @@ pub async fn report_leadership(
 }
 
 /// Every service of the controller, with health and reflection, always
-/// leading (no leader election).
+/// leading (no leader election), without TLS.
 pub async fn router(hub: Hub) -> Result<tonic::transport::server::Router, String> {
-    router_with(hub, Leadership::always()).await
+    Ok(router_with(hub, ServeOptions::default()).await?.0)
 }
 
-/// Every service of the controller, serving plans only while `leadership`
-/// says it leads.
+/// How the controller serves: under which leadership, over which TLS.
+#[derive(Clone)]
+pub struct ServeOptions {
+    pub leadership: Leadership,
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
+    pub authz: Authz,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            leadership: Leadership::always(),
+            tls: None,
+            authz: Authz::default(),
+        }
+    }
+}
+
+/// Every service of the controller, serving plans only while leading and
+/// only to the node each caller's certificate names; and a router with
+/// the health service alone, for a plaintext probe port.
 pub async fn router_with(
     hub: Hub,
-    leadership: Leadership,
-) -> Result<tonic::transport::server::Router, String> {
+    options: ServeOptions,
+) -> Result<
+    (
+        tonic::transport::server::Router,
+        tonic::transport::server::Router,
+    ),
+    String,
+> {
+    let ServeOptions {
+        leadership,
+        tls,
+        authz,
+    } = options;
     let (health, health_service) = tonic_health::server::health_reporter();
     tokio::spawn(report_leadership(health.clone(), leadership.clone()));
     health
@@ -264,14 +307,36 @@ pub async fn router_with(
     let reflection_alpha = v1alpha
         .build_v1alpha()
         .map_err(|e| format!("reflection: {e}"))?;
-    let router = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder
+            .tls_config(tls)
+            .map_err(|e| format!("TLS: {}", palisade_proto::transport::source_chain(&e)))?;
+    }
+    // The debug service shows every node's plan: operators only.
+    let operator_only = {
+        let authz = authz.clone();
+        move |r: Request<()>| authz.check_operator(&r).map(|_| r)
+    };
+    let health_only = tonic::transport::Server::builder().add_service(health_service.clone());
+    let router = builder
         .add_service(health_service)
-        .add_service(reflection)
-        .add_service(reflection_alpha)
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            reflection,
+            operator_only.clone(),
+        ))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            reflection_alpha,
+            operator_only.clone(),
+        ))
         .add_service(PlanServiceServer::new(PlanServer {
             hub: hub.clone(),
             leadership,
+            authz,
         }))
-        .add_service(DebugServiceServer::new(DebugServer { hub }));
-    Ok(router)
+        .add_service(DebugServiceServer::with_interceptor(
+            DebugServer { hub },
+            operator_only,
+        ));
+    Ok((router, health_only))
 }

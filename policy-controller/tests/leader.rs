@@ -115,6 +115,7 @@ fn subscriber(node: &'static str, addrs: Arc<Mutex<Vec<Address>>>) -> Arc<Mutex<
     tokio::spawn(async move {
         let opts = ClientOptions {
             keepalive: Some(Duration::from_millis(300)),
+            tls: None,
         };
         let mut highest = 0u64;
         let mut i = 0usize;
