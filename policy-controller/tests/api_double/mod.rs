@@ -277,6 +277,7 @@ impl ApiDouble {
     }
 
     /// One object as stored, if there.
+    #[allow(dead_code)] // not every test binary reads objects back
     pub fn object(&self, kind: Kind, namespace: &str, name: &str) -> Option<Value> {
         let store = self.shared.store.lock().unwrap();
         store
