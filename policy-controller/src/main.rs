@@ -139,15 +139,16 @@ async fn run(args: Args) -> Result<(), String> {
             .unwrap_or_else(|| "default".into());
         let me = identity(args.leader_identity.clone());
         tracing::info!(lease = %format!("{namespace}/{}", args.lease_name), identity = %me, ?timings, "leader election on: serving plans only while leading");
-        let api = kube::Api::namespaced(kube_client.clone().expect("made above"), &namespace);
+        let api: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+            kube::Api::namespaced(kube_client.clone().expect("made above"), &namespace);
         let leadership = Leadership::standby();
         let task = tokio::spawn(leader::lease::run(
-            api,
+            api.clone(),
             args.lease_name.clone(),
-            Elector::new(me, timings),
+            Elector::new(me.clone(), timings),
             leadership.clone(),
         ));
-        (leadership, Some(task))
+        (leadership, Some((task, api, me)))
     } else {
         (Leadership::always(), None)
     };
@@ -187,15 +188,36 @@ async fn run(args: Args) -> Result<(), String> {
         });
     }
     tracing::info!(listen = %args.listen, "serving");
+    let elector_abort = elector_task.as_ref().map(|(t, _, _)| t.abort_handle());
     let shutdown = async {
         shutdown_signal().await;
         tracing::info!("shutting down");
+        // Stop serving before anything else, and for good: the elector is
+        // stopped first so it cannot make this process lead again.
+        if let Some(a) = elector_abort {
+            a.abort();
+        }
+        leadership.set(leader::Role::Standby { holder: None });
         hub.close();
     };
     let result = serve(router, &args.listen, shutdown).await;
     source_task.abort();
-    if let Some(t) = elector_task {
-        t.abort();
+    if let Some((task, api, me)) = elector_task {
+        task.abort();
+        let _ = task.await;
+        match tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            leader::lease::release(&api, &args.lease_name, &me),
+        )
+        .await
+        {
+            Ok(Ok(true)) => tracing::info!("released the lease"),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => tracing::warn!("{e}; a standby takes over when the lease expires"),
+            Err(_) => tracing::warn!(
+                "releasing the lease timed out; a standby takes over when it expires"
+            ),
+        }
     }
     if let Address::Unix(p) = &args.listen {
         let _ = std::fs::remove_file(p);

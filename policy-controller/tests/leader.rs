@@ -422,8 +422,40 @@ async fn only_the_leader_serves_and_failover_is_bounded() {
         refused.message()
     );
 
+    // A leader that is stopped (SIGTERM) releases the lease: the resumed
+    // one, now a plain standby, takes over within a retry period or so.
+    let leader3 = controllers.iter().find(|c| c.identity == third).unwrap();
+    let terminated_at = Instant::now();
+    signal(leader3, "-TERM");
+    let bound = Duration::from_millis(RETRY_MS + 1000);
+    for (name, s) in [("node-a", &a), ("node-b", &b)] {
+        let got = wait_for("a plan after the release", bound * 5, || {
+            s.lock()
+                .unwrap()
+                .got
+                .iter()
+                .find(|g| g.term > term3)
+                .cloned()
+        })
+        .await;
+        let took = got.at - terminated_at;
+        println!(
+            "failover after SIGTERM (lease released) ({name}): {} ms",
+            took.as_millis()
+        );
+        assert!(
+            took <= bound,
+            "failover after a release took {took:?}, bound {bound:?}"
+        );
+    }
+    let (fourth, term4) = holder(&double).unwrap();
+    assert_eq!(
+        fourth, second,
+        "the resumed controller, a standby by now, took over"
+    );
+
     // Every plan any subscriber got came from the holder of its term, and
-    // nothing came from the paused one after it was resumed.
+    // nothing came from the paused one, in its old term, after it resumed.
     for s in [&a, &b] {
         let s = s.lock().unwrap();
         assert!(
@@ -436,6 +468,7 @@ async fn only_the_leader_serves_and_failover_is_bounded() {
                 t if t == term1 => &first_addr,
                 t if t == term2 => &second_addr,
                 t if t == term3 => &third_addr,
+                t if t == term4 => &second_addr,
                 t => panic!("a plan of term {t}, which no leader held"),
             };
             assert_eq!(
@@ -443,10 +476,11 @@ async fn only_the_leader_serves_and_failover_is_bounded() {
                 "a plan of term {} from a non-leader",
                 g.term
             );
-            if g.from == second_addr {
+            if g.term == term2 {
                 assert!(
                     g.at < resumed_at,
-                    "the deposed leader served after resuming"
+                    "the deposed leader served {} ms after resuming: {g:?}",
+                    (g.at - resumed_at).as_millis()
                 );
             }
         }

@@ -179,3 +179,27 @@ fn lease_for(
     lease.spec = Some(spec);
     lease
 }
+
+/// Gives the lease up when this process holds it, so that a standby takes
+/// over at its next read instead of after the lease expires (a rolling
+/// update then costs a retry period, not a lease duration). Call only once
+/// this process has stopped serving. The replace is conditional on the
+/// version read: a lease someone else took meanwhile is left alone.
+pub async fn release(api: &Api<Lease>, name: &str, identity: &str) -> Result<bool, String> {
+    let Some(mut lease) = api
+        .get_opt(name)
+        .await
+        .map_err(|e| format!("reading the lease: {e}"))?
+    else {
+        return Ok(false);
+    };
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    if spec.holder_identity.as_deref() != Some(identity) {
+        return Ok(false);
+    }
+    spec.holder_identity = None;
+    api.replace(name, &PostParams::default(), &lease)
+        .await
+        .map_err(|e| format!("releasing the lease: {e}"))?;
+    Ok(true)
+}
