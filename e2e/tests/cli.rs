@@ -293,12 +293,16 @@ fn up_keeps_the_lab_until_interrupted_then_cleans_up() {
         }
     }
     assert!(stdout.contains("is up"), "{stdout}");
+    // Each node's line: `node-K  grpcurl ... -unix SOCKET ...GetEnforcerState`.
     let socket = stdout
         .lines()
-        .find_map(|l| l.trim_start().strip_prefix("enforcer:"))
-        .and_then(|rest| rest.split_whitespace().nth(5))
-        .unwrap_or_else(|| panic!("no enforcer socket in {stdout}"))
-        .to_string();
+        .filter(|l| l.trim_start().starts_with("node-1") && l.contains("GetEnforcerState"))
+        .find_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let at = words.iter().position(|w| *w == "-unix")?;
+            words.get(at + 1).map(|s| s.to_string())
+        })
+        .unwrap_or_else(|| panic!("no enforcer socket in {stdout}"));
     let state = Command::new("grpcurl")
         .args(["-plaintext", "-authority", "localhost", "-unix", &socket])
         .arg("palisade.v1.DebugService/GetEnforcerState")

@@ -237,6 +237,7 @@ fn run(s: Shape, in_place: bool) -> Vec<Measurement> {
             let peers = peer_blocks(s, false);
             let plan: Vec<PodPolicy> = (0..s.pods).map(|i| pod_policy(i, s, &peers)).collect();
             r.apply_plan(PlanMessage::Snapshot(PlanSnapshot {
+                term: 0,
                 version: 1,
                 pods: plan,
                 source_synced: true,
@@ -281,6 +282,7 @@ fn run(s: Shape, in_place: bool) -> Vec<Measurement> {
                         (0..s.pods).map(|i| pod_policy(i, s, &peers)).collect();
                     drop(peers);
                     let delta = PlanMessage::Delta(PlanDelta {
+                        term: 0,
                         base_version: version,
                         version: version + 1,
                         upserted,

@@ -62,6 +62,7 @@ fn run(n: usize) -> (f64, f64) {
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let mut r = Reconciler::new("n".into(), "e".into(), FakeDatapath::with_interfaces(&refs));
     r.apply_plan(PlanMessage::Snapshot(PlanSnapshot {
+        term: 0,
         version: 1,
         pods: (0..n).map(policy).collect(),
         source_synced: true,

@@ -94,13 +94,17 @@ impl Checkpoint {
         &self.dir
     }
 
+    /// `term`: the highest leadership term applied, so a restart still
+    /// refuses plans from a deposed controller.
     pub fn save_plan(
         &self,
         version: u64,
+        term: u64,
         plan: &BTreeMap<PodKey, PodPolicy>,
     ) -> Result<(), String> {
         let snapshot = PlanSnapshot {
             version,
+            term,
             pods: plan.values().cloned().collect(),
             // Only synced snapshots are ever applied, so only they are saved.
             source_synced: true,
@@ -219,7 +223,7 @@ mod tests {
                 mode: None,
             },
         )]);
-        cp.save_plan(9, &plan).unwrap();
+        cp.save_plan(9, 0, &plan).unwrap();
         cp.save_pods(&pods).unwrap();
         let saved = Checkpoint::open(dir.path()).unwrap().load().unwrap();
         assert_eq!(saved.plan.unwrap().version, 9);
@@ -241,7 +245,7 @@ mod tests {
                 ..Default::default()
             },
         )]);
-        cp.save_plan(3, &plan).unwrap();
+        cp.save_plan(3, 0, &plan).unwrap();
         let whole = std::fs::read(dir.path().join(PLAN_FILE)).unwrap();
         // Every truncation (including at a protobuf field boundary, which
         // decodes as a smaller valid plan), an empty file, and a flipped bit.

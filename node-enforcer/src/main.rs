@@ -19,9 +19,41 @@ struct Args {
     /// This node's name, as in the pods' spec.nodeName.
     #[arg(long, env = "PALISADE_NODE_NAME")]
     node_name: String,
-    /// The policy-controller: unix:PATH or HOST:PORT.
-    #[arg(long, env = "PALISADE_CONTROLLER")]
-    controller: Address,
+    /// The policy-controller: unix:PATH or HOST:PORT; several, comma
+    /// separated or repeated, are tried in turn (only the leader serves).
+    #[arg(
+        long,
+        env = "PALISADE_CONTROLLER",
+        value_delimiter = ',',
+        required = true
+    )]
+    controller: Vec<Address>,
+    /// HTTP/2 keepalive towards the controller: a controller that stops
+    /// answering pings for this long (paused, cut off) is left for the next.
+    #[arg(
+        long,
+        env = "PALISADE_CONTROLLER_KEEPALIVE_MS",
+        default_value_t = 10_000
+    )]
+    controller_keepalive_ms: u64,
+    /// Speak TLS to the controller, trusting this CA (PEM).
+    #[arg(long, env = "PALISADE_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// This node's client certificate (PEM, CN=node:NODE_NAME); with
+    /// --tls-key. The controller serves it only this node's plan.
+    #[arg(
+        long,
+        env = "PALISADE_TLS_CERT",
+        requires = "tls_key",
+        requires = "tls_ca"
+    )]
+    tls_cert: Option<PathBuf>,
+    #[arg(long, env = "PALISADE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// The name to verify the controller's certificate for (default: the
+    /// host of the controller address).
+    #[arg(long, env = "PALISADE_TLS_SERVER_NAME", requires = "tls_ca")]
+    tls_server_name: Option<String>,
     /// The unix socket for the CNI plugin, debug, health and reflection.
     #[arg(
         long,
@@ -113,6 +145,31 @@ async fn run(args: Args) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let checkpoint = Checkpoint::open(&args.state_dir)?;
     let saved = checkpoint.load()?;
+    if args.controller_keepalive_ms == 0 {
+        return Err("--controller-keepalive-ms must be at least 1".into());
+    }
+    let controllers = plan_client::Controllers::new(
+        args.controller.clone(),
+        palisade_proto::transport::ClientOptions {
+            keepalive: Some(std::time::Duration::from_millis(
+                args.controller_keepalive_ms,
+            )),
+            tls: match &args.tls_ca {
+                Some(ca) => Some(palisade_proto::transport::client_tls(
+                    ca,
+                    args.tls_cert.as_deref().zip(args.tls_key.as_deref()),
+                    args.tls_server_name.as_deref(),
+                )?),
+                None => {
+                    if args.controller.iter().any(|a| matches!(a, Address::Tcp(_))) {
+                        tracing::warn!("talking to the controller over plaintext TCP: use --tls-ca, --tls-cert and --tls-key outside a lab");
+                    }
+                    None
+                }
+            },
+        },
+        saved.plan.as_ref().map_or(0, |p| p.term),
+    )?;
     let enforcer_id = format!("{}-{}", args.node_name, std::process::id());
     let (tx, rx) = mpsc::channel(256);
     let (state_tx, state_rx) = watch::channel(NodeState::default());
@@ -191,16 +248,16 @@ async fn run(args: Args) -> Result<(), String> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let reachable = std::sync::Arc::new(tokio::sync::Notify::new());
     let plan = tokio::spawn(plan_client::run(
-        args.controller.clone(),
+        controllers.clone(),
         args.node_name.clone(),
         enforcer_id,
         handle.clone(),
         stop_rx,
         reachable.clone(),
     ));
-    let report = tokio::spawn(plan_client::report(args.controller.clone(), state_rx));
+    let report = tokio::spawn(plan_client::report(controllers.clone(), state_rx));
     let fetch = tokio::spawn(plan_client::fetch_pods(
-        args.controller.clone(),
+        controllers,
         args.node_name.clone(),
         handle.clone(),
         fetch_rx,

@@ -1,10 +1,13 @@
 //! Holds the plan stream from the controller: subscribe, hand every message
 //! to the reconciler, report realized state back; reconnect with capped
-//! exponential backoff when anything breaks.
+//! exponential backoff when anything breaks, trying the next controller
+//! address (a standby refuses with UNAVAILABLE and names the leader).
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_proto::transport::{connect, source_chain, Address};
+use palisade_proto::transport::{connect_with, source_chain, Address, ClientOptions};
 use palisade_proto::v1::{
     plan_service_client::PlanServiceClient, subscribe_response::Update, NodeState,
     ReportStateRequest, SubscribeRequest,
@@ -20,11 +23,80 @@ pub fn backoff(attempt: u32, cap: Duration) -> Duration {
     Duration::from_millis(ms).min(cap)
 }
 
+/// The controller addresses, the one in use, and the highest leadership
+/// term applied (shared by the stream, the reports and the fetches).
+#[derive(Clone)]
+pub struct Controllers {
+    addrs: Arc<Vec<Address>>,
+    current: Arc<AtomicUsize>,
+    options: ClientOptions,
+    term: Arc<AtomicU64>,
+}
+
+impl Controllers {
+    /// `term`: the highest term already applied (from the checkpoint).
+    pub fn new(addrs: Vec<Address>, options: ClientOptions, term: u64) -> Result<Self, String> {
+        if addrs.is_empty() {
+            return Err("at least one controller address is required".into());
+        }
+        Ok(Controllers {
+            addrs: Arc::new(addrs),
+            current: Arc::new(AtomicUsize::new(0)),
+            options,
+            term: Arc::new(AtomicU64::new(term)),
+        })
+    }
+
+    /// The address in use and its index.
+    pub fn current(&self) -> (usize, &Address) {
+        let i = self.current.load(Ordering::Relaxed) % self.addrs.len();
+        (i, &self.addrs[i])
+    }
+
+    /// Moves on from address `i`, unless someone already has.
+    pub fn failed(&self, i: usize) {
+        let next = (i + 1) % self.addrs.len();
+        let _ = self
+            .current
+            .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    pub fn len(&self) -> usize {
+        self.addrs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.addrs.is_empty()
+    }
+
+    async fn connect(&self, timeout: Duration) -> Result<(usize, Channel), String> {
+        let (i, addr) = self.current();
+        match connect_with(addr, timeout, &self.options).await {
+            Ok(c) => Ok((i, c)),
+            Err(e) => {
+                self.failed(i);
+                Err(e)
+            }
+        }
+    }
+
+    /// The highest term applied.
+    pub fn term(&self) -> u64 {
+        self.term.load(Ordering::Relaxed)
+    }
+
+    fn applied(&self, term: u64) {
+        self.term.fetch_max(term, Ordering::Relaxed);
+    }
+}
+
+use tonic::transport::Channel;
+
 /// `reachable` is notified when something else (an on-demand fetch) got an
 /// answer from the controller: the stream then retries at once instead of
 /// sleeping out its backoff.
 pub async fn run(
-    controller: Address,
+    controllers: Controllers,
     node: String,
     enforcer_id: String,
     handle: Handle,
@@ -33,14 +105,26 @@ pub async fn run(
 ) {
     let mut attempt = 0u32;
     loop {
-        let why = match stream_once(&controller, &node, &enforcer_id, &handle, &mut attempt).await {
+        let (i, controller) = controllers.current();
+        let controller = controller.clone();
+        let why = match stream_once(&controllers, &node, &enforcer_id, &handle, &mut attempt).await
+        {
             Ok(()) => "the plan stream ended".to_string(),
             Err(e) => e,
         };
+        // Whatever ended it (a standby's refusal, a lost leadership, a dead
+        // peer), the next address may be the leader now.
+        controllers.failed(i);
         tracing::warn!(%controller, "plan stream: {why}; keeping the current plan and retrying");
         handle.plan_connected(false).await;
         handle.plan_stream_error(why).await;
-        let delay = backoff(attempt, Duration::from_secs(5));
+        // Each full round of addresses doubles the wait.
+        let n = controllers.len() as u32;
+        let delay = if attempt % n != n - 1 {
+            Duration::from_millis(50)
+        } else {
+            backoff(attempt / n, Duration::from_secs(5))
+        };
         attempt = attempt.saturating_add(1);
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
@@ -51,13 +135,14 @@ pub async fn run(
 }
 
 async fn stream_once(
-    controller: &Address,
+    controllers: &Controllers,
     node: &str,
     enforcer_id: &str,
     handle: &Handle,
     attempt: &mut u32,
 ) -> Result<(), String> {
-    let channel = connect(controller, Duration::from_secs(5)).await?;
+    let (_, channel) = controllers.connect(Duration::from_secs(5)).await?;
+    let controller = controllers.current().1.clone();
     let mut client = PlanServiceClient::new(channel);
     let mut stream = client
         .subscribe(SubscribeRequest {
@@ -75,15 +160,24 @@ async fn stream_once(
             Ok(None) => return Ok(()),
             Err(s) => return Err(format!("receive: {} ({})", s.message(), source_chain(&s))),
         };
-        let msg = match msg.update {
-            Some(Update::Snapshot(s)) => PlanMessage::Snapshot(s),
-            Some(Update::Delta(d)) => PlanMessage::Delta(d),
+        let (msg, term) = match msg.update {
+            Some(Update::Snapshot(s)) => {
+                let t = s.term;
+                (PlanMessage::Snapshot(s), t)
+            }
+            Some(Update::Delta(d)) => {
+                let t = d.term;
+                (PlanMessage::Delta(d), t)
+            }
             None => continue,
         };
+        // The reconciler refuses a plan of an older term too (and keeps the
+        // highest across restarts); this is its mirror for fetched pods.
         match handle.plan(msg).await? {
             Ok(version) => {
                 *attempt = 0;
-                tracing::info!(version, "plan applied");
+                controllers.applied(term);
+                tracing::info!(version, term, "plan applied");
             }
             // Out of sequence: a fresh subscription starts with a snapshot.
             Err(e) => return Err(e.to_string()),
@@ -95,7 +189,7 @@ async fn stream_once(
 /// coming up before the stream delivered it). Failures are only logged: the
 /// pod-up deadline decides what happens to a pod whose plan never comes.
 pub async fn fetch_pods(
-    controller: Address,
+    controllers: Controllers,
     node: String,
     handle: Handle,
     mut requests: tokio::sync::mpsc::UnboundedReceiver<crate::desired::PodKey>,
@@ -110,7 +204,7 @@ pub async fn fetch_pods(
         let deadline = tokio::time::Instant::now() + give_up_after;
         let mut attempt = 0u32;
         loop {
-            match fetch_one(&controller, &node, &pod, &mut client).await {
+            match fetch_one(&controllers, &node, &pod, &mut client).await {
                 Ok(policy) => {
                     reachable.notify_one();
                     handle.pod_plan_fetched(pod, policy).await;
@@ -132,14 +226,14 @@ pub async fn fetch_pods(
 }
 
 async fn fetch_one(
-    controller: &Address,
+    controllers: &Controllers,
     node: &str,
     pod: &crate::desired::PodKey,
     client: &mut Option<PlanServiceClient<tonic::transport::Channel>>,
 ) -> Result<Option<palisade_proto::v1::PodPolicy>, String> {
     let mut c = match client.take() {
         Some(c) => c,
-        None => PlanServiceClient::new(connect(controller, Duration::from_secs(1)).await?),
+        None => PlanServiceClient::new(controllers.connect(Duration::from_secs(1)).await?.1),
     };
     let request = palisade_proto::v1::GetPodPlanRequest {
         node_name: node.to_string(),
@@ -154,12 +248,19 @@ async fn fetch_one(
         .map_err(|s| s.message().to_string())?
         .into_inner();
     *client = Some(c);
+    if r.term < controllers.term() {
+        return Err(format!(
+            "answer from leadership term {}, older than term {} already applied: refused",
+            r.term,
+            controllers.term()
+        ));
+    }
     Ok(r.pod.filter(|_| r.known))
 }
 
 /// Sends every new realized state to the controller, retrying until it lands,
 /// and always sending the newest state rather than a backlog.
-pub async fn report(controller: Address, mut state: watch::Receiver<NodeState>) {
+pub async fn report(controllers: Controllers, mut state: watch::Receiver<NodeState>) {
     let mut attempt = 0u32;
     let mut client: Option<PlanServiceClient<tonic::transport::Channel>> = None;
     loop {
@@ -167,9 +268,10 @@ pub async fn report(controller: Address, mut state: watch::Receiver<NodeState>) 
         if !current.node_name.is_empty() {
             let c = match client.take() {
                 Some(c) => Some(c),
-                None => connect(&controller, Duration::from_secs(5))
+                None => controllers
+                    .connect(Duration::from_secs(5))
                     .await
-                    .map(PlanServiceClient::new)
+                    .map(|(_, c)| PlanServiceClient::new(c))
                     .map_err(|e| tracing::debug!("report: {e}"))
                     .ok(),
             };

@@ -335,6 +335,7 @@ struct World {
 impl World {
     fn plan(&self) -> PlanMessage {
         PlanMessage::Snapshot(PlanSnapshot {
+            term: 0,
             version: self.version,
             source_synced: true,
             pods: (0..PODS)
@@ -477,6 +478,7 @@ impl World {
             }
             Step::Unsynced => {
                 let r = self.r().apply_plan(PlanMessage::Snapshot(PlanSnapshot {
+                    term: 0,
                     version: 999_999,
                     pods: vec![],
                     source_synced: false,

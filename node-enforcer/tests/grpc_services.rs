@@ -95,6 +95,7 @@ async fn npbackend_enforces_on_the_vpc_cni_interface_and_deletes() {
     let e = start(&[&iface]).await;
     e.handle
         .plan(PlanMessage::Snapshot(PlanSnapshot {
+            term: 0,
             version: 7,
             pods: vec![isolate("default", "nginx")],
             source_synced: true,
@@ -187,6 +188,7 @@ async fn cni_service_validates_and_reports_per_pod_state() {
     };
     e.handle
         .plan(PlanMessage::Snapshot(PlanSnapshot {
+            term: 0,
             version: 3,
             pods: vec![known],
             source_synced: true,

@@ -42,6 +42,8 @@ impl VersionedPlan {
             // Plans exist for a subscriber only once the hub has synced (see
             // `Hub::subscribe`), so every snapshot that leaves is synced.
             source_synced: true,
+            // The server stamps the term of the leader sending it.
+            term: 0,
         }
     }
 }
@@ -70,6 +72,7 @@ pub fn delta(old: &VersionedPlan, new: &VersionedPlan) -> Option<PlanDelta> {
         version: new.version,
         upserted,
         removed,
+        term: 0,
     })
 }
 
@@ -326,23 +329,9 @@ impl Hub {
         if let Some(entry) = st.nodes.get_mut(&state.node_name) {
             entry.reported = Some(state);
         } else {
-            // A report from a node we have no plan for yet still matters to
-            // whoever is debugging it.
-            let name = state.node_name.clone();
-            let revision = st.source_revision;
-            st.nodes.insert(
-                name,
-                NodeEntry {
-                    plan: watch::channel(Arc::new(VersionedPlan {
-                        version: self.first_version,
-                        source_revision: revision,
-                        plan: Arc::default(),
-                    }))
-                    .0,
-                    reported: Some(state),
-                    subscribers: 0,
-                },
-            );
+            // Only nodes with a plan or a live subscription hold an entry,
+            // so reports under random names cannot grow the table.
+            tracing::debug!(node = %state.node_name, "report from a node neither planned nor subscribed; dropped");
         }
     }
 
@@ -418,9 +407,19 @@ pub struct Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
+        let first = self.hub.first_version;
         let mut st = self.hub.lock();
-        if let Some(e) = st.nodes.get_mut(&self.node) {
-            e.subscribers = e.subscribers.saturating_sub(1);
+        let unplanned = match st.nodes.get_mut(&self.node) {
+            Some(e) => {
+                e.subscribers = e.subscribers.saturating_sub(1);
+                e.subscribers == 0 && e.plan.borrow().version == first
+            }
+            None => false,
+        };
+        // A node the source never gave a plan holds an entry only while
+        // connected: names nobody runs cannot grow the table.
+        if unplanned {
+            st.nodes.remove(&self.node);
         }
     }
 }
@@ -564,8 +563,10 @@ mod tests {
     }
 
     #[test]
-    fn reports_are_kept_per_node() {
+    fn reports_are_kept_per_known_node() {
         let hub = Hub::new(1);
+        hub.update(&ClusterState::default());
+        let sub = hub.subscribe("n9").unwrap();
         hub.report(NodeState {
             node_name: "n9".into(),
             realized_version: 7,
@@ -573,5 +574,35 @@ mod tests {
         });
         let view = hub.view();
         assert_eq!(view.nodes[0].reported.as_ref().unwrap().realized_version, 7);
+        drop(sub);
+        hub.report(NodeState {
+            node_name: "nobody".into(),
+            ..Default::default()
+        });
+        assert!(hub.view().nodes.is_empty());
+    }
+
+    #[test]
+    fn unplanned_nodes_are_dropped_when_their_last_subscriber_leaves() {
+        let hub = Hub::new(1);
+        hub.update(&cluster(true, "1"));
+        for i in 0..1000 {
+            let a = hub.subscribe(&format!("random-{i}")).unwrap();
+            let b = hub.subscribe(&format!("random-{i}")).unwrap();
+            drop(a);
+            assert_eq!(hub.view().nodes.len(), 2, "still connected");
+            drop(b);
+        }
+        let planned = hub.subscribe("n1").unwrap();
+        drop(planned);
+        let view = hub.view();
+        assert_eq!(
+            view.nodes
+                .iter()
+                .map(|n| n.node_name.as_str())
+                .collect::<Vec<_>>(),
+            vec!["n1"],
+            "a planned node keeps its entry"
+        );
     }
 }

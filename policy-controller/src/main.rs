@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use palisade_proto::transport::{serve, shutdown_signal, Address};
+use policy_controller::leader::{self, Elector, Leadership, Timings};
 use policy_controller::{cluster::ClusterState, feed, hub::Hub, server, source};
 use tokio::sync::watch;
 
@@ -37,6 +38,61 @@ struct Args {
     /// Serve Prometheus metrics at http://ADDR/metrics (HOST:PORT); off when unset.
     #[arg(long, env = "PALISADE_METRICS_ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Serve plans only while holding a coordination.k8s.io/v1 Lease, so
+    /// several replicas can run and exactly one serves. Off: this process
+    /// always serves (term 0).
+    #[arg(long, env = "PALISADE_LEADER_ELECT")]
+    leader_elect: bool,
+    /// The Lease's name.
+    #[arg(
+        long,
+        env = "PALISADE_LEASE_NAME",
+        default_value = "palisade-controller"
+    )]
+    lease_name: String,
+    /// The Lease's namespace; default: POD_NAMESPACE, else "default".
+    #[arg(long, env = "PALISADE_LEASE_NAMESPACE")]
+    lease_namespace: Option<String>,
+    /// Who this replica is in the Lease; default: POD_NAME, else
+    /// hostname-pid.
+    #[arg(long, env = "PALISADE_LEADER_IDENTITY")]
+    leader_identity: Option<String>,
+    /// How long a lease lives after its last renewal (whole seconds).
+    #[arg(long, env = "PALISADE_LEASE_DURATION_MS", default_value_t = 15_000)]
+    lease_duration_ms: u64,
+    /// A leader stops serving this long after the start of its last
+    /// successful renewal; shorter than the lease duration.
+    #[arg(long, env = "PALISADE_RENEW_DEADLINE_MS", default_value_t = 10_000)]
+    renew_deadline_ms: u64,
+    /// How often the lease is read and renewed.
+    #[arg(long, env = "PALISADE_RETRY_PERIOD_MS", default_value_t = 2_000)]
+    retry_period_ms: u64,
+    /// Serve TLS with this certificate (PEM); with --tls-key.
+    #[arg(long, env = "PALISADE_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "PALISADE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require client certificates from this CA (PEM): each enforcer's
+    /// names its node (CN=node:NODE_NAME) and gets only that node's plan.
+    #[arg(long, env = "PALISADE_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Also serve the gRPC health service alone, in plaintext, here (for
+    /// kubelet probes, which cannot present a client certificate).
+    #[arg(long, env = "PALISADE_HEALTH_LISTEN")]
+    health_listen: Option<Address>,
+}
+
+fn identity(given: Option<String>) -> String {
+    given
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()))
+        .unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|_| "controller".into());
+            format!("{host}-{}", std::process::id())
+        })
 }
 
 #[tokio::main]
@@ -61,6 +117,22 @@ async fn run(args: Args) -> Result<(), String> {
         .unwrap_or(1);
     let hub = Hub::new(start_micros);
     let (err_tx, err_rx) = watch::channel::<Vec<String>>(Vec::new());
+    let timings = Timings {
+        lease_duration: std::time::Duration::from_millis(args.lease_duration_ms),
+        renew_deadline: std::time::Duration::from_millis(args.renew_deadline_ms),
+        retry_period: std::time::Duration::from_millis(args.retry_period_ms),
+    };
+    if args.leader_elect {
+        timings.check()?;
+    }
+    let mut kube_client = None;
+    if args.manifests.is_none() || args.leader_elect {
+        kube_client = Some(
+            kube::Client::try_default()
+                .await
+                .map_err(|e| format!("cannot reach the Kubernetes API: {e}"))?,
+        );
+    }
 
     let source_task = match args.manifests.clone() {
         Some(_) if args.policy_source == source::policy_endpoint::PolicySource::PolicyEndpoint => {
@@ -75,9 +147,7 @@ async fn run(args: Args) -> Result<(), String> {
             tokio::spawn(async move { source::manifest::run(dir, tx, err_tx).await })
         }
         None => {
-            let client = kube::Client::try_default()
-                .await
-                .map_err(|e| format!("cannot reach the Kubernetes API: {e}"))?;
+            let client = kube_client.clone().expect("made above");
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             tokio::spawn(feed::run_changes(hub.clone(), rx, err_rx));
             let policy_source = args.policy_source;
@@ -95,13 +165,65 @@ async fn run(args: Args) -> Result<(), String> {
         let render = move || policy_controller::metrics::controller::render(&hub.view());
         tokio::spawn(policy_controller::metrics::http::serve(listener, render));
     }
-    // One server per address, all stopped by the same signal; the first
-    // to fail stops the others, as a half-listening controller would be
-    // reachable by some nodes only.
+    let (leadership, elector_task) = if args.leader_elect {
+        let namespace = args
+            .lease_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "default".into());
+        let me = identity(args.leader_identity.clone());
+        tracing::info!(lease = %format!("{namespace}/{}", args.lease_name), identity = %me, ?timings, "leader election on: serving plans only while leading");
+        let api: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+            kube::Api::namespaced(kube_client.clone().expect("made above"), &namespace);
+        let leadership = Leadership::standby();
+        let task = tokio::spawn(leader::lease::run(
+            api.clone(),
+            args.lease_name.clone(),
+            Elector::new(me.clone(), timings),
+            leadership.clone(),
+        ));
+        (leadership, Some((task, api, me)))
+    } else {
+        (Leadership::always(), None)
+    };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(policy_controller::tls::server_config(
+            cert,
+            key,
+            args.tls_client_ca.as_deref(),
+        )?),
+        _ => None,
+    };
+    let tcp = args.listen.iter().find(|a| matches!(a, Address::Tcp(_)));
+    match (tcp, &tls) {
+        (Some(listen), None) => tracing::warn!(
+            %listen,
+            "SERVING PLANS OVER PLAINTEXT TCP: anyone who can reach this port can read every node's plan and report for any node. Use --tls-cert, --tls-key and --tls-client-ca outside a lab"
+        ),
+        (_, Some(_)) if args.tls_client_ca.is_none() => tracing::warn!(
+            "TLS without --tls-client-ca: callers are not authenticated, and any of them can read any node's plan"
+        ),
+        _ => {}
+    }
+    let options = server::ServeOptions {
+        leadership: leadership.clone(),
+        tls,
+        authz: policy_controller::tls::Authz {
+            mutual: args.tls_client_ca.is_some(),
+            ..Default::default()
+        },
+    };
+    let elector_abort = elector_task.as_ref().map(|(t, _, _)| t.abort_handle());
+    // One server per address, all stopped together; the first to fail
+    // stops the others, as a half-listening controller would be reachable
+    // by some nodes only.
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut servers = tokio::task::JoinSet::new();
+    let mut health_router = None;
     for addr in args.listen.clone() {
-        let router = server::router(hub.clone()).await?;
+        let (router, health) = server::router_with(hub.clone(), options.clone()).await?;
+        health_router.get_or_insert(health);
         tracing::info!(listen = %addr, "serving");
         let mut stop = stop_rx.clone();
         servers.spawn(async move {
@@ -111,6 +233,14 @@ async fn run(args: Args) -> Result<(), String> {
             serve(router, &addr, stopped).await
         });
     }
+    if let (Some(addr), Some(health_router)) = (args.health_listen.clone(), health_router) {
+        tracing::info!(listen = %addr, "serving health (plaintext)");
+        tokio::spawn(async move {
+            if let Err(e) = serve(health_router, &addr, std::future::pending()).await {
+                tracing::error!("health: {e}");
+            }
+        });
+    }
     let mut result = Ok(());
     tokio::select! {
         _ = shutdown_signal() => tracing::info!("shutting down"),
@@ -118,6 +248,12 @@ async fn run(args: Args) -> Result<(), String> {
             result = first.map_err(|e| format!("a server task failed: {e}")).and_then(|r| r);
         }
     }
+    // Stop serving before anything else, and for good: the elector is
+    // stopped first so it cannot make this process lead again.
+    if let Some(a) = elector_abort {
+        a.abort();
+    }
+    leadership.set(leader::Role::Standby { holder: None });
     hub.close();
     let _ = stop_tx.send(true);
     while let Some(r) = servers.join_next().await {
@@ -128,6 +264,23 @@ async fn run(args: Args) -> Result<(), String> {
         }
     }
     source_task.abort();
+    if let Some((task, api, me)) = elector_task {
+        task.abort();
+        let _ = task.await;
+        match tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            leader::lease::release(&api, &args.lease_name, &me),
+        )
+        .await
+        {
+            Ok(Ok(true)) => tracing::info!("released the lease"),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => tracing::warn!("{e}; a standby takes over when the lease expires"),
+            Err(_) => tracing::warn!(
+                "releasing the lease timed out; a standby takes over when it expires"
+            ),
+        }
+    }
     for addr in &args.listen {
         if let Address::Unix(p) = addr {
             let _ = std::fs::remove_file(p);

@@ -16,9 +16,17 @@ use palisade_proto::v1::{
 use tonic::{Request, Response, Status};
 
 use crate::hub::{delta, Hub};
+use crate::leader::{Leadership, NotLeader};
+use crate::tls::Authz;
 
 pub struct PlanServer {
     hub: Hub,
+    leadership: Leadership,
+    authz: Authz,
+}
+
+fn not_leader(e: NotLeader) -> Status {
+    Status::unavailable(e.to_string())
 }
 
 type PlanStream = Pin<Box<dyn Stream<Item = Result<SubscribeResponse, Status>> + Send>>;
@@ -31,29 +39,55 @@ impl PlanService for PlanServer {
         &self,
         request: Request<SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
+        self.authz
+            .check_node(&request, &request.get_ref().node_name)?;
         let req = request.into_inner();
         if req.node_name.is_empty() {
             return Err(Status::invalid_argument("node_name is required"));
         }
+        // Only the leader serves; a standby says who is, and the enforcer
+        // tries its next address.
+        let serving = self.leadership.serving().map_err(not_leader)?;
+        let term = serving.term;
         // Refusing (rather than holding the stream open) tells the enforcer
         // why at once; it keeps what it enforces and retries.
         let mut sub = self
             .hub
             .subscribe(&req.node_name)
             .map_err(|e| Status::unavailable(e.to_string()))?;
-        tracing::info!(node = %req.node_name, enforcer = %req.enforcer_id, "enforcer subscribed");
+        tracing::info!(node = %req.node_name, enforcer = %req.enforcer_id, term, "enforcer subscribed");
         let node = req.node_name.clone();
+        let leadership = self.leadership.clone();
         let stream = async_stream(move |tx| async move {
+            // Checked right before every send: what leaves this process is
+            // sent by the leader of `term`, or not at all.
+            let still_leading = || leadership.serving().ok().filter(|s| s.term == term);
             let mut sent = sub.rx.borrow_and_update().clone();
+            let mut snapshot = sent.snapshot();
+            snapshot.term = term;
             let first = SubscribeResponse {
-                update: Some(Update::Snapshot(sent.snapshot())),
+                update: Some(Update::Snapshot(snapshot)),
             };
-            if tx.send(Ok(first)).await.is_err() {
+            let mut lost = still_leading().is_none();
+            if !lost && tx.send(Ok(first)).await.is_err() {
                 return;
             }
-            while sub.rx.changed().await.is_ok() {
+            while !lost {
+                let Some(serving) = still_leading() else {
+                    lost = true;
+                    break;
+                };
+                tokio::select! {
+                    changed = sub.rx.changed() => if changed.is_err() { break },
+                    _ = leadership.may_have_ended(serving) => continue,
+                }
                 let next = sub.rx.borrow_and_update().clone();
-                if let Some(d) = delta(&sent, &next) {
+                if let Some(mut d) = delta(&sent, &next) {
+                    d.term = term;
+                    if still_leading().is_none() {
+                        lost = true;
+                        break;
+                    }
                     let msg = SubscribeResponse {
                         update: Some(Update::Delta(d)),
                     };
@@ -62,6 +96,14 @@ impl PlanService for PlanServer {
                     }
                 }
                 sent = next;
+            }
+            if lost {
+                let why = match leadership.serving() {
+                    Ok(_) => format!("leadership term {term} ended"),
+                    Err(e) => format!("leadership term {term} ended: {e}"),
+                };
+                tracing::warn!(%node, "ending the plan stream: {why}");
+                let _ = tx.send(Err(Status::unavailable(why))).await;
             }
             tracing::info!(%node, "enforcer stream ended");
         });
@@ -72,6 +114,8 @@ impl PlanService for PlanServer {
         &self,
         request: Request<GetPodPlanRequest>,
     ) -> Result<Response<GetPodPlanResponse>, Status> {
+        self.authz
+            .check_node(&request, &request.get_ref().node_name)?;
         let req = request.into_inner();
         if req.node_name.is_empty() {
             return Err(Status::invalid_argument("node_name is required"));
@@ -80,6 +124,7 @@ impl PlanService for PlanServer {
             .pod
             .filter(|p| !p.name.is_empty() && !p.namespace.is_empty())
             .ok_or_else(|| Status::invalid_argument("pod.namespace and pod.name are required"))?;
+        let serving = self.leadership.serving().map_err(not_leader)?;
         let found = self
             .hub
             .pod_plan(&req.node_name, &(pod.namespace, pod.name))
@@ -88,6 +133,7 @@ impl PlanService for PlanServer {
             known: found.pod.is_some(),
             pod: found.pod,
             plan_version: found.plan_version,
+            term: serving.term,
         }))
     }
 
@@ -95,6 +141,13 @@ impl PlanService for PlanServer {
         &self,
         request: Request<ReportStateRequest>,
     ) -> Result<Response<ReportStateResponse>, Status> {
+        let node = request
+            .get_ref()
+            .state
+            .as_ref()
+            .map(|s| s.node_name.clone())
+            .unwrap_or_default();
+        self.authz.check_node(&request, &node)?;
         let state = request
             .into_inner()
             .state
@@ -102,6 +155,8 @@ impl PlanService for PlanServer {
         if state.node_name.is_empty() {
             return Err(Status::invalid_argument("state.node_name is required"));
         }
+        // Reports belong with the leader, which the enforcers follow.
+        self.leadership.serving().map_err(not_leader)?;
         self.hub.report(state);
         Ok(Response::new(ReportStateResponse {}))
     }
@@ -212,10 +267,70 @@ impl DebugService for DebugServer {
     }
 }
 
-/// Every service of the controller, with health and reflection.
+/// Reports PlanService as serving exactly while this controller leads, so a
+/// readiness probe (and a Service) points enforcers at the leader.
+pub async fn report_leadership(
+    health: tonic_health::server::HealthReporter,
+    leadership: Leadership,
+) {
+    let mut rx = leadership.watch();
+    let mut serving = leadership.serving();
+    loop {
+        if serving.is_ok() {
+            health.set_serving::<PlanServiceServer<PlanServer>>().await;
+        } else {
+            health
+                .set_not_serving::<PlanServiceServer<PlanServer>>()
+                .await;
+        }
+        serving = crate::leader::role::next_serving(&leadership, &mut rx).await;
+    }
+}
+
+/// Every service of the controller, with health and reflection, always
+/// leading (no leader election), without TLS.
 pub async fn router(hub: Hub) -> Result<tonic::transport::server::Router, String> {
+    Ok(router_with(hub, ServeOptions::default()).await?.0)
+}
+
+/// How the controller serves: under which leadership, over which TLS.
+#[derive(Clone)]
+pub struct ServeOptions {
+    pub leadership: Leadership,
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
+    pub authz: Authz,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            leadership: Leadership::always(),
+            tls: None,
+            authz: Authz::default(),
+        }
+    }
+}
+
+/// Every service of the controller, serving plans only while leading and
+/// only to the node each caller's certificate names; and a router with
+/// the health service alone, for a plaintext probe port.
+pub async fn router_with(
+    hub: Hub,
+    options: ServeOptions,
+) -> Result<
+    (
+        tonic::transport::server::Router,
+        tonic::transport::server::Router,
+    ),
+    String,
+> {
+    let ServeOptions {
+        leadership,
+        tls,
+        authz,
+    } = options;
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<PlanServiceServer<PlanServer>>().await;
+    tokio::spawn(report_leadership(health.clone(), leadership.clone()));
     health
         .set_serving::<DebugServiceServer<DebugServer>>()
         .await;
@@ -243,10 +358,36 @@ pub async fn router(hub: Hub) -> Result<tonic::transport::server::Router, String
     let reflection_alpha = v1alpha
         .build_v1alpha()
         .map_err(|e| format!("reflection: {e}"))?;
-    Ok(tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder
+            .tls_config(tls)
+            .map_err(|e| format!("TLS: {}", palisade_proto::transport::source_chain(&e)))?;
+    }
+    // The debug service shows every node's plan: operators only.
+    let operator_only = {
+        let authz = authz.clone();
+        move |r: Request<()>| authz.check_operator(&r).map(|_| r)
+    };
+    let health_only = tonic::transport::Server::builder().add_service(health_service.clone());
+    let router = builder
         .add_service(health_service)
-        .add_service(reflection)
-        .add_service(reflection_alpha)
-        .add_service(PlanServiceServer::new(PlanServer { hub: hub.clone() }))
-        .add_service(DebugServiceServer::new(DebugServer { hub })))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            reflection,
+            operator_only.clone(),
+        ))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            reflection_alpha,
+            operator_only.clone(),
+        ))
+        .add_service(PlanServiceServer::new(PlanServer {
+            hub: hub.clone(),
+            leadership,
+            authz,
+        }))
+        .add_service(DebugServiceServer::with_interceptor(
+            DebugServer { hub },
+            operator_only,
+        ));
+    Ok((router, health_only))
 }

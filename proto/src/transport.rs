@@ -50,15 +50,74 @@ impl std::fmt::Display for Address {
     }
 }
 
+/// How a client holds its connection beyond the defaults.
+#[derive(Clone, Debug, Default)]
+pub struct ClientOptions {
+    /// HTTP/2 pings at this interval, and the connection is dropped when one
+    /// is not answered within it: a peer that is paused or cut off without
+    /// a reset is noticed, not waited on forever.
+    pub keepalive: Option<Duration>,
+    /// TLS towards a TCP address (the address is dialled as https).
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
+}
+
+/// The client side's TLS settings from PEM files: the CA that signed the
+/// controller's certificate, optionally this client's certificate and key
+/// (mutual TLS), and the name to verify the controller's certificate for.
+pub fn client_tls(
+    ca: &std::path::Path,
+    identity: Option<(&std::path::Path, &std::path::Path)>,
+    server_name: Option<&str>,
+) -> Result<tonic::transport::ClientTlsConfig, String> {
+    let read =
+        |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("reading {}: {e}", p.display()));
+    let mut cfg = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(read(ca)?));
+    if let Some((cert, key)) = identity {
+        cfg = cfg.identity(tonic::transport::Identity::from_pem(
+            read(cert)?,
+            read(key)?,
+        ));
+    }
+    if let Some(name) = server_name {
+        cfg = cfg.domain_name(name);
+    }
+    Ok(cfg)
+}
+
 /// Connects lazily-failing: the error names the address.
 pub async fn connect(addr: &Address, timeout: Duration) -> Result<Channel, String> {
+    connect_with(addr, timeout, &ClientOptions::default()).await
+}
+
+fn with_options(mut e: Endpoint, opts: &ClientOptions) -> Result<Endpoint, String> {
+    if let Some(k) = opts.keepalive {
+        e = e
+            .http2_keep_alive_interval(k)
+            .keep_alive_timeout(k)
+            .keep_alive_while_idle(true);
+    }
+    if let Some(tls) = &opts.tls {
+        e = e
+            .tls_config(tls.clone())
+            .map_err(|err| format!("TLS: {}", source_chain(&err)))?;
+    }
+    Ok(e)
+}
+
+/// As [`connect`], with options.
+pub async fn connect_with(
+    addr: &Address,
+    timeout: Duration,
+    opts: &ClientOptions,
+) -> Result<Channel, String> {
     match addr {
         Address::Unix(path) => {
             let path = path.clone();
             let shown = path.display().to_string();
             // The URI is required by the API but unused: the connector dials
             // the socket.
-            Endpoint::from_static("http://[::]:50051")
+            with_options(Endpoint::from_static("http://[::]:50051"), opts)?
                 .connect_timeout(timeout)
                 .connect_with_connector(tower::service_fn(move |_| {
                     let path = path.clone();
@@ -71,12 +130,21 @@ pub async fn connect(addr: &Address, timeout: Duration) -> Result<Channel, Strin
                 .await
                 .map_err(|e| format!("cannot connect to unix:{shown}: {}", source_chain(&e)))
         }
-        Address::Tcp(uri) => Endpoint::from_shared(uri.clone())
-            .map_err(|e| format!("{uri}: {e}"))?
+        Address::Tcp(uri) => {
+            // tonic speaks TLS to https URIs only.
+            let uri = match (&opts.tls, uri.strip_prefix("http://")) {
+                (Some(_), Some(rest)) => format!("https://{rest}"),
+                _ => uri.clone(),
+            };
+            with_options(
+                Endpoint::from_shared(uri.clone()).map_err(|e| format!("{uri}: {e}"))?,
+                opts,
+            )?
             .connect_timeout(timeout)
             .connect()
             .await
-            .map_err(|e| format!("cannot connect to {uri}: {}", source_chain(&e))),
+            .map_err(|e| format!("cannot connect to {uri}: {}", source_chain(&e)))
+        }
     }
 }
 

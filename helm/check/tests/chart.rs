@@ -177,7 +177,7 @@ fn bad_values_are_refused_naming_the_value() {
             "/conntrack/maxEntries",
         ),
         (
-            "controller: {replicas: 2, port: 7443}\n",
+            "controller: {replicas: 0, port: 7443}\n",
             "/controller/replicas",
         ),
         (

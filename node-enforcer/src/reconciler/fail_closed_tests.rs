@@ -38,6 +38,7 @@ fn up(name: &str, iface: &str) -> PodUp {
 
 fn snapshot(version: u64, synced: bool, pods: Vec<PodPolicy>) -> PlanMessage {
     PlanMessage::Snapshot(PlanSnapshot {
+        term: 0,
         version,
         pods,
         source_synced: synced,

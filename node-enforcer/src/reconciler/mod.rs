@@ -56,6 +56,12 @@ pub enum PlanError {
     OutOfSequence { base: u64, held: u64 },
     #[error("snapshot version {0} comes from a controller that has not synced its source; refused, the node keeps its current plan")]
     NotSynced(u64),
+    #[error("plan version {version} is from leadership term {term}, older than term {highest} already applied: a deposed controller sent it; refused, the node keeps its current plan")]
+    StaleTerm {
+        version: u64,
+        term: u64,
+        highest: u64,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -206,6 +212,9 @@ pub struct Reconciler<D: Datapath> {
     /// The controller's plan for this node; meaningful once `has_plan`.
     plan: BTreeMap<PodKey, PodPolicy>,
     plan_version: u64,
+    /// The highest controller leadership term applied (0: none, or a
+    /// controller without leader election); plans of lower terms are refused.
+    term: u64,
     has_plan: bool,
     plan_connected: bool,
     plan_stream_error: String,
@@ -259,6 +268,7 @@ impl<D: Datapath> Reconciler<D> {
             mode: Mode::Standard,
             plan: BTreeMap::new(),
             plan_version: 0,
+            term: 0,
             has_plan: false,
             plan_connected: false,
             plan_stream_error: String::new(),
@@ -432,7 +442,7 @@ impl<D: Datapath> Reconciler<D> {
 
     fn save_plan(&mut self) {
         if let Some(cp) = &self.checkpoint {
-            if let Err(e) = cp.save_plan(self.plan_version, &self.plan) {
+            if let Err(e) = cp.save_plan(self.plan_version, self.term, &self.plan) {
                 self.warn(format!("checkpoint: {e}"));
             }
         }

@@ -22,6 +22,15 @@ impl<D: Datapath> Reconciler<D> {
         let mut changed: Option<BTreeSet<PodKey>> = None;
         match msg {
             PlanMessage::Snapshot(s) => {
+                if s.term < self.term {
+                    let e = PlanError::StaleTerm {
+                        version: s.version,
+                        term: s.term,
+                        highest: self.term,
+                    };
+                    self.warn(e.to_string());
+                    return Err(e);
+                }
                 if !s.source_synced {
                     let e = PlanError::NotSynced(s.version);
                     self.warn(e.to_string());
@@ -43,10 +52,22 @@ impl<D: Datapath> Reconciler<D> {
                 }
                 self.plan = plan;
                 self.plan_version = s.version;
+                self.term = s.term;
                 self.has_plan = true;
             }
             PlanMessage::Delta(d) => {
-                if !self.has_plan || d.base_version != self.plan_version {
+                if d.term < self.term {
+                    let e = PlanError::StaleTerm {
+                        version: d.version,
+                        term: d.term,
+                        highest: self.term,
+                    };
+                    self.warn(e.to_string());
+                    return Err(e);
+                }
+                // A delta continues a stream of one term: a newer term
+                // starts with its own snapshot.
+                if !self.has_plan || d.term != self.term || d.base_version != self.plan_version {
                     return Err(PlanError::OutOfSequence {
                         base: d.base_version,
                         held: self.plan_version,
@@ -153,5 +174,85 @@ impl<D: Datapath> Reconciler<D> {
             self.save_pods();
         }
         explained
+    }
+}
+
+#[cfg(test)]
+mod term_tests {
+    use super::*;
+    use crate::checkpoint::Checkpoint;
+    use crate::datapath::fake::FakeDatapath;
+    use palisade_proto::v1::{PlanDelta, PlanSnapshot, PodRef};
+
+    fn pod(name: &str) -> PodPolicy {
+        PodPolicy {
+            pod: Some(PodRef {
+                namespace: "x".into(),
+                name: name.into(),
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn snapshot(term: u64, version: u64, pods: &[&str]) -> PlanMessage {
+        PlanMessage::Snapshot(PlanSnapshot {
+            version,
+            pods: pods.iter().map(|p| pod(p)).collect(),
+            source_synced: true,
+            term,
+        })
+    }
+
+    fn delta(term: u64, base: u64, add: &str) -> PlanMessage {
+        PlanMessage::Delta(PlanDelta {
+            base_version: base,
+            version: base + 1,
+            upserted: vec![pod(add)],
+            removed: vec![],
+            term,
+        })
+    }
+
+    #[test]
+    fn plans_from_an_older_term_are_refused_and_the_term_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = Reconciler::new("n".into(), "e".into(), FakeDatapath::default())
+            .with_checkpoint(Checkpoint::open(dir.path()).unwrap());
+        assert_eq!(r.apply_plan(snapshot(3, 10, &["a"])), Ok(10));
+        assert_eq!(r.apply_plan(delta(3, 10, "b")), Ok(11));
+        // A deposed leader (term 2) cannot change anything, by snapshot or
+        // by delta, even one that would fit the held version.
+        let refused = r.apply_plan(snapshot(2, 500, &[])).unwrap_err();
+        assert_eq!(
+            refused,
+            PlanError::StaleTerm {
+                version: 500,
+                term: 2,
+                highest: 3
+            }
+        );
+        assert!(refused.to_string().contains("deposed controller"));
+        assert!(matches!(
+            r.apply_plan(delta(2, 11, "c")),
+            Err(PlanError::StaleTerm { .. })
+        ));
+        assert_eq!(r.plan.len(), 2, "nothing of the old term was applied");
+        // A newer term's delta without its snapshot does not apply either.
+        assert!(matches!(
+            r.apply_plan(delta(4, 11, "c")),
+            Err(PlanError::OutOfSequence { .. })
+        ));
+        // The new leader's snapshot does, whatever its version numbers.
+        assert_eq!(r.apply_plan(snapshot(4, 7, &["a"])), Ok(7));
+
+        let saved = Checkpoint::open(dir.path()).unwrap().load().unwrap();
+        assert_eq!(saved.plan.as_ref().unwrap().term, 4);
+        let mut again = Reconciler::new("n".into(), "e2".into(), FakeDatapath::default());
+        again.recover(saved).unwrap();
+        assert!(matches!(
+            again.apply_plan(snapshot(3, 99, &[])),
+            Err(PlanError::StaleTerm { highest: 4, .. })
+        ));
+        assert_eq!(again.apply_plan(snapshot(4, 8, &[])), Ok(8));
     }
 }

@@ -33,6 +33,7 @@ impl<D: Datapath> Reconciler<D> {
                 .filter_map(|p| Some((key(p.pod.as_ref())?, p)))
                 .collect();
             self.plan_version = plan.version;
+            self.term = plan.term;
             self.realized_version = plan.version;
             self.has_plan = true;
         }

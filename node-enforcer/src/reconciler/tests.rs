@@ -57,6 +57,7 @@ fn up(name: &str, iface: &str) -> PodUp {
 
 fn snapshot(version: u64, pods: Vec<PodPolicy>) -> PlanMessage {
     PlanMessage::Snapshot(PlanSnapshot {
+        term: 0,
         version,
         pods,
         source_synced: true,
@@ -253,6 +254,7 @@ fn uncompilable_policy_denies_instead_of_opening() {
 fn deltas_must_follow_the_version_held() {
     let mut r = reconciler();
     let d = PlanDelta {
+        term: 0,
         base_version: 5,
         version: 6,
         upserted: vec![],

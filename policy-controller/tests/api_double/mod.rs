@@ -47,6 +47,8 @@ pub enum Kind {
     EndpointSlice,
     /// The AWS network policy controller's CRD (networking.k8s.aws/v1alpha1).
     PolicyEndpoint,
+    /// Served as single named objects (GET/PUT/POST), not listed or watched.
+    Lease,
 }
 
 impl Kind {
@@ -68,6 +70,7 @@ impl Kind {
             "Service" => Kind::Service,
             "EndpointSlice" => Kind::EndpointSlice,
             "PolicyEndpoint" => Kind::PolicyEndpoint,
+            "Lease" => Kind::Lease,
             other => panic!("the double does not serve {other}"),
         }
     }
@@ -76,6 +79,7 @@ impl Kind {
             Kind::NetworkPolicy => "networking.k8s.io/v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
             Kind::PolicyEndpoint => "networking.k8s.aws/v1alpha1",
+            Kind::Lease => "coordination.k8s.io/v1",
             _ => "v1",
         }
     }
@@ -87,6 +91,7 @@ impl Kind {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::PolicyEndpoint => "PolicyEndpoint",
+            Kind::Lease => "Lease",
         }
     }
     fn path(self) -> &'static str {
@@ -97,6 +102,7 @@ impl Kind {
             Kind::Service => "/api/v1/services",
             Kind::EndpointSlice => "/apis/discovery.k8s.io/v1/endpointslices",
             Kind::PolicyEndpoint => "/apis/networking.k8s.aws/v1alpha1/policyendpoints",
+            Kind::Lease => "/apis/coordination.k8s.io/v1/leases",
         }
     }
 }
@@ -227,6 +233,15 @@ impl ApiDouble {
                 ),
             );
         }
+        app = app
+            .route(
+                "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}",
+                get(get_lease).put(put_lease),
+            )
+            .route(
+                "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
+                axum::routing::post(post_lease),
+            );
         let app = app.with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -268,6 +283,17 @@ impl ApiDouble {
         let mut store = self.shared.store.lock().unwrap();
         store.watch_epoch += 1;
         self.notify(&store);
+    }
+
+    /// One object as stored, if there.
+    #[allow(dead_code)] // not every test binary reads objects back
+    pub fn object(&self, kind: Kind, namespace: &str, name: &str) -> Option<Value> {
+        let store = self.shared.store.lock().unwrap();
+        store
+            .objects
+            .get(&kind)
+            .and_then(|o| o.get(&(namespace.to_string(), name.to_string())))
+            .cloned()
     }
 
     pub fn requests(&self) -> Vec<Request> {
@@ -468,6 +494,98 @@ fn watch_response(shared: Arc<Shared>, kind: Kind, query: &BTreeMap<String, Stri
         .into_response()
 }
 
+type Named = axum::extract::Path<(String, String)>;
+
+fn lease_key(ns: &str, name: &str) -> (String, String) {
+    (ns.to_string(), name.to_string())
+}
+
+fn object_response(code: StatusCode, object: &Value) -> Response {
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        object.to_string(),
+    )
+        .into_response()
+}
+
+async fn get_lease(
+    State(shared): State<Arc<Shared>>,
+    axum::extract::Path((ns, name)): Named,
+) -> Response {
+    let store = shared.store.lock().unwrap();
+    match store
+        .objects
+        .get(&Kind::Lease)
+        .and_then(|o| o.get(&lease_key(&ns, &name)))
+    {
+        Some(o) => object_response(StatusCode::OK, o),
+        None => status(
+            StatusCode::NOT_FOUND,
+            &format!("leases \"{name}\" not found"),
+        ),
+    }
+}
+
+/// A replace succeeds only from the current resourceVersion, as the API
+/// server's optimistic concurrency has it: anything else is 409.
+async fn put_lease(
+    State(shared): State<Arc<Shared>>,
+    axum::extract::Path((ns, name)): Named,
+    axum::Json(mut object): axum::Json<Value>,
+) -> Response {
+    let mut store = shared.store.lock().unwrap();
+    let current = store
+        .objects
+        .get(&Kind::Lease)
+        .and_then(|o| o.get(&lease_key(&ns, &name)))
+        .cloned();
+    let Some(current) = current else {
+        return status(
+            StatusCode::NOT_FOUND,
+            &format!("leases \"{name}\" not found"),
+        );
+    };
+    if object["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
+        return status(
+            StatusCode::CONFLICT,
+            "Operation cannot be fulfilled on leases: the object has been modified; please apply your changes to the latest version and try again",
+        );
+    }
+    object["metadata"]["namespace"] = json!(ns);
+    store.apply(object);
+    let stored = store.objects[&Kind::Lease][&lease_key(&ns, &name)].clone();
+    drop(store);
+    object_response(StatusCode::OK, &stored)
+}
+
+async fn post_lease(
+    State(shared): State<Arc<Shared>>,
+    axum::extract::Path(ns): axum::extract::Path<String>,
+    axum::Json(mut object): axum::Json<Value>,
+) -> Response {
+    let mut store = shared.store.lock().unwrap();
+    let name = object["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    if store
+        .objects
+        .get(&Kind::Lease)
+        .is_some_and(|o| o.contains_key(&lease_key(&ns, &name)))
+    {
+        return status(
+            StatusCode::CONFLICT,
+            &format!("leases \"{name}\" already exists"),
+        );
+    }
+    object["metadata"]["namespace"] = json!(ns);
+    store.apply(object);
+    let stored = store.objects[&Kind::Lease][&lease_key(&ns, &name)].clone();
+    drop(store);
+    object_response(StatusCode::CREATED, &stored)
+}
+
 fn status(code: StatusCode, message: &str) -> Response {
     let body = json!({
         "kind": "Status",
@@ -475,7 +593,11 @@ fn status(code: StatusCode, message: &str) -> Response {
         "metadata": {},
         "status": "Failure",
         "message": message,
-        "reason": "BadRequest",
+        "reason": match code {
+            StatusCode::NOT_FOUND => "NotFound",
+            StatusCode::CONFLICT => "Conflict",
+            _ => "BadRequest",
+        },
         "code": code.as_u16(),
     });
     (

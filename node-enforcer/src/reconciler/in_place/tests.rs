@@ -58,6 +58,7 @@ fn pod(name: &str, ingress: Option<DirectionPolicy>, egress: Option<DirectionPol
 
 fn snapshot(version: u64, pods: Vec<PodPolicy>) -> PlanMessage {
     PlanMessage::Snapshot(PlanSnapshot {
+        term: 0,
         version,
         pods,
         source_synced: true,
@@ -325,6 +326,7 @@ fn shared_setup(r: &mut Reconciler<FakeDatapath>, peers: &[Prefix]) {
 fn peer_change(version: u64, peers: &[Prefix]) -> PlanMessage {
     let shared = direction(vec![rule(peers, 80)]);
     PlanMessage::Delta(PlanDelta {
+        term: 0,
         base_version: version - 1,
         version,
         upserted: vec![
@@ -429,6 +431,7 @@ fn a_cidr_change_or_a_user_left_behind_takes_a_new_table() {
     // Only a and b move: c keeps the table, so it is not edited.
     let shared = direction(vec![rule(&hosts(1..5), 80)]);
     r.apply_plan(PlanMessage::Delta(PlanDelta {
+        term: 0,
         base_version: 2,
         version: 3,
         upserted: vec![pod("a", shared.clone(), None), pod("b", shared, None)],
@@ -739,6 +742,7 @@ fn random_plan_changes_leave_exactly_the_compiled_tables() {
                 snapshot(version, plan.values().cloned().collect())
             } else {
                 PlanMessage::Delta(PlanDelta {
+                    term: 0,
                     base_version: version - 1,
                     version,
                     upserted: changed,
@@ -849,6 +853,7 @@ fn a_half_edited_table_still_in_use_keeps_its_port_sets() {
     r.datapath.fail.insert(format!("set_endpoint {b}"));
     let moved = direction(vec![rule(&hosts(1..11), 81)]);
     r.apply_plan(PlanMessage::Delta(PlanDelta {
+        term: 0,
         base_version: 1,
         version: 2,
         upserted: vec![
