@@ -1345,3 +1345,45 @@ fn forge_entry(h: &mut Harness, key: CtKey) {
         },
     );
 }
+
+/// The IPv4 fast path (established and reply packets of a plain IPv4
+/// header) answers only when the full path would pass the packet under the
+/// same counter; everything else falls through to the full path, which must
+/// still judge it: a pod that lost an address cannot keep using the flows
+/// it made from it, a header with options or a stale entry is judged in full.
+#[test]
+fn the_ipv4_fast_path_passes_only_what_the_full_path_would() {
+    let mut h = Harness::new();
+    h.endpoint(0, 0);
+    let fwd = tcp(POD4, 40000, "10.0.1.5", 80);
+    let reply = tcp("10.0.1.5", 80, POD4, 40000);
+    assert_eq!(h.pod_sends(&fwd), ALLOW);
+    assert_eq!(h.pod_sends(&fwd), ALLOW);
+    assert_eq!(h.pod_receives(&reply), ALLOW);
+    assert_eq!(h.stat(STAT_ALLOWED_ESTABLISHED), 1);
+    assert_eq!(h.stat(STAT_ALLOWED_REPLY), 1);
+
+    // Same flow through a header with options: the full path, same answer.
+    assert_eq!(h.pod_sends(&with_ip_options(fwd.clone(), 4)), ALLOW);
+    assert_eq!(h.stat(STAT_ALLOWED_ESTABLISHED), 2);
+
+    // The pod no longer owns 10.0.0.2: its entry vouches for nothing.
+    h.endpoint_at(LO, 0, 0, &[POD6]);
+    assert_eq!(h.pod_sends(&fwd), DROP);
+    assert_eq!(h.stat(STAT_DENIED_SPOOF), 1);
+
+    // A stale epoch with a policy that now denies: dropped and forgotten,
+    // the reply too.
+    h.endpoint(0, 0);
+    assert_eq!(h.pod_sends(&fwd), ALLOW);
+    h.switch(7, 7, 9, 9);
+    assert_eq!(h.pod_sends(&fwd), DROP);
+    assert!(!h.ct_has(&ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD)));
+    assert_eq!(h.pod_receives(&reply), DROP);
+
+    // A truncated L4 header misses the fast path and drops as malformed.
+    let mut short = fwd.clone();
+    short.truncate(14 + 20 + 3);
+    assert_eq!(h.pod_sends(&short), DROP);
+    assert_eq!(h.stat(STAT_DENIED_MALFORMED), 1);
+}
