@@ -192,6 +192,7 @@ async fn metrics_follow_plans_pod_up_and_datapath_verdicts() {
             version: 7,
             pods: vec![policy],
             source_synced: true,
+            term: 0,
         }))
         .await
         .unwrap()

@@ -80,6 +80,8 @@ impl PlanService for PlanServer {
                 tokio::select! {
                     changed = sub.rx.changed() => if changed.is_err() { break },
                     _ = leadership.may_have_ended(serving) => continue,
+                    // A gone enforcer ends its subscription now, not at the
+                    // next plan change: "connected" must mean connected.
                 }
                 let next = sub.rx.borrow_and_update().clone();
                 if let Some(mut d) = delta(&sent, &next) {

@@ -233,6 +233,11 @@ async fn policies_are_realized_on_the_nodes_that_need_them() {
     assert_eq!((db.expected_nodes, db.realized_nodes), (1, 0));
 
     // A policy asked for by a name that selects nothing: listed, needed nowhere.
+    // The enforcer goes away: its node shows disconnected without waiting
+    // for a plan change.
+    drop(stream);
+    realization_until(&mut debug, "", |r| !r.nodes[0].connected).await;
+
     let r = realization_until(&mut debug, "prod/none", |_| true).await;
     assert_eq!(r.policies.len(), 1);
     assert_eq!(
@@ -246,5 +251,4 @@ async fn policies_are_realized_on_the_nodes_that_need_them() {
         .await
         .expect_err("not namespace/name");
     assert_eq!(status.code(), Code::InvalidArgument);
-    drop(stream);
 }
