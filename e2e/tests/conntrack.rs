@@ -839,7 +839,9 @@ fn seed_001_tcp_through_a_cluster_ip_across_nodes() {
         .map(|n| flow_entries_on(&lab, n, me))
         .collect();
     assert!(
-        first[0].iter().any(|e| e.owner == Owner::FromPod && e.dst == vip && e.dport == 70),
+        first[0]
+            .iter()
+            .any(|e| e.owner == Owner::FromPod && e.dst == vip && e.dport == 70),
         "node-1 holds the client's entry to the VIP: {:#?}",
         first[0]
     );
@@ -895,7 +897,10 @@ fn seed_001_tcp_through_a_cluster_ip_across_nodes() {
             std::thread::sleep(Duration::from_millis(50)); // poll: inside a loop bounded by a deadline
         }
     }
-    eprintln!("closed cross-node flow's entries removed {:?} after close", start.elapsed());
+    eprintln!(
+        "closed cross-node flow's entries removed {:?} after close",
+        start.elapsed()
+    );
     drop(listener);
     finish(lab);
 }

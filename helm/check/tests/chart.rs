@@ -184,6 +184,11 @@ fn bad_values_are_refused_naming_the_value() {
             "cni: {install: true, binDir: opt/cni/bin, confDir: /etc/cni/net.d}\n",
             "/cni/binDir",
         ),
+        ("policySource: calico\n", "/policySource"),
+        (
+            "metrics: {enabled: true, controllerPort: 0, enforcerPort: 9091}\n",
+            "/metrics/controllerPort",
+        ),
     ] {
         let file = dir.join("values.yaml");
         std::fs::write(&file, text).unwrap();
