@@ -99,3 +99,109 @@ fn grpcurl_lists_services_and_shows_enforcer_state() {
     );
     finish(lab);
 }
+
+/// The README's "Debugging from one place" commands, run verbatim (only the
+/// controller's address is swapped for the lab's unix socket) against a lab
+/// where x/deny-b isolates x/b.
+#[test]
+fn the_readme_debugging_commands_work_verbatim() {
+    if !is_root() {
+        return;
+    }
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    let section = readme
+        .split("## Debugging from one place")
+        .nth(1)
+        .expect("the README has the debugging section");
+    let block = section
+        .split("```sh")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a sh block in the debugging section");
+    let commands: Vec<Vec<String>> = block
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("grpcurl "))
+        .map(shell_words)
+        .collect();
+    assert_eq!(commands.len(), 3, "{block}");
+
+    let mut lab = lab_with_pods();
+    lab.apply(&policies(DENY_B)).unwrap();
+    lab.wait_realized().unwrap();
+    let socket = lab.controller_socket().to_str().unwrap().to_string();
+    let mut outputs = Vec::new();
+    for words in &commands {
+        let args: Vec<String> = words[1..]
+            .iter()
+            .flat_map(|w| {
+                if w == "controller:7443" {
+                    vec![
+                        "-authority".into(),
+                        "localhost".into(),
+                        "-unix".into(),
+                        socket.clone(),
+                    ]
+                } else {
+                    vec![w.clone()]
+                }
+            })
+            .collect();
+        let out = Command::new("grpcurl").args(&args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{words:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        outputs.push(String::from_utf8_lossy(&out.stdout).into_owned());
+    }
+    let node = lab.node_name().to_string();
+    assert!(
+        outputs[0].contains("x/deny-b") && outputs[0].contains(&node),
+        "{}",
+        outputs[0]
+    );
+    let one: serde_json::Value = serde_json::from_str(&outputs[1]).unwrap();
+    assert_eq!(one["policies"].as_array().map(Vec::len), Some(1), "{one}");
+    assert_eq!(one["policies"][0]["policy"], "x/deny-b", "{one}");
+    let explain: serde_json::Value = serde_json::from_str(&outputs[2]).unwrap();
+    assert_eq!(explain["allowed"], false, "{explain}");
+    assert_eq!(
+        explain["ingress"]["reason"], "isolated, no rule allows",
+        "{explain}"
+    );
+    assert_eq!(explain["ingress"]["isolatedBy"][0], "x/deny-b", "{explain}");
+    assert_eq!(explain["egress"]["allowed"], true, "{explain}");
+    finish(lab);
+}
+
+/// Splits a command line on spaces, keeping single-quoted words whole.
+fn shell_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut quoted = false;
+    let mut started = false;
+    for c in line.chars() {
+        match c {
+            '\'' => {
+                quoted = !quoted;
+                started = true;
+            }
+            ' ' if !quoted => {
+                if started {
+                    words.push(std::mem::take(&mut word));
+                    started = false;
+                }
+            }
+            c => {
+                word.push(c);
+                started = true;
+            }
+        }
+    }
+    if started {
+        words.push(word);
+    }
+    words
+}
