@@ -87,7 +87,12 @@ pub fn sweep(run_root: &Path) -> Result<Swept> {
         }
     }
     for name in list(Path::new(BPFFS)) {
-        let Some(id) = name.strip_prefix("palisade-lab-") else {
+        // Node 1's pin root is `palisade-lab-<id>`, node K's
+        // `palisade-lab-<id>-node-K`.
+        let Some(id) = name
+            .strip_prefix("palisade-lab-")
+            .and_then(|r| r.split('-').next())
+        else {
             continue;
         };
         if is_run_id(id) && !is_live(id) {

@@ -136,7 +136,9 @@ fn every_example_is_valid() {
 /// Starts a lab on a scenario too long to finish, and returns once probe
 /// rows show that its pods, processes and pins all exist: the child, its
 /// remaining output, and its first line (which names the lab).
-fn start_long_lab() -> (
+fn start_long_lab(
+    nodes: u32,
+) -> (
     std::process::Child,
     std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
     String,
@@ -148,7 +150,11 @@ fn start_long_lab() -> (
     let steps: String = (0..5000)
         .map(|i| format!("  - name: s{i}\n    probes: [{{from: x/a, to: x/b, port: 80}}]\n"))
         .collect();
-    std::fs::write(&path, format!("{}\nsteps:\n{steps}", common::PODS.trim())).unwrap();
+    std::fs::write(
+        &path,
+        format!("nodes: {nodes}\n{}\nsteps:\n{steps}", common::PODS.trim()),
+    )
+    .unwrap();
     let mut child = Command::new(LAB)
         .args(["run", path.to_str().unwrap()])
         .stdout(std::process::Stdio::piped())
@@ -166,7 +172,9 @@ fn clean_removes_what_a_killed_lab_left() {
     if !common::is_root() {
         return;
     }
-    let (mut child, _lines, first, _dir) = start_long_lab();
+    // Two nodes: everything per node (namespace, pin root, enforcer) and the
+    // fabric must be found and swept too.
+    let (mut child, _lines, first, _dir) = start_long_lab(2);
     let id = first
         .strip_prefix("lab ")
         .and_then(|r| r.split_whitespace().next())
@@ -174,20 +182,32 @@ fn clean_removes_what_a_killed_lab_left() {
         .to_string();
     child.kill().unwrap();
     child.wait().unwrap();
-    assert!(Path::new(&format!("/run/netns/pl{id}-node")).exists());
+    for ns in ["node", "node2", "fabric"] {
+        assert!(
+            Path::new(&format!("/run/netns/pl{id}-{ns}")).exists(),
+            "{ns}"
+        );
+    }
+    assert!(Path::new(&format!("/sys/fs/bpf/palisade-lab-{id}-node-2")).exists());
 
     let pids: Vec<u32> = std::fs::read_to_string(format!("/run/palisade-lab/{id}/pids"))
         .unwrap()
         .lines()
         .map(|l| l.parse().unwrap())
         .collect();
-    assert_eq!(pids.len(), 2, "controller and enforcer");
+    assert_eq!(pids.len(), 3, "controller and two enforcers");
 
     let (out, stdout, stderr) = run(&["clean"]);
     assert!(out.status.success(), "{stdout}{stderr}");
     assert!(stdout.contains(&format!("pl{id}-node")), "{stdout}");
-    assert!(!Path::new(&format!("/run/netns/pl{id}-node")).exists());
+    for ns in ["node", "node2", "fabric"] {
+        assert!(
+            !Path::new(&format!("/run/netns/pl{id}-{ns}")).exists(),
+            "{ns}"
+        );
+    }
     assert!(!Path::new(&format!("/sys/fs/bpf/palisade-lab-{id}")).exists());
+    assert!(!Path::new(&format!("/sys/fs/bpf/palisade-lab-{id}-node-2")).exists());
     // SIGKILL is asynchronous; the orphans are reaped by init.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while pids.iter().any(|p| palisade_e2e::process::is_alive(*p)) {
@@ -254,7 +274,7 @@ fn ctrl_c_mid_run_cleans_up_and_exits_130() {
     if !common::is_root() {
         return;
     }
-    let (mut child, lines, first, _dir) = start_long_lab();
+    let (mut child, lines, first, _dir) = start_long_lab(1);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGINT,
