@@ -98,7 +98,9 @@ fn lab_of(nodes: usize, objects_yaml: &str) -> Lab {
         ..LabConfig::default()
     })
     .expect("lab starts");
-    lab.apply(&objects(objects_yaml)).expect("pods and Service");
+    // `nodes:` lets the pods' spec.nodeName name every node of the lab.
+    let yaml = format!("nodes: {nodes}\n{objects_yaml}");
+    lab.apply(&objects(&yaml)).expect("pods and Service");
     lab.wait_realized().expect("pods realized");
     lab
 }
