@@ -12,7 +12,6 @@ pub mod handle;
 pub mod links;
 pub mod lock;
 pub mod metrics;
-pub mod metrics_exposition;
 pub mod metrics_http;
 pub mod metrics_maps;
 pub mod plan_client;

@@ -12,9 +12,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::handle::Handle;
-use crate::metrics_exposition::{Exposition, Histogram};
 use crate::metrics_maps::{DatapathReading, STAT_LABELS};
 use crate::reconciler::Dump;
+use palisade_proto::exposition::{Exposition, Histogram};
 
 /// Pod up, from the CNI ADD call to the pod's policy in the datapath: well
 /// under the AWS VPC CNI's 2 s budget when healthy.

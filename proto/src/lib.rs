@@ -14,6 +14,10 @@ pub mod rpc {
 
 pub use palisade::v1;
 
+/// The Prometheus text format both processes serve their metrics in: shared
+/// here, where both already depend, rather than written twice.
+pub mod exposition;
+
 /// Encoded `FileDescriptorSet` of every Palisade service, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/palisade_descriptor.bin"));

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use super::exposition::{Exposition, Histogram};
 use crate::debug::realization::realization;
 use crate::hub::HubView;
+use palisade_proto::exposition::{Exposition, Histogram};
 
 /// Resolution passes from 1 ms to 1 min: a small cluster's pass takes
 /// microseconds, a large cluster's first full pass seconds.

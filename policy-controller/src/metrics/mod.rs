@@ -4,5 +4,4 @@
 //! accumulated as resolutions happen.
 
 pub mod controller;
-pub mod exposition;
 pub mod http;
