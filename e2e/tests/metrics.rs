@@ -44,13 +44,14 @@ fn metrics_addr(log: &Path) -> String {
     }
 }
 
-/// One scrape, parsed, from inside `ns` (the lab runs the enforcer in the
-/// node's network namespace, the controller in its own: None).
+/// One scrape, parsed, from inside `ns` (the lab runs each enforcer in its
+/// node's network namespace and the controller in the fabric's; None: this
+/// process's own).
 fn scrape(ns: Option<&str>, addr: &str) -> BTreeMap<String, f64> {
     match ns {
         Some(ns) => palisade_e2e::netns::NetNs::from_existing(ns)
             .run(|| scrape_here(addr))
-            .expect("entering the node's namespace"),
+            .expect("entering the process's namespace"),
         None => scrape_here(addr),
     }
 }
@@ -126,13 +127,19 @@ fn both_processes_serve_metrics_that_follow_plans_and_traffic() {
     let node = lab.node_name().to_string();
     let node_ns = lab.node_netns().map(str::to_string);
     let ns = node_ns.as_deref();
+    let fabric_ns = lab.fabric_netns().map(str::to_string);
 
     let plan_key = format!("palisade_controller_node_plan_version{{node=\"{node}\"}}");
-    let c = scrape_until(None, &controller, "the node realized its plan", |m| {
-        m.get(&format!(
-            "palisade_controller_node_realized{{node=\"{node}\"}}"
-        )) == Some(&1.0)
-    });
+    let c = scrape_until(
+        fabric_ns.as_deref(),
+        &controller,
+        "the node realized its plan",
+        |m| {
+            m.get(&format!(
+                "palisade_controller_node_realized{{node=\"{node}\"}}"
+            )) == Some(&1.0)
+        },
+    );
     assert_eq!(
         get(
             &c,
