@@ -145,17 +145,29 @@ fn identities(entries: &BTreeSet<Entry>) -> BTreeSet<String> {
 /// Through the ClusterIP, the flow has an entry on each side: the client's
 /// egress saw the VIP, the server's ingress the backend after DNAT.
 fn assert_both_sides(lab: &Lab, entries: &BTreeSet<Entry>, service_port: u16, target: u16) {
+    assert_sides(lab, entries, entries, service_port, target);
+}
+
+/// [`assert_both_sides`] with the client's and the server's entries read
+/// on their own nodes.
+fn assert_sides(
+    lab: &Lab,
+    client_entries: &BTreeSet<Entry>,
+    server_entries: &BTreeSet<Entry>,
+    service_port: u16,
+    target: u16,
+) {
     let server = lab.pod_ip(&pod("x/server")).unwrap();
     let vip = IpAddr::from(CLUSTER_IP);
-    let client_side = entries
+    let client_side = client_entries
         .iter()
         .any(|e| e.owner == Owner::FromPod && e.dst == vip && e.dport == service_port);
-    let server_side = entries
+    let server_side = server_entries
         .iter()
         .any(|e| e.owner == Owner::ToPod && e.dst == server && e.dport == target);
     assert!(
         client_side && server_side,
-        "expected the client's entry to {vip}:{service_port} and the server's to {server}:{target}, got {entries:#?}\nkernel: {:#?}",
+        "expected the client's entry to {vip}:{service_port} and the server's to {server}:{target}, got {client_entries:#?} and {server_entries:#?}\nkernel: {:#?}",
         lab.kernel_conntrack().unwrap_or_default()
     );
 }
@@ -241,7 +253,43 @@ fn seed_001_tcp_through_a_cluster_ip() {
     if !is_root() {
         return;
     }
-    let mut lab = lab();
+    seed_001_tcp(1);
+}
+
+/// Seed 001 across nodes: the client on node-1 (whose kernel DNATs the
+/// ClusterIP), the backend on node-2 (whose kernel sees only the backend
+/// address). Each node's cleanup keeps its own entries of the live flow,
+/// and removes them once the closed flow left its kernel.
+#[test]
+fn seed_001_tcp_through_a_cluster_ip_across_nodes() {
+    if !is_root() {
+        return;
+    }
+    seed_001_tcp(2);
+}
+
+/// Seed 001 over TCP with the client on node-1 and the server on the last
+/// of `nodes` nodes.
+fn seed_001_tcp(nodes: usize) {
+    let mut lab = if nodes == 1 {
+        lab()
+    } else {
+        let placed = OBJECTS
+            .replace(
+                "labels: {app: client}}, spec: {",
+                "labels: {app: client}}, spec: {nodeName: node-1, ",
+            )
+            .replace(
+                "labels: {app: web}}, spec: {",
+                &format!("labels: {{app: web}}}}, spec: {{nodeName: node-{nodes}, "),
+            );
+        assert_ne!(placed, OBJECTS, "the pods are placed");
+        lab_of(nodes, &placed)
+    };
+    let names: Vec<String> = lab.node_names().iter().map(|n| n.to_string()).collect();
+    let server_node = names.last().unwrap().clone();
+    assert_eq!(lab.node_of(&pod("x/client")), Some("node-1"));
+    assert_eq!(lab.node_of(&pod("x/server")), Some(server_node.as_str()));
     lab.apply(&policies(SEED_001)).unwrap();
     lab.wait_realized().unwrap();
     let listener = server_ns(&lab)
@@ -256,35 +304,67 @@ fn seed_001_tcp_through_a_cluster_ip() {
     conn.write_all(b"open").unwrap();
     server.read_exact(&mut [0u8; 4]).unwrap();
     let me = conn.local_addr().unwrap();
-    let first = flow_entries(&lab, me);
-    assert_both_sides(&lab, &first, 70, PUSH_PORT);
-    let removed_before = lab.conntrack_state().unwrap().removed_total;
+    let first: Vec<BTreeSet<Entry>> = names.iter().map(|n| flow_entries_on(&lab, n, me)).collect();
+    assert_sides(&lab, &first[0], first.last().unwrap(), 70, PUSH_PORT);
+    let removed_before: Vec<u64> = names
+        .iter()
+        .map(|n| lab.conntrack_state_on(n).unwrap().removed_total)
+        .collect();
 
     for cycle in 0..3 {
-        let at = idle_through_a_cleanup(&lab);
-        let now = flow_entries(&lab, me);
-        assert_eq!(
-            identities(&now),
-            identities(&first),
-            "cycle {cycle} (cleanup #{at}) changed the live flow's entries\nkernel: {:#?}",
-            lab.kernel_conntrack().unwrap_or_default()
-        );
+        // Two cleanups on every node, so at least one began after the
+        // flow's last packet (none can keep an entry for being recent).
+        for n in &names {
+            let before = lab.conntrack_state_on(n).unwrap().cleanups;
+            lab.wait_cleanups_on(n, before, 2, WAIT).unwrap();
+        }
+        for (n, first) in names.iter().zip(&first) {
+            assert_eq!(
+                identities(&flow_entries_on(&lab, n, me)),
+                identities(first),
+                "cycle {cycle}: a cleanup on {n} changed the live flow's entries\nkernel: {:#?}",
+                lab.kernel_conntrack_on(n).unwrap_or_default()
+            );
+        }
         if let Err(e) = tcp_both_ways(&mut conn, &mut server) {
             panic!("cycle {cycle}: {e}\n{}", lab.log_tails(20));
         }
     }
-    assert_eq!(
-        lab.conntrack_state().unwrap().removed_total,
-        removed_before,
-        "a cleanup removed entries while the only flow was live"
-    );
+    for (n, before) in names.iter().zip(&removed_before) {
+        assert_eq!(
+            lab.conntrack_state_on(n).unwrap().removed_total,
+            *before,
+            "a cleanup on {n} removed entries while the only flow was live"
+        );
+    }
 
     drop(conn);
     drop(server);
-    let took = wait_flow_gone(&lab, me);
-    let state = lab.conntrack_state().unwrap();
-    assert!(state.removed_total >= removed_before + 2, "{state:?}");
-    eprintln!("closed flow's entries removed {took:?} after close");
+    let start = Instant::now();
+    for ((n, before), first) in names.iter().zip(&removed_before).zip(&first) {
+        loop {
+            let left = flow_entries_on(&lab, n, me);
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                start.elapsed() < WAIT,
+                "entries of the closed flow on {n} still there after {WAIT:?}: {left:#?}\nkernel: {:#?}\ncleanup: {:?}",
+                lab.kernel_conntrack_on(n).unwrap_or_default(),
+                lab.conntrack_state_on(n).ok()
+            );
+            std::thread::sleep(Duration::from_millis(50)); // poll: inside a loop bounded by a deadline
+        }
+        let state = lab.conntrack_state_on(n).unwrap();
+        assert!(
+            state.removed_total >= before + first.len() as u64,
+            "{n}: {state:?}"
+        );
+    }
+    eprintln!(
+        "closed flow's entries removed {:?} after close",
+        start.elapsed()
+    );
     drop(listener);
     finish(lab);
 }
@@ -795,114 +875,5 @@ objects:
         "the dump must say why idle entries were kept: {state:?}"
     );
     drop((conn, server, listener));
-    finish(lab);
-}
-
-/// Seed 001 across nodes: the client on node-1 (whose kernel DNATs the
-/// ClusterIP), the backend on node-2 (whose kernel sees only the backend
-/// address). Each node's cleanup keeps its own entry of the live flow for
-/// several cycles, and removes it once the closed flow left its kernel.
-#[test]
-fn seed_001_tcp_through_a_cluster_ip_across_nodes() {
-    if !is_root() {
-        return;
-    }
-    let placed = OBJECTS
-        .replace(
-            "labels: {app: client}}, spec: {",
-            "labels: {app: client}}, spec: {nodeName: node-1, ",
-        )
-        .replace(
-            "labels: {app: web}}, spec: {",
-            "labels: {app: web}}, spec: {nodeName: node-2, ",
-        );
-    assert_ne!(placed, OBJECTS, "the pods are placed");
-    let mut lab = lab_of(2, &placed);
-    assert_eq!(lab.node_of(&pod("x/client")), Some("node-1"));
-    assert_eq!(lab.node_of(&pod("x/server")), Some("node-2"));
-    lab.apply(&policies(SEED_001)).unwrap();
-    lab.wait_realized().unwrap();
-    let listener = server_ns(&lab)
-        .run(|| TcpListener::bind((Ipv4Addr::UNSPECIFIED, PUSH_PORT)))
-        .unwrap()
-        .unwrap();
-    let mut conn = lab.connect(&pod("x/client"), &svc(), 70, TIMEOUT).unwrap();
-    let (mut server, _) = listener.accept().unwrap();
-    for s in [&conn, &server] {
-        s.set_read_timeout(Some(TIMEOUT)).unwrap();
-    }
-    conn.write_all(b"open").unwrap();
-    server.read_exact(&mut [0u8; 4]).unwrap();
-    let me = conn.local_addr().unwrap();
-    let vip = IpAddr::from(CLUSTER_IP);
-    let backend = lab.pod_ip(&pod("x/server")).unwrap();
-    let first: Vec<BTreeSet<Entry>> = ["node-1", "node-2"]
-        .iter()
-        .map(|n| flow_entries_on(&lab, n, me))
-        .collect();
-    assert!(
-        first[0]
-            .iter()
-            .any(|e| e.owner == Owner::FromPod && e.dst == vip && e.dport == 70),
-        "node-1 holds the client's entry to the VIP: {:#?}",
-        first[0]
-    );
-    assert!(
-        first[1]
-            .iter()
-            .any(|e| e.owner == Owner::ToPod && e.dst == backend && e.dport == PUSH_PORT),
-        "node-2 holds the backend's entry: {:#?}",
-        first[1]
-    );
-    let removed_before: Vec<u64> = ["node-1", "node-2"]
-        .iter()
-        .map(|n| lab.conntrack_state_on(n).unwrap().removed_total)
-        .collect();
-    for cycle in 0..3 {
-        for n in ["node-1", "node-2"] {
-            let before = lab.conntrack_state_on(n).unwrap().cleanups;
-            lab.wait_cleanups_on(n, before, 2, WAIT).unwrap();
-        }
-        for (i, n) in ["node-1", "node-2"].iter().enumerate() {
-            assert_eq!(
-                identities(&flow_entries_on(&lab, n, me)),
-                identities(&first[i]),
-                "cycle {cycle}: a cleanup on {n} changed the live flow's entries\nkernel: {:#?}",
-                lab.kernel_conntrack_on(n).unwrap_or_default()
-            );
-        }
-        if let Err(e) = tcp_both_ways(&mut conn, &mut server) {
-            panic!("cycle {cycle}: {e}\n{}", lab.log_tails(20));
-        }
-    }
-    for (i, n) in ["node-1", "node-2"].iter().enumerate() {
-        assert_eq!(
-            lab.conntrack_state_on(n).unwrap().removed_total,
-            removed_before[i],
-            "a cleanup on {n} removed entries while the only flow was live"
-        );
-    }
-    drop(conn);
-    drop(server);
-    let start = Instant::now();
-    for n in ["node-1", "node-2"] {
-        loop {
-            let left = flow_entries_on(&lab, n, me);
-            if left.is_empty() {
-                break;
-            }
-            assert!(
-                start.elapsed() < WAIT,
-                "entries of the closed flow on {n} still there after {WAIT:?}: {left:#?}\nkernel: {:#?}",
-                lab.kernel_conntrack_on(n).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(50)); // poll: inside a loop bounded by a deadline
-        }
-    }
-    eprintln!(
-        "closed cross-node flow's entries removed {:?} after close",
-        start.elapsed()
-    );
-    drop(listener);
     finish(lab);
 }
