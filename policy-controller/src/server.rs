@@ -82,6 +82,7 @@ impl PlanService for PlanServer {
                     _ = leadership.may_have_ended(serving) => continue,
                     // A gone enforcer ends its subscription now, not at the
                     // next plan change: "connected" must mean connected.
+                    _ = tx.closed() => break,
                 }
                 let next = sub.rx.borrow_and_update().clone();
                 if let Some(mut d) = delta(&sent, &next) {
