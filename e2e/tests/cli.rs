@@ -231,6 +231,7 @@ fn the_other_examples_pass() {
         "namespaces.yaml",
         "services.yaml",
         "fixed/named-ports-endport-policytypes.yaml",
+        "cross-node.yaml",
     ] {
         let path = example(name);
         let (out, stdout, stderr) = run(&["run", path.to_str().unwrap()]);
