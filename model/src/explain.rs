@@ -19,7 +19,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::cluster::ClusterState;
 use crate::verdict::{
-    block_contains, namespace, peers_match, ports_match, selects, Direction, Endpoint, Rule,
+    address_in_peers, namespace, numbered_ports_match, peers_match, ports_match, selects,
+    Direction, Endpoint, Rule,
 };
 
 /// The other side of the connection, as seen from the pod whose policies
@@ -98,7 +99,7 @@ pub fn explain_direction(
         let found = rules.iter().position(|(peers, ports)| {
             let peer_ok = match peer {
                 Peer::Pod(p) => peers_match(cluster, *peers, ns, p),
-                Peer::External(ip) => external_matches(*peers, ip),
+                Peer::External(ip) => address_in_peers(*peers, ip),
             };
             let port_ok = match server {
                 Some(s) => ports_match(*ports, s, protocol, port),
@@ -129,32 +130,6 @@ fn policy_name(policy: &NetworkPolicy) -> String {
         namespace(policy.metadata.namespace.as_deref()),
         policy.metadata.name.as_deref().unwrap_or_default()
     )
-}
-
-/// An address outside the cluster matches a rule without peers, or an
-/// ipBlock that holds it; pod and namespace selectors select pods only.
-fn external_matches(peers: Option<&Vec<NetworkPolicyPeer>>, ip: IpAddr) -> bool {
-    match peers.filter(|p| !p.is_empty()) {
-        None => true,
-        Some(peers) => peers.iter().any(|p| block_contains(p, ip)),
-    }
-}
-
-/// Ports against a destination that is no pod: a named port has no
-/// container port to resolve to and matches nothing.
-fn numbered_ports_match(ports: Option<&Vec<NetworkPolicyPort>>, protocol: &str, port: u16) -> bool {
-    let Some(ports) = ports.filter(|p| !p.is_empty()) else {
-        return true;
-    };
-    ports.iter().any(|p| {
-        p.protocol.as_deref().unwrap_or("TCP") == protocol
-            && match (&p.port, p.end_port) {
-                (None, _) => true,
-                (Some(IntOrString::Int(n)), None) => i32::from(port) == *n,
-                (Some(IntOrString::Int(n)), Some(end)) => (*n..=end).contains(&i32::from(port)),
-                (Some(IntOrString::String(_)), _) => false,
-            }
-    })
 }
 
 /// A rule as one line: `ingress[1]: from podSelector{app=web} in

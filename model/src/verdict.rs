@@ -333,7 +333,7 @@ pub(crate) fn block_contains(p: &NetworkPolicyPeer, ip: IpAddr) -> bool {
 
 /// Whether the rule's peers take in `ip` as an address: no `to`, or an
 /// ipBlock that holds it.
-fn address_in_peers(peers: Option<&Vec<NetworkPolicyPeer>>, ip: IpAddr) -> bool {
+pub(crate) fn address_in_peers(peers: Option<&Vec<NetworkPolicyPeer>>, ip: IpAddr) -> bool {
     match peers.filter(|p| !p.is_empty()) {
         None => true,
         Some(peers) => peers.iter().any(|p| block_contains(p, ip)),
@@ -341,7 +341,11 @@ fn address_in_peers(peers: Option<&Vec<NetworkPolicyPeer>>, ip: IpAddr) -> bool 
 }
 
 /// Port match for a destination that is no pod: named ports never match.
-fn numbered_ports_match(ports: Option<&Vec<NetworkPolicyPort>>, protocol: &str, port: u16) -> bool {
+pub(crate) fn numbered_ports_match(
+    ports: Option<&Vec<NetworkPolicyPort>>,
+    protocol: &str,
+    port: u16,
+) -> bool {
     let Some(ports) = ports.filter(|p| !p.is_empty()) else {
         return true;
     };
