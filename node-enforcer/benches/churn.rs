@@ -153,6 +153,7 @@ fn pod_policy(i: usize, s: Shape, peers: &[PeerBlock]) -> PodPolicy {
                     port: 8000 + (i % s.groups) as u32,
                     end_port: 0,
                 }],
+                ..Default::default()
             }],
         }),
         policies: vec![format!("x/np{}", i % s.groups)],
@@ -241,6 +242,7 @@ fn run(s: Shape, in_place: bool) -> Vec<Measurement> {
                 version: 1,
                 pods: plan,
                 source_synced: true,
+                trace_context: Default::default(),
             }))
             .unwrap();
             for i in 0..s.pods {
@@ -287,6 +289,7 @@ fn run(s: Shape, in_place: bool) -> Vec<Measurement> {
                         version: version + 1,
                         upserted,
                         removed: vec![],
+                        trace_context: Default::default(),
                     });
                     version += 1;
                     let (w0, d0) = (r.datapath.writes, r.datapath.deletes);

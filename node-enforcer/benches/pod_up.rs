@@ -28,6 +28,7 @@ fn policy(i: usize) -> PodPolicy {
             port: 80,
             end_port: 0,
         }],
+        ..Default::default()
     };
     PodPolicy {
         pod: Some(PodRef {
@@ -66,6 +67,7 @@ fn run(n: usize) -> (f64, f64) {
         version: 1,
         pods: (0..n).map(policy).collect(),
         source_synced: true,
+        ..Default::default()
     }))
     .unwrap();
     let mut took = Vec::with_capacity(n);

@@ -108,6 +108,8 @@ impl Checkpoint {
             pods: plan.values().cloned().collect(),
             // Only synced snapshots are ever applied, so only they are saved.
             source_synced: true,
+            // A trace ends with the realization that was checkpointed.
+            trace_context: Default::default(),
         };
         self.write(PLAN_FILE, &snapshot.encode_to_vec())
     }

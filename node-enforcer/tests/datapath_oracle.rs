@@ -87,7 +87,11 @@ fn random_policy(rng: &mut Rng) -> DirectionPolicy {
                 end_port,
             });
         }
-        rules.push(Rule { peers, ports });
+        rules.push(Rule {
+            peers,
+            ports,
+            ..Default::default()
+        });
     }
     DirectionPolicy { rules }
 }
@@ -452,6 +456,7 @@ fn a_policy_change_stops_established_flows_it_no_longer_allows() {
                     port: 80,
                     end_port: 0,
                 }],
+                ..Default::default()
             }],
         },
         &[],

@@ -92,6 +92,7 @@ fn policy(shape: Option<u8>) -> Option<DirectionPolicy> {
             port,
             end_port: end,
         }],
+        ..Default::default()
     };
     Some(DirectionPolicy {
         rules: match s % 5 {
@@ -336,6 +337,7 @@ impl World {
     fn plan(&self) -> PlanMessage {
         PlanMessage::Snapshot(PlanSnapshot {
             term: 0,
+            trace_context: Default::default(),
             version: self.version,
             source_synced: true,
             pods: (0..PODS)
@@ -479,6 +481,7 @@ impl World {
             Step::Unsynced => {
                 let r = self.r().apply_plan(PlanMessage::Snapshot(PlanSnapshot {
                     term: 0,
+                    trace_context: Default::default(),
                     version: 999_999,
                     pods: vec![],
                     source_synced: false,

@@ -86,6 +86,7 @@ fn isolate(ns: &str, name: &str) -> PodPolicy {
         ingress: Some(DirectionPolicy { rules: vec![] }),
         egress: None,
         policies: vec![format!("{ns}/deny")],
+        ..Default::default()
     }
 }
 
@@ -96,6 +97,7 @@ async fn npbackend_enforces_on_the_vpc_cni_interface_and_deletes() {
     e.handle
         .plan(PlanMessage::Snapshot(PlanSnapshot {
             term: 0,
+            trace_context: Default::default(),
             version: 7,
             pods: vec![isolate("default", "nginx")],
             source_synced: true,
@@ -189,6 +191,7 @@ async fn cni_service_validates_and_reports_per_pod_state() {
     e.handle
         .plan(PlanMessage::Snapshot(PlanSnapshot {
             term: 0,
+            trace_context: Default::default(),
             version: 3,
             pods: vec![known],
             source_synced: true,

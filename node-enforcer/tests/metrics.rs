@@ -186,6 +186,7 @@ async fn metrics_follow_plans_pod_up_and_datapath_verdicts() {
         ingress: Some(DirectionPolicy { rules: vec![] }),
         egress: None,
         policies: vec!["x/deny".into()],
+        ..Default::default()
     };
     handle
         .plan(PlanMessage::Snapshot(PlanSnapshot {
@@ -193,6 +194,7 @@ async fn metrics_follow_plans_pod_up_and_datapath_verdicts() {
             pods: vec![policy],
             source_synced: true,
             term: 0,
+            ..Default::default()
         }))
         .await
         .unwrap()

@@ -44,6 +44,7 @@ impl VersionedPlan {
             source_synced: true,
             // The server stamps the term of the leader sending it.
             term: 0,
+            trace_context: Default::default(),
         }
     }
 }
@@ -73,6 +74,7 @@ pub fn delta(old: &VersionedPlan, new: &VersionedPlan) -> Option<PlanDelta> {
         upserted,
         removed,
         term: 0,
+        trace_context: Default::default(),
     })
 }
 

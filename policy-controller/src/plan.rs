@@ -142,10 +142,12 @@ mod tests {
                         except: vec![],
                     }],
                     ports: vec![],
+                    ..Default::default()
                 }],
             }),
             egress: None,
             policies: vec!["ns/a".into()],
+            ..Default::default()
         }
     }
 

@@ -147,20 +147,16 @@ pub(crate) fn resolve_target<'p>(
             let dir = ingress.get_or_insert_with(DirectionPolicy::default);
             for (i, r) in spec.ingress.iter().flatten().enumerate() {
                 let field = format!("spec.ingress[{i}]");
-                dir.rules.extend(ctx.ingress_rule(
-                    &field,
-                    r.from.as_deref(),
-                    r.ports.as_deref(),
-                    target,
-                ));
+                let rules = ctx.ingress_rule(&field, r.from.as_deref(), r.ports.as_deref(), target);
+                dir.rules.extend(with_origin(rules, &policy_name, i));
             }
         }
         if applies_egress {
             let dir = egress.get_or_insert_with(DirectionPolicy::default);
             for (i, r) in spec.egress.iter().flatten().enumerate() {
                 let field = format!("spec.egress[{i}]");
-                dir.rules
-                    .extend(ctx.egress_rule(&field, r.to.as_deref(), r.ports.as_deref()));
+                let rules = ctx.egress_rule(&field, r.to.as_deref(), r.ports.as_deref());
+                dir.rules.extend(with_origin(rules, &policy_name, i));
             }
         }
     }
@@ -174,7 +170,18 @@ pub(crate) fn resolve_target<'p>(
         ingress,
         egress,
         policies: names,
+        ..Default::default()
     }
+}
+
+/// Stamps plan rules with the policy rule they come from, so a flow log or
+/// an explanation can name it.
+fn with_origin(rules: Vec<Rule>, policy: &str, index: usize) -> impl Iterator<Item = Rule> + '_ {
+    rules.into_iter().map(move |mut rule| {
+        rule.policy = policy.to_string();
+        rule.rule_index = index as u32;
+        rule
+    })
 }
 
 static EMPTY_SELECTOR: LabelSelector = LabelSelector {
@@ -526,6 +533,7 @@ impl RuleContext<'_> {
         vec![Rule {
             peers: blocks,
             ports: resolved,
+            ..Default::default()
         }]
     }
 
@@ -553,6 +561,7 @@ impl RuleContext<'_> {
                 rules.push(Rule {
                     peers: blocks,
                     ports: numbered,
+                    ..Default::default()
                 });
             }
         }
@@ -601,6 +610,7 @@ impl RuleContext<'_> {
                         .map(|ip| block(host_prefix(*ip), vec![]))
                         .collect(),
                     ports,
+                    ..Default::default()
                 });
             }
         }

@@ -81,12 +81,22 @@ fn host(ip: &str) -> IpPrefix {
     prefix(ip.into())
 }
 
-/// The rules of the client's egress whose peers include `vip`.
+/// The rules of the client's egress whose peers include `vip`, each checked
+/// to name the policy rule it comes from, then compared without it.
 fn vip_rules(r: &Resolution, vip: &str) -> Vec<Rule> {
     let vip = host(vip);
     client_egress(r)
         .into_iter()
         .filter(|rule| rule.peers.iter().any(|p| p.cidr.as_ref() == Some(&vip)))
+        .map(|mut rule| {
+            assert!(
+                !rule.policy.is_empty(),
+                "a ClusterIP rule names no policy: {rule:?}"
+            );
+            rule.policy.clear();
+            rule.rule_index = 0;
+            rule
+        })
         .collect()
 }
 
@@ -108,6 +118,7 @@ fn vip_rule(vips: &[&str], ports: Vec<PortRange>) -> Rule {
             })
             .collect(),
         ports,
+        ..Default::default()
     }
 }
 
@@ -145,7 +156,11 @@ fn egress_to_db_pods_allows_the_db_service_on_its_port() {
             .collect::<Vec<_>>(),
         [host("10.0.0.21"), host("10.0.0.22")]
     );
-    assert_eq!(rules[1], vip_rule(&["10.96.0.10"], vec![tcp(5432)]));
+    assert_eq!(rules[1].policy, "app/client-egress");
+    assert_eq!(
+        vip_rules(&r, "10.96.0.10"),
+        [vip_rule(&["10.96.0.10"], vec![tcp(5432)])]
+    );
 }
 
 #[test]

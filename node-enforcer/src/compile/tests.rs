@@ -48,6 +48,7 @@ fn cidr_and_port_range() {
         rules: vec![Rule {
             peers: vec![block("10.0.0.0/24", &[])],
             ports: vec![tcp(1000, 1999)],
+            ..Default::default()
         }],
     })
     .unwrap();
@@ -66,10 +67,12 @@ fn except_in_one_rule_never_blocks_what_another_allows() {
             Rule {
                 peers: vec![block("10.0.0.0/8", &["10.1.0.0/16"])],
                 ports: vec![],
+                ..Default::default()
             },
             Rule {
                 peers: vec![block("10.1.2.0/24", &[])],
                 ports: vec![tcp(443, 0)],
+                ..Default::default()
             },
         ],
     })
@@ -96,6 +99,7 @@ fn more_than_24_ports_per_cidr() {
         rules: vec![Rule {
             peers: vec![block("0.0.0.0/0", &[])],
             ports,
+            ..Default::default()
         }],
     })
     .unwrap();
@@ -111,6 +115,7 @@ fn ipv6_and_ipv4_do_not_mix() {
         rules: vec![Rule {
             peers: vec![block("fd00::/64", &[])],
             ports: vec![],
+            ..Default::default()
         }],
     })
     .unwrap();
@@ -120,6 +125,7 @@ fn ipv6_and_ipv4_do_not_mix() {
         rules: vec![Rule {
             peers: vec![block("0.0.0.0/0", &[])],
             ports: vec![],
+            ..Default::default()
         }],
     })
     .unwrap();
@@ -132,10 +138,12 @@ fn equal_policies_compile_equal_whatever_the_rule_order() {
     let a = Rule {
         peers: vec![block("10.0.0.0/24", &[])],
         ports: vec![tcp(80, 0), tcp(80, 80)],
+        ..Default::default()
     };
     let b = Rule {
         peers: vec![block("10.0.0.0/24", &[])],
         ports: vec![tcp(1, 65535)],
+        ..Default::default()
     };
     let one = compile_(&DirectionPolicy {
         rules: vec![a.clone(), b.clone()],
@@ -158,6 +166,7 @@ fn bad_input_is_an_error() {
                 except: vec![],
             }],
             ports: vec![],
+            ..Default::default()
         }],
     };
     assert!(matches!(
@@ -174,6 +183,7 @@ fn bad_input_is_an_error() {
                 except: vec![],
             }],
             ports: vec![],
+            ..Default::default()
         }],
     };
     assert!(matches!(
@@ -184,6 +194,7 @@ fn bad_input_is_an_error() {
         rules: vec![Rule {
             peers: vec![block("10.0.0.0/8", &[])],
             ports: vec![tcp(90, 80)],
+            ..Default::default()
         }],
     };
     assert!(matches!(
@@ -200,6 +211,7 @@ fn lpm_table_equals_rule_union_for_every_address() {
         Rule {
             peers: vec![block("10.0.0.0/28", &["10.0.0.8/29", "10.0.0.4/31"])],
             ports: vec![tcp(80, 0)],
+            ..Default::default()
         },
         Rule {
             peers: vec![
@@ -207,10 +219,12 @@ fn lpm_table_equals_rule_union_for_every_address() {
                 block("10.0.0.0/26", &["10.0.0.0/27"]),
             ],
             ports: vec![tcp(81, 82)],
+            ..Default::default()
         },
         Rule {
             peers: vec![block("10.0.0.4/32", &[])],
             ports: vec![],
+            ..Default::default()
         },
     ];
     let set = compile_(&DirectionPolicy {
@@ -257,6 +271,7 @@ fn the_node_is_always_allowed_even_inside_an_except() {
             rules: vec![Rule {
                 peers: vec![block("10.0.0.0/8", &["10.1.0.0/16"])],
                 ports: vec![tcp(80, 0)],
+                ..Default::default()
             }],
         },
         &node,
@@ -363,6 +378,7 @@ fn indexed_compilation_equals_the_scan_on_random_policies() {
                         )
                     })
                     .collect(),
+                ..Default::default()
             })
             .collect();
         let always: Vec<Prefix> = (0..below(2))

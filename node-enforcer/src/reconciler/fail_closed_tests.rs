@@ -42,6 +42,7 @@ fn snapshot(version: u64, synced: bool, pods: Vec<PodPolicy>) -> PlanMessage {
         version,
         pods,
         source_synced: synced,
+        ..Default::default()
     })
 }
 
@@ -297,6 +298,7 @@ fn an_uncompilable_or_unwritable_policy_denies() {
                 except: vec![],
             }],
             ports: vec![],
+            ..Default::default()
         }],
     };
     let mut r = reconciler(Mode::Standard);

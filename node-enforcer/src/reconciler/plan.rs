@@ -200,6 +200,7 @@ mod term_tests {
             pods: pods.iter().map(|p| pod(p)).collect(),
             source_synced: true,
             term,
+            ..Default::default()
         })
     }
 
@@ -210,6 +211,7 @@ mod term_tests {
             upserted: vec![pod(add)],
             removed: vec![],
             term,
+            ..Default::default()
         })
     }
 

@@ -24,6 +24,7 @@ fn allow_from(peer: [u8; 4], port: u32) -> DirectionPolicy {
                 port,
                 end_port: 0,
             }],
+            ..Default::default()
         }],
     }
 }
@@ -38,6 +39,7 @@ fn pod_policy(name: &str, ingress: Option<DirectionPolicy>) -> PodPolicy {
         ingress,
         egress: None,
         policies: vec!["x/p".into()],
+        ..Default::default()
     }
 }
 
@@ -61,6 +63,7 @@ fn snapshot(version: u64, pods: Vec<PodPolicy>) -> PlanMessage {
         version,
         pods,
         source_synced: true,
+        ..Default::default()
     })
 }
 
@@ -236,6 +239,7 @@ fn uncompilable_policy_denies_instead_of_opening() {
                 except: vec![],
             }],
             ports: vec![],
+            ..Default::default()
         }],
     };
     r.apply_plan(snapshot(1, vec![pod_policy("a", Some(broken))]))
@@ -259,6 +263,7 @@ fn deltas_must_follow_the_version_held() {
         version: 6,
         upserted: vec![],
         removed: vec![],
+        ..Default::default()
     };
     assert!(matches!(
         r.apply_plan(PlanMessage::Delta(d.clone())),

@@ -345,6 +345,7 @@ pub(super) fn service_rules(
                     range(Protocol::try_from(proto).unwrap_or(Protocol::Tcp), port, 0)
                 })
                 .collect(),
+            ..Default::default()
         });
     }
     rules

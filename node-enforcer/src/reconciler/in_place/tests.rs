@@ -36,6 +36,7 @@ fn rule(peers: &[Prefix], port: u32) -> Rule {
             port,
             end_port: 0,
         }],
+        ..Default::default()
     }
 }
 
@@ -62,6 +63,7 @@ fn snapshot(version: u64, pods: Vec<PodPolicy>) -> PlanMessage {
         version,
         pods,
         source_synced: true,
+        ..Default::default()
     })
 }
 
@@ -335,6 +337,7 @@ fn peer_change(version: u64, peers: &[Prefix]) -> PlanMessage {
             pod("c", None, shared),
         ],
         removed: vec![],
+        ..Default::default()
     })
 }
 
@@ -436,6 +439,7 @@ fn a_cidr_change_or_a_user_left_behind_takes_a_new_table() {
         version: 3,
         upserted: vec![pod("a", shared.clone(), None), pod("b", shared, None)],
         removed: vec![],
+        ..Default::default()
     }))
     .unwrap();
     assert_ne!(ingress_id(&r, "a"), new);
@@ -612,6 +616,7 @@ fn random_direction(rng: &mut Rng) -> Option<DirectionPolicy> {
                     port: [80, 80, 80, 443][rng.below(4) as usize],
                     end_port: 0,
                 }],
+                ..Default::default()
             }
         })
         .collect();
@@ -747,6 +752,7 @@ fn random_plan_changes_leave_exactly_the_compiled_tables() {
                     version,
                     upserted: changed,
                     removed: vec![],
+                    ..Default::default()
                 })
             };
             // Sometimes a write fails part-way; the tick after retries.
@@ -862,6 +868,7 @@ fn a_half_edited_table_still_in_use_keeps_its_port_sets() {
             pod("c", None, moved),
         ],
         removed: vec![],
+        ..Default::default()
     }))
     .unwrap();
     assert_eq!(ingress_id(&r, "a"), DENY_ALL);

@@ -239,6 +239,9 @@ impl Entries {
                         end_port,
                     })
                     .collect(),
+                // A PolicyEndpoint does not say which policy rule an entry
+                // came from.
+                ..Default::default()
             })
             .collect()
     }
