@@ -166,6 +166,39 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pal_stats SEC(".maps");
 
+/* Flow events for the enforcer's flow log (see struct flow_event).  The
+ * buffer is bounded: when it is full an event is dropped and counted, the
+ * packet's verdict never waits for user space. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pal_flow_events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct flow_config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pal_flow_config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, FLOW_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pal_flow_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct audit_policy);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pal_audit SEC(".maps");
+
 /* ---- packet parsing ---- */
 
 /* What the verdict needs from a packet; addresses IPv6 or IPv4-mapped. */
@@ -786,6 +819,53 @@ static __always_inline int fast_path_v4(struct __sk_buff *skb, const struct endp
 	return FAST_CT_ABSENT;
 }
 
+/* ---- flow events ---- */
+
+static __always_inline void flow_count(__u32 stat)
+{
+	__u64 *count = bpf_map_lookup_elem(&pal_flow_stats, &stat);
+
+	if (count)
+		*count += 1;
+}
+
+/* Sends one event of kind `kind` about f, if the configured mode wants it.
+ * Never affects the verdict. */
+static __always_inline void flow_event(const struct flow *f, __u32 ifindex, __u8 owner,
+				       __u8 kind, __u32 policy_id, __u8 stat)
+{
+	__u32 zero = 0;
+	struct flow_config *cfg = bpf_map_lookup_elem(&pal_flow_config, &zero);
+	struct flow_event *e;
+
+	if (!cfg)
+		return;
+	if (kind == FLOW_ALLOWED && cfg->mode != FLOW_LOG_ALL)
+		return;
+	if (kind == FLOW_DENIED && cfg->mode == FLOW_LOG_OFF)
+		return;
+	if (cfg->rate_per_sec == 0)
+		return;
+	e = bpf_ringbuf_reserve(&pal_flow_events, sizeof(*e), 0);
+	if (!e) {
+		flow_count(FLOW_STAT_OVERFLOW);
+		return;
+	}
+	e->ts_ns = bpf_ktime_get_ns();
+	e->ifindex = ifindex;
+	e->policy_id = policy_id;
+	__builtin_memcpy(e->src, f->src, 16);
+	__builtin_memcpy(e->dst, f->dst, 16);
+	e->sport = f->sport;
+	e->dport = f->dport;
+	e->proto = f->proto;
+	e->owner = owner;
+	e->kind = kind;
+	e->stat = stat;
+	bpf_ringbuf_submit(e, 0);
+	flow_count(FLOW_STAT_EMITTED);
+}
+
 /* ---- verdict ---- */
 
 static __always_inline int account(__u32 stat, int verdict)
@@ -805,6 +885,7 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 	struct endpoint *ep;
 	struct flow f = {};
 	int parsed, fast;
+	__u32 stat;
 
 	ep = bpf_map_lookup_elem(&pal_endpoints, &ifindex);
 	if (!ep)
@@ -846,10 +927,13 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 			return account(STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
 	}
 
-	if (!ct_policy_allows(&f, ep, owner, &own_key, own))
+	if (!ct_policy_allows(&f, ep, owner, &own_key, own)) {
+		flow_event(&f, ifindex, owner, FLOW_DENIED, hook_policy(ep, owner), STAT_DENIED);
 		return account(STAT_DENIED, VERDICT_DROP);
-	return account(hook_policy(ep, owner) ? STAT_ALLOWED_POLICY : STAT_ALLOWED_UNISOLATED,
-		       VERDICT_NEXT);
+	}
+	stat = hook_policy(ep, owner) ? STAT_ALLOWED_POLICY : STAT_ALLOWED_UNISOLATED;
+	flow_event(&f, ifindex, owner, FLOW_ALLOWED, hook_policy(ep, owner), stat);
+	return account(stat, VERDICT_NEXT);
 }
 
 SEC("classifier")

@@ -122,6 +122,61 @@ struct ct_value {
 	__u32 pad;
 };
 
+/* ---- flow events (pal_flow_events ring buffer) ----
+ * New flows and dropped packets, for flow logs and staged (audit) policies.
+ * The enforcer reads them and writes JSON lines; see node-enforcer's
+ * flow log module. */
+#define FLOW_ALLOWED 0     /* a new flow policy let through (or not isolated) */
+#define FLOW_DENIED 1      /* a packet dropped (stat says why) */
+#define FLOW_WOULD_DENY 2  /* allowed, but staged policies would deny it */
+#define FLOW_WOULD_ALLOW 3 /* denied, but staged policies would allow it */
+
+struct flow_event {
+	__u64 ts_ns;     /* CLOCK_MONOTONIC (bpf_ktime_get_ns) */
+	__u32 ifindex;   /* the pod's host veth */
+	__u32 policy_id; /* table that judged: the enforced one; the audit one for FLOW_WOULD_* */
+	__u8 src[16];    /* IPv6 or IPv4-mapped */
+	__u8 dst[16];
+	__u16 sport; /* network order, 0 without ports */
+	__u16 dport;
+	__u8 proto;
+	__u8 owner; /* OWNER_*: the pod's egress (from pod) or ingress (to pod) */
+	__u8 kind;  /* FLOW_* */
+	__u8 stat;  /* the STAT_* slot the packet was counted under */
+};
+
+/* Value of pal_flow_config (array, key 0), written by the enforcer. */
+#define FLOW_LOG_OFF 0  /* only FLOW_WOULD_* (staged policies) */
+#define FLOW_LOG_DENY 1 /* and FLOW_DENIED */
+#define FLOW_LOG_ALL 2  /* and FLOW_ALLOWED */
+struct flow_config {
+	__u32 mode;         /* FLOW_LOG_* */
+	__u32 rate_per_sec; /* events per second per node; 0: no events at all */
+	__u32 burst;        /* events allowed at once above the rate */
+	__u32 pad;
+};
+
+/* Indices into pal_flow_stats (per-CPU counters). */
+#define FLOW_STAT_EMITTED 0      /* events written to the ring buffer */
+#define FLOW_STAT_RATE_LIMITED 1 /* events dropped by the per-node rate limit */
+#define FLOW_STAT_OVERFLOW 2     /* events dropped because the ring buffer was full */
+#define FLOW_STAT_WOULD_DENY_EGRESS 3
+#define FLOW_STAT_WOULD_DENY_INGRESS 4
+#define FLOW_STAT_WOULD_ALLOW_EGRESS 5
+#define FLOW_STAT_WOULD_ALLOW_INGRESS 6
+#define FLOW_STAT_MAX 7
+
+/* Value of pal_audit (key: host veth ifindex): the policy tables of the
+ * pod's staged (audit) direction policies, 0 where no staged policy
+ * applies.  New flows are judged by them beside the enforced ones. */
+struct audit_policy {
+	__u32 ingress_policy;
+	__u32 egress_policy;
+};
+
+_Static_assert(sizeof(struct flow_event) == 56, "flow_event layout");
+_Static_assert(sizeof(struct flow_config) == 16, "flow_config layout");
+_Static_assert(sizeof(struct audit_policy) == 8, "audit_policy layout");
 _Static_assert(sizeof(struct endpoint) == 24 + MAX_POD_ADDRS * 16, "endpoint layout");
 _Static_assert(sizeof(struct policy_key) == 24, "policy_key layout");
 _Static_assert(sizeof(struct port_key) == 12, "port_key layout");

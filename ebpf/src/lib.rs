@@ -59,7 +59,15 @@ pub const MAP_CT4: &str = "pal_ct4";
 /// `PerCpuArray<u64>` indexed by the `STAT_*` constants.
 pub const MAP_STATS: &str = "pal_stats";
 /// Every map name, in no particular order; all are pinned by name.
-pub const MAP_NAMES: [&str; 8] = [
+/// Ring buffer of [`FlowEvent`]s for the flow log.
+pub const MAP_FLOW_EVENTS: &str = "pal_flow_events";
+/// One [`FlowConfig`] at key 0.
+pub const MAP_FLOW_CONFIG: &str = "pal_flow_config";
+/// Per-CPU counters indexed by `FLOW_STAT_*`.
+pub const MAP_FLOW_STATS: &str = "pal_flow_stats";
+/// ifindex → [`AuditPolicy`]: the staged policy tables of a pod.
+pub const MAP_AUDIT: &str = "pal_audit";
+pub const MAP_NAMES: [&str; 12] = [
     MAP_ENDPOINTS,
     MAP_POLICY,
     MAP_POLICY_EXACT,
@@ -68,6 +76,10 @@ pub const MAP_NAMES: [&str; 8] = [
     MAP_CONNTRACK,
     MAP_CT4,
     MAP_STATS,
+    MAP_FLOW_EVENTS,
+    MAP_FLOW_CONFIG,
+    MAP_FLOW_STATS,
+    MAP_AUDIT,
 ];
 
 /// `max_entries` of the maps, as compiled into [`OBJECT`].
@@ -449,6 +461,75 @@ pub struct CtValue {
 // SAFETY: all of these are repr(C), made only of integers and byte arrays,
 // and have no padding (the size asserts below prove it), so every bit
 // pattern is a valid value and no uninitialised byte reaches the kernel.
+/// `kind` of a [`FlowEvent`].
+pub const FLOW_ALLOWED: u8 = 0;
+pub const FLOW_DENIED: u8 = 1;
+pub const FLOW_WOULD_DENY: u8 = 2;
+pub const FLOW_WOULD_ALLOW: u8 = 3;
+
+/// `mode` of [`FlowConfig`]: which events besides `FLOW_WOULD_*` are sent.
+pub const FLOW_LOG_OFF: u32 = 0;
+pub const FLOW_LOG_DENY: u32 = 1;
+pub const FLOW_LOG_ALL: u32 = 2;
+
+/// Indices into [`MAP_FLOW_STATS`].
+pub const FLOW_STAT_EMITTED: u32 = 0;
+pub const FLOW_STAT_RATE_LIMITED: u32 = 1;
+pub const FLOW_STAT_OVERFLOW: u32 = 2;
+pub const FLOW_STAT_WOULD_DENY_EGRESS: u32 = 3;
+pub const FLOW_STAT_WOULD_DENY_INGRESS: u32 = 4;
+pub const FLOW_STAT_WOULD_ALLOW_EGRESS: u32 = 5;
+pub const FLOW_STAT_WOULD_ALLOW_INGRESS: u32 = 6;
+pub const FLOW_STAT_COUNT: u32 = 7;
+
+/// One record of [`MAP_FLOW_EVENTS`] (`struct flow_event`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowEvent {
+    /// CLOCK_MONOTONIC.
+    pub ts_ns: u64,
+    pub ifindex: u32,
+    /// The table that judged: the enforced one, the audit one for `FLOW_WOULD_*`.
+    pub policy_id: u32,
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    /// Network order.
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    /// `OWNER_*`.
+    pub owner: u8,
+    /// `FLOW_*`.
+    pub kind: u8,
+    /// `STAT_*`.
+    pub stat: u8,
+}
+
+/// Value of [`MAP_FLOW_CONFIG`] (`struct flow_config`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowConfig {
+    pub mode: u32,
+    pub rate_per_sec: u32,
+    pub burst: u32,
+    pub pad: u32,
+}
+
+/// Value of [`MAP_AUDIT`] (`struct audit_policy`); 0: no staged policy.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AuditPolicy {
+    pub ingress_policy: u32,
+    pub egress_policy: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<FlowEvent>() == 56);
+const _: () = assert!(std::mem::size_of::<FlowConfig>() == 16);
+const _: () = assert!(std::mem::size_of::<AuditPolicy>() == 8);
+
+unsafe impl aya::Pod for FlowEvent {}
+unsafe impl aya::Pod for FlowConfig {}
+unsafe impl aya::Pod for AuditPolicy {}
 unsafe impl aya::Pod for Endpoint {}
 unsafe impl aya::Pod for PolicyKey {}
 unsafe impl aya::Pod for PolicyValue {}
