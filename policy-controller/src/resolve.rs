@@ -100,18 +100,80 @@ pub fn resolve_with_errors(state: &ClusterState) -> Resolution {
     Resolution { plans, errors }
 }
 
+/// The annotation that stages a NetworkPolicy: evaluated against real
+/// traffic, never enforced.
+pub const AUDIT_ANNOTATION: &str = "palisade.io/audit";
+
+/// Whether a policy is staged (annotated `palisade.io/audit: "true"`).
+/// Only "true" stages it, and "false" is the explicit way to say it is not;
+/// any other value (a `True` or a `yes`) is probably meant to stage it, but
+/// guessing could leave a policy unenforced that its author expects to
+/// enforce, so it is enforced and named as an error.
+pub fn is_staged(policy: &NetworkPolicy, policy_name: &str, errors: &mut Vec<String>) -> bool {
+    let value = policy
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(AUDIT_ANNOTATION));
+    match value.map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            errors.push(format!(
+                "NetworkPolicy {policy_name}: annotation {AUDIT_ANNOTATION}: {other:?} is neither \"true\" nor \"false\"; the policy is enforced"
+            ));
+            false
+        }
+    }
+}
+
+/// One direction's rules as they are collected: the enforced ones, and (when
+/// some staged policy applies) all of them, enforced and staged, in the
+/// order enforcement would see them once the staged policies are enforced.
+#[derive(Default)]
+struct DirectionRules {
+    enforced: Option<DirectionPolicy>,
+    all: DirectionPolicy,
+    staged: bool,
+}
+
+impl DirectionRules {
+    fn add(&mut self, staged: bool, rules: impl Iterator<Item = Rule>) {
+        let rules: Vec<Rule> = rules.collect();
+        if staged {
+            self.staged = true;
+        } else {
+            self.enforced
+                .get_or_insert_with(DirectionPolicy::default)
+                .rules
+                .extend(rules.iter().cloned());
+        }
+        self.all.rules.extend(rules);
+    }
+
+    /// (enforced, audit): the audit policy exists only where a staged policy
+    /// applies; it is what removing every staged annotation would enforce.
+    fn finish(self) -> (Option<DirectionPolicy>, Option<DirectionPolicy>) {
+        let audit = self.staged.then_some(self.all);
+        (self.enforced, audit)
+    }
+}
+
 /// The policy of one pod, from the policies of its namespace (in any order
 /// that is the same every time: their names are sorted in the output).
-/// Problems found are appended to `errors`.
+/// Problems found are appended to `errors`. Staged policies resolve exactly
+/// like enforced ones (so removing the annotation enforces the same rules)
+/// but land in `staged_policies` and the audit directions instead.
 pub(crate) fn resolve_target<'p>(
     target: &PodInfo,
     policies: impl IntoIterator<Item = &'p NetworkPolicy>,
     selection: &mut dyn PeerSelection,
     errors: &mut Vec<String>,
 ) -> PodPolicy {
-    let mut ingress: Option<DirectionPolicy> = None;
-    let mut egress: Option<DirectionPolicy> = None;
+    let mut ingress = DirectionRules::default();
+    let mut egress = DirectionRules::default();
     let mut names = Vec::new();
+    let mut staged_names = Vec::new();
     for policy in policies {
         let Some(spec) = policy.spec.as_ref() else {
             continue;
@@ -136,7 +198,12 @@ pub(crate) fn resolve_target<'p>(
             }
         }
         let (applies_ingress, applies_egress) = policy_types(spec);
-        names.push(policy_name.clone());
+        let staged = is_staged(policy, &policy_name, errors);
+        if staged {
+            staged_names.push(policy_name.clone());
+        } else {
+            names.push(policy_name.clone());
+        }
         let mut ctx = RuleContext {
             selection: &mut *selection,
             policy_ns: &policy_ns,
@@ -144,23 +211,27 @@ pub(crate) fn resolve_target<'p>(
             errors: &mut *errors,
         };
         if applies_ingress {
-            let dir = ingress.get_or_insert_with(DirectionPolicy::default);
+            // A policy without rules still isolates: add() marks it.
+            ingress.add(staged, std::iter::empty());
             for (i, r) in spec.ingress.iter().flatten().enumerate() {
                 let field = format!("spec.ingress[{i}]");
                 let rules = ctx.ingress_rule(&field, r.from.as_deref(), r.ports.as_deref(), target);
-                dir.rules.extend(with_origin(rules, &policy_name, i));
+                ingress.add(staged, with_origin(rules, &policy_name, i));
             }
         }
         if applies_egress {
-            let dir = egress.get_or_insert_with(DirectionPolicy::default);
+            egress.add(staged, std::iter::empty());
             for (i, r) in spec.egress.iter().flatten().enumerate() {
                 let field = format!("spec.egress[{i}]");
                 let rules = ctx.egress_rule(&field, r.to.as_deref(), r.ports.as_deref());
-                dir.rules.extend(with_origin(rules, &policy_name, i));
+                egress.add(staged, with_origin(rules, &policy_name, i));
             }
         }
     }
     names.sort();
+    staged_names.sort();
+    let (ingress, audit_ingress) = ingress.finish();
+    let (egress, audit_egress) = egress.finish();
     PodPolicy {
         pod: Some(PodRef {
             namespace: target.namespace.clone(),
@@ -170,7 +241,9 @@ pub(crate) fn resolve_target<'p>(
         ingress,
         egress,
         policies: names,
-        ..Default::default()
+        staged_policies: staged_names,
+        audit_ingress,
+        audit_egress,
     }
 }
 

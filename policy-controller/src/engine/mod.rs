@@ -33,7 +33,7 @@ use crate::cluster::{ClusterState, Object};
 use crate::plan::{Entry, Plan};
 use crate::resolve::{
     is_selectorless, namespace_of, ns_labels, pod_info, resolve_target, selector_matches,
-    slice_service, PodInfo, PodKey, Resolution,
+    slice_service, PodInfo, PodKey, Resolution, AUDIT_ANNOTATION,
 };
 use crate::source::policy_endpoint::resolve::EndpointPolicy;
 use crate::source::policy_endpoint::PolicyEndpoint;
@@ -284,7 +284,11 @@ impl Engine {
                 namespace_of(&np.metadata),
                 np.metadata.name.clone().unwrap_or_default(),
             );
-            if self.objects.policy(&key.0, &key.1).map(|p| &p.spec) != Some(&np.spec) {
+            let known = self
+                .objects
+                .policy(&key.0, &key.1)
+                .map(|p| (&p.spec, audit_annotation(&p.metadata)));
+            if known != Some((&np.spec, audit_annotation(&np.metadata))) {
                 changes.push(Change::ApplyPolicy(np.clone()));
             }
             seen_policies.insert(key);
@@ -342,7 +346,13 @@ impl Engine {
             Change::ApplyPolicy(mut np) => {
                 let ns = namespace_of(&np.metadata);
                 let name = np.metadata.name.clone().unwrap_or_default();
+                let audit = audit_annotation(&np.metadata).cloned();
                 np.metadata = bare_meta(&ns, &name);
+                // Staging is the one annotation resolution reads.
+                if let Some(value) = audit {
+                    np.metadata.annotations =
+                        Some(BTreeMap::from([(AUDIT_ANNOTATION.to_string(), value)]));
+                }
                 self.set_policy(&ns, &name, Some(Arc::new(np)), dirty);
             }
             Change::DeletePolicy((ns, name)) => self.set_policy(&ns, &name, None, dirty),
@@ -658,9 +668,17 @@ impl Engine {
     }
 }
 
+/// The staging annotation of a policy, which resolution reads.
+fn audit_annotation(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<&String> {
+    meta.annotations.as_ref()?.get(AUDIT_ANNOTATION)
+}
+
 /// Only what resolution reads of a policy's or a Service's metadata: the
 /// rest (annotations such as kubectl's last-applied-configuration, managed
 /// fields, labels) can be most of an object, and the engine holds every one.
+/// A policy keeps its staging annotation besides (see `take`).
 fn bare_meta(ns: &str, name: &str) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
     k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
         namespace: Some(ns.to_string()),

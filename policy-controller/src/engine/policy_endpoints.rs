@@ -192,20 +192,26 @@ impl EndpointPolicies {
 
 /// Adds what the PolicyEndpoint policies selecting a pod say to its policy:
 /// as with NetworkPolicies, each isolates the pod in its directions and the
-/// rules of all of them are unioned.
+/// rules of all of them are unioned. A PolicyEndpoint has no annotations,
+/// so it is never staged: its rules are enforced, and they join any audit
+/// direction too (the audit policy is the enforced one plus the staged
+/// rules).
 pub fn add_to(policy: &mut PodPolicy, selecting: &[Arc<EndpointPolicy>]) {
     if selecting.is_empty() {
         return;
     }
     for p in selecting {
-        for (rules, dir) in [
-            (&p.ingress, &mut policy.ingress),
-            (&p.egress, &mut policy.egress),
+        for (rules, dir, audit) in [
+            (&p.ingress, &mut policy.ingress, &mut policy.audit_ingress),
+            (&p.egress, &mut policy.egress, &mut policy.audit_egress),
         ] {
             if let Some(rules) = rules {
                 dir.get_or_insert_with(DirectionPolicy::default)
                     .rules
                     .extend(rules.iter().cloned());
+                if let Some(audit) = audit {
+                    audit.rules.extend(rules.iter().cloned());
+                }
             }
         }
         policy.policies.push(p.name.clone());

@@ -222,3 +222,56 @@ fn service_changes_recompute_only_the_targets_that_read_them() {
     engine.apply([Change::DeleteService(("a".into(), "one".into()))]);
     assert_eq!(client_rules(&engine), 1);
 }
+
+fn staged(mut np: NetworkPolicy, value: Option<&str>) -> NetworkPolicy {
+    np.metadata.annotations = value
+        .map(|v| BTreeMap::from([(crate::resolve::AUDIT_ANNOTATION.to_string(), v.to_string())]));
+    np
+}
+
+#[test]
+fn only_the_audit_annotation_changing_moves_the_policy_between_staged_and_enforced() {
+    let mut state = cluster();
+    let (mut engine, _) = Engine::from_state(&state);
+    let a_p0 =
+        |engine: &Engine| engine.plans()["n0"].pods[&("a".to_string(), "p0".to_string())].decode();
+    let enforced = a_p0(&engine);
+    assert_eq!(enforced.policies, vec!["a/one"]);
+
+    // Staging the policy: only its annotation changes, and the pods it
+    // selects (a/p0, a/p1) are recomputed and reach their nodes.
+    let np = staged(allow_from_same_app("a", "one", "one"), Some("true"));
+    let outcome = engine.apply([Change::ApplyPolicy(np.clone())]);
+    assert_eq!(outcome.recomputed, 2);
+    let nodes: Vec<&String> = outcome.changed.keys().collect();
+    assert_eq!(nodes, ["n0", "n1"]);
+    let staged_p0 = a_p0(&engine);
+    assert_eq!(staged_p0.ingress, None);
+    assert_eq!(staged_p0.staged_policies, vec!["a/one"]);
+    assert_eq!(staged_p0.audit_ingress, enforced.ingress);
+    let i = state
+        .policies
+        .iter()
+        .position(|p| {
+            p.metadata.namespace.as_deref() == Some("a")
+                && p.metadata.name.as_deref() == Some("one")
+        })
+        .unwrap();
+    state.policies[i] = np;
+    assert_eq!(engine.resolution(), resolve_with_errors(&state));
+    // sync sees the annotation as a change too, and nothing else.
+    assert_eq!(engine.sync(&state).recomputed, 0);
+
+    // Removing it enforces the same rules again.
+    let np = staged(allow_from_same_app("a", "one", "one"), None);
+    state.policies[i] = np;
+    let outcome = engine.sync(&state);
+    assert_eq!(outcome.recomputed, 2);
+    assert_eq!(a_p0(&engine), enforced);
+    assert_eq!(engine.resolution(), resolve_with_errors(&state));
+
+    // Other annotations are not kept and change nothing.
+    let mut np = allow_from_same_app("a", "one", "one");
+    np.metadata.annotations = Some(BTreeMap::from([("note".to_string(), "x".to_string())]));
+    assert!(engine.apply([Change::ApplyPolicy(np)]).changed.is_empty());
+}

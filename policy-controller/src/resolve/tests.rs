@@ -431,3 +431,103 @@ spec:
     // Rule 2: x/b has "dns" but sits in the except; nothing else has it.
     assert_eq!(egress.len(), 2, "{egress:?}");
 }
+
+const STAGED_DENY: &str = r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny, namespace: x, annotations: {palisade.io/audit: "true"}}
+spec: {podSelector: {matchLabels: {app: b}}}"#;
+
+const ALLOW_FROM_A: &str = r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: from-a, namespace: x}
+spec:
+  podSelector: {matchLabels: {app: b}}
+  ingress: [{from: [{podSelector: {matchLabels: {app: a}}}]}]"#;
+
+const STAGED_ALLOW_FROM_C: &str = r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: from-c, namespace: x, annotations: {palisade.io/audit: "true"}}
+spec:
+  podSelector: {matchLabels: {app: b}}
+  ingress: [{from: [{podSelector: {matchLabels: {app: c}}}]}]"#;
+
+#[test]
+fn a_staged_deny_on_an_unisolated_pod_isolates_only_its_audit_direction() {
+    let r = with(STAGED_DENY);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    let b = pod(&r, "n1", "x", "b").unwrap();
+    assert_eq!((&b.ingress, &b.egress), (&None, &None), "nothing enforced");
+    assert!(b.policies.is_empty());
+    assert_eq!(b.staged_policies, vec!["x/deny"]);
+    assert_eq!(b.audit_ingress, Some(DirectionPolicy { rules: vec![] }));
+    assert_eq!(b.audit_egress, None, "no staged policy applies to egress");
+    let a = pod(&r, "n1", "x", "a").unwrap();
+    assert!(a.staged_policies.is_empty() && a.audit_ingress.is_none());
+}
+
+#[test]
+fn a_staged_allow_on_an_isolated_pod_audits_the_enforced_rules_plus_its_own() {
+    let r = with(&format!("{ALLOW_FROM_A}\n---\n{STAGED_ALLOW_FROM_C}"));
+    let b = pod(&r, "n1", "x", "b").unwrap();
+    assert_eq!(b.policies, vec!["x/from-a"]);
+    assert_eq!(b.staged_policies, vec!["x/from-c"]);
+    let enforced = b.ingress.as_ref().unwrap();
+    assert_eq!(enforced.rules.len(), 1);
+    assert_eq!(peer_cidrs(&enforced.rules[0]), vec![v4("10.0.0.1/32")]);
+    let audit = b.audit_ingress.as_ref().unwrap();
+    let origins: Vec<(&str, Vec<IpPrefix>)> = audit
+        .rules
+        .iter()
+        .map(|r| (r.policy.as_str(), peer_cidrs(r)))
+        .collect();
+    assert_eq!(
+        origins,
+        vec![
+            ("x/from-a", vec![v4("10.0.0.1/32")]),
+            ("x/from-c", vec![v4("10.0.0.3/32")]),
+        ]
+    );
+    assert_eq!(b.audit_egress, None);
+}
+
+#[test]
+fn removing_the_annotation_enforces_exactly_what_was_audited() {
+    let staged = with(&format!("{ALLOW_FROM_A}\n---\n{STAGED_ALLOW_FROM_C}"));
+    let enforced = with(&format!(
+        "{ALLOW_FROM_A}\n---\n{}",
+        STAGED_ALLOW_FROM_C.replace(", annotations: {palisade.io/audit: \"true\"}", "")
+    ));
+    let before = pod(&staged, "n1", "x", "b").unwrap();
+    let after = pod(&enforced, "n1", "x", "b").unwrap();
+    assert_eq!(after.ingress, before.audit_ingress);
+    assert_eq!(after.policies, vec!["x/from-a", "x/from-c"]);
+    assert!(after.staged_policies.is_empty());
+    assert_eq!((&after.audit_ingress, &after.audit_egress), (&None, &None));
+}
+
+#[test]
+fn an_audit_value_other_than_true_or_false_is_an_error_and_enforced() {
+    for (value, error) in [("\"false\"", false), ("\"True\"", true), ("\"yes\"", true)] {
+        let r = with(&STAGED_DENY.replace("\"true\"", value));
+        let b = pod(&r, "n1", "x", "b").unwrap();
+        assert_eq!(
+            b.ingress,
+            Some(DirectionPolicy { rules: vec![] }),
+            "{value} enforces"
+        );
+        assert!(b.staged_policies.is_empty() && b.audit_ingress.is_none());
+        assert_eq!(
+            r.errors.len(),
+            usize::from(error),
+            "{value}: {:?}",
+            r.errors
+        );
+        if error {
+            assert!(
+                r.errors[0].contains("x/deny") && r.errors[0].contains("palisade.io/audit"),
+                "{:?}",
+                r.errors
+            );
+        }
+    }
+}
