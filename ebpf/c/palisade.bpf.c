@@ -866,6 +866,37 @@ static __always_inline void flow_event(const struct flow *f, __u32 ifindex, __u8
 	flow_count(FLOW_STAT_EMITTED);
 }
 
+/* ---- staged (audit) policies ---- */
+
+/* Judges a new flow by the pod's staged (audit) policy table for this
+ * direction, if it has one, and reports a flow whose verdict that table
+ * would change.  Never changes the verdict: it only reads the tables and
+ * writes an event and a counter.  stat: the STAT_* slot the packet is
+ * counted under. */
+static __always_inline void audit_check(const struct flow *f, __u32 ifindex, __u8 owner,
+					bool allowed, __u32 stat)
+{
+	struct audit_policy *ap = bpf_map_lookup_elem(&pal_audit, &ifindex);
+	const __u8 *peer = owner == OWNER_FROM_POD ? f->dst : f->src;
+	bool egress = owner == OWNER_FROM_POD;
+	__u32 audit_id;
+
+	if (!ap)
+		return;
+	audit_id = egress ? ap->egress_policy : ap->ingress_policy;
+	if (!audit_id)
+		return;
+	if (policy_allows(audit_id, peer, f->proto, f->dport) == allowed)
+		return;
+	if (allowed) {
+		flow_count(egress ? FLOW_STAT_WOULD_DENY_EGRESS : FLOW_STAT_WOULD_DENY_INGRESS);
+		flow_event(f, ifindex, owner, FLOW_WOULD_DENY, audit_id, stat);
+	} else {
+		flow_count(egress ? FLOW_STAT_WOULD_ALLOW_EGRESS : FLOW_STAT_WOULD_ALLOW_INGRESS);
+		flow_event(f, ifindex, owner, FLOW_WOULD_ALLOW, audit_id, stat);
+	}
+}
+
 /* ---- verdict ---- */
 
 static __always_inline int account(__u32 stat, int verdict)
@@ -885,6 +916,7 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 	struct endpoint *ep;
 	struct flow f = {};
 	int parsed, fast;
+	bool allowed;
 	__u32 stat;
 
 	ep = bpf_map_lookup_elem(&pal_endpoints, &ifindex);
@@ -927,11 +959,13 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 			return account(STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
 	}
 
-	if (!ct_policy_allows(&f, ep, owner, &own_key, own)) {
+	allowed = ct_policy_allows(&f, ep, owner, &own_key, own);
+	stat = hook_policy(ep, owner) ? STAT_ALLOWED_POLICY : STAT_ALLOWED_UNISOLATED;
+	audit_check(&f, ifindex, owner, allowed, allowed ? stat : STAT_DENIED);
+	if (!allowed) {
 		flow_event(&f, ifindex, owner, FLOW_DENIED, hook_policy(ep, owner), STAT_DENIED);
 		return account(STAT_DENIED, VERDICT_DROP);
 	}
-	stat = hook_policy(ep, owner) ? STAT_ALLOWED_POLICY : STAT_ALLOWED_UNISOLATED;
 	flow_event(&f, ifindex, owner, FLOW_ALLOWED, hook_policy(ep, owner), stat);
 	return account(stat, VERDICT_NEXT);
 }
