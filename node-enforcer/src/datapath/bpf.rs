@@ -24,6 +24,7 @@
 //! when the edit narrowed the table, and for every isolated direction when
 //! it takes over from a predecessor (which may have died in between).
 
+mod audit;
 mod conntrack_maps;
 mod policy_tables;
 
@@ -464,6 +465,18 @@ impl Datapath for BpfDatapath {
 
     fn describe(&self) -> String {
         self.pin_root.display().to_string()
+    }
+
+    fn set_audit(&mut self, ifindex: u32, entry: &super::AuditEntry) -> Result<()> {
+        audit::set(&mut self.ebpf, ifindex, entry)
+    }
+
+    fn remove_audit(&mut self, ifindex: u32) -> Result<()> {
+        audit::remove(&mut self.ebpf, ifindex)
+    }
+
+    fn audit_entries(&mut self) -> Result<BTreeMap<u32, super::AuditEntry>> {
+        audit::entries(&mut self.ebpf)
     }
 
     // In-place edits of a table in use (reconciler::in_place), built on

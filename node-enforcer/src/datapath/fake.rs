@@ -7,7 +7,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Adopted, Datapath, DatapathError, EndpointEntry, PolicyId, PortSetId, Result};
+use super::{
+    Adopted, AuditEntry, Datapath, DatapathError, EndpointEntry, PolicyId, PortSetId, Result,
+};
 use crate::compile::{PortSet, Prefix};
 
 #[derive(Debug, Default)]
@@ -34,6 +36,8 @@ pub struct FakeDatapath {
     /// place since their epoch last moved: their established flows would
     /// still pass on what the table no longer allows.
     pub stale_flows: BTreeSet<(u32, bool)>,
+    /// The audit table (`pal_audit`), by ifindex.
+    pub audit: BTreeMap<u32, AuditEntry>,
 }
 
 impl FakeDatapath {
@@ -75,6 +79,17 @@ impl FakeDatapath {
                             }
                         }
                     }
+                }
+            }
+        }
+        // An audit entry naming a missing table would judge new flows by
+        // whatever table gets that id next.
+        for (ifindex, a) in &self.audit {
+            for id in [a.ingress, a.egress] {
+                if id != 0 && !self.policies.contains_key(&id) {
+                    self.violations.push(format!(
+                        "after {op}: audit entry {ifindex} refers to missing policy {id}"
+                    ));
                 }
             }
         }
@@ -159,6 +174,7 @@ impl FakeDatapath {
         assert!(self.endpoints.is_empty(), "endpoints: {:?}", self.endpoints);
         assert!(self.policies.is_empty(), "policies: {:?}", self.policies);
         assert!(self.portsets.is_empty(), "portsets: {:?}", self.portsets);
+        assert!(self.audit.is_empty(), "audit: {:?}", self.audit);
     }
 
     /// The endpoint entry of an interface, by name.
@@ -346,6 +362,25 @@ impl Datapath for FakeDatapath {
     }
     fn describe(&self) -> String {
         "fake".into()
+    }
+    fn set_audit(&mut self, ifindex: u32, entry: &AuditEntry) -> Result<()> {
+        self.injected(&format!("set_audit {ifindex}"))?;
+        self.audit.insert(ifindex, *entry);
+        self.check(&format!(
+            "set_audit {ifindex} {} {}",
+            entry.ingress, entry.egress
+        ));
+        Ok(())
+    }
+    fn remove_audit(&mut self, ifindex: u32) -> Result<()> {
+        self.injected(&format!("remove_audit {ifindex}"))?;
+        self.audit.remove(&ifindex);
+        self.check(&format!("remove_audit {ifindex}"));
+        Ok(())
+    }
+    fn audit_entries(&mut self) -> Result<BTreeMap<u32, AuditEntry>> {
+        self.injected("audit_entries")?;
+        Ok(self.audit.clone())
     }
 }
 

@@ -38,6 +38,22 @@ pub struct EndpointEntry {
     pub pod_addrs: Vec<[u8; 16]>,
 }
 
+/// An interface's entry in the audit table (`pal_audit`): the policy tables
+/// of the pod's staged (audit) policies per direction, 0 where none
+/// applies. New flows are judged by them beside the enforced ones and only
+/// reported, never enforced.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct AuditEntry {
+    pub ingress: PolicyId,
+    pub egress: PolicyId,
+}
+
+impl AuditEntry {
+    pub fn is_none(&self) -> bool {
+        self.ingress == 0 && self.egress == 0
+    }
+}
+
 /// Identifies a policy set in the tables; 0 means "not isolated".
 pub type PolicyId = u32;
 /// Identifies a port set in the tables; 0 is the empty set (no entries).
@@ -93,4 +109,27 @@ pub trait Datapath: Send {
     fn node_addresses(&mut self) -> Result<Vec<std::net::IpAddr>>;
     /// Where the datapath pins its objects, for the debug dump.
     fn describe(&self) -> String;
+    // Staged (audit) policies. The defaults are for datapaths without an
+    // audit table (wrappers in tests and benchmarks): audit then fails
+    // visibly and is skipped, which never touches enforcement.
+
+    /// Points an interface's staged (audit) policies at tables, with one
+    /// write; the tables must exist. Never read by enforcement.
+    fn set_audit(&mut self, ifindex: u32, _entry: &AuditEntry) -> Result<()> {
+        Err(no_audit_table(ifindex))
+    }
+    /// Removes an interface's audit entry; one that is not there is fine.
+    fn remove_audit(&mut self, _ifindex: u32) -> Result<()> {
+        Ok(())
+    }
+    /// Every audit entry, by ifindex (what a previous process left).
+    fn audit_entries(&mut self) -> Result<BTreeMap<u32, AuditEntry>> {
+        Ok(BTreeMap::new())
+    }
+}
+
+fn no_audit_table(ifindex: u32) -> DatapathError {
+    DatapathError::new(format!(
+        "audit entry for ifindex {ifindex}: this datapath has no audit table"
+    ))
 }

@@ -89,6 +89,7 @@ impl<D: Datapath> Reconciler<D> {
         let mut want = std::mem::take(&mut self.want);
         // The interfaces a scoped change can touch; None: all of them.
         let mut affected: Option<BTreeSet<String>> = None;
+        let audit;
         {
             let node_addresses = &self.node_addresses;
             let mut compile_set = |d: &DirectionPolicy| -> Result<Arc<PolicySet>, String> {
@@ -158,7 +159,11 @@ impl<D: Datapath> Reconciler<D> {
                     }
                 }
             }
+            // Audit is computed from the finished enforced state, and only
+            // read by `apply_audit`.
+            audit = super::audit::desired_audit(&want, &knowledge, &mut compile_set);
         }
+        (self.want_audit, self.audit_errors) = audit;
         self.apply(&want, affected.as_ref());
         self.want = want;
         // Forget compiled tables nothing wants or holds any more: under peer
@@ -345,6 +350,10 @@ impl<D: Datapath> Reconciler<D> {
             self.remove_endpoint(&ifname);
         }
 
+        // 3b. Staged (audit) entries, once the endpoints they judge for are
+        //     written; their tables are made like the enforced ones.
+        self.apply_audit();
+
         // 4. Tables no attached endpoint references: only now can they go.
         self.collect_tables();
     }
@@ -367,6 +376,13 @@ impl<D: Datapath> Reconciler<D> {
                     if seen.insert(Arc::as_ptr(s)) {
                         referenced.insert(s.clone());
                     }
+                }
+            }
+        }
+        for a in self.realized.audit.values() {
+            for (_, s) in a.tables() {
+                if seen.insert(Arc::as_ptr(s)) {
+                    referenced.insert(s.clone());
                 }
             }
         }
@@ -393,6 +409,12 @@ impl<D: Datapath> Reconciler<D> {
             .endpoints
             .values()
             .flat_map(|e| [e.entry.ingress, e.entry.egress])
+            .chain(
+                self.realized
+                    .audit
+                    .values()
+                    .flat_map(|a| [a.entry.ingress, a.entry.egress]),
+            )
             .collect();
         let garbage = std::mem::take(&mut self.realized.garbage_policies);
         for (id, entries) in garbage {
@@ -446,7 +468,7 @@ impl<D: Datapath> Reconciler<D> {
         }
     }
 
-    fn add_policy_set(&mut self, set: &Arc<PolicySet>) -> Result<(), String> {
+    pub(super) fn add_policy_set(&mut self, set: &Arc<PolicySet>) -> Result<(), String> {
         let mut entries = Vec::with_capacity(set.entries.len());
         for (prefix, ports) in &set.entries {
             let ps = if ports.0.is_empty() {

@@ -80,6 +80,10 @@ pub struct InterfaceDump {
     pub pod: Option<PodKey>,
     pub ingress: String,
     pub egress: String,
+    /// The staged (audit) policy set of each direction, empty where no
+    /// staged policy applies (or audit failed: see the node's errors).
+    pub audit_ingress: String,
+    pub audit_egress: String,
 }
 
 /// Names of policy sets, each computed once per report: a name reads the
@@ -89,6 +93,12 @@ pub struct InterfaceDump {
 struct Names(std::collections::HashMap<*const crate::compile::PolicySet, String>);
 
 impl Names {
+    /// An audit direction: empty without a table.
+    fn describe_audit(&mut self, s: Option<&std::sync::Arc<crate::compile::PolicySet>>) -> String {
+        s.map(|s| self.describe(&Verdict::Policy(s.clone())))
+            .unwrap_or_default()
+    }
+
     fn describe(&mut self, v: &Verdict) -> String {
         match v {
             Verdict::Open => String::new(),
@@ -159,6 +169,7 @@ impl<D: Datapath> Reconciler<D> {
             }
         }
         errors.extend(self.failures.values().cloned());
+        errors.extend(self.audit_error_lines().cloned());
         for (name, e) in &self.realized.endpoints {
             if e.owner == Owner::Unexplained {
                 errors.push(format!(
@@ -189,6 +200,11 @@ impl<D: Datapath> Reconciler<D> {
                 *references.entry(id).or_default() += 1;
             }
         }
+        for a in self.realized.audit.values() {
+            for (id, _) in a.tables() {
+                *references.entry(id).or_default() += 1;
+            }
+        }
         Dump {
             state: self.node_state(),
             node_addresses: self.node_addresses.clone(),
@@ -213,12 +229,20 @@ impl<D: Datapath> Reconciler<D> {
                 .realized
                 .endpoints
                 .iter()
-                .map(|(name, e)| InterfaceDump {
-                    name: name.clone(),
-                    ifindex: e.ifindex,
-                    pod: e.owner.pod().cloned(),
-                    ingress: names.describe(&e.ingress),
-                    egress: names.describe(&e.egress),
+                .map(|(name, e)| {
+                    let audit = self.realized.audit.get(name);
+                    let audit_ingress =
+                        names.describe_audit(audit.and_then(|a| a.ingress.as_ref()));
+                    let audit_egress = names.describe_audit(audit.and_then(|a| a.egress.as_ref()));
+                    InterfaceDump {
+                        name: name.clone(),
+                        ifindex: e.ifindex,
+                        pod: e.owner.pod().cloned(),
+                        ingress: names.describe(&e.ingress),
+                        egress: names.describe(&e.egress),
+                        audit_ingress,
+                        audit_egress,
+                    }
                 })
                 .collect(),
             conntrack: self.conntrack.clone(),

@@ -119,6 +119,25 @@ fn edited_entries(
     entries
 }
 
+/// Records where one user of table `id` moves (None: it stays, goes, or is
+/// not safe to reason on): the table keeps a single move only while every
+/// user agrees on it.
+fn merge_move(
+    moves: &mut BTreeMap<PolicyId, Option<Arc<PolicySet>>>,
+    id: PolicyId,
+    next: Option<Arc<PolicySet>>,
+) {
+    match (moves.get(&id), next) {
+        (None, Some(n)) => {
+            moves.insert(id, Some(n));
+        }
+        (Some(Some(m)), Some(n)) if Arc::ptr_eq(m, &n) || *m == n => {}
+        _ => {
+            moves.insert(id, None);
+        }
+    }
+}
+
 /// A table all of whose users move to one new content.
 struct Candidate {
     id: PolicyId,
@@ -192,15 +211,38 @@ impl<D: Datapath> Reconciler<D> {
                     }
                     _ => None,
                 };
-                match (moves.get(&id), next) {
-                    (None, Some(n)) => {
-                        moves.insert(id, Some(n));
-                    }
-                    (Some(Some(m)), Some(n)) if Arc::ptr_eq(m, &n) || *m == n => {}
-                    _ => {
-                        moves.insert(id, None);
-                    }
-                }
+                merge_move(&mut moves, id, next);
+            }
+        }
+        // Staged (audit) users of a table are users like any other: the
+        // table is edited only when they move to the same content too.
+        for (name, ra) in &self.realized.audit {
+            let wanted = self
+                .want_audit
+                .get(name)
+                .filter(|_| want.endpoints.get(name).map(|de| de.ifindex) == Some(ra.ifindex));
+            for (id, now, next_want) in [
+                (
+                    ra.entry.ingress,
+                    &ra.ingress,
+                    wanted.and_then(|w| w.ingress.as_ref()),
+                ),
+                (
+                    ra.entry.egress,
+                    &ra.egress,
+                    wanted.and_then(|w| w.egress.as_ref()),
+                ),
+            ] {
+                let Some(old) = content.get(&id) else {
+                    continue;
+                };
+                let consistent = now
+                    .as_ref()
+                    .is_some_and(|s| Arc::ptr_eq(s, old) || s == *old);
+                let next = next_want
+                    .filter(|n| consistent && !Arc::ptr_eq(n, old) && *n != *old)
+                    .cloned();
+                merge_move(&mut moves, id, next);
             }
         }
         let mut out: Vec<Candidate> = moves
@@ -223,6 +265,11 @@ impl<D: Datapath> Reconciler<D> {
             }
             for v in [&de.ingress, &de.egress] {
                 let Verdict::Policy(s) = v else { continue };
+                out.retain(|c| Arc::ptr_eq(s, &c.new) || !(Arc::ptr_eq(s, &c.old) || *s == c.old));
+            }
+        }
+        for aw in self.want_audit.values() {
+            for s in [&aw.ingress, &aw.egress].into_iter().flatten() {
                 out.retain(|c| Arc::ptr_eq(s, &c.new) || !(Arc::ptr_eq(s, &c.old) || *s == c.old));
             }
         }
@@ -290,6 +337,16 @@ impl<D: Datapath> Reconciler<D> {
                         egress,
                     },
                 ));
+            }
+        }
+        // Audit users follow without an epoch renewal: audit judges only
+        // new flows.
+        for ra in self.realized.audit.values_mut() {
+            if ra.entry.ingress == c.id {
+                ra.ingress = Some(c.new.clone());
+            }
+            if ra.entry.egress == c.id {
+                ra.egress = Some(c.new.clone());
             }
         }
         if diff.narrows {

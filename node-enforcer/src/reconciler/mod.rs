@@ -13,6 +13,7 @@
 //!   kernel what a damaged checkpoint lost.
 //! - `dump`: the state operators see.
 
+mod audit;
 mod converge;
 mod dump;
 mod in_place;
@@ -160,6 +161,9 @@ struct Realized {
     /// Endpoints whose table was narrowed in place and whose epoch renewal
     /// failed, by interface: retried until done.
     owed_renewals: BTreeMap<String, in_place::OwedRenewal>,
+    /// Staged (audit) entries written, by interface; their tables are
+    /// referenced like enforced ones.
+    audit: BTreeMap<String, audit::RealizedAudit>,
 }
 
 impl Realized {
@@ -236,6 +240,15 @@ pub struct Reconciler<D: Datapath> {
     /// Pods whose datapath writes failed in the last convergence (a refused
     /// pod-up), as opposed to pods merely denied or held.
     failures: BTreeMap<PodKey, String>,
+    /// The staged (audit) tables each interface wants, recomputed on every
+    /// convergence (few pods have any).
+    want_audit: BTreeMap<String, audit::AuditWant>,
+    /// Why a pod (or an interface) is not audited as its plan says, by
+    /// "namespace/name" (or interface name); never affects enforcement.
+    audit_errors: BTreeMap<String, String>,
+    /// A staged (audit) entry could not be written or removed: retried on
+    /// ticks like failed enforcement writes (compile errors are not).
+    audit_retry: bool,
     /// Interface indexes as last read (link events and ticks refresh them).
     ifindexes: BTreeMap<String, u32>,
     /// Compiled policies by the encoded direction policy; cleared when the
@@ -280,6 +293,9 @@ impl<D: Datapath> Reconciler<D> {
             realized: Realized::default(),
             want: Default::default(),
             failures: BTreeMap::new(),
+            want_audit: BTreeMap::new(),
+            audit_errors: BTreeMap::new(),
+            audit_retry: false,
             ifindexes: BTreeMap::new(),
             compiled: Default::default(),
             pods_dirty: false,
@@ -432,7 +448,8 @@ impl<D: Datapath> Reconciler<D> {
                     self.compiled.clear();
                 }
                 // Failed operations are retried until they succeed.
-                let retry = !self.errors.is_empty() || !self.failures.is_empty();
+                let retry =
+                    !self.errors.is_empty() || !self.failures.is_empty() || self.audit_retry;
                 if !self.links_changed() && (addresses || retry) {
                     self.converge();
                 }
@@ -533,3 +550,6 @@ mod tests;
 
 #[cfg(test)]
 mod fail_closed_tests;
+
+#[cfg(test)]
+mod audit_tests;

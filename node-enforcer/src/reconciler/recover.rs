@@ -26,6 +26,7 @@ impl<D: Datapath> Reconciler<D> {
         for w in saved.damage {
             self.warn(w);
         }
+        self.forget_adopted_audit();
         if let Some(plan) = saved.plan {
             self.plan = plan
                 .pods
