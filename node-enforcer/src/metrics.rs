@@ -38,6 +38,7 @@ pub fn scraper(
        + 'static {
     move || {
         let (handle, pin_root) = (handle.clone(), pin_root.clone());
+        let audit_pins = pin_root.clone();
         Box::pin(async move {
             let dump = handle.dump().await;
             let datapath =
@@ -47,7 +48,15 @@ pub fn scraper(
             if let Err(e) = &datapath {
                 tracing::warn!(error = %e, "metrics: reading the datapath's maps");
             }
-            render(dump.as_ref().ok(), datapath.as_ref().ok())
+            let audit = tokio::task::spawn_blocking(move || audit::read(&audit_pins))
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+            if let Err(e) = &audit {
+                tracing::warn!(error = %e, "metrics: reading the staged (audit) counters");
+            }
+            let mut text = render(dump.as_ref().ok(), datapath.as_ref().ok());
+            text.push_str(&audit::render(audit.as_ref().ok()));
+            text
         })
     }
 }
@@ -219,5 +228,93 @@ fn datapath_metrics(e: &mut Exposition, r: &DatapathReading) {
             &[("map", m.name)],
             u64::from(m.capacity),
         );
+    }
+}
+
+/// Staged (audit) policy counters, apart from the rest: the would-deny and
+/// would-allow slots of `pal_flow_stats`, which count every flow a staged
+/// policy would judge differently (the flow log's rate limit drops events,
+/// never counts).
+pub mod audit {
+    use std::path::Path;
+
+    use aya::maps::{Map, MapData, PerCpuArray};
+    use palisade_ebpf::{
+        FLOW_STAT_WOULD_ALLOW_EGRESS, FLOW_STAT_WOULD_ALLOW_INGRESS, FLOW_STAT_WOULD_DENY_EGRESS,
+        FLOW_STAT_WOULD_DENY_INGRESS, MAP_FLOW_STATS,
+    };
+    use palisade_proto::exposition::Exposition;
+
+    /// Each counter slot as (direction, would) labels.
+    pub const LABELS: [(u32, &str, &str); 4] = [
+        (FLOW_STAT_WOULD_DENY_INGRESS, "ingress", "deny"),
+        (FLOW_STAT_WOULD_DENY_EGRESS, "egress", "deny"),
+        (FLOW_STAT_WOULD_ALLOW_INGRESS, "ingress", "allow"),
+        (FLOW_STAT_WOULD_ALLOW_EGRESS, "egress", "allow"),
+    ];
+
+    /// The counters in [`LABELS`] order, summed over CPUs.
+    pub type Reading = [u64; 4];
+
+    pub fn read(pin_root: &Path) -> Result<Reading, String> {
+        let path = pin_root.join(MAP_FLOW_STATS);
+        let data = MapData::from_pin(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let stats: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::PerCpuArray(data))
+            .map_err(|e| format!("{MAP_FLOW_STATS}: {e}"))?;
+        let mut out = [0; 4];
+        for (i, (slot, _, _)) in LABELS.iter().enumerate() {
+            let per_cpu = stats
+                .get(slot, 0)
+                .map_err(|e| format!("{MAP_FLOW_STATS}[{slot}]: {e}"))?;
+            out[i] = per_cpu.iter().copied().fold(0u64, u64::wrapping_add);
+        }
+        Ok(out)
+    }
+
+    /// The counters, and whether they could be read (a reading that failed
+    /// must not look like no flow at all).
+    pub fn render(reading: Option<&Reading>) -> String {
+        let mut e = Exposition::default();
+        e.single(
+            "palisade_audit_scrape_ok",
+            "gauge",
+            "1 when the staged (audit) policy counters could be read for this scrape.",
+            u64::from(reading.is_some()),
+        );
+        if let Some(r) = reading {
+            e.family(
+                "palisade_audit_flows_total",
+                "counter",
+                "New flows a staged (audit) policy would judge differently: would=deny, allowed now but denied once the staged policies are enforced; would=allow, the reverse. By the pod's direction.",
+            );
+            for ((_, direction, would), n) in LABELS.iter().zip(r) {
+                e.sample_u64(
+                    "palisade_audit_flows_total",
+                    &[("direction", direction), ("would", would)],
+                    *n,
+                );
+            }
+        }
+        e.finish()
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn every_counter_is_labelled_by_direction_and_would() {
+            let text = super::render(Some(&[1, 2, 3, 4]));
+            for line in [
+                "palisade_audit_scrape_ok 1",
+                "palisade_audit_flows_total{direction=\"ingress\",would=\"deny\"} 1",
+                "palisade_audit_flows_total{direction=\"egress\",would=\"deny\"} 2",
+                "palisade_audit_flows_total{direction=\"ingress\",would=\"allow\"} 3",
+                "palisade_audit_flows_total{direction=\"egress\",would=\"allow\"} 4",
+            ] {
+                assert!(text.lines().any(|l| l == line), "{line} in {text}");
+            }
+            let failed = super::render(None);
+            assert!(failed.contains("palisade_audit_scrape_ok 0"));
+            assert!(!failed.contains("palisade_audit_flows_total"));
+        }
     }
 }
