@@ -62,9 +62,26 @@ pub struct DecidingRule {
     pub description: String,
 }
 
+/// The annotation that stages a NetworkPolicy: with the value "true" it is
+/// evaluated against traffic (would-deny, would-allow) but not enforced.
+/// Any other value enforces it, as the controller does.
+pub const AUDIT_ANNOTATION: &str = "palisade.io/audit";
+
+/// Whether a policy is staged rather than enforced.
+pub fn is_staged(policy: &NetworkPolicy) -> bool {
+    policy
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(AUDIT_ANNOTATION))
+        .is_some_and(|v| v == "true")
+}
+
 /// Explains whether `subject`'s policies allow traffic with `peer` in
 /// `dir`. `server` is the destination pod, whose container ports give named
-/// ports their meaning; None when the destination is no pod.
+/// ports their meaning; None when the destination is no pod. Staged
+/// policies are not enforced, so they are not part of the answer (see
+/// [`staged_change`]).
 pub fn explain_direction(
     cluster: &ClusterState,
     subject: &Pod,
@@ -74,9 +91,48 @@ pub fn explain_direction(
     port: u16,
     dir: Direction,
 ) -> Decision {
+    decide(cluster, subject, peer, server, protocol, port, dir, false)
+}
+
+/// What [`explain_direction`] would answer once the staged policies are
+/// enforced too, when that changes whether the connection is allowed (a
+/// staged policy would deny it, or would allow it); None when no staged
+/// policy selects `subject` in `dir` or the answer stays the same.
+pub fn staged_change(
+    cluster: &ClusterState,
+    subject: &Pod,
+    peer: Peer<'_>,
+    server: Option<&Pod>,
+    protocol: &str,
+    port: u16,
+    dir: Direction,
+) -> Option<Decision> {
+    if !cluster
+        .policies
+        .iter()
+        .any(|p| is_staged(p) && selects(p, subject, dir))
+    {
+        return None;
+    }
+    let now = explain_direction(cluster, subject, peer, server, protocol, port, dir);
+    let staged = decide(cluster, subject, peer, server, protocol, port, dir, true);
+    (staged.allowed() != now.allowed()).then_some(staged)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn decide(
+    cluster: &ClusterState,
+    subject: &Pod,
+    peer: Peer<'_>,
+    server: Option<&Pod>,
+    protocol: &str,
+    port: u16,
+    dir: Direction,
+    with_staged: bool,
+) -> Decision {
     let mut isolated_by = Vec::new();
     for policy in &cluster.policies {
-        if !selects(policy, subject, dir) {
+        if !selects(policy, subject, dir) || (!with_staged && is_staged(policy)) {
             continue;
         }
         let name = policy_name(policy);
@@ -279,6 +335,81 @@ mod tests {
         );
         let d = explain_direction(&c, client, peer, Some(web), "TCP", 80, Direction::Ingress);
         assert_eq!(d, Decision::NotIsolated);
+    }
+
+    #[test]
+    fn staged_policies_are_left_out_of_the_answer_and_said_to_change_it() {
+        let mut c = cluster();
+        let deny_all: NetworkPolicy = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "lock", "namespace": "x",
+                         "annotations": {"palisade.io/audit": "true"}},
+            "spec": {"podSelector": {}}
+        }))
+        .unwrap();
+        let allow_22: NetworkPolicy = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "ssh", "namespace": "x",
+                         "annotations": {"palisade.io/audit": "true"}},
+            "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                     "ingress": [{"ports": [{"port": 22}]}]}
+        }))
+        .unwrap();
+        c.policies.push(deny_all);
+        c.policies.push(allow_22);
+        let (web, client) = (c.pods[1].clone(), c.pods[0].clone());
+        let peer = Peer::Pod(Endpoint {
+            pod: &client,
+            ip: "10.0.0.2".parse().unwrap(),
+        });
+        // The client is not isolated now; the staged lock would deny it.
+        let ask = |subject: &Pod, port| {
+            (
+                explain_direction(
+                    &c,
+                    subject,
+                    peer,
+                    Some(&web),
+                    "TCP",
+                    port,
+                    Direction::Ingress,
+                ),
+                staged_change(
+                    &c,
+                    subject,
+                    peer,
+                    Some(&web),
+                    "TCP",
+                    port,
+                    Direction::Ingress,
+                ),
+            )
+        };
+        let (now, staged) = ask(&client, 80);
+        assert_eq!(now, Decision::NotIsolated);
+        assert_eq!(
+            staged,
+            Some(Decision::Denied {
+                isolated_by: vec!["x/lock".into()]
+            })
+        );
+        // web: denied on 22 from the client now (x/web's rule 0 is an
+        // ipBlock), the staged ssh policy would allow it.
+        let (now, staged) = ask(&web, 22);
+        assert!(!now.allowed(), "{now:?}");
+        assert!(
+            matches!(&staged, Some(Decision::Allowed(r)) if r.policy == "x/ssh"),
+            "{staged:?}"
+        );
+        // Allowed now and with the staged policies: nothing to say.
+        assert_eq!(ask(&web, 8080).1, None);
+        // Any other value than "true" is enforced.
+        c.policies[1]
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(AUDIT_ANNOTATION.into(), "True".into());
+        let now = explain_direction(&c, &client, peer, Some(&web), "TCP", 80, Direction::Ingress);
+        assert!(!now.allowed());
     }
 
     #[test]
