@@ -401,6 +401,13 @@ mod tests {
         );
         // Allowed now and with the staged policies: nothing to say.
         assert_eq!(ask(&web, 8080).1, None);
+        // The reference verdict the datapath is tested against agrees: the
+        // staged lock isolates nobody.
+        let client_ep = Endpoint {
+            pod: &client,
+            ip: "10.0.0.2".parse().unwrap(),
+        };
+        assert!(crate::verdict::allowed(&c, client_ep, client_ep, "TCP", 80));
         // Any other value than "true" is enforced.
         c.policies[1]
             .metadata

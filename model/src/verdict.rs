@@ -65,8 +65,9 @@ fn direction_allows(
     dir: Direction,
 ) -> bool {
     let mut isolated = false;
+    // A staged policy is judged for logs, never enforced.
     for policy in &cluster.policies {
-        if !selects(policy, subject.pod, dir) {
+        if !selects(policy, subject.pod, dir) || crate::explain::is_staged(policy) {
             continue;
         }
         isolated = true;
@@ -229,7 +230,7 @@ pub fn egress_to_service_allowed(
 ) -> bool {
     let mut isolated = false;
     for policy in &cluster.policies {
-        if !selects(policy, src.pod, Direction::Egress) {
+        if !selects(policy, src.pod, Direction::Egress) || crate::explain::is_staged(policy) {
             continue;
         }
         isolated = true;
