@@ -339,7 +339,9 @@ mod tests {
 
         let map = trace_context::to_map(&Context::new().with_remote_span_context(send_span()));
         // No context in the message, no span.
-        assert!(Realize::start_in(Some(t), &HashMap::new(), info()).0.is_none());
+        assert!(Realize::start_in(Some(t), &HashMap::new(), info())
+            .0
+            .is_none());
         let realize = Realize::start_in(Some(t), &map, info());
         let parent = ReportParent::default();
         parent.realizing(8, realize.context());

@@ -101,7 +101,11 @@ fn pods_changed(old: &Plan, new: &Plan) -> (usize, usize) {
         .iter()
         .filter(|(k, v)| old.pods.get(*k) != Some(*v))
         .count();
-    let removed = old.pods.keys().filter(|k| !new.pods.contains_key(*k)).count();
+    let removed = old
+        .pods
+        .keys()
+        .filter(|k| !new.pods.contains_key(*k))
+        .count();
     (upserted, removed)
 }
 

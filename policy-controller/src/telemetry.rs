@@ -17,8 +17,8 @@
 //! queue (dropped, and logged once, when the collector cannot keep up) and
 //! are sent from its own thread.
 
-use std::collections::HashMap;
 use std::cell::OnceCell;
+use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
@@ -349,11 +349,9 @@ impl CallSpan {
         if let Some(mut span) = self.0 {
             match result {
                 Ok(_) => span.set_status(Status::Ok),
-                Err(s) => span.set_status(Status::error(format!(
-                    "{:?}: {}",
-                    s.code(),
-                    s.message()
-                ))),
+                Err(s) => {
+                    span.set_status(Status::error(format!("{:?}: {}", s.code(), s.message())))
+                }
             }
             span.end();
         }
@@ -502,7 +500,10 @@ mod tests {
             "the message carries the send span"
         );
         assert_eq!(report.parent_span_id.to_string(), "0102030405060708");
-        assert_eq!(attr(version, "palisade.plan.pods_upserted").as_deref(), Some("2"));
+        assert_eq!(
+            attr(version, "palisade.plan.pods_upserted").as_deref(),
+            Some("2")
+        );
         assert_eq!(attr(sent, "palisade.plan.term").as_deref(), Some("3"));
         assert_eq!(attr(root, "palisade.source.revision").as_deref(), Some("5"));
         assert!(matches!(report.status, Status::Error { .. }));
