@@ -372,9 +372,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_malformed_endpoint_is_refused_with_its_name() {
-        let e = provider("collector:4317", vec![]).err().expect("no scheme");
+        let Err(e) = provider("collector:4317", vec![]) else {
+            panic!("an endpoint without a scheme was accepted");
+        };
         assert!(e.contains("collector:4317"), "{e}");
         let p = provider("http://127.0.0.1:9", vec![]).expect("builds");
+        p.shutdown_with_timeout(Duration::from_millis(100)).ok();
+        // TLS to a collector with the system's roots.
+        let p = provider("https://collector.example:4317", vec![]).expect("builds");
         p.shutdown_with_timeout(Duration::from_millis(100)).ok();
     }
 }
