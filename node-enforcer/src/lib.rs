@@ -17,3 +17,4 @@ pub mod metrics_maps;
 pub mod plan_client;
 pub mod reconciler;
 pub mod server;
+pub mod telemetry;

@@ -8,7 +8,7 @@ use node_enforcer::datapath::bpf::BpfDatapath;
 use node_enforcer::desired::Mode;
 use node_enforcer::handle::Handle;
 use node_enforcer::reconciler::{Event, Reconciler};
-use node_enforcer::{plan_client, server};
+use node_enforcer::{plan_client, server, telemetry};
 use palisade_proto::transport::{serve, shutdown_signal, Address};
 use palisade_proto::v1::NodeState;
 use tokio::sync::{mpsc, watch};
@@ -102,6 +102,11 @@ struct Args {
     /// Serve Prometheus metrics at http://ADDR/metrics (HOST:PORT); off when unset.
     #[arg(long, env = "PALISADE_METRICS_ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Export traces of plan realization to this OTLP/gRPC collector
+    /// (http://HOST:PORT); default: OTEL_EXPORTER_OTLP_ENDPOINT. Off when
+    /// neither is set.
+    #[arg(long, env = "PALISADE_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
 }
 
 #[tokio::main]
@@ -112,10 +117,33 @@ async fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    if let Err(e) = run(Args::parse()).await {
+    let args = Args::parse();
+    let telemetry = start_telemetry(args.otlp_endpoint.clone(), &args.node_name);
+    let result = run(args).await;
+    if let Some(t) = telemetry {
+        t.shutdown().await;
+    }
+    if let Err(e) = result {
         tracing::error!("{e}");
         eprintln!("palisade-enforcer: {e}");
         std::process::exit(1);
+    }
+}
+
+/// Traces are for operators, not for enforcing: a bad endpoint is reported
+/// and leaves tracing off rather than the node's enforcer down.
+fn start_telemetry(flag: Option<String>, node: &str) -> Option<telemetry::Telemetry> {
+    let otel_env = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok();
+    let endpoint = telemetry::endpoint(flag, otel_env)?;
+    match telemetry::init(&endpoint, node) {
+        Ok(t) => {
+            tracing::info!(otlp_endpoint = %endpoint, "exporting traces");
+            Some(t)
+        }
+        Err(e) => {
+            tracing::error!("traces are off: {e}");
+            None
+        }
     }
 }
 

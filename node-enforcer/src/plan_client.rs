@@ -16,6 +16,7 @@ use tokio::sync::watch;
 
 use crate::handle::Handle;
 use crate::reconciler::PlanMessage;
+use crate::telemetry::{Fetch, Realize, RealizeInfo, ReportParent};
 
 /// Delay before reconnect attempt `n` (0-based): doubling from 100 ms, capped.
 pub fn backoff(attempt: u32, cap: Duration) -> Duration {
@@ -31,6 +32,8 @@ pub struct Controllers {
     current: Arc<AtomicUsize>,
     options: ClientOptions,
     term: Arc<AtomicU64>,
+    /// The traced realization the next report describes.
+    report_parent: ReportParent,
 }
 
 impl Controllers {
@@ -44,6 +47,7 @@ impl Controllers {
             current: Arc::new(AtomicUsize::new(0)),
             options,
             term: Arc::new(AtomicU64::new(term)),
+            report_parent: ReportParent::default(),
         })
     }
 
@@ -160,20 +164,50 @@ async fn stream_once(
             Ok(None) => return Ok(()),
             Err(s) => return Err(format!("receive: {} ({})", s.message(), source_chain(&s))),
         };
-        let (msg, term) = match msg.update {
-            Some(Update::Snapshot(s)) => {
+        let (msg, term, span) = match msg.update {
+            Some(Update::Snapshot(mut s)) => {
+                let info = RealizeInfo {
+                    node,
+                    kind: "snapshot",
+                    version: s.version,
+                    base_version: 0,
+                    term: s.term,
+                    pods: s.pods.len(),
+                };
+                let span = Realize::start(&std::mem::take(&mut s.trace_context), info);
                 let t = s.term;
-                (PlanMessage::Snapshot(s), t)
+                (PlanMessage::Snapshot(s), t, span)
             }
-            Some(Update::Delta(d)) => {
+            Some(Update::Delta(mut d)) => {
+                let info = RealizeInfo {
+                    node,
+                    kind: "delta",
+                    version: d.version,
+                    base_version: d.base_version,
+                    term: d.term,
+                    pods: d.upserted.len() + d.removed.len(),
+                };
+                let span = Realize::start(&std::mem::take(&mut d.trace_context), info);
                 let t = d.term;
-                (PlanMessage::Delta(d), t)
+                (PlanMessage::Delta(d), t, span)
             }
             None => continue,
         };
+        // Before the reconciler can publish the state this message makes.
+        let version = match &msg {
+            PlanMessage::Snapshot(s) => s.version,
+            PlanMessage::Delta(d) => d.version,
+        };
+        controllers.report_parent.realizing(version, span.context());
         // The reconciler refuses a plan of an older term too (and keeps the
         // highest across restarts); this is its mirror for fetched pods.
-        match handle.plan(msg).await? {
+        let applied = handle.plan(msg).await;
+        span.finish(&match &applied {
+            Ok(Ok(v)) => Ok(*v),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(e) => Err(e.clone()),
+        });
+        match applied? {
             Ok(version) => {
                 *attempt = 0;
                 controllers.applied(term);
@@ -242,11 +276,15 @@ async fn fetch_one(
             name: pod.1.clone(),
         }),
     };
+    let span = Fetch::start(node, pod);
+    let mut request = tonic::Request::new(request);
+    span.inject(request.metadata_mut());
     let r = c
         .get_pod_plan(request)
         .await
-        .map_err(|s| s.message().to_string())?
-        .into_inner();
+        .map_err(|s| s.message().to_string());
+    span.finish(&r);
+    let r = r?.into_inner();
     *client = Some(c);
     if r.term < controllers.term() {
         return Err(format!(
@@ -277,11 +315,19 @@ pub async fn report(controllers: Controllers, mut state: watch::Receiver<NodeSta
             };
             let sent = match c {
                 Some(mut c) => {
-                    let r = c
-                        .report_state(ReportStateRequest {
-                            state: Some(current),
-                        })
-                        .await;
+                    let mut request = tonic::Request::new(ReportStateRequest {
+                        state: Some(current),
+                    });
+                    // Of the realization that produced this state, when traced.
+                    let realized = request
+                        .get_ref()
+                        .state
+                        .as_ref()
+                        .map_or(0, |s| s.realized_version);
+                    controllers
+                        .report_parent
+                        .inject(realized, request.metadata_mut());
+                    let r = c.report_state(request).await;
                     match r {
                         Ok(_) => {
                             client = Some(c);

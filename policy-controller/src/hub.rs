@@ -13,6 +13,7 @@ use crate::cluster::ClusterState;
 use crate::engine::{Change, Engine, Outcome};
 use crate::plan::Plan;
 use crate::resolve::{NodePlan, PodKey};
+use crate::telemetry::{PlanTrace, PolicyChange};
 
 /// A node's plan at one version.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -24,6 +25,8 @@ pub struct VersionedPlan {
     pub source_revision: u64,
     /// Shared with the engine until the engine changes it.
     pub plan: Arc<Plan>,
+    /// The span that published this version (empty when tracing is off).
+    pub trace: PlanTrace,
 }
 
 /// One node's plan as a publication changed it.
@@ -89,6 +92,21 @@ pub fn apply_delta(plan: &mut NodePlan, delta: &PlanDelta) {
                 .insert((r.namespace.clone(), r.name.clone()), Arc::new(p.clone()));
         }
     }
+}
+
+/// Pods upserted and removed between two plans, for a trace.
+fn pods_changed(old: &Plan, new: &Plan) -> (usize, usize) {
+    let upserted = new
+        .pods
+        .iter()
+        .filter(|(k, v)| old.pods.get(*k) != Some(*v))
+        .count();
+    let removed = old
+        .pods
+        .keys()
+        .filter(|k| !new.pods.contains_key(*k))
+        .count();
+    (upserted, removed)
 }
 
 fn pod_ref(k: &PodKey) -> PodRef {
@@ -188,6 +206,7 @@ impl Hub {
     pub fn update(&self, cluster: &ClusterState) -> Vec<PlanChange> {
         let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
         self.lock().counters.views += 1;
+        let change = PolicyChange::start("view", 0);
         let outcome = match engine.as_mut() {
             Some(engine) => engine.sync(cluster),
             None => {
@@ -198,7 +217,7 @@ impl Hub {
         };
         let errors = engine.as_ref().expect("built above").errors();
         // Published under the engine lock, so views reach the hub in order.
-        self.publish(outcome, cluster.marker.clone(), errors)
+        self.publish(outcome, cluster.marker.clone(), errors, change)
     }
 
     /// Applies changes one by one as a source that watches events would,
@@ -210,10 +229,11 @@ impl Hub {
             st.counters.batches += 1;
             st.counters.changes += changes.len() as u64;
         }
+        let change = PolicyChange::start("changes", changes.len());
         let engine = engine.get_or_insert_with(Engine::default);
         let outcome = engine.apply(changes);
         let errors = engine.errors();
-        self.publish(outcome, marker, errors)
+        self.publish(outcome, marker, errors, change)
     }
 
     /// Takes changes into the engine without resolving or publishing
@@ -239,7 +259,13 @@ impl Hub {
             .as_ref())
     }
 
-    fn publish(&self, outcome: Outcome, marker: String, errors: Vec<String>) -> Vec<PlanChange> {
+    fn publish(
+        &self,
+        outcome: Outcome,
+        marker: String,
+        errors: Vec<String>,
+        change: PolicyChange,
+    ) -> Vec<PlanChange> {
         let mut st = self.lock();
         st.synced = true;
         st.source_revision += 1;
@@ -264,10 +290,13 @@ impl Hub {
             if before.plan.same_as(&plan) {
                 continue;
             }
+            let version = before.version + 1;
+            let trace = change.node_plan(&name, version, || pods_changed(&before.plan, &plan));
             let after = Arc::new(VersionedPlan {
-                version: before.version + 1,
+                version,
                 source_revision: revision,
                 plan,
+                trace,
             });
             entry.plan.send_replace(after.clone());
             published.push(PlanChange {
@@ -276,6 +305,7 @@ impl Hub {
                 after,
             });
         }
+        change.finish(revision, published.len());
         published
     }
 
@@ -294,6 +324,7 @@ impl Hub {
                     version: first,
                     source_revision: revision,
                     plan: Arc::default(),
+                    trace: PlanTrace::default(),
                 }))
                 .0,
                 reported: None,

@@ -13,4 +13,5 @@ pub mod plan;
 pub mod resolve;
 pub mod server;
 pub mod source;
+pub mod telemetry;
 pub mod tls;

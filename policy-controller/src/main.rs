@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Parser;
 use palisade_proto::transport::{serve, shutdown_signal, Address};
 use policy_controller::leader::{self, Elector, Leadership, Timings};
-use policy_controller::{cluster::ClusterState, feed, hub::Hub, server, source};
+use policy_controller::{cluster::ClusterState, feed, hub::Hub, server, source, telemetry};
 use tokio::sync::watch;
 
 #[derive(Parser, Debug)]
@@ -81,6 +81,11 @@ struct Args {
     /// kubelet probes, which cannot present a client certificate).
     #[arg(long, env = "PALISADE_HEALTH_LISTEN")]
     health_listen: Option<Address>,
+    /// Export traces of policy changes to this OTLP/gRPC collector
+    /// (http://HOST:PORT); default: OTEL_EXPORTER_OTLP_ENDPOINT. Off when
+    /// neither is set.
+    #[arg(long, env = "PALISADE_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
 }
 
 fn identity(given: Option<String>) -> String {
@@ -103,10 +108,33 @@ async fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    if let Err(e) = run(Args::parse()).await {
+    let args = Args::parse();
+    let telemetry = start_telemetry(args.otlp_endpoint.clone());
+    let result = run(args).await;
+    if let Some(t) = telemetry {
+        t.shutdown().await;
+    }
+    if let Err(e) = result {
         tracing::error!("{e}");
         eprintln!("palisade-controller: {e}");
         std::process::exit(1);
+    }
+}
+
+/// Traces are for operators, not for serving plans: a bad endpoint is
+/// reported and leaves tracing off rather than the controller down.
+fn start_telemetry(flag: Option<String>) -> Option<telemetry::Telemetry> {
+    let otel_env = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok();
+    let endpoint = telemetry::endpoint(flag, otel_env)?;
+    match telemetry::init(&endpoint) {
+        Ok(t) => {
+            tracing::info!(otlp_endpoint = %endpoint, "exporting traces");
+            Some(t)
+        }
+        Err(e) => {
+            tracing::error!("traces are off: {e}");
+            None
+        }
     }
 }
 

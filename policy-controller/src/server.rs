@@ -17,7 +17,9 @@ use tonic::{Request, Response, Status};
 
 use crate::hub::{delta, Hub};
 use crate::leader::{Leadership, NotLeader};
+use crate::telemetry::{CallSpan, PlanSend, SendInfo};
 use crate::tls::Authz;
+use opentelemetry::KeyValue;
 
 pub struct PlanServer {
     hub: Hub,
@@ -65,12 +67,28 @@ impl PlanService for PlanServer {
             let mut sent = sub.rx.borrow_and_update().clone();
             let mut snapshot = sent.snapshot();
             snapshot.term = term;
+            let span = PlanSend::start(
+                &sent.trace,
+                SendInfo {
+                    node: &node,
+                    kind: "snapshot",
+                    version: snapshot.version,
+                    base_version: 0,
+                    term,
+                    pods: snapshot.pods.len(),
+                },
+            );
+            snapshot.trace_context = span.context_map();
             let first = SubscribeResponse {
                 update: Some(Update::Snapshot(snapshot)),
             };
             let mut lost = still_leading().is_none();
-            if !lost && tx.send(Ok(first)).await.is_err() {
-                return;
+            if !lost {
+                let ok = tx.send(Ok(first)).await.is_ok();
+                span.finish(ok);
+                if !ok {
+                    return;
+                }
             }
             while !lost {
                 let Some(serving) = still_leading() else {
@@ -91,10 +109,24 @@ impl PlanService for PlanServer {
                         lost = true;
                         break;
                     }
+                    let span = PlanSend::start(
+                        &next.trace,
+                        SendInfo {
+                            node: &node,
+                            kind: "delta",
+                            version: d.version,
+                            base_version: d.base_version,
+                            term,
+                            pods: d.upserted.len() + d.removed.len(),
+                        },
+                    );
+                    d.trace_context = span.context_map();
                     let msg = SubscribeResponse {
                         update: Some(Update::Delta(d)),
                     };
-                    if tx.send(Ok(msg)).await.is_err() {
+                    let ok = tx.send(Ok(msg)).await.is_ok();
+                    span.finish(ok);
+                    if !ok {
                         break;
                     }
                 }
@@ -114,6 +146,51 @@ impl PlanService for PlanServer {
     }
 
     async fn get_pod_plan(
+        &self,
+        request: Request<GetPodPlanRequest>,
+    ) -> Result<Response<GetPodPlanResponse>, Status> {
+        let span = CallSpan::start("get pod plan", request.metadata(), || {
+            let r = request.get_ref();
+            let pod = r
+                .pod
+                .as_ref()
+                .map(|p| format!("{}/{}", p.namespace, p.name))
+                .unwrap_or_default();
+            vec![
+                KeyValue::new("palisade.node", r.node_name.clone()),
+                KeyValue::new("palisade.pod", pod),
+            ]
+        });
+        let result = self.pod_plan(request);
+        span.finish(&result);
+        result
+    }
+
+    async fn report_state(
+        &self,
+        request: Request<ReportStateRequest>,
+    ) -> Result<Response<ReportStateResponse>, Status> {
+        let span = CallSpan::start("report state", request.metadata(), || {
+            let state = request.get_ref().state.as_ref();
+            vec![
+                KeyValue::new(
+                    "palisade.node",
+                    state.map(|s| s.node_name.clone()).unwrap_or_default(),
+                ),
+                KeyValue::new(
+                    "palisade.plan.realized_version",
+                    state.map_or(0, |s| s.realized_version as i64),
+                ),
+            ]
+        });
+        let result = self.report(request);
+        span.finish(&result);
+        result
+    }
+}
+
+impl PlanServer {
+    fn pod_plan(
         &self,
         request: Request<GetPodPlanRequest>,
     ) -> Result<Response<GetPodPlanResponse>, Status> {
@@ -140,7 +217,7 @@ impl PlanService for PlanServer {
         }))
     }
 
-    async fn report_state(
+    fn report(
         &self,
         request: Request<ReportStateRequest>,
     ) -> Result<Response<ReportStateResponse>, Status> {

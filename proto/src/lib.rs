@@ -30,4 +30,7 @@ pub mod service_names {
     pub const NP_BACKEND: &str = "rpc.NPBackend";
 }
 
+/// W3C trace context in gRPC metadata and in plan messages.
+pub mod trace_context;
+
 pub mod transport;

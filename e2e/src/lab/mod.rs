@@ -14,6 +14,7 @@ mod dump;
 mod faults;
 mod footprint;
 mod node;
+mod otlp;
 mod pods;
 mod processes;
 mod services;
@@ -78,6 +79,11 @@ pub struct LabConfig {
     pub node_sysctls: Vec<(String, String)>,
     /// `--conntrack-cleanup-secs` for every enforcer; `None` passes no flag.
     pub conntrack_cleanup_secs: Option<u32>,
+    /// Bind a TCP listener for an OTLP receiver in the fabric namespace, at
+    /// the controller's address (reachable from every node), and start the
+    /// controller and every enforcer with `--otlp-endpoint` pointing at it.
+    /// The caller serves it: [`Lab::take_otlp_listener`].
+    pub otlp_listener: bool,
 }
 
 impl Default for LabConfig {
@@ -100,6 +106,7 @@ impl Default for LabConfig {
             cni: CniKind::Ptp,
             node_sysctls: Vec::new(),
             conntrack_cleanup_secs: None,
+            otlp_listener: false,
         }
     }
 }
@@ -147,6 +154,8 @@ pub struct Lab {
     controller: Option<Daemon>,
     /// Set by a `break: manifests` fault.
     manifests_broken: bool,
+    /// See [`LabConfig::otlp_listener`]; taken by the caller.
+    otlp: Option<otlp::Listener>,
     /// Pods whose host veth a fault deleted, with that veth's name.
     unplugged: BTreeMap<PodName, String>,
     /// Processes a fault killed and left down (faults act on node 1).
@@ -196,6 +205,7 @@ impl Lab {
             manifests: Manifests::create(&run_dir.join("manifests"))?,
             rt: Some(rt),
             fabric: None,
+            otlp: None,
             nodes,
             controller: None,
             manifests_broken: false,
@@ -233,6 +243,9 @@ impl Lab {
         self.made_netns.push(fabric_name.clone());
         self.fabric = Some(NetNs::create(&fabric_name)?);
         node::make_fabric(self.fabric())?;
+        if self.config.otlp_listener {
+            self.otlp = Some(otlp::Listener::bind(self.fabric(), node::controller_ip())?);
+        }
         for i in 0..self.nodes.len() {
             let name = self.nodes[i].netns_name.clone();
             self.made_netns.push(name.clone());

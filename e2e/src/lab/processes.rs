@@ -31,6 +31,7 @@ impl Lab {
             .arg(self.controller_address())
             .arg("--listen")
             .arg(format!("unix:{}", self.controller_socket.display()));
+        self.otlp_args(&mut cmd);
         default_log_level(&mut cmd);
         let controller = Daemon::spawn(
             CONTROLLER_BIN,
@@ -94,6 +95,7 @@ impl Lab {
             cmd.arg("--pod-up-deadline-ms")
                 .arg(deadline.as_millis().to_string());
         }
+        self.otlp_args(&mut cmd);
         default_log_level(&mut cmd);
         cmd
     }

@@ -1,0 +1,385 @@
+//! Traces of plan realization, exported over OTLP/gRPC when an endpoint is
+//! configured, and off otherwise (no tracer, no span, nothing added to
+//! the calls to the controller).
+//!
+//! The enforcer's side of a trace:
+//! - `realize plan`: applying one snapshot or delta, the child of the
+//!   controller's `send plan` span named in the message's `trace_context`
+//!   (a message without one starts no trace here);
+//! - the `ReportState` call that reports that realization carries this
+//!   span in its gRPC metadata, so the controller's `report state` span is
+//!   its child: controller → enforcer → controller in one trace;
+//! - `fetch pod plan`: an on-demand `GetPodPlan`, a root span whose context
+//!   the call carries.
+//!
+//! Export never holds up the datapath: ended spans go to the SDK's bounded
+//! batch queue (dropped, and logged once, when the collector cannot keep
+//! up) and are sent from its own thread.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use opentelemetry::trace::{
+    Span as _, SpanKind, Status, TraceContextExt, Tracer as _, TracerProvider as _,
+};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, SdkTracer, SdkTracerProvider, Span,
+};
+use palisade_proto::trace_context;
+use tonic::metadata::MetadataMap;
+
+pub const SERVICE_NAME: &str = "palisade-enforcer";
+/// The resource attribute naming the node (OpenTelemetry's Kubernetes
+/// convention), so one node's spans can be told from another's.
+pub const NODE_ATTRIBUTE: &str = "k8s.node.name";
+
+/// Spans waiting for export at most; past it new ones are dropped.
+const MAX_QUEUE: usize = 2048;
+/// One export call to the collector, connection included.
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
+/// What a shutdown waits for the last spans to leave.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(2);
+
+static TRACER: OnceLock<SdkTracer> = OnceLock::new();
+
+fn tracer() -> Option<&'static SdkTracer> {
+    TRACER.get()
+}
+
+/// The collector to export to: `--otlp-endpoint` (or its variable), else
+/// the standard `OTEL_EXPORTER_OTLP_ENDPOINT`; None (tracing off) when
+/// neither is set or both are empty.
+pub fn endpoint(flag: Option<String>, otel_env: Option<String>) -> Option<String> {
+    flag.filter(|s| !s.trim().is_empty())
+        .or(otel_env.filter(|s| !s.trim().is_empty()))
+        .map(|s| s.trim().to_string())
+}
+
+/// Exports this process's spans; keep it until the process ends and then
+/// [`Telemetry::shutdown`] it, which sends what is still queued.
+pub struct Telemetry {
+    provider: SdkTracerProvider,
+}
+
+/// Starts exporting to `endpoint` (`http://HOST:PORT` or `https://...`)
+/// as node `node`. Must run inside the tokio runtime, which carries the
+/// exporter's connection. Nothing is contacted here: an unreachable
+/// collector only fails exports later.
+pub fn init(endpoint: &str, node: &str) -> Result<Telemetry, String> {
+    let provider = provider(
+        endpoint,
+        vec![KeyValue::new(NODE_ATTRIBUTE, node.to_string())],
+    )?;
+    if TRACER.set(provider.tracer("palisade-enforcer")).is_err() {
+        return Err("tracing is already set up in this process".into());
+    }
+    Ok(Telemetry { provider })
+}
+
+fn provider(endpoint: &str, attributes: Vec<KeyValue>) -> Result<SdkTracerProvider, String> {
+    if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+        return Err(format!(
+            "OTLP endpoint {endpoint:?}: expected http://HOST:PORT or https://HOST:PORT"
+        ));
+    }
+    use opentelemetry_otlp::WithExportConfig;
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint)
+        .with_timeout(EXPORT_TIMEOUT)
+        .build()
+        .map_err(|e| format!("OTLP endpoint {endpoint:?}: {e}"))?;
+    let batch = BatchSpanProcessor::builder(exporter)
+        .with_batch_config(
+            BatchConfigBuilder::default()
+                .with_max_queue_size(MAX_QUEUE)
+                .build(),
+        )
+        .build();
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name(SERVICE_NAME)
+        .with_attributes(attributes)
+        .build();
+    Ok(SdkTracerProvider::builder()
+        .with_span_processor(batch)
+        .with_resource(resource)
+        .build())
+}
+
+impl Telemetry {
+    /// Sends what is queued, waiting at most a few seconds: a dead
+    /// collector does not hold up the exit.
+    pub async fn shutdown(self) {
+        let provider = self.provider;
+        let done =
+            tokio::task::spawn_blocking(move || provider.shutdown_with_timeout(SHUTDOWN_TIMEOUT))
+                .await;
+        match done {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("flushing traces at shutdown: {e}"),
+            Err(e) => tracing::warn!("flushing traces at shutdown: {e}"),
+        }
+    }
+}
+
+/// What a plan message holds, for the `realize plan` span's attributes.
+pub struct RealizeInfo<'a> {
+    pub node: &'a str,
+    /// "snapshot" or "delta".
+    pub kind: &'static str,
+    pub version: u64,
+    /// The version a delta applies to; 0 for a snapshot.
+    pub base_version: u64,
+    pub term: u64,
+    /// Pods listed (snapshot) or upserted and removed (delta).
+    pub pods: usize,
+}
+
+/// A `realize plan` span. Inert when tracing is off or the message names
+/// no parent.
+pub struct Realize(Option<Span>);
+
+impl Realize {
+    /// `trace_context`: the message's, naming the controller's send span.
+    pub fn start(trace_context: &HashMap<String, String>, info: RealizeInfo<'_>) -> Realize {
+        Realize::start_in(tracer(), trace_context, info)
+    }
+
+    fn start_in(
+        tracer: Option<&'static SdkTracer>,
+        trace_context: &HashMap<String, String>,
+        info: RealizeInfo<'_>,
+    ) -> Realize {
+        let Some(t) = tracer else {
+            return Realize(None);
+        };
+        let Some(parent) = trace_context::from_map(trace_context) else {
+            return Realize(None);
+        };
+        Realize(Some(
+            t.span_builder("realize plan")
+                .with_kind(SpanKind::Consumer)
+                .with_attributes([
+                    KeyValue::new("palisade.node", info.node.to_string()),
+                    KeyValue::new("palisade.plan.kind", info.kind),
+                    KeyValue::new("palisade.plan.version", info.version as i64),
+                    KeyValue::new("palisade.plan.base_version", info.base_version as i64),
+                    KeyValue::new("palisade.plan.term", info.term as i64),
+                    KeyValue::new("palisade.plan.pods", info.pods as i64),
+                ])
+                .start_with_context(t, &parent),
+        ))
+    }
+
+    /// This span as a parent for the report of the realization.
+    pub fn context(&self) -> Option<Context> {
+        let span = self.0.as_ref()?;
+        Some(Context::new().with_remote_span_context(span.span_context().clone()))
+    }
+
+    /// Ends the span: `Ok(version)` applied, or why it was refused.
+    pub fn finish(self, result: &Result<u64, String>) {
+        if let Some(mut span) = self.0 {
+            match result {
+                Ok(_) => {
+                    span.set_attribute(KeyValue::new("palisade.result", "ok"));
+                    span.set_status(Status::Ok);
+                }
+                Err(e) => {
+                    span.set_attribute(KeyValue::new("palisade.result", "error"));
+                    span.set_status(Status::error(e.clone()));
+                }
+            }
+            span.end();
+        }
+    }
+}
+
+/// The realization the next report describes, shared by the plan stream
+/// (which sets it before handing a message to the reconciler, so it is
+/// there before any state the message produces) and the reporter.
+#[derive(Clone, Default)]
+pub struct ReportParent(Arc<Mutex<Option<(u64, Context)>>>);
+
+impl ReportParent {
+    /// Plan `version` is being realized under `cx`. Nothing when there is
+    /// no span (tracing off, or an untraced message): the lock is not even
+    /// taken.
+    pub fn realizing(&self, version: u64, cx: Option<Context>) {
+        if let Some(cx) = cx {
+            *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((version, cx));
+        }
+    }
+
+    /// Names the realization of `realized_version` in a report's metadata,
+    /// when that realization was traced.
+    pub fn inject(&self, realized_version: u64, metadata: &mut MetadataMap) {
+        if tracer().is_none() {
+            return;
+        }
+        self.inject_traced(realized_version, metadata);
+    }
+
+    fn inject_traced(&self, realized_version: u64, metadata: &mut MetadataMap) {
+        let held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((version, cx)) = held.as_ref() {
+            if *version == realized_version {
+                trace_context::inject_metadata(cx, metadata);
+            }
+        }
+    }
+}
+
+/// A `fetch pod plan` span, whose context the `GetPodPlan` call carries.
+/// Inert when tracing is off.
+pub struct Fetch(Option<Span>);
+
+impl Fetch {
+    pub fn start(node: &str, pod: &(String, String)) -> Fetch {
+        Fetch(tracer().map(|t| {
+            t.span_builder("fetch pod plan")
+                .with_kind(SpanKind::Client)
+                .with_attributes([
+                    KeyValue::new("palisade.node", node.to_string()),
+                    KeyValue::new("palisade.pod", format!("{}/{}", pod.0, pod.1)),
+                ])
+                .start(t)
+        }))
+    }
+
+    pub fn inject(&self, metadata: &mut MetadataMap) {
+        if let Some(span) = &self.0 {
+            let cx = Context::new().with_remote_span_context(span.span_context().clone());
+            trace_context::inject_metadata(&cx, metadata);
+        }
+    }
+
+    pub fn finish<T>(self, result: &Result<T, String>) {
+        if let Some(mut span) = self.0 {
+            match result {
+                Ok(_) => span.set_status(Status::Ok),
+                Err(e) => span.set_status(Status::error(e.clone())),
+            }
+            span.end();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId};
+
+    fn send_span() -> SpanContext {
+        SpanContext::new(
+            TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap(),
+            SpanId::from_hex("00f067aa0ba902b7").unwrap(),
+            TraceFlags::SAMPLED,
+            true,
+            Default::default(),
+        )
+    }
+
+    fn info() -> RealizeInfo<'static> {
+        RealizeInfo {
+            node: "n1",
+            kind: "delta",
+            version: 8,
+            base_version: 7,
+            term: 2,
+            pods: 1,
+        }
+    }
+
+    #[test]
+    fn the_flag_wins_then_the_standard_variable_and_blank_is_off() {
+        let s = |v: &str| Some(v.to_string());
+        assert_eq!(endpoint(None, None), None);
+        assert_eq!(endpoint(s(""), None), None);
+        assert_eq!(
+            endpoint(s("http://a:4317"), s("http://b:4317")),
+            s("http://a:4317")
+        );
+        assert_eq!(endpoint(None, s("http://b:4317")), s("http://b:4317"));
+    }
+
+    /// This test binary never configures an endpoint: a traced message
+    /// starts nothing and the report carries nothing.
+    #[test]
+    fn without_an_endpoint_nothing_is_traced_or_carried() {
+        assert!(tracer().is_none());
+        let map = trace_context::to_map(&Context::new().with_remote_span_context(send_span()));
+        let realize = Realize::start(&map, info());
+        assert!(realize.context().is_none());
+        let parent = ReportParent::default();
+        parent.realizing(8, realize.context());
+        realize.finish(&Ok(8));
+        assert!(parent.0.lock().unwrap().is_none());
+        let mut md = MetadataMap::new();
+        parent.inject(8, &mut md);
+        assert!(md.is_empty());
+        let fetch = Fetch::start("n1", &("x".into(), "a".into()));
+        fetch.inject(&mut md);
+        assert!(md.is_empty());
+        fetch.finish(&Ok::<(), String>(()));
+    }
+
+    /// The realization is the child of the controller's send span, and
+    /// the report of that version (only that version) names it.
+    #[test]
+    fn a_realization_joins_the_senders_trace_and_its_report_names_it() {
+        use opentelemetry_sdk::trace::InMemorySpanExporter;
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        let t: &'static SdkTracer = Box::leak(Box::new(provider.tracer("test")));
+
+        let map = trace_context::to_map(&Context::new().with_remote_span_context(send_span()));
+        // No context in the message, no span.
+        assert!(Realize::start_in(Some(t), &HashMap::new(), info())
+            .0
+            .is_none());
+        let realize = Realize::start_in(Some(t), &map, info());
+        let parent = ReportParent::default();
+        parent.realizing(8, realize.context());
+        realize.finish(&Err("out of sequence".into()));
+
+        let mut md = MetadataMap::new();
+        parent.inject_traced(7, &mut md);
+        assert!(md.is_empty(), "a report of another version names nothing");
+        parent.inject_traced(8, &mut md);
+        let named = trace_context::from_metadata(&md).expect("the report names the realization");
+
+        let spans = exporter.get_finished_spans().unwrap();
+        assert_eq!(spans.len(), 1);
+        let span = &spans[0];
+        assert_eq!(span.name, "realize plan");
+        assert_eq!(span.span_context.trace_id(), send_span().trace_id());
+        assert_eq!(span.parent_span_id, send_span().span_id());
+        assert_eq!(
+            named.span().span_context().span_id(),
+            span.span_context.span_id()
+        );
+        assert!(matches!(span.status, Status::Error { .. }));
+        assert!(span
+            .attributes
+            .iter()
+            .any(|kv| kv.key.as_str() == "palisade.result" && kv.value.as_str() == "error"));
+    }
+
+    #[tokio::test]
+    async fn a_malformed_endpoint_is_refused_with_its_name() {
+        let Err(e) = provider("collector:4317", vec![]) else {
+            panic!("an endpoint without a scheme was accepted");
+        };
+        assert!(e.contains("collector:4317"), "{e}");
+        let p = provider("http://127.0.0.1:9", vec![]).expect("builds");
+        p.shutdown_with_timeout(Duration::from_millis(100)).ok();
+        // TLS to a collector with the system's roots.
+        let p = provider("https://collector.example:4317", vec![]).expect("builds");
+        p.shutdown_with_timeout(Duration::from_millis(100)).ok();
+    }
+}
