@@ -40,14 +40,18 @@ pub fn scraper(
         let (handle, pin_root) = (handle.clone(), pin_root.clone());
         Box::pin(async move {
             let dump = handle.dump().await;
+            let datapath_pins = pin_root.clone();
             let datapath =
-                tokio::task::spawn_blocking(move || crate::metrics_maps::read(&pin_root))
+                tokio::task::spawn_blocking(move || crate::metrics_maps::read(&datapath_pins))
                     .await
                     .unwrap_or_else(|e| Err(e.to_string()));
             if let Err(e) = &datapath {
                 tracing::warn!(error = %e, "metrics: reading the datapath's maps");
             }
-            render(dump.as_ref().ok(), datapath.as_ref().ok())
+            let flow_log = flow_log_reading(pin_root).await;
+            let mut text = render(dump.as_ref().ok(), datapath.as_ref().ok());
+            text.push_str(&render_flow_log(flow_log.as_ref()));
+            text
         })
     }
 }
@@ -220,4 +224,81 @@ fn datapath_metrics(e: &mut Exposition, r: &DatapathReading) {
             u64::from(m.capacity),
         );
     }
+}
+
+// ---- flow log (kept apart from the verdict counters above) ----
+
+async fn flow_log_reading(pin_root: PathBuf) -> Option<crate::flow_log::stats::FlowStats> {
+    let read = tokio::task::spawn_blocking(move || crate::flow_log::stats::read(&pin_root))
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
+    read.map_err(|e| tracing::warn!(error = %e, "metrics: reading the flow log counters"))
+        .ok()
+}
+
+/// The flow log's counters: the datapath's (what it sent, what the rate
+/// limit and a full ring buffer dropped; absent when its map cannot be
+/// read, which `palisade_flow_log_datapath_ok` says) and the writer's. A
+/// text of its own appended to the scrape, so it never touches the verdict
+/// counters' part.
+pub fn render_flow_log(stats: Option<&crate::flow_log::stats::FlowStats>) -> String {
+    use crate::flow_log::counters;
+    let mut e = Exposition::default();
+    e.single(
+        "palisade_flow_log_datapath_ok",
+        "gauge",
+        "1 when the datapath's flow event counters could be read for this scrape.",
+        u64::from(stats.is_some()),
+    );
+    if let Some(s) = stats {
+        e.single(
+            "palisade_flow_log_events_total",
+            "counter",
+            "Flow events the datapath sent to the enforcer (new flows and drops the mode asks for, and staged policies' verdicts).",
+            s.emitted,
+        );
+        e.single(
+            "palisade_flow_log_rate_limited_total",
+            "counter",
+            "Flow events the node's rate limit (--flow-log-rate) dropped in the datapath.",
+            s.rate_limited,
+        );
+        e.single(
+            "palisade_flow_log_overflow_total",
+            "counter",
+            "Flow events dropped because the ring buffer to the enforcer was full.",
+            s.overflow,
+        );
+        e.family(
+            "palisade_flow_log_staged_verdicts_total",
+            "counter",
+            "New flows whose verdict staged (audit) policies would change, by verdict and direction.",
+        );
+        for (verdict, direction, n) in s.staged {
+            e.sample_u64(
+                "palisade_flow_log_staged_verdicts_total",
+                &[("verdict", verdict), ("direction", direction)],
+                n,
+            );
+        }
+    }
+    e.single(
+        "palisade_flow_log_lines_total",
+        "counter",
+        "Flow log lines written.",
+        counters::get(&counters::LINES_WRITTEN),
+    );
+    e.single(
+        "palisade_flow_log_write_dropped_total",
+        "counter",
+        "Flow log lines dropped because the output could not keep up (or failed).",
+        counters::get(&counters::WRITE_DROPPED),
+    );
+    e.single(
+        "palisade_flow_log_malformed_total",
+        "counter",
+        "Ring buffer records that were not flow events (a datapath of another version); skipped.",
+        counters::get(&counters::MALFORMED),
+    );
+    e.finish()
 }

@@ -1,0 +1,150 @@
+//! What the flow log knows about the node's pods: which pod each host
+//! interface belongs to, each pod's addresses and plan. Built from the
+//! reconciler's dump (interfaces, pods, node addresses) and its checkpoint
+//! (the plan with its rules), both of which the enforcer already keeps;
+//! `Source` refreshes it when events need it, never more than a few times
+//! a second.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use palisade_proto::v1::{IpPrefix, PlanSnapshot, PodPolicy};
+
+use crate::checkpoint::Checkpoint;
+use crate::compile::Prefix;
+use crate::desired::PodKey;
+use crate::handle::Handle;
+use crate::reconciler::Dump;
+
+#[derive(Clone, Debug, Default)]
+pub struct Knowledge {
+    pub node: String,
+    pub by_ifindex: HashMap<u32, PodKey>,
+    pub by_ip: HashMap<IpAddr, PodKey>,
+    pub plans: HashMap<PodKey, PodPolicy>,
+    /// Peers every policy allows (the pod's own node).
+    pub node_addresses: Vec<Prefix>,
+}
+
+pub fn ip_of(p: &IpPrefix) -> Option<IpAddr> {
+    match p.addr.len() {
+        4 => Some(IpAddr::V4(Ipv4Addr::from(
+            <[u8; 4]>::try_from(p.addr.as_slice()).ok()?,
+        ))),
+        16 => Some(IpAddr::V6(Ipv6Addr::from(
+            <[u8; 16]>::try_from(p.addr.as_slice()).ok()?,
+        ))),
+        _ => None,
+    }
+}
+
+impl Knowledge {
+    pub fn from_dump(node: &str, dump: &Dump, plan: Option<&PlanSnapshot>) -> Self {
+        let key = |r: &palisade_proto::v1::PodRef| (r.namespace.clone(), r.name.clone());
+        let mut k = Knowledge {
+            node: node.to_string(),
+            node_addresses: dump.node_addresses.clone(),
+            ..Default::default()
+        };
+        for i in &dump.interfaces {
+            if let Some(pod) = &i.pod {
+                k.by_ifindex.insert(i.ifindex, pod.clone());
+            }
+        }
+        for p in &dump.state.pods {
+            let Some(pod) = p.pod.as_ref() else { continue };
+            for ip in p.pod_ips.iter().filter_map(ip_of) {
+                k.by_ip.insert(ip, key(pod));
+            }
+        }
+        for p in plan.map(|p| p.pods.as_slice()).unwrap_or_default() {
+            if let Some(pod) = p.pod.as_ref() {
+                k.plans.insert(key(pod), p.clone());
+            }
+        }
+        k
+    }
+}
+
+/// Refreshes at most this often when events keep coming.
+const MIN_REFRESH: Duration = Duration::from_millis(200);
+/// Refreshes at least this often while events keep coming.
+const MAX_AGE: Duration = Duration::from_secs(2);
+/// Longest a refresh may hold up the reader (the reconciler may be busy).
+const REFRESH_TIMEOUT: Duration = Duration::from_millis(500);
+
+pub struct Source {
+    handle: Handle,
+    node: String,
+    checkpoint: Option<Checkpoint>,
+    plan: Option<PlanSnapshot>,
+    knowledge: Knowledge,
+    refreshed: Option<Instant>,
+}
+
+impl Source {
+    pub fn new(handle: Handle, node: String, state_dir: &Path) -> Self {
+        let checkpoint = Checkpoint::open(state_dir)
+            .map_err(|e| tracing::warn!("flow log: no plan rules for annotation: {e}"))
+            .ok();
+        Source {
+            handle,
+            knowledge: Knowledge {
+                node: node.clone(),
+                ..Default::default()
+            },
+            node,
+            checkpoint,
+            plan: None,
+            refreshed: None,
+        }
+    }
+
+    pub fn knowledge(&self) -> &Knowledge {
+        &self.knowledge
+    }
+
+    /// Whether events on these interfaces call for a refresh first.
+    pub fn wants_refresh(&self, ifindexes: impl IntoIterator<Item = u32>, now: Instant) -> bool {
+        match self.refreshed {
+            None => true,
+            Some(at) => {
+                let age = now.saturating_duration_since(at);
+                age >= MAX_AGE
+                    || (age >= MIN_REFRESH
+                        && ifindexes
+                            .into_iter()
+                            .any(|i| !self.knowledge.by_ifindex.contains_key(&i)))
+            }
+        }
+    }
+
+    /// Re-reads the dump, and the checkpointed plan when its version moved.
+    /// On failure or timeout the old knowledge stays.
+    pub async fn refresh(&mut self) {
+        self.refreshed = Some(Instant::now());
+        let dump = match tokio::time::timeout(REFRESH_TIMEOUT, self.handle.dump()).await {
+            Ok(Ok(d)) => d,
+            Ok(Err(e)) => return tracing::debug!("flow log: dump: {e}"),
+            Err(_) => return tracing::debug!("flow log: the dump took too long"),
+        };
+        let held = self.plan.as_ref().map(|p| p.version);
+        if held != Some(dump.plan_version) {
+            if let Some(cp) = &self.checkpoint {
+                let dir = cp.dir().to_path_buf();
+                let loaded = tokio::task::spawn_blocking(move || {
+                    Checkpoint::open(&dir).and_then(|c| c.load())
+                })
+                .await;
+                if let Ok(Ok(saved)) = loaded {
+                    if saved.plan.is_some() {
+                        self.plan = saved.plan;
+                    }
+                }
+            }
+        }
+        self.knowledge = Knowledge::from_dump(&self.node, &dump, self.plan.as_ref());
+    }
+}
