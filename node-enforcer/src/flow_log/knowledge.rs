@@ -1,9 +1,11 @@
 //! What the flow log knows about the node's pods: which pod each host
 //! interface belongs to, each pod's addresses and plan. Built from the
 //! reconciler's dump (interfaces, pods, node addresses) and its checkpoint
-//! (the plan with its rules), both of which the enforcer already keeps;
-//! `Source` refreshes it when events need it, never more than a few times
-//! a second.
+//! (the plan with its rules), both of which the enforcer already keeps.
+//! `Source` refreshes it before annotating events when the checkpoint
+//! changed (the reconciler rewrites it on every plan or pod change, so one
+//! `stat` of its directory tells), when an event names an unknown
+//! interface (at most a few times a second), or when it is old.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -68,10 +70,11 @@ impl Knowledge {
     }
 }
 
-/// Refreshes at most this often when events keep coming.
+/// Refreshes at most this often for events on interfaces it does not know.
 const MIN_REFRESH: Duration = Duration::from_millis(200);
-/// Refreshes at least this often while events keep coming.
-const MAX_AGE: Duration = Duration::from_secs(2);
+/// Refreshes at least this often while events keep coming (the node's
+/// addresses change without touching the checkpoint).
+const MAX_AGE: Duration = Duration::from_secs(10);
 /// Longest a refresh may hold up the reader (the reconciler may be busy).
 const REFRESH_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -82,7 +85,11 @@ pub struct Source {
     plan: Option<PlanSnapshot>,
     knowledge: Knowledge,
     refreshed: Option<Instant>,
+    /// The state directory's modification time at the last refresh.
+    stamps: Stamps,
 }
+
+type Stamps = Option<std::time::SystemTime>;
 
 impl Source {
     pub fn new(handle: Handle, node: String, state_dir: &Path) -> Self {
@@ -99,6 +106,7 @@ impl Source {
             checkpoint,
             plan: None,
             refreshed: None,
+            stamps: None,
         }
     }
 
@@ -106,25 +114,38 @@ impl Source {
         &self.knowledge
     }
 
+    /// The state directory's modification time: the checkpoint replaces
+    /// its files by rename, which moves it on every plan or pod change.
+    fn stamps(&self) -> Stamps {
+        self.checkpoint.as_ref().and_then(|cp| {
+            std::fs::metadata(cp.dir())
+                .and_then(|m| m.modified())
+                .ok()
+        })
+    }
+
     /// Whether events on these interfaces call for a refresh first.
     pub fn wants_refresh(&self, ifindexes: impl IntoIterator<Item = u32>, now: Instant) -> bool {
-        match self.refreshed {
-            None => true,
-            Some(at) => {
-                let age = now.saturating_duration_since(at);
-                age >= MAX_AGE
-                    || (age >= MIN_REFRESH
-                        && ifindexes
-                            .into_iter()
-                            .any(|i| !self.knowledge.by_ifindex.contains_key(&i)))
-            }
-        }
+        let Some(at) = self.refreshed else {
+            return true;
+        };
+        let age = now.saturating_duration_since(at);
+        // A changed checkpoint always counts: the events may have been
+        // judged by the new plan, and plans change far less often than
+        // events arrive.
+        age >= MAX_AGE
+            || self.stamps() != self.stamps
+            || (age >= MIN_REFRESH
+                && ifindexes
+                    .into_iter()
+                    .any(|i| !self.knowledge.by_ifindex.contains_key(&i)))
     }
 
     /// Re-reads the dump, and the checkpointed plan when its version moved.
     /// On failure or timeout the old knowledge stays.
     pub async fn refresh(&mut self) {
         self.refreshed = Some(Instant::now());
+        self.stamps = self.stamps();
         let dump = match tokio::time::timeout(REFRESH_TIMEOUT, self.handle.dump()).await {
             Ok(Ok(d)) => d,
             Ok(Err(e)) => return tracing::debug!("flow log: dump: {e}"),
@@ -138,10 +159,15 @@ impl Source {
                     Checkpoint::open(&dir).and_then(|c| c.load())
                 })
                 .await;
-                if let Ok(Ok(saved)) = loaded {
-                    if saved.plan.is_some() {
-                        self.plan = saved.plan;
+                match loaded {
+                    Ok(Ok(saved)) => {
+                        if let Some(plan) = saved.plan {
+                            tracing::debug!(version = plan.version, pods = plan.pods.len(), "flow log: plan rules loaded");
+                            self.plan = Some(plan);
+                        }
                     }
+                    Ok(Err(e)) => tracing::warn!("flow log: reading the plan's rules: {e}"),
+                    Err(e) => tracing::warn!("flow log: reading the plan's rules: {e}"),
                 }
             }
         }
