@@ -1203,8 +1203,12 @@ steps:
 
     #[test]
     fn flow_log_settings_parse_and_are_validated() {
-        let s = Scenario::from_yaml(&format!("flowLogs: deny\nflowLogRate: 50\n{SERVICES}")).unwrap();
-        assert_eq!((s.flow_logs, s.flow_log_rate), (Some(FlowLogMode::Deny), Some(50)));
+        let s =
+            Scenario::from_yaml(&format!("flowLogs: deny\nflowLogRate: 50\n{SERVICES}")).unwrap();
+        assert_eq!(
+            (s.flow_logs, s.flow_log_rate),
+            (Some(FlowLogMode::Deny), Some(50))
+        );
         let s = Scenario::from_yaml(SERVICES).unwrap();
         assert_eq!((s.flow_logs, s.flow_log_rate), (None, None));
         let e = err(&format!("flowLogs: denied\n{SERVICES}"));

@@ -279,6 +279,9 @@ fn the_rate_limit_is_shared_by_both_hooks_and_every_pod() {
         assert_eq!(h.pod_receives(&udp("10.0.1.5", 53, POD4, 40000 + i)), DROP);
     }
     let events = drain(&h).len() as u64;
-    assert!((3..=4).contains(&events), "burst of 3 (+1 if a second passed): {events}");
+    assert!(
+        (3..=4).contains(&events),
+        "burst of 3 (+1 if a second passed): {events}"
+    );
     assert_eq!(flow_stat(&h, FLOW_STAT_RATE_LIMITED), 20 - events);
 }

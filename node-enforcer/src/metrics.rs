@@ -302,3 +302,44 @@ pub fn render_flow_log(stats: Option<&crate::flow_log::stats::FlowStats>) -> Str
     );
     e.finish()
 }
+
+#[cfg(test)]
+mod flow_log_tests {
+    use super::*;
+    use crate::flow_log::stats::FlowStats;
+
+    #[test]
+    fn flow_log_counters_are_exported_and_a_missing_reading_says_so() {
+        let stats = FlowStats {
+            emitted: 7,
+            rate_limited: 4900,
+            overflow: 2,
+            staged: [
+                ("would-deny", "egress", 1),
+                ("would-deny", "ingress", 0),
+                ("would-allow", "egress", 0),
+                ("would-allow", "ingress", 3),
+            ],
+        };
+        let text = render_flow_log(Some(&stats));
+        for line in [
+            "palisade_flow_log_datapath_ok 1",
+            "palisade_flow_log_events_total 7",
+            "palisade_flow_log_rate_limited_total 4900",
+            "palisade_flow_log_overflow_total 2",
+            "palisade_flow_log_staged_verdicts_total{verdict=\"would-allow\",direction=\"ingress\"} 3",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+        assert!(text.contains("palisade_flow_log_write_dropped_total "));
+        let text = render_flow_log(None);
+        assert!(text.lines().any(|l| l == "palisade_flow_log_datapath_ok 0"));
+        assert!(!text.contains("palisade_flow_log_rate_limited_total"));
+        // Appended to the main scrape: no family of its own may repeat one there.
+        let main = render(None, None);
+        for family in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+            let name = family.split(' ').next().unwrap();
+            assert!(!main.contains(&format!("# TYPE {name} ")), "{name} twice");
+        }
+    }
+}

@@ -36,6 +36,9 @@ mod tests {
     #[test]
     fn the_burst_is_the_rate() {
         let c = datapath_config(FlowLogMode::Deny, 1000);
-        assert_eq!((c.mode, c.rate_per_sec, c.burst), (palisade_ebpf::FLOW_LOG_DENY, 1000, 1000));
+        assert_eq!(
+            (c.mode, c.rate_per_sec, c.burst),
+            (palisade_ebpf::FLOW_LOG_DENY, 1000, 1000)
+        );
     }
 }

@@ -70,7 +70,13 @@ pub(crate) mod tests {
         }
     }
 
-    pub fn rule(policy: &str, index: u32, cidr: &str, except: &[&str], ports: &[(i32, u32, u32)]) -> Rule {
+    pub fn rule(
+        policy: &str,
+        index: u32,
+        cidr: &str,
+        except: &[&str],
+        ports: &[(i32, u32, u32)],
+    ) -> Rule {
         Rule {
             peers: vec![PeerBlock {
                 cidr: Some(prefix(cidr)),
@@ -104,7 +110,13 @@ pub(crate) mod tests {
     fn the_first_matching_rule_decides() {
         let p = DirectionPolicy {
             rules: vec![
-                rule("ns/web", 0, "10.0.1.0/24", &["10.0.1.128/25"], &[(TCP, 80, 0)]),
+                rule(
+                    "ns/web",
+                    0,
+                    "10.0.1.0/24",
+                    &["10.0.1.128/25"],
+                    &[(TCP, 80, 0)],
+                ),
                 rule("ns/web", 1, "10.0.0.0/16", &[], &[(TCP, 8000, 8080)]),
                 rule("ns/dns", 0, "0.0.0.0/0", &[], &[(UDP, 0, 0)]),
                 rule("ns/any", 2, "10.0.1.0/24", &[], &[]),
@@ -117,7 +129,11 @@ pub(crate) mod tests {
         assert_eq!(decided(&p, "10.0.9.9", 6, 8081), None);
         assert_eq!(decided(&p, "192.0.2.1", 17, 53), Some(("ns/dns".into(), 0)));
         assert_eq!(decided(&p, "10.0.1.7", 132, 9), Some(("ns/any".into(), 2)));
-        assert_eq!(decided(&p, "fd00::1", 17, 53), None, "IPv4 blocks never match IPv6");
+        assert_eq!(
+            decided(&p, "fd00::1", 17, 53),
+            None,
+            "IPv4 blocks never match IPv6"
+        );
     }
 
     #[test]

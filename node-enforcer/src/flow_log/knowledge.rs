@@ -117,11 +117,9 @@ impl Source {
     /// The state directory's modification time: the checkpoint replaces
     /// its files by rename, which moves it on every plan or pod change.
     fn stamps(&self) -> Stamps {
-        self.checkpoint.as_ref().and_then(|cp| {
-            std::fs::metadata(cp.dir())
-                .and_then(|m| m.modified())
-                .ok()
-        })
+        self.checkpoint
+            .as_ref()
+            .and_then(|cp| std::fs::metadata(cp.dir()).and_then(|m| m.modified()).ok())
     }
 
     /// Whether events on these interfaces call for a refresh first.
@@ -162,7 +160,11 @@ impl Source {
                 match loaded {
                     Ok(Ok(saved)) => {
                         if let Some(plan) = saved.plan {
-                            tracing::debug!(version = plan.version, pods = plan.pods.len(), "flow log: plan rules loaded");
+                            tracing::debug!(
+                                version = plan.version,
+                                pods = plan.pods.len(),
+                                "flow log: plan rules loaded"
+                            );
                             self.plan = Some(plan);
                         }
                     }

@@ -69,6 +69,9 @@ mod tests {
             assert_eq!(mode.datapath(), dp);
         }
         let err = "denied".parse::<FlowLogMode>().unwrap_err();
-        assert!(err.contains("\"denied\"") && err.contains("off, deny, all"), "{err}");
+        assert!(
+            err.contains("\"denied\"") && err.contains("off, deny, all"),
+            "{err}"
+        );
     }
 }

@@ -147,7 +147,10 @@ mod tests {
         for i in 0..1000 {
             lines.send(format!("line {i:04} of a flow log that nobody reads\n"));
         }
-        assert!(started.elapsed() < std::time::Duration::from_secs(1), "send never waits");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(1),
+            "send never waits"
+        );
         let dropped = DROPPED.load(Ordering::Relaxed);
         // The queue holds 8 and the writer took at most one batch.
         assert!(dropped > 900, "{dropped} of 1000 dropped");

@@ -10,7 +10,9 @@ fn bytes(ip: &str) -> [u8; 16] {
     mapped_addr(ip.parse().unwrap())
 }
 
-fn event(kind: u8, stat: u32, owner: u8, src: &str, sport: u16, dst: &str, dport: u16, proto: u8) -> FlowEvent {
+/// `flow`: (source, source port, destination, destination port, protocol).
+fn event(kind: u8, stat: u32, owner: u8, flow: (&str, u16, &str, u16, u8)) -> FlowEvent {
+    let (src, sport, dst, dport, proto) = flow;
     FlowEvent {
         ts_ns: 5_000_000_000,
         ifindex: 7,
@@ -38,12 +40,22 @@ fn knowledge() -> Knowledge {
             name: "web".into(),
         }),
         ingress: Some(DirectionPolicy {
-            rules: vec![rule("ns/allow-web", 1, "10.244.0.0/24", &[], &[(TCP, 80, 0)])],
+            rules: vec![rule(
+                "ns/allow-web",
+                1,
+                "10.244.0.0/24",
+                &[],
+                &[(TCP, 80, 0)],
+            )],
         }),
         egress: Some(DirectionPolicy {
             rules: vec![rule("ns/dns", 0, "0.0.0.0/0", &[], &[(UDP, 53, 0)])],
         }),
-        policies: vec!["ns/allow-web".into(), "ns/default-deny".into(), "ns/dns".into()],
+        policies: vec![
+            "ns/allow-web".into(),
+            "ns/default-deny".into(),
+            "ns/dns".into(),
+        ],
         staged_policies: vec!["ns/lockdown".into()],
         audit_ingress: Some(DirectionPolicy {
             rules: vec![rule("ns/lockdown", 4, "10.9.0.0/16", &[], &[])],
@@ -65,7 +77,12 @@ fn knowledge() -> Knowledge {
 
 #[test]
 fn an_allowed_flow_names_its_deciding_rule_and_peer_pod() {
-    let e = event(FLOW_ALLOWED, STAT_ALLOWED_POLICY, OWNER_TO_POD, "10.244.0.6", 41000, "10.244.0.5", 80, 6);
+    let e = event(
+        FLOW_ALLOWED,
+        STAT_ALLOWED_POLICY,
+        OWNER_TO_POD,
+        ("10.244.0.6", 41000, "10.244.0.5", 80, 6),
+    );
     let r = annotate(&e, &knowledge(), 1_700_000_000_000_000_000);
     assert_eq!(
         r,
@@ -102,29 +119,70 @@ fn an_allowed_flow_names_its_deciding_rule_and_peer_pod() {
 
 #[test]
 fn a_denied_flow_lists_the_pods_policies() {
-    let e = event(FLOW_DENIED, STAT_DENIED, OWNER_FROM_POD, "10.244.0.5", 41000, "192.0.2.9", 443, 6);
+    let e = event(
+        FLOW_DENIED,
+        STAT_DENIED,
+        OWNER_FROM_POD,
+        ("10.244.0.5", 41000, "192.0.2.9", 443, 6),
+    );
     let r = annotate(&e, &knowledge(), 0);
-    assert_eq!((r.verdict, r.reason, r.direction), ("denied", "policy", "egress"));
+    assert_eq!(
+        (r.verdict, r.reason, r.direction),
+        ("denied", "policy", "egress")
+    );
     assert_eq!(r.policies, ["ns/allow-web", "ns/default-deny", "ns/dns"]);
     assert_eq!((&r.policy, r.rule_index, &r.peer_pod), (&None, None, &None));
     let line = r.to_line();
-    assert!(line.contains(r#""policies":["ns/allow-web","ns/default-deny","ns/dns"]"#), "{line}");
+    assert!(
+        line.contains(r#""policies":["ns/allow-web","ns/default-deny","ns/dns"]"#),
+        "{line}"
+    );
     assert!(!line.contains("rule_index"), "{line}");
 }
 
 #[test]
 fn reasons_without_a_policy() {
     let k = knowledge();
-    let open = event(FLOW_ALLOWED, STAT_ALLOWED_UNISOLATED, OWNER_FROM_POD, "10.244.0.5", 1, "10.1.1.1", 2, 17);
+    let open = event(
+        FLOW_ALLOWED,
+        STAT_ALLOWED_UNISOLATED,
+        OWNER_FROM_POD,
+        ("10.244.0.5", 1, "10.1.1.1", 2, 17),
+    );
     let r = annotate(&open, &k, 0);
-    assert_eq!((r.verdict, r.reason, r.policy, r.policies.len()), ("allowed", "not_isolated", None, 0));
-    let spoof = event(FLOW_DENIED, STAT_DENIED_SPOOF, OWNER_FROM_POD, "10.6.6.6", 1, "10.1.1.1", 2, 17);
+    assert_eq!(
+        (r.verdict, r.reason, r.policy, r.policies.len()),
+        ("allowed", "not_isolated", None, 0)
+    );
+    let spoof = event(
+        FLOW_DENIED,
+        STAT_DENIED_SPOOF,
+        OWNER_FROM_POD,
+        ("10.6.6.6", 1, "10.1.1.1", 2, 17),
+    );
     let r = annotate(&spoof, &k, 0);
-    assert_eq!((r.verdict, r.reason, r.policies.len()), ("denied", "spoofed_source", 0));
-    let kubelet = event(FLOW_ALLOWED, STAT_ALLOWED_POLICY, OWNER_TO_POD, "10.244.0.1", 5000, "10.244.0.5", 8080, 6);
+    assert_eq!(
+        (r.verdict, r.reason, r.policies.len()),
+        ("denied", "spoofed_source", 0)
+    );
+    let kubelet = event(
+        FLOW_ALLOWED,
+        STAT_ALLOWED_POLICY,
+        OWNER_TO_POD,
+        ("10.244.0.1", 5000, "10.244.0.5", 8080, 6),
+    );
     let r = annotate(&kubelet, &k, 0);
-    assert_eq!((r.reason, r.policy), ("node", None), "the node is always allowed");
-    let mut failed = event(FLOW_DENIED, STAT_DENIED, OWNER_TO_POD, "10.1.1.1", 1, "10.244.0.5", 80, 6);
+    assert_eq!(
+        (r.reason, r.policy),
+        ("node", None),
+        "the node is always allowed"
+    );
+    let mut failed = event(
+        FLOW_DENIED,
+        STAT_DENIED,
+        OWNER_TO_POD,
+        ("10.1.1.1", 1, "10.244.0.5", 80, 6),
+    );
     failed.policy_id = DENY_ALL;
     assert_eq!(annotate(&failed, &k, 0).reason, "fail_closed");
 }
@@ -132,11 +190,24 @@ fn reasons_without_a_policy() {
 #[test]
 fn staged_policy_events_name_the_staged_policies() {
     let k = knowledge();
-    let would_allow = event(FLOW_WOULD_ALLOW, STAT_DENIED, OWNER_TO_POD, "10.9.1.1", 1, "10.244.0.5", 22, 6);
+    let would_allow = event(
+        FLOW_WOULD_ALLOW,
+        STAT_DENIED,
+        OWNER_TO_POD,
+        ("10.9.1.1", 1, "10.244.0.5", 22, 6),
+    );
     let r = annotate(&would_allow, &k, 0);
     assert_eq!((r.verdict, r.reason), ("would-allow", "staged_policy"));
-    assert_eq!((r.policy.as_deref(), r.rule_index), (Some("ns/lockdown"), Some(4)));
-    let would_deny = event(FLOW_WOULD_DENY, STAT_ALLOWED_POLICY, OWNER_TO_POD, "10.244.0.6", 1, "10.244.0.5", 80, 6);
+    assert_eq!(
+        (r.policy.as_deref(), r.rule_index),
+        (Some("ns/lockdown"), Some(4))
+    );
+    let would_deny = event(
+        FLOW_WOULD_DENY,
+        STAT_ALLOWED_POLICY,
+        OWNER_TO_POD,
+        ("10.244.0.6", 1, "10.244.0.5", 80, 6),
+    );
     let r = annotate(&would_deny, &k, 0);
     assert_eq!((r.verdict, r.reason), ("would-deny", "staged_policy"));
     assert_eq!(r.policies, ["ns/lockdown"]);
@@ -144,11 +215,19 @@ fn staged_policy_events_name_the_staged_policies() {
 
 #[test]
 fn unknown_interfaces_ipv6_and_unknown_protocols_still_log() {
-    let mut e = event(FLOW_DENIED, STAT_DENIED, OWNER_FROM_POD, "fd00::5", 0, "fd00::9", 0, 47);
+    let mut e = event(
+        FLOW_DENIED,
+        STAT_DENIED,
+        OWNER_FROM_POD,
+        ("fd00::5", 0, "fd00::9", 0, 47),
+    );
     e.ifindex = 99;
     let r = annotate(&e, &knowledge(), 0);
     assert_eq!(r.pod, None);
-    assert_eq!((r.src_ip.as_str(), r.dst_ip.as_str()), ("fd00::5", "fd00::9"));
+    assert_eq!(
+        (r.src_ip.as_str(), r.dst_ip.as_str()),
+        ("fd00::5", "fd00::9")
+    );
     assert_eq!(r.protocol, "47");
     assert!(r.to_line().contains(r#""pod":null"#));
     e.kind = 9;
