@@ -176,3 +176,82 @@ impl Source {
         self.knowledge = Knowledge::from_dump(&self.node, &dump, self.plan.as_ref());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reconciler::InterfaceDump;
+    use palisade_proto::v1::{NodeState, PodRef, PodState};
+
+    fn pod_ref(name: &str) -> PodRef {
+        PodRef {
+            namespace: "ns".into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn interfaces_addresses_and_plans_are_indexed_by_pod() {
+        let key = |n: &str| ("ns".to_string(), n.to_string());
+        let dump = Dump {
+            state: NodeState {
+                pods: vec![PodState {
+                    pod: Some(pod_ref("web")),
+                    pod_ips: vec![
+                        IpPrefix {
+                            addr: vec![10, 244, 0, 5],
+                            prefix_len: 32,
+                        },
+                        IpPrefix {
+                            addr: "fd00::5".parse::<Ipv6Addr>().unwrap().octets().to_vec(),
+                            prefix_len: 128,
+                        },
+                        IpPrefix {
+                            addr: vec![1, 2, 3],
+                            prefix_len: 24,
+                        },
+                    ],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+            interfaces: vec![
+                InterfaceDump {
+                    name: "veth-web".into(),
+                    ifindex: 7,
+                    pod: Some(key("web")),
+                    ingress: String::new(),
+                    egress: String::new(),
+                },
+                InterfaceDump {
+                    name: "veth-lost".into(),
+                    ifindex: 9,
+                    pod: None,
+                    ingress: String::new(),
+                    egress: String::new(),
+                },
+            ],
+            ..Default::default()
+        };
+        let plan = PlanSnapshot {
+            pods: vec![PodPolicy {
+                pod: Some(pod_ref("web")),
+                policies: vec!["ns/p".into()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let k = Knowledge::from_dump("node-1", &dump, Some(&plan));
+        assert_eq!(k.node, "node-1");
+        assert_eq!(k.by_ifindex.get(&7), Some(&key("web")));
+        assert_eq!(k.by_ifindex.get(&9), None, "no pod explains it");
+        assert_eq!(
+            k.by_ip.get(&"10.244.0.5".parse().unwrap()),
+            Some(&key("web"))
+        );
+        assert_eq!(k.by_ip.get(&"fd00::5".parse().unwrap()), Some(&key("web")));
+        assert_eq!(k.by_ip.len(), 2, "a malformed address is skipped");
+        assert_eq!(k.plans[&key("web")].policies, ["ns/p"]);
+        assert!(Knowledge::from_dump("node-1", &dump, None).plans.is_empty());
+    }
+}
