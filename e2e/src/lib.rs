@@ -50,6 +50,4 @@ pub use lab::{Footprint, Lab, LabConfig};
 pub use probe::Outcome;
 pub use report::Report;
 pub use runner::run_scenario;
-pub use scenario::{
-    FlowLogMode, Object, ObjectKey, PodName, ProbeSpec, Protocol, Scenario, Verdict,
-};
+pub use scenario::{Object, ObjectKey, PodName, ProbeSpec, Protocol, Scenario, Verdict};

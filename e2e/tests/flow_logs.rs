@@ -20,8 +20,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
-use palisade_e2e::scenario::Target;
-use palisade_e2e::{FlowLogMode, Lab, LabConfig, PodName};
+use palisade_e2e::scenario::{FlowLogMode, Target};
+use palisade_e2e::{Lab, LabConfig, PodName};
 use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(30);
