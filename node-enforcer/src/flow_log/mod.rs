@@ -8,7 +8,8 @@
 //! - `knowledge`: what the enforcer knows about pods and plans, refreshed
 //!   from its own dump and checkpoint.
 //! - `annotate`: pure, event + knowledge → record; `deciding` finds the plan
-//!   rule that decided an allowed flow; `record` is the JSON line.
+//!   rule that decided an allowed flow; `record` is the JSON line, whose
+//!   time `rfc3339` maps from the datapath's monotonic clock.
 //! - `writer`: a bounded queue to the output, so a slow output drops
 //!   (and counts) lines instead of stalling the reader.
 //! - `counters` and `stats`: what metrics export.
