@@ -515,6 +515,33 @@ impl Mode {
     }
 }
 
+/// The enforcers' flow log (`--flow-log`), set by `flowLogs:`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlowLogMode {
+    Off,
+    Deny,
+    All,
+}
+
+impl FlowLogMode {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "off" => Some(Self::Off),
+            "deny" => Some(Self::Deny),
+            "all" => Some(Self::All),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Deny => "deny",
+            Self::All => "all",
+        }
+    }
+}
+
 /// The plugin Palisade is chained after.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CniKind {
@@ -545,6 +572,10 @@ pub struct Scenario {
     pub node_sysctls: Vec<(String, String)>,
     /// `None`: the enforcer gets no `--conntrack-cleanup-secs` flag.
     pub conntrack_cleanup_secs: Option<u32>,
+    /// `flowLogs:`; `None`: no flow log flags (the enforcer's default, off).
+    pub flow_logs: Option<FlowLogMode>,
+    /// `flowLogRate:` (events per second per node); `None`: the default.
+    pub flow_log_rate: Option<u32>,
     /// How many nodes the scenario asks for (`nodes:`, default 1): named
     /// `node-1` to `node-N`; pods without `spec.nodeName` are spread over
     /// them round-robin, in the order they are applied.
@@ -562,6 +593,8 @@ struct RawScenario {
     #[serde(default)]
     node_sysctls: BTreeMap<String, Value>,
     conntrack_cleanup_secs: Option<i64>,
+    flow_logs: Option<String>,
+    flow_log_rate: Option<i64>,
     nodes: Option<i64>,
     netpol: Option<crate::netpol::RawNetpol>,
     #[serde(default)]
@@ -656,6 +689,18 @@ impl Scenario {
             Some(s) if (1..=3600).contains(&s) => Some(s as u32),
             Some(s) => bail!("conntrackCleanupSecs: {s} is out of range (1-3600)"),
         };
+        let flow_logs = match raw.flow_logs.as_deref() {
+            None => None,
+            Some(m) => Some(
+                FlowLogMode::parse(m)
+                    .ok_or_else(|| anyhow!("flowLogs: expected off, deny or all, got {m:?}"))?,
+            ),
+        };
+        let flow_log_rate = match raw.flow_log_rate {
+            None => None,
+            Some(r) if (0..=1_000_000).contains(&r) => Some(r as u32),
+            Some(r) => bail!("flowLogRate: {r} is out of range (0-1000000)"),
+        };
         let nodes = match raw.nodes {
             None => 1,
             Some(n) if (1..=16).contains(&n) => n as u32,
@@ -739,6 +784,8 @@ impl Scenario {
             pod_up_deadline,
             node_sysctls,
             conntrack_cleanup_secs,
+            flow_logs,
+            flow_log_rate,
             nodes,
             objects,
             steps,
@@ -1153,6 +1200,22 @@ steps:
       - {from: x/b, to: svc/x/web, port: 80, expect: allow}
       - {from: x/b, to: svc/x/ext, port: 53, protocol: UDP}
 "#;
+
+    #[test]
+    fn flow_log_settings_parse_and_are_validated() {
+        let s =
+            Scenario::from_yaml(&format!("flowLogs: deny\nflowLogRate: 50\n{SERVICES}")).unwrap();
+        assert_eq!(
+            (s.flow_logs, s.flow_log_rate),
+            (Some(FlowLogMode::Deny), Some(50))
+        );
+        let s = Scenario::from_yaml(SERVICES).unwrap();
+        assert_eq!((s.flow_logs, s.flow_log_rate), (None, None));
+        let e = err(&format!("flowLogs: denied\n{SERVICES}"));
+        assert!(e.contains("flowLogs") && e.contains("\"denied\""), "{e}");
+        let e = err(&format!("flowLogRate: -1\n{SERVICES}"));
+        assert!(e.contains("flowLogRate"), "{e}");
+    }
 
     #[test]
     fn services_slices_and_node_settings_parse() {

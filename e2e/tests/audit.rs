@@ -15,6 +15,7 @@ use common::*;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
+use palisade_e2e::{LabConfig, Protocol};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -137,6 +138,31 @@ fn scrape_here(addr: &str) -> BTreeMap<String, f64> {
         .collect()
 }
 
+/// The would-deny line of a flow from `src` to x/b on `port`, if logged.
+fn would_deny_line<'l>(
+    lab: &palisade_e2e::Lab,
+    lines: &'l [serde_json::Value],
+    src: &str,
+    port: u16,
+    proto: Protocol,
+) -> Option<&'l serde_json::Value> {
+    let pod = |n: &str| palisade_e2e::PodName::parse(n).unwrap();
+    let src_ip = lab.pod_ip(&pod(src))?.to_string();
+    let dst_ip = lab.pod_ip(&pod("x/b"))?.to_string();
+    let protocol = match proto {
+        Protocol::Tcp => "tcp",
+        Protocol::Udp => "udp",
+        _ => "sctp",
+    };
+    lines.iter().find(|l| {
+        l["verdict"] == "would-deny"
+            && l["src_ip"] == src_ip.as_str()
+            && l["dst_ip"] == dst_ip.as_str()
+            && l["dst_port"] == port
+            && l["protocol"] == protocol
+    })
+}
+
 fn get(m: &BTreeMap<String, f64>, key: &str) -> f64 {
     *m.get(key)
         .unwrap_or_else(|| panic!("{key} not scraped: {m:#?}"))
@@ -150,7 +176,11 @@ fn a_staged_deny_is_counted_not_enforced_until_the_annotation_goes() {
     // The only test in this binary: the variable reaches the enforcer, and
     // port 0 lets it bind its own.
     std::env::set_var("PALISADE_METRICS_ADDR", "127.0.0.1:0");
-    let mut lab = lab_with_pods();
+    // Flow log mode off: staged verdicts are logged in every mode.
+    let mut lab = lab_with_pods_in(LabConfig {
+        flow_log: Some(palisade_e2e::scenario::FlowLogMode::Off),
+        ..LabConfig::default()
+    });
     let counters = Counters {
         ns: lab.node_netns().map(str::to_string),
         addr: metrics_addr(&lab.log_dir().join("enforcer.log")),
@@ -203,11 +233,29 @@ fn a_staged_deny_is_counted_not_enforced_until_the_annotation_goes() {
     );
     assert_eq!(get(&staged, WOULD_ALLOW_INGRESS), 0.0);
     assert_eq!(get(&staged, WOULD_ALLOW_EGRESS), 0.0);
-    // TODO(integrator, flow log): once the flow log reader
-    // (node-enforcer/src/flow_log/) is merged, also read its JSON lines
-    // for this node and assert one line per case above with verdict
-    // "would-deny", policy "x/deny-b", the client's and x/b's addresses and
-    // the port; this branch has neither the reader nor its output path.
+    // Each case has its would-deny line, naming the staged policy.
+    let pod = |n: &str| palisade_e2e::PodName::parse(n).unwrap();
+    let node = lab.node_of(&pod("x/b")).unwrap().to_string();
+    let lines = lab
+        .wait_flow_log(&node, "a would-deny line per case", DEADLINE, |lines| {
+            cases.iter().all(|&(src, _, port, proto, _)| {
+                would_deny_line(&lab, lines, src, port, proto).is_some()
+            })
+        })
+        .unwrap();
+    for line in &lines {
+        assert_ne!(line["verdict"], "denied", "nothing is enforced: {line}");
+        if line["verdict"] == "would-deny" {
+            assert_eq!(line["pod"], "x/b", "{line}");
+            assert_eq!(line["direction"], "ingress", "{line}");
+            assert_eq!(line["reason"], "staged_policy", "{line}");
+            assert_eq!(line["policies"], serde_json::json!(["x/deny-b"]), "{line}");
+        }
+    }
+    // The baseline for "no longer audited", read once every case's line is
+    // in: a probe's later packets may still have been counted after the
+    // first read saw enough.
+    let staged = counters.read();
     let state = lab.enforcer_state().unwrap();
     assert!(
         state.state.as_ref().is_none_or(|s| s.errors.is_empty()),

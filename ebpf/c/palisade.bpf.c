@@ -199,6 +199,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pal_audit SEC(".maps");
 
+/* The flow log's rate limit: one node-wide GCRA clock (see flow_admit).
+ * Pinned so that a restarted enforcer's programs, which take the links over
+ * one at a time, share it with the old ones and no restart grants a fresh
+ * burst. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pal_flow_bucket SEC(".maps");
+
 /* ---- packet parsing ---- */
 
 /* What the verdict needs from a packet; addresses IPv6 or IPv4-mapped. */
@@ -821,6 +833,9 @@ static __always_inline int fast_path_v4(struct __sk_buff *skb, const struct endp
 
 /* ---- flow events ---- */
 
+/* One plain load the compiler may neither split nor repeat. */
+#define READ_ONCE_U64(p) (*(volatile __u64 *)(p))
+
 static __always_inline void flow_count(__u32 stat)
 {
 	__u64 *count = bpf_map_lookup_elem(&pal_flow_stats, &stat);
@@ -829,14 +844,60 @@ static __always_inline void flow_count(__u32 stat)
 		*count += 1;
 }
 
-/* Sends one event of kind `kind` about f, if the configured mode wants it.
- * Never affects the verdict. */
+/* How many times flow_admit retries its compare-and-swap when other CPUs
+ * move the clock under it.  Each failure means another CPU just admitted
+ * an event, so giving up (the event counts as rate limited) is fair, and
+ * the bound keeps the verifier's loop analysis trivial. */
+#define FLOW_ADMIT_TRIES 4
+
+/* The node-wide rate limit: a token bucket of `burst` tokens refilled at
+ * `rate_per_sec`, kept as GCRA (the generic cell rate algorithm), which
+ * needs one 64-bit word instead of a token count, a timestamp and a lock.
+ * The word is the "theoretical arrival time" tat: the time at which the
+ * bucket would be full again.  An event costs one interval (1 s / rate);
+ * it is admitted when, after paying, the bucket is at most `burst`
+ * intervals in debt:  max(tat, now) + interval - now <= burst * interval.
+ * So over any span of t seconds at most burst + rate * t events pass, for
+ * the whole node at once (every CPU shares the word; a CPU that loses the
+ * compare-and-swap re-reads and retries).  Under a flood most calls only
+ * read the word and see the debt too high, so the shared cache line is
+ * written at most `rate` times a second. */
+static __always_inline bool flow_admit(const struct flow_config *cfg, __u64 now)
+{
+	__u32 zero = 0;
+	__u64 *tat = bpf_map_lookup_elem(&pal_flow_bucket, &zero);
+	__u64 interval, limit, old, start, next;
+	__u32 burst = cfg->burst ? cfg->burst : 1;
+
+	if (!tat)
+		return false;
+	interval = 1000000000ULL / cfg->rate_per_sec;
+	limit = (__u64)burst * interval;
+#pragma unroll
+	for (int i = 0; i < FLOW_ADMIT_TRIES; i++) {
+		old = READ_ONCE_U64(tat);
+		start = old > now ? old : now;
+		next = start + interval;
+		if (next - now > limit)
+			return false;
+		if (__sync_val_compare_and_swap(tat, old, next) == old)
+			return true;
+	}
+	return false;
+}
+
+/* Sends one event of kind `kind` about f, if the configured mode wants it
+ * and the rate limit lets it through.  Never affects the verdict: a full
+ * ring buffer or an exhausted rate drops the event and counts it.  Staged
+ * policies' FLOW_WOULD_* events are sent in every mode (staging a policy
+ * is the opt-in), under the same rate limit. */
 static __always_inline void flow_event(const struct flow *f, __u32 ifindex, __u8 owner,
 				       __u8 kind, __u32 policy_id, __u8 stat)
 {
 	__u32 zero = 0;
 	struct flow_config *cfg = bpf_map_lookup_elem(&pal_flow_config, &zero);
 	struct flow_event *e;
+	__u64 now;
 
 	if (!cfg)
 		return;
@@ -846,12 +907,17 @@ static __always_inline void flow_event(const struct flow *f, __u32 ifindex, __u8
 		return;
 	if (cfg->rate_per_sec == 0)
 		return;
+	now = bpf_ktime_get_ns();
+	if (!flow_admit(cfg, now)) {
+		flow_count(FLOW_STAT_RATE_LIMITED);
+		return;
+	}
 	e = bpf_ringbuf_reserve(&pal_flow_events, sizeof(*e), 0);
 	if (!e) {
 		flow_count(FLOW_STAT_OVERFLOW);
 		return;
 	}
-	e->ts_ns = bpf_ktime_get_ns();
+	e->ts_ns = now;
 	e->ifindex = ifindex;
 	e->policy_id = policy_id;
 	__builtin_memcpy(e->src, f->src, 16);
@@ -938,8 +1004,12 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 	if (f.ndp)
 		return account(STAT_ALLOWED_NDP, VERDICT_NEXT);
 
-	if (owner == OWNER_FROM_POD && !pod_owns_source(ep, f.src))
+	if (owner == OWNER_FROM_POD && !pod_owns_source(ep, f.src)) {
+		/* Logged like a policy denial (mode deny or all), under the rate
+		 * limit; malformed packets above are not (no trustworthy flow). */
+		flow_event(&f, ifindex, owner, FLOW_DENIED, 0, STAT_DENIED_SPOOF);
 		return account(STAT_DENIED_SPOOF, VERDICT_DROP);
+	}
 
 	if (fast == FAST_CT_ABSENT) {
 		/* The fast path found neither entry: straight to policy. */

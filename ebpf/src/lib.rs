@@ -67,7 +67,9 @@ pub const MAP_FLOW_CONFIG: &str = "pal_flow_config";
 pub const MAP_FLOW_STATS: &str = "pal_flow_stats";
 /// ifindex → [`AuditPolicy`]: the staged policy tables of a pod.
 pub const MAP_AUDIT: &str = "pal_audit";
-pub const MAP_NAMES: [&str; 12] = [
+/// The flow log rate limit's one shared word (GCRA theoretical arrival time).
+pub const MAP_FLOW_BUCKET: &str = "pal_flow_bucket";
+pub const MAP_NAMES: [&str; 13] = [
     MAP_ENDPOINTS,
     MAP_POLICY,
     MAP_POLICY_EXACT,
@@ -80,6 +82,7 @@ pub const MAP_NAMES: [&str; 12] = [
     MAP_FLOW_CONFIG,
     MAP_FLOW_STATS,
     MAP_AUDIT,
+    MAP_FLOW_BUCKET,
 ];
 
 /// `max_entries` of the maps, as compiled into [`OBJECT`].

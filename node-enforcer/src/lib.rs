@@ -8,6 +8,7 @@ pub mod compile;
 pub mod conntrack;
 pub mod datapath;
 pub mod desired;
+pub mod flow_log;
 pub mod handle;
 pub mod links;
 pub mod lock;

@@ -107,6 +107,17 @@ struct Args {
     /// neither is set.
     #[arg(long, env = "PALISADE_OTLP_ENDPOINT")]
     otlp_endpoint: Option<String>,
+    /// Flow log: off, deny (every dropped packet) or all (and every new
+    /// flow allowed). Staged policies' verdicts are logged in every mode.
+    #[arg(long, env = "PALISADE_FLOW_LOG", default_value = "off")]
+    flow_log: node_enforcer::flow_log::FlowLogMode,
+    /// Flow log events per second for the whole node (burst: the same);
+    /// the datapath drops and counts the rest. 0: no flow events at all.
+    #[arg(long, env = "PALISADE_FLOW_LOG_RATE", default_value_t = 1000)]
+    flow_log_rate: u32,
+    /// Where flow log lines (JSON) go: `-` for stdout, else a file appended to.
+    #[arg(long, env = "PALISADE_FLOW_LOG_PATH", default_value = "-")]
+    flow_log_path: String,
 }
 
 #[tokio::main]
@@ -231,6 +242,18 @@ async fn run(args: Args) -> Result<(), String> {
         let scrape = node_enforcer::metrics::scraper(handle.clone(), args.pin_root.clone());
         tokio::spawn(node_enforcer::metrics_http::serve(listener, scrape));
     }
+    node_enforcer::flow_log::start(
+        node_enforcer::flow_log::Options {
+            mode: args.flow_log,
+            rate_per_sec: args.flow_log_rate,
+            path: args.flow_log_path.clone(),
+            node: args.node_name.clone(),
+            pin_root: args.pin_root.clone(),
+            state_dir: args.state_dir.clone(),
+        },
+        handle.clone(),
+    )
+    .await?;
     let mut conntrack = node_enforcer::conntrack::sweep::open(&args.pin_root)?;
     let cleanup_tx = tx.clone();
     let period = std::time::Duration::from_secs(args.conntrack_cleanup_secs);

@@ -41,8 +41,9 @@ pub fn scraper(
         let audit_pins = pin_root.clone();
         Box::pin(async move {
             let dump = handle.dump().await;
+            let datapath_pins = pin_root.clone();
             let datapath =
-                tokio::task::spawn_blocking(move || crate::metrics_maps::read(&pin_root))
+                tokio::task::spawn_blocking(move || crate::metrics_maps::read(&datapath_pins))
                     .await
                     .unwrap_or_else(|e| Err(e.to_string()));
             if let Err(e) = &datapath {
@@ -54,8 +55,10 @@ pub fn scraper(
             if let Err(e) = &audit {
                 tracing::warn!(error = %e, "metrics: reading the staged (audit) counters");
             }
+            let flow_log = flow_log_reading(pin_root).await;
             let mut text = render(dump.as_ref().ok(), datapath.as_ref().ok());
             text.push_str(&audit::render(audit.as_ref().ok()));
+            text.push_str(&render_flow_log(flow_log.as_ref()));
             text
         })
     }
@@ -238,10 +241,9 @@ fn datapath_metrics(e: &mut Exposition, r: &DatapathReading) {
 pub mod audit {
     use std::path::Path;
 
-    use aya::maps::{Map, MapData, PerCpuArray};
     use palisade_ebpf::{
         FLOW_STAT_WOULD_ALLOW_EGRESS, FLOW_STAT_WOULD_ALLOW_INGRESS, FLOW_STAT_WOULD_DENY_EGRESS,
-        FLOW_STAT_WOULD_DENY_INGRESS, MAP_FLOW_STATS,
+        FLOW_STAT_WOULD_DENY_INGRESS,
     };
     use palisade_proto::exposition::Exposition;
 
@@ -257,18 +259,8 @@ pub mod audit {
     pub type Reading = [u64; 4];
 
     pub fn read(pin_root: &Path) -> Result<Reading, String> {
-        let path = pin_root.join(MAP_FLOW_STATS);
-        let data = MapData::from_pin(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let stats: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::PerCpuArray(data))
-            .map_err(|e| format!("{MAP_FLOW_STATS}: {e}"))?;
-        let mut out = [0; 4];
-        for (i, (slot, _, _)) in LABELS.iter().enumerate() {
-            let per_cpu = stats
-                .get(slot, 0)
-                .map_err(|e| format!("{MAP_FLOW_STATS}[{slot}]: {e}"))?;
-            out[i] = per_cpu.iter().copied().fold(0u64, u64::wrapping_add);
-        }
-        Ok(out)
+        let stats = crate::flow_log::stats::read(pin_root)?;
+        Ok(LABELS.map(|(slot, _, _)| stats.slots[slot as usize]))
     }
 
     /// The counters, and whether they could be read (a reading that failed
@@ -315,6 +307,106 @@ pub mod audit {
             let failed = super::render(None);
             assert!(failed.contains("palisade_audit_scrape_ok 0"));
             assert!(!failed.contains("palisade_audit_flows_total"));
+        }
+    }
+}
+
+// ---- flow log (kept apart from the verdict counters above) ----
+
+async fn flow_log_reading(pin_root: PathBuf) -> Option<crate::flow_log::stats::FlowStats> {
+    let read = tokio::task::spawn_blocking(move || crate::flow_log::stats::read(&pin_root))
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
+    read.map_err(|e| tracing::warn!(error = %e, "metrics: reading the flow log counters"))
+        .ok()
+}
+
+/// The flow log's counters: the datapath's (what it sent, what the rate
+/// limit and a full ring buffer dropped; absent when its map cannot be
+/// read, which `palisade_flow_log_datapath_ok` says) and the writer's. A
+/// text of its own appended to the scrape, so it never touches the verdict
+/// counters' part.
+pub fn render_flow_log(stats: Option<&crate::flow_log::stats::FlowStats>) -> String {
+    use crate::flow_log::counters;
+    let mut e = Exposition::default();
+    e.single(
+        "palisade_flow_log_datapath_ok",
+        "gauge",
+        "1 when the datapath's flow event counters could be read for this scrape.",
+        u64::from(stats.is_some()),
+    );
+    if let Some(s) = stats {
+        e.single(
+            "palisade_flow_log_events_total",
+            "counter",
+            "Flow events the datapath sent to the enforcer (new flows and drops the mode asks for, and staged policies' verdicts, which palisade_audit_flows_total counts).",
+            s.emitted,
+        );
+        e.single(
+            "palisade_flow_log_rate_limited_total",
+            "counter",
+            "Flow events the node's rate limit (--flow-log-rate) dropped in the datapath.",
+            s.rate_limited,
+        );
+        e.single(
+            "palisade_flow_log_overflow_total",
+            "counter",
+            "Flow events dropped because the ring buffer to the enforcer was full.",
+            s.overflow,
+        );
+    }
+    e.single(
+        "palisade_flow_log_lines_total",
+        "counter",
+        "Flow log lines written.",
+        counters::get(&counters::LINES_WRITTEN),
+    );
+    e.single(
+        "palisade_flow_log_write_dropped_total",
+        "counter",
+        "Flow log lines dropped because the output could not keep up (or failed).",
+        counters::get(&counters::WRITE_DROPPED),
+    );
+    e.single(
+        "palisade_flow_log_malformed_total",
+        "counter",
+        "Ring buffer records that were not flow events (a datapath of another version); skipped.",
+        counters::get(&counters::MALFORMED),
+    );
+    e.finish()
+}
+
+#[cfg(test)]
+mod flow_log_tests {
+    use super::*;
+    use crate::flow_log::stats::FlowStats;
+
+    #[test]
+    fn flow_log_counters_are_exported_and_a_missing_reading_says_so() {
+        let stats = FlowStats {
+            emitted: 7,
+            rate_limited: 4900,
+            overflow: 2,
+            slots: [0; palisade_ebpf::FLOW_STAT_COUNT as usize],
+        };
+        let text = render_flow_log(Some(&stats));
+        for line in [
+            "palisade_flow_log_datapath_ok 1",
+            "palisade_flow_log_events_total 7",
+            "palisade_flow_log_rate_limited_total 4900",
+            "palisade_flow_log_overflow_total 2",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+        assert!(text.contains("palisade_flow_log_write_dropped_total "));
+        let text = render_flow_log(None);
+        assert!(text.lines().any(|l| l == "palisade_flow_log_datapath_ok 0"));
+        assert!(!text.contains("palisade_flow_log_rate_limited_total"));
+        // Appended to the main scrape: no family of its own may repeat one there.
+        let main = render(None, None);
+        for family in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+            let name = family.split(' ').next().unwrap();
+            assert!(!main.contains(&format!("# TYPE {name} ")), "{name} twice");
         }
     }
 }

@@ -12,6 +12,7 @@ mod bench;
 mod conntrack;
 mod dump;
 mod faults;
+mod flow_logs;
 mod footprint;
 mod node;
 mod otlp;
@@ -32,7 +33,7 @@ use crate::manifests::Manifests;
 use crate::netns::NetNs;
 use crate::preflight;
 use crate::process::{self, Daemon};
-use crate::scenario::{CniKind, Mode, Object, ObjectKey, PodName};
+use crate::scenario::{CniKind, FlowLogMode, Mode, Object, ObjectKey, PodName};
 use crate::sweep::{OWNER_FILE, PIDS_FILE};
 
 pub use footprint::Footprint;
@@ -84,6 +85,12 @@ pub struct LabConfig {
     /// controller and every enforcer with `--otlp-endpoint` pointing at it.
     /// The caller serves it: [`Lab::take_otlp_listener`].
     pub otlp_listener: bool,
+    /// `--flow-log` for every enforcer, each writing to its own file in
+    /// the lab's log dir ([`Lab::flow_log_path_of`]); `None` passes no flow
+    /// log flag.
+    pub flow_log: Option<FlowLogMode>,
+    /// `--flow-log-rate` with [`LabConfig::flow_log`]; `None`: the default.
+    pub flow_log_rate: Option<u32>,
 }
 
 impl Default for LabConfig {
@@ -107,13 +114,15 @@ impl Default for LabConfig {
             node_sysctls: Vec::new(),
             conntrack_cleanup_secs: None,
             otlp_listener: false,
+            flow_log: None,
+            flow_log_rate: None,
         }
     }
 }
 
 impl LabConfig {
     /// Takes the scenario's top-level settings: nodes, mode, pod-up
-    /// deadline, CNI.
+    /// deadline, CNI, flow logs.
     pub fn for_scenario(self, scenario: &crate::scenario::Scenario) -> Self {
         Self {
             nodes: scenario.nodes as usize,
@@ -122,6 +131,8 @@ impl LabConfig {
             cni: scenario.cni,
             node_sysctls: scenario.node_sysctls.clone(),
             conntrack_cleanup_secs: scenario.conntrack_cleanup_secs,
+            flow_log: scenario.flow_logs,
+            flow_log_rate: scenario.flow_log_rate,
             ..self
         }
     }

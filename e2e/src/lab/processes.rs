@@ -96,6 +96,15 @@ impl Lab {
                 .arg(deadline.as_millis().to_string());
         }
         self.otlp_args(&mut cmd);
+        if let Some(mode) = self.config.flow_log {
+            cmd.arg("--flow-log")
+                .arg(mode.as_str())
+                .arg("--flow-log-path")
+                .arg(self.flow_log_path(i));
+            if let Some(rate) = self.config.flow_log_rate {
+                cmd.arg("--flow-log-rate").arg(rate.to_string());
+            }
+        }
         default_log_level(&mut cmd);
         cmd
     }

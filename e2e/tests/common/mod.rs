@@ -76,7 +76,13 @@ pub fn is_root() -> bool {
 
 /// A lab with pods a, b, c in namespace x, realized.
 pub fn lab_with_pods() -> Lab {
-    let mut lab = Lab::start(LabConfig::default()).expect("lab starts");
+    lab_with_pods_in(LabConfig::default())
+}
+
+/// [`lab_with_pods`] with a lab configured otherwise.
+#[allow(dead_code)] // not every test binary configures its lab
+pub fn lab_with_pods_in(config: LabConfig) -> Lab {
+    let mut lab = Lab::start(config).expect("lab starts");
     lab.apply(&objects(PODS)).expect("pods are created");
     lab.wait_realized().expect("pods are realized");
     lab

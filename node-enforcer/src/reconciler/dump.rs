@@ -72,7 +72,7 @@ pub struct PolicySetDump {
     pub references: usize,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct InterfaceDump {
     pub name: String,
     pub ifindex: u32,

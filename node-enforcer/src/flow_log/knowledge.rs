@@ -1,0 +1,259 @@
+//! What the flow log knows about the node's pods: which pod each host
+//! interface belongs to, each pod's addresses and plan. Built from the
+//! reconciler's dump (interfaces, pods, node addresses) and its checkpoint
+//! (the plan with its rules), both of which the enforcer already keeps.
+//! `Source` refreshes it before annotating events when the checkpoint
+//! changed (the reconciler rewrites it on every plan or pod change, so one
+//! `stat` of its directory tells), when an event names an unknown
+//! interface (at most a few times a second), or when it is old.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use palisade_proto::v1::{IpPrefix, PlanSnapshot, PodPolicy};
+
+use crate::checkpoint::Checkpoint;
+use crate::compile::Prefix;
+use crate::desired::PodKey;
+use crate::handle::Handle;
+use crate::reconciler::Dump;
+
+#[derive(Clone, Debug, Default)]
+pub struct Knowledge {
+    pub node: String,
+    pub by_ifindex: HashMap<u32, PodKey>,
+    pub by_ip: HashMap<IpAddr, PodKey>,
+    pub plans: HashMap<PodKey, PodPolicy>,
+    /// Peers every policy allows (the pod's own node).
+    pub node_addresses: Vec<Prefix>,
+}
+
+pub fn ip_of(p: &IpPrefix) -> Option<IpAddr> {
+    match p.addr.len() {
+        4 => Some(IpAddr::V4(Ipv4Addr::from(
+            <[u8; 4]>::try_from(p.addr.as_slice()).ok()?,
+        ))),
+        16 => Some(IpAddr::V6(Ipv6Addr::from(
+            <[u8; 16]>::try_from(p.addr.as_slice()).ok()?,
+        ))),
+        _ => None,
+    }
+}
+
+impl Knowledge {
+    pub fn from_dump(node: &str, dump: &Dump, plan: Option<&PlanSnapshot>) -> Self {
+        let key = |r: &palisade_proto::v1::PodRef| (r.namespace.clone(), r.name.clone());
+        let mut k = Knowledge {
+            node: node.to_string(),
+            node_addresses: dump.node_addresses.clone(),
+            ..Default::default()
+        };
+        for i in &dump.interfaces {
+            if let Some(pod) = &i.pod {
+                k.by_ifindex.insert(i.ifindex, pod.clone());
+            }
+        }
+        for p in &dump.state.pods {
+            let Some(pod) = p.pod.as_ref() else { continue };
+            for ip in p.pod_ips.iter().filter_map(ip_of) {
+                k.by_ip.insert(ip, key(pod));
+            }
+        }
+        for p in plan.map(|p| p.pods.as_slice()).unwrap_or_default() {
+            if let Some(pod) = p.pod.as_ref() {
+                k.plans.insert(key(pod), p.clone());
+            }
+        }
+        k
+    }
+}
+
+/// Refreshes at most this often for events on interfaces it does not know.
+const MIN_REFRESH: Duration = Duration::from_millis(200);
+/// Refreshes at least this often while events keep coming (the node's
+/// addresses change without touching the checkpoint).
+const MAX_AGE: Duration = Duration::from_secs(10);
+/// Longest a refresh may hold up the reader (the reconciler may be busy).
+const REFRESH_TIMEOUT: Duration = Duration::from_millis(500);
+
+pub struct Source {
+    handle: Handle,
+    node: String,
+    checkpoint: Option<Checkpoint>,
+    plan: Option<PlanSnapshot>,
+    knowledge: Knowledge,
+    refreshed: Option<Instant>,
+    /// The state directory's modification time at the last refresh.
+    stamps: Stamps,
+}
+
+type Stamps = Option<std::time::SystemTime>;
+
+impl Source {
+    pub fn new(handle: Handle, node: String, state_dir: &Path) -> Self {
+        let checkpoint = Checkpoint::open(state_dir)
+            .map_err(|e| tracing::warn!("flow log: no plan rules for annotation: {e}"))
+            .ok();
+        Source {
+            handle,
+            knowledge: Knowledge {
+                node: node.clone(),
+                ..Default::default()
+            },
+            node,
+            checkpoint,
+            plan: None,
+            refreshed: None,
+            stamps: None,
+        }
+    }
+
+    pub fn knowledge(&self) -> &Knowledge {
+        &self.knowledge
+    }
+
+    /// The state directory's modification time: the checkpoint replaces
+    /// its files by rename, which moves it on every plan or pod change.
+    fn stamps(&self) -> Stamps {
+        self.checkpoint
+            .as_ref()
+            .and_then(|cp| std::fs::metadata(cp.dir()).and_then(|m| m.modified()).ok())
+    }
+
+    /// Whether events on these interfaces call for a refresh first.
+    pub fn wants_refresh(&self, ifindexes: impl IntoIterator<Item = u32>, now: Instant) -> bool {
+        let Some(at) = self.refreshed else {
+            return true;
+        };
+        let age = now.saturating_duration_since(at);
+        // A changed checkpoint always counts: the events may have been
+        // judged by the new plan, and plans change far less often than
+        // events arrive.
+        age >= MAX_AGE
+            || self.stamps() != self.stamps
+            || (age >= MIN_REFRESH
+                && ifindexes
+                    .into_iter()
+                    .any(|i| !self.knowledge.by_ifindex.contains_key(&i)))
+    }
+
+    /// Re-reads the dump, and the checkpointed plan when its version moved.
+    /// On failure or timeout the old knowledge stays.
+    pub async fn refresh(&mut self) {
+        self.refreshed = Some(Instant::now());
+        self.stamps = self.stamps();
+        let dump = match tokio::time::timeout(REFRESH_TIMEOUT, self.handle.dump()).await {
+            Ok(Ok(d)) => d,
+            Ok(Err(e)) => return tracing::debug!("flow log: dump: {e}"),
+            Err(_) => return tracing::debug!("flow log: the dump took too long"),
+        };
+        let held = self.plan.as_ref().map(|p| p.version);
+        if held != Some(dump.plan_version) {
+            if let Some(cp) = &self.checkpoint {
+                let dir = cp.dir().to_path_buf();
+                let loaded = tokio::task::spawn_blocking(move || {
+                    Checkpoint::open(&dir).and_then(|c| c.load())
+                })
+                .await;
+                match loaded {
+                    Ok(Ok(saved)) => {
+                        if let Some(plan) = saved.plan {
+                            tracing::debug!(
+                                version = plan.version,
+                                pods = plan.pods.len(),
+                                "flow log: plan rules loaded"
+                            );
+                            self.plan = Some(plan);
+                        }
+                    }
+                    Ok(Err(e)) => tracing::warn!("flow log: reading the plan's rules: {e}"),
+                    Err(e) => tracing::warn!("flow log: reading the plan's rules: {e}"),
+                }
+            }
+        }
+        self.knowledge = Knowledge::from_dump(&self.node, &dump, self.plan.as_ref());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reconciler::InterfaceDump;
+    use palisade_proto::v1::{NodeState, PodRef, PodState};
+
+    fn pod_ref(name: &str) -> PodRef {
+        PodRef {
+            namespace: "ns".into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn interfaces_addresses_and_plans_are_indexed_by_pod() {
+        let key = |n: &str| ("ns".to_string(), n.to_string());
+        let dump = Dump {
+            state: NodeState {
+                pods: vec![PodState {
+                    pod: Some(pod_ref("web")),
+                    pod_ips: vec![
+                        IpPrefix {
+                            addr: vec![10, 244, 0, 5],
+                            prefix_len: 32,
+                        },
+                        IpPrefix {
+                            addr: "fd00::5".parse::<Ipv6Addr>().unwrap().octets().to_vec(),
+                            prefix_len: 128,
+                        },
+                        IpPrefix {
+                            addr: vec![1, 2, 3],
+                            prefix_len: 24,
+                        },
+                    ],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+            interfaces: vec![
+                InterfaceDump {
+                    name: "veth-web".into(),
+                    ifindex: 7,
+                    pod: Some(key("web")),
+                    ingress: String::new(),
+                    egress: String::new(),
+                    ..Default::default()
+                },
+                InterfaceDump {
+                    name: "veth-lost".into(),
+                    ifindex: 9,
+                    pod: None,
+                    ingress: String::new(),
+                    egress: String::new(),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let plan = PlanSnapshot {
+            pods: vec![PodPolicy {
+                pod: Some(pod_ref("web")),
+                policies: vec!["ns/p".into()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let k = Knowledge::from_dump("node-1", &dump, Some(&plan));
+        assert_eq!(k.node, "node-1");
+        assert_eq!(k.by_ifindex.get(&7), Some(&key("web")));
+        assert_eq!(k.by_ifindex.get(&9), None, "no pod explains it");
+        assert_eq!(
+            k.by_ip.get(&"10.244.0.5".parse().unwrap()),
+            Some(&key("web"))
+        );
+        assert_eq!(k.by_ip.get(&"fd00::5".parse().unwrap()), Some(&key("web")));
+        assert_eq!(k.by_ip.len(), 2, "a malformed address is skipped");
+        assert_eq!(k.plans[&key("web")].policies, ["ns/p"]);
+        assert!(Knowledge::from_dump("node-1", &dump, None).plans.is_empty());
+    }
+}
