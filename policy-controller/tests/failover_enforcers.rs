@@ -60,7 +60,7 @@ struct Controller {
 struct Enforcer {
     node: &'static str,
     socket: PathBuf,
-    _proc: Proc,
+    proc: Proc,
 }
 
 /// Removes the enforcers' pinned maps: an enforcer keeps them on exit for
@@ -140,7 +140,7 @@ fn enforcer(node: &'static str, controllers: &[Controller], dir: &Path, pins: &P
         .arg(dir.join(format!("{node}-state")));
     Enforcer {
         node,
-        _proc: spawn(&format!("{node}-enforcer"), cmd, dir),
+        proc: spawn(&format!("{node}-enforcer"), cmd, dir),
         socket,
     }
 }
@@ -307,7 +307,7 @@ async fn enforcers_follow_a_new_leader_after_the_old_one_is_killed() {
     let logs: Vec<&Proc> = controllers
         .iter()
         .map(|c| &c.proc)
-        .chain(enforcers.iter().map(|e| &e._proc))
+        .chain(enforcers.iter().map(|e| &e.proc))
         .collect();
     let old_versions = wait_for("the leader's plans", limit, &logs, || {
         plan_versions(&controllers[leader])
@@ -335,12 +335,16 @@ async fn enforcers_follow_a_new_leader_after_the_old_one_is_killed() {
 
     // SIGKILL the leader: no lease release, the standby waits out the lease.
     let killed_at = Instant::now();
+    let killed_unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
     controllers[leader].proc.child.kill().unwrap();
     controllers[leader].proc.child.wait().unwrap();
     let logs: Vec<&Proc> = controllers
         .iter()
         .map(|c| &c.proc)
-        .chain(enforcers.iter().map(|e| &e._proc))
+        .chain(enforcers.iter().map(|e| &e.proc))
         .collect();
     let mut failover = Vec::new();
     for (e, v) in enforcers.iter().zip(&new_versions) {
@@ -413,8 +417,12 @@ async fn enforcers_follow_a_new_leader_after_the_old_one_is_killed() {
         "{r:#?}"
     );
     assert!(r.nodes.iter().all(|n| n.connected && n.realized), "{r:#?}");
-    drop(logs);
-    drop(enforcers);
-    drop(controllers);
-    drop(pins);
+    // Each node's first stream to this controller began after the kill.
+    for n in &r.nodes {
+        assert!(
+            n.connected_since_unix_ms >= killed_unix_ms && n.reconnects == 0,
+            "{n:#?}, killed at {killed_unix_ms}"
+        );
+    }
+    // Dropped in reverse order: processes first, then their pins.
 }
