@@ -181,6 +181,7 @@ mod tests {
                 plan: None,
             }],
             errors: vec![],
+            refusals: None,
         }
     }
 

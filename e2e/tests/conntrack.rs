@@ -179,19 +179,19 @@ fn idle_through_a_cleanup(lab: &Lab) -> u64 {
     lab.wait_cleanups(before, 2, WAIT).unwrap().cleanups
 }
 
-/// Waits until no eBPF entry of the flow from `client` is left.
-fn wait_flow_gone(lab: &Lab, client: SocketAddr) -> Duration {
-    let start = Instant::now();
+/// Waits until no eBPF entry of the flow from `client` is left on node
+/// `node`, failing `WAIT` after `start`.
+fn wait_flow_gone_on(lab: &Lab, node: &str, client: SocketAddr, start: Instant) {
     loop {
-        let left = flow_entries(lab, client);
+        let left = flow_entries_on(lab, node, client);
         if left.is_empty() {
-            return start.elapsed();
+            return;
         }
         assert!(
             start.elapsed() < WAIT,
-            "entries of the closed flow from {client} still there after {WAIT:?}: {left:#?}\nkernel: {:#?}\ncleanup: {:?}",
-            lab.kernel_conntrack().unwrap_or_default(),
-            lab.conntrack_state().ok()
+            "entries of the ended flow from {client} on {node} still there after {WAIT:?}: {left:#?}\nkernel: {:#?}\ncleanup: {:?}",
+            lab.kernel_conntrack_on(node).unwrap_or_default(),
+            lab.conntrack_state_on(node).ok()
         );
         std::thread::sleep(Duration::from_millis(50)); // poll: inside a loop bounded by a deadline
     }
@@ -268,10 +268,10 @@ fn seed_001_tcp_through_a_cluster_ip_across_nodes() {
     seed_001_tcp(2);
 }
 
-/// Seed 001 over TCP with the client on node-1 and the server on the last
+/// The seed-001 pods with the client on node-1 and the server on the last
 /// of `nodes` nodes.
-fn seed_001_tcp(nodes: usize) {
-    let mut lab = if nodes == 1 {
+fn seed_001_lab(nodes: usize) -> Lab {
+    let lab = if nodes == 1 {
         lab()
     } else {
         let placed = OBJECTS
@@ -286,10 +286,17 @@ fn seed_001_tcp(nodes: usize) {
         assert_ne!(placed, OBJECTS, "the pods are placed");
         lab_of(nodes, &placed)
     };
-    let names: Vec<String> = lab.node_names().iter().map(|n| n.to_string()).collect();
-    let server_node = names.last().unwrap().clone();
+    let server_node = format!("node-{nodes}");
     assert_eq!(lab.node_of(&pod("x/client")), Some("node-1"));
     assert_eq!(lab.node_of(&pod("x/server")), Some(server_node.as_str()));
+    lab
+}
+
+/// Seed 001 over TCP with the client on node-1 and the server on the last
+/// of `nodes` nodes.
+fn seed_001_tcp(nodes: usize) {
+    let mut lab = seed_001_lab(nodes);
+    let names: Vec<String> = lab.node_names().iter().map(|n| n.to_string()).collect();
     lab.apply(&policies(SEED_001)).unwrap();
     lab.wait_realized().unwrap();
     let listener = server_ns(&lab)
@@ -342,19 +349,7 @@ fn seed_001_tcp(nodes: usize) {
     drop(server);
     let start = Instant::now();
     for ((n, before), first) in names.iter().zip(&removed_before).zip(&first) {
-        loop {
-            let left = flow_entries_on(&lab, n, me);
-            if left.is_empty() {
-                break;
-            }
-            assert!(
-                start.elapsed() < WAIT,
-                "entries of the closed flow on {n} still there after {WAIT:?}: {left:#?}\nkernel: {:#?}\ncleanup: {:?}",
-                lab.kernel_conntrack_on(n).unwrap_or_default(),
-                lab.conntrack_state_on(n).ok()
-            );
-            std::thread::sleep(Duration::from_millis(50)); // poll: inside a loop bounded by a deadline
-        }
+        wait_flow_gone_on(&lab, n, me, start);
         let state = lab.conntrack_state_on(n).unwrap();
         assert!(
             state.removed_total >= before + first.len() as u64,
@@ -376,7 +371,26 @@ fn seed_001_udp_through_a_cluster_ip() {
     if !is_root() {
         return;
     }
-    let mut lab = lab();
+    seed_001_udp(1);
+}
+
+/// Seed 001 over UDP across nodes: the client on node-1 (whose kernel DNATs
+/// the ClusterIP), the backend on node-2. UDP has no close, so each node's
+/// entries of the flow must live exactly as long as its own kernel's entry:
+/// kept through cleanups while datagrams flow, removed once it expired.
+#[test]
+fn seed_001_udp_through_a_cluster_ip_across_nodes() {
+    if !is_root() {
+        return;
+    }
+    seed_001_udp(2);
+}
+
+/// Seed 001 over UDP with the client on node-1 and the server on the last
+/// of `nodes` nodes.
+fn seed_001_udp(nodes: usize) {
+    let mut lab = seed_001_lab(nodes);
+    let names: Vec<String> = lab.node_names().iter().map(|n| n.to_string()).collect();
     lab.apply(&policies(SEED_001)).unwrap();
     lab.wait_realized().unwrap();
     let server = server_ns(&lab)
@@ -395,32 +409,59 @@ fn seed_001_udp_through_a_cluster_ip() {
     assert_eq!(peer, me, "the server sees the client itself (no SNAT)");
     server.send_to(b"back", peer).unwrap();
     sock.recv(&mut [0u8; 16]).unwrap();
-    let first = flow_entries(&lab, me);
-    assert_both_sides(&lab, &first, 70, PUSH_PORT);
-    let removed_before = lab.conntrack_state().unwrap().removed_total;
+    let first: Vec<BTreeSet<Entry>> = names.iter().map(|n| flow_entries_on(&lab, n, me)).collect();
+    assert_sides(&lab, &first[0], first.last().unwrap(), 70, PUSH_PORT);
+    let removed_before: Vec<u64> = names
+        .iter()
+        .map(|n| lab.conntrack_state_on(n).unwrap().removed_total)
+        .collect();
 
     for cycle in 0..3 {
-        let at = idle_through_a_cleanup(&lab);
-        let now = flow_entries(&lab, me);
-        assert_eq!(
-            identities(&now),
-            identities(&first),
-            "cycle {cycle} (cleanup #{at}) changed the live flow's entries\nkernel: {:#?}",
-            lab.kernel_conntrack().unwrap_or_default()
-        );
+        // Two cleanups on every node, counted from the same moment: the
+        // nodes clean concurrently, so the idle gap stays within the
+        // kernel's 4 s UDP timeout however many nodes there are.
+        let befores: Vec<u64> = names
+            .iter()
+            .map(|n| lab.conntrack_state_on(n).unwrap().cleanups)
+            .collect();
+        for (n, before) in names.iter().zip(&befores) {
+            lab.wait_cleanups_on(n, *before, 2, WAIT).unwrap();
+        }
+        for (n, first) in names.iter().zip(&first) {
+            assert_eq!(
+                identities(&flow_entries_on(&lab, n, me)),
+                identities(first),
+                "cycle {cycle}: a cleanup on {n} changed the live flow's entries\nkernel: {:#?}",
+                lab.kernel_conntrack_on(n).unwrap_or_default()
+            );
+        }
         if let Err(e) = udp_both_ways(&sock, &server, peer) {
             panic!("cycle {cycle}: {e}\n{}", lab.log_tails(20));
         }
     }
-    assert_eq!(
-        lab.conntrack_state().unwrap().removed_total,
-        removed_before,
-        "a cleanup removed entries while the only flow was live"
-    );
+    for (n, before) in names.iter().zip(&removed_before) {
+        assert_eq!(
+            lab.conntrack_state_on(n).unwrap().removed_total,
+            *before,
+            "a cleanup on {n} removed entries while the only flow was live"
+        );
+    }
 
     drop(sock);
-    let took = wait_flow_gone(&lab, me);
-    eprintln!("closed UDP flow's entries removed {took:?} after close");
+    let start = Instant::now();
+    for ((n, before), first) in names.iter().zip(&removed_before).zip(&first) {
+        wait_flow_gone_on(&lab, n, me, start);
+        let state = lab.conntrack_state_on(n).unwrap();
+        assert!(
+            state.removed_total >= before + first.len() as u64,
+            "{n} removed fewer entries than it held of the expired flow ({}): {state:?}",
+            first.len()
+        );
+    }
+    eprintln!(
+        "ended UDP flow's entries removed {:?} after its last datagram",
+        start.elapsed()
+    );
     drop(server);
     finish(lab);
 }

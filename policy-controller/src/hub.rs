@@ -10,6 +10,7 @@ use palisade_proto::v1::{NodeState, PlanDelta, PlanSnapshot, PodPolicy, PodRef};
 use tokio::sync::watch;
 
 use crate::cluster::ClusterState;
+use crate::debug::connection::ConnectionHistory;
 use crate::engine::{Change, Engine, Outcome};
 use crate::plan::Plan;
 use crate::resolve::{NodePlan, PodKey};
@@ -120,6 +121,8 @@ struct NodeEntry {
     plan: watch::Sender<Arc<VersionedPlan>>,
     reported: Option<NodeState>,
     subscribers: usize,
+    /// Changes on the first subscriber arriving and the last one leaving.
+    connection: ConnectionHistory,
 }
 
 #[derive(Default)]
@@ -174,6 +177,7 @@ pub struct NodeView {
     pub plan: Arc<VersionedPlan>,
     pub subscribers: usize,
     pub reported: Option<NodeState>,
+    pub connection: ConnectionHistory,
 }
 
 #[derive(Clone, Debug)]
@@ -183,6 +187,8 @@ pub struct HubView {
     pub source_marker: String,
     pub errors: Vec<String>,
     pub nodes: Vec<NodeView>,
+    /// When the view was taken: "connected for" is counted to it.
+    pub taken_at: std::time::SystemTime,
 }
 
 impl Hub {
@@ -285,6 +291,7 @@ impl Hub {
                 .0,
                 reported: None,
                 subscribers: 0,
+                connection: ConnectionHistory::default(),
             });
             let before = entry.plan.borrow().clone();
             if before.plan.same_as(&plan) {
@@ -329,7 +336,11 @@ impl Hub {
                 .0,
                 reported: None,
                 subscribers: 0,
+                connection: ConnectionHistory::default(),
             });
+        if entry.subscribers == 0 {
+            entry.connection.connected(std::time::SystemTime::now());
+        }
         entry.subscribers += 1;
         Ok(Subscription {
             rx: entry.plan.subscribe(),
@@ -399,8 +410,10 @@ impl Hub {
                     plan: e.plan.borrow().clone(),
                     subscribers: e.subscribers,
                     reported: e.reported.clone(),
+                    connection: e.connection,
                 })
                 .collect(),
+            taken_at: std::time::SystemTime::now(),
         }
     }
 }
@@ -445,6 +458,9 @@ impl Drop for Subscription {
         let unplanned = match st.nodes.get_mut(&self.node) {
             Some(e) => {
                 e.subscribers = e.subscribers.saturating_sub(1);
+                if e.subscribers == 0 {
+                    e.connection.disconnected(std::time::SystemTime::now());
+                }
                 e.subscribers == 0 && e.plan.borrow().version == first
             }
             None => false,
@@ -613,6 +629,31 @@ mod tests {
             ..Default::default()
         });
         assert!(hub.view().nodes.is_empty());
+    }
+
+    #[test]
+    fn connection_history_follows_the_first_and_last_subscriber() {
+        let hub = Hub::new(1);
+        hub.update(&cluster(true, "1"));
+        let node = |hub: &Hub| hub.view().nodes[0].connection;
+        assert_eq!(node(&hub), ConnectionHistory::default(), "never connected");
+        let before = std::time::SystemTime::now();
+        let a = hub.subscribe("n1").unwrap();
+        let first = node(&hub);
+        let since = first.connected_since.expect("connected");
+        assert!(since >= before);
+        assert_eq!((first.changed_at, first.reconnects), (Some(since), 0));
+        let b = hub.subscribe("n1").unwrap();
+        drop(a);
+        assert_eq!(node(&hub), first, "a second stream is not a new connection");
+        drop(b);
+        let gone = node(&hub);
+        assert_eq!(gone.connected_since, None);
+        assert!(gone.changed_at.unwrap() >= since);
+        let _c = hub.subscribe("n1").unwrap();
+        let back = node(&hub);
+        assert_eq!(back.reconnects, 1);
+        assert!(back.connected_since.unwrap() >= gone.changed_at.unwrap());
     }
 
     #[test]

@@ -256,6 +256,7 @@ where
 
 pub struct DebugServer {
     hub: Hub,
+    refusals: std::sync::Arc<crate::tls::Refusals>,
 }
 
 #[tonic::async_trait]
@@ -267,6 +268,7 @@ impl DebugService for DebugServer {
         let view = self.hub.view();
         Ok(Response::new(GetControllerStateResponse {
             source_synced: view.source_synced,
+            refusals: Some(self.refusals.counts()),
             source_revision: view.source_revision,
             source_marker: view.source_marker,
             errors: view.errors,
@@ -463,10 +465,13 @@ pub async fn router_with(
         .add_service(PlanServiceServer::new(PlanServer {
             hub: hub.clone(),
             leadership,
-            authz,
+            authz: authz.clone(),
         }))
         .add_service(DebugServiceServer::with_interceptor(
-            DebugServer { hub },
+            DebugServer {
+                hub,
+                refusals: authz.refusals,
+            },
             operator_only,
         ));
     Ok((router, health_only))

@@ -15,6 +15,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use palisade_proto::v1::CallerRefusals;
 use tonic::{Request, Status};
 
 pub const NODE_PREFIX: &str = "node:";
@@ -39,6 +40,16 @@ impl Refusals {
             self.wrong_node.load(Ordering::Relaxed),
             self.not_permitted.load(Ordering::Relaxed),
         ]
+    }
+
+    /// The counts as the debug service reports them.
+    pub fn counts(&self) -> CallerRefusals {
+        let [unauthenticated, wrong_node, not_permitted] = self.snapshot();
+        CallerRefusals {
+            unauthenticated,
+            wrong_node,
+            not_permitted,
+        }
     }
 }
 

@@ -115,6 +115,13 @@ async fn realization_until(
     }
 }
 
+fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
 async fn report(
     plans: &mut PlanServiceClient<Channel>,
     node: &str,
@@ -168,6 +175,16 @@ async fn policies_are_realized_on_the_nodes_that_need_them() {
     assert_eq!(n1.node_name, "n1");
     assert!(!n1.connected && !n1.reported && !n1.realized);
     assert_eq!(n1.lag_versions, 0, "no report, nothing to count from");
+    assert_eq!(
+        (
+            n1.connected_since_unix_ms,
+            n1.connected_secs,
+            n1.state_changed_unix_ms,
+            n1.reconnects
+        ),
+        (0, 0, 0, 0),
+        "never connected"
+    );
     let web1 = n1
         .pods
         .iter()
@@ -176,6 +193,7 @@ async fn policies_are_realized_on_the_nodes_that_need_them() {
     assert_eq!(web1.policies, ["prod/web"]);
 
     // n1 subscribes (connected) and realizes its plan.
+    let subscribed_at = unix_ms_now();
     let mut stream = plans
         .subscribe(SubscribeRequest {
             node_name: "n1".into(),
@@ -189,6 +207,19 @@ async fn policies_are_realized_on_the_nodes_that_need_them() {
     report(&mut plans, "n1", n1_version - 1, None).await;
     let r = realization_until(&mut debug, "prod/web", |r| r.nodes[0].reported).await;
     assert!(r.nodes[0].connected);
+    let since = r.nodes[0].connected_since_unix_ms;
+    assert!(
+        (subscribed_at..=unix_ms_now()).contains(&since),
+        "connected since {since}, subscribed at {subscribed_at}"
+    );
+    assert_eq!(r.nodes[0].state_changed_unix_ms, since);
+    assert_eq!(r.nodes[0].reconnects, 0, "a first connection");
+    assert!(
+        r.nodes[0].connected_secs <= (unix_ms_now() - since) / 1000,
+        "{:?}",
+        r.nodes[0]
+    );
+    assert_eq!(r.nodes[1].connected_since_unix_ms, 0, "n2 never connected");
     assert_eq!((r.nodes[0].realized, r.nodes[0].lag_versions), (false, 1));
     report(&mut plans, "n1", n1_version, None).await;
     let r = realization_until(&mut debug, "prod/web", |r| r.nodes[0].realized).await;
@@ -236,7 +267,31 @@ async fn policies_are_realized_on_the_nodes_that_need_them() {
     // The enforcer goes away: its node shows disconnected without waiting
     // for a plan change.
     drop(stream);
-    realization_until(&mut debug, "", |r| !r.nodes[0].connected).await;
+    let r = realization_until(&mut debug, "", |r| !r.nodes[0].connected).await;
+    assert_eq!(r.nodes[0].connected_since_unix_ms, 0);
+    assert_eq!(r.nodes[0].connected_secs, 0);
+    let left = r.nodes[0].state_changed_unix_ms;
+    assert!(left >= since, "left at {left}, connected at {since}");
+    assert_eq!(r.nodes[0].reconnects, 0);
+
+    // It comes back: a reconnect, counted from the new stream.
+    let mut stream = plans
+        .subscribe(SubscribeRequest {
+            node_name: "n1".into(),
+            enforcer_id: "n1-e".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    stream.message().await.unwrap().expect("a snapshot");
+    let r = realization_until(&mut debug, "", |r| r.nodes[0].connected).await;
+    assert_eq!(r.nodes[0].reconnects, 1);
+    assert!(r.nodes[0].connected_since_unix_ms >= left);
+    assert_eq!(
+        r.nodes[0].state_changed_unix_ms,
+        r.nodes[0].connected_since_unix_ms
+    );
+    drop(stream);
 
     let r = realization_until(&mut debug, "prod/none", |_| true).await;
     assert_eq!(r.policies.len(), 1);

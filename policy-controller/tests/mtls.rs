@@ -157,6 +157,19 @@ impl Setup {
     }
 }
 
+/// The refusals GetControllerState reports: (unauthenticated, wrong node,
+/// not permitted).
+async fn refusals(op: &mut DebugServiceClient<tonic::transport::Channel>) -> (u64, u64, u64) {
+    let r = op
+        .get_controller_state(GetControllerStateRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .refusals
+        .expect("the controller reports refusals");
+    (r.unauthenticated, r.wrong_node, r.not_permitted)
+}
+
 fn subscribe(node: &str) -> SubscribeRequest {
     SubscribeRequest {
         node_name: node.into(),
@@ -233,17 +246,21 @@ async fn a_node_certificate_gets_its_own_plan_only() {
         .err()
         .unwrap();
     assert_eq!(e.code(), tonic::Code::PermissionDenied);
-    // An operator's certificate reads it, and gets no plans.
+    // An operator's certificate reads it, with the refusals so far: the
+    // other node's plan, pod and report, and the node on the debug service.
     let mut op = DebugServiceClient::new(s.client(Some("operator")).await.unwrap());
-    op.get_controller_state(GetControllerStateRequest::default())
-        .await
-        .unwrap();
+    assert_eq!(refusals(&mut op).await, (0, 3, 1));
     let mut op_plan = PlanServiceClient::new(s.client(Some("operator")).await.unwrap());
     let e = op_plan.subscribe(subscribe("node-a")).await.err().unwrap();
     assert_eq!(e.code(), tonic::Code::PermissionDenied);
 
     // wrong node x3, not permitted x2 (node on debug, operator on plans).
     assert_eq!(s.authz.refusals.snapshot(), [0, 3, 2]);
+    assert_eq!(
+        refusals(&mut op).await,
+        (0, 3, 2),
+        "as the debug service says"
+    );
 }
 
 #[tokio::test]
@@ -261,6 +278,8 @@ async fn callers_without_a_certificate_of_the_ca_get_nothing() {
         .unwrap();
     assert_eq!(e.code(), tonic::Code::Unauthenticated);
     assert_eq!(s.authz.refusals.snapshot(), [2, 0, 0]);
+    let mut op = DebugServiceClient::new(s.client(Some("operator")).await.unwrap());
+    assert_eq!(refusals(&mut op).await, (2, 0, 0));
 
     // A certificate from another CA naming node-a: the handshake fails.
     let forged = match s.client(Some("forged-node-a")).await {

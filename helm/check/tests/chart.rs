@@ -165,6 +165,75 @@ fn the_objects_carry_the_values() {
     assert_eq!(controller["securityContext"]["runAsNonRoot"], true);
 }
 
+/// Flow logs (enforcer) and OTLP (both processes) reach the processes as
+/// the env their flags read, and only when asked for: the defaults set none
+/// of it, so the binaries' own defaults (off) apply.
+#[test]
+fn telemetry_values_become_env_only_when_set() {
+    const TELEMETRY: [&str; 4] = [
+        "PALISADE_FLOW_LOG",
+        "PALISADE_FLOW_LOG_RATE",
+        "PALISADE_FLOW_LOG_PATH",
+        "PALISADE_OTLP_ENDPOINT",
+    ];
+    let containers = |objects: &[Value]| {
+        (
+            find(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"][0].clone(),
+            find(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0].clone(),
+        )
+    };
+    let (enforcer, controller) = containers(&render(None).unwrap());
+    for name in TELEMETRY {
+        assert_eq!(env_of(&enforcer, name), None, "default values set {name}");
+        assert_eq!(env_of(&controller, name), None, "default values set {name}");
+    }
+
+    let file = helm_dir().join("palisade/ci/telemetry-values.yaml");
+    let (enforcer, controller) = containers(&render(Some(&file)).unwrap());
+    assert_eq!(
+        env_of(&enforcer, "PALISADE_FLOW_LOG").as_deref(),
+        Some("deny")
+    );
+    assert_eq!(
+        env_of(&enforcer, "PALISADE_FLOW_LOG_RATE").as_deref(),
+        Some("200")
+    );
+    let endpoint = Some("http://otel-collector.observability.svc:4318");
+    assert_eq!(
+        env_of(&enforcer, "PALISADE_OTLP_ENDPOINT").as_deref(),
+        endpoint
+    );
+    assert_eq!(
+        env_of(&controller, "PALISADE_OTLP_ENDPOINT").as_deref(),
+        endpoint
+    );
+    assert_eq!(
+        env_of(&controller, "PALISADE_FLOW_LOG"),
+        None,
+        "the controller has no flow log"
+    );
+
+    let dir = std::env::temp_dir().join(format!("palisade-chart-telemetry-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("values.yaml");
+    // Unquoted, YAML 1.1 reads off as false: off all the same, not refused.
+    std::fs::write(&file, "flowLogs: {mode: off}\n").unwrap();
+    let (enforcer, _) = containers(&render(Some(&file)).unwrap());
+    assert_eq!(env_of(&enforcer, "PALISADE_FLOW_LOG"), None);
+    // Mode alone: the default rate goes with it.
+    std::fs::write(&file, "flowLogs: {mode: all}\n").unwrap();
+    let (enforcer, _) = containers(&render(Some(&file)).unwrap());
+    assert_eq!(
+        env_of(&enforcer, "PALISADE_FLOW_LOG").as_deref(),
+        Some("all")
+    );
+    assert_eq!(
+        env_of(&enforcer, "PALISADE_FLOW_LOG_RATE").as_deref(),
+        Some("1000")
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn bad_values_are_refused_naming_the_value() {
     let dir = std::env::temp_dir().join(format!("palisade-chart-{}", std::process::id()));
@@ -188,6 +257,27 @@ fn bad_values_are_refused_naming_the_value() {
         (
             "metrics: {enabled: true, controllerPort: 0, enforcerPort: 9091}\n",
             "/metrics/controllerPort",
+        ),
+        ("flowLogs: {mode: verbose}\n", "/flowLogs/mode"),
+        ("flowLogs: {mode: true}\n", "/flowLogs/mode"),
+        (
+            "flowLogs: {mode: all, ratePerSecond: 0}\n",
+            "/flowLogs/ratePerSecond",
+        ),
+        (
+            "flowLogs: {mode: all, ratePerSecond: 1000001}\n",
+            "/flowLogs/ratePerSecond",
+        ),
+        (
+            "flowLogs: {mode: all, ratePerSecond: 2.5}\n",
+            "/flowLogs/ratePerSecond",
+        ),
+        ("flowLogs: {mode: deny, rate: 10}\n", "rate"),
+        ("otlp: {endpoint: otel-collector:4317}\n", "/otlp/endpoint"),
+        ("otlp: {endpoint: \"grpc://otel:4317\"}\n", "/otlp/endpoint"),
+        (
+            "otlp: {endpoint: \"http://otel :4317\"}\n",
+            "/otlp/endpoint",
         ),
     ] {
         let file = dir.join("values.yaml");

@@ -9,17 +9,23 @@
 //! for has not realized its policies whatever the version says.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::SystemTime;
 
 use palisade_proto::v1::{
     GetRealizationResponse, NodeRealization, PodRealization, PodRef, PolicyRealization,
 };
 
+use super::connection::unix_ms;
 use crate::hub::{HubView, NodeView};
 
 /// The whole status; `only_policy` ("namespace/name") narrows the policy
 /// list, never the node list.
 pub fn realization(view: &HubView, only_policy: Option<&str>) -> GetRealizationResponse {
-    let nodes: Vec<NodeRealization> = view.nodes.iter().map(node_realization).collect();
+    let nodes: Vec<NodeRealization> = view
+        .nodes
+        .iter()
+        .map(|n| node_realization(n, view.taken_at))
+        .collect();
     let mut policies: BTreeMap<String, (BTreeSet<&str>, BTreeSet<&str>)> = BTreeMap::new();
     for node in &nodes {
         for pod in &node.pods {
@@ -61,7 +67,7 @@ pub fn realization(view: &HubView, only_policy: Option<&str>) -> GetRealizationR
     }
 }
 
-fn node_realization(n: &NodeView) -> NodeRealization {
+fn node_realization(n: &NodeView, now: SystemTime) -> NodeRealization {
     let plan_version = n.plan.version;
     let realized_version = n.reported.as_ref().map_or(0, |r| r.realized_version);
     let realized = n.reported.is_some() && realized_version >= plan_version;
@@ -110,5 +116,60 @@ fn node_realization(n: &NodeView) -> NodeRealization {
         },
         pods,
         errors: n.reported.iter().flat_map(|r| r.errors.clone()).collect(),
+        connected_since_unix_ms: unix_ms(n.connection.connected_since),
+        connected_secs: n.connection.connected_for(now).map_or(0, |d| d.as_secs()),
+        state_changed_unix_ms: unix_ms(n.connection.changed_at),
+        reconnects: n.connection.reconnects,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+    use crate::debug::connection::ConnectionHistory;
+
+    fn node(name: &str, connection: ConnectionHistory, subscribers: usize) -> NodeView {
+        NodeView {
+            node_name: name.into(),
+            plan: Arc::default(),
+            subscribers,
+            reported: None,
+            connection,
+        }
+    }
+
+    #[test]
+    fn connection_times_are_counted_to_the_moment_of_the_view() {
+        let t = |s: u64| UNIX_EPOCH + Duration::from_secs(s);
+        let mut steady = ConnectionHistory::default();
+        steady.connected(t(1_000));
+        let mut flapping = ConnectionHistory::default();
+        flapping.connected(t(1_000));
+        flapping.disconnected(t(1_500));
+        flapping.connected(t(1_600));
+        flapping.disconnected(t(1_700));
+        let view = HubView {
+            source_synced: true,
+            source_revision: 1,
+            source_marker: "1".into(),
+            errors: vec![],
+            nodes: vec![node("a", steady, 1), node("b", flapping, 0)],
+            taken_at: t(1_800) + Duration::from_millis(999),
+        };
+        let r = realization(&view, None);
+        let (a, b) = (&r.nodes[0], &r.nodes[1]);
+        assert_eq!(
+            (a.connected, a.connected_since_unix_ms, a.connected_secs),
+            (true, 1_000_000, 800)
+        );
+        assert_eq!((a.state_changed_unix_ms, a.reconnects), (1_000_000, 0));
+        assert_eq!(
+            (b.connected, b.connected_since_unix_ms, b.connected_secs),
+            (false, 0, 0)
+        );
+        assert_eq!((b.state_changed_unix_ms, b.reconnects), (1_700_000, 1));
     }
 }
