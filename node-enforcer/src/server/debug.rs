@@ -101,6 +101,8 @@ impl DebugService for DebugServer {
                         .unwrap_or_default(),
                     ingress_policy_set: i.ingress,
                     egress_policy_set: i.egress,
+                    audit_ingress_policy_set: i.audit_ingress,
+                    audit_egress_policy_set: i.audit_egress,
                 })
                 .collect(),
         }))
