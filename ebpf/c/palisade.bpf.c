@@ -158,13 +158,16 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pal_ct4 SEC(".maps");
 
+/* Verdict counters by direction (STAT_SLOT).  A new name, not pal_stats:
+ * a pinned map keeps its size across upgrades, and the older pal_stats had
+ * one slot per kind only. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, STAT_MAX);
+	__uint(max_entries, STAT_MAX * STAT_DIRECTIONS);
 	__type(key, __u32);
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} pal_stats SEC(".maps");
+} pal_dir_stats SEC(".maps");
 
 /* ---- packet parsing ---- */
 
@@ -788,9 +791,12 @@ static __always_inline int fast_path_v4(struct __sk_buff *skb, const struct endp
 
 /* ---- verdict ---- */
 
-static __always_inline int account(__u32 stat, int verdict)
+/* The one place that counts: every verdict goes through it once, under
+ * the direction of the hook that judged it. */
+static __always_inline int account(__u8 owner, __u32 stat, int verdict)
 {
-	__u64 *count = bpf_map_lookup_elem(&pal_stats, &stat);
+	__u32 slot = STAT_SLOT(owner, stat);
+	__u64 *count = bpf_map_lookup_elem(&pal_dir_stats, &slot);
 
 	if (count)
 		*count += 1; /* per-CPU slot: no atomics needed */
@@ -812,21 +818,21 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 
 	fast = fast_path_v4(skb, ep, ifindex, owner);
 	if (fast == FAST_ESTABLISHED)
-		return account(STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
+		return account(owner, STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
 	if (fast == FAST_REPLY)
-		return account(STAT_ALLOWED_REPLY, VERDICT_NEXT);
+		return account(owner, STAT_ALLOWED_REPLY, VERDICT_NEXT);
 
 	parsed = parse_flow(skb, &f);
 	if (parsed == PARSE_NOT_IP)
 		return VERDICT_NEXT;
 	if (parsed == PARSE_MALFORMED)
-		return account(STAT_DENIED_MALFORMED, VERDICT_DROP);
+		return account(owner, STAT_DENIED_MALFORMED, VERDICT_DROP);
 
 	if (f.ndp)
-		return account(STAT_ALLOWED_NDP, VERDICT_NEXT);
+		return account(owner, STAT_ALLOWED_NDP, VERDICT_NEXT);
 
 	if (owner == OWNER_FROM_POD && !pod_owns_source(ep, f.src))
-		return account(STAT_DENIED_SPOOF, VERDICT_DROP);
+		return account(owner, STAT_DENIED_SPOOF, VERDICT_DROP);
 
 	if (fast == FAST_CT_ABSENT) {
 		/* The fast path found neither entry: straight to policy. */
@@ -835,20 +841,20 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 	} else if (likely_forward(&f)) {
 		own = ct_own_entry(&own_key, &f, ifindex, owner);
 		if (ct_established(own, ep, owner))
-			return account(STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
+			return account(owner, STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
 		if (ct_is_reply(&f, ep, ifindex, owner))
-			return account(STAT_ALLOWED_REPLY, VERDICT_NEXT);
+			return account(owner, STAT_ALLOWED_REPLY, VERDICT_NEXT);
 	} else {
 		if (ct_is_reply(&f, ep, ifindex, owner))
-			return account(STAT_ALLOWED_REPLY, VERDICT_NEXT);
+			return account(owner, STAT_ALLOWED_REPLY, VERDICT_NEXT);
 		own = ct_own_entry(&own_key, &f, ifindex, owner);
 		if (ct_established(own, ep, owner))
-			return account(STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
+			return account(owner, STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
 	}
 
 	if (!ct_policy_allows(&f, ep, owner, &own_key, own))
-		return account(STAT_DENIED, VERDICT_DROP);
-	return account(hook_policy(ep, owner) ? STAT_ALLOWED_POLICY : STAT_ALLOWED_UNISOLATED,
+		return account(owner, STAT_DENIED, VERDICT_DROP);
+	return account(owner, hook_policy(ep, owner) ? STAT_ALLOWED_POLICY : STAT_ALLOWED_UNISOLATED,
 		       VERDICT_NEXT);
 }
 

@@ -14,7 +14,9 @@
 #define OWNER_FROM_POD 0 /* the pod's egress policy (TC ingress of host veth) */
 #define OWNER_TO_POD 1   /* the pod's ingress policy (TC egress of host veth) */
 
-/* Indices into pal_stats. */
+/* Verdict kinds.  pal_dir_stats counts each per direction: the slot of
+ * (owner, stat) is STAT_SLOT(owner, stat), so a kind added later takes new
+ * slots and never moves an existing one. */
 #define STAT_ALLOWED_POLICY 0
 #define STAT_ALLOWED_REPLY 1
 #define STAT_ALLOWED_UNISOLATED 2
@@ -24,6 +26,8 @@
 #define STAT_DENIED_MALFORMED 6 /* truncated or impossible IP header */
 #define STAT_ALLOWED_ESTABLISHED 7 /* forward packet of a flow allowed under the current epoch */
 #define STAT_MAX 8
+#define STAT_DIRECTIONS 2 /* OWNER_FROM_POD (the pod's egress), OWNER_TO_POD (its ingress) */
+#define STAT_SLOT(owner, stat) ((stat) * STAT_DIRECTIONS + (owner))
 
 /* LPM prefix lengths of a full (host) lookup. */
 #define POLICY_ID_BITS 32

@@ -56,8 +56,14 @@ pub const MAP_PORTS: &str = "pal_ports";
 pub const MAP_CONNTRACK: &str = "pal_conntrack";
 /// `LruHashMap<Ct4Key, CtValue>`: IPv4 flows.
 pub const MAP_CT4: &str = "pal_ct4";
-/// `PerCpuArray<u64>` indexed by the `STAT_*` constants.
-pub const MAP_STATS: &str = "pal_stats";
+/// `PerCpuArray<u64>` of verdict counters, indexed by [`stat_slot`]
+/// (direction and `STAT_*` kind).
+pub const MAP_STATS: &str = "pal_dir_stats";
+/// The counters' map of versions that counted no direction (one slot per
+/// `STAT_*` kind). A pinned map keeps its size across upgrades, so the
+/// counters by direction got a map of their own; the enforcer unpins this
+/// one once no program of the older version runs.
+pub const MAP_STATS_UNDIRECTED: &str = "pal_stats";
 /// Every map name, in no particular order; all are pinned by name.
 pub const MAP_NAMES: [&str; 8] = [
     MAP_ENDPOINTS,
@@ -104,8 +110,20 @@ pub const STAT_DENIED_MALFORMED: u32 = 6;
 /// Forward packets of a flow the hook allowed under its current epoch
 /// (passed on one conntrack lookup, without a policy lookup).
 pub const STAT_ALLOWED_ESTABLISHED: u32 = 7;
-/// Number of entries in [`MAP_STATS`].
+/// Number of `STAT_*` kinds.
 pub const STAT_COUNT: u32 = 8;
+/// Directions each kind is counted in: [`OWNER_FROM_POD`] (the pod's
+/// egress) and [`OWNER_TO_POD`] (its ingress).
+pub const STAT_DIRECTIONS: u32 = 2;
+/// Number of entries in [`MAP_STATS`].
+pub const STAT_SLOTS: u32 = STAT_COUNT * STAT_DIRECTIONS;
+
+/// The [`MAP_STATS`] slot counting kind `stat` judged by hook `owner`
+/// (`STAT_SLOT` in the C header): kind-major, so a kind added later takes
+/// new slots and moves none.
+pub const fn stat_slot(owner: u8, stat: u32) -> u32 {
+    stat * STAT_DIRECTIONS + owner as u32
+}
 
 /// What an allowed packet returns: `TC_ACT_UNSPEC`, which TCX reads as
 /// `TCX_NEXT`, so programs attached after Palisade's still run.
@@ -750,6 +768,18 @@ mod tests {
             ..ep
         };
         assert_eq!(lying.pod_addrs().len(), MAX_POD_ADDRS);
+    }
+
+    #[test]
+    fn stat_slots_are_kind_major_and_cover_the_map() {
+        assert_eq!(stat_slot(OWNER_FROM_POD, STAT_ALLOWED_POLICY), 0);
+        assert_eq!(stat_slot(OWNER_TO_POD, STAT_ALLOWED_POLICY), 1);
+        assert_eq!(stat_slot(OWNER_FROM_POD, STAT_DENIED), 6);
+        let mut seen: Vec<u32> = (0..STAT_COUNT)
+            .flat_map(|s| [stat_slot(OWNER_FROM_POD, s), stat_slot(OWNER_TO_POD, s)])
+            .collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..STAT_SLOTS).collect::<Vec<_>>());
     }
 
     #[test]

@@ -290,6 +290,43 @@ fn policies_do_not_leak_between_ids() {
 }
 
 #[test]
+fn verdicts_are_counted_by_the_direction_that_judged_them() {
+    let mut h = Harness::new();
+    h.endpoint(1, 2); // egress policy 2 allows nothing
+    h.cidr(1, "10.0.1.0/24", 1);
+    h.cidr(1, "fd00:1::/64", 1);
+    h.ports(1, PROTO_TCP, 80, 80);
+    let (egress, ingress) = (OWNER_FROM_POD, OWNER_TO_POD);
+
+    // An ingress flow, IPv4 (fast path) and IPv6 (full path): its forward
+    // packets are the pod's ingress, its replies the pod's egress.
+    for (peer, pod) in [("10.0.1.5", POD4), ("fd00:1::5", POD6)] {
+        assert_eq!(h.pod_receives(&tcp(peer, 40000, pod, 80)), ALLOW);
+        assert_eq!(h.pod_receives(&tcp(peer, 40000, pod, 80)), ALLOW);
+        assert_eq!(h.pod_sends(&tcp(pod, 80, peer, 40000)), ALLOW);
+    }
+    assert_eq!(h.stat_dir(ingress, STAT_ALLOWED_POLICY), 2);
+    assert_eq!(h.stat_dir(ingress, STAT_ALLOWED_ESTABLISHED), 2);
+    assert_eq!(h.stat_dir(egress, STAT_ALLOWED_REPLY), 2);
+    assert_eq!(h.stat_dir(egress, STAT_ALLOWED_POLICY), 0);
+    assert_eq!(h.stat_dir(ingress, STAT_ALLOWED_REPLY), 0);
+
+    assert_eq!(h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80)), DROP);
+    assert_eq!(h.pod_receives(&tcp("10.0.2.5", 40000, POD4, 80)), DROP);
+    assert_eq!(h.pod_receives(&tcp("10.0.2.6", 40000, POD4, 80)), DROP);
+    assert_eq!(h.pod_sends(&tcp("10.0.0.99", 40000, "10.0.1.5", 80)), DROP);
+    assert_eq!(h.stat_dir(egress, STAT_DENIED), 1);
+    assert_eq!(h.stat_dir(ingress, STAT_DENIED), 2);
+    assert_eq!(h.stat_dir(egress, STAT_DENIED_SPOOF), 1);
+    assert_eq!(h.stat_dir(ingress, STAT_DENIED_SPOOF), 0);
+    assert_eq!(
+        h.stats().iter().sum::<u64>(),
+        10,
+        "every packet counted once, in one direction"
+    );
+}
+
+#[test]
 fn reply_to_an_ingress_flow_passes_egress() {
     let mut h = Harness::new();
     h.endpoint(1, 2); // egress policy 2 allows nothing

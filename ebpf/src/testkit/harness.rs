@@ -243,12 +243,20 @@ impl Harness {
         self.run_at(ifindex, PROG_TO_POD, frame)
     }
 
-    pub fn stat(&self, index: u32) -> u64 {
-        let map: PerCpuArray<_, u64> =
-            PerCpuArray::try_from(self.ebpf.map(MAP_STATS).unwrap()).unwrap();
-        map.get(&index, 0).unwrap().iter().sum()
+    /// Packets of kind `stat` (a `STAT_*`), both directions.
+    pub fn stat(&self, stat: u32) -> u64 {
+        self.stat_dir(OWNER_FROM_POD, stat) + self.stat_dir(OWNER_TO_POD, stat)
     }
 
+    /// Packets of kind `stat` judged by hook `owner` ([`OWNER_FROM_POD`]:
+    /// the pod's egress; [`OWNER_TO_POD`]: its ingress).
+    pub fn stat_dir(&self, owner: u8, stat: u32) -> u64 {
+        let map: PerCpuArray<_, u64> =
+            PerCpuArray::try_from(self.ebpf.map(MAP_STATS).unwrap()).unwrap();
+        map.get(&stat_slot(owner, stat), 0).unwrap().iter().sum()
+    }
+
+    /// Packets per `STAT_*` kind, both directions.
     pub fn stats(&self) -> [u64; STAT_COUNT as usize] {
         std::array::from_fn(|i| self.stat(i as u32))
     }

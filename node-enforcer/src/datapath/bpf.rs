@@ -37,8 +37,8 @@ use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
 use palisade_ebpf::{
-    Endpoint, PortKey, PortValue, MAP_CONNTRACK, MAP_CT4, MAP_ENDPOINTS, MAP_PORTS, PROG_FROM_POD,
-    PROG_TO_POD,
+    Endpoint, PortKey, PortValue, MAP_CONNTRACK, MAP_CT4, MAP_ENDPOINTS, MAP_PORTS,
+    MAP_STATS_UNDIRECTED, PROG_FROM_POD, PROG_TO_POD,
 };
 use policy_tables::PolicyTables;
 
@@ -125,6 +125,23 @@ impl BpfDatapath {
             next_epoch,
             links: BTreeMap::new(),
         })
+    }
+
+    /// Unpins an older version's counters ([`MAP_STATS_UNDIRECTED`]), which
+    /// no program of this version writes: left pinned, they would only
+    /// sit there looking like counters that stopped. Called once the links
+    /// run this version's programs; a program of the older version still
+    /// holding the map keeps it alive until it is unloaded.
+    fn unpin_undirected_stats(&self) -> Result<()> {
+        let path = self.pin_root.join(MAP_STATS_UNDIRECTED);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), "unpinned the older version's verdict counters");
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(err(format!("unpinning {}", path.display()), e)),
+        }
     }
 
     fn link_pin(&self, ifname: &str, hook: &str) -> PathBuf {
@@ -309,6 +326,7 @@ impl Datapath for BpfDatapath {
         if moved > 0 {
             tracing::info!(moved, "moved IPv4 conntrack entries to {MAP_CT4}");
         }
+        self.unpin_undirected_stats()?;
         Ok(adopted)
     }
 
