@@ -102,6 +102,16 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pal_endpoints SEC(".maps");
 
+/* What the IPv4 fast path reads of pal_endpoints, by array index (see
+ * struct endpoint_cache). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, EP_CACHE_SLOTS);
+	__type(key, __u32);
+	__type(value, struct endpoint_cache);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pal_ep_cache SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -707,12 +717,73 @@ enum fast_result {
 	FAST_REPLY,       /* STAT_ALLOWED_REPLY */
 };
 
-static __always_inline bool pod_owns_v4(const struct endpoint *ep, __be32 saddr)
+/* The interface's pal_ep_cache slot when it is valid and its own, else
+ * NULL (ask pal_endpoints). */
+static __always_inline const struct endpoint_cache *ep_cache_lookup(__u32 ifindex)
 {
-	__u8 src[16];
+	__u32 slot = ifindex & (EP_CACHE_SLOTS - 1);
+	const struct endpoint_cache *c = bpf_map_lookup_elem(&pal_ep_cache, &slot);
 
-	v4_mapped(src, saddr);
-	return pod_owns_source(ep, src);
+	if (!c || !c->valid || c->ifindex != ifindex)
+		return NULL;
+	return c;
+}
+
+/* The same view of a pal_endpoints entry, for an interface the cache does
+ * not hold (for now): its IPv4-mapped addresses narrowed to IPv4. */
+static __always_inline void ep_cache_fill(struct endpoint_cache *c, const struct endpoint *ep,
+					  __u32 ifindex)
+{
+	__u32 n = 0;
+
+	c->ifindex = ifindex;
+	c->valid = 1;
+	c->ingress_epoch = ep->ingress_epoch;
+	c->egress_epoch = ep->egress_epoch;
+	c->pad = 0;
+	c->v4[0] = 0;
+	c->v4[1] = 0;
+	c->v4[2] = 0;
+	c->v4[3] = 0;
+#pragma unroll
+	for (int i = 0; i < MAX_POD_ADDRS; i++) {
+		/* addrs sits at a 4-byte aligned offset of the value. */
+		__be32 tail = *(const __be32 *)(ep->addrs[i] + 12);
+
+		if (i >= ep->addr_count)
+			break;
+		if (!is_v4_mapped(ep->addrs[i]))
+			continue;
+		/* Constant indices only: the verifier refuses a stack write at
+		 * an offset it cannot bound. */
+		if (n == 0)
+			c->v4[0] = tail;
+		else if (n == 1)
+			c->v4[1] = tail;
+		else if (n == 2)
+			c->v4[2] = tail;
+		else
+			c->v4[3] = tail;
+		n++;
+	}
+	c->v4_count = n;
+}
+
+static __always_inline bool pod_owns_v4(const struct endpoint_cache *c, __be32 saddr)
+{
+#pragma unroll
+	for (int i = 0; i < MAX_POD_ADDRS; i++) {
+		if (i >= c->v4_count)
+			return false;
+		if (c->v4[i] == saddr)
+			return true;
+	}
+	return false;
+}
+
+static __always_inline __u32 cache_epoch(const struct endpoint_cache *c, __u8 owner)
+{
+	return owner == OWNER_FROM_POD ? c->egress_epoch : c->ingress_epoch;
 }
 
 static __always_inline struct ct_value *ct4_lookup(const struct ct4_key *k)
@@ -723,7 +794,7 @@ static __always_inline struct ct_value *ct4_lookup(const struct ct4_key *k)
 	return v;
 }
 
-static __always_inline int fast_path_v4(struct __sk_buff *skb, const struct endpoint *ep,
+static __always_inline int fast_path_v4(struct __sk_buff *skb, const struct endpoint_cache *ep,
 					__u32 ifindex, __u8 owner)
 {
 	void *data = (void *)(long)skb->data;
@@ -732,7 +803,7 @@ static __always_inline int fast_path_v4(struct __sk_buff *skb, const struct endp
 	struct iphdr *ip = data + ETH_HLEN;
 	__u16 *ports = data + ETH_HLEN + sizeof(struct iphdr);
 	__u8 writer = other_hook(owner);
-	struct ct4_key own, rev;
+	struct ct4_key k;
 	struct ct_value *v;
 	bool fwd;
 
@@ -752,36 +823,49 @@ static __always_inline int fast_path_v4(struct __sk_buff *skb, const struct endp
 	if (owner == OWNER_FROM_POD && !pod_owns_v4(ep, ip->saddr))
 		return FAST_MISS;
 
-	own.src = ip->saddr;
-	own.dst = ip->daddr;
-	own.sport = ports[0];
-	own.dport = ports[1];
-	own.ifindex = ifindex;
-	own.proto = ip->protocol;
-	own.owner = owner;
-	own.pad[0] = 0;
-	own.pad[1] = 0;
-	rev.src = ip->daddr;
-	rev.dst = ip->saddr;
-	rev.sport = ports[1];
-	rev.dport = ports[0];
-	rev.ifindex = ifindex;
-	rev.proto = ip->protocol;
-	rev.owner = writer;
-	rev.pad[0] = 0;
-	rev.pad[1] = 0;
-	fwd = bpf_ntohs(own.dport) < bpf_ntohs(own.sport);
-
-	v = ct4_lookup(fwd ? &own : &rev);
+	/* The likelier entry first (see likely_forward), its key built in
+	 * place; the other one's only when the first is absent. */
+	fwd = bpf_ntohs(ports[1]) < bpf_ntohs(ports[0]);
+	k.ifindex = ifindex;
+	k.proto = ip->protocol;
+	k.pad[0] = 0;
+	k.pad[1] = 0;
+	if (fwd) {
+		k.src = ip->saddr;
+		k.dst = ip->daddr;
+		k.sport = ports[0];
+		k.dport = ports[1];
+		k.owner = owner;
+	} else {
+		k.src = ip->daddr;
+		k.dst = ip->saddr;
+		k.sport = ports[1];
+		k.dport = ports[0];
+		k.owner = writer;
+	}
+	v = ct4_lookup(&k);
 	if (v) {
-		if (v->epoch != hook_epoch(ep, fwd ? owner : writer))
+		if (v->epoch != cache_epoch(ep, fwd ? owner : writer))
 			return FAST_MISS;
 		ct_touch(v);
 		return fwd ? FAST_ESTABLISHED : FAST_REPLY;
 	}
-	v = ct4_lookup(fwd ? &rev : &own);
+	if (fwd) {
+		k.src = ip->daddr;
+		k.dst = ip->saddr;
+		k.sport = ports[1];
+		k.dport = ports[0];
+		k.owner = writer;
+	} else {
+		k.src = ip->saddr;
+		k.dst = ip->daddr;
+		k.sport = ports[0];
+		k.dport = ports[1];
+		k.owner = owner;
+	}
+	v = ct4_lookup(&k);
 	if (v) {
-		if (v->epoch != hook_epoch(ep, fwd ? writer : owner))
+		if (v->epoch != cache_epoch(ep, fwd ? writer : owner))
 			return FAST_MISS;
 		ct_touch(v);
 		return fwd ? FAST_REPLY : FAST_ESTABLISHED;
@@ -808,19 +892,33 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 	__u32 ifindex = skb->ifindex;
 	struct ct_ref own_key;
 	struct ct_value *own;
+	const struct endpoint_cache *cached;
+	struct endpoint_cache view;
 	struct endpoint *ep;
 	struct flow f = {};
 	int parsed, fast;
+
+	cached = ep_cache_lookup(ifindex);
+	if (cached) {
+		fast = fast_path_v4(skb, cached, ifindex, owner);
+		if (fast == FAST_ESTABLISHED)
+			return account(owner, STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
+		if (fast == FAST_REPLY)
+			return account(owner, STAT_ALLOWED_REPLY, VERDICT_NEXT);
+	}
 
 	ep = bpf_map_lookup_elem(&pal_endpoints, &ifindex);
 	if (!ep)
 		return VERDICT_NEXT;
 
-	fast = fast_path_v4(skb, ep, ifindex, owner);
-	if (fast == FAST_ESTABLISHED)
-		return account(owner, STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
-	if (fast == FAST_REPLY)
-		return account(owner, STAT_ALLOWED_REPLY, VERDICT_NEXT);
+	if (!cached) {
+		ep_cache_fill(&view, ep, ifindex);
+		fast = fast_path_v4(skb, &view, ifindex, owner);
+		if (fast == FAST_ESTABLISHED)
+			return account(owner, STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
+		if (fast == FAST_REPLY)
+			return account(owner, STAT_ALLOWED_REPLY, VERDICT_NEXT);
+	}
 
 	parsed = parse_flow(skb, &f);
 	if (parsed == PARSE_NOT_IP)

@@ -52,6 +52,30 @@ struct endpoint {
 	__u8 addrs[MAX_POD_ADDRS][16];
 };
 
+/* Slots of pal_ep_cache: an interface's slot is ifindex % EP_CACHE_SLOTS
+ * (a power of two). */
+#define EP_CACHE_SLOTS 65536
+
+/* Value of pal_ep_cache: what the IPv4 fast path needs of an endpoint,
+ * in an array, whose lookups the verifier inlines (a hash lookup by
+ * ifindex is a helper call).  Only a cache: pal_endpoints stays the
+ * authority, and a slot counts only while valid is 1 and ifindex is the
+ * packet's.  An array value is rewritten in place, so a reader racing a
+ * write could see old and new bytes mixed; the enforcer therefore never
+ * changes the bytes of a valid slot except by clearing valid (one bit),
+ * and rewrites a slot only a grace period after clearing it and sets
+ * valid again only a grace period after that rewrite
+ * (node-enforcer/src/datapath/bpf/endpoint_cache.rs). */
+struct endpoint_cache {
+	__u32 ifindex;
+	__u32 valid;
+	__u32 ingress_epoch;
+	__u32 egress_epoch;
+	__u32 v4_count; /* the pod's IPv4 addresses in v4, at most MAX_POD_ADDRS */
+	__u32 pad;
+	__be32 v4[MAX_POD_ADDRS];
+};
+
 /* Peer address as IPv6; IPv4 is stored IPv4-mapped (::ffff:a.b.c.d) so one
  * trie serves both families. */
 struct policy_key {
@@ -128,6 +152,7 @@ struct ct_value {
 
 _Static_assert(sizeof(struct endpoint) == 24 + MAX_POD_ADDRS * 16, "endpoint layout");
 _Static_assert(sizeof(struct policy_key) == 24, "policy_key layout");
+_Static_assert(sizeof(struct endpoint_cache) == 24 + MAX_POD_ADDRS * 4, "endpoint_cache layout");
 _Static_assert(sizeof(struct port_key) == 12, "port_key layout");
 _Static_assert(sizeof(struct ct_key) == 44, "ct_key layout");
 _Static_assert(sizeof(struct ct_value) == 16, "ct_value layout");

@@ -37,6 +37,10 @@ pub const PROG_TO_POD: &str = "palisade_to_pod";
 
 /// `HashMap<u32 /*host veth ifindex*/, Endpoint>`.
 pub const MAP_ENDPOINTS: &str = "pal_endpoints";
+/// `Array<EndpointCache>` of [`EP_CACHE_SLOTS`]: what the IPv4 fast path
+/// reads of [`MAP_ENDPOINTS`], in slot [`ep_cache_slot`] of the interface.
+/// A cache only; see [`EndpointCache`] for how it may be written.
+pub const MAP_EP_CACHE: &str = "pal_ep_cache";
 /// `LpmTrie<PolicyKey, PolicyValue>`.
 pub const MAP_POLICY: &str = "pal_policy";
 /// `HashMap<Key<PolicyKey>, PolicyValue>` (open as
@@ -65,8 +69,9 @@ pub const MAP_STATS: &str = "pal_dir_stats";
 /// one once no program of the older version runs.
 pub const MAP_STATS_UNDIRECTED: &str = "pal_stats";
 /// Every map name, in no particular order; all are pinned by name.
-pub const MAP_NAMES: [&str; 8] = [
+pub const MAP_NAMES: [&str; 9] = [
     MAP_ENDPOINTS,
+    MAP_EP_CACHE,
     MAP_POLICY,
     MAP_POLICY_EXACT,
     MAP_POLICY_LENS,
@@ -203,6 +208,58 @@ impl Endpoint {
     /// programs never trust beyond the array either) is cut at the array.
     pub fn pod_addrs(&self) -> &[[u8; 16]] {
         &self.addrs[..(self.addr_count as usize).min(MAX_POD_ADDRS)]
+    }
+}
+
+/// Slots of [`MAP_EP_CACHE`] (`EP_CACHE_SLOTS`, a power of two).
+pub const EP_CACHE_SLOTS: u32 = 65536;
+
+/// The [`MAP_EP_CACHE`] slot of interface `ifindex`; two interfaces may
+/// share one, which then holds at most one of them.
+pub const fn ep_cache_slot(ifindex: u32) -> u32 {
+    ifindex & (EP_CACHE_SLOTS - 1)
+}
+
+/// Value of [`MAP_EP_CACHE`]: the epochs and IPv4 addresses of the
+/// [`Endpoint`] of `ifindex`, trusted by the programs only while `valid`
+/// is 1 (else they read [`MAP_ENDPOINTS`], the authority). A write to an
+/// array slot is a copy in place that a packet may see half done, so a
+/// writer may change a valid slot only by clearing `valid` (one bit), and
+/// may rewrite a slot only a grace period after clearing it, and set it
+/// valid only a grace period after that rewrite.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct EndpointCache {
+    pub ifindex: u32,
+    pub valid: u32,
+    pub ingress_epoch: u32,
+    pub egress_epoch: u32,
+    pub v4_count: u32,
+    pub pad: u32,
+    /// Network order, as in the packet.
+    pub v4: [[u8; 4]; MAX_POD_ADDRS],
+}
+
+impl EndpointCache {
+    /// The valid slot value of `ep` on `ifindex`.
+    pub fn of(ifindex: u32, ep: &Endpoint) -> Self {
+        let mut v4 = [[0u8; 4]; MAX_POD_ADDRS];
+        let mut n = 0;
+        for a in ep.pod_addrs() {
+            if let Some(addr) = Ipv6Addr::from(*a).to_ipv4_mapped() {
+                v4[n] = addr.octets();
+                n += 1;
+            }
+        }
+        EndpointCache {
+            ifindex,
+            valid: 1,
+            ingress_epoch: ep.ingress_epoch,
+            egress_epoch: ep.egress_epoch,
+            v4_count: n as u32,
+            pad: 0,
+            v4,
+        }
     }
 }
 
@@ -468,6 +525,7 @@ pub struct CtValue {
 // and have no padding (the size asserts below prove it), so every bit
 // pattern is a valid value and no uninitialised byte reaches the kernel.
 unsafe impl aya::Pod for Endpoint {}
+unsafe impl aya::Pod for EndpointCache {}
 unsafe impl aya::Pod for PolicyKey {}
 unsafe impl aya::Pod for PolicyValue {}
 unsafe impl aya::Pod for PortKey {}
@@ -482,6 +540,7 @@ unsafe impl aya::Pod for CtValue {}
 const _: () = {
     use std::mem::size_of;
     assert!(size_of::<Endpoint>() == 24 + MAX_POD_ADDRS * 16);
+    assert!(size_of::<EndpointCache>() == 24 + MAX_POD_ADDRS * 4);
     assert!(size_of::<PolicyKey>() == 20);
     assert!(size_of::<Key<PolicyKey>>() == 24);
     assert!(size_of::<PolicyValue>() == 4);

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use aya::maps::lpm_trie::Key;
-use aya::maps::{HashMap, LpmTrie, MapData, PerCpuArray};
+use aya::maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray};
 use aya::programs::{SchedClassifier, TestRun, TestRunOptions, TestRunResult};
 use aya::{Ebpf, EbpfLoader};
 
@@ -65,6 +65,7 @@ impl Drop for PinDir {
 pub struct Harness {
     ebpf: Ebpf,
     lens: PolicyLenCounts,
+    cache: bool,
     // Declared last so it is removed after the maps are closed.
     pins: PinDir,
 }
@@ -100,6 +101,7 @@ impl Harness {
         Harness {
             ebpf,
             lens: PolicyLenCounts::default(),
+            cache: true,
             pins,
         }
     }
@@ -135,13 +137,40 @@ impl Harness {
             egress_epoch,
             ..Endpoint::new(ingress, egress, &addrs).unwrap()
         };
-        self.endpoints().insert(LO, ep, 0).unwrap();
+        self.set_endpoint(LO, ep);
     }
 
     pub fn endpoint_at(&mut self, ifindex: u32, ingress: u32, egress: u32, addrs: &[&str]) {
         let addrs: Vec<[u8; 16]> = addrs.iter().map(|a| mapped_addr(ip(a))).collect();
         let ep = Endpoint::new(ingress, egress, &addrs).expect("at most MAX_POD_ADDRS");
+        self.set_endpoint(ifindex, ep);
+    }
+
+    /// Writes an endpoint as the enforcer does once its cache is current:
+    /// into [`MAP_ENDPOINTS`] and, valid, into its [`MAP_EP_CACHE`] slot
+    /// (unless [`Harness::without_cache`]). No packet runs meanwhile, so no
+    /// grace periods are needed here.
+    pub fn set_endpoint(&mut self, ifindex: u32, ep: Endpoint) {
         self.endpoints().insert(ifindex, ep, 0).unwrap();
+        let slot = ep_cache_slot(ifindex);
+        let value = if self.cache {
+            EndpointCache::of(ifindex, &ep)
+        } else {
+            EndpointCache::default()
+        };
+        self.ep_cache().set(slot, value, 0).unwrap();
+    }
+
+    /// From now on endpoints are written to [`MAP_ENDPOINTS`] only, as for
+    /// an interface whose cache slot is invalid or another's: the programs
+    /// must judge alike.
+    pub fn without_cache(mut self) -> Self {
+        self.cache = false;
+        self
+    }
+
+    pub fn ep_cache(&mut self) -> Array<&mut MapData, EndpointCache> {
+        Array::try_from(self.ebpf.map_mut(MAP_EP_CACHE).unwrap()).unwrap()
     }
 
     fn endpoints(&mut self) -> HashMap<&mut MapData, u32, Endpoint> {
