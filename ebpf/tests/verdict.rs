@@ -1390,7 +1390,15 @@ fn forge_entry(h: &mut Harness, key: CtKey) {
 /// it made from it, a header with options or a stale entry is judged in full.
 #[test]
 fn the_ipv4_fast_path_passes_only_what_the_full_path_would() {
-    let mut h = Harness::new();
+    fast_path_cases(Harness::new());
+}
+
+#[test]
+fn the_ipv4_fast_path_judges_alike_without_the_endpoint_cache() {
+    fast_path_cases(Harness::new().without_cache());
+}
+
+fn fast_path_cases(mut h: Harness) {
     h.endpoint(0, 0);
     let fwd = tcp(POD4, 40000, "10.0.1.5", 80);
     let reply = tcp("10.0.1.5", 80, POD4, 40000);
@@ -1423,4 +1431,42 @@ fn the_ipv4_fast_path_passes_only_what_the_full_path_would() {
     short.truncate(14 + 20 + 3);
     assert_eq!(h.pod_sends(&short), DROP);
     assert_eq!(h.stat(STAT_DENIED_MALFORMED), 1);
+}
+
+#[test]
+fn an_endpoint_cache_slot_counts_only_while_valid_and_the_interfaces_own() {
+    let mut h = Harness::new();
+    h.endpoint(0, 0);
+    let fwd = tcp(POD4, 40000, "10.0.1.5", 80);
+    assert_eq!(h.pod_sends(&fwd), ALLOW);
+    // The authority: the pod no longer owns 10.0.0.2 ...
+    let addrs = [mapped_addr(ip(POD6))];
+    let now = Endpoint::new(0, 0, &addrs).unwrap();
+    let ep_map = h.ebpf_mut().map_mut(MAP_ENDPOINTS).unwrap();
+    aya::maps::HashMap::<_, u32, Endpoint>::try_from(ep_map)
+        .unwrap()
+        .insert(LO, now, 0)
+        .unwrap();
+    // ... while its slot still says it does.
+    let was = Endpoint::new(0, 0, &[mapped_addr(ip(POD4))]).unwrap();
+    let slot = ep_cache_slot(LO);
+    let stale = EndpointCache::of(LO, &was);
+    for (value, why) in [
+        (EndpointCache { valid: 0, ..stale }, "an invalid slot"),
+        (
+            EndpointCache {
+                ifindex: LO + EP_CACHE_SLOTS,
+                ..stale
+            },
+            "another interface's slot",
+        ),
+    ] {
+        h.ep_cache().set(slot, value, 0).unwrap();
+        assert_eq!(h.pod_sends(&fwd), DROP, "{why} is not trusted");
+    }
+    // The test can fail: a valid slot of the interface is trusted as it
+    // is, which is why the enforcer never leaves one stale.
+    h.ep_cache().set(slot, stale, 0).unwrap();
+    assert_eq!(h.pod_sends(&fwd), ALLOW);
+    assert_eq!(h.stat(STAT_DENIED_SPOOF), 2);
 }

@@ -110,6 +110,10 @@ impl Harness {
         &self.ebpf
     }
 
+    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
+
     pub fn pins(&self) -> &Path {
         self.pins.path()
     }
