@@ -23,6 +23,15 @@
 //! (`update_policy`); the reconciler then calls `renew_epochs` for its users
 //! when the edit narrowed the table, and for every isolated direction when
 //! it takes over from a predecessor (which may have died in between).
+//!
+//! Every write of the endpoint table goes through `endpoint_cache`, which
+//! keeps the programs' array copy of it (`pal_ep_cache`, read by the IPv4
+//! fast path) from ever being trusted while stale or half written.
+//!
+//! Pinned maps keep their type and size across upgrades (aya opens a pin
+//! as it is), so a map whose shape changes gets a new pin name: `pal_ct4`
+//! beside `pal_conntrack`, `pal_dir_stats` for `pal_stats` (unpinned after
+//! adopt), `pal_ep_cache` new beside `pal_endpoints`.
 
 mod conntrack_maps;
 mod endpoint_cache;
