@@ -161,9 +161,22 @@ fn both_processes_serve_metrics_that_follow_plans_and_traffic() {
     assert!(get(&e, "palisade_enforcer_pod_up_duration_seconds_count") >= 3.0);
     assert!(get(&e, "palisade_enforcer_map_entries{map=\"pal_endpoints\"}") >= 3.0);
 
-    let denied = "palisade_enforcer_verdicts_total{verdict=\"denied\",reason=\"policy\"}";
-    let allowed = "palisade_enforcer_verdicts_total{verdict=\"allowed\",reason=\"not_isolated\"}";
-    let before = (get(&e, denied), get(&e, allowed));
+    let verdicts = |direction: &str, verdict: &str, reason: &str| {
+        format!(
+            "palisade_enforcer_verdicts_total{{direction=\"{direction}\",verdict=\"{verdict}\",reason=\"{reason}\"}}"
+        )
+    };
+    // b's ingress denies a; a's egress and c's ingress are open.
+    let denied = verdicts("ingress", "denied", "policy");
+    let allowed_in = verdicts("ingress", "allowed", "not_isolated");
+    let allowed_out = verdicts("egress", "allowed", "not_isolated");
+    let denied_out = verdicts("egress", "denied", "policy");
+    let before = (
+        get(&e, &denied),
+        get(&e, &allowed_in),
+        get(&e, &allowed_out),
+        get(&e, &denied_out),
+    );
     assert_verdicts(
         &lab,
         "b denies ingress, c is open",
@@ -173,10 +186,22 @@ fn both_processes_serve_metrics_that_follow_plans_and_traffic() {
         ],
     );
     let after = scrape(ns, &enforcer);
-    assert!(get(&after, denied) > before.0, "denied SYNs are counted");
     assert!(
-        get(&after, allowed) > before.1,
-        "allowed packets are counted"
+        get(&after, &denied) > before.0,
+        "denied SYNs are counted on b's ingress"
+    );
+    assert!(
+        get(&after, &allowed_in) > before.1,
+        "packets to c are counted on its ingress"
+    );
+    assert!(
+        get(&after, &allowed_out) > before.2,
+        "a's packets are counted on its egress"
+    );
+    assert_eq!(
+        get(&after, &denied_out),
+        before.3,
+        "no pod is isolated for egress"
     );
     lab.shutdown().unwrap();
 }

@@ -14,7 +14,9 @@
 #define OWNER_FROM_POD 0 /* the pod's egress policy (TC ingress of host veth) */
 #define OWNER_TO_POD 1   /* the pod's ingress policy (TC egress of host veth) */
 
-/* Indices into pal_stats. */
+/* Verdict kinds.  pal_dir_stats counts each per direction: the slot of
+ * (owner, stat) is STAT_SLOT(owner, stat), so a kind added later takes new
+ * slots and never moves an existing one. */
 #define STAT_ALLOWED_POLICY 0
 #define STAT_ALLOWED_REPLY 1
 #define STAT_ALLOWED_UNISOLATED 2
@@ -24,6 +26,8 @@
 #define STAT_DENIED_MALFORMED 6 /* truncated or impossible IP header */
 #define STAT_ALLOWED_ESTABLISHED 7 /* forward packet of a flow allowed under the current epoch */
 #define STAT_MAX 8
+#define STAT_DIRECTIONS 2 /* OWNER_FROM_POD (the pod's egress), OWNER_TO_POD (its ingress) */
+#define STAT_SLOT(owner, stat) ((stat) * STAT_DIRECTIONS + (owner))
 
 /* LPM prefix lengths of a full (host) lookup. */
 #define POLICY_ID_BITS 32
@@ -46,6 +50,30 @@ struct endpoint {
 	__u32 addr_count;
 	__u32 pad;
 	__u8 addrs[MAX_POD_ADDRS][16];
+};
+
+/* Slots of pal_ep_cache: an interface's slot is ifindex % EP_CACHE_SLOTS
+ * (a power of two). */
+#define EP_CACHE_SLOTS 65536
+
+/* Value of pal_ep_cache: what the IPv4 fast path needs of an endpoint,
+ * in an array, whose lookups the verifier inlines (a hash lookup by
+ * ifindex is a helper call).  Only a cache: pal_endpoints stays the
+ * authority, and a slot counts only while valid is 1 and ifindex is the
+ * packet's.  An array value is rewritten in place, so a reader racing a
+ * write could see old and new bytes mixed; the enforcer therefore never
+ * changes the bytes of a valid slot except by clearing valid (one bit),
+ * and rewrites a slot only a grace period after clearing it and sets
+ * valid again only a grace period after that rewrite
+ * (node-enforcer/src/datapath/bpf/endpoint_cache.rs). */
+struct endpoint_cache {
+	__u32 ifindex;
+	__u32 valid;
+	__u32 ingress_epoch;
+	__u32 egress_epoch;
+	__u32 v4_count; /* the pod's IPv4 addresses in v4, at most MAX_POD_ADDRS */
+	__u32 pad;
+	__be32 v4[MAX_POD_ADDRS];
 };
 
 /* Peer address as IPv6; IPv4 is stored IPv4-mapped (::ffff:a.b.c.d) so one
@@ -179,6 +207,7 @@ _Static_assert(sizeof(struct flow_config) == 16, "flow_config layout");
 _Static_assert(sizeof(struct audit_policy) == 8, "audit_policy layout");
 _Static_assert(sizeof(struct endpoint) == 24 + MAX_POD_ADDRS * 16, "endpoint layout");
 _Static_assert(sizeof(struct policy_key) == 24, "policy_key layout");
+_Static_assert(sizeof(struct endpoint_cache) == 24 + MAX_POD_ADDRS * 4, "endpoint_cache layout");
 _Static_assert(sizeof(struct port_key) == 12, "port_key layout");
 _Static_assert(sizeof(struct ct_key) == 44, "ct_key layout");
 _Static_assert(sizeof(struct ct_value) == 16, "ct_value layout");

@@ -37,6 +37,10 @@ pub const PROG_TO_POD: &str = "palisade_to_pod";
 
 /// `HashMap<u32 /*host veth ifindex*/, Endpoint>`.
 pub const MAP_ENDPOINTS: &str = "pal_endpoints";
+/// `Array<EndpointCache>` of [`EP_CACHE_SLOTS`]: what the IPv4 fast path
+/// reads of [`MAP_ENDPOINTS`], in slot [`ep_cache_slot`] of the interface.
+/// A cache only; see [`EndpointCache`] for how it may be written.
+pub const MAP_EP_CACHE: &str = "pal_ep_cache";
 /// `LpmTrie<PolicyKey, PolicyValue>`.
 pub const MAP_POLICY: &str = "pal_policy";
 /// `HashMap<Key<PolicyKey>, PolicyValue>` (open as
@@ -56,8 +60,14 @@ pub const MAP_PORTS: &str = "pal_ports";
 pub const MAP_CONNTRACK: &str = "pal_conntrack";
 /// `LruHashMap<Ct4Key, CtValue>`: IPv4 flows.
 pub const MAP_CT4: &str = "pal_ct4";
-/// `PerCpuArray<u64>` indexed by the `STAT_*` constants.
-pub const MAP_STATS: &str = "pal_stats";
+/// `PerCpuArray<u64>` of verdict counters, indexed by [`stat_slot`]
+/// (direction and `STAT_*` kind).
+pub const MAP_STATS: &str = "pal_dir_stats";
+/// The counters' map of versions that counted no direction (one slot per
+/// `STAT_*` kind). A pinned map keeps its size across upgrades, so the
+/// counters by direction got a map of their own; the enforcer unpins this
+/// one once no program of the older version runs.
+pub const MAP_STATS_UNDIRECTED: &str = "pal_stats";
 /// Every map name, in no particular order; all are pinned by name.
 /// Ring buffer of [`FlowEvent`]s for the flow log.
 pub const MAP_FLOW_EVENTS: &str = "pal_flow_events";
@@ -69,8 +79,9 @@ pub const MAP_FLOW_STATS: &str = "pal_flow_stats";
 pub const MAP_AUDIT: &str = "pal_audit";
 /// The flow log rate limit's one shared word (GCRA theoretical arrival time).
 pub const MAP_FLOW_BUCKET: &str = "pal_flow_bucket";
-pub const MAP_NAMES: [&str; 13] = [
+pub const MAP_NAMES: [&str; 14] = [
     MAP_ENDPOINTS,
+    MAP_EP_CACHE,
     MAP_POLICY,
     MAP_POLICY_EXACT,
     MAP_POLICY_LENS,
@@ -119,8 +130,20 @@ pub const STAT_DENIED_MALFORMED: u32 = 6;
 /// Forward packets of a flow the hook allowed under its current epoch
 /// (passed on one conntrack lookup, without a policy lookup).
 pub const STAT_ALLOWED_ESTABLISHED: u32 = 7;
-/// Number of entries in [`MAP_STATS`].
+/// Number of `STAT_*` kinds.
 pub const STAT_COUNT: u32 = 8;
+/// Directions each kind is counted in: [`OWNER_FROM_POD`] (the pod's
+/// egress) and [`OWNER_TO_POD`] (its ingress).
+pub const STAT_DIRECTIONS: u32 = 2;
+/// Number of entries in [`MAP_STATS`].
+pub const STAT_SLOTS: u32 = STAT_COUNT * STAT_DIRECTIONS;
+
+/// The [`MAP_STATS`] slot counting kind `stat` judged by hook `owner`
+/// (`STAT_SLOT` in the C header): kind-major, so a kind added later takes
+/// new slots and moves none.
+pub const fn stat_slot(owner: u8, stat: u32) -> u32 {
+    stat * STAT_DIRECTIONS + owner as u32
+}
 
 /// What an allowed packet returns: `TC_ACT_UNSPEC`, which TCX reads as
 /// `TCX_NEXT`, so programs attached after Palisade's still run.
@@ -200,6 +223,58 @@ impl Endpoint {
     /// programs never trust beyond the array either) is cut at the array.
     pub fn pod_addrs(&self) -> &[[u8; 16]] {
         &self.addrs[..(self.addr_count as usize).min(MAX_POD_ADDRS)]
+    }
+}
+
+/// Slots of [`MAP_EP_CACHE`] (`EP_CACHE_SLOTS`, a power of two).
+pub const EP_CACHE_SLOTS: u32 = 65536;
+
+/// The [`MAP_EP_CACHE`] slot of interface `ifindex`; two interfaces may
+/// share one, which then holds at most one of them.
+pub const fn ep_cache_slot(ifindex: u32) -> u32 {
+    ifindex & (EP_CACHE_SLOTS - 1)
+}
+
+/// Value of [`MAP_EP_CACHE`]: the epochs and IPv4 addresses of the
+/// [`Endpoint`] of `ifindex`, trusted by the programs only while `valid`
+/// is 1 (else they read [`MAP_ENDPOINTS`], the authority). A write to an
+/// array slot is a copy in place that a packet may see half done, so a
+/// writer may change a valid slot only by clearing `valid` (one bit), and
+/// may rewrite a slot only a grace period after clearing it, and set it
+/// valid only a grace period after that rewrite.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct EndpointCache {
+    pub ifindex: u32,
+    pub valid: u32,
+    pub ingress_epoch: u32,
+    pub egress_epoch: u32,
+    pub v4_count: u32,
+    pub pad: u32,
+    /// Network order, as in the packet.
+    pub v4: [[u8; 4]; MAX_POD_ADDRS],
+}
+
+impl EndpointCache {
+    /// The valid slot value of `ep` on `ifindex`.
+    pub fn of(ifindex: u32, ep: &Endpoint) -> Self {
+        let mut v4 = [[0u8; 4]; MAX_POD_ADDRS];
+        let mut n = 0;
+        for a in ep.pod_addrs() {
+            if let Some(addr) = Ipv6Addr::from(*a).to_ipv4_mapped() {
+                v4[n] = addr.octets();
+                n += 1;
+            }
+        }
+        EndpointCache {
+            ifindex,
+            valid: 1,
+            ingress_epoch: ep.ingress_epoch,
+            egress_epoch: ep.egress_epoch,
+            v4_count: n as u32,
+            pad: 0,
+            v4,
+        }
     }
 }
 
@@ -534,6 +609,7 @@ unsafe impl aya::Pod for FlowEvent {}
 unsafe impl aya::Pod for FlowConfig {}
 unsafe impl aya::Pod for AuditPolicy {}
 unsafe impl aya::Pod for Endpoint {}
+unsafe impl aya::Pod for EndpointCache {}
 unsafe impl aya::Pod for PolicyKey {}
 unsafe impl aya::Pod for PolicyValue {}
 unsafe impl aya::Pod for PortKey {}
@@ -548,6 +624,7 @@ unsafe impl aya::Pod for CtValue {}
 const _: () = {
     use std::mem::size_of;
     assert!(size_of::<Endpoint>() == 24 + MAX_POD_ADDRS * 16);
+    assert!(size_of::<EndpointCache>() == 24 + MAX_POD_ADDRS * 4);
     assert!(size_of::<PolicyKey>() == 20);
     assert!(size_of::<Key<PolicyKey>>() == 24);
     assert!(size_of::<PolicyValue>() == 4);
@@ -834,6 +911,18 @@ mod tests {
             ..ep
         };
         assert_eq!(lying.pod_addrs().len(), MAX_POD_ADDRS);
+    }
+
+    #[test]
+    fn stat_slots_are_kind_major_and_cover_the_map() {
+        assert_eq!(stat_slot(OWNER_FROM_POD, STAT_ALLOWED_POLICY), 0);
+        assert_eq!(stat_slot(OWNER_TO_POD, STAT_ALLOWED_POLICY), 1);
+        assert_eq!(stat_slot(OWNER_FROM_POD, STAT_DENIED), 6);
+        let mut seen: Vec<u32> = (0..STAT_COUNT)
+            .flat_map(|s| [stat_slot(OWNER_FROM_POD, s), stat_slot(OWNER_TO_POD, s)])
+            .collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..STAT_SLOTS).collect::<Vec<_>>());
     }
 
     #[test]

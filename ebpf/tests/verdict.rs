@@ -290,6 +290,43 @@ fn policies_do_not_leak_between_ids() {
 }
 
 #[test]
+fn verdicts_are_counted_by_the_direction_that_judged_them() {
+    let mut h = Harness::new();
+    h.endpoint(1, 2); // egress policy 2 allows nothing
+    h.cidr(1, "10.0.1.0/24", 1);
+    h.cidr(1, "fd00:1::/64", 1);
+    h.ports(1, PROTO_TCP, 80, 80);
+    let (egress, ingress) = (OWNER_FROM_POD, OWNER_TO_POD);
+
+    // An ingress flow, IPv4 (fast path) and IPv6 (full path): its forward
+    // packets are the pod's ingress, its replies the pod's egress.
+    for (peer, pod) in [("10.0.1.5", POD4), ("fd00:1::5", POD6)] {
+        assert_eq!(h.pod_receives(&tcp(peer, 40000, pod, 80)), ALLOW);
+        assert_eq!(h.pod_receives(&tcp(peer, 40000, pod, 80)), ALLOW);
+        assert_eq!(h.pod_sends(&tcp(pod, 80, peer, 40000)), ALLOW);
+    }
+    assert_eq!(h.stat_dir(ingress, STAT_ALLOWED_POLICY), 2);
+    assert_eq!(h.stat_dir(ingress, STAT_ALLOWED_ESTABLISHED), 2);
+    assert_eq!(h.stat_dir(egress, STAT_ALLOWED_REPLY), 2);
+    assert_eq!(h.stat_dir(egress, STAT_ALLOWED_POLICY), 0);
+    assert_eq!(h.stat_dir(ingress, STAT_ALLOWED_REPLY), 0);
+
+    assert_eq!(h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80)), DROP);
+    assert_eq!(h.pod_receives(&tcp("10.0.2.5", 40000, POD4, 80)), DROP);
+    assert_eq!(h.pod_receives(&tcp("10.0.2.6", 40000, POD4, 80)), DROP);
+    assert_eq!(h.pod_sends(&tcp("10.0.0.99", 40000, "10.0.1.5", 80)), DROP);
+    assert_eq!(h.stat_dir(egress, STAT_DENIED), 1);
+    assert_eq!(h.stat_dir(ingress, STAT_DENIED), 2);
+    assert_eq!(h.stat_dir(egress, STAT_DENIED_SPOOF), 1);
+    assert_eq!(h.stat_dir(ingress, STAT_DENIED_SPOOF), 0);
+    assert_eq!(
+        h.stats().iter().sum::<u64>(),
+        10,
+        "every packet counted once, in one direction"
+    );
+}
+
+#[test]
 fn reply_to_an_ingress_flow_passes_egress() {
     let mut h = Harness::new();
     h.endpoint(1, 2); // egress policy 2 allows nothing
@@ -1353,7 +1390,15 @@ fn forge_entry(h: &mut Harness, key: CtKey) {
 /// it made from it, a header with options or a stale entry is judged in full.
 #[test]
 fn the_ipv4_fast_path_passes_only_what_the_full_path_would() {
-    let mut h = Harness::new();
+    fast_path_cases(Harness::new());
+}
+
+#[test]
+fn the_ipv4_fast_path_judges_alike_without_the_endpoint_cache() {
+    fast_path_cases(Harness::new().without_cache());
+}
+
+fn fast_path_cases(mut h: Harness) {
     h.endpoint(0, 0);
     let fwd = tcp(POD4, 40000, "10.0.1.5", 80);
     let reply = tcp("10.0.1.5", 80, POD4, 40000);
@@ -1386,4 +1431,42 @@ fn the_ipv4_fast_path_passes_only_what_the_full_path_would() {
     short.truncate(14 + 20 + 3);
     assert_eq!(h.pod_sends(&short), DROP);
     assert_eq!(h.stat(STAT_DENIED_MALFORMED), 1);
+}
+
+#[test]
+fn an_endpoint_cache_slot_counts_only_while_valid_and_the_interfaces_own() {
+    let mut h = Harness::new();
+    h.endpoint(0, 0);
+    let fwd = tcp(POD4, 40000, "10.0.1.5", 80);
+    assert_eq!(h.pod_sends(&fwd), ALLOW);
+    // The authority: the pod no longer owns 10.0.0.2 ...
+    let addrs = [mapped_addr(ip(POD6))];
+    let now = Endpoint::new(0, 0, &addrs).unwrap();
+    let ep_map = h.ebpf_mut().map_mut(MAP_ENDPOINTS).unwrap();
+    aya::maps::HashMap::<_, u32, Endpoint>::try_from(ep_map)
+        .unwrap()
+        .insert(LO, now, 0)
+        .unwrap();
+    // ... while its slot still says it does.
+    let was = Endpoint::new(0, 0, &[mapped_addr(ip(POD4))]).unwrap();
+    let slot = ep_cache_slot(LO);
+    let stale = EndpointCache::of(LO, &was);
+    for (value, why) in [
+        (EndpointCache { valid: 0, ..stale }, "an invalid slot"),
+        (
+            EndpointCache {
+                ifindex: LO + EP_CACHE_SLOTS,
+                ..stale
+            },
+            "another interface's slot",
+        ),
+    ] {
+        h.ep_cache().set(slot, value, 0).unwrap();
+        assert_eq!(h.pod_sends(&fwd), DROP, "{why} is not trusted");
+    }
+    // The test can fail: a valid slot of the interface is trusted as it
+    // is, which is why the enforcer never leaves one stale.
+    h.ep_cache().set(slot, stale, 0).unwrap();
+    assert_eq!(h.pod_sends(&fwd), ALLOW);
+    assert_eq!(h.stat(STAT_DENIED_SPOOF), 2);
 }

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::handle::Handle;
-use crate::metrics_maps::{DatapathReading, STAT_LABELS};
+use crate::metrics_maps::{DatapathReading, DIRECTION_LABELS, STAT_LABELS};
 use crate::reconciler::Dump;
 use palisade_proto::exposition::{Exposition, Histogram};
 
@@ -197,15 +197,22 @@ fn datapath_metrics(e: &mut Exposition, r: &DatapathReading) {
     e.family(
         "palisade_enforcer_verdicts_total",
         "counter",
-        "Packets judged by the datapath, by verdict and reason, summed over both hooks of every pod (the datapath counts no direction).",
+        "Packets judged by the datapath, by the pod's direction (egress: packets it sends; ingress: packets to it), verdict and reason, summed over every pod.",
     );
-    for (slot, verdict, reason) in STAT_LABELS {
-        if let Some(n) = r.verdicts.get(slot as usize) {
-            e.sample_u64(
-                "palisade_enforcer_verdicts_total",
-                &[("verdict", verdict), ("reason", reason)],
-                *n,
-            );
+    for (owner, direction) in DIRECTION_LABELS {
+        for (stat, verdict, reason) in STAT_LABELS {
+            let slot = palisade_ebpf::stat_slot(owner, stat);
+            if let Some(n) = r.verdicts.get(slot as usize) {
+                e.sample_u64(
+                    "palisade_enforcer_verdicts_total",
+                    &[
+                        ("direction", direction),
+                        ("verdict", verdict),
+                        ("reason", reason),
+                    ],
+                    *n,
+                );
+            }
         }
     }
     e.family(

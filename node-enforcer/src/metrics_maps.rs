@@ -1,6 +1,7 @@
 //! Reads the pinned eBPF maps for metrics, read-only and apart from the
-//! datapath the reconciler owns: the verdict counters (pal_stats, one slot
-//! per CPU, summed here) and how full each main map is.
+//! datapath the reconciler owns: the verdict counters (pal_dir_stats, one
+//! slot per direction and kind, one value per CPU, summed here) and how
+//! full each main map is.
 //!
 //! Entries are counted by walking the keys, as the kernel keeps no count of
 //! a hash map's or trie's entries; a walk races the datapath's own changes
@@ -14,9 +15,9 @@ use aya::Pod;
 use palisade_ebpf::{
     Ct4Key, CtKey, CtValue, Endpoint, PolicyExactKey, PolicyKey, PolicyLens, PolicyValue, PortKey,
     PortValue, MAP_CONNTRACK, MAP_CT4, MAP_ENDPOINTS, MAP_POLICY, MAP_POLICY_EXACT,
-    MAP_POLICY_LENS, MAP_PORTS, MAP_STATS, STAT_ALLOWED_ESTABLISHED, STAT_ALLOWED_NDP,
-    STAT_ALLOWED_POLICY, STAT_ALLOWED_REPLY, STAT_ALLOWED_UNISOLATED, STAT_COUNT, STAT_DENIED,
-    STAT_DENIED_MALFORMED, STAT_DENIED_SPOOF,
+    MAP_POLICY_LENS, MAP_PORTS, MAP_STATS, OWNER_FROM_POD, OWNER_TO_POD, STAT_ALLOWED_ESTABLISHED,
+    STAT_ALLOWED_NDP, STAT_ALLOWED_POLICY, STAT_ALLOWED_REPLY, STAT_ALLOWED_UNISOLATED, STAT_COUNT,
+    STAT_DENIED, STAT_DENIED_MALFORMED, STAT_DENIED_SPOOF, STAT_SLOTS,
 };
 
 /// Each `STAT_*` slot as (verdict, reason) labels.
@@ -31,6 +32,11 @@ pub const STAT_LABELS: [(u32, &str, &str); STAT_COUNT as usize] = [
     (STAT_ALLOWED_ESTABLISHED, "allowed", "established"),
 ];
 
+/// Each hook as the `direction` label: the pod's egress (packets it sends)
+/// and its ingress (packets to it).
+pub const DIRECTION_LABELS: [(u8, &str); 2] =
+    [(OWNER_FROM_POD, "egress"), (OWNER_TO_POD, "ingress")];
+
 /// One map's fill level.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MapLevel {
@@ -41,7 +47,8 @@ pub struct MapLevel {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DatapathReading {
-    /// Packets per `STAT_*` slot, summed over CPUs.
+    /// Packets per `pal_dir_stats` slot (`palisade_ebpf::stat_slot` of a
+    /// direction and a `STAT_*` kind), summed over CPUs.
     pub verdicts: Vec<u64>,
     pub maps: Vec<MapLevel>,
 }
@@ -93,8 +100,8 @@ fn trie_level<K: Pod, V: Pod>(pin_root: &Path, name: &'static str) -> Result<Map
 pub fn read(pin_root: &Path) -> Result<DatapathReading, String> {
     let stats: PerCpuArray<MapData, u64> = PerCpuArray::try_from(open(pin_root, MAP_STATS)?)
         .map_err(|e| format!("{MAP_STATS}: {e}"))?;
-    let mut verdicts = Vec::with_capacity(STAT_COUNT as usize);
-    for slot in 0..STAT_COUNT {
+    let mut verdicts = Vec::with_capacity(STAT_SLOTS as usize);
+    for slot in 0..STAT_SLOTS {
         let per_cpu = stats
             .get(&slot, 0)
             .map_err(|e| format!("{MAP_STATS}[{slot}]: {e}"))?;

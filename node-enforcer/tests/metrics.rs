@@ -273,17 +273,35 @@ async fn metrics_follow_plans_pod_up_and_datapath_verdicts() {
     }
     assert_eq!(judge(&dp, 1), palisade_ebpf::VERDICT_NEXT);
     let m = scrape(&addr).await;
-    assert_eq!(
+    let verdicts = |direction: &str, verdict: &str, reason: &str| {
         get(
             &m,
-            "palisade_enforcer_verdicts_total{verdict=\"denied\",reason=\"policy\"}"
-        ),
-        3.0
+            &format!(
+                "palisade_enforcer_verdicts_total{{direction=\"{direction}\",verdict=\"{verdict}\",reason=\"{reason}\"}}"
+            ),
+        )
+    };
+    // Judged by the pod's ingress hook (PROG_TO_POD), counted there only.
+    assert_eq!(verdicts("ingress", "denied", "policy"), 3.0);
+    assert_eq!(verdicts("ingress", "allowed", "policy"), 1.0);
+    assert_eq!(verdicts("egress", "denied", "policy"), 0.0);
+    assert_eq!(verdicts("egress", "allowed", "policy"), 0.0);
+    // Egress judges something too: a packet the pod sends.
+    assert_eq!(
+        dp.test_run(
+            palisade_ebpf::PROG_FROM_POD,
+            &syn(Ipv4Addr::new(10, 0, 0, 3), 80),
+            IFINDEX
+        )
+        .unwrap(),
+        palisade_ebpf::VERDICT_DROP,
+        "a source that is not the pod's own"
     );
+    let m = scrape(&addr).await;
     assert_eq!(
         get(
             &m,
-            "palisade_enforcer_verdicts_total{verdict=\"allowed\",reason=\"policy\"}"
+            "palisade_enforcer_verdicts_total{direction=\"egress\",verdict=\"denied\",reason=\"spoofed_source\"}"
         ),
         1.0
     );

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use aya::maps::lpm_trie::Key;
-use aya::maps::{HashMap, LpmTrie, MapData, PerCpuArray};
+use aya::maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray};
 use aya::programs::{SchedClassifier, TestRun, TestRunOptions, TestRunResult};
 use aya::{Ebpf, EbpfLoader};
 
@@ -65,6 +65,7 @@ impl Drop for PinDir {
 pub struct Harness {
     ebpf: Ebpf,
     lens: PolicyLenCounts,
+    cache: bool,
     // Declared last so it is removed after the maps are closed.
     pins: PinDir,
 }
@@ -100,12 +101,17 @@ impl Harness {
         Harness {
             ebpf,
             lens: PolicyLenCounts::default(),
+            cache: true,
             pins,
         }
     }
 
     pub fn ebpf(&self) -> &Ebpf {
         &self.ebpf
+    }
+
+    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
     }
 
     pub fn pins(&self) -> &Path {
@@ -135,13 +141,40 @@ impl Harness {
             egress_epoch,
             ..Endpoint::new(ingress, egress, &addrs).unwrap()
         };
-        self.endpoints().insert(LO, ep, 0).unwrap();
+        self.set_endpoint(LO, ep);
     }
 
     pub fn endpoint_at(&mut self, ifindex: u32, ingress: u32, egress: u32, addrs: &[&str]) {
         let addrs: Vec<[u8; 16]> = addrs.iter().map(|a| mapped_addr(ip(a))).collect();
         let ep = Endpoint::new(ingress, egress, &addrs).expect("at most MAX_POD_ADDRS");
+        self.set_endpoint(ifindex, ep);
+    }
+
+    /// Writes an endpoint as the enforcer does once its cache is current:
+    /// into [`MAP_ENDPOINTS`] and, valid, into its [`MAP_EP_CACHE`] slot
+    /// (unless [`Harness::without_cache`]). No packet runs meanwhile, so no
+    /// grace periods are needed here.
+    pub fn set_endpoint(&mut self, ifindex: u32, ep: Endpoint) {
         self.endpoints().insert(ifindex, ep, 0).unwrap();
+        let slot = ep_cache_slot(ifindex);
+        let value = if self.cache {
+            EndpointCache::of(ifindex, &ep)
+        } else {
+            EndpointCache::default()
+        };
+        self.ep_cache().set(slot, value, 0).unwrap();
+    }
+
+    /// From now on endpoints are written to [`MAP_ENDPOINTS`] only, as for
+    /// an interface whose cache slot is invalid or another's: the programs
+    /// must judge alike.
+    pub fn without_cache(mut self) -> Self {
+        self.cache = false;
+        self
+    }
+
+    pub fn ep_cache(&mut self) -> Array<&mut MapData, EndpointCache> {
+        Array::try_from(self.ebpf.map_mut(MAP_EP_CACHE).unwrap()).unwrap()
     }
 
     fn endpoints(&mut self) -> HashMap<&mut MapData, u32, Endpoint> {
@@ -243,12 +276,20 @@ impl Harness {
         self.run_at(ifindex, PROG_TO_POD, frame)
     }
 
-    pub fn stat(&self, index: u32) -> u64 {
-        let map: PerCpuArray<_, u64> =
-            PerCpuArray::try_from(self.ebpf.map(MAP_STATS).unwrap()).unwrap();
-        map.get(&index, 0).unwrap().iter().sum()
+    /// Packets of kind `stat` (a `STAT_*`), both directions.
+    pub fn stat(&self, stat: u32) -> u64 {
+        self.stat_dir(OWNER_FROM_POD, stat) + self.stat_dir(OWNER_TO_POD, stat)
     }
 
+    /// Packets of kind `stat` judged by hook `owner` ([`OWNER_FROM_POD`]:
+    /// the pod's egress; [`OWNER_TO_POD`]: its ingress).
+    pub fn stat_dir(&self, owner: u8, stat: u32) -> u64 {
+        let map: PerCpuArray<_, u64> =
+            PerCpuArray::try_from(self.ebpf.map(MAP_STATS).unwrap()).unwrap();
+        map.get(&stat_slot(owner, stat), 0).unwrap().iter().sum()
+    }
+
+    /// Packets per `STAT_*` kind, both directions.
     pub fn stats(&self) -> [u64; STAT_COUNT as usize] {
         std::array::from_fn(|i| self.stat(i as u32))
     }

@@ -23,9 +23,19 @@
 //! (`update_policy`); the reconciler then calls `renew_epochs` for its users
 //! when the edit narrowed the table, and for every isolated direction when
 //! it takes over from a predecessor (which may have died in between).
+//!
+//! Every write of the endpoint table goes through `endpoint_cache`, which
+//! keeps the programs' array copy of it (`pal_ep_cache`, read by the IPv4
+//! fast path) from ever being trusted while stale or half written.
+//!
+//! Pinned maps keep their type and size across upgrades (aya opens a pin
+//! as it is), so a map whose shape changes gets a new pin name: `pal_ct4`
+//! beside `pal_conntrack`, `pal_dir_stats` for `pal_stats` (unpinned after
+//! adopt), `pal_ep_cache` new beside `pal_endpoints`.
 
 mod audit;
 mod conntrack_maps;
+mod endpoint_cache;
 mod policy_tables;
 
 use std::collections::BTreeMap;
@@ -37,9 +47,10 @@ use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
+use endpoint_cache::EndpointCacheWriter;
 use palisade_ebpf::{
-    Endpoint, PortKey, PortValue, MAP_CONNTRACK, MAP_CT4, MAP_ENDPOINTS, MAP_PORTS, PROG_FROM_POD,
-    PROG_TO_POD,
+    Endpoint, PortKey, PortValue, MAP_CONNTRACK, MAP_CT4, MAP_ENDPOINTS, MAP_PORTS,
+    MAP_STATS_UNDIRECTED, PROG_FROM_POD, PROG_TO_POD,
 };
 use policy_tables::PolicyTables;
 
@@ -50,6 +61,9 @@ pub struct BpfDatapath {
     pin_root: PathBuf,
     ebpf: Ebpf,
     endpoints: HashMap<MapData, u32, Endpoint>,
+    /// `pal_endpoints` again for the IPv4 fast path; every write of
+    /// `endpoints` goes through it (see endpoint_cache).
+    ep_cache: EndpointCacheWriter,
     policies: PolicyTables,
     ports: LpmTrie<MapData, PortKey, PortValue>,
     /// The next epoch to hand out; above every epoch in the endpoint and
@@ -111,6 +125,7 @@ impl BpfDatapath {
         };
         let endpoints = HashMap::try_from(take(&mut ebpf, MAP_ENDPOINTS)?)
             .map_err(|e| err(MAP_ENDPOINTS, e))?;
+        let ep_cache = EndpointCacheWriter::take(&mut ebpf)?;
         let policies = PolicyTables::take(&mut ebpf)?;
         let ports =
             LpmTrie::try_from(take(&mut ebpf, MAP_PORTS)?).map_err(|e| err(MAP_PORTS, e))?;
@@ -121,11 +136,29 @@ impl BpfDatapath {
             pin_root: pin_root.to_path_buf(),
             ebpf,
             endpoints,
+            ep_cache,
             policies,
             ports,
             next_epoch,
             links: BTreeMap::new(),
         })
+    }
+
+    /// Unpins an older version's counters ([`MAP_STATS_UNDIRECTED`]), which
+    /// no program of this version writes: left pinned, they would only
+    /// sit there looking like counters that stopped. Called once the links
+    /// run this version's programs; a program of the older version still
+    /// holding the map keeps it alive until it is unloaded.
+    fn unpin_undirected_stats(&self) -> Result<()> {
+        let path = self.pin_root.join(MAP_STATS_UNDIRECTED);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), "unpinned the older version's verdict counters");
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(err(format!("unpinning {}", path.display()), e)),
+        }
     }
 
     fn link_pin(&self, ifname: &str, hook: &str) -> PathBuf {
@@ -305,11 +338,18 @@ impl Datapath for BpfDatapath {
             &mut adopted,
         )?;
         self.policies.adopt(&adopted.policies)?;
+        // Loading invalidated the whole cache (it may be older than these
+        // entries); each entry as it is now goes back in.
+        for item in self.endpoints.iter() {
+            let (ifindex, ep) = item.map_err(|e| err(MAP_ENDPOINTS, e))?;
+            self.ep_cache.fill(ifindex, &ep);
+        }
         // The older programs no longer run on any adopted link.
         let moved = conntrack_maps::move_v4_entries(&mut self.ebpf)?;
         if moved > 0 {
             tracing::info!(moved, "moved IPv4 conntrack entries to {MAP_CT4}");
         }
+        self.unpin_undirected_stats()?;
         Ok(adopted)
     }
 
@@ -426,9 +466,13 @@ impl Datapath for BpfDatapath {
         let (ingress_epoch, egress_epoch, used) = epochs_for(old.as_ref(), &value, fresh);
         value.ingress_epoch = ingress_epoch;
         value.egress_epoch = egress_epoch;
-        self.endpoints
-            .insert(ifindex, value, 0)
-            .map_err(|e| err(format!("writing {MAP_ENDPOINTS} for ifindex {ifindex}"), e))?;
+        let endpoints = &mut self.endpoints;
+        self.ep_cache.change(ifindex, || {
+            endpoints
+                .insert(ifindex, value, 0)
+                .map_err(|e| err(format!("writing {MAP_ENDPOINTS} for ifindex {ifindex}"), e))
+        })?;
+        self.ep_cache.fill(ifindex, &value);
         if used {
             self.next_epoch = fresh.wrapping_add(1).max(1);
         }
@@ -436,11 +480,13 @@ impl Datapath for BpfDatapath {
     }
 
     fn remove_endpoint(&mut self, ifindex: u32) -> Result<()> {
-        match self.endpoints.remove(&ifindex) {
-            Ok(()) => Ok(()),
-            Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(err(format!("removing endpoint {ifindex}"), e)),
-        }
+        let endpoints = &mut self.endpoints;
+        self.ep_cache
+            .forget(ifindex, || match endpoints.remove(&ifindex) {
+                Ok(()) => Ok(()),
+                Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+                Err(e) => Err(err(format!("removing endpoint {ifindex}"), e)),
+            })
     }
 
     fn node_addresses(&mut self) -> Result<Vec<std::net::IpAddr>> {
@@ -507,9 +553,13 @@ impl Datapath for BpfDatapath {
             value.egress_epoch = fresh;
         }
         // One update of the whole entry: policies and addresses unchanged.
-        self.endpoints
-            .insert(ifindex, value, 0)
-            .map_err(|e| err(format!("writing {MAP_ENDPOINTS} for ifindex {ifindex}"), e))?;
+        let endpoints = &mut self.endpoints;
+        self.ep_cache.change(ifindex, || {
+            endpoints
+                .insert(ifindex, value, 0)
+                .map_err(|e| err(format!("writing {MAP_ENDPOINTS} for ifindex {ifindex}"), e))
+        })?;
+        self.ep_cache.fill(ifindex, &value);
         self.next_epoch = fresh.wrapping_add(1).max(1);
         Ok(())
     }
@@ -558,6 +608,102 @@ mod tests {
         assert_eq!(epochs_for(Some(&old), &ep(3, 2, 0, 0), 9), (9, 5, true));
         assert_eq!(epochs_for(Some(&old), &ep(1, 0, 0, 0), 9), (4, 9, true));
         assert_eq!(epochs_for(Some(&old), &ep(0, 0, 0, 0), 9), (9, 9, true));
+    }
+
+    /// A pin root under bpffs that goes away with the test.
+    struct PinRoot(PathBuf);
+
+    impl Drop for PinRoot {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// Waits (deadline 10 s) until the cache slot of `ifindex` holds the
+    /// endpoint's current entry.
+    fn until_cached(dp: &BpfDatapath, ifindex: u32) {
+        let ep = dp.endpoints.get(&ifindex, 0).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !dp.ep_cache.holds(ifindex, &ep).unwrap() {
+            assert_eq!(dp.ep_cache.error(), None);
+            assert!(
+                std::time::Instant::now() < deadline,
+                "slot never filled: {:?}",
+                dp.ep_cache.slot(ifindex).unwrap()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5)); // poll: the filler waits out two grace periods
+        }
+    }
+
+    /// Right after a change returns, the slot is invalid or already holds
+    /// the new entry: never valid with anything else.
+    fn not_stale(dp: &BpfDatapath, ifindex: u32) {
+        let ep = dp.endpoints.get(&ifindex, 0).unwrap();
+        let slot = dp.ep_cache.slot(ifindex).unwrap();
+        assert!(
+            slot.valid == 0 || slot == palisade_ebpf::EndpointCache::of(ifindex, &ep),
+            "{slot:?} for {ep:?}"
+        );
+    }
+
+    #[test]
+    fn the_endpoint_cache_follows_every_endpoint_change_and_survives_a_reload() {
+        if !nix::unistd::Uid::effective().is_root() {
+            return;
+        }
+        let root = PinRoot(PathBuf::from(format!(
+            "/sys/fs/bpf/palisade-unit-ep-cache-{}",
+            std::process::id()
+        )));
+        let v4 = |last: u8| {
+            std::net::Ipv4Addr::new(10, 0, 0, last)
+                .to_ipv6_mapped()
+                .octets()
+        };
+        let v6 = "fd00::2".parse::<std::net::Ipv6Addr>().unwrap().octets();
+        // Two interfaces that share a slot, and one of its own.
+        let (a, b, c) = (7, 7 + palisade_ebpf::EP_CACHE_SLOTS, 9);
+        let entry = |ingress, addrs: Vec<[u8; 16]>| EndpointEntry {
+            ingress,
+            egress: 0,
+            pod_addrs: addrs,
+        };
+
+        let mut dp = BpfDatapath::load(&root.0).unwrap();
+        dp.set_endpoint(a, &entry(1, vec![v6, v4(2)])).unwrap();
+        not_stale(&dp, a);
+        until_cached(&dp, a);
+        let slot = dp.ep_cache.slot(a).unwrap();
+        assert_eq!((slot.v4_count, slot.v4[0]), (1, [10, 0, 0, 2]), "IPv4 only");
+
+        // A new policy moves the epoch: the old slot is never trusted again.
+        dp.set_endpoint(a, &entry(2, vec![v4(2)])).unwrap();
+        not_stale(&dp, a);
+        until_cached(&dp, a);
+        dp.renew_epochs(a, true, true).unwrap();
+        not_stale(&dp, a);
+        until_cached(&dp, a);
+
+        // b takes the shared slot; removing a then leaves b's entry alone.
+        dp.set_endpoint(c, &entry(0, vec![v4(4)])).unwrap();
+        dp.set_endpoint(b, &entry(3, vec![v4(3)])).unwrap();
+        not_stale(&dp, b);
+        until_cached(&dp, b);
+        dp.remove_endpoint(a).unwrap();
+        assert!(dp
+            .ep_cache
+            .holds(b, &dp.endpoints.get(&b, 0).unwrap())
+            .unwrap());
+        dp.remove_endpoint(b).unwrap();
+        assert_eq!(dp.ep_cache.slot(b).unwrap().valid, 0, "removed: at once");
+        until_cached(&dp, c);
+
+        // A new process trusts nothing it finds until it adopted it.
+        drop(dp);
+        let mut dp = BpfDatapath::load(&root.0).unwrap();
+        assert_eq!(dp.ep_cache.slot(c).unwrap().valid, 0);
+        dp.adopt().unwrap();
+        until_cached(&dp, c);
     }
 
     #[test]
