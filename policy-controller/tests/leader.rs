@@ -275,15 +275,26 @@ async fn only_the_leader_serves_and_failover_is_bounded() {
     let first_addr = addr_of(&controllers, &first);
     // The standby refuses, naming the leader.
     let standby = controllers.iter().find(|c| c.identity != first).unwrap();
-    let mut direct = PlanServiceClient::new(
-        connect_with(
+    // Its server may still be starting on a loaded machine: retry the
+    // connection until a deadline rather than trusting one attempt.
+    let connect_deadline = Instant::now() + Duration::from_secs(15);
+    let channel = loop {
+        match connect_with(
             &standby.addr,
             Duration::from_secs(1),
             &ClientOptions::default(),
         )
         .await
-        .unwrap(),
-    );
+        {
+            Ok(channel) => break channel,
+            Err(e) if Instant::now() < connect_deadline => {
+                eprintln!("standby not reachable yet: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await; // poll
+            }
+            Err(e) => panic!("standby {} unreachable: {e}", standby.addr),
+        }
+    };
+    let mut direct = PlanServiceClient::new(channel);
     // The standby refuses, and names the leader once it has read the lease.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
