@@ -10,13 +10,10 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::metrics::{get, metrics_addr, scrape};
 use common::*;
-use http_body_util::{BodyExt, Empty};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
 use palisade_e2e::{LabConfig, Protocol};
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -41,32 +38,6 @@ const WOULD_ALLOW_INGRESS: &str =
     "palisade_audit_flows_total{direction=\"ingress\",would=\"allow\"}";
 const WOULD_ALLOW_EGRESS: &str = "palisade_audit_flows_total{direction=\"egress\",would=\"allow\"}";
 
-/// The address the enforcer logged for its metrics server.
-fn metrics_addr(log: &Path) -> String {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        let found = text.lines().find_map(|line| {
-            // Colour codes may surround the field name.
-            let clean: String = line
-                .split('\x1b')
-                .map(|part| part.split_once('m').map_or(part, |(_, rest)| rest))
-                .collect();
-            let rest = clean.split("metrics_addr=").nth(1)?;
-            rest.split_whitespace().next().map(str::to_string)
-        });
-        if let Some(addr) = found {
-            return addr;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no metrics address in {}",
-            log.display()
-        );
-        std::thread::sleep(Duration::from_millis(50)); // poll: the log is written by the process
-    }
-}
-
 /// The enforcer's audit counters, scraped from inside its node's namespace.
 struct Counters {
     ns: Option<String>,
@@ -75,13 +46,7 @@ struct Counters {
 
 impl Counters {
     fn read(&self) -> BTreeMap<String, f64> {
-        let scrape = || scrape_here(&self.addr);
-        let all = match &self.ns {
-            Some(ns) => palisade_e2e::netns::NetNs::from_existing(ns)
-                .run(scrape)
-                .expect("entering the enforcer's namespace"),
-            None => scrape(),
-        };
+        let all = scrape(self.ns.as_deref(), &self.addr);
         assert_eq!(
             all.get("palisade_audit_scrape_ok"),
             Some(&1.0),
@@ -109,35 +74,6 @@ impl Counters {
             std::thread::sleep(Duration::from_millis(100)); // poll: a scrape reads the counters as they are
         }
     }
-}
-
-fn scrape_here(addr: &str) -> BTreeMap<String, f64> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let text = rt.block_on(async {
-        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        let req = hyper::Request::get("/metrics")
-            .header("host", addr)
-            .body(Empty::<Bytes>::new())
-            .unwrap();
-        let resp = sender.send_request(req).await.unwrap();
-        assert_eq!(resp.status(), 200);
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        String::from_utf8(body.to_vec()).unwrap()
-    });
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_string(), v.parse().ok()?))
-        })
-        .collect()
 }
 
 /// The flow log lines between two pods' addresses.
@@ -174,11 +110,6 @@ fn would_deny_line<'l>(
             && l["dst_port"] == port
             && l["protocol"] == protocol
     })
-}
-
-fn get(m: &BTreeMap<String, f64>, key: &str) -> f64 {
-    *m.get(key)
-        .unwrap_or_else(|| panic!("{key} not scraped: {m:#?}"))
 }
 
 #[test]

@@ -13,12 +13,10 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::net::IpAddr;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::metrics::{get, metrics_addr, scrape};
 use common::*;
 use palisade_e2e::scenario::{FlowLogMode, Target};
 use palisade_e2e::{Lab, LabConfig, PodName};
@@ -54,63 +52,6 @@ fn denied_to_b(src: &str, port: u16) -> Vec<(&'static str, Value)> {
         ("src_ip", src.into()),
         ("dst_port", port.into()),
     ]
-}
-
-/// The last metrics address node 1's enforcer logged (a restarted one
-/// appends to the same log).
-fn metrics_addr(log: &Path) -> String {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        let found = text.lines().rev().find_map(|line| {
-            let clean: String = line
-                .split('\x1b')
-                .map(|part| part.split_once('m').map_or(part, |(_, rest)| rest))
-                .collect();
-            let rest = clean.split("metrics_addr=").nth(1)?;
-            rest.split_whitespace().next().map(str::to_string)
-        });
-        if let Some(addr) = found {
-            return addr;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no metrics address in {}",
-            log.display()
-        );
-        std::thread::sleep(Duration::from_millis(50)); // poll: the log is written by the process
-    }
-}
-
-/// One scrape from inside the node's namespace, as name → value.
-fn scrape(ns: &str, addr: &str) -> BTreeMap<String, f64> {
-    let addr = addr.to_string();
-    let text = palisade_e2e::netns::NetNs::from_existing(ns)
-        .run(move || {
-            let mut s = std::net::TcpStream::connect(&addr).unwrap();
-            write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-            let mut text = String::new();
-            s.read_to_string(&mut text).unwrap();
-            text
-        })
-        .expect("entering the node's namespace");
-    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
-    assert!(
-        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
-        "{head}"
-    );
-    body.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_string(), v.parse().ok()?))
-        })
-        .collect()
-}
-
-fn get(m: &BTreeMap<String, f64>, key: &str) -> f64 {
-    *m.get(key)
-        .unwrap_or_else(|| panic!("{key} not scraped: {m:#?}"))
 }
 
 #[test]
@@ -255,7 +196,7 @@ fn flow_logs_name_denied_and_allowed_flows_and_a_flood_is_rate_limited() {
     // ---- a flood of denied datagrams
     let ns = lab.node_netns().unwrap().to_string();
     let addr = metrics_addr(&lab.log_dir().join("enforcer.log"));
-    let before = scrape(&ns, &addr);
+    let before = scrape(Some(&ns), &addr);
     let sock = lab
         .connect_udp(&pod("x/c"), &Target::Pod(pod("x/b")), 53)
         .unwrap();
@@ -275,7 +216,7 @@ fn flow_logs_name_denied_and_allowed_flows_and_a_flood_is_rate_limited() {
     // Settled: every event the datapath sent since is a line in the file.
     let deadline = Instant::now() + DEADLINE;
     let (after, lines) = loop {
-        let m = scrape(&ns, &addr);
+        let m = scrape(Some(&ns), &addr);
         let lines = lab.flow_log_lines(&node).unwrap();
         let new_events = get(&m, emitted) - get(&before, emitted);
         if get(&m, limited) > get(&before, limited)

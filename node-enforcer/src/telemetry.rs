@@ -20,13 +20,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use opentelemetry::trace::{
-    Span as _, SpanKind, Status, TraceContextExt, Tracer as _, TracerProvider as _,
-};
+use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, SdkTracer, SdkTracerProvider, Span,
-};
+use opentelemetry_sdk::trace::{SdkTracer, Span};
+use palisade_proto::otlp_export::{Export, ExportConfig};
 use palisade_proto::trace_context;
 use tonic::metadata::MetadataMap;
 
@@ -60,7 +57,7 @@ pub fn endpoint(flag: Option<String>, otel_env: Option<String>) -> Option<String
 /// Exports this process's spans; keep it until the process ends and then
 /// [`Telemetry::shutdown`] it, which sends what is still queued.
 pub struct Telemetry {
-    provider: SdkTracerProvider,
+    export: Export,
 }
 
 /// Starts exporting to `endpoint` (`http://HOST:PORT` or `https://...`)
@@ -68,58 +65,28 @@ pub struct Telemetry {
 /// exporter's connection. Nothing is contacted here: an unreachable
 /// collector only fails exports later.
 pub fn init(endpoint: &str, node: &str) -> Result<Telemetry, String> {
-    let provider = provider(
+    let export = Export::start(
         endpoint,
-        vec![KeyValue::new(NODE_ATTRIBUTE, node.to_string())],
+        ExportConfig {
+            service: SERVICE_NAME,
+            attributes: vec![KeyValue::new(NODE_ATTRIBUTE, node.to_string())],
+            max_queue: MAX_QUEUE,
+            export_timeout: EXPORT_TIMEOUT,
+            shutdown_timeout: SHUTDOWN_TIMEOUT,
+        },
     )?;
-    if TRACER.set(provider.tracer("palisade-enforcer")).is_err() {
+    if TRACER.set(export.tracer("palisade-enforcer")).is_err() {
         return Err("tracing is already set up in this process".into());
     }
-    Ok(Telemetry { provider })
-}
-
-fn provider(endpoint: &str, attributes: Vec<KeyValue>) -> Result<SdkTracerProvider, String> {
-    if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
-        return Err(format!(
-            "OTLP endpoint {endpoint:?}: expected http://HOST:PORT or https://HOST:PORT"
-        ));
-    }
-    use opentelemetry_otlp::WithExportConfig;
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_tonic()
-        .with_endpoint(endpoint)
-        .with_timeout(EXPORT_TIMEOUT)
-        .build()
-        .map_err(|e| format!("OTLP endpoint {endpoint:?}: {e}"))?;
-    let batch = BatchSpanProcessor::builder(exporter)
-        .with_batch_config(
-            BatchConfigBuilder::default()
-                .with_max_queue_size(MAX_QUEUE)
-                .build(),
-        )
-        .build();
-    let resource = opentelemetry_sdk::Resource::builder()
-        .with_service_name(SERVICE_NAME)
-        .with_attributes(attributes)
-        .build();
-    Ok(SdkTracerProvider::builder()
-        .with_span_processor(batch)
-        .with_resource(resource)
-        .build())
+    Ok(Telemetry { export })
 }
 
 impl Telemetry {
     /// Sends what is queued, waiting at most a few seconds: a dead
     /// collector does not hold up the exit.
     pub async fn shutdown(self) {
-        let provider = self.provider;
-        let done =
-            tokio::task::spawn_blocking(move || provider.shutdown_with_timeout(SHUTDOWN_TIMEOUT))
-                .await;
-        match done {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!("flushing traces at shutdown: {e}"),
-            Err(e) => tracing::warn!("flushing traces at shutdown: {e}"),
+        if let Err(e) = self.export.shutdown().await {
+            tracing::warn!("flushing traces at shutdown: {e}");
         }
     }
 }
@@ -330,7 +297,8 @@ mod tests {
     /// the report of that version (only that version) names it.
     #[test]
     fn a_realization_joins_the_senders_trace_and_its_report_names_it() {
-        use opentelemetry_sdk::trace::InMemorySpanExporter;
+        use opentelemetry::trace::TracerProvider as _;
+        use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
         let exporter = InMemorySpanExporter::default();
         let provider = SdkTracerProvider::builder()
             .with_simple_exporter(exporter.clone())
@@ -368,18 +336,5 @@ mod tests {
             .attributes
             .iter()
             .any(|kv| kv.key.as_str() == "palisade.result" && kv.value.as_str() == "error"));
-    }
-
-    #[tokio::test]
-    async fn a_malformed_endpoint_is_refused_with_its_name() {
-        let Err(e) = provider("collector:4317", vec![]) else {
-            panic!("an endpoint without a scheme was accepted");
-        };
-        assert!(e.contains("collector:4317"), "{e}");
-        let p = provider("http://127.0.0.1:9", vec![]).expect("builds");
-        p.shutdown_with_timeout(Duration::from_millis(100)).ok();
-        // TLS to a collector with the system's roots.
-        let p = provider("https://collector.example:4317", vec![]).expect("builds");
-        p.shutdown_with_timeout(Duration::from_millis(100)).ok();
     }
 }

@@ -23,12 +23,11 @@ use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use opentelemetry::trace::{
-    Span as _, SpanContext, SpanKind, Status, TraceContextExt, Tracer as _, TracerProvider as _,
+    Span as _, SpanContext, SpanKind, Status, TraceContextExt, Tracer as _,
 };
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, SdkTracer, SdkTracerProvider, Span,
-};
+use opentelemetry_sdk::trace::{SdkTracer, Span};
+use palisade_proto::otlp_export::{Export, ExportConfig};
 use palisade_proto::trace_context;
 
 pub const SERVICE_NAME: &str = "palisade-controller";
@@ -58,7 +57,7 @@ pub fn endpoint(flag: Option<String>, otel_env: Option<String>) -> Option<String
 /// Exports this process's spans; keep it until the process ends and then
 /// [`Telemetry::shutdown`] it, which sends what is still queued.
 pub struct Telemetry {
-    provider: SdkTracerProvider,
+    export: Export,
 }
 
 /// Starts exporting to `endpoint` (`http://HOST:PORT` or `https://...`).
@@ -66,61 +65,28 @@ pub struct Telemetry {
 /// connection. Nothing is contacted here: an unreachable collector only
 /// fails exports later.
 pub fn init(endpoint: &str) -> Result<Telemetry, String> {
-    let provider = provider(endpoint, SERVICE_NAME, Vec::new())?;
-    if TRACER.set(provider.tracer("palisade-controller")).is_err() {
+    let export = Export::start(
+        endpoint,
+        ExportConfig {
+            service: SERVICE_NAME,
+            attributes: Vec::new(),
+            max_queue: MAX_QUEUE,
+            export_timeout: EXPORT_TIMEOUT,
+            shutdown_timeout: SHUTDOWN_TIMEOUT,
+        },
+    )?;
+    if TRACER.set(export.tracer("palisade-controller")).is_err() {
         return Err("tracing is already set up in this process".into());
     }
-    Ok(Telemetry { provider })
-}
-
-/// A batch-exporting provider for `service`, with `attributes` on its
-/// resource.
-fn provider(
-    endpoint: &str,
-    service: &'static str,
-    attributes: Vec<KeyValue>,
-) -> Result<SdkTracerProvider, String> {
-    if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
-        return Err(format!(
-            "OTLP endpoint {endpoint:?}: expected http://HOST:PORT or https://HOST:PORT"
-        ));
-    }
-    use opentelemetry_otlp::WithExportConfig;
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_tonic()
-        .with_endpoint(endpoint)
-        .with_timeout(EXPORT_TIMEOUT)
-        .build()
-        .map_err(|e| format!("OTLP endpoint {endpoint:?}: {e}"))?;
-    let batch = BatchSpanProcessor::builder(exporter)
-        .with_batch_config(
-            BatchConfigBuilder::default()
-                .with_max_queue_size(MAX_QUEUE)
-                .build(),
-        )
-        .build();
-    let resource = opentelemetry_sdk::Resource::builder()
-        .with_service_name(service)
-        .with_attributes(attributes)
-        .build();
-    Ok(SdkTracerProvider::builder()
-        .with_span_processor(batch)
-        .with_resource(resource)
-        .build())
+    Ok(Telemetry { export })
 }
 
 impl Telemetry {
     /// Sends what is queued, waiting at most a few seconds: a dead
     /// collector does not hold up the exit.
     pub async fn shutdown(self) {
-        let provider = self.provider;
-        let done =
-            tokio::task::spawn_blocking(move || provider.shutdown_with_timeout(SHUTDOWN_TIMEOUT))
-                .await;
-        match done {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!("flushing traces at shutdown: {e}"),
-            Err(e) => tracing::warn!("flushing traces at shutdown: {e}"),
+        if let Err(e) = self.export.shutdown().await {
+            tracing::warn!("flushing traces at shutdown: {e}");
         }
     }
 }
@@ -428,7 +394,8 @@ mod tests {
     /// becomes that span's child.
     #[test]
     fn spans_chain_from_the_change_to_the_send_and_the_report() {
-        use opentelemetry_sdk::trace::InMemorySpanExporter;
+        use opentelemetry::trace::TracerProvider as _;
+        use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
         let exporter = InMemorySpanExporter::default();
         let provider = SdkTracerProvider::builder()
             .with_simple_exporter(exporter.clone())
@@ -508,19 +475,5 @@ mod tests {
         assert_eq!(attr(root, "palisade.source.revision").as_deref(), Some("5"));
         assert!(matches!(report.status, Status::Error { .. }));
         assert_eq!(spans.len(), 4);
-    }
-
-    #[tokio::test]
-    async fn a_malformed_endpoint_is_refused_with_its_name() {
-        let Err(e) = provider("collector:4317", SERVICE_NAME, vec![]) else {
-            panic!("an endpoint without a scheme was accepted");
-        };
-        assert!(e.contains("collector:4317"), "{e}");
-        // A well-formed endpoint builds without contacting anything.
-        let p = provider("http://127.0.0.1:9", SERVICE_NAME, vec![]).expect("builds");
-        p.shutdown_with_timeout(Duration::from_millis(100)).ok();
-        // TLS to a collector with the system's roots.
-        let p = provider("https://collector.example:4317", SERVICE_NAME, vec![]).expect("builds");
-        p.shutdown_with_timeout(Duration::from_millis(100)).ok();
     }
 }

@@ -31,6 +31,7 @@ pub mod service_names {
 }
 
 /// W3C trace context in gRPC metadata and in plan messages.
+pub mod otlp_export;
 pub mod trace_context;
 
 pub mod transport;

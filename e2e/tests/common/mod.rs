@@ -3,6 +3,8 @@
 
 #![allow(dead_code, unused_imports)]
 
+pub mod metrics;
+
 use palisade_e2e::{Lab, LabConfig, Object, ProbeSpec, Protocol, Scenario, Verdict};
 
 pub use palisade_e2e::Protocol::{Tcp, Udp};
