@@ -45,14 +45,7 @@ fn tracer() -> Option<&'static SdkTracer> {
     TRACER.get()
 }
 
-/// The collector to export to: `--otlp-endpoint` (or its variable), else
-/// the standard `OTEL_EXPORTER_OTLP_ENDPOINT`; None (tracing off) when
-/// neither is set or both are empty.
-pub fn endpoint(flag: Option<String>, otel_env: Option<String>) -> Option<String> {
-    flag.filter(|s| !s.trim().is_empty())
-        .or(otel_env.filter(|s| !s.trim().is_empty()))
-        .map(|s| s.trim().to_string())
-}
+pub use palisade_proto::otlp_export::endpoint;
 
 /// Exports this process's spans; keep it until the process ends and then
 /// [`Telemetry::shutdown`] it, which sends what is still queued.
@@ -258,18 +251,6 @@ mod tests {
             term: 2,
             pods: 1,
         }
-    }
-
-    #[test]
-    fn the_flag_wins_then_the_standard_variable_and_blank_is_off() {
-        let s = |v: &str| Some(v.to_string());
-        assert_eq!(endpoint(None, None), None);
-        assert_eq!(endpoint(s(""), None), None);
-        assert_eq!(
-            endpoint(s("http://a:4317"), s("http://b:4317")),
-            s("http://a:4317")
-        );
-        assert_eq!(endpoint(None, s("http://b:4317")), s("http://b:4317"));
     }
 
     /// This test binary never configures an endpoint: a traced message

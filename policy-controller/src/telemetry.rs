@@ -45,14 +45,7 @@ fn tracer() -> Option<&'static SdkTracer> {
     TRACER.get()
 }
 
-/// The collector to export to: `--otlp-endpoint` (or its variable), else
-/// the standard `OTEL_EXPORTER_OTLP_ENDPOINT`; None (tracing off) when
-/// neither is set or both are empty.
-pub fn endpoint(flag: Option<String>, otel_env: Option<String>) -> Option<String> {
-    flag.filter(|s| !s.trim().is_empty())
-        .or(otel_env.filter(|s| !s.trim().is_empty()))
-        .map(|s| s.trim().to_string())
-}
+pub use palisade_proto::otlp_export::endpoint;
 
 /// Exports this process's spans; keep it until the process ends and then
 /// [`Telemetry::shutdown`] it, which sends what is still queued.
@@ -327,18 +320,6 @@ impl CallSpan {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_flag_wins_then_the_standard_variable_and_blank_is_off() {
-        let s = |v: &str| Some(v.to_string());
-        assert_eq!(endpoint(None, None), None);
-        assert_eq!(endpoint(s(""), s("  ")), None);
-        assert_eq!(
-            endpoint(s("http://a:4317"), s("http://b:4317")),
-            s("http://a:4317")
-        );
-        assert_eq!(endpoint(s(" "), s("http://b:4317 ")), s("http://b:4317"));
-    }
 
     /// This test binary never configures an endpoint: every helper must be
     /// inert, and plan messages carry nothing.

@@ -10,6 +10,15 @@ use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, SdkTracer, SdkTracerProvider,
 };
 
+/// The collector to export to: `--otlp-endpoint` (or its variable), else
+/// the standard `OTEL_EXPORTER_OTLP_ENDPOINT`; None (tracing off) when
+/// neither is set or both are empty.
+pub fn endpoint(flag: Option<String>, otel_env: Option<String>) -> Option<String> {
+    flag.filter(|s| !s.trim().is_empty())
+        .or(otel_env.filter(|s| !s.trim().is_empty()))
+        .map(|s| s.trim().to_string())
+}
+
 /// How one process exports.
 pub struct ExportConfig {
     /// `service.name` of the resource.
@@ -97,6 +106,19 @@ mod tests {
             export_timeout: Duration::from_millis(100),
             shutdown_timeout: Duration::from_millis(100),
         }
+    }
+
+    #[test]
+    fn the_flag_wins_then_the_standard_variable_and_blank_is_off() {
+        let s = |v: &str| Some(v.to_string());
+        assert_eq!(endpoint(None, None), None);
+        assert_eq!(endpoint(s(""), None), None);
+        assert_eq!(endpoint(s("  "), s("http://b:4317")), s("http://b:4317"));
+        assert_eq!(
+            endpoint(s("http://a:4317"), s("http://b:4317")),
+            s("http://a:4317")
+        );
+        assert_eq!(endpoint(None, s("http://b:4317")), s("http://b:4317"));
     }
 
     #[tokio::test]
