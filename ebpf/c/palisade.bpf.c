@@ -22,7 +22,9 @@
  *      allowed under the current epoch         -> next (no policy lookup)
  *      (6 and 7 in either order, same verdict: a packet to a lower port
  *      than its source tries 7 first, see likely_forward; plain IPv4
- *      headers take 5-7 on a fast path, see fast_path_v4)
+ *      headers take 5-7 on a fast path, see fast_path_v4; a TCP segment
+ *      opening a connection, SYN without ACK, skips 6 and 7: no entry
+ *      vouches for it, see opens_connection)
  *   8. direction not isolated (policy id 0)    -> next, track the flow
  *   9. policy(peer) and ports(proto, dport)    -> next, track the flow
  *      (the peer's longest-prefix entry: one exact lookup per prefix
@@ -92,6 +94,9 @@
 #define ICMPV6_NDP_LAST 137  /* redirect */
 #define NDP_HOP_LIMIT 255    /* RFC 4861: anything else is not on-link NDP */
 #define IPV4_FRAG_OFFSET 0x1fff
+#define TCP_FLAGS_OFF 13 /* the byte of CWR..FIN in a TCP header */
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_ACK 0x10
 
 /* 1 only in a test build (ebpf/build.rs) that reads every header through
  * the paged-data fallback of header_at, which BPF_PROG_TEST_RUN cannot
@@ -248,6 +253,9 @@ struct flow {
 	/* The packet carries its real L4 header (not a later fragment, no
 	 * extension header in the way), so it may create or match conntrack. */
 	bool trackable;
+	/* A TCP segment with SYN and without ACK: the first packet of a
+	 * connection, which no entry may vouch for (see opens_connection). */
+	bool tcp_open;
 };
 
 enum parse_result {
@@ -325,16 +333,39 @@ static __always_inline const void *header_at(struct __sk_buff *skb, __u32 off, _
 	return buf;
 }
 
+/* Does a TCP segment with these flags open a connection (SYN without
+ * ACK)?  Such a segment is never a reply to a flow we track (the answer to
+ * a SYN carries ACK) and never needs an entry to pass: policy judges it
+ * under the hook's current epoch, which gives the verdict an entry of that
+ * epoch would (an entry outlives a policy change only with its epoch
+ * moved).  So it skips both conntrack lookups, two of the three hash walks
+ * a new connection would cost.  The one exchange this judges differently
+ * is a TCP simultaneous open, where each side's SYN crosses the other's:
+ * such a SYN meets the policy of the hook it arrives at, never the entry of
+ * the other, so it fails closed. */
+static __always_inline bool opens_connection(__u8 flags)
+{
+	return (flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+}
+
 /* TCP, UDP and SCTP all start with source port then destination port. */
 static __always_inline int parse_ports(struct __sk_buff *skb, __u32 l4_off, struct flow *f)
 {
 	__u16 buf[2];
+	__u8 flags_buf;
 	const __u16 *ports = header_at(skb, l4_off, sizeof(buf), buf);
+	const __u8 *flags;
 
 	if (!ports)
 		return PARSE_MALFORMED;
 	f->sport = ports[0];
 	f->dport = ports[1];
+	if (f->proto != IPPROTO_TCP)
+		return PARSE_OK;
+	/* A TCP header cut before its flags opens nothing: it takes the
+	 * lookups like any other segment. */
+	flags = header_at(skb, l4_off + TCP_FLAGS_OFF, 1, &flags_buf);
+	f->tcp_open = flags && opens_connection(*flags);
 	return PARSE_OK;
 }
 
@@ -771,7 +802,8 @@ static __always_inline bool likely_forward(const struct flow *f)
 
 enum fast_result {
 	FAST_MISS,        /* judge by verdict's full path */
-	FAST_CT_ABSENT,   /* likewise, and neither conntrack entry exists */
+	FAST_CT_ABSENT,   /* likewise, and no conntrack entry may vouch for it:
+			   * neither exists, or it opens a TCP connection */
 	FAST_ESTABLISHED, /* STAT_ALLOWED_ESTABLISHED */
 	FAST_REPLY,       /* STAT_ALLOWED_REPLY */
 };
@@ -882,6 +914,13 @@ static __always_inline int fast_path_v4(struct __sk_buff *skb, const struct endp
 		return FAST_MISS;
 	if (owner == OWNER_FROM_POD && !pod_owns_v4(ep, ip->saddr))
 		return FAST_MISS;
+	if (ip->protocol == IPPROTO_TCP) {
+		/* The full path reads the flags of a header cut short. */
+		if ((void *)ports + TCP_FLAGS_OFF + 1 > data_end)
+			return FAST_MISS;
+		if (opens_connection(*((__u8 *)ports + TCP_FLAGS_OFF)))
+			return FAST_CT_ABSENT;
+	}
 
 	/* The likelier entry first (see likely_forward), the other one only
 	 * when it is absent.  The keys are the packet's addresses and ports
@@ -1121,8 +1160,9 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 		return account(owner, STAT_DENIED_SPOOF, VERDICT_DROP);
 	}
 
-	if (fast == FAST_CT_ABSENT) {
-		/* The fast path found neither entry: straight to policy. */
+	if (fast == FAST_CT_ABSENT || f.tcp_open) {
+		/* Neither entry exists (the fast path looked) or may vouch for
+		 * the packet (opens_connection): straight to policy. */
 		ct_key(&own_key, &f, false, ifindex, owner);
 		own = NULL;
 	} else if (likely_forward(&f)) {

@@ -412,6 +412,65 @@ fn reply_needs_the_other_hooks_entry() {
     assert!(h.ct_get(&key).unwrap().last_seen_ns > 1, "reply refreshes");
 }
 
+/// A connection's first segment (SYN without ACK) is judged by policy alone:
+/// no entry vouches for it, whichever hook wrote it. A retransmitted SYN of
+/// an allowed connection passes by policy again; a SYN that crosses the
+/// pod's own (a simultaneous open) meets the receiving hook's policy, not
+/// the entry the pod's SYN wrote; the answer to a SYN (SYN-ACK) is a reply.
+/// Both families: IPv4 decides it on the fast path, IPv6 on the full path.
+#[test]
+fn a_connections_first_segment_is_judged_by_policy_alone() {
+    for (pod, peer, net) in [
+        (POD4, "10.0.1.5", "10.0.1.0/24"),
+        (POD6, "fd00:1::5", "fd00:1::/64"),
+    ] {
+        let mut h = Harness::new();
+        // Egress allows the peer on port 80; ingress allows nothing.
+        h.endpoint(2, 1);
+        h.cidr(1, net, 1);
+        h.ports(1, PROTO_TCP, 80, 80);
+
+        let open = tcp_flags(pod, 40000, peer, 80, SYN);
+        assert_eq!(h.pod_sends(&open), ALLOW, "{pod}");
+        assert_eq!(h.stat(STAT_ALLOWED_POLICY), 1);
+        assert_eq!(h.ct_len(), 1, "the allowed SYN makes the entry");
+
+        let answer = tcp_flags(peer, 80, pod, 40000, SYN | ACK);
+        assert_eq!(h.pod_receives(&answer), ALLOW, "SYN-ACK is a reply");
+        assert_eq!(h.stat(STAT_ALLOWED_REPLY), 1);
+
+        let crossing = tcp_flags(peer, 80, pod, 40000, SYN);
+        assert_eq!(
+            h.pod_receives(&crossing),
+            DROP,
+            "no entry vouches for a SYN"
+        );
+        assert_eq!(h.stat(STAT_DENIED), 1);
+
+        assert_eq!(h.pod_sends(&open), ALLOW, "retransmitted SYN: policy again");
+        assert_eq!(h.stat(STAT_ALLOWED_POLICY), 2);
+        assert_eq!(h.stat(STAT_ALLOWED_ESTABLISHED), 0);
+        assert_eq!(h.pod_sends(&tcp(pod, 40000, peer, 80)), ALLOW);
+        assert_eq!(
+            h.stat(STAT_ALLOWED_ESTABLISHED),
+            1,
+            "then ACKs are established"
+        );
+
+        // Narrowed: the SYN is denied by the new policy, never passed by
+        // the entry of the old one.
+        h.switch(2, 3, 1, 2);
+        assert_eq!(h.pod_sends(&open), DROP, "{pod}");
+        assert_eq!(h.stat(STAT_DENIED), 2);
+
+        // A segment cut before its flags opens nothing: it is judged like
+        // any segment (its entry, then policy), here a stale entry and a
+        // policy that denies: dropped.
+        let cut = ip_packet(pod, peer, PROTO_TCP, &tcp_hdr_flags(40000, 80, SYN)[..13]);
+        assert_eq!(h.pod_sends(&cut), DROP);
+    }
+}
+
 #[test]
 fn tightened_policy_stops_an_established_flow() {
     let mut h = Harness::new();
@@ -1316,6 +1375,11 @@ fn headers_read_by_copy_judge_like_headers_read_in_place() {
         out(tcp(POD4, 40000, peer4, 80)),
         out(tcp(POD4, 40000, peer4, 80)),
         into(tcp_flags(peer4, 80, POD4, 40000, ACK)),
+        out(tcp_flags(POD4, 40000, peer4, 80, SYN)),
+        into(tcp_flags(peer4, 80, POD4, 40000, SYN)),
+        into(tcp_flags(peer4, 80, POD4, 40000, SYN | ACK)),
+        out(tcp_flags(POD4, 40010, peer4, 80, SYN)),
+        out(ip_packet(POD4, peer4, PROTO_TCP, &tcp_hdr(40011, 80)[..13])),
         out(tcp(POD4, 40001, peer4, 81)),
         out(udp(POD4, 5000, peer4, 53)),
         into(udp(peer4, 53, POD4, 5000)),
@@ -1337,6 +1401,8 @@ fn headers_read_by_copy_judge_like_headers_read_in_place() {
         out(tcp("10.0.0.99", 40000, peer4, 80)),
         out(tcp(POD6, 40000, peer6, 443)),
         into(tcp_flags(peer6, 443, POD6, 40000, ACK)),
+        out(tcp_flags(POD6, 40000, peer6, 443, SYN)),
+        into(tcp_flags(peer6, 443, POD6, 40000, SYN)),
         into(tcp(peer6, 40000, POD6, 443)),
         out(icmpv6(POD6, peer6, 135, 255)),
         out(icmpv6(POD6, peer6, 128, 255)),

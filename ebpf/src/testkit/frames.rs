@@ -74,8 +74,11 @@ pub const ACK: u8 = 0x10;
 pub const FIN: u8 = 0x01;
 pub const PSH: u8 = 0x08;
 
+/// A segment of a connection under way (ACK): any packet of a flow, either
+/// direction. A connection's first segment is `tcp_flags(.., SYN)`, which
+/// the programs judge by policy alone (`opens_connection`).
 pub fn tcp_hdr(sport: u16, dport: u16) -> Vec<u8> {
-    tcp_hdr_flags(sport, dport, SYN)
+    tcp_hdr_flags(sport, dport, ACK)
 }
 
 pub fn tcp_hdr_flags(sport: u16, dport: u16, flags: u8) -> Vec<u8> {

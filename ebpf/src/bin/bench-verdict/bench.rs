@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use aya::maps::ProgramArray;
 use aya::programs::SchedClassifier;
 use aya::{Ebpf, EbpfLoader};
-use palisade_ebpf::testkit::frames::tcp;
+use palisade_ebpf::testkit::frames::{tcp, tcp_flags, udp, SYN};
 use palisade_ebpf::testkit::*;
 use palisade_ebpf::*;
 
@@ -30,6 +30,7 @@ struct Table {
     reply: Vec<u8>,
     denied: Vec<u8>,
     new_flow: Vec<u8>,
+    new_flow_udp: Vec<u8>,
 }
 
 pub struct Bench {
@@ -70,6 +71,7 @@ impl Bench {
             let policy_id = i as u32 + 1;
             let portset_id = policy_id;
             harness.ports(portset_id, PROTO_TCP, PEER_PORT, PEER_PORT);
+            harness.ports(portset_id, PROTO_UDP, PEER_PORT, PEER_PORT);
             for &(net, len) in &policy.rules {
                 harness.rule(&PolicyKey::lpm(policy_id, IpAddr::V4(net), len), portset_id);
             }
@@ -78,11 +80,14 @@ impl Bench {
             tables.push(Table {
                 rules: policy.rules.len(),
                 policy_id,
+                // Segments of a connection under way (ACK) ...
                 fwd: tcp(POD4, sport, &peer, PEER_PORT),
                 reply: tcp(&peer, PEER_PORT, POD4, sport),
-                denied: tcp(POD4, sport, &policy.denied_peer.to_string(), PEER_PORT),
+                // ... and first segments (SYN), as new connections send.
+                denied: tcp_flags(POD4, sport, &policy.denied_peer.to_string(), PEER_PORT, SYN),
                 // The wrapper overwrites the source port of every run.
-                new_flow: tcp(POD4, 0, &peer, PEER_PORT),
+                new_flow: tcp_flags(POD4, 0, &peer, PEER_PORT, SYN),
+                new_flow_udp: udp(POD4, 0, &peer, PEER_PORT),
             });
         }
         Bench {
@@ -106,13 +111,16 @@ impl Bench {
         // trusted.
         let id = table.policy_id;
         self.harness.switch(id, id, id, id);
-        let (rules, fwd, reply, denied, new_flow) = (
+        let (rules, fwd, reply, denied) = (
             table.rules,
             table.fwd.clone(),
             table.reply.clone(),
             table.denied.clone(),
-            table.new_flow.clone(),
         );
+        let new_flow = match row {
+            Row::NewAllowedUdp | Row::NewAllowedUdpCtFull => table.new_flow_udp.clone(),
+            _ => table.new_flow.clone(),
+        };
         let (prog, frame, repeat, verdict, stat) = match row {
             Row::Bare => (
                 self.extra_prog(PROG_BENCH_BARE),
@@ -163,9 +171,12 @@ impl Bench {
                 let prog = self.harness.program(PROG_TO_POD);
                 (prog, reply, REPEAT_STEADY, ALLOW, Some(STAT_ALLOWED_REPLY))
             }
-            Row::NewAllowed | Row::NewAllowedCtFull => {
+            Row::NewAllowed
+            | Row::NewAllowedCtFull
+            | Row::NewAllowedUdp
+            | Row::NewAllowedUdpCtFull => {
                 self.harness.ct_clear();
-                if row == Row::NewAllowedCtFull {
+                if matches!(row, Row::NewAllowedCtFull | Row::NewAllowedUdpCtFull) {
                     self.fill_conntrack();
                 }
                 self.target(PROG_FROM_POD);

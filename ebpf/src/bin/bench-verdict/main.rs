@@ -118,6 +118,15 @@ fn main() {
         palisade_ebpf::MAX_CONNTRACK_ENTRIES
     );
     println!(
+        "  new_allowed*: a TCP SYN, which policy judges without conntrack lookups (no entry vouches for a first"
+    );
+    println!(
+        "  segment); new_allowed_udp*: a UDP datagram, which looks up both entries first (information, no target)."
+    );
+    println!(
+        "established_*: ACK segments of a connection allowed earlier; new_denied: a SYN policy denies."
+    );
+    println!(
         "established_fwd_by_copy: established_fwd through a build that reads every header with bpf_skb_load_bytes (the"
     );
     println!(

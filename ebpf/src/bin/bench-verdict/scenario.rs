@@ -18,16 +18,22 @@ pub enum Row {
     EstablishedFwdByCopy,
     /// A reply to such a flow, on the pod's other hook.
     EstablishedReply,
-    /// A new flow policy allows, conntrack empty at the start of the run.
+    /// A new TCP connection (its SYN) policy allows, conntrack empty at the
+    /// start of the run.
     NewAllowed,
-    /// A new flow policy allows, conntrack full (every insert evicts).
+    /// The same, conntrack full (every insert evicts).
     NewAllowedCtFull,
+    /// A new UDP flow policy allows, conntrack empty: no SYN tells it is
+    /// new, so it pays both conntrack lookups before policy.
+    NewAllowedUdp,
+    /// The same, conntrack full.
+    NewAllowedUdpCtFull,
     /// A new flow policy denies.
     NewDenied,
 }
 
 impl Row {
-    pub const ALL: [Row; 8] = [
+    pub const ALL: [Row; 10] = [
         Row::Bare,
         Row::Wrapper,
         Row::EstablishedFwd,
@@ -35,6 +41,8 @@ impl Row {
         Row::EstablishedReply,
         Row::NewAllowed,
         Row::NewAllowedCtFull,
+        Row::NewAllowedUdp,
+        Row::NewAllowedUdpCtFull,
         Row::NewDenied,
     ];
 
@@ -47,13 +55,18 @@ impl Row {
             Row::EstablishedReply => "established_reply",
             Row::NewAllowed => "new_allowed",
             Row::NewAllowedCtFull => "new_allowed_ctfull",
+            Row::NewAllowedUdp => "new_allowed_udp",
+            Row::NewAllowedUdpCtFull => "new_allowed_udp_ctfull",
             Row::NewDenied => "new_denied",
         }
     }
 
     /// Measured through the wrapper, whose cost is subtracted.
     pub fn through_wrapper(self) -> bool {
-        matches!(self, Row::NewAllowed | Row::NewAllowedCtFull)
+        matches!(
+            self,
+            Row::NewAllowed | Row::NewAllowedCtFull | Row::NewAllowedUdp | Row::NewAllowedUdpCtFull
+        )
     }
 }
 
