@@ -110,7 +110,7 @@ fn frame(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, sport: u16, dport: u16) -> Vec
     f.resize(14 + 20 + l4_len as usize, 0);
     if proto == 6 {
         f[14 + 20 + 12] = 0x50;
-        f[14 + 20 + 13] = 0x02;
+        f[14 + 20 + 13] = 0x10; // ACK: a segment conntrack may vouch for (a SYN never is)
     }
     f
 }

@@ -24,8 +24,8 @@ impl Drop for PinRoot {
     }
 }
 
-/// Ethernet + IPv4 + a TCP SYN from `src:40000` to the pod's `port`.
-fn syn(src: Ipv4Addr, port: u16) -> Vec<u8> {
+/// Ethernet + IPv4 + a TCP segment (ACK) from `src:40000` to the pod's `port`.
+fn segment(src: Ipv4Addr, port: u16) -> Vec<u8> {
     let mut f = vec![2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x08, 0x00];
     f.extend_from_slice(&[0x45, 0]);
     f.extend_from_slice(&40u16.to_be_bytes());
@@ -36,7 +36,7 @@ fn syn(src: Ipv4Addr, port: u16) -> Vec<u8> {
     f.extend_from_slice(&port.to_be_bytes());
     f.resize(14 + 40, 0);
     f[14 + 20 + 12] = 0x50;
-    f[14 + 20 + 13] = 0x02;
+    f[14 + 20 + 13] = 0x10; // ACK: a segment conntrack may vouch for (a SYN never is)
     f
 }
 
@@ -85,7 +85,7 @@ fn host_peers_edited_in_place_take_effect_and_renewal_stops_revoked_flows() {
     let judge = |dp: &BpfDatapath, from: u8| {
         dp.test_run(
             palisade_ebpf::PROG_TO_POD,
-            &syn(Ipv4Addr::new(10, 0, 0, from), 80),
+            &segment(Ipv4Addr::new(10, 0, 0, from), 80),
             IFINDEX,
         )
         .unwrap()
