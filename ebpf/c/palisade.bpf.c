@@ -785,20 +785,22 @@ static __always_inline bool likely_forward(const struct flow *f)
 /* ---- the IPv4 fast path ----
  *
  * Most packets are IPv4 TCP/UDP/SCTP of an established flow under a plain
- * 20-byte header.  fast_path_v4 reads those in place into a struct
+ * 20-byte header.  fast_path_v4 reads those in place (when at least 14
+ * bytes of L4 header are there, TCP's flags included) into a struct
  * ct4_key, with no struct flow and no IPv4-mapped copies, and answers only
  * when the full path would pass the packet under the same counter: the
  * source is the pod's own (from_pod), and the entry it finds was written
  * under the current epoch of the hook that wrote it.  Anything else (other
  * header layouts, fragments, a spoofed source, a stale or absent entry) is
  * FAST_MISS and verdict judges it in full, as it did before this path
- * existed; FAST_CT_ABSENT only spares the full path the two lookups just
- * made.  It reads the endpoint from pal_ep_cache when the interface's slot
- * is valid (an inlined array lookup, ~1 ns, where the pal_endpoints hash
- * lookup costs ~6-7), so an established packet costs ~4.5-5x the bare
- * parse (scripts/bench-datapath.sh; ~6x with the hash lookup, ~7x without
- * this path); a new flow pays the header check twice and both endpoint
- * lookups. */
+ * existed; FAST_CT_ABSENT spares the full path the lookups: the two just
+ * made, or none at all for a connection's first segment
+ * (opens_connection).  It reads the endpoint from pal_ep_cache when the
+ * interface's slot is valid (an inlined array lookup, ~1 ns, where the
+ * pal_endpoints hash lookup costs ~6-7), so an established packet costs
+ * ~4.5-5x the bare parse (scripts/bench-datapath.sh; ~6x with the hash
+ * lookup, ~7x without this path); a new flow pays the header check twice
+ * and both endpoint lookups. */
 
 enum fast_result {
 	FAST_MISS,        /* judge by verdict's full path */
@@ -902,7 +904,9 @@ static __always_inline int fast_path_v4(struct __sk_buff *skb, const struct endp
 	/* That build must take header_at for every header (see its comment). */
 	if (HEADERS_BY_COPY)
 		return FAST_MISS;
-	if ((void *)(ports + 2) > data_end)
+	/* One bound for every protocol: through TCP's flags, which shorter
+	 * packets (a UDP datagram of under 6 bytes) skip to the full path. */
+	if ((void *)ports + TCP_FLAGS_OFF + 1 > data_end)
 		return FAST_MISS;
 	if (eth->h_proto != bpf_htons(ETH_P_IP))
 		return FAST_MISS;
@@ -914,13 +918,8 @@ static __always_inline int fast_path_v4(struct __sk_buff *skb, const struct endp
 		return FAST_MISS;
 	if (owner == OWNER_FROM_POD && !pod_owns_v4(ep, ip->saddr))
 		return FAST_MISS;
-	if (ip->protocol == IPPROTO_TCP) {
-		/* The full path reads the flags of a header cut short. */
-		if ((void *)ports + TCP_FLAGS_OFF + 1 > data_end)
-			return FAST_MISS;
-		if (opens_connection(*((__u8 *)ports + TCP_FLAGS_OFF)))
-			return FAST_CT_ABSENT;
-	}
+	if (ip->protocol == IPPROTO_TCP && opens_connection(*((__u8 *)ports + TCP_FLAGS_OFF)))
+		return FAST_CT_ABSENT;
 
 	/* The likelier entry first (see likely_forward), the other one only
 	 * when it is absent.  The keys are the packet's addresses and ports

@@ -1497,6 +1497,19 @@ fn fast_path_cases(mut h: Harness) {
     short.truncate(14 + 20 + 3);
     assert_eq!(h.pod_sends(&short), DROP);
     assert_eq!(h.stat(STAT_DENIED_MALFORMED), 1);
+
+    // An empty UDP datagram ends before the fast path's bound (TCP's
+    // flags): the full path passes its flow alike, on the same counters.
+    h.switch(0, 0, 11, 11);
+    let empty = ip_packet(POD4, "10.0.1.5", PROTO_UDP, &udp_hdr(5000, 53)[..8]);
+    let answer = ip_packet("10.0.1.5", POD4, PROTO_UDP, &udp_hdr(53, 5000)[..8]);
+    let established = h.stat(STAT_ALLOWED_ESTABLISHED);
+    let replies = h.stat(STAT_ALLOWED_REPLY);
+    assert_eq!(h.pod_sends(&empty), ALLOW);
+    assert_eq!(h.pod_sends(&empty), ALLOW);
+    assert_eq!(h.pod_receives(&answer), ALLOW);
+    assert_eq!(h.stat(STAT_ALLOWED_ESTABLISHED), established + 1);
+    assert_eq!(h.stat(STAT_ALLOWED_REPLY), replies + 1);
 }
 
 #[test]
