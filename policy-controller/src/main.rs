@@ -186,11 +186,14 @@ async fn run(args: Args) -> Result<(), String> {
         }
     };
 
+    // Counted by the servers, read by the metrics and the debug service.
+    let refusals = std::sync::Arc::new(policy_controller::tls::Refusals::default());
     if let Some(addr) = args.metrics_addr {
         let listener = policy_controller::metrics::http::bind(addr).await?;
         tracing::info!(metrics_addr = %listener.local_addr().map_err(|e| e.to_string())?, "serving metrics");
         let hub = hub.clone();
-        let render = move || policy_controller::metrics::controller::render(&hub.view());
+        let refusals = refusals.clone();
+        let render = move || policy_controller::metrics::controller::render(&hub.view(), &refusals);
         tokio::spawn(policy_controller::metrics::http::serve(listener, render));
     }
     let (leadership, elector_task) = if args.leader_elect {
@@ -239,7 +242,7 @@ async fn run(args: Args) -> Result<(), String> {
         tls,
         authz: policy_controller::tls::Authz {
             mutual: args.tls_client_ca.is_some(),
-            ..Default::default()
+            refusals,
         },
     };
     let elector_abort = elector_task.as_ref().map(|(t, _, _)| t.abort_handle());

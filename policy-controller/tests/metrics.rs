@@ -194,6 +194,14 @@ async fn metrics_follow_plans_and_reports() {
         0.0
     );
     assert_eq!(m["palisade_controller_nodes_connected"], 0.0);
+    // No mutual TLS here, so nothing is refused; the counting itself is
+    // tests/mtls.rs's, through the same counters.
+    for reason in ["unauthenticated", "wrong_node", "not_permitted"] {
+        assert_eq!(
+            m[&format!("palisade_controller_refused_calls_total{{reason=\"{reason}\"}}")],
+            0.0
+        );
+    }
     assert!(m["palisade_controller_resolve_duration_seconds_count"] >= 1.0);
     assert_eq!(
         m["palisade_controller_resolve_duration_seconds_bucket{le=\"+Inf\"}"],

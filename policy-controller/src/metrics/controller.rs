@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::debug::realization::realization;
 use crate::hub::HubView;
+use crate::tls::Refusals;
 use palisade_proto::exposition::{Exposition, Histogram};
 
 /// Resolution passes from 1 ms to 1 min: a small cluster's pass takes
@@ -20,7 +21,8 @@ pub fn observe_resolve(took: Duration) {
     RESOLVE_SECONDS.observe(took);
 }
 
-pub fn render(view: &HubView) -> String {
+/// The exposition of the hub's view and of the callers refused so far.
+pub fn render(view: &HubView, refusals: &Refusals) -> String {
     let status = realization(view, None);
     let mut e = Exposition::default();
     e.single(
@@ -133,10 +135,51 @@ pub fn render(view: &HubView) -> String {
             .filter(|p| p.realized_nodes == p.expected_nodes)
             .count() as u64,
     );
+    let name = "palisade_controller_refused_calls_total";
+    e.family(
+        name,
+        "counter",
+        "Calls refused under mutual TLS, by reason: unauthenticated (no client certificate), wrong_node (a node certificate asking for another node), not_permitted (a certificate asking for what its kind may not have).",
+    );
+    let [unauthenticated, wrong_node, not_permitted] = refusals.snapshot();
+    for (reason, count) in [
+        ("unauthenticated", unauthenticated),
+        ("wrong_node", wrong_node),
+        ("not_permitted", not_permitted),
+    ] {
+        e.sample_u64(name, &[("reason", reason)], count);
+    }
     e.histogram(
         "palisade_controller_resolve_duration_seconds",
         "Duration of a resolution pass: a view or a batch of changes, resolved and published.",
         &RESOLVE_SECONDS,
     );
     e.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+    use crate::hub::Hub;
+
+    #[test]
+    fn refused_calls_are_counted_by_reason() {
+        let refusals = Refusals::default();
+        refusals.wrong_node.fetch_add(3, Ordering::Relaxed);
+        refusals.not_permitted.fetch_add(1, Ordering::Relaxed);
+        let text = render(&Hub::new(1).view(), &refusals);
+        assert!(text.contains("# TYPE palisade_controller_refused_calls_total counter"));
+        for line in [
+            "palisade_controller_refused_calls_total{reason=\"unauthenticated\"} 0",
+            "palisade_controller_refused_calls_total{reason=\"wrong_node\"} 3",
+            "palisade_controller_refused_calls_total{reason=\"not_permitted\"} 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing from:\n{text}"
+            );
+        }
+    }
 }
