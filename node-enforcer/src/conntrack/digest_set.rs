@@ -1,7 +1,29 @@
 //! A set of 64-bit flow digests in one flat open-addressed table: each
 //! probe touches one cache line (a general hash set touches its control
 //! bytes and then its slots), which is most of the cost of a million
-//! inserts and lookups. Pure.
+//! inserts and lookups. At a million flows the table (16 MB) misses the
+//! cache on nearly every probe, so the bulk operations ask for the slots of
+//! digests a few places ahead before probing: the misses overlap instead of
+//! queueing. Pure.
+
+/// How far ahead the bulk operations prefetch: enough misses in flight to
+/// hide memory latency, few enough that the lines are still there.
+const AHEAD: usize = 16;
+
+/// Hints the CPU to bring `slot`'s cache line in; nothing else.
+#[inline(always)]
+fn prefetch(slot: &u64) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint and never faults; the pointer is a live
+    // reference.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+            (slot as *const u64).cast(),
+        )
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = slot;
+}
 
 /// The digests are already well mixed, so their low bits pick the slot.
 #[derive(Clone, Debug)]
@@ -28,6 +50,10 @@ impl DigestSet {
         }
     }
 
+    fn home(&self, d: u64) -> &u64 {
+        &self.slots[d.max(1) as usize & (self.slots.len() - 1)]
+    }
+
     fn slot_of(&self, d: u64) -> usize {
         let mask = self.slots.len() - 1;
         let mut i = d as usize & mask;
@@ -51,6 +77,27 @@ impl DigestSet {
 
     pub fn contains(&self, d: u64) -> bool {
         self.slots[self.slot_of(d.max(1))] != 0
+    }
+
+    /// Inserts every digest of `ds`.
+    pub fn insert_all(&mut self, ds: &[u64]) {
+        for (i, &d) in ds.iter().enumerate() {
+            if let Some(&next) = ds.get(i + AHEAD) {
+                prefetch(self.home(next));
+            }
+            self.insert(d);
+        }
+    }
+
+    /// Whether each digest of `ds` is in the set, in order, appended to `out`.
+    pub fn contains_each(&self, ds: &[u64], out: &mut Vec<bool>) {
+        out.reserve(ds.len());
+        for (i, &d) in ds.iter().enumerate() {
+            if let Some(&next) = ds.get(i + AHEAD) {
+                prefetch(self.home(next));
+            }
+            out.push(self.contains(d));
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -96,5 +143,22 @@ mod tests {
         // Zero is a digest like any other.
         t.insert(0);
         assert!(t.contains(0));
+    }
+
+    #[test]
+    fn bulk_operations_agree_with_single_ones_through_growth() {
+        let mix = |i: u64| i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (i << 7);
+        let inserted: Vec<u64> = (0..5_000u64).map(mix).chain([0, 1 << 40]).collect();
+        let mut bulk = DigestSet::with_capacity(10);
+        bulk.insert_all(&inserted);
+        let mut one = DigestSet::with_capacity(10);
+        inserted.iter().for_each(|&d| one.insert(d));
+        assert_eq!(bulk.len(), one.len());
+        let asked: Vec<u64> = (0..10_000u64).map(mix).chain([0, 2 << 40]).collect();
+        let mut got = Vec::new();
+        bulk.contains_each(&asked, &mut got);
+        let want: Vec<bool> = asked.iter().map(|&d| one.contains(d)).collect();
+        assert_eq!(got, want);
+        assert_eq!(got.iter().filter(|&&b| b).count(), 5_001);
     }
 }

@@ -11,7 +11,7 @@ use aya::maps::{HashMap, IterableMap, Map, MapData};
 use palisade_ebpf::{Ct4Key, CtKey, CtValue, MAP_CONNTRACK, MAP_CT4};
 
 use super::listing::{EntryView, Listing};
-use super::{batch, kernel, monotonic_ns, stale, Explained, Tuple};
+use super::{batch, idle_and_unexplained, kernel, monotonic_ns, Explained, Tuple};
 
 /// What one pass did, for the state dump and metrics.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -144,17 +144,27 @@ impl Judge<'_> {
         keys: &[K],
         values: &[CtValue],
         widen: impl Fn(&K) -> CtKey,
-        stale_keys: &mut Vec<K>,
+        scratch: &mut Scratch<K>,
     ) {
+        let Scratch {
+            wide,
+            tuples,
+            explained,
+            stale_keys,
+        } = scratch;
+        wide.clear();
+        wide.extend(keys.iter().map(widen));
+        tuples.clear();
+        tuples.extend(wide.iter().map(tuple_of));
+        self.explained.explains_each(tuples, explained);
         stale_keys.clear();
-        for (k, v) in keys.iter().zip(values) {
-            let wide = widen(k);
-            let tuple = tuple_of(&wide);
-            let is_stale = stale(&tuple, v.last_seen_ns, self.started, self.explained);
+        for (i, v) in values.iter().enumerate() {
+            let is_stale = idle_and_unexplained(v.last_seen_ns, self.started, explained[i]);
             self.entries += 1;
-            self.listing.offer(&wide, tuple, v, self.started, is_stale);
+            self.listing
+                .offer(&wide[i], tuples[i], v, self.started, is_stale);
             if is_stale && self.remove {
-                stale_keys.push(*k);
+                stale_keys.push(keys[i]);
             }
         }
         if stale_keys.is_empty() || self.error.is_some() {
@@ -167,6 +177,25 @@ impl Judge<'_> {
     }
 }
 
+/// Buffers one chunk's judgement reuses, so a pass allocates them once.
+struct Scratch<K> {
+    wide: Vec<CtKey>,
+    tuples: Vec<Tuple>,
+    explained: Vec<bool>,
+    stale_keys: Vec<K>,
+}
+
+impl<K> Scratch<K> {
+    fn new() -> Self {
+        Scratch {
+            wide: Vec::with_capacity(batch::CHUNK),
+            tuples: Vec::with_capacity(batch::CHUNK),
+            explained: Vec::with_capacity(batch::CHUNK),
+            stale_keys: Vec::with_capacity(batch::CHUNK),
+        }
+    }
+}
+
 /// Runs one pass. The kernel's table is read in the caller's network
 /// namespace (the node's).
 pub fn sweep(maps: &mut Conntrack) -> Result<Report, String> {
@@ -175,8 +204,9 @@ pub fn sweep(maps: &mut Conntrack) -> Result<Report, String> {
     // belongs to a live (or reused) flow and survives.
     let started = monotonic_ns();
     let hint = kernel_count_hint();
-    let mut explained = Explained::with_capacity(hint + hint / 4);
-    let kernel_entries = kernel::dump(|orig, reply| explained.add(orig, reply))?;
+    let mut collecting = Explained::collect(hint + hint / 8);
+    let kernel_entries = kernel::dump(|orig, reply| collecting.add(orig, reply))?;
+    let explained = collecting.done();
     maps.kernel_seen_tracking |= kernel_entries > 0;
     let kernel_tracks = maps.kernel_seen_tracking;
     let (fd4, fd6) = maps.fds();
@@ -189,13 +219,13 @@ pub fn sweep(maps: &mut Conntrack) -> Result<Report, String> {
         error: None,
         remove: kernel_tracks,
     };
-    let mut stale4: Vec<Ct4Key> = Vec::with_capacity(batch::CHUNK);
+    let mut scratch4 = Scratch::<Ct4Key>::new();
     batch::read_all::<Ct4Key, CtValue>(fd4, |keys, values| {
-        judge.chunk(fd4, keys, values, Ct4Key::widen, &mut stale4)
+        judge.chunk(fd4, keys, values, Ct4Key::widen, &mut scratch4)
     })?;
-    let mut stale6: Vec<CtKey> = Vec::with_capacity(batch::CHUNK);
+    let mut scratch6 = Scratch::<CtKey>::new();
     batch::read_all::<CtKey, CtValue>(fd6, |keys, values| {
-        judge.chunk(fd6, keys, values, |k| *k, &mut stale6)
+        judge.chunk(fd6, keys, values, |k| *k, &mut scratch6)
     })?;
     if let Some(e) = judge.error {
         return Err(e);
