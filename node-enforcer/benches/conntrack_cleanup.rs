@@ -9,11 +9,11 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::os::fd::{AsFd, AsRawFd};
-
-use aya::maps::IterableMap;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
+
+use aya::maps::IterableMap;
 
 /// Counts live heap bytes and their peak, so the sweep's extra memory is
 /// measured exactly (RSS hides reuse of memory freed earlier).
