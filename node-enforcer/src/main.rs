@@ -9,7 +9,7 @@ use node_enforcer::desired::Mode;
 use node_enforcer::handle::Handle;
 use node_enforcer::reconciler::{Event, Reconciler};
 use node_enforcer::{plan_client, server, telemetry};
-use palisade_proto::transport::{serve, shutdown_signal, Address};
+use palisade_proto::transport::{serve_on, shutdown_signal, Address, Listener};
 use palisade_proto::v1::NodeState;
 use tokio::sync::{mpsc, watch};
 
@@ -318,6 +318,8 @@ async fn run(args: Args) -> Result<(), String> {
 
     let (router, health) = server::router(handle, args.aws_interface_prefix.clone()).await?;
     let socket = Address::Unix(args.cni_socket.clone());
+    // Bound before "serving" is said: the CNI plugin may call at once.
+    let listener = Listener::bind(&socket).await?;
     tracing::info!(socket = %socket, pin_root = %args.pin_root.display(), mode = %args.mode, "serving");
     let mut reconciler_died = false;
     let result = {
@@ -334,7 +336,7 @@ async fn run(args: Args) -> Result<(), String> {
                 }
             }
         };
-        serve(router, &socket, shutdown).await
+        serve_on(router, listener, &socket, shutdown).await
     };
     let _ = stop_tx.send(true);
     plan.abort();

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Parser;
-use palisade_proto::transport::{serve, shutdown_signal, Address};
+use palisade_proto::transport::{serve, serve_on, shutdown_signal, Address, Listener};
 use policy_controller::leader::{self, Elector, Leadership, Timings};
 use policy_controller::{cluster::ClusterState, feed, hub::Hub, server, source, telemetry};
 use tokio::sync::watch;
@@ -252,7 +252,15 @@ async fn run(args: Args) -> Result<(), String> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut servers = tokio::task::JoinSet::new();
     let mut health_router = None;
+    // Every address is bound before any is served and before "serving" is
+    // said: a client that saw the log line (or the metrics) may connect at
+    // once, and an address that cannot be bound stops the start-up here.
+    let mut bound = Vec::new();
     for addr in args.listen.clone() {
+        let listener = Listener::bind(&addr).await?;
+        bound.push((addr, listener));
+    }
+    for (addr, listener) in bound {
         let (router, health) = server::router_with(hub.clone(), options.clone()).await?;
         health_router.get_or_insert(health);
         tracing::info!(listen = %addr, "serving");
@@ -261,7 +269,7 @@ async fn run(args: Args) -> Result<(), String> {
             let stopped = async move {
                 let _ = stop.wait_for(|s| *s).await;
             };
-            serve(router, &addr, stopped).await
+            serve_on(router, listener, &addr, stopped).await
         });
     }
     if let (Some(addr), Some(health_router)) = (args.health_listen.clone(), health_router) {

@@ -158,19 +158,25 @@ async fn metrics_follow_plans_and_reports() {
         .unwrap();
     let stderr = child.stderr.take().unwrap();
     let _process = Process(child);
-    // The bound port is in the log line that says metrics are served.
+    // The bound port is in the log line that says metrics are served; the
+    // plan service is reachable once the line that says it serves is out
+    // (it is bound before that line).
     let mut lines = BufReader::new(tokio::process::ChildStderr::from_std(stderr).unwrap()).lines();
     let addr = tokio::time::timeout(DEADLINE, async {
+        let mut metrics = None;
         while let Some(line) = lines.next_line().await.unwrap() {
             let line = strip_ansi(&line);
             if let Some(rest) = line.split("metrics_addr=").nth(1) {
-                return rest.split_whitespace().next().unwrap().to_string();
+                metrics = Some(rest.split_whitespace().next().unwrap().to_string());
+            }
+            if line.contains("serving") && line.contains("listen=unix:") {
+                return metrics.expect("metrics are served before plans");
             }
         }
-        panic!("the controller exited without serving metrics");
+        panic!("the controller exited without serving metrics and plans");
     })
     .await
-    .expect("metrics served in time");
+    .expect("metrics and plans served in time");
     // Keep draining the log so the controller never blocks on it.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
 

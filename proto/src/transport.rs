@@ -172,15 +172,50 @@ pub fn bind_unix(path: &std::path::Path) -> std::io::Result<tokio::net::UnixList
     Ok(listener)
 }
 
+/// A bound listening socket: connections to it queue from the moment it
+/// exists, so a daemon binds before it says it serves.
+pub enum Listener {
+    Unix(tokio::net::UnixListener),
+    Tcp(tokio::net::TcpListener),
+}
+
+impl Listener {
+    /// Binds `addr`; the error names the address.
+    pub async fn bind(addr: &Address) -> Result<Listener, String> {
+        match addr {
+            Address::Unix(path) => bind_unix(path).map(Listener::Unix),
+            Address::Tcp(uri) => {
+                let authority = uri
+                    .trim_start_matches("http://")
+                    .trim_start_matches("https://")
+                    .trim_end_matches('/');
+                tokio::net::TcpListener::bind(authority)
+                    .await
+                    .map(Listener::Tcp)
+            }
+        }
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))
+    }
+}
+
 /// Serves a router on an address until `shutdown` resolves.
 pub async fn serve(
     router: tonic::transport::server::Router,
     addr: &Address,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
-    let result = match addr {
-        Address::Unix(path) => {
-            let l = bind_unix(path).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    serve_on(router, Listener::bind(addr).await?, addr, shutdown).await
+}
+
+/// Serves a router on a socket already bound to `addr`.
+pub async fn serve_on(
+    router: tonic::transport::server::Router,
+    listener: Listener,
+    addr: &Address,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), String> {
+    let result = match listener {
+        Listener::Unix(l) => {
             router
                 .serve_with_incoming_shutdown(
                     tokio_stream::wrappers::UnixListenerStream::new(l),
@@ -188,14 +223,7 @@ pub async fn serve(
                 )
                 .await
         }
-        Address::Tcp(uri) => {
-            let authority = uri
-                .trim_start_matches("http://")
-                .trim_start_matches("https://")
-                .trim_end_matches('/');
-            let l = tokio::net::TcpListener::bind(authority)
-                .await
-                .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        Listener::Tcp(l) => {
             router
                 .serve_with_incoming_shutdown(
                     tokio_stream::wrappers::TcpListenerStream::new(l),
