@@ -1,13 +1,19 @@
 //! Compiles the TC programs in `c/` with clang into `$OUT_DIR`: the
 //! enforcer's `palisade.bpf.o`, a test build of it that reads headers by
-//! copy, and the verdict benchmark's `bench.bpf.o`.
+//! copy, the verdict benchmark's `bench.bpf.o`, and the conntrack cleanup's
+//! `ct_explain.bpf.o`.
 
 use std::env;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const SOURCES: &[&str] = &["c/palisade.bpf.c", "c/palisade.h", "c/bench.bpf.c"];
+const SOURCES: &[&str] = &[
+    "c/palisade.bpf.c",
+    "c/palisade.h",
+    "c/bench.bpf.c",
+    "c/ct_explain.bpf.c",
+];
 /// (source, object in `$OUT_DIR`, extra clang flags) of every object.
 const OBJECTS: &[(&str, &str, &[&str])] = &[
     ("c/palisade.bpf.c", "palisade.bpf.o", &[]),
@@ -19,6 +25,7 @@ const OBJECTS: &[(&str, &str, &[&str])] = &[
         &["-DHEADERS_BY_COPY=1"],
     ),
     ("c/bench.bpf.c", "bench.bpf.o", &[]),
+    ("c/ct_explain.bpf.c", "ct_explain.bpf.o", &[]),
 ];
 const INSTALL_HINT: &str = "install them with `apt-get install clang libbpf-dev` \
      (or point the CLANG environment variable at a clang that can target bpf)";

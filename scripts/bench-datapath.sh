@@ -6,9 +6,11 @@
 #            as ratios to a bare parse of the same round
 #            (ebpf/src/bin/bench-verdict): bench=verdict row= rules= ns= ratio=
 #   cleanup  the conntrack sweep of 100k and 1M eBPF entries against a real
-#            kernel conntrack table of the same size
-#            (node-enforcer/benches/conntrack_cleanup.rs):
-#            bench=cleanup entries= wall_s= cpu_s= extra_mb=, and the
+#            kernel conntrack table of the same size, asking the kernel by
+#            lookups (the default) and by netlink dump
+#            (node-enforcer/benches/conntrack_cleanup.rs; ARGS: sizes, and
+#            lookup or dump for one method):
+#            bench=cleanup method= entries= wall_s= cpu_s= extra_mb=, and the
 #            kernel's own share: bare_dump_cpu_s= bare_read_cpu_s=
 #   churn    one pod joining and leaving a 10,000-address peer set that 100
 #            local pods' policies name, on real maps and veths: map writes

@@ -323,7 +323,15 @@ fn seed_001_tcp(nodes: usize) {
         // flow's last packet (none can keep an entry for being recent).
         for n in &names {
             let before = lab.conntrack_state_on(n).unwrap().cleanups;
-            lab.wait_cleanups_on(n, before, 2, WAIT).unwrap();
+            let state = lab.wait_cleanups_on(n, before, 2, WAIT).unwrap();
+            // The enforcers asked the kernel by lookups (the default), so
+            // this is seed 001 for the lookup path; the dump path has its
+            // own test against the real kernel (conntrack_kernel.rs).
+            assert!(
+                state.asked_by.starts_with("kernel lookup"),
+                "{n} asked by {:?}",
+                state.asked_by
+            );
         }
         for (n, first) in names.iter().zip(&first) {
             assert_eq!(

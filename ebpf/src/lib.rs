@@ -28,6 +28,19 @@ static ALIGNED_OBJECT: &Aligned<[u8]> =
 /// The compiled eBPF object (ELF with BTF) holding both programs and all maps.
 pub static OBJECT: &[u8] = &ALIGNED_OBJECT.0;
 
+static ALIGNED_CT_EXPLAIN: &Aligned<[u8]> = &Aligned(*include_bytes!(concat!(
+    env!("OUT_DIR"),
+    "/ct_explain.bpf.o"
+)));
+
+/// The conntrack cleanup's question to the kernel (`c/ct_explain.bpf.c`):
+/// one TC program, never attached, run with BPF_PROG_TEST_RUN. It calls
+/// kfuncs, which aya 0.14 cannot relocate, so the enforcer loads it itself.
+pub static CT_EXPLAIN_OBJECT: &[u8] = &ALIGNED_CT_EXPLAIN.0;
+
+/// The program's name (its symbol) in [`CT_EXPLAIN_OBJECT`].
+pub const PROG_CT_EXPLAIN: &str = "palisade_ct_explain";
+
 /// Attach at TC ingress of a pod's host-side veth: judges what the pod sends
 /// (its egress policy).
 pub const PROG_FROM_POD: &str = "palisade_from_pod";

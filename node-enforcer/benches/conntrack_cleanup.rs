@@ -1,11 +1,14 @@
 //! Conntrack cleanup at scale: N eBPF entries against a kernel table of N
 //! entries (real conntrack, created over nfnetlink in a namespace of its
-//! own), 10% of the eBPF entries stale. Prints wall time, CPU time and the
-//! peak extra memory of the sweep, as a table and as `key=value` lines;
+//! own), 10% of the eBPF entries stale. Each size is swept twice on the same
+//! tables, once per way of asking the kernel (`method=lookup`: a
+//! bpf_skb_ct_lookup per idle entry, the default; `method=dump`: the
+//! netlink dump of the whole table). Prints wall time, CPU time and the
+//! peak extra memory of each sweep, as a table and as `key=value` lines;
 //! beside them, the CPU the kernel alone takes to hand over its table
 //! (`bare_dump_cpu_s`) and the eBPF map (`bare_read_cpu_s`) once, which
-//! bounds from below what any pass costs.
-//! Root. `cargo bench -p node-enforcer --bench conntrack_cleanup [-- N ...]`.
+//! bounds from below what a dump pass costs.
+//! Root. `cargo bench -p node-enforcer --bench conntrack_cleanup [-- N ... [lookup|dump]]`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::os::fd::{AsFd, AsRawFd};
@@ -60,6 +63,7 @@ fn thread_cpu_s() -> f64 {
 }
 
 struct Row {
+    method: &'static str,
     entries: usize,
     kernel: usize,
     removed: usize,
@@ -71,7 +75,7 @@ struct Row {
     read_cpu_s: f64,
 }
 
-fn run(n: usize) -> Row {
+fn run(n: usize, only: Option<&'static str>) -> Vec<Row> {
     let ns = format!("pbench{}", std::process::id());
     assert!(Command::new("ip")
         .args(["netns", "add", &ns])
@@ -103,68 +107,16 @@ fn run(n: usize) -> Row {
             kernel::insert_v4(&pairs, 3600).unwrap();
             drop(pairs);
             let _dp = BpfDatapath::load_with(&pins, Some(n as u32 + 1024)).unwrap();
-            let mut maps = sweep::open(&pins).unwrap();
-            let old = CtValue {
-                last_seen_ns: 1,
-                epoch: 1,
-                pad: 0,
-            };
-            for i in 0..n as u32 {
-                let t = flow(i);
-                let k = CtKey {
-                    src: t.src,
-                    dst: t.dst,
-                    sport: t.sport.to_be(),
-                    dport: t.dport.to_be(),
-                    ifindex: 7 + (i % 2),
-                    proto: 17,
-                    owner: if i % 2 == 0 {
-                        OWNER_FROM_POD
-                    } else {
-                        OWNER_TO_POD
-                    },
-                    pad: [0; 2],
-                };
-                maps.v4
-                    .insert(Ct4Key::of(&k).expect("IPv4"), old, 0)
-                    .unwrap();
+            let mut rows = Vec::new();
+            for method in METHODS {
+                if only.is_some_and(|m| m != method) {
+                    continue;
+                }
+                let mut maps = sweep::open_asking(&pins, asking(method)).unwrap();
+                fill(&mut maps, n, &flow);
+                rows.push(measure(method, &mut maps));
             }
-            // Peak heap from here on is the sweep's.
-            let base = LIVE.load(Relaxed);
-            PEAK.store(base, Relaxed);
-            let (cpu0, t0) = (thread_cpu_s(), Instant::now());
-            let report = sweep::sweep(&mut maps).unwrap();
-            let (cpu, wall) = (thread_cpu_s() - cpu0, t0.elapsed().as_secs_f64());
-            let extra = PEAK.load(Relaxed).saturating_sub(base) as f64 / (1024.0 * 1024.0);
-            assert_eq!(report.listed.len(), report.entries.min(256));
-            // What the kernel alone charges for reading both tables once
-            // (the netlink dump, the map walk), with no judgement: the part
-            // of a pass no code of ours can shrink. Measured after the pass,
-            // on the tables as it left them.
-            let cpu0 = thread_cpu_s();
-            let mut seen = 0usize;
-            kernel::dump(|_, _| seen += 1).unwrap();
-            let dump_cpu = thread_cpu_s() - cpu0;
-            let cpu0 = thread_cpu_s();
-            let mut read = 0usize;
-            node_enforcer::conntrack::batch::read_all::<Ct4Key, CtValue>(
-                maps.v4.map().fd().as_fd().as_raw_fd(),
-                |k, _| read += k.len(),
-            )
-            .unwrap();
-            let read_cpu = thread_cpu_s() - cpu0;
-            assert_eq!(seen, report.kernel_entries);
-            assert_eq!(read, report.entries - report.removed);
-            Row {
-                entries: report.entries,
-                kernel: report.kernel_entries,
-                removed: report.removed,
-                wall_s: wall,
-                cpu_s: cpu,
-                extra_mb: extra,
-                dump_cpu_s: dump_cpu,
-                read_cpu_s: read_cpu,
-            }
+            rows
         }
     })
     .join();
@@ -173,11 +125,100 @@ fn run(n: usize) -> Row {
     row.expect("bench run")
 }
 
+const METHODS: [&str; 2] = ["lookup", "dump"];
+
+/// The way of asking `method` names; the lookup must be available.
+fn asking(method: &str) -> sweep::Asking {
+    if method == "dump" {
+        return sweep::Asking::with(sweep::AskWith::Dump);
+    }
+    let a = sweep::Asking::best();
+    assert!(
+        matches!(a, sweep::Asking::Lookup(_)),
+        "no kernel lookup here: {}",
+        a.describe()
+    );
+    a
+}
+
+/// Writes the N eBPF entries (again, after a pass removed some), all idle.
+fn fill(maps: &mut sweep::Conntrack, n: usize, flow: &dyn Fn(u32) -> Tuple) {
+    let old = CtValue {
+        last_seen_ns: 1,
+        epoch: 1,
+        pad: 0,
+    };
+    for i in 0..n as u32 {
+        let t = flow(i);
+        let k = CtKey {
+            src: t.src,
+            dst: t.dst,
+            sport: t.sport.to_be(),
+            dport: t.dport.to_be(),
+            ifindex: 7 + (i % 2),
+            proto: 17,
+            owner: if i % 2 == 0 {
+                OWNER_FROM_POD
+            } else {
+                OWNER_TO_POD
+            },
+            pad: [0; 2],
+        };
+        maps.v4
+            .insert(Ct4Key::of(&k).expect("IPv4"), old, 0)
+            .unwrap();
+    }
+}
+
+/// One pass, measured, then the kernel's bare share on the same tables.
+fn measure(method: &'static str, maps: &mut sweep::Conntrack) -> Row {
+    // Peak heap from here on is the sweep's.
+    let base = LIVE.load(Relaxed);
+    PEAK.store(base, Relaxed);
+    let (cpu0, t0) = (thread_cpu_s(), Instant::now());
+    let report = sweep::sweep(maps).unwrap();
+    let (cpu, wall) = (thread_cpu_s() - cpu0, t0.elapsed().as_secs_f64());
+    let extra = PEAK.load(Relaxed).saturating_sub(base) as f64 / (1024.0 * 1024.0);
+    assert_eq!(report.listed.len(), report.entries.min(256));
+    assert_eq!(report.skipped, "", "{}", report.skipped);
+    // What the kernel alone charges for reading both tables once (the
+    // netlink dump, the map walk), with no judgement: the part of a dump
+    // pass no code of ours can shrink. Measured after the pass, on the
+    // tables as it left them.
+    let cpu0 = thread_cpu_s();
+    let mut seen = 0usize;
+    kernel::dump(|_, _| seen += 1).unwrap();
+    let dump_cpu = thread_cpu_s() - cpu0;
+    let cpu0 = thread_cpu_s();
+    let mut read = 0usize;
+    node_enforcer::conntrack::batch::read_all::<Ct4Key, CtValue>(
+        maps.v4.map().fd().as_fd().as_raw_fd(),
+        |k, _| read += k.len(),
+    )
+    .unwrap();
+    let read_cpu = thread_cpu_s() - cpu0;
+    assert_eq!(seen, report.kernel_entries);
+    assert_eq!(read, report.entries - report.removed);
+    Row {
+        method,
+        entries: report.entries,
+        kernel: report.kernel_entries,
+        removed: report.removed,
+        wall_s: wall,
+        cpu_s: cpu,
+        extra_mb: extra,
+        dump_cpu_s: dump_cpu,
+        read_cpu_s: read_cpu,
+    }
+}
+
 fn main() {
-    let sizes: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
+    // Arguments: sizes, and optionally one method (`lookup` or `dump`).
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let sizes: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
+    let only = METHODS
+        .into_iter()
+        .find(|m| args.iter().any(|a| a == m));
     let sizes = if sizes.is_empty() {
         vec![100_000, 1_000_000]
     } else {
@@ -191,14 +232,22 @@ fn main() {
     }
     println!("conntrack cleanup: eBPF entries vs a kernel table of the same size (10% stale)");
     println!(
-        "{:>10} {:>10} {:>9} {:>8} {:>8} {:>9} {:>12} {:>12}",
-        "entries", "kernel", "removed", "wall_s", "cpu_s", "extra_mb", "bare_dump_s", "bare_read_s"
+        "{:>7} {:>10} {:>10} {:>9} {:>8} {:>8} {:>9} {:>12} {:>12}",
+        "method",
+        "entries",
+        "kernel",
+        "removed",
+        "wall_s",
+        "cpu_s",
+        "extra_mb",
+        "bare_dump_s",
+        "bare_read_s"
     );
     let mut lines = Vec::new();
-    for n in sizes {
-        let r = run(n);
+    for r in sizes.into_iter().flat_map(|n| run(n, only)) {
         println!(
-            "{:>10} {:>10} {:>9} {:>8.3} {:>8.3} {:>9.1} {:>12.3} {:>12.3}",
+            "{:>7} {:>10} {:>10} {:>9} {:>8.3} {:>8.3} {:>9.1} {:>12.3} {:>12.3}",
+            r.method,
             r.entries,
             r.kernel,
             r.removed,
@@ -209,8 +258,8 @@ fn main() {
             r.read_cpu_s
         );
         lines.push(format!(
-            "bench=cleanup entries={} kernel_entries={} removed={} wall_s={:.3} cpu_s={:.3} extra_mb={:.1} bare_dump_cpu_s={:.3} bare_read_cpu_s={:.3}",
-            r.entries, r.kernel, r.removed, r.wall_s, r.cpu_s, r.extra_mb, r.dump_cpu_s, r.read_cpu_s
+            "bench=cleanup method={} entries={} kernel_entries={} removed={} wall_s={:.3} cpu_s={:.3} extra_mb={:.1} bare_dump_cpu_s={:.3} bare_read_cpu_s={:.3}",
+            r.method, r.entries, r.kernel, r.removed, r.wall_s, r.cpu_s, r.extra_mb, r.dump_cpu_s, r.read_cpu_s
         ));
     }
     if !before.trim().is_empty() {

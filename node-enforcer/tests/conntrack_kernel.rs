@@ -106,16 +106,103 @@ fn a_flow_through_a_vip_is_explained_on_both_sides() {
     assert!(stale(&other, 0, u64::MAX, &explained));
 }
 
+/// The same question through the kernel lookup (the bpf_skb_ct_lookup
+/// kfunc) instead of the dump: both sides of the flow are found, a flow the
+/// kernel lacks is absent, and what the kfunc cannot take is not asked.
+#[test]
+fn the_kernel_lookup_finds_a_flow_through_a_vip_on_both_sides() {
+    use node_enforcer::conntrack::lookup::{Answer, KernelLookup};
+    let mut lookup = KernelLookup::load().unwrap();
+    let (answers, cport, mut lookup) = through_a_vip("l", move |cport| {
+        let client_side = Tuple {
+            src: v4([127, 0, 0, 1]),
+            dst: v4([10, 96, 0, 10]),
+            sport: cport,
+            dport: 80,
+            proto: 17,
+        };
+        let backend_side = Tuple {
+            dst: v4([127, 0, 0, 1]),
+            dport: 8080,
+            ..client_side
+        };
+        let other = Tuple {
+            sport: cport.wrapping_add(1),
+            ..backend_side
+        };
+        let icmp = Tuple {
+            proto: 1,
+            ..backend_side
+        };
+        let six = Tuple {
+            src: "fd00::1".parse::<std::net::Ipv6Addr>().unwrap().octets(),
+            dst: "fd00::2".parse::<std::net::Ipv6Addr>().unwrap().octets(),
+            ..client_side
+        };
+        // Many questions at once: more than one test run's batch.
+        let mut tuples = vec![
+            client_side,
+            backend_side.reversed(),
+            backend_side,
+            other,
+            icmp,
+            six,
+        ];
+        for i in 0..200u16 {
+            tuples.push(Tuple {
+                sport: cport.wrapping_add(100 + i),
+                ..other
+            });
+        }
+        tuples.push(client_side.reversed());
+        let mut out = Vec::new();
+        lookup.ask(&tuples, &mut out).unwrap();
+        (out, cport, lookup)
+    });
+    use Answer::*;
+    assert_eq!(
+        &answers[..6],
+        &[Found, Found, Found, Absent, NotAsked, Absent],
+        "client port {cport}"
+    );
+    assert!(answers[6..206].iter().all(|a| *a == Absent));
+    assert_eq!(answers[206], Found);
+    // Outside that namespace the kernel has no such flow.
+    let mut out = Vec::new();
+    let client_side = Tuple {
+        src: v4([127, 0, 0, 1]),
+        dst: v4([10, 96, 0, 10]),
+        sport: cport,
+        dport: 80,
+        proto: 17,
+    };
+    lookup.ask(&[client_side], &mut out).unwrap();
+    assert_eq!(out, [Absent]);
+}
+
 /// Seed 001 against the real maps: the client's and the backend's eBPF
 /// entries of a live flow through a VIP survive a sweep; an entry nothing
 /// explains goes; one used since the sweep began stays.
+///
+/// Both ways of asking the kernel: lookups (with a dump for the ICMP entry
+/// the lookup cannot take) and the dump alone.
 #[test]
 fn a_sweep_keeps_live_flows_through_a_vip_and_removes_the_rest() {
-    let (report, left) = through_a_vip("b", |cport| {
-        let pins =
-            std::path::Path::new("/sys/fs/bpf").join(format!("palisade-ct-{}", std::process::id()));
+    let report = sweep_case("b", sweep::Asking::best);
+    assert_eq!(
+        report.asked_by,
+        "kernel lookup, and a netlink dump for 1 entries of protocols the lookup does not take"
+    );
+    let report = sweep_case("c", || sweep::Asking::with(sweep::AskWith::Dump));
+    assert_eq!(report.asked_by, "netlink dump (--conntrack-ask=dump)");
+}
+
+fn sweep_case(tag: &'static str, asking: fn() -> sweep::Asking) -> sweep::Report {
+    let (report, left) = through_a_vip(tag, move |cport| {
+        let pins = std::path::Path::new("/sys/fs/bpf")
+            .join(format!("palisade-ct-{tag}-{}", std::process::id()));
         let _dp = BpfDatapath::load(&pins).unwrap();
-        let mut map = sweep::open(&pins).unwrap();
+        let mut map = sweep::open_asking(&pins, asking()).unwrap();
         let lo: std::net::IpAddr = "127.0.0.1".parse().unwrap();
         let vip: std::net::IpAddr = "10.96.0.10".parse().unwrap();
         let flow = |dst, dport, sport| palisade_ebpf::Tuple {
@@ -147,7 +234,16 @@ fn a_sweep_keeps_live_flows_through_a_vip_and_removes_the_rest() {
             8,
             OWNER_TO_POD,
         );
-        for k in [live_client, live_backend, dead, dead6] {
+        // A ping nothing explains: the lookup cannot take ICMP.
+        let dead_icmp = CtKey::new(
+            palisade_ebpf::Tuple {
+                proto: 1,
+                ..flow(lo, 0, 0)
+            },
+            8,
+            OWNER_TO_POD,
+        );
+        for k in [live_client, live_backend, dead, dead6, dead_icmp] {
             map.insert(k, old).unwrap();
         }
         // Used after the sweep starts: a reused 5-tuple.
@@ -165,9 +261,10 @@ fn a_sweep_keeps_live_flows_through_a_vip_and_removes_the_rest() {
     let (left, [live_client, live_backend, dead, fresh]) = left;
     assert_eq!(
         (report.entries, report.removed, report.kept),
-        (5, 2, 3),
+        (6, 3, 3),
         "{report:?}"
     );
+    assert_eq!(report.skipped, "", "{report:?}");
     assert_eq!(left.len(), 3);
     // The dump's list: every entry, ordered by interface then hook.
     let listed: Vec<(u32, &str, bool)> = report
@@ -175,10 +272,11 @@ fn a_sweep_keeps_live_flows_through_a_vip_and_removes_the_rest() {
         .iter()
         .map(|e| (e.ifindex, e.hook, e.removed))
         .collect();
-    assert_eq!(listed.len(), 5);
+    assert_eq!(listed.len(), 6);
     assert_eq!(listed[0], (7, "from_pod", false));
     assert!(listed[1..].iter().all(|&(i, h, _)| i == 8 && h == "to_pod"));
-    assert_eq!(listed.iter().filter(|e| e.2).count(), 2);
+    assert_eq!(listed.iter().filter(|e| e.2).count(), 3);
     assert!(left.contains(&live_client) && left.contains(&live_backend) && left.contains(&fresh));
     assert!(!left.contains(&dead));
+    report
 }

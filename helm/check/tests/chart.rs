@@ -126,6 +126,10 @@ fn the_objects_carry_the_values() {
         env_of(enforcer, "PALISADE_POD_UP_DEADLINE_MS").as_deref(),
         Some("3000")
     );
+    assert_eq!(
+        env_of(enforcer, "PALISADE_CONNTRACK_ASK").as_deref(),
+        Some("dump")
+    );
     // cni.install: false leaves the node's CNI configuration alone.
     assert!(pod["initContainers"].is_null(), "{pod}");
     assert_eq!(pod["hostNetwork"], true);
@@ -254,6 +258,10 @@ fn bad_values_are_refused_naming_the_value() {
             "/cni/binDir",
         ),
         ("policySource: calico\n", "/policySource"),
+        (
+            "conntrack: {maxEntries: 65536, cleanupSeconds: 60, ask: events}\n",
+            "/conntrack/ask",
+        ),
         (
             "metrics: {enabled: true, controllerPort: 0, enforcerPort: 9091}\n",
             "/metrics/controllerPort",

@@ -11,14 +11,16 @@
 //! explains it AND it was not seen since the cleanup began: a 5-tuple reused
 //! while the kernel table was being read must survive.
 //!
-//! `kernel` reads the kernel's table; `stale` is the pure rule; `batch`
-//! reads and deletes eBPF map entries in bulk; `listing` keeps the bounded
-//! list of entries the debug dump shows.
+//! `lookup` asks the kernel about single flows (a kfunc, per idle entry);
+//! `kernel` reads its whole table (netlink dump); `stale` is the pure rule;
+//! `batch` reads and deletes eBPF map entries in bulk; `listing` keeps the
+//! bounded list of entries the debug dump shows; `sweep` runs a pass.
 
 pub mod batch;
 pub mod digest_set;
 pub mod kernel;
 pub mod listing;
+pub mod lookup;
 pub mod sweep;
 
 use digest_set::DigestSet;

@@ -72,6 +72,7 @@ impl DebugService for DebugServer {
                 error: d.conntrack.error.clone(),
                 listed: d.conntrack.entry_lines().0,
                 skipped: d.conntrack.last.skipped.clone(),
+                asked_by: d.conntrack.last.asked_by.clone(),
             }),
             warnings: d.warnings,
             node_addresses: d
