@@ -216,9 +216,7 @@ fn main() {
     // Arguments: sizes, and optionally one method (`lookup` or `dump`).
     let args: Vec<String> = std::env::args().skip(1).collect();
     let sizes: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
-    let only = METHODS
-        .into_iter()
-        .find(|m| args.iter().any(|a| a == m));
+    let only = METHODS.into_iter().find(|m| args.iter().any(|a| a == m));
     let sizes = if sizes.is_empty() {
         vec![100_000, 1_000_000]
     } else {

@@ -11,18 +11,17 @@
 //! answered [`Answer::NotAsked`], and the sweep judges those against a
 //! netlink dump as before. aya 0.14 cannot relocate kfunc calls, so the
 //! program is loaded here: its two `call` instructions get the kfuncs' BTF
-//! ids from the kernel's vmlinux BTF. A kernel that built nf_conntrack as a
-//! module keeps the kfuncs in the module's BTF, which this does not search:
-//! [`KernelLookup::load`] then fails with a reason, and the sweep uses the
-//! dump (and says so).
+//! ids from the kernel's BTF ([`super::btf`]: vmlinux's, or nf_conntrack's
+//! when it is a module). When the kernel lacks them or refuses the program,
+//! [`KernelLookup::load`] fails with a reason, and the sweep uses the dump
+//! (and says so).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use aya_obj::btf::BtfKind;
 use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget};
 use palisade_ebpf::{CT_EXPLAIN_OBJECT, PROG_CT_EXPLAIN};
 
-use super::Tuple;
+use super::{btf, Tuple};
 
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
@@ -117,22 +116,20 @@ impl KernelLookup {
     /// Loads the program, or says why it cannot be (no BTF, no kfuncs in
     /// vmlinux, no permission, a verifier refusal).
     pub fn load() -> Result<Self, String> {
-        let btf = aya::Btf::from_sys_fs()
-            .map_err(|e| format!("reading the kernel's BTF (/sys/kernel/btf/vmlinux): {e}"))?;
-        let mut ids = [0u32; 2];
-        for (id, name) in ids.iter_mut().zip(KFUNCS) {
-            *id = btf.id_by_type_name_kind(name, BtfKind::Func).map_err(|_| {
-                format!(
-                    "the kernel's vmlinux BTF has no kfunc {name} (a kernel before 6.0, \
-                     or nf_conntrack built as a module)"
-                )
-            })?;
-        }
-        drop(btf);
-        let insns = patched_program(CT_EXPLAIN_OBJECT, |name| {
-            KFUNCS.iter().position(|k| *k == name).map(|i| ids[i])
+        let kfuncs = btf::find(&KFUNCS, "nf_conntrack")?;
+        // A module's kfunc names its BTF by an index into fd_array; 0
+        // means vmlinux, so the module's descriptor goes at 1.
+        let (off, fd_array) = match &kfuncs.module {
+            Some(fd) => (1, vec![fd.as_raw_fd(), fd.as_raw_fd()]),
+            None => (0, Vec::new()),
+        };
+        let insns = patched_program(CT_EXPLAIN_OBJECT, off, |name| {
+            KFUNCS
+                .iter()
+                .position(|k| *k == name)
+                .map(|i| kfuncs.ids[i])
         })?;
-        let prog = prog_load(&insns)?;
+        let prog = prog_load(&insns, &fd_array)?;
         Ok(KernelLookup {
             prog,
             buf: vec![0u8; HEAD + BATCH_MAX * ASK],
@@ -183,9 +180,14 @@ impl KernelLookup {
     }
 }
 
-/// The program's instructions with each kfunc call pointed at its BTF id.
-/// The object must hold nothing else to relocate: it is loaded as is.
-fn patched_program(elf: &[u8], btf_id: impl Fn(&str) -> Option<u32>) -> Result<Vec<u8>, String> {
+/// The program's instructions with each kfunc call pointed at its BTF id
+/// (in the BTF at `fd_array[off]`, vmlinux's for 0). The object must hold
+/// nothing else to relocate: it is loaded as is.
+fn patched_program(
+    elf: &[u8],
+    off: u16,
+    btf_id: impl Fn(&str) -> Option<u32>,
+) -> Result<Vec<u8>, String> {
     let bad = |e: &dyn std::fmt::Display| format!("the {PROG_CT_EXPLAIN} object: {e}");
     let file = object::File::parse(elf).map_err(|e| bad(&e))?;
     let sym = file
@@ -211,9 +213,9 @@ fn patched_program(elf: &[u8], btf_id: impl Fn(&str) -> Option<u32>) -> Result<V
         if !at.is_multiple_of(8) || at + 8 > insns.len() || insns[at] != 0x85 {
             return Err(bad(&format!("the relocation to {name} is not a call")));
         }
-        // dst_reg 0, src_reg BPF_PSEUDO_KFUNC_CALL; off 0 (vmlinux's BTF).
+        // dst_reg 0, src_reg BPF_PSEUDO_KFUNC_CALL, off: whose BTF.
         insns[at + 1] = BPF_PSEUDO_KFUNC_CALL << 4;
-        insns[at + 2..at + 4].fill(0);
+        insns[at + 2..at + 4].copy_from_slice(&off.to_le_bytes());
         insns[at + 4..at + 8].copy_from_slice(&id.to_le_bytes());
     }
     Ok(insns)
@@ -239,9 +241,22 @@ struct ProgLoadAttr {
     kern_version: u32,
     prog_flags: u32,
     prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+    prog_btf_fd: u32,
+    func_info_rec_size: u32,
+    func_info: u64,
+    func_info_cnt: u32,
+    line_info_rec_size: u32,
+    line_info: u64,
+    line_info_cnt: u32,
+    attach_btf_id: u32,
+    attach_prog_fd: u32,
+    core_relo_cnt: u32,
+    fd_array: u64,
 }
 
-fn prog_load(insns: &[u8]) -> Result<OwnedFd, String> {
+fn prog_load(insns: &[u8], fd_array: &[i32]) -> Result<OwnedFd, String> {
     let license = c"Dual BSD/GPL";
     let mut name = [0u8; 16];
     name[..15].copy_from_slice(&PROG_CT_EXPLAIN.as_bytes()[..15]);
@@ -252,6 +267,11 @@ fn prog_load(insns: &[u8]) -> Result<OwnedFd, String> {
             insns: insns.as_ptr() as u64,
             license: license.as_ptr() as u64,
             prog_name: name,
+            fd_array: if fd_array.is_empty() {
+                0
+            } else {
+                fd_array.as_ptr() as u64
+            },
             ..Default::default()
         };
         if let Some(log) = log {
@@ -396,24 +416,32 @@ mod tests {
 
     #[test]
     fn the_object_patches_to_kfunc_calls_only() {
-        let insns = patched_program(CT_EXPLAIN_OBJECT, |name| match name {
+        let insns = patched_program(CT_EXPLAIN_OBJECT, 1, |name| match name {
             "bpf_skb_ct_lookup" => Some(1000),
             "bpf_ct_release" => Some(2000),
             _ => None,
         })
         .unwrap();
-        let calls: Vec<(u8, u32)> = insns
+        let calls: Vec<(u8, u16, u32)> = insns
             .chunks(8)
             .filter(|i| i[0] == 0x85)
-            .map(|i| (i[1] >> 4, u32::from_le_bytes(i[4..8].try_into().unwrap())))
+            .map(|i| {
+                (
+                    i[1] >> 4,
+                    u16::from_le_bytes([i[2], i[3]]),
+                    u32::from_le_bytes(i[4..8].try_into().unwrap()),
+                )
+            })
             .collect();
-        assert!(calls.contains(&(BPF_PSEUDO_KFUNC_CALL, 1000)));
-        assert!(calls.contains(&(BPF_PSEUDO_KFUNC_CALL, 2000)));
+        assert!(calls.contains(&(BPF_PSEUDO_KFUNC_CALL, 1, 1000)));
+        assert!(calls.contains(&(BPF_PSEUDO_KFUNC_CALL, 1, 2000)));
         assert!(
-            calls.iter().all(|(src, _)| *src == BPF_PSEUDO_KFUNC_CALL),
-            "every call is a kfunc call: {calls:?}"
+            calls
+                .iter()
+                .all(|(src, off, _)| *src == BPF_PSEUDO_KFUNC_CALL && *off == 1),
+            "every call is a kfunc call into fd_array[1]: {calls:?}"
         );
-        let refuse = patched_program(CT_EXPLAIN_OBJECT, |_| None).unwrap_err();
+        let refuse = patched_program(CT_EXPLAIN_OBJECT, 0, |_| None).unwrap_err();
         assert!(refuse.contains("unexpected relocation"), "{refuse}");
     }
 }

@@ -11,12 +11,14 @@
 //! explains it AND it was not seen since the cleanup began: a 5-tuple reused
 //! while the kernel table was being read must survive.
 //!
-//! `lookup` asks the kernel about single flows (a kfunc, per idle entry);
+//! `lookup` asks the kernel about single flows (a kfunc, per idle entry;
+//! `btf` finds the kfunc);
 //! `kernel` reads its whole table (netlink dump); `stale` is the pure rule;
 //! `batch` reads and deletes eBPF map entries in bulk; `listing` keeps the
 //! bounded list of entries the debug dump shows; `sweep` runs a pass.
 
 pub mod batch;
+pub mod btf;
 pub mod digest_set;
 pub mod kernel;
 pub mod listing;

@@ -1,0 +1,281 @@
+//! Finds kfuncs in the kernel's BTF: their type ids, and when they live in
+//! a module (nf_conntrack built as one, as most distributions do), a file
+//! descriptor of that module's BTF for BPF_PROG_LOAD's `fd_array`.
+//!
+//! Only what a call instruction needs is read: type kinds and names. A
+//! module's BTF is "split": its type ids continue after vmlinux's and its
+//! string offsets after vmlinux's strings, so vmlinux is read first.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+const MAGIC: u16 = 0xeb9f;
+const KIND_FUNC: u32 = 12;
+
+/// Names and kinds of one BTF blob's types.
+pub struct Types {
+    /// Id of the first type here (1 for vmlinux; after vmlinux's last for a
+    /// module).
+    first_id: u32,
+    /// (kind, name offset) of each type, in id order.
+    types: Vec<(u32, u32)>,
+    strings: Vec<u8>,
+    /// String offsets below this are the base's (0 for vmlinux).
+    first_str: u32,
+}
+
+fn u32_at(b: &[u8], at: usize) -> Result<u32, String> {
+    b.get(at..at + 4)
+        .map(|s| u32::from_le_bytes(s.try_into().expect("4 bytes")))
+        .ok_or_else(|| format!("BTF truncated at byte {at}"))
+}
+
+impl Types {
+    /// Parses vmlinux's BTF (`base` None) or a module's, split on `base`.
+    pub fn parse(data: &[u8], base: Option<&Types>) -> Result<Types, String> {
+        if data.len() < 24 || u16::from_le_bytes([data[0], data[1]]) != MAGIC {
+            return Err("not little-endian BTF (bad magic)".to_string());
+        }
+        let hdr_len = u32_at(data, 4)? as usize;
+        let (type_off, type_len) = (u32_at(data, 8)? as usize, u32_at(data, 12)? as usize);
+        let (str_off, str_len) = (u32_at(data, 16)? as usize, u32_at(data, 20)? as usize);
+        let section = |off: usize, len: usize| {
+            data.get(hdr_len + off..hdr_len + off + len)
+                .ok_or_else(|| "BTF section out of bounds".to_string())
+        };
+        let raw = section(type_off, type_len)?;
+        let strings = section(str_off, str_len)?.to_vec();
+        let mut types = Vec::new();
+        let mut at = 0;
+        while at < raw.len() {
+            let name = u32_at(raw, at)?;
+            let info = u32_at(raw, at + 4)?;
+            let (kind, vlen) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
+            let extra = match kind {
+                1 | 14 | 17 => 4,          // int, var, decl tag
+                3 => 12,                   // array
+                4 | 5 | 15 => 12 * vlen,   // struct, union, datasec
+                6 | 13 => 8 * vlen,        // enum, func proto
+                19 => 12 * vlen,           // enum64
+                2 | 7..=12 | 16 | 18 => 0, // ptr, fwd, modifiers, func, float, type tag
+                other => return Err(format!("BTF type kind {other} unknown to this reader")),
+            };
+            if at + 12 + extra > raw.len() {
+                return Err(format!(
+                    "BTF type {} runs past the type section",
+                    types.len() + 1
+                ));
+            }
+            types.push((kind, name));
+            at += 12 + extra;
+        }
+        let (first_id, first_str) = match base {
+            None => (1, 0),
+            Some(b) => (
+                b.first_id + b.types.len() as u32,
+                b.first_str + b.strings.len() as u32,
+            ),
+        };
+        Ok(Types {
+            first_id,
+            types,
+            strings,
+            first_str,
+        })
+    }
+
+    fn name<'a>(&'a self, off: u32, base: Option<&'a Types>) -> Option<&'a [u8]> {
+        let (strings, off) = if off < self.first_str {
+            let b = base?;
+            (&b.strings, off - b.first_str)
+        } else {
+            (&self.strings, off - self.first_str)
+        };
+        let s = strings.get(off as usize..)?;
+        Some(&s[..s.iter().position(|c| *c == 0)?])
+    }
+
+    /// The id of the function `name` defined here, if any.
+    pub fn func(&self, name: &str, base: Option<&Types>) -> Option<u32> {
+        self.types.iter().enumerate().find_map(|(i, &(kind, off))| {
+            (kind == KIND_FUNC && self.name(off, base) == Some(name.as_bytes()))
+                .then_some(self.first_id + i as u32)
+        })
+    }
+}
+
+/// Where the kfuncs were found.
+pub struct Kfuncs {
+    /// Their BTF ids, in the order asked.
+    pub ids: Vec<u32>,
+    /// The module's BTF, when they are a module's (None: vmlinux).
+    pub module: Option<OwnedFd>,
+}
+
+/// Finds `names` in vmlinux, or else in `module`'s BTF.
+pub fn find(names: &[&str], module: &str) -> Result<Kfuncs, String> {
+    let read = |path: &str| std::fs::read(path).map_err(|e| format!("reading {path}: {e}"));
+    let vmlinux = Types::parse(&read("/sys/kernel/btf/vmlinux")?, None)
+        .map_err(|e| format!("/sys/kernel/btf/vmlinux: {e}"))?;
+    if let Some(ids) = names.iter().map(|n| vmlinux.func(n, None)).collect() {
+        return Ok(Kfuncs { ids, module: None });
+    }
+    let path = format!("/sys/kernel/btf/{module}");
+    let data = read(&path)
+        .map_err(|e| format!("the kernel's BTF has no kfunc {} ({e})", names.join(", ")))?;
+    let types = Types::parse(&data, Some(&vmlinux)).map_err(|e| format!("{path}: {e}"))?;
+    let ids = names
+        .iter()
+        .map(|n| {
+            types
+                .func(n, Some(&vmlinux))
+                .ok_or_else(|| format!("neither vmlinux's nor {module}'s BTF has kfunc {n}"))
+        })
+        .collect::<Result<Vec<u32>, String>>()?;
+    Ok(Kfuncs {
+        ids,
+        module: Some(kernel_btf_fd(module)?),
+    })
+}
+
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_BTF_GET_FD_BY_ID: libc::c_long = 19;
+const BPF_BTF_GET_NEXT_ID: libc::c_long = 23;
+
+fn sys_bpf(cmd: libc::c_long, attr: &mut [u32]) -> libc::c_long {
+    // SAFETY: `attr` is a live, initialised buffer of the length given; any
+    // pointer in it names a buffer alive for the call.
+    unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len() * 4) }
+}
+
+/// A descriptor of the kernel's BTF object `name` (`vmlinux` or a module).
+pub fn kernel_btf_fd(name: &str) -> Result<OwnedFd, String> {
+    let mut id = 0u32;
+    loop {
+        // start_id, next_id, open_flags
+        let mut attr = [id, 0, 0];
+        if sys_bpf(BPF_BTF_GET_NEXT_ID, &mut attr) < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::ENOENT) => format!("the kernel has no BTF object named {name}"),
+                _ => format!("listing the kernel's BTF objects: {e}"),
+            });
+        }
+        id = attr[1];
+        let mut attr = [id, 0, 0];
+        let fd = sys_bpf(BPF_BTF_GET_FD_BY_ID, &mut attr);
+        if fd < 0 {
+            continue; // gone since listed
+        }
+        // SAFETY: the kernel just returned this descriptor to us alone.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let mut got = [0u8; 64];
+        // struct bpf_btf_info: btf, btf_size, id, name, name_len, kernel_btf
+        let mut info = [0u32; 8];
+        let ptr = got.as_mut_ptr() as u64;
+        info[4] = ptr as u32;
+        info[5] = (ptr >> 32) as u32;
+        info[6] = got.len() as u32;
+        let info_ptr = info.as_mut_ptr() as u64;
+        let mut attr = [
+            fd.as_raw_fd() as u32,
+            std::mem::size_of_val(&info) as u32,
+            info_ptr as u32,
+            (info_ptr >> 32) as u32,
+        ];
+        if sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) < 0 {
+            continue;
+        }
+        let kernel_btf = info[7] != 0;
+        let len = got.iter().position(|c| *c == 0).unwrap_or(got.len());
+        if kernel_btf && got[..len] == *name.as_bytes() {
+            return Ok(fd);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A BTF blob of `types` (raw records) and `strings`.
+    fn blob(types: &[u8], strings: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(&MAGIC.to_le_bytes());
+        b.extend_from_slice(&[1, 0]);
+        for v in [
+            24u32,
+            0,
+            types.len() as u32,
+            types.len() as u32,
+            strings.len() as u32,
+        ] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b.extend_from_slice(types);
+        b.extend_from_slice(strings);
+        b
+    }
+
+    fn ty(name: u32, kind: u32, vlen: u32, extra: usize) -> Vec<u8> {
+        let mut t = Vec::new();
+        for v in [name, kind << 24 | vlen, 0] {
+            t.extend_from_slice(&v.to_le_bytes());
+        }
+        t.resize(12 + extra, 0);
+        t
+    }
+
+    #[test]
+    fn split_btf_continues_the_base_ids_and_strings() {
+        // Base: int "int" (id 1), struct of 2 members (2), func "f" (3).
+        let base_strings = b"\0int\0s\0f\0";
+        let base_types = [ty(1, 1, 0, 4), ty(5, 4, 2, 24), ty(7, KIND_FUNC, 0, 0)].concat();
+        let base = Types::parse(&blob(&base_types, base_strings), None).unwrap();
+        assert_eq!(base.func("f", None), Some(3));
+        assert_eq!(base.func("int", None), None, "an int is not a function");
+        // Module: func proto of 1 param (4), func "g" (5), func named by a
+        // base string "f" (6).
+        let mod_strings = b"\0g\0";
+        let base_len = base_strings.len() as u32;
+        let mod_types = [
+            ty(0, 13, 1, 8),
+            ty(base_len + 1, KIND_FUNC, 0, 0),
+            ty(7, KIND_FUNC, 0, 0),
+        ]
+        .concat();
+        let module = Types::parse(&blob(&mod_types, mod_strings), Some(&base)).unwrap();
+        assert_eq!(module.func("g", Some(&base)), Some(5));
+        assert_eq!(module.func("f", Some(&base)), Some(6));
+        assert_eq!(module.func("h", Some(&base)), None);
+    }
+
+    /// The real kernel's BTF: the kfuncs the cleanup calls are found (in
+    /// vmlinux on this machine, which builds nf_conntrack in), and the
+    /// kernel's BTF objects can be listed by name.
+    #[test]
+    fn the_kernels_kfuncs_are_found() {
+        let k = find(&["bpf_skb_ct_lookup", "bpf_ct_release"], "nf_conntrack").unwrap();
+        assert_eq!(k.ids.len(), 2);
+        assert!(k.ids.iter().all(|id| *id > 1), "{:?}", k.ids);
+        let vmlinux = std::fs::read("/sys/kernel/btf/vmlinux").unwrap();
+        let base = Types::parse(&vmlinux, None).unwrap();
+        assert_eq!(base.func("bpf_skb_ct_lookup", None), Some(k.ids[0]));
+        assert_eq!(base.func("no_such_kfunc_anywhere", None), None);
+        kernel_btf_fd("vmlinux").unwrap();
+        let e = kernel_btf_fd("no_such_module").unwrap_err();
+        assert!(e.contains("no BTF object named no_such_module"), "{e}");
+    }
+
+    #[test]
+    fn damaged_btf_is_an_error() {
+        assert!(Types::parse(b"\x9f\xeb", None).is_err(), "too short");
+        let mut b = blob(&ty(0, 1, 0, 4), b"\0");
+        b[0] = 0;
+        assert!(Types::parse(&b, None).is_err(), "bad magic");
+        let b = blob(&ty(0, 31, 0, 0), b"\0");
+        let e = Types::parse(&b, None).err().unwrap();
+        assert!(e.contains("kind 31"), "{e}");
+        let b = blob(&ty(0, 4, 3, 12), b"\0");
+        assert!(Types::parse(&b, None).is_err(), "members past the end");
+    }
+}
