@@ -84,6 +84,16 @@ fn a_flow_through_a_vip_is_explained_on_both_sides() {
     });
     let (n, explained, seen, cport) = result;
     assert!(n >= 1, "no kernel entries: {seen:?}");
+    let [client_side, backend_side, other] = vip_flows(cport);
+    assert!(seen.iter().any(|(o, _)| *o == client_side), "{seen:?}");
+    assert!(!stale(&client_side, 0, u64::MAX, &explained));
+    assert!(!stale(&backend_side, 0, u64::MAX, &explained));
+    assert!(stale(&other, 0, u64::MAX, &explained));
+}
+
+/// The flow `through_a_vip` made, as the client's hook saw it (to the VIP)
+/// and as the backend's did (after DNAT), and a flow the kernel lacks.
+fn vip_flows(cport: u16) -> [Tuple; 3] {
     let client_side = Tuple {
         src: v4([127, 0, 0, 1]),
         dst: v4([10, 96, 0, 10]),
@@ -96,14 +106,11 @@ fn a_flow_through_a_vip_is_explained_on_both_sides() {
         dport: 8080,
         ..client_side
     };
-    assert!(seen.iter().any(|(o, _)| *o == client_side), "{seen:?}");
-    assert!(!stale(&client_side, 0, u64::MAX, &explained));
-    assert!(!stale(&backend_side, 0, u64::MAX, &explained));
     let other = Tuple {
         sport: cport.wrapping_add(1),
         ..backend_side
     };
-    assert!(stale(&other, 0, u64::MAX, &explained));
+    [client_side, backend_side, other]
 }
 
 /// The same question through the kernel lookup (the bpf_skb_ct_lookup
@@ -114,22 +121,7 @@ fn the_kernel_lookup_finds_a_flow_through_a_vip_on_both_sides() {
     use node_enforcer::conntrack::lookup::{Answer, KernelLookup};
     let mut lookup = KernelLookup::load().unwrap();
     let (answers, cport, mut lookup) = through_a_vip("l", move |cport| {
-        let client_side = Tuple {
-            src: v4([127, 0, 0, 1]),
-            dst: v4([10, 96, 0, 10]),
-            sport: cport,
-            dport: 80,
-            proto: 17,
-        };
-        let backend_side = Tuple {
-            dst: v4([127, 0, 0, 1]),
-            dport: 8080,
-            ..client_side
-        };
-        let other = Tuple {
-            sport: cport.wrapping_add(1),
-            ..backend_side
-        };
+        let [client_side, backend_side, other] = vip_flows(cport);
         let icmp = Tuple {
             proto: 1,
             ..backend_side
@@ -169,14 +161,7 @@ fn the_kernel_lookup_finds_a_flow_through_a_vip_on_both_sides() {
     assert_eq!(answers[206], Found);
     // Outside that namespace the kernel has no such flow.
     let mut out = Vec::new();
-    let client_side = Tuple {
-        src: v4([127, 0, 0, 1]),
-        dst: v4([10, 96, 0, 10]),
-        sport: cport,
-        dport: 80,
-        proto: 17,
-    };
-    lookup.ask(&[client_side], &mut out).unwrap();
+    lookup.ask(&vip_flows(cport)[..1], &mut out).unwrap();
     assert_eq!(out, [Absent]);
 }
 

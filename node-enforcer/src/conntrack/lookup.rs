@@ -348,15 +348,8 @@ fn test_run(prog: &OwnedFd, data: &mut [u8], repeat: u32) -> Result<u32, String>
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::v4;
     use super::*;
-
-    fn v4(a: [u8; 4]) -> [u8; 16] {
-        let mut o = [0u8; 16];
-        o[10] = 0xff;
-        o[11] = 0xff;
-        o[12..].copy_from_slice(&a);
-        o
-    }
 
     #[test]
     fn records_carry_network_order_tuples_of_their_family() {

@@ -200,7 +200,8 @@ pub fn monotonic_ns() -> u64 {
 mod tests {
     use super::*;
 
-    fn v4(a: [u8; 4]) -> [u8; 16] {
+    /// An IPv4 address as the maps hold it (IPv4-mapped).
+    pub(crate) fn v4(a: [u8; 4]) -> [u8; 16] {
         let mut o = [0u8; 16];
         o[10] = 0xff;
         o[11] = 0xff;
