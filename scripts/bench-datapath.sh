@@ -10,8 +10,9 @@
 #            lookups (the default) and by netlink dump
 #            (node-enforcer/benches/conntrack_cleanup.rs; ARGS: sizes, and
 #            lookup or dump for one method):
-#            bench=cleanup method= entries= wall_s= cpu_s= extra_mb=, and the
-#            kernel's own share: bare_dump_cpu_s= bare_read_cpu_s=
+#            bench=cleanup method= entries= kernel_buckets= wall_s= cpu_s=
+#            extra_mb=, and the kernel's own share: bare_dump_cpu_s=
+#            bare_read_cpu_s=
 #   churn    one pod joining and leaving a 10,000-address peer set that 100
 #            local pods' policies name, on real maps and veths: map writes
 #            and time to realize, in place vs a new table

@@ -228,7 +228,15 @@ fn main() {
     if before.trim().parse::<usize>().unwrap_or(0) < need {
         std::fs::write(max, need.to_string()).expect("raising nf_conntrack_max");
     }
-    println!("conntrack cleanup: eBPF entries vs a kernel table of the same size (10% stale)");
+    // The kernel's hash (global, left as the machine has it) sets how long
+    // a lookup's chain walk is: about 2 x entries / buckets tuples a bucket.
+    let buckets = std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_buckets")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    println!(
+        "conntrack cleanup: eBPF entries vs a kernel table of the same size (10% stale); kernel hash buckets: {buckets}"
+    );
     println!(
         "{:>7} {:>10} {:>10} {:>9} {:>8} {:>8} {:>9} {:>12} {:>12}",
         "method",
@@ -256,7 +264,7 @@ fn main() {
             r.read_cpu_s
         );
         lines.push(format!(
-            "bench=cleanup method={} entries={} kernel_entries={} removed={} wall_s={:.3} cpu_s={:.3} extra_mb={:.1} bare_dump_cpu_s={:.3} bare_read_cpu_s={:.3}",
+            "bench=cleanup method={} entries={} kernel_entries={} kernel_buckets={buckets} removed={} wall_s={:.3} cpu_s={:.3} extra_mb={:.1} bare_dump_cpu_s={:.3} bare_read_cpu_s={:.3}",
             r.method, r.entries, r.kernel, r.removed, r.wall_s, r.cpu_s, r.extra_mb, r.dump_cpu_s, r.read_cpu_s
         ));
     }
