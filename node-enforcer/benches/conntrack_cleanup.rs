@@ -181,6 +181,7 @@ fn measure(method: &'static str, maps: &mut sweep::Conntrack) -> Row {
     let extra = PEAK.load(Relaxed).saturating_sub(base) as f64 / (1024.0 * 1024.0);
     assert_eq!(report.listed.len(), report.entries.min(256));
     assert_eq!(report.skipped, "", "{}", report.skipped);
+    assert_eq!(report.dumped, method == "dump", "{}", report.asked_by);
     // What the kernel alone charges for reading both tables once (the
     // netlink dump, the map walk), with no judgement: the part of a dump
     // pass no code of ours can shrink. Measured after the pass, on the

@@ -152,6 +152,12 @@ fn reconciler_metrics(e: &mut Exposition, d: &Dump) {
         c.last.kernel_entries as u64,
     );
     e.single(
+        "palisade_enforcer_conntrack_last_cleanup_kernel_dump",
+        "gauge",
+        "1 when the last cleanup read the kernel's whole conntrack table over netlink (--conntrack-ask=dump, a kernel without the lookup kfunc, or idle flows of protocols it does not take; GetEnforcerState's asked_by says which), 0 when it asked by lookups only.",
+        u64::from(c.last.dumped),
+    );
+    e.single(
         "palisade_enforcer_conntrack_last_cleanup_kept",
         "gauge",
         "eBPF conntrack entries the last cleanup kept.",

@@ -178,8 +178,10 @@ fn a_sweep_keeps_live_flows_through_a_vip_and_removes_the_rest() {
         report.asked_by,
         "kernel lookup, and a netlink dump for 1 entries of protocols the lookup does not take"
     );
+    assert!(report.dumped);
     let report = sweep_case("c", || sweep::Asking::with(sweep::AskWith::Dump));
     assert_eq!(report.asked_by, "netlink dump (--conntrack-ask=dump)");
+    assert!(report.dumped);
 }
 
 fn sweep_case(tag: &'static str, asking: fn() -> sweep::Asking) -> sweep::Report {

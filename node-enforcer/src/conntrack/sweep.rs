@@ -43,6 +43,9 @@ pub struct Report {
     /// How the kernel was asked, e.g. `kernel lookup` or `netlink dump
     /// (the kernel's vmlinux BTF has no kfunc …)`.
     pub asked_by: String,
+    /// Whether the pass read the kernel's whole table (a netlink dump),
+    /// whatever the reason.
+    pub dumped: bool,
 }
 
 /// Why a pass must not remove anything. The kernel tracks connections in a
@@ -392,6 +395,7 @@ pub fn sweep(maps: &mut Conntrack) -> Result<Report, String> {
     // belongs to a live (or reused) flow and survives.
     let started = monotonic_ns();
     let asked_by = maps.asking.describe();
+    let mut dumped = matches!(maps.asking, Asking::Dump { .. });
     let (fd4, fd6) = maps.fds();
     let snapshot;
     let (kernel, mut kernel_entries) = match &mut maps.asking {
@@ -427,6 +431,7 @@ pub fn sweep(maps: &mut Conntrack) -> Result<Report, String> {
     })?;
     let mut asked_by = asked_by;
     if !judge.deferred.is_empty() {
+        dumped = true;
         let (set, n) = dump_explained()?;
         kernel_entries = n;
         asked_by = format!(
@@ -463,6 +468,7 @@ pub fn sweep(maps: &mut Conntrack) -> Result<Report, String> {
             .unwrap_or(0),
         skipped: skipped.join("; "),
         asked_by,
+        dumped,
         listed: judge.listing.into_sorted(),
     })
 }
