@@ -70,6 +70,65 @@ fn through_a_vip<T: Send + 'static>(tag: &str, f: impl FnOnce(u16) -> T + Send +
     .unwrap()
 }
 
+/// Sends an ICMP echo to 127.0.0.1 from a raw socket and waits for the
+/// reply, so the namespace's conntrack holds an ICMP entry.
+fn ping_loopback() {
+    // SAFETY: a raw socket owned at once; buffers are owned and their
+    // lengths passed exactly.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP);
+        assert!(fd >= 0, "raw ICMP socket: {}", std::io::Error::last_os_error());
+        let fd = <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd);
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+        // type 8 (echo), code 0, checksum, id 0x1234, seq 1
+        let mut echo = [8u8, 0, 0, 0, 0x12, 0x34, 0, 1];
+        let sum: u32 = echo
+            .chunks(2)
+            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+            .sum();
+        let folded = !(((sum & 0xffff) + (sum >> 16)) as u16);
+        echo[2..4].copy_from_slice(&folded.to_be_bytes());
+        let to = libc::sockaddr_in {
+            sin_family: libc::AF_INET as u16,
+            sin_port: 0,
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes([127, 0, 0, 1]),
+            },
+            sin_zero: [0; 8],
+        };
+        let sent = libc::sendto(
+            raw,
+            echo.as_ptr().cast(),
+            echo.len(),
+            0,
+            (&to as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as u32,
+        );
+        assert_eq!(sent, 8, "{}", std::io::Error::last_os_error());
+        // The raw socket sees our request and then the reply (type 0).
+        let tv = libc::timeval {
+            tv_sec: 5,
+            tv_usec: 0,
+        };
+        libc::setsockopt(
+            raw,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as u32,
+        );
+        let mut buf = [0u8; 128];
+        loop {
+            let n = libc::recv(raw, buf.as_mut_ptr().cast(), buf.len(), 0);
+            assert!(n > 0, "no echo reply: {}", std::io::Error::last_os_error());
+            let ihl = usize::from(buf[0] & 0xf) * 4;
+            if buf[ihl] == 0 {
+                return;
+            }
+        }
+    }
+}
+
 #[test]
 fn a_flow_through_a_vip_is_explained_on_both_sides() {
     let result = through_a_vip("a", |cport| {
@@ -176,7 +235,7 @@ fn a_sweep_keeps_live_flows_through_a_vip_and_removes_the_rest() {
     let report = sweep_case("b", sweep::Asking::best);
     assert_eq!(
         report.asked_by,
-        "kernel lookup, and a netlink dump for 1 entries of protocols the lookup does not take"
+        "kernel lookup, and a netlink dump for 2 entries of protocols the lookup does not take"
     );
     assert!(report.dumped);
     let report = sweep_case("c", || sweep::Asking::with(sweep::AskWith::Dump));
@@ -221,16 +280,22 @@ fn sweep_case(tag: &'static str, asking: fn() -> sweep::Asking) -> sweep::Report
             8,
             OWNER_TO_POD,
         );
-        // A ping nothing explains: the lookup cannot take ICMP.
-        let dead_icmp = CtKey::new(
-            palisade_ebpf::Tuple {
-                proto: 1,
-                ..flow(lo, 0, 0)
-            },
-            8,
-            OWNER_TO_POD,
-        );
-        for k in [live_client, live_backend, dead, dead6, dead_icmp] {
+        // Pings, which the lookup cannot take: one the kernel tracks (an
+        // echo to ourselves just now), one it does not.
+        ping_loopback();
+        let icmp_to = |dst| {
+            CtKey::new(
+                palisade_ebpf::Tuple {
+                    proto: 1,
+                    ..flow(dst, 0, 0)
+                },
+                8,
+                OWNER_TO_POD,
+            )
+        };
+        let live_icmp = icmp_to(lo);
+        let dead_icmp = icmp_to("127.0.0.2".parse().unwrap());
+        for k in [live_client, live_backend, dead, dead6, live_icmp, dead_icmp] {
             map.insert(k, old).unwrap();
         }
         // Used after the sweep starts: a reused 5-tuple.
@@ -243,23 +308,27 @@ fn sweep_case(tag: &'static str, asking: fn() -> sweep::Asking) -> sweep::Report
         let report = sweep::sweep(&mut map).unwrap();
         let left: Vec<CtKey> = map.keys().unwrap();
         let _ = std::fs::remove_dir_all(&pins);
-        (report, (left, [live_client, live_backend, dead, fresh]))
+        (
+            report,
+            (left, [live_client, live_backend, dead, fresh, live_icmp]),
+        )
     });
-    let (left, [live_client, live_backend, dead, fresh]) = left;
+    let (left, [live_client, live_backend, dead, fresh, live_icmp]) = left;
     assert_eq!(
         (report.entries, report.removed, report.kept),
-        (6, 3, 3),
+        (7, 3, 4),
         "{report:?}"
     );
     assert_eq!(report.skipped, "", "{report:?}");
-    assert_eq!(left.len(), 3);
+    assert_eq!(left.len(), 4);
+    assert!(left.contains(&live_icmp), "the tracked ping's entry was removed");
     // The dump's list: every entry, ordered by interface then hook.
     let listed: Vec<(u32, &str, bool)> = report
         .listed
         .iter()
         .map(|e| (e.ifindex, e.hook, e.removed))
         .collect();
-    assert_eq!(listed.len(), 6);
+    assert_eq!(listed.len(), 7);
     assert_eq!(listed[0], (7, "from_pod", false));
     assert!(listed[1..].iter().all(|&(i, h, _)| i == 8 && h == "to_pod"));
     assert_eq!(listed.iter().filter(|e| e.2).count(), 3);
