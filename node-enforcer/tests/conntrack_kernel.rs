@@ -77,7 +77,11 @@ fn ping_loopback() {
     // lengths passed exactly.
     unsafe {
         let fd = libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP);
-        assert!(fd >= 0, "raw ICMP socket: {}", std::io::Error::last_os_error());
+        assert!(
+            fd >= 0,
+            "raw ICMP socket: {}",
+            std::io::Error::last_os_error()
+        );
         let fd = <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd);
         let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
         // type 8 (echo), code 0, checksum, id 0x1234, seq 1
@@ -172,6 +176,28 @@ fn vip_flows(cport: u16) -> [Tuple; 3] {
     [client_side, backend_side, other]
 }
 
+/// A dump of one protocol gets that protocol's entries only (the kernel
+/// filters), and the whole dump gets them all.
+#[test]
+fn a_dump_of_one_protocol_holds_only_it() {
+    let (icmp, udp, all) = through_a_vip("p", |_| {
+        ping_loopback();
+        let protos = |v6, p| {
+            let mut got = Vec::new();
+            kernel::dump_protocol(v6, p, |o, _| got.push(o.proto)).unwrap();
+            got
+        };
+        let mut all = Vec::new();
+        kernel::dump(|o, _| all.push(o.proto)).unwrap();
+        (protos(false, 1), protos(false, 17), all)
+    });
+    assert_eq!(icmp, [1], "{all:?}");
+    assert_eq!(udp, [17], "{all:?}");
+    let mut all = all;
+    all.sort();
+    assert_eq!(all, [1, 17]);
+}
+
 /// The same question through the kernel lookup (the bpf_skb_ct_lookup
 /// kfunc) instead of the dump: both sides of the flow are found, a flow the
 /// kernel lacks is absent, and what the kfunc cannot take is not asked.
@@ -235,7 +261,7 @@ fn a_sweep_keeps_live_flows_through_a_vip_and_removes_the_rest() {
     let report = sweep_case("b", sweep::Asking::best);
     assert_eq!(
         report.asked_by,
-        "kernel lookup, and a netlink dump for 2 entries of protocols the lookup does not take"
+        "kernel lookup, and a netlink dump of IPv4 protocol 1 for 2 entries the lookup does not take"
     );
     assert!(report.dumped);
     let report = sweep_case("c", || sweep::Asking::with(sweep::AskWith::Dump));
@@ -321,7 +347,10 @@ fn sweep_case(tag: &'static str, asking: fn() -> sweep::Asking) -> sweep::Report
     );
     assert_eq!(report.skipped, "", "{report:?}");
     assert_eq!(left.len(), 4);
-    assert!(left.contains(&live_icmp), "the tracked ping's entry was removed");
+    assert!(
+        left.contains(&live_icmp),
+        "the tracked ping's entry was removed"
+    );
     // The dump's list: every entry, ordered by interface then hook.
     let listed: Vec<(u32, &str, bool)> = report
         .listed

@@ -379,6 +379,10 @@ impl<K> Scratch<K> {
     }
 }
 
+/// Most protocols the lookup cannot take that a pass dumps one by one;
+/// beyond, one dump of everything costs less than a walk per protocol.
+const MAX_FILTERED_DUMPS: usize = 2;
+
 /// Reads the kernel's whole table into a set of explained flows.
 fn dump_explained() -> Result<(Explained, usize), String> {
     let hint = kernel_count_hint();
@@ -432,12 +436,45 @@ pub fn sweep(maps: &mut Conntrack) -> Result<Report, String> {
     let mut asked_by = asked_by;
     if !judge.deferred.is_empty() {
         dumped = true;
-        let (set, n) = dump_explained()?;
-        kernel_entries = n;
-        asked_by = format!(
-            "{asked_by}, and a netlink dump for {} entries of protocols the lookup does not take",
-            judge.deferred.len()
-        );
+        // (IPv6, protocol) of each kind of deferred entry.
+        let mut protos: Vec<(bool, u8)> = judge
+            .deferred
+            .iter()
+            .map(|d| (Ct4Key::of(&d.key).is_none(), d.key.proto))
+            .collect();
+        protos.sort_unstable();
+        protos.dedup();
+        let set = if protos.len() <= MAX_FILTERED_DUMPS {
+            // The kernel skips other protocols' entries before building a
+            // message for them: a walk of its table per protocol instead
+            // of a message per entry.
+            let mut collecting = Explained::collect(judge.deferred.len());
+            for &(v6, p) in &protos {
+                kernel::dump_protocol(v6, p, |orig, reply| {
+                    if orig.proto == p {
+                        collecting.add(orig, reply)
+                    }
+                })?;
+            }
+            asked_by = format!(
+                "{asked_by}, and a netlink dump of {} for {} entries the lookup does not take",
+                protos
+                    .iter()
+                    .map(|(v6, p)| format!("IPv{} protocol {p}", if *v6 { 6 } else { 4 }))
+                    .collect::<Vec<_>>()
+                    .join(" and "),
+                judge.deferred.len()
+            );
+            collecting.done()
+        } else {
+            let (set, n) = dump_explained()?;
+            kernel_entries = n;
+            asked_by = format!(
+                "{asked_by}, and a netlink dump for {} entries of protocols the lookup does not take",
+                judge.deferred.len()
+            );
+            set
+        };
         judge.deferred(&set, fd4, fd6);
     }
     maps.kernel_seen_tracking |= judge.found_any || kernel_entries > 0;
