@@ -269,6 +269,53 @@ fn a_sweep_keeps_live_flows_through_a_vip_and_removes_the_rest() {
     assert!(report.dumped);
 }
 
+/// A ping idle for less than the kernel's ICMP timeout is kept unjudged
+/// by a lookup pass (no dump of the kernel's table for it); the dump, which
+/// judges it, removes it, since the kernel has no such flow.
+#[test]
+fn a_ping_idle_a_moment_is_kept_without_a_dump() {
+    for (tag, asking, kept) in [
+        ("r", sweep::Asking::best as fn() -> sweep::Asking, true),
+        ("s", || sweep::Asking::with(sweep::AskWith::Dump), false),
+    ] {
+        let (report, left, ping) = through_a_vip(tag, move |_| {
+            let pins = std::path::Path::new("/sys/fs/bpf")
+                .join(format!("palisade-ct-{tag}-{}", std::process::id()));
+            let _dp = BpfDatapath::load(&pins).unwrap();
+            let mut map = sweep::open_asking(&pins, asking()).unwrap();
+            let ping = CtKey::new(
+                palisade_ebpf::Tuple {
+                    src: "127.0.0.1".parse().unwrap(),
+                    sport: 0,
+                    dst: "127.0.0.9".parse().unwrap(),
+                    dport: 0,
+                    proto: 1,
+                },
+                8,
+                OWNER_TO_POD,
+            );
+            let a_second_ago = CtValue {
+                last_seen_ns: monotonic_ns() - 1_000_000_000,
+                epoch: 1,
+                pad: 0,
+            };
+            map.insert(ping, a_second_ago).unwrap();
+            let report = sweep::sweep(&mut map).unwrap();
+            let left = map.keys().unwrap();
+            let _ = std::fs::remove_dir_all(&pins);
+            (report, left, ping)
+        });
+        assert_eq!(left.contains(&ping), kept, "{report:?}");
+        assert_eq!(report.dumped, !kept, "{report:?}");
+        if kept {
+            assert_eq!(
+                report.asked_by,
+                "kernel lookup; 1 entries the lookup does not take kept unjudged (idle less than 30 s)"
+            );
+        }
+    }
+}
+
 fn sweep_case(tag: &'static str, asking: fn() -> sweep::Asking) -> sweep::Report {
     let (report, left) = through_a_vip(tag, move |cport| {
         let pins = std::path::Path::new("/sys/fs/bpf")

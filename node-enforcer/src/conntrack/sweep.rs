@@ -229,6 +229,12 @@ struct Judge<'a> {
     refused_errno: u8,
     /// Did a lookup find a kernel entry?
     found_any: bool,
+    /// Entries the lookup cannot take are judged (by a dump) only once idle
+    /// this long: before, a kernel entry of theirs almost surely still
+    /// lives, and a dump costs a walk of the kernel's whole table.
+    unasked_min_idle_ns: u64,
+    /// Entries kept unjudged for that reason.
+    held: usize,
     deferred: Vec<Deferred>,
     error: Option<String>,
     /// False: judge and list, remove nothing (see [`SKIPPED_KERNEL_TRACKS_NOTHING`]).
@@ -290,6 +296,11 @@ impl Judge<'_> {
                         Answer::Refused(errno) => {
                             self.refused += 1;
                             self.refused_errno = *errno;
+                        }
+                        Answer::NotAsked
+                            if self.started - values[i].last_seen_ns < self.unasked_min_idle_ns =>
+                        {
+                            self.held += 1;
                         }
                         Answer::NotAsked => {
                             judged[i] = false;
@@ -379,6 +390,19 @@ impl<K> Scratch<K> {
     }
 }
 
+/// How long an entry the lookup cannot take must have been idle before a
+/// pass dumps the kernel's table to judge it: the kernel's ICMP timeout
+/// (ICMP is most of them), which a kernel entry outlives only if packets
+/// refresh it, and each of those refreshes the eBPF entry too. Read from
+/// the current namespace; 30 s (the kernel's default) when unreadable.
+fn unasked_min_idle_ns() -> u64 {
+    std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_icmp_timeout")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(30)
+        .saturating_mul(1_000_000_000)
+}
+
 /// Most protocols the lookup cannot take that a pass dumps one by one;
 /// beyond, one dump of everything costs less than a walk per protocol.
 const MAX_FILTERED_DUMPS: usize = 2;
@@ -421,6 +445,8 @@ pub fn sweep(maps: &mut Conntrack) -> Result<Report, String> {
         refused: 0,
         refused_errno: 0,
         found_any: false,
+        unasked_min_idle_ns: unasked_min_idle_ns(),
+        held: 0,
         deferred: Vec::new(),
         error: None,
         remove: maps.kernel_seen_tracking,
@@ -476,6 +502,13 @@ pub fn sweep(maps: &mut Conntrack) -> Result<Report, String> {
             set
         };
         judge.deferred(&set, fd4, fd6);
+    }
+    if judge.held > 0 {
+        asked_by = format!(
+            "{asked_by}; {} entries the lookup does not take kept unjudged (idle less than {} s)",
+            judge.held,
+            judge.unasked_min_idle_ns / 1_000_000_000
+        );
     }
     maps.kernel_seen_tracking |= judge.found_any || kernel_entries > 0;
     if let Some(e) = judge.error {
