@@ -267,7 +267,7 @@ impl Judge<'_> {
         wide.extend(keys.iter().map(widen));
         tuples.clear();
         tuples.extend(wide.iter().map(tuple_of));
-        // None: judged later, against a dump.
+        // false: judged after the maps are read, against a dump.
         let mut judged = vec![true; keys.len()];
         match &mut self.kernel {
             Kernel::Snapshot(set) => set.explains_each(tuples, explained),
