@@ -112,7 +112,7 @@ fn run(n: usize, only: Option<&'static str>) -> Vec<Row> {
                 if only.is_some_and(|m| m != method) {
                     continue;
                 }
-                let mut maps = sweep::open_asking(&pins, asking(method)).unwrap();
+                let mut maps = sweep::open(&pins, asking(method)).unwrap();
                 fill(&mut maps, n, &flow);
                 if method == "lookup_icmp" {
                     let ping = flow(0);

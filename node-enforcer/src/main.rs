@@ -260,7 +260,7 @@ async fn run(args: Args) -> Result<(), String> {
         handle.clone(),
     )
     .await?;
-    let mut conntrack = node_enforcer::conntrack::sweep::open_asking(
+    let mut conntrack = node_enforcer::conntrack::sweep::open(
         &args.pin_root,
         node_enforcer::conntrack::sweep::Asking::with(args.conntrack_ask),
     )?;

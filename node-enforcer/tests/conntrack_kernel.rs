@@ -282,7 +282,7 @@ fn a_ping_idle_a_moment_is_kept_without_a_dump() {
             let pins = std::path::Path::new("/sys/fs/bpf")
                 .join(format!("palisade-ct-{tag}-{}", std::process::id()));
             let _dp = BpfDatapath::load(&pins).unwrap();
-            let mut map = sweep::open_asking(&pins, asking()).unwrap();
+            let mut map = sweep::open(&pins, asking()).unwrap();
             let ping = CtKey::new(
                 palisade_ebpf::Tuple {
                     src: "127.0.0.1".parse().unwrap(),
@@ -321,7 +321,7 @@ fn sweep_case(tag: &'static str, asking: fn() -> sweep::Asking) -> sweep::Report
         let pins = std::path::Path::new("/sys/fs/bpf")
             .join(format!("palisade-ct-{tag}-{}", std::process::id()));
         let _dp = BpfDatapath::load(&pins).unwrap();
-        let mut map = sweep::open_asking(&pins, asking()).unwrap();
+        let mut map = sweep::open(&pins, asking()).unwrap();
         let lo: std::net::IpAddr = "127.0.0.1".parse().unwrap();
         let vip: std::net::IpAddr = "10.96.0.10".parse().unwrap();
         let flow = |dst, dport, sport| palisade_ebpf::Tuple {

@@ -8,8 +8,8 @@
 //! dump of its whole table ([`super::kernel`]). Lookups cost a hash probe
 //! per idle eBPF entry; the dump costs ~1.8 µs per kernel entry, however
 //! few eBPF entries there are. Flows the lookup cannot take (neither TCP
-//! nor UDP) are judged against a dump at the end of the pass, which is
-//! taken only when such flows are idle.
+//! nor UDP) are judged at the end of the pass against a dump of their
+//! family and protocol, once idle longer than the kernel's ICMP timeout.
 
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::Path;
@@ -178,13 +178,8 @@ fn open_map<K: aya::Pod>(
     HashMap::try_from(map).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Opens the pinned maps; asks the kernel by lookups when it can
-/// ([`Asking::best`]).
-pub fn open(pin_root: &Path) -> Result<Conntrack, String> {
-    open_asking(pin_root, Asking::best())
-}
-
-pub fn open_asking(pin_root: &Path, asking: Asking) -> Result<Conntrack, String> {
+/// Opens the pinned maps; passes will ask the kernel by `asking`.
+pub fn open(pin_root: &Path, asking: Asking) -> Result<Conntrack, String> {
     Ok(Conntrack {
         v4: open_map(pin_root, MAP_CT4)?,
         v6: open_map(pin_root, MAP_CONNTRACK)?,
