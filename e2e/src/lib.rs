@@ -39,6 +39,7 @@ pub mod process;
 pub mod realized;
 pub mod report;
 pub mod runner;
+pub mod runtime;
 pub mod scenario;
 pub mod sctp;
 pub mod service;
