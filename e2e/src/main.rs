@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use palisade_e2e::preflight::{Missing, NotRoot};
+use palisade_e2e::runtime::PodRuntime;
 use palisade_e2e::scenario::Mode;
 use palisade_e2e::{run_scenario, Cancel, Interrupted, Lab, LabConfig, Scenario};
 
@@ -51,6 +52,11 @@ enum Cmd {
         /// no lab, milliseconds; refuses what it cannot judge).
         #[arg(long, default_value = "datapath", value_parser = ["datapath", "model"])]
         engine: String,
+        /// Who starts the pods, over the scenario's `runtime:` (lab: the
+        /// lab runs the CNI chain itself; containerd: a containerd per node
+        /// over CRI).
+        #[arg(long, value_parser = ["lab", "containerd"])]
+        runtime: Option<String>,
     },
     /// Pod-up benchmark: start PODS pods, PARALLEL at a time, through the
     /// real CNI chain and enforcer; print the palisade-cni ADD time (exec to
@@ -81,6 +87,9 @@ enum Cmd {
         cni_bin_dir: PathBuf,
         #[arg(long, default_value_t = 30)]
         realize_timeout: u64,
+        /// As for `run`.
+        #[arg(long, value_parser = ["lab", "containerd"])]
+        runtime: Option<String>,
     },
     /// Check a scenario file without building anything.
     Validate { scenario: PathBuf },
@@ -145,6 +154,7 @@ fn main() -> ExitCode {
             realize_timeout,
             baseline,
             engine,
+            runtime,
         } => {
             if engine == "model" {
                 return ExitCode::from(run_model(&scenario));
@@ -159,13 +169,14 @@ fn main() -> ExitCode {
             if let Some(dir) = bin_dir {
                 config.bin_dir = dir;
             }
-            ExitCode::from(run(&scenario, config, false))
+            ExitCode::from(run(&scenario, config, runtime_arg(runtime), false))
         }
         Cmd::Up {
             scenario,
             bin_dir,
             cni_bin_dir,
             realize_timeout,
+            runtime,
         } => {
             let mut config = LabConfig {
                 cni_bin_dir,
@@ -175,7 +186,7 @@ fn main() -> ExitCode {
             if let Some(dir) = bin_dir {
                 config.bin_dir = dir;
             }
-            ExitCode::from(run(&scenario, config, true))
+            ExitCode::from(run(&scenario, config, runtime_arg(runtime), true))
         }
     }
 }
@@ -207,7 +218,17 @@ fn run_model(path: &std::path::Path) -> u8 {
 
 /// `run`, or with `stay_up` (`up`): after the scenario, print how to reach
 /// the lab and wait for a signal before cleaning up.
-fn run(path: &std::path::Path, config: LabConfig, stay_up: bool) -> u8 {
+/// A `--runtime` value (clap has checked it).
+fn runtime_arg(r: Option<String>) -> Option<PodRuntime> {
+    r.as_deref().and_then(PodRuntime::parse)
+}
+
+fn run(
+    path: &std::path::Path,
+    config: LabConfig,
+    runtime: Option<PodRuntime>,
+    stay_up: bool,
+) -> u8 {
     if !nix::unistd::geteuid().is_root() {
         eprintln!("palisade-lab: {NotRoot}");
         return EXIT_CANNOT_RUN;
@@ -219,7 +240,10 @@ fn run(path: &std::path::Path, config: LabConfig, stay_up: bool) -> u8 {
             return EXIT_CANNOT_RUN;
         }
     };
-    let config = config.for_scenario(&scenario);
+    let mut config = config.for_scenario(&scenario);
+    if let Some(r) = runtime {
+        config.runtime = r;
+    }
     let signalled = watch_signals(config.cancel.clone());
     let keep_logs = config.keep_logs;
     let mut lab = match Lab::start(config) {

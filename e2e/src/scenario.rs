@@ -565,6 +565,9 @@ pub struct Scenario {
     /// `None`: the enforcer gets no `--mode` flag (its own default).
     pub mode: Option<Mode>,
     pub cni: CniKind,
+    /// `runtime:`, who starts the pods; `None`: the lab's default (its own
+    /// CNI runs), or what the command line or test asks for.
+    pub runtime: Option<crate::runtime::PodRuntime>,
     /// `None`: the enforcer gets no `--pod-up-deadline-ms` flag.
     pub pod_up_deadline: Option<Duration>,
     /// Sysctls of the node's namespace (e.g. short kernel conntrack
@@ -589,6 +592,7 @@ pub struct Scenario {
 struct RawScenario {
     mode: Option<String>,
     cni: Option<String>,
+    runtime: Option<String>,
     pod_up_deadline_ms: Option<i64>,
     #[serde(default)]
     node_sysctls: BTreeMap<String, Value>,
@@ -673,6 +677,15 @@ impl Scenario {
             None => CniKind::default(),
             Some(c) => CniKind::parse(c)
                 .ok_or_else(|| anyhow!("cni: expected ptp or bridge, got {c:?}"))?,
+        };
+        let runtime = match raw.runtime.as_deref() {
+            None => None,
+            Some(r) => Some(crate::runtime::PodRuntime::parse(r).ok_or_else(|| {
+                anyhow!(
+                    "runtime: expected {}, got {r:?}",
+                    crate::runtime::PodRuntime::NAMES
+                )
+            })?),
         };
         let pod_up_deadline = match raw.pod_up_deadline_ms {
             None => None,
@@ -781,6 +794,7 @@ impl Scenario {
         let scenario = Self {
             mode,
             cni,
+            runtime,
             pod_up_deadline,
             node_sysctls,
             conntrack_cleanup_secs,

@@ -122,6 +122,7 @@ impl Lab {
                                 attachment: Some(attachment),
                                 ports: Vec::new(),
                                 listeners: Listeners::default(),
+                                cri: None,
                             },
                         );
                     }

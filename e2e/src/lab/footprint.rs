@@ -13,6 +13,8 @@ pub struct Footprint {
     pub pin_roots: Vec<PathBuf>,
     pub pids: Vec<u32>,
     pub run_dir: PathBuf,
+    /// The lab's cgroup (runtime: containerd), in every hierarchy.
+    pub cgroups: Vec<String>,
 }
 
 impl Footprint {
@@ -48,6 +50,11 @@ impl Footprint {
         for pid in &self.pids {
             if process::is_alive(*pid) {
                 left.push(format!("process {pid}"));
+            }
+        }
+        for cg in &self.cgroups {
+            for dir in crate::runtime::cgroups::existing(cg) {
+                left.push(format!("cgroup {}", dir.display()));
             }
         }
         let logs_only = std::fs::read_dir(&self.run_dir)

@@ -10,6 +10,7 @@
 
 mod bench;
 mod conntrack;
+mod cri_pods;
 mod dump;
 mod faults;
 mod flow_logs;
@@ -33,6 +34,7 @@ use crate::manifests::Manifests;
 use crate::netns::NetNs;
 use crate::preflight;
 use crate::process::{self, Daemon};
+use crate::runtime::PodRuntime;
 use crate::scenario::{CniKind, FlowLogMode, Mode, Object, ObjectKey, PodName};
 use crate::sweep::{OWNER_FILE, PIDS_FILE};
 
@@ -75,6 +77,8 @@ pub struct LabConfig {
     pub pod_up_deadline: Option<Duration>,
     /// The plugin Palisade is chained after.
     pub cni: CniKind,
+    /// Who starts the pods: the lab itself, or a containerd per node.
+    pub runtime: PodRuntime,
     /// Sysctls of the node's namespace, set when it is made (they go with
     /// it): e.g. short kernel conntrack timeouts.
     pub node_sysctls: Vec<(String, String)>,
@@ -111,6 +115,7 @@ impl Default for LabConfig {
             mode: None,
             pod_up_deadline: None,
             cni: CniKind::Ptp,
+            runtime: PodRuntime::Lab,
             node_sysctls: Vec::new(),
             conntrack_cleanup_secs: None,
             otlp_listener: false,
@@ -122,13 +127,14 @@ impl Default for LabConfig {
 
 impl LabConfig {
     /// Takes the scenario's top-level settings: nodes, mode, pod-up
-    /// deadline, CNI, flow logs.
+    /// deadline, CNI, runtime (when it names one), flow logs.
     pub fn for_scenario(self, scenario: &crate::scenario::Scenario) -> Self {
         Self {
             nodes: scenario.nodes as usize,
             mode: scenario.mode,
             pod_up_deadline: scenario.pod_up_deadline,
             cni: scenario.cni,
+            runtime: scenario.runtime.unwrap_or(self.runtime),
             node_sysctls: scenario.node_sysctls.clone(),
             conntrack_cleanup_secs: scenario.conntrack_cleanup_secs,
             flow_log: scenario.flow_logs,
@@ -195,6 +201,12 @@ impl Lab {
     /// built is removed before the error is returned.
     pub fn start(config: LabConfig) -> Result<Lab> {
         preflight::check(&config.bin_dir, &config.cni_bin_dir, config.with_palisade)?;
+        if config.runtime == PodRuntime::Containerd {
+            let missing = crate::runtime::containerd::missing(&config.cni_bin_dir);
+            if !missing.is_empty() {
+                return Err(preflight::Missing(missing).into());
+            }
+        }
         if !(1..=MAX_NODES).contains(&config.nodes) {
             bail!("nodes: {} is out of range (1-{MAX_NODES})", config.nodes);
         }
@@ -274,6 +286,11 @@ impl Lab {
                 if i != j {
                     node::route_to(n.ns(), &other.pod_subnet, j)?;
                 }
+            }
+        }
+        if self.config.runtime == PodRuntime::Containerd {
+            for i in 0..self.nodes.len() {
+                self.start_containerd(i)?;
             }
         }
         if !self.config.with_palisade {
@@ -411,6 +428,10 @@ impl Lab {
             pin_roots: self.nodes.iter().map(|n| n.pin_root.clone()).collect(),
             pids: self.made_pids.clone(),
             run_dir: self.run_dir.clone(),
+            cgroups: match self.config.runtime {
+                PodRuntime::Containerd => vec![crate::runtime::cgroups::lab_cgroup(&self.id)],
+                PodRuntime::Lab => Vec::new(),
+            },
         }
     }
 
@@ -423,6 +444,7 @@ impl Lab {
                 n.enforcer_log.clone(),
                 n.second_log.clone(),
                 n.cni.log.clone(),
+                n.containerd_log.clone(),
             ]);
         }
         for path in paths {
@@ -476,6 +498,7 @@ impl Lab {
                 errors.push(format!("{e:#}"));
             }
         }
+        errors.extend(self.stop_containerds());
         for d in self
             .nodes
             .iter_mut()

@@ -19,6 +19,7 @@ use crate::cni::{lab_chain, CniChain};
 use crate::netns::NetNs;
 use crate::preflight::BPFFS;
 use crate::process::Daemon;
+use crate::runtime::containerd::Containerd;
 
 use super::LabConfig;
 
@@ -55,6 +56,10 @@ pub(super) struct LabNode {
     pub(super) enforcer_id: Option<String>,
     /// The nft script in force in the node (None: the lab made no table).
     pub(super) nat_script: Option<String>,
+    /// The node's containerd, with `runtime: containerd`.
+    pub(super) containerd: Option<Containerd>,
+    pub(super) containerd_dir: PathBuf,
+    pub(super) containerd_log: PathBuf,
 }
 
 impl LabNode {
@@ -116,6 +121,9 @@ impl LabNode {
             second_enforcer: None,
             enforcer_id: None,
             nat_script: None,
+            containerd: None,
+            containerd_dir: run_dir.join(format!("containerd{sfx}")),
+            containerd_log: log_dir.join(format!("containerd{sfx}.log")),
         })
     }
 

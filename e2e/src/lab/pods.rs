@@ -12,6 +12,7 @@ use super::Lab;
 use crate::cni::{Attachment, Sandbox};
 use crate::listener::{self, Listeners};
 use crate::netns::NetNs;
+use crate::runtime::PodRuntime;
 use crate::scenario::{Kind, Object, ObjectKey, PodName, ServedPort};
 
 pub(super) struct LabPod {
@@ -20,6 +21,9 @@ pub(super) struct LabPod {
     pub(super) attachment: Option<Attachment>,
     pub(super) ports: Vec<ServedPort>,
     pub(super) listeners: Listeners,
+    /// Set when containerd made the sandbox (`sandbox.container_id` is its
+    /// id, `netns` its namespace): the lab removes it over CRI.
+    pub(super) cri: Option<super::cri_pods::CriPod>,
 }
 
 impl Lab {
@@ -155,6 +159,9 @@ impl Lab {
         let node = self
             .pod_node(pod)
             .ok_or_else(|| anyhow!("pod {pod} was not placed on a node"))?;
+        if self.config.runtime == PodRuntime::Containerd {
+            return self.add_pod_cri(pod, object, node);
+        }
         let index = self.next_pod;
         self.next_pod += 1;
         let ns_name = format!("pl{}-p{index}", self.id);
@@ -184,13 +191,14 @@ impl Lab {
                 attachment: Some(attachment),
                 ports: Vec::new(),
                 listeners: Listeners::default(),
+                cri: None,
             },
         );
         self.manifests.write(object.key(), &manifest)?;
         self.restart_listeners(pod, object.ports())
     }
 
-    fn restart_listeners(&mut self, pod: &PodName, ports: &[ServedPort]) -> Result<()> {
+    pub(super) fn restart_listeners(&mut self, pod: &PodName, ports: &[ServedPort]) -> Result<()> {
         let handle = self.rt().handle().clone();
         let p = self
             .pods
@@ -252,6 +260,9 @@ impl Lab {
     }
 
     pub(super) fn teardown_pod(&self, pod: LabPod) -> Result<()> {
+        if pod.cri.is_some() {
+            return self.teardown_pod_cri(pod);
+        }
         let mut errors = Vec::new();
         let node = self
             .pod_node(&pod.sandbox.pod)
@@ -318,7 +329,7 @@ impl Lab {
 
 /// The pod as the API server would show it once scheduled to the node
 /// (`ips` = None) or running with its addresses.
-fn pod_manifest(object: &Object, node: &str, ips: Option<&[IpAddr]>) -> Value {
+pub(super) fn pod_manifest(object: &Object, node: &str, ips: Option<&[IpAddr]>) -> Value {
     let mut body = object.body().clone();
     body["spec"]["nodeName"] = node.into();
     body["status"] = match ips {

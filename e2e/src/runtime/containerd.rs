@@ -73,14 +73,12 @@ pub fn config_toml(layout: &Layout) -> String {
 version = 2
 root = {root}
 state = {state}
-# Snapshotters the lab does not use, and the v1 runtime (its state would be
-# outside the lab's dirs).
+# Snapshotters the lab does not use.
 disabled_plugins = [
   "io.containerd.snapshotter.v1.aufs",
   "io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.zfs",
   "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.runtime.v1.linux",
 ]
 
 [grpc]
@@ -91,6 +89,11 @@ disabled_plugins = [
 
 [plugins."io.containerd.internal.v1.opt"]
   path = {opt}
+
+# Unused (sandboxes run on the v2 shim), but the tasks service of 1.6 needs
+# it loaded; its runc root is kept under the lab too.
+[plugins."io.containerd.runtime.v1.linux"]
+  runtime_root = {runc_v1_root}
 
 [{cri}]
   sandbox_image = {image}
@@ -130,6 +133,7 @@ disabled_plugins = [
         image = toml_string(PAUSE_IMAGE),
         snapshotter = SNAPSHOTTER,
         runc_root = d(layout.dir.join("runc")),
+        runc_v1_root = d(layout.dir.join("runc-v1")),
         cni_bin = d(layout.cni_bin_dir()),
         cni_conf = d(layout.cni_conf_dir()),
         certs = d(layout.dir.join("certs.d")),
@@ -368,6 +372,27 @@ impl Containerd {
         }
         Ok(())
     }
+}
+
+/// What the machine lacks to run a lab node's containerd (apt: containerd,
+/// runc; the CRI plugin also runs the `loopback` CNI plugin).
+pub fn missing(cni_bin_dir: &Path) -> Vec<String> {
+    let path = with_sbin(std::env::var_os("PATH"));
+    let mut out = Vec::new();
+    for bin in [CONTAINERD_BIN, CTR_BIN, "containerd-shim-runc-v2", "runc"] {
+        if !std::env::split_paths(&path).any(|d| d.join(bin).is_file()) {
+            out.push(format!(
+                "{bin} (runtime: containerd; Debian: apt-get install containerd runc)"
+            ));
+        }
+    }
+    if !cni_bin_dir.join("loopback").is_file() {
+        out.push(format!(
+            "{}/loopback (containerd runs it for every sandbox; Debian: containernetworking-plugins)",
+            cni_bin_dir.display()
+        ));
+    }
+    out
 }
 
 /// A refused RunPodSandbox, naming the plugin when the CNI chain failed.
