@@ -623,9 +623,41 @@ struct RawStep {
     #[serde(default)]
     reachability: Vec<crate::netpol::RawMatrix>,
     #[serde(default)]
-    label: Vec<RawLabel>,
+    label: RawLabels,
     #[serde(default)]
     dump: Vec<RawDumpCheck>,
+}
+
+/// A step's `label:`: one change (a mapping, as `kubectl label` users
+/// write it) or a list of them.
+#[derive(Default)]
+struct RawLabels(Vec<RawLabel>);
+
+impl<'de> Deserialize<'de> for RawLabels {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let one =
+            |v: serde_yaml::Value| serde_yaml::from_value::<RawLabel>(v).map_err(D::Error::custom);
+        match serde_yaml::Value::deserialize(d)? {
+            serde_yaml::Value::Sequence(list) => list
+                .into_iter()
+                .enumerate()
+                .map(|(j, v)| one(v).map_err(|e| D::Error::custom(format_args!("label[{j}]: {e}"))))
+                .collect::<Result<_, _>>()
+                .map(RawLabels),
+            v @ serde_yaml::Value::Mapping(_) => Ok(RawLabels(vec![one(v)?])),
+            serde_yaml::Value::Null => Ok(RawLabels::default()),
+            other => Err(D::Error::custom(format_args!(
+                "label: expected a mapping (kind, namespace, name, labels) or a list of them, got {}",
+                match other {
+                    serde_yaml::Value::String(_) => "a string",
+                    serde_yaml::Value::Number(_) => "a number",
+                    serde_yaml::Value::Bool(_) => "a boolean",
+                    _ => "something else",
+                }
+            ))),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -759,6 +791,7 @@ impl Scenario {
                 .collect::<Result<Vec<_>>>()?;
             let labels = step
                 .label
+                .0
                 .into_iter()
                 .enumerate()
                 .map(|(j, l)| parse_label(l).with_context(|| format!("{at}.label[{j}]")))
@@ -901,7 +934,7 @@ impl Scenario {
                     let svc = services.services.get(&to.key()).ok_or_else(|| {
                         anyhow!("{at}.probes[{j}].to: service {to} does not exist at this step")
                     })?;
-                    if svc.cluster_ip.is_none() {
+                    if svc.headless {
                         bail!("{at}.probes[{j}].to: service {to} is headless (clusterIP: None); probe its pods");
                     }
                     if svc.port(probe.port, probe.protocol).is_none() {
@@ -1261,8 +1294,10 @@ steps:
         );
         let e = err(&SERVICES.replace("to: svc/x/web, port: 80", "to: svc/x/web, port: 8080"));
         assert!(e.contains("has no TCP port 8080"), "{e}");
-        let e = err(&SERVICES.replace("clusterIP: 10.96.0.10, ", ""));
-        assert!(e.contains("spec.clusterIP: missing"), "{e}");
+        // No clusterIP: the lab allocates one, as the API server does, and
+        // probes may name the Service.
+        let s = Scenario::from_yaml(&SERVICES.replace("clusterIP: 10.96.0.10, ", "")).unwrap();
+        assert_eq!(s.steps[0].probes[0].to.to_string(), "svc/x/web");
         let e = err(&SERVICES.replace("10.96.0.11", "10.96.0.10"));
         assert!(e.contains("clusterIP 10.96.0.10 is already"), "{e}");
         let e = err(&format!("cni: bridge\n{SERVICES}"));
@@ -1373,5 +1408,32 @@ steps:
             e.contains("steps[1]") && e.contains("x/d does not exist"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_label_step_may_be_one_mapping_or_a_list() {
+        let base = "objects:\n  - {kind: Namespace, metadata: {name: x}}\n  - {kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: [{name: c}]}}\nsteps:\n";
+        let one = Scenario::from_yaml(&format!(
+            "{base}  - label: {{kind: Pod, namespace: x, name: a, labels: {{app: z}}}}\n"
+        ))
+        .unwrap();
+        let list = Scenario::from_yaml(&format!(
+            "{base}  - label: [{{kind: Pod, namespace: x, name: a, labels: {{app: z}}}}]\n"
+        ))
+        .unwrap();
+        assert_eq!(one.steps[0].labels, list.steps[0].labels);
+        assert_eq!(one.steps[0].labels[0].1["app"], "z");
+        let e = err(&format!(
+            "{base}  - label: {{kind: Pod, namespace: x, name: a, labelz: {{app: z}}}}\n"
+        ));
+        assert!(e.contains("unknown field `labelz`"), "{e}");
+        let e = err(&format!("{base}  - label: [{{kind: Pod, name: a}}]\n"));
+        assert!(e.contains("label[0]") && e.contains("labels"), "{e}");
+        let e = err(&format!("{base}  - label: app=z\n"));
+        assert!(e.contains("expected a mapping"), "{e}");
+        let e = err(&format!(
+            "{base}  - label: {{kind: Pod, namespace: x, name: b, labels: {{app: z}}}}\n"
+        ));
+        assert!(e.contains("label[0]: Pod x/b does not exist"), "{e}");
     }
 }

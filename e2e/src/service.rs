@@ -6,13 +6,18 @@
 //! Everything here is pure; `nat.rs` turns the result into nftables rules and
 //! the lab installs them in the node's namespace.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 
 use crate::scenario::{ObjectKey, Protocol, ServiceRef};
+
+/// The lab's Service range (the API server's --service-cluster-ip-range,
+/// kubeadm's default): explicit ClusterIPs must be in it, and Services
+/// without one get theirs from it.
+pub const SERVICE_CIDR: &str = "10.96.0.0/12";
 
 /// The label that ties an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -35,8 +40,12 @@ pub struct ServicePort {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServiceSpec {
     pub service: ServiceRef,
-    /// None: headless (`clusterIP: None`), nothing to translate.
+    /// The address to translate. None: headless (see `headless`), or not
+    /// allocated yet (the scenario gave none; the lab allocates one when
+    /// it creates the Service, as the API server does).
     pub cluster_ip: Option<Ipv4Addr>,
+    /// `clusterIP: None`: never an address, nothing to translate.
+    pub headless: bool,
     pub ports: Vec<ServicePort>,
     /// None: backends come from the scenario's EndpointSlices.
     pub selector: Option<BTreeMap<String, String>>,
@@ -67,20 +76,27 @@ impl ServiceSpec {
                 bail!("spec.type: only ClusterIP Services are supported by the lab, got {t}");
             }
         }
+        let headless = spec.get("clusterIP").and_then(Value::as_str) == Some("None");
         let cluster_ip = match spec.get("clusterIP") {
-            None => bail!(
-                "spec.clusterIP: missing; the lab allocates no addresses, give one (e.g. 10.96.0.10) or None for a headless Service"
-            ),
+            None => None,
             Some(Value::String(s)) if s == "None" => None,
             Some(Value::String(s)) => match s.parse::<IpAddr>() {
+                Ok(IpAddr::V4(ip)) if !ip.is_unspecified() && !service_range().contains(&ip) => {
+                    bail!("spec.clusterIP: {ip} is not in the lab's Service range {SERVICE_CIDR}")
+                }
                 Ok(IpAddr::V4(ip)) if !ip.is_unspecified() => Some(ip),
                 Ok(IpAddr::V4(_)) => bail!("spec.clusterIP: 0.0.0.0 is not an address"),
-                Ok(IpAddr::V6(_)) => bail!("spec.clusterIP: {s} is IPv6; the lab's Services are IPv4"),
+                Ok(IpAddr::V6(_)) => {
+                    bail!("spec.clusterIP: {s} is IPv6; the lab's Services are IPv4")
+                }
                 Err(_) => bail!("spec.clusterIP: {s:?} is not an IPv4 address or None"),
             },
             Some(other) => bail!("spec.clusterIP: expected a string, got {other}"),
         };
         if let Some(ips) = spec.get("clusterIPs") {
+            if !spec.contains_key("clusterIP") {
+                bail!("spec.clusterIPs: given without spec.clusterIP; give both, or neither for an allocated address");
+            }
             let want = spec["clusterIP"].clone();
             if ips.as_array().map(|a| a.as_slice()) != Some(std::slice::from_ref(&want)) {
                 bail!("spec.clusterIPs: must be [clusterIP] (the lab's Services are single-stack), got {ips}");
@@ -106,7 +122,7 @@ impl ServiceSpec {
             .ok_or_else(|| anyhow!("spec.ports: missing"))?
             .as_array()
             .ok_or_else(|| anyhow!("spec.ports: expected a list"))?;
-        if list.is_empty() && cluster_ip.is_some() {
+        if list.is_empty() && !headless {
             bail!("spec.ports: a Service with a ClusterIP needs at least one port");
         }
         let mut ports: Vec<ServicePort> = Vec::new();
@@ -133,6 +149,7 @@ impl ServiceSpec {
         Ok(Self {
             service,
             cluster_ip,
+            headless,
             ports,
             selector,
         })
@@ -201,6 +218,38 @@ fn protocol_of(v: Option<&Value>) -> Result<Protocol> {
         }
         Some(_) => bail!("protocol: expected TCP or UDP, got {}", v.unwrap()),
     }
+}
+
+fn service_range() -> ipnet::Ipv4Net {
+    SERVICE_CIDR.parse().expect("SERVICE_CIDR is a CIDR")
+}
+
+/// How many addresses at the bottom of the range are kept for Services
+/// that name their ClusterIP, as the API server keeps them (KEP 3070):
+/// range size / 16, at least 16, at most 256.
+fn static_band(size: u64) -> u64 {
+    (size / 16).clamp(16, 256).min(size)
+}
+
+/// A free ClusterIP for a new Service, as the API server's allocator picks
+/// one: never one in `used`, never the range's network or broadcast
+/// address, from above the static band first (the lowest free one there:
+/// the lab is deterministic where the API server is random), then from
+/// the band. None: the range is full.
+pub fn allocate_cluster_ip(used: &BTreeSet<Ipv4Addr>) -> Option<Ipv4Addr> {
+    allocate_in(service_range(), used)
+}
+
+fn allocate_in(range: ipnet::Ipv4Net, used: &BTreeSet<Ipv4Addr>) -> Option<Ipv4Addr> {
+    let base = u32::from(range.network()) as u64 + 1;
+    let size = (1u64 << (32 - range.prefix_len())) - 2;
+    let band = static_band(size);
+    let pick = |from: u64, to: u64| {
+        (from..to)
+            .map(|i| Ipv4Addr::from((base + i) as u32))
+            .find(|ip| !used.contains(ip))
+    };
+    pick(band, size).or_else(|| pick(0, band))
 }
 
 /// Refuses a set of Services and EndpointSlices the lab cannot realise:
@@ -534,7 +583,6 @@ mod tests {
     #[test]
     fn service_fields_are_validated_by_name() {
         let e = |y: &str| format!("{:#}", svc(y).unwrap_err());
-        assert!(e("{spec: {ports: [{port: 80}]}}").contains("spec.clusterIP: missing"));
         assert!(e("{spec: {clusterIP: fd00::1, ports: [{port: 80}]}}").contains("IPv6"));
         assert!(
             e("{spec: {clusterIP: 10.96.0.1, ports: [{port: 80, protocol: SCTP}]}}")
@@ -559,6 +607,45 @@ mod tests {
             svc("{spec: {clusterIP: 10.96.0.1, ports: [{port: 80, targetPort: http}]}}").unwrap();
         assert_eq!(s.ports[0].target, TargetPort::Name("http".into()));
         assert_eq!(s.selector, None);
+    }
+
+    #[test]
+    fn a_missing_cluster_ip_is_to_be_allocated_and_explicit_ones_are_in_range() {
+        let s = svc("{spec: {selector: {app: b}, ports: [{port: 80}]}}").unwrap();
+        assert_eq!((s.cluster_ip, s.headless), (None, false));
+        let s = svc("{spec: {clusterIP: None, ports: []}}").unwrap();
+        assert_eq!((s.cluster_ip, s.headless), (None, true));
+        let e = |y: &str| format!("{:#}", svc(y).unwrap_err());
+        assert!(e("{spec: {ports: []}}").contains("at least one port"));
+        assert!(e("{spec: {clusterIP: 10.0.0.1, ports: [{port: 80}]}}")
+            .contains("spec.clusterIP: 10.0.0.1 is not in the lab's Service range 10.96.0.0/12"));
+        assert!(e("{spec: {clusterIPs: [10.96.0.1], ports: [{port: 80}]}}")
+            .contains("spec.clusterIPs: given without spec.clusterIP"));
+    }
+
+    #[test]
+    fn allocation_skips_the_static_band_and_what_is_taken() {
+        let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        let none = BTreeSet::new();
+        // 10.96.0.0/12: 256 addresses after the network address are kept
+        // for Services that name theirs.
+        assert_eq!(allocate_cluster_ip(&none), Some(ip("10.96.1.1")));
+        let taken: BTreeSet<Ipv4Addr> = [ip("10.96.1.1"), ip("10.96.1.2")].into();
+        assert_eq!(allocate_cluster_ip(&taken), Some(ip("10.96.1.3")));
+        // A /24: a band of 16; once the rest is full, the band is used.
+        let small: ipnet::Ipv4Net = "10.96.0.0/24".parse().unwrap();
+        assert_eq!(allocate_in(small, &none), Some(ip("10.96.0.17")));
+        let upper: BTreeSet<Ipv4Addr> = (17..=254).map(|h| Ipv4Addr::new(10, 96, 0, h)).collect();
+        assert_eq!(allocate_in(small, &upper), Some(ip("10.96.0.1")));
+        let all: BTreeSet<Ipv4Addr> = (1..=254).map(|h| Ipv4Addr::new(10, 96, 0, h)).collect();
+        assert_eq!(
+            allocate_in(small, &all),
+            None,
+            "never the broadcast address"
+        );
+        assert_eq!(static_band(1 << 20), 256);
+        assert_eq!(static_band(100), 16);
+        assert_eq!(static_band(10), 10);
     }
 
     #[test]

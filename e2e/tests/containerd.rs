@@ -16,7 +16,9 @@ use palisade_e2e::runtime::PodRuntime;
 use palisade_e2e::{run_scenario, Lab, LabConfig, PodName, Scenario};
 
 fn example(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(path)
 }
 
 fn containerd_config(scenario: &Scenario) -> LabConfig {
@@ -57,7 +59,11 @@ fn play_example(path: &str) -> String {
     let table = String::from_utf8_lossy(&out).into_owned();
     match result {
         Ok(report) if report.passed() => {}
-        Ok(report) => panic!("{path}: {}\n{table}\n{}", report.summary(), lab.log_tails(40)),
+        Ok(report) => panic!(
+            "{path}: {}\n{table}\n{}",
+            report.summary(),
+            lab.log_tails(40)
+        ),
         Err(e) => panic!("{path}: {e:#}\n{table}\n{}", lab.log_tails(40)),
     }
     finish(lab);
@@ -83,7 +89,9 @@ fn strict_refusal_fails_run_pod_sandbox() {
     }
     let table = play_example("examples/adversarial/new-pod-controller-down-strict.yaml");
     assert!(
-        table.contains("ADD failed as expected: palisade-cni ADD failed (containerd RunPodSandbox of pod x/d)"),
+        table.contains(
+            "ADD failed as expected: palisade-cni ADD failed (containerd RunPodSandbox of pod x/d)"
+        ),
         "{table}"
     );
 }
@@ -127,7 +135,10 @@ fn a_recreated_sandbox_keeps_the_pods_policy() {
     lab.recreate_sandbox(&b).unwrap();
     lab.wait_realized().unwrap();
     assert_ne!(lab.sandbox_id(&b).unwrap(), old_id);
-    assert!(!palisade_e2e::netns::NetNs::exists(&old_ns), "old netns left");
+    assert!(
+        !palisade_e2e::netns::NetNs::exists(&old_ns),
+        "old netns left"
+    );
     let new_veth = lab.host_veth(&b).unwrap();
     assert_ne!(new_veth, old_veth);
     assert_verdicts(

@@ -166,3 +166,77 @@ fn services_are_refused_with_the_bridge_chain() {
     assert!(e.contains("cni: ptp") && e.contains("br_netfilter"), "{e}");
     finish(lab);
 }
+
+/// Services without `clusterIP`, as users write them: the lab allocates one
+/// from its Service range as the API server does, around the addresses
+/// other Services name, and keeps it for the Service's life.
+#[test]
+fn services_without_a_cluster_ip_get_one_that_stays() {
+    if !is_root() {
+        return;
+    }
+    const ALLOCATED: &str = r#"
+objects:
+  - {apiVersion: v1, kind: Namespace, metadata: {name: x}}
+  - {apiVersion: v1, kind: Pod, metadata: {name: client, namespace: x, labels: {app: client}}, spec: {containers: [{name: c, image: none}]}}
+  - {apiVersion: v1, kind: Pod, metadata: {name: web-1, namespace: x, labels: {app: web}}, spec: {containers: [{name: c, image: none, ports: [{containerPort: 8080, name: http}]}]}}
+  - {apiVersion: v1, kind: Service, metadata: {name: web, namespace: x}, spec: {selector: {app: web}, ports: [{port: 80, targetPort: http}]}}
+  # The address the allocator would hand out first, named by hand.
+  - {apiVersion: v1, kind: Service, metadata: {name: fixed, namespace: x}, spec: {clusterIP: 10.96.1.1, selector: {app: web}, ports: [{port: 80, targetPort: http}]}}
+"#;
+    let mut lab = baseline();
+    let all = objects(ALLOCATED);
+    lab.apply(&all).unwrap();
+    let web = palisade_e2e::scenario::ServiceRef {
+        namespace: "x".into(),
+        name: "web".into(),
+    };
+    let ip = lab.cluster_ip(&web).unwrap();
+    assert_eq!(
+        ip.to_string(),
+        "10.96.1.2",
+        "the first free address above the static band"
+    );
+    let body = lab.object(&web.key()).unwrap().body().clone();
+    assert_eq!(body["spec"]["clusterIPs"], serde_json::json!(["10.96.1.2"]));
+    assert_verdicts(
+        &lab,
+        "through the allocated ClusterIP",
+        &[("x/client", "svc/x/web", 80, Tcp, Allow)],
+    );
+
+    // Applied again as written (no clusterIP): the same address.
+    let web_again: Vec<_> = all
+        .iter()
+        .filter(|o| o.key() == &web.key())
+        .cloned()
+        .collect();
+    lab.apply(&web_again).unwrap();
+    assert_eq!(lab.cluster_ip(&web).unwrap(), ip);
+    // Another Service gets another address.
+    let other = objects(&ALLOCATED.replace(
+        "name: web, namespace: x}, spec: {selector",
+        "name: other, namespace: x}, spec: {selector",
+    ));
+    lab.apply(&other[3..4]).unwrap();
+    let other_ref = palisade_e2e::scenario::ServiceRef {
+        namespace: "x".into(),
+        name: "other".into(),
+    };
+    assert_eq!(lab.cluster_ip(&other_ref).unwrap().to_string(), "10.96.1.3");
+    // Naming another address for web is refused, as is taking web's.
+    let moved = objects(&ALLOCATED.replace(
+        "spec: {selector: {app: web}, ports",
+        "spec: {clusterIP: 10.96.0.50, selector: {app: web}, ports",
+    ));
+    let e = format!("{:#}", lab.apply(&moved[3..4]).unwrap_err());
+    assert!(e.contains("spec.clusterIP: field is immutable"), "{e}");
+    let taken = objects(&ALLOCATED.replace(
+        "name: fixed, namespace: x}, spec: {clusterIP: 10.96.1.1",
+        "name: thief, namespace: x}, spec: {clusterIP: 10.96.1.2",
+    ));
+    let e = format!("{:#}", lab.apply(&taken[4..5]).unwrap_err());
+    assert!(e.contains("clusterIP 10.96.1.2 is already"), "{e}");
+    assert_eq!(lab.cluster_ip(&web).unwrap(), ip);
+    finish(lab);
+}

@@ -19,6 +19,7 @@ mod node;
 mod otlp;
 mod pods;
 mod processes;
+mod service_ips;
 mod services;
 mod traffic;
 

@@ -32,6 +32,8 @@ impl Lab {
     /// [`Lab::wait_realized`] waits for it.
     pub fn apply(&mut self, objects: &[Object]) -> Result<u64> {
         self.config.cancel.check()?;
+        // As the API server does on create: Services get their ClusterIP.
+        let objects = &self.assign_cluster_ips(objects)?;
         for o in objects {
             if let Some(ns) = &o.key().namespace {
                 let declared = |k: &ObjectKey| k.kind == Kind::Namespace && &k.name == ns;

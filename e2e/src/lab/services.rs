@@ -154,9 +154,14 @@ impl Lab {
             .objects
             .get(&svc.key())
             .ok_or_else(|| anyhow!("{svc}: no such Service in the lab"))?;
-        ServiceSpec::parse(object.body())?
-            .cluster_ip
-            .ok_or_else(|| anyhow!("{svc} is headless (clusterIP: None): it has no address"))
+        let spec = ServiceSpec::parse(object.body())?;
+        match spec.cluster_ip {
+            Some(ip) => Ok(ip),
+            None if spec.headless => {
+                bail!("{svc} is headless (clusterIP: None): it has no address")
+            }
+            None => bail!("{svc} has no ClusterIP allocated"),
+        }
     }
 
     /// The nft script last installed in node 1 (None: no table); every
