@@ -7,14 +7,35 @@
 #
 #   scripts/bench-podup.sh [PODS] [PARALLEL]      (defaults: 1000 20)
 #
+# With --runtime containerd, pods are started by a real containerd over CRI
+# instead: RunPodSandbox (request to reply: netns, the whole CNI chain, the
+# pause container) in bursts of 20 and 100, with palisade-cni in the chain
+# and without it (a second containerd in the same node), interleaved burst
+# by burst, ROUNDS bursts of each (default 3). One line per burst size:
+# `runtime=containerd burst=N with_p50_ms= with_p99_ms= without_p50_ms= without_p99_ms=`.
+#
+#   scripts/bench-podup.sh --runtime containerd [--rounds ROUNDS] [--bursts 20,100]
+#
 # Release binaries by default; PALISADE_BENCH_PROFILE=debug skips that build.
 #
 # An enforcer that does not accept --mode yet is benchmarked once, in its
 # default (standard) behaviour, and the script says so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pods="${1:-1000}"
-parallel="${2:-20}"
+runtime=lab
+rounds=3
+bursts=20,100
+positional=()
+while (($#)); do
+  case "$1" in
+    --runtime) runtime="$2"; shift 2 ;;
+    --rounds) rounds="$2"; shift 2 ;;
+    --bursts) bursts="$2"; shift 2 ;;
+    *) positional+=("$1"); shift ;;
+  esac
+done
+pods="${positional[0]:-1000}"
+parallel="${positional[1]:-20}"
 source scripts/setup.sh >/dev/null
 profile="${PALISADE_BENCH_PROFILE:-release}"
 if [ "$profile" = release ]; then
@@ -23,6 +44,13 @@ if [ "$profile" = release ]; then
 else
   cargo build --workspace --bins --quiet
   lab=target/debug/palisade-lab
+fi
+
+if [ "$runtime" = containerd ]; then
+  exec "$lab" bench-podup --runtime containerd --bursts "$bursts" --rounds "$rounds"
+elif [ "$runtime" != lab ]; then
+  echo "bench-podup.sh: --runtime lab or containerd, not $runtime" >&2
+  exit 2
 fi
 
 results=()

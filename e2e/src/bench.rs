@@ -30,6 +30,25 @@ pub fn result_line(mode: &str, samples: &[Duration]) -> String {
     )
 }
 
+/// The runtime pod-up line: RunPodSandbox times of one burst size with
+/// palisade-cni in the chain and without it,
+/// `runtime=<r> burst=<n> with_p50_ms= with_p99_ms= without_p50_ms= without_p99_ms=`.
+pub fn runtime_line(
+    runtime: &str,
+    burst: usize,
+    with: &[Duration],
+    without: &[Duration],
+) -> String {
+    let p = |s: &[Duration], q| percentile(s, q).map(ms).unwrap_or_else(|| "-".into());
+    format!(
+        "runtime={runtime} burst={burst} with_p50_ms={} with_p99_ms={} without_p50_ms={} without_p99_ms={}",
+        p(with, 50.0),
+        p(with, 99.0),
+        p(without, 50.0),
+        p(without, 99.0)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -46,6 +65,10 @@ mod tests {
         assert_eq!(
             result_line("strict", &one),
             "mode=strict pods=1 p50_ms=1.50 p99_ms=1.50 max_ms=1.50"
+        );
+        assert_eq!(
+            runtime_line("containerd", 20, &one, &[]),
+            "runtime=containerd burst=20 with_p50_ms=1.50 with_p99_ms=1.50 without_p50_ms=- without_p99_ms=-"
         );
     }
 }

@@ -76,6 +76,17 @@ enum Cmd {
         bin_dir: Option<PathBuf>,
         #[arg(long, default_value = "/usr/lib/cni")]
         cni_bin_dir: PathBuf,
+        /// containerd: time RunPodSandbox instead, in bursts, with and
+        /// without palisade-cni in the chain (interleaved), one line per
+        /// burst size: `runtime=containerd burst=N with_p50_ms=...`.
+        #[arg(long, value_parser = ["lab", "containerd"], default_value = "lab")]
+        runtime: String,
+        /// With --runtime containerd: the burst sizes.
+        #[arg(long, value_delimiter = ',', default_value = "20,100")]
+        bursts: Vec<usize>,
+        /// With --runtime containerd: bursts of each size and chain.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
     },
     /// Build a lab, play the scenario, then keep it running for a person to
     /// explore (grpcurl, nsenter) until Ctrl-C; cleans up as `run` does.
@@ -124,20 +135,32 @@ fn main() -> ExitCode {
             pod_up_deadline_ms,
             bin_dir,
             cni_bin_dir,
+            runtime,
+            bursts,
+            rounds,
         } => {
+            let cri = runtime == "containerd";
             let mut config = LabConfig {
                 cni_bin_dir,
                 mode: mode.as_deref().and_then(Mode::parse),
                 pod_up_deadline: pod_up_deadline_ms.map(Duration::from_millis),
                 // Room for every pod: host-local leaves out the network,
                 // gateway and broadcast addresses.
-                pod_subnet: bench_subnet(pods),
+                pod_subnet: bench_subnet(if cri {
+                    bursts.iter().copied().max().unwrap_or(1)
+                } else {
+                    pods
+                }),
                 cni_timeout: Duration::from_secs(60),
                 realize_timeout: Duration::from_secs(120),
                 ..LabConfig::default()
             };
             if let Some(dir) = bin_dir {
                 config.bin_dir = dir;
+            }
+            if cri {
+                config.runtime = PodRuntime::Containerd;
+                return ExitCode::from(bench_runtime(&bursts, rounds, config));
             }
             ExitCode::from(bench(
                 pods,
@@ -349,6 +372,55 @@ fn bench(pods: usize, parallel: usize, mode: &str, config: LabConfig) -> u8 {
         }
     };
     eprintln!("cleaning up {} pods", lab.pods().count());
+    if let Err(e) = lab.shutdown() {
+        eprintln!("palisade-lab: {e:#}");
+        return if code == 0 { EXIT_LAB_ERROR } else { code };
+    }
+    code
+}
+
+/// `bench-podup --runtime containerd`: RunPodSandbox bursts, with and
+/// without palisade-cni.
+fn bench_runtime(bursts: &[usize], rounds: usize, config: LabConfig) -> u8 {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("palisade-lab: {NotRoot}");
+        return EXIT_CANNOT_RUN;
+    }
+    watch_signals(config.cancel.clone());
+    let mut lab = match Lab::start(config) {
+        Ok(lab) => lab,
+        Err(e) => {
+            eprintln!("palisade-lab: {e:#}");
+            return if e.is::<Interrupted>() {
+                EXIT_INTERRUPTED
+            } else if e.chain().any(|c| c.is::<Missing>()) {
+                EXIT_CANNOT_RUN
+            } else {
+                EXIT_LAB_ERROR
+            };
+        }
+    };
+    eprintln!(
+        "lab {}: RunPodSandbox in bursts of {bursts:?}, {rounds} of each with and without palisade-cni",
+        lab.id()
+    );
+    let code = match lab.bench_runtime_pod_up(bursts, rounds) {
+        Ok(results) => {
+            for r in &results {
+                println!(
+                    "{}",
+                    palisade_e2e::bench::runtime_line("containerd", r.burst, &r.with, &r.without)
+                );
+            }
+            0
+        }
+        Err(e) if e.is::<Interrupted>() => EXIT_INTERRUPTED,
+        Err(e) => {
+            eprintln!("palisade-lab: {e:#}");
+            eprint!("{}", lab.log_tails(20));
+            EXIT_LAB_ERROR
+        }
+    };
     if let Err(e) = lab.shutdown() {
         eprintln!("palisade-lab: {e:#}");
         return if code == 0 { EXIT_LAB_ERROR } else { code };

@@ -10,6 +10,7 @@
 
 mod bench;
 mod conntrack;
+mod cri_bench;
 mod cri_pods;
 mod dump;
 mod faults;
@@ -39,6 +40,7 @@ use crate::runtime::PodRuntime;
 use crate::scenario::{CniKind, FlowLogMode, Mode, Object, ObjectKey, PodName};
 use crate::sweep::{OWNER_FILE, PIDS_FILE};
 
+pub use cri_bench::BurstTimes;
 pub use footprint::Footprint;
 use node::LabNode;
 pub use node::MAX_NODES;
