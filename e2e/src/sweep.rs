@@ -73,6 +73,13 @@ pub fn sweep(run_root: &Path) -> Result<Swept> {
             }
         }
     }
+    for id in &dead_ids {
+        // With runtime: containerd, what its sandboxes left (the daemon and
+        // its shims were in the pid list).
+        let (removed, errors) = crate::runtime::sweep::sweep_dead(&run_root.join(id), id);
+        swept.removed.extend(removed);
+        swept.errors.extend(errors);
+    }
     let is_live = |id: &str| live_ids.iter().any(|l| l == id);
 
     for name in list(Path::new(NETNS_DIR)) {

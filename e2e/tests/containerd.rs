@@ -223,3 +223,106 @@ fn every_conformance_case_passes_with_containerd_pods() {
     );
     assert!(probes > 8 * files.len(), "only {probes} expectations");
 }
+
+/// `palisade-lab clean` after a containerd lab was killed (SIGKILL, no
+/// teardown): containerd, its shims and the pause processes, the sandbox
+/// netns containerd made, its mounts, the lab's cgroups and libcni's
+/// cache files all go.
+#[test]
+fn clean_removes_what_a_killed_containerd_lab_left() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    if !is_root() {
+        return;
+    }
+    const LAB: &str = env!("CARGO_BIN_EXE_palisade-lab");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("long.yaml");
+    let steps: String = (0..5000)
+        .map(|i| format!("  - name: s{i}\n    probes: [{{from: x/a, to: x/b, port: 80}}]\n"))
+        .collect();
+    std::fs::write(
+        &path,
+        format!("runtime: containerd\n{}\nsteps:\n{steps}", PODS.trim()),
+    )
+    .unwrap();
+    let mut child = Command::new(LAB)
+        .args(["run", path.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(lines.any(|l| l.unwrap().starts_with("s1 ")));
+    let id = first
+        .strip_prefix("lab ")
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+        .to_string();
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let run_dir = PathBuf::from(format!("/run/palisade-lab/{id}"));
+    let sandboxes: Vec<(String, String)> = std::fs::read_to_string(run_dir.join("sandboxes"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (s, n) = l.split_once(' ').unwrap();
+            (s.to_string(), n.to_string())
+        })
+        .collect();
+    assert_eq!(sandboxes.len(), 3, "{sandboxes:?}");
+    let cgroup = palisade_e2e::runtime::cgroups::lab_cgroup(&id);
+    let pause = palisade_e2e::runtime::cgroups::pids(&cgroup);
+    assert!(pause.len() >= 3, "pause processes in {cgroup}: {pause:?}");
+    let pids: Vec<u32> = std::fs::read_to_string(run_dir.join("pids"))
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert!(!palisade_e2e::runtime::mounts::under(&run_dir).is_empty());
+    for (_, ns) in &sandboxes {
+        assert!(palisade_e2e::netns::NetNs::exists(ns), "{ns}");
+    }
+
+    let out = Command::new(LAB).arg("clean").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (sandbox, ns) in &sandboxes {
+        assert!(
+            !palisade_e2e::netns::NetNs::exists(ns),
+            "{ns} left: {stdout}"
+        );
+        for f in palisade_e2e::runtime::sweep::cache_paths(sandbox) {
+            assert!(!f.exists(), "{} left: {stdout}", f.display());
+        }
+    }
+    assert!(
+        palisade_e2e::runtime::cgroups::existing(&cgroup).is_empty(),
+        "{stdout}"
+    );
+    assert!(
+        palisade_e2e::runtime::mounts::under(&run_dir).is_empty(),
+        "{stdout}"
+    );
+    // SIGKILL is asynchronous; the orphans are reaped by init.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pids
+        .iter()
+        .chain(&pause)
+        .any(|p| palisade_e2e::process::is_alive(*p))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{pids:?} {pause:?} survived: {stdout}"
+        );
+        std::thread::sleep(Duration::from_millis(20)); // poll: bounded by the deadline
+    }
+    // Its logs stay for the post-mortem; remove them so the run root is clean.
+    let _ = std::fs::remove_dir_all(&run_dir);
+}

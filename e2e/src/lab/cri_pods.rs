@@ -20,12 +20,10 @@ use crate::preflight::CNI_BIN;
 use crate::runtime::containerd::{Containerd, Layout, Settings};
 use crate::runtime::cri::SandboxInfo;
 use crate::runtime::sandbox::{self, SandboxRequest};
+use crate::runtime::sweep::SANDBOXES_FILE;
 use crate::runtime::{cgroups, PodRuntime};
 use crate::scenario::{Object, ObjectKey, PodName};
 
-/// The sandbox namespaces containerd made for a lab, one per line, so that
-/// `palisade-lab clean` can remove those a killed lab left.
-pub const SANDBOX_NETNS_FILE: &str = "sandbox-netns";
 /// containerd's own margin over the CNI chain's bound, per CRI call.
 const CALL_MARGIN: Duration = Duration::from_secs(30);
 
@@ -175,9 +173,10 @@ impl Lab {
         let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.run_dir.join(SANDBOX_NETNS_FILE))
-            .context("recording the sandbox's netns")?;
-        writeln!(f, "{}", netns.name()).context("recording the sandbox's netns")?;
+            .open(self.run_dir.join(SANDBOXES_FILE))
+            .context("recording the sandbox")?;
+        writeln!(f, "{} {}", info.id, netns.name()).context("recording the sandbox")?;
+        self.made_sandboxes.push(info.id.clone());
         self.made_interfaces
             .extend(info.host_interfaces.iter().cloned());
         // The shim outlives any one call: the footprint and the sweep

@@ -15,6 +15,9 @@ pub struct Footprint {
     pub run_dir: PathBuf,
     /// The lab's cgroup (runtime: containerd), in every hierarchy.
     pub cgroups: Vec<String>,
+    /// libcni's cached results of the lab's sandboxes: gone once
+    /// containerd ran each one's DEL.
+    pub cni_cache: Vec<PathBuf>,
 }
 
 impl Footprint {
@@ -55,6 +58,11 @@ impl Footprint {
         for cg in &self.cgroups {
             for dir in crate::runtime::cgroups::existing(cg) {
                 left.push(format!("cgroup {}", dir.display()));
+            }
+        }
+        for f in &self.cni_cache {
+            if f.exists() {
+                left.push(format!("CNI cache file {} (no DEL?)", f.display()));
             }
         }
         let logs_only = std::fs::read_dir(&self.run_dir)

@@ -187,6 +187,8 @@ pub struct Lab {
     made_netns: Vec<String>,
     made_interfaces: Vec<String>,
     made_pids: Vec<u32>,
+    /// Every CRI sandbox containerd made (runtime: containerd).
+    made_sandboxes: Vec<String>,
     next_pod: u32,
     /// Where the next pod without `spec.nodeName` goes (round-robin).
     next_node: usize,
@@ -242,6 +244,7 @@ impl Lab {
             made_netns: Vec::new(),
             made_interfaces: Vec::new(),
             made_pids: Vec::new(),
+            made_sandboxes: Vec::new(),
             next_pod: 0,
             next_node: 0,
             placement: BTreeMap::new(),
@@ -431,6 +434,11 @@ impl Lab {
             pin_roots: self.nodes.iter().map(|n| n.pin_root.clone()).collect(),
             pids: self.made_pids.clone(),
             run_dir: self.run_dir.clone(),
+            cni_cache: self
+                .made_sandboxes
+                .iter()
+                .flat_map(|s| crate::runtime::sweep::cache_paths(s))
+                .collect(),
             cgroups: match self.config.runtime {
                 PodRuntime::Containerd => vec![crate::runtime::cgroups::lab_cgroup(&self.id)],
                 PodRuntime::Lab => Vec::new(),

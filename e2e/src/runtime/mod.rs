@@ -9,6 +9,7 @@ pub mod cri;
 pub mod image;
 pub mod mounts;
 pub mod sandbox;
+pub mod sweep;
 
 /// Who starts the lab's pods (scenario key `runtime:`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
