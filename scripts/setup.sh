@@ -9,8 +9,12 @@ if [[ $(id -u) -ne 0 ]]; then
   exit 2
 fi
 
+# containerd and runc: the lab's `runtime: containerd` (a real runtime
+# starting the pods over CRI); libc6-dev: the static pause program of its
+# sandbox image.
 DEBS=(clang llvm libbpf-dev bpftool iproute2 nftables iptables conntrack
-      containernetworking-plugins iperf3 socat util-linux procps)
+      containernetworking-plugins iperf3 socat util-linux procps
+      containerd runc libc6-dev)
 missing=()
 for p in "${DEBS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
