@@ -122,9 +122,10 @@ fn a_recreated_sandbox_keeps_the_pods_policy() {
     if !is_root() {
         return;
     }
-    let mut config = LabConfig::default();
-    config.runtime = PodRuntime::Containerd;
-    let mut lab = lab_with_pods_in(config);
+    let mut lab = lab_with_pods_in(LabConfig {
+        runtime: PodRuntime::Containerd,
+        ..LabConfig::default()
+    });
     lab.apply(&policies(ALLOW_A_80)).unwrap();
     lab.wait_realized().unwrap();
     let b = PodName::parse("x/b").unwrap();
