@@ -1,8 +1,9 @@
 #!/bin/sh
 # Fails if palisade-lab left anything behind: its network namespaces
 # (pl<6 hex>-...), pin roots under /sys/fs/bpf, run dirs, the Services'
-# nftables table in the root namespace, or a controller or enforcer
-# process. CI runs it after the end-to-end suite.
+# nftables table in the root namespace, a controller or enforcer process,
+# or what a lab's containerd (runtime: containerd) left: its cgroups, the
+# daemon or a shim. CI runs it after the end-to-end suite.
 set -u
 
 status=0
@@ -37,6 +38,19 @@ fi
 leftover_procs=$(ps -eo pid=,args= | awk '{n=$2; sub(".*/", "", n); if (n == "palisade-controller" || n == "palisade-enforcer") print}')
 if [ -n "$leftover_procs" ]; then
     echo "leftover processes:"; echo "$leftover_procs" | sed 's/^/  /'
+    status=1
+fi
+
+# runtime: containerd: every sandbox sits under the lab's cgroup, in every
+# hierarchy; containerd and its shims name the lab's run dir.
+leftover_cgroups=$(ls -d /sys/fs/cgroup/palisade-lab-* /sys/fs/cgroup/*/palisade-lab-* 2>/dev/null || true)
+if [ -n "$leftover_cgroups" ]; then
+    echo "leftover cgroups:"; echo "$leftover_cgroups" | sed 's/^/  /'
+    status=1
+fi
+leftover_runtime=$(ps -eo pid=,args= | awk '{n=$2; sub(".*/", "", n); if ((n == "containerd" || n == "containerd-shim-runc-v2") && index($0, "/run/palisade-lab/")) print}')
+if [ -n "$leftover_runtime" ]; then
+    echo "leftover containerd processes:"; echo "$leftover_runtime" | sed 's/^/  /'
     status=1
 fi
 
