@@ -10,14 +10,13 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
 
+use super::bench::BENCH_NAMESPACE;
 use super::Lab;
 use crate::runtime::containerd::{Containerd, Layout, Settings};
 use crate::runtime::cri::CriClient;
 use crate::runtime::sandbox::{self, SandboxRequest};
 use crate::runtime::{cgroups, PodRuntime};
 use crate::scenario::{Object, PodName};
-
-pub const BENCH_NAMESPACE: &str = "bench";
 
 /// One burst size's samples.
 #[derive(Debug, Default)]
