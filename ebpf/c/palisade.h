@@ -25,9 +25,16 @@
 #define STAT_DENIED_SPOOF 5     /* pod sent from an address not its own */
 #define STAT_DENIED_MALFORMED 6 /* truncated or impossible IP header */
 #define STAT_ALLOWED_ESTABLISHED 7 /* forward packet of a flow allowed under the current epoch */
-#define STAT_MAX 8
+#define STAT_ALLOWED_FRAGMENT 8    /* later fragment of a datagram whose first fragment passed */
+#define STAT_DENIED_FRAGMENT 9     /* fragment that cannot be judged safely (see fragments.h) */
+#define STAT_DENIED_EXT_HEADERS 10 /* IPv6: more extension headers than IPV6_EXT_HEADERS_MAX */
+#define STAT_MAX 11
+/* Kinds pal_verdicts has room for, so that a kind added later takes free
+ * slots of the pinned map instead of a new pin name. */
+#define STAT_CAPACITY 32
 #define STAT_DIRECTIONS 2 /* OWNER_FROM_POD (the pod's egress), OWNER_TO_POD (its ingress) */
 #define STAT_SLOT(owner, stat) ((stat) * STAT_DIRECTIONS + (owner))
+_Static_assert(STAT_MAX <= STAT_CAPACITY, "pal_verdicts has a slot for every kind");
 
 /* LPM prefix lengths of a full (host) lookup. */
 #define POLICY_ID_BITS 32
@@ -150,6 +157,45 @@ struct ct_value {
 	__u32 pad;
 };
 
+/* ---- IP fragments (pal_frags) ----
+ * A later fragment carries no L4 header: it is judged by the record its
+ * datagram's first fragment left (see fragments.h). */
+
+/* Records pal_frags holds; the least recently used goes first. */
+#define FRAG_TRACK_ENTRIES 8192
+
+/* One datagram as one hook of one pod sees its fragments: the fields the
+ * receiver reassembles by, and the hook, so that one hook's verdict never
+ * stands for another's. */
+struct frag_key {
+	__u8 src[16]; /* IPv6 or IPv4-mapped */
+	__u8 dst[16];
+	/* IPv4: the 16-bit identification; IPv6: the fragment header's 32
+	 * bits.  Network order. */
+	__u32 id;
+	__u32 ifindex;
+	/* IPv4's protocol; 0 for IPv6, which reassembles by addresses and id
+	 * alone (a later fragment's next header counts for nothing). */
+	__u8 proto;
+	__u8 owner;
+	__u8 pad[2];
+};
+
+/* What the first fragment was judged as, and by what. */
+struct frag_value {
+	__u16 sport; /* network order */
+	__u16 dport;
+	/* Bytes of the fragmentable part up to the end of the L4 header the
+	 * verdict read: a later fragment starting before it would rewrite it. */
+	__u16 l4_end;
+	__u8 proto;   /* the L4 protocol it was judged as */
+	__u8 allowed; /* 1: passed; 0: dropped, and so are its later fragments */
+	/* The endpoint's epochs then: a later fragment under other epochs is
+	 * judged again, by the first fragment's ports. */
+	__u32 ingress_epoch;
+	__u32 egress_epoch;
+};
+
 /* ---- flow events (pal_flow_events ring buffer) ----
  * New flows and dropped packets, for flow logs and staged (audit) policies.
  * The enforcer reads them and writes JSON lines; see node-enforcer's
@@ -213,5 +259,7 @@ _Static_assert(sizeof(struct ct_key) == 44, "ct_key layout");
 _Static_assert(sizeof(struct ct_value) == 16, "ct_value layout");
 _Static_assert(sizeof(struct ct4_key) == 20, "ct4_key layout");
 _Static_assert(sizeof(struct policy_lens) == 4 + MAX_POLICY_LENS * 4, "policy_lens layout");
+_Static_assert(sizeof(struct frag_key) == 44, "frag_key layout");
+_Static_assert(sizeof(struct frag_value) == 16, "frag_value layout");
 
 #endif

@@ -74,14 +74,17 @@ pub const MAP_CONNTRACK: &str = "pal_conntrack";
 /// `LruHashMap<Ct4Key, CtValue>`: IPv4 flows.
 pub const MAP_CT4: &str = "pal_ct4";
 /// `PerCpuArray<u64>` of verdict counters, indexed by [`stat_slot`]
-/// (direction and `STAT_*` kind).
-pub const MAP_STATS: &str = "pal_dir_stats";
-/// The counters' map of versions that counted no direction (one slot per
-/// `STAT_*` kind). A pinned map keeps its size across upgrades, so the
-/// counters by direction got a map of their own; the enforcer unpins this
-/// one once no program of the older version runs.
-pub const MAP_STATS_UNDIRECTED: &str = "pal_stats";
-/// Every map name, in no particular order; all are pinned by name.
+/// (direction and `STAT_*` kind), with room for [`STAT_CAPACITY`] kinds.
+pub const MAP_STATS: &str = "pal_verdicts";
+/// The counters' maps of older versions: `pal_stats` (one slot per kind,
+/// no direction) and `pal_dir_stats` (by direction, exactly the kinds of
+/// its day). A pinned map keeps its size across upgrades, so counters
+/// that need more slots get a map of their own; the enforcer unpins these
+/// once no program of an older version runs.
+pub const MAP_STATS_RETIRED: [&str; 2] = ["pal_stats", "pal_dir_stats"];
+/// `LruHashMap<FragKey, FragValue>`: the verdicts first fragments got, for
+/// their datagrams' later fragments (`c/fragments.h`).
+pub const MAP_FRAGS: &str = "pal_frags";
 /// Ring buffer of [`FlowEvent`]s for the flow log.
 pub const MAP_FLOW_EVENTS: &str = "pal_flow_events";
 /// One [`FlowConfig`] at key 0.
@@ -92,7 +95,8 @@ pub const MAP_FLOW_STATS: &str = "pal_flow_stats";
 pub const MAP_AUDIT: &str = "pal_audit";
 /// The flow log rate limit's one shared word (GCRA theoretical arrival time).
 pub const MAP_FLOW_BUCKET: &str = "pal_flow_bucket";
-pub const MAP_NAMES: [&str; 14] = [
+/// Every map name, in no particular order; all are pinned by name.
+pub const MAP_NAMES: [&str; 15] = [
     MAP_ENDPOINTS,
     MAP_EP_CACHE,
     MAP_POLICY,
@@ -107,6 +111,7 @@ pub const MAP_NAMES: [&str; 14] = [
     MAP_FLOW_STATS,
     MAP_AUDIT,
     MAP_FLOW_BUCKET,
+    MAP_FRAGS,
 ];
 
 /// `max_entries` of the maps, as compiled into [`OBJECT`].
@@ -116,6 +121,8 @@ pub const MAX_PORT_ENTRIES: u32 = 262_144;
 /// Of each of [`MAP_CONNTRACK`] and [`MAP_CT4`].
 pub const MAX_CONNTRACK_ENTRIES: u32 = 65536;
 pub const MAX_POLICY_LENS_ENTRIES: u32 = 65536;
+/// Of [`MAP_FRAGS`] (`FRAG_TRACK_ENTRIES`).
+pub const MAX_FRAG_ENTRIES: u32 = 8192;
 /// Most prefix lengths a [`PolicyLens`] lists (`MAX_POLICY_LENS`).
 pub const MAX_POLICY_LENS: usize = 6;
 
@@ -143,13 +150,27 @@ pub const STAT_DENIED_MALFORMED: u32 = 6;
 /// Forward packets of a flow the hook allowed under its current epoch
 /// (passed on one conntrack lookup, without a policy lookup).
 pub const STAT_ALLOWED_ESTABLISHED: u32 = 7;
+/// Later fragments of a datagram whose first fragment the hook let through
+/// (under the endpoint's current epochs).
+pub const STAT_ALLOWED_FRAGMENT: u32 = 8;
+/// Fragments dropped as such: a later fragment whose first fragment the
+/// hook did not see or dropped, or that overlaps the L4 header its first
+/// fragment was judged by; a first fragment too short for its L4 header.
+pub const STAT_DENIED_FRAGMENT: u32 = 9;
+/// IPv6 packets whose L4 header lies behind more extension headers than
+/// the programs walk (7), dropped.
+pub const STAT_DENIED_EXT_HEADERS: u32 = 10;
 /// Number of `STAT_*` kinds.
-pub const STAT_COUNT: u32 = 8;
+pub const STAT_COUNT: u32 = 11;
+/// Kinds [`MAP_STATS`] has slots for (`STAT_CAPACITY`), so that kinds
+/// added later fit the pinned map.
+pub const STAT_CAPACITY: u32 = 32;
 /// Directions each kind is counted in: [`OWNER_FROM_POD`] (the pod's
 /// egress) and [`OWNER_TO_POD`] (its ingress).
 pub const STAT_DIRECTIONS: u32 = 2;
-/// Number of entries in [`MAP_STATS`].
+/// Slots of [`MAP_STATS`] the kinds of this version use (the first ones).
 pub const STAT_SLOTS: u32 = STAT_COUNT * STAT_DIRECTIONS;
+const _: () = assert!(STAT_COUNT <= STAT_CAPACITY);
 
 /// The [`MAP_STATS`] slot counting kind `stat` judged by hook `owner`
 /// (`STAT_SLOT` in the C header): kind-major, so a kind added later takes
@@ -549,6 +570,36 @@ pub struct CtValue {
     pub pad: u32,
 }
 
+/// Key of [`MAP_FRAGS`] (`struct frag_key`): one datagram as one hook of
+/// one pod sees its fragments. `id` holds the network-order bytes of the
+/// IPv4 identification (16 bits) or the IPv6 fragment header's (32).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FragKey {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub id: u32,
+    pub ifindex: u32,
+    pub proto: u8,
+    pub owner: u8,
+    pub pad: [u8; 2],
+}
+
+/// Value of [`MAP_FRAGS`] (`struct frag_value`): the first fragment's
+/// ports (network order), where its L4 header ends in the fragmentable
+/// part, its L4 protocol, its verdict and the endpoint's epochs then.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FragValue {
+    pub sport: u16,
+    pub dport: u16,
+    pub l4_end: u16,
+    pub proto: u8,
+    pub allowed: u8,
+    pub ingress_epoch: u32,
+    pub egress_epoch: u32,
+}
+
 // SAFETY: all of these are repr(C), made only of integers and byte arrays,
 // and have no padding (the size asserts below prove it), so every bit
 // pattern is a valid value and no uninitialised byte reaches the kernel.
@@ -632,6 +683,8 @@ unsafe impl aya::Pod for Ct4Key {}
 unsafe impl aya::Pod for PolicyExactKey {}
 unsafe impl aya::Pod for PolicyLens {}
 unsafe impl aya::Pod for CtValue {}
+unsafe impl aya::Pod for FragKey {}
+unsafe impl aya::Pod for FragValue {}
 
 // Sizes of the C structs in c/palisade.h (which asserts them too).
 const _: () = {
@@ -649,6 +702,8 @@ const _: () = {
     assert!(size_of::<Ct4Key>() == 20);
     assert!(size_of::<PolicyExactKey>() == 24);
     assert!(size_of::<PolicyLens>() == 4 + MAX_POLICY_LENS * 4);
+    assert!(size_of::<FragKey>() == 44);
+    assert!(size_of::<FragValue>() == 16);
 };
 
 /// The 16-byte form the maps use: IPv6 as is, IPv4 as `::ffff:a.b.c.d`.

@@ -1,5 +1,5 @@
 //! Reads the pinned eBPF maps for metrics, read-only and apart from the
-//! datapath the reconciler owns: the verdict counters (pal_dir_stats, one
+//! datapath the reconciler owns: the verdict counters (pal_verdicts, one
 //! slot per direction and kind, one value per CPU, summed here) and how
 //! full each main map is.
 //!
@@ -16,8 +16,9 @@ use palisade_ebpf::{
     Ct4Key, CtKey, CtValue, Endpoint, PolicyExactKey, PolicyKey, PolicyLens, PolicyValue, PortKey,
     PortValue, MAP_CONNTRACK, MAP_CT4, MAP_ENDPOINTS, MAP_POLICY, MAP_POLICY_EXACT,
     MAP_POLICY_LENS, MAP_PORTS, MAP_STATS, OWNER_FROM_POD, OWNER_TO_POD, STAT_ALLOWED_ESTABLISHED,
-    STAT_ALLOWED_NDP, STAT_ALLOWED_POLICY, STAT_ALLOWED_REPLY, STAT_ALLOWED_UNISOLATED, STAT_COUNT,
-    STAT_DENIED, STAT_DENIED_MALFORMED, STAT_DENIED_SPOOF, STAT_SLOTS,
+    STAT_ALLOWED_FRAGMENT, STAT_ALLOWED_NDP, STAT_ALLOWED_POLICY, STAT_ALLOWED_REPLY,
+    STAT_ALLOWED_UNISOLATED, STAT_COUNT, STAT_DENIED, STAT_DENIED_EXT_HEADERS,
+    STAT_DENIED_FRAGMENT, STAT_DENIED_MALFORMED, STAT_DENIED_SPOOF, STAT_SLOTS,
 };
 
 /// Each `STAT_*` slot as (verdict, reason) labels.
@@ -30,6 +31,9 @@ pub const STAT_LABELS: [(u32, &str, &str); STAT_COUNT as usize] = [
     (STAT_DENIED_SPOOF, "denied", "spoofed_source"),
     (STAT_DENIED_MALFORMED, "denied", "malformed"),
     (STAT_ALLOWED_ESTABLISHED, "allowed", "established"),
+    (STAT_ALLOWED_FRAGMENT, "allowed", "fragment"),
+    (STAT_DENIED_FRAGMENT, "denied", "fragment"),
+    (STAT_DENIED_EXT_HEADERS, "denied", "extension_headers"),
 ];
 
 /// Each hook as the `direction` label: the pod's egress (packets it sends)
@@ -47,7 +51,7 @@ pub struct MapLevel {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DatapathReading {
-    /// Packets per `pal_dir_stats` slot (`palisade_ebpf::stat_slot` of a
+    /// Packets per `pal_verdicts` slot (`palisade_ebpf::stat_slot` of a
     /// direction and a `STAT_*` kind), summed over CPUs.
     pub verdicts: Vec<u64>,
     pub maps: Vec<MapLevel>,

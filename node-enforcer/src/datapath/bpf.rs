@@ -30,8 +30,9 @@
 //!
 //! Pinned maps keep their type and size across upgrades (aya opens a pin
 //! as it is), so a map whose shape changes gets a new pin name: `pal_ct4`
-//! beside `pal_conntrack`, `pal_dir_stats` for `pal_stats` (unpinned after
-//! adopt), `pal_ep_cache` new beside `pal_endpoints`.
+//! beside `pal_conntrack`, `pal_verdicts` (with room for later kinds) for
+//! `pal_dir_stats` and `pal_stats` (unpinned after adopt), `pal_ep_cache`
+//! new beside `pal_endpoints`.
 
 mod audit;
 mod conntrack_maps;
@@ -50,7 +51,7 @@ use aya::{Ebpf, EbpfLoader};
 use endpoint_cache::EndpointCacheWriter;
 use palisade_ebpf::{
     Endpoint, PortKey, PortValue, MAP_CONNTRACK, MAP_CT4, MAP_ENDPOINTS, MAP_PORTS,
-    MAP_STATS_UNDIRECTED, PROG_FROM_POD, PROG_TO_POD,
+    MAP_STATS_RETIRED, PROG_FROM_POD, PROG_TO_POD,
 };
 use policy_tables::PolicyTables;
 
@@ -144,21 +145,23 @@ impl BpfDatapath {
         })
     }
 
-    /// Unpins an older version's counters ([`MAP_STATS_UNDIRECTED`]), which
-    /// no program of this version writes: left pinned, they would only
-    /// sit there looking like counters that stopped. Called once the links
-    /// run this version's programs; a program of the older version still
-    /// holding the map keeps it alive until it is unloaded.
-    fn unpin_undirected_stats(&self) -> Result<()> {
-        let path = self.pin_root.join(MAP_STATS_UNDIRECTED);
-        match std::fs::remove_file(&path) {
-            Ok(()) => {
-                tracing::info!(path = %path.display(), "unpinned the older version's verdict counters");
-                Ok(())
+    /// Unpins older versions' counters ([`MAP_STATS_RETIRED`]), which no
+    /// program of this version writes: left pinned, they would only sit
+    /// there looking like counters that stopped. Called once the links run
+    /// this version's programs; a program of an older version still
+    /// holding such a map keeps it alive until it is unloaded.
+    fn unpin_retired_stats(&self) -> Result<()> {
+        for name in MAP_STATS_RETIRED {
+            let path = self.pin_root.join(name);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    tracing::info!(path = %path.display(), "unpinned an older version's verdict counters");
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(err(format!("unpinning {}", path.display()), e)),
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(err(format!("unpinning {}", path.display()), e)),
         }
+        Ok(())
     }
 
     fn link_pin(&self, ifname: &str, hook: &str) -> PathBuf {
@@ -349,7 +352,7 @@ impl Datapath for BpfDatapath {
         if moved > 0 {
             tracing::info!(moved, "moved IPv4 conntrack entries to {MAP_CT4}");
         }
-        self.unpin_undirected_stats()?;
+        self.unpin_retired_stats()?;
         Ok(adopted)
     }
 

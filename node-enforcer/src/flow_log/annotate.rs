@@ -5,7 +5,8 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use palisade_ebpf::{
     FlowEvent, FLOW_ALLOWED, FLOW_DENIED, FLOW_WOULD_ALLOW, FLOW_WOULD_DENY, OWNER_FROM_POD,
-    STAT_ALLOWED_UNISOLATED, STAT_DENIED, STAT_DENIED_MALFORMED, STAT_DENIED_SPOOF,
+    STAT_ALLOWED_UNISOLATED, STAT_DENIED, STAT_DENIED_FRAGMENT, STAT_DENIED_MALFORMED,
+    STAT_DENIED_SPOOF,
 };
 use palisade_proto::v1::{DirectionPolicy, PodPolicy};
 
@@ -130,6 +131,7 @@ fn decide(
         }
         FLOW_DENIED if stat == STAT_DENIED_SPOOF => Decision::new("denied", "spoofed_source"),
         FLOW_DENIED if stat == STAT_DENIED_MALFORMED => Decision::new("denied", "malformed"),
+        FLOW_DENIED if stat == STAT_DENIED_FRAGMENT => Decision::new("denied", "fragment"),
         FLOW_DENIED if stat == STAT_DENIED && e.policy_id == DENY_ALL => {
             // The enforcer could not write the pod's policy and denies all.
             Decision::new("denied", "fail_closed")
