@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 const SOURCES: &[&str] = &[
     "c/palisade.bpf.c",
     "c/palisade.h",
+    "c/fragments.h",
     "c/bench.bpf.c",
     "c/ct_explain.bpf.c",
 ];

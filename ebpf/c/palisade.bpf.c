@@ -93,10 +93,26 @@
 #define ICMPV6_NDP_FIRST 133 /* router solicitation */
 #define ICMPV6_NDP_LAST 137  /* redirect */
 #define NDP_HOP_LIMIT 255    /* RFC 4861: anything else is not on-link NDP */
-#define IPV4_FRAG_OFFSET 0x1fff
+#define IPV4_MF 0x2000          /* more fragments */
+#define IPV4_FRAG_OFFSET 0x1fff /* in 8-byte units */
 #define TCP_FLAGS_OFF 13 /* the byte of CWR..FIN in a TCP header */
 #define TCP_FLAG_SYN 0x02
 #define TCP_FLAG_ACK 0x10
+
+/* IPv6 extension headers the programs walk to find the L4 header (IANA). */
+#define IPV6_HOP_BY_HOP 0
+#define IPV6_ROUTING 43
+#define IPV6_FRAGMENT 44
+#define IPV6_AH 51
+#define IPV6_DEST_OPTS 60
+#define IPV6_FRAG_OFFSET 0xfff8 /* of the fragment header: the offset, already in bytes */
+#define IPV6_FRAG_MORE 0x0001
+/* Most extension headers walked before the L4 header.  RFC 8200's order
+ * has at most six before it (hop-by-hop, destination options, routing,
+ * fragment, AH, destination options; ESP ends the walk); one more covers
+ * any sane chain.  A packet whose chain goes on past it is dropped
+ * (STAT_DENIED_EXT_HEADERS), never judged without its ports. */
+#define IPV6_EXT_HEADERS_MAX 7
 
 /* 1 only in a test build (ebpf/build.rs) that reads every header through
  * the paged-data fallback of header_at, which BPF_PROG_TEST_RUN cannot
@@ -183,16 +199,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pal_ct4 SEC(".maps");
 
-/* Verdict counters by direction (STAT_SLOT).  A new name, not pal_stats:
- * a pinned map keeps its size across upgrades, and the older pal_stats had
- * one slot per kind only. */
+/* Verdict counters by direction (STAT_SLOT), with room for STAT_CAPACITY
+ * kinds.  A pinned map keeps its size across upgrades, so the maps of
+ * older versions, which had no room for later kinds, are left behind under
+ * their own names (pal_stats: one slot per kind; pal_dir_stats: exactly
+ * STAT_MAX kinds). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, STAT_MAX * STAT_DIRECTIONS);
+	__uint(max_entries, STAT_CAPACITY * STAT_DIRECTIONS);
 	__type(key, __u32);
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} pal_dir_stats SEC(".maps");
+} pal_verdicts SEC(".maps");
 
 /* Flow events for the enforcer's flow log (see struct flow_event).  The
  * buffer is bounded: when it is full an event is dropped and counted, the
@@ -250,18 +268,33 @@ struct flow {
 	__u8 proto;
 	bool v4; /* src and dst are IPv4-mapped */
 	bool ndp;
-	/* The packet carries its real L4 header (not a later fragment, no
-	 * extension header in the way), so it may create or match conntrack. */
+	/* The ports are the flow's own (read from its L4 header, or a later
+	 * fragment's from its first fragment's record), so it may create or
+	 * match conntrack. */
 	bool trackable;
 	/* A TCP segment with SYN and without ACK: the first packet of a
 	 * connection, which no entry may vouch for (see opens_connection). */
 	bool tcp_open;
+	__u8 frag; /* FRAG_NONE, FRAG_FIRST or FRAG_LATER */
+	/* A fragment's datagram, as a receiver names it (struct frag_key):
+	 * IPv4's protocol (0 for IPv6) and the identification. */
+	__u8 frag_proto;
+	/* FRAG_FIRST: where the L4 header it is judged by ends; FRAG_LATER:
+	 * where it starts.  Bytes into the datagram's fragmentable part. */
+	__u16 frag_at;
+	__u32 frag_id;
 };
+
+#define FRAG_NONE 0  /* a whole datagram (an IPv6 atomic fragment too) */
+#define FRAG_FIRST 1 /* offset 0, more to come: it holds the L4 header */
+#define FRAG_LATER 2 /* offset > 0: no L4 header */
 
 enum parse_result {
 	PARSE_OK,
 	PARSE_NOT_IP,
 	PARSE_MALFORMED,
+	PARSE_FRAGMENT,  /* a first fragment without its whole L4 header */
+	PARSE_EXT_LIMIT, /* more than IPV6_EXT_HEADERS_MAX extension headers */
 };
 
 static __always_inline void v4_mapped(__u8 out[16], __be32 addr)
@@ -287,17 +320,28 @@ static __always_inline bool has_ports(__u8 proto)
 	return proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP;
 }
 
-/* IANA's IPv6 extension header numbers.  The programs do not walk them, so
- * the L4 header (and its ports) behind one is unknown. */
-static __always_inline bool ipv6_is_extension(__u8 nexthdr)
+/* The extension headers the IPv6 walk steps over (ipv6_step). */
+static __always_inline bool ipv6_walks(__u8 nexthdr)
 {
 	switch (nexthdr) {
-	case 0:   /* hop-by-hop options */
-	case 43:  /* routing */
-	case 44:  /* fragment */
-	case 50:  /* ESP */
-	case 51:  /* AH */
-	case 60:  /* destination options */
+	case IPV6_HOP_BY_HOP:
+	case IPV6_ROUTING:
+	case IPV6_FRAGMENT:
+	case IPV6_AH:
+	case IPV6_DEST_OPTS:
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* IANA's other extension headers, which the walk does not enter: what
+ * follows one is unknown, so the packet is judged as that protocol with
+ * port 0 (which fails closed under port rules) and stays out of
+ * conntrack.  (ESP is a protocol without ports, as under IPv4.) */
+static __always_inline bool ipv6_is_opaque(__u8 nexthdr)
+{
+	switch (nexthdr) {
 	case 135: /* mobility */
 	case 139: /* HIP */
 	case 140: /* shim6 */
@@ -306,6 +350,22 @@ static __always_inline bool ipv6_is_extension(__u8 nexthdr)
 		return true;
 	default:
 		return false;
+	}
+}
+
+/* The fixed L4 header a verdict reads: TCP's up to its options (ports and
+ * flags), UDP's, SCTP's common header; nothing of protocols without ports. */
+static __always_inline __u32 l4_header_len(__u8 proto)
+{
+	switch (proto) {
+	case IPPROTO_TCP:
+		return 20;
+	case IPPROTO_UDP:
+		return 8;
+	case IPPROTO_SCTP:
+		return 12;
+	default:
+		return 0;
 	}
 }
 
@@ -369,10 +429,28 @@ static __always_inline int parse_ports(struct __sk_buff *skb, __u32 l4_off, stru
 	return PARSE_OK;
 }
 
+/* Does a first fragment hold its whole L4 header (struct flow.frag_at)?
+ * One that does not (the tiny fragment attack, RFC 1858 and 3128) would
+ * leave part of what its verdict reads to a later fragment.  start: the
+ * first byte of its fragmentable part; l4_off: its L4 header's; end: where
+ * its IP header says it ends. */
+static __always_inline bool frag_first_whole(struct __sk_buff *skb, struct flow *f, __u32 start,
+					     __u32 l4_off, __u32 end)
+{
+	__u32 l4_end = l4_off + l4_header_len(f->proto);
+
+	if (l4_end > end || l4_end > skb->len)
+		return false;
+	f->frag_at = l4_end - start;
+	return true;
+}
+
 static __always_inline int parse_ipv4(struct __sk_buff *skb, struct flow *f)
 {
 	struct iphdr buf;
 	const struct iphdr *ip = header_at(skb, ETH_HLEN, sizeof(buf), &buf);
+	__u32 l4_off;
+	__u16 frag;
 
 	if (!ip)
 		return PARSE_MALFORMED;
@@ -382,23 +460,93 @@ static __always_inline int parse_ipv4(struct __sk_buff *skb, struct flow *f)
 	v4_mapped(f->dst, ip->daddr);
 	f->proto = ip->protocol;
 	f->v4 = true;
-	/* A non-first fragment carries no L4 header: it keeps port 0 and stays
-	 * out of conntrack, whose tuple it cannot prove. */
-	if (ip->frag_off & bpf_htons(IPV4_FRAG_OFFSET))
-		return PARSE_OK;
+	l4_off = ETH_HLEN + ip->ihl * 4;
+	frag = bpf_ntohs(ip->frag_off);
+	if (frag & (IPV4_MF | IPV4_FRAG_OFFSET)) {
+		f->frag_proto = ip->protocol;
+		f->frag_id = ip->id;
+		/* A later fragment carries no L4 header: it is judged by its
+		 * first fragment's record (fragments.h). */
+		if (frag & IPV4_FRAG_OFFSET) {
+			f->frag = FRAG_LATER;
+			f->frag_at = (frag & IPV4_FRAG_OFFSET) * 8;
+			return PARSE_OK;
+		}
+		f->frag = FRAG_FIRST;
+		if (!frag_first_whole(skb, f, l4_off, l4_off, ETH_HLEN + bpf_ntohs(ip->tot_len)))
+			return PARSE_FRAGMENT;
+	}
 	f->trackable = true;
 	if (!has_ports(ip->protocol))
 		return PARSE_OK;
-	return parse_ports(skb, ETH_HLEN + ip->ihl * 4, f);
+	return parse_ports(skb, l4_off, f);
+}
+
+/* Where the IPv6 walk is: at the header of type nexthdr at off. */
+struct ipv6_walk {
+	__u32 off;
+	__u32 frag_start; /* a first fragment's fragmentable part starts here */
+	__u8 nexthdr;
+	bool frag_seen;
+};
+
+enum ipv6_step_result {
+	EXT_NEXT,      /* stepped over one */
+	EXT_LATER,     /* a later fragment's fragment header: no L4 header follows */
+	EXT_MALFORMED, /* truncated, or a second fragment header (RFC 8200: one) */
+};
+
+/* Steps over the extension header at w->off, one ipv6_walks names.  A
+ * fragment header names its datagram in f (unless it is an atomic
+ * fragment, a whole packet: RFC 6946). */
+static __always_inline int ipv6_step(struct __sk_buff *skb, struct ipv6_walk *w, struct flow *f)
+{
+	__u8 buf[8]; /* every extension header is at least 8 bytes */
+	const __u8 *h = header_at(skb, w->off, sizeof(buf), buf);
+	__u16 frag;
+
+	if (!h)
+		return EXT_MALFORMED;
+	if (w->nexthdr != IPV6_FRAGMENT) {
+		/* AH counts its length in 4-byte words less 2, the others in
+		 * 8-byte units less 1. */
+		__u32 len = w->nexthdr == IPV6_AH ? ((__u32)h[1] + 2) * 4 : ((__u32)h[1] + 1) * 8;
+
+		w->nexthdr = h[0];
+		w->off += len;
+		return EXT_NEXT;
+	}
+	if (w->frag_seen)
+		return EXT_MALFORMED;
+	w->frag_seen = true;
+	w->nexthdr = h[0];
+	w->off += sizeof(buf);
+	__builtin_memcpy(&frag, h + 2, sizeof(frag));
+	frag = bpf_ntohs(frag);
+	if (!(frag & (IPV6_FRAG_OFFSET | IPV6_FRAG_MORE)))
+		return EXT_NEXT;
+	/* frag_proto stays 0: IPv6 reassembles by addresses and id alone, and
+	 * only the first fragment's next header counts (RFC 8200). */
+	__builtin_memcpy(&f->frag_id, h + 4, sizeof(f->frag_id));
+	if (frag & IPV6_FRAG_OFFSET) {
+		f->frag = FRAG_LATER;
+		f->frag_at = frag & IPV6_FRAG_OFFSET;
+		return EXT_LATER;
+	}
+	f->frag = FRAG_FIRST;
+	w->frag_start = w->off;
+	return EXT_NEXT;
 }
 
 static __always_inline int parse_ipv6(struct __sk_buff *skb, struct flow *f)
 {
-	__u32 l4_off = ETH_HLEN + sizeof(struct ipv6hdr);
 	struct ipv6hdr buf;
 	const struct ipv6hdr *ip = header_at(skb, ETH_HLEN, sizeof(buf), &buf);
+	struct ipv6_walk w = {};
 	const __u8 *icmp_type;
-	__u8 icmp_buf;
+	__u8 icmp_buf, hop_limit;
+	__u32 end;
+	int walked;
 
 	if (!ip)
 		return PARSE_MALFORMED;
@@ -410,17 +558,40 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct flow *f)
 	 * on receive); here they would pass for the IPv4 address in the maps. */
 	if (is_v4_mapped(f->src) || is_v4_mapped(f->dst))
 		return PARSE_MALFORMED;
-	/* Extension headers are not walked: their next-header value becomes the
-	 * protocol with port 0, which fails closed under port rules, and the
-	 * packet stays out of conntrack. */
-	f->proto = ip->nexthdr;
-	if (ipv6_is_extension(ip->nexthdr))
+	hop_limit = ip->hop_limit;
+	w.off = ETH_HLEN + sizeof(struct ipv6hdr);
+	w.nexthdr = ip->nexthdr;
+	end = w.off + bpf_ntohs(ip->payload_len);
+	/* The extension headers, to the L4 header and its ports. */
+	for (walked = 0; walked <= IPV6_EXT_HEADERS_MAX; walked++) {
+		int step;
+
+		if (!ipv6_walks(w.nexthdr))
+			break;
+		if (walked == IPV6_EXT_HEADERS_MAX)
+			return PARSE_EXT_LIMIT;
+		step = ipv6_step(skb, &w, f);
+		if (step == EXT_MALFORMED)
+			return PARSE_MALFORMED;
+		if (step == EXT_LATER) {
+			f->proto = w.nexthdr;
+			return PARSE_OK;
+		}
+	}
+	f->proto = w.nexthdr;
+	if (f->frag == FRAG_FIRST && !frag_first_whole(skb, f, w.frag_start, w.off, end))
+		return PARSE_FRAGMENT;
+	if (ipv6_is_opaque(w.nexthdr))
 		return PARSE_OK;
 	f->trackable = true;
-	if (has_ports(ip->nexthdr))
-		return parse_ports(skb, l4_off, f);
-	if (ip->nexthdr == PROTO_ICMPV6 && ip->hop_limit == NDP_HOP_LIMIT) {
-		icmp_type = header_at(skb, l4_off, 1, &icmp_buf);
+	if (has_ports(w.nexthdr))
+		return parse_ports(skb, w.off, f);
+	/* Neighbour discovery only right after the IPv6 header, as it is sent:
+	 * behind an extension header (MLD's hop-by-hop router alert, or a
+	 * fragment header, which RFC 6980 forbids NDP) ICMPv6 is judged like
+	 * any other protocol. */
+	if (walked == 0 && w.nexthdr == PROTO_ICMPV6 && hop_limit == NDP_HOP_LIMIT) {
+		icmp_type = header_at(skb, w.off, 1, &icmp_buf);
 		if (!icmp_type)
 			return PARSE_MALFORMED;
 		f->ndp = *icmp_type >= ICMPV6_NDP_FIRST && *icmp_type <= ICMPV6_NDP_LAST;
@@ -912,8 +1083,8 @@ static __always_inline int fast_path_v4(struct __sk_buff *skb, const struct endp
 		return FAST_MISS;
 	if (*(__u8 *)ip != 0x45) /* version 4, no options */
 		return FAST_MISS;
-	if (ip->frag_off & bpf_htons(IPV4_FRAG_OFFSET))
-		return FAST_MISS;
+	if (ip->frag_off & bpf_htons(IPV4_MF | IPV4_FRAG_OFFSET))
+		return FAST_MISS; /* fragments: see fragments.h */
 	if (!has_ports(ip->protocol))
 		return FAST_MISS;
 	if (owner == OWNER_FROM_POD && !pod_owns_v4(ep, ip->saddr))
@@ -1101,12 +1272,14 @@ static __always_inline void audit_check(const struct flow *f, __u32 ifindex, __u
 static __always_inline int account(__u8 owner, __u32 stat, int verdict)
 {
 	__u32 slot = STAT_SLOT(owner, stat);
-	__u64 *count = bpf_map_lookup_elem(&pal_dir_stats, &slot);
+	__u64 *count = bpf_map_lookup_elem(&pal_verdicts, &slot);
 
 	if (count)
 		*count += 1; /* per-CPU slot: no atomics needed */
 	return verdict;
 }
+
+#include "fragments.h"
 
 static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 {
@@ -1120,6 +1293,7 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 	int parsed, fast;
 	bool allowed;
 	__u32 stat;
+	int later;
 
 	cached = ep_cache_lookup(ifindex);
 	if (cached) {
@@ -1148,6 +1322,10 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 		return VERDICT_NEXT;
 	if (parsed == PARSE_MALFORMED)
 		return account(owner, STAT_DENIED_MALFORMED, VERDICT_DROP);
+	if (parsed == PARSE_FRAGMENT)
+		return account(owner, STAT_DENIED_FRAGMENT, VERDICT_DROP);
+	if (parsed == PARSE_EXT_LIMIT)
+		return account(owner, STAT_DENIED_EXT_HEADERS, VERDICT_DROP);
 
 	if (f.ndp)
 		return account(owner, STAT_ALLOWED_NDP, VERDICT_NEXT);
@@ -1159,6 +1337,9 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 		return account(owner, STAT_DENIED_SPOOF, VERDICT_DROP);
 	}
 
+	if (f.frag == FRAG_LATER && frag_later_settled(&f, ep, ifindex, owner, &later))
+		return later;
+
 	if (fast == FAST_CT_ABSENT || f.tcp_open) {
 		/* Neither entry exists (the fast path looked) or may vouch for
 		 * the packet (opens_connection): straight to policy. */
@@ -1167,15 +1348,15 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 	} else if (likely_forward(&f)) {
 		own = ct_own_entry(&own_key, &f, ifindex, owner);
 		if (ct_established(own, ep, owner))
-			return account(owner, STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
+			return settle(&f, ep, ifindex, owner, STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
 		if (ct_is_reply(&f, ep, ifindex, owner))
-			return account(owner, STAT_ALLOWED_REPLY, VERDICT_NEXT);
+			return settle(&f, ep, ifindex, owner, STAT_ALLOWED_REPLY, VERDICT_NEXT);
 	} else {
 		if (ct_is_reply(&f, ep, ifindex, owner))
-			return account(owner, STAT_ALLOWED_REPLY, VERDICT_NEXT);
+			return settle(&f, ep, ifindex, owner, STAT_ALLOWED_REPLY, VERDICT_NEXT);
 		own = ct_own_entry(&own_key, &f, ifindex, owner);
 		if (ct_established(own, ep, owner))
-			return account(owner, STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
+			return settle(&f, ep, ifindex, owner, STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
 	}
 
 	allowed = ct_policy_allows(&f, ep, owner, &own_key, own);
@@ -1183,10 +1364,10 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 	audit_check(&f, ifindex, owner, allowed, allowed ? stat : STAT_DENIED);
 	if (!allowed) {
 		flow_event(&f, ifindex, owner, FLOW_DENIED, hook_policy(ep, owner), STAT_DENIED);
-		return account(owner, STAT_DENIED, VERDICT_DROP);
+		return settle(&f, ep, ifindex, owner, STAT_DENIED, VERDICT_DROP);
 	}
 	flow_event(&f, ifindex, owner, FLOW_ALLOWED, hook_policy(ep, owner), stat);
-	return account(owner, stat, VERDICT_NEXT);
+	return settle(&f, ep, ifindex, owner, stat, VERDICT_NEXT);
 }
 
 SEC("classifier")

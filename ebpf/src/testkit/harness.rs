@@ -343,6 +343,13 @@ impl Harness {
         keys
     }
 
+    /// Every record first fragments left ([`MAP_FRAGS`]).
+    pub fn frags(&mut self) -> Vec<(FragKey, FragValue)> {
+        let map: HashMap<_, FragKey, FragValue> =
+            HashMap::try_from(self.ebpf.map_mut(MAP_FRAGS).unwrap()).unwrap();
+        map.iter().map(|r| r.unwrap()).collect()
+    }
+
     /// Forgets every conntrack entry, and checks that none is left.
     pub fn ct_clear(&mut self) {
         for key in self.ct_keys() {

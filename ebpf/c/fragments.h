@@ -1,0 +1,154 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * IP fragments.  Only a datagram's first fragment (offset 0) carries its L4
+ * header; a later one has no ports to judge.  So the first fragment is
+ * judged like any packet (conntrack, then policy, by its real ports) and
+ * its verdict is recorded in pal_frags under the datagram's name (source,
+ * destination, protocol, identification: what the receiver reassembles
+ * by) and the hook's (ifindex, owner), so one hook's verdict never stands
+ * for another's.  A later fragment takes that verdict:
+ *
+ *   no record (no first fragment seen, it came later, or the record was
+ *   evicted)                                     -> drop
+ *   the first fragment was dropped               -> drop
+ *   it starts inside the L4 header the first
+ *   fragment was judged by (an overlap, RFC 3128) -> drop, and so do the
+ *                                                   datagram's other
+ *                                                   fragments (RFC 5722)
+ *   passed under the endpoint's current epochs   -> next
+ *   passed under other epochs                    -> judged again as a
+ *                                                   packet of its flow, by
+ *                                                   the first fragment's
+ *                                                   ports
+ *
+ * Drops are STAT_DENIED_FRAGMENT, passes STAT_ALLOWED_FRAGMENT.  Why no
+ * fragment opens a port policy denies: every offset-0 fragment is judged
+ * by its own ports (a second first fragment with another flow's ports
+ * meets that flow's verdict and overwrites the record); one too short for
+ * its L4 header is dropped (frag_first_whole); no later fragment reaches
+ * into the bytes its first fragment was judged by.  So whatever the
+ * receiver reassembles starts with a header that passed.  Fragments that
+ * arrive before their first fragment are dropped: veths keep order, and
+ * fail closed is the stance.
+ *
+ * Included by palisade.bpf.c ahead of its verdict, whose struct flow,
+ * struct endpoint, account and flow_event it uses.
+ */
+#ifndef PALISADE_FRAGMENTS_H
+#define PALISADE_FRAGMENTS_H
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, FRAG_TRACK_ENTRIES);
+	__type(key, struct frag_key);
+	__type(value, struct frag_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pal_frags SEC(".maps");
+
+static __always_inline void frag_key_of(struct frag_key *k, const struct flow *f, __u32 ifindex,
+					__u8 owner)
+{
+	__builtin_memcpy(k->src, f->src, 16);
+	__builtin_memcpy(k->dst, f->dst, 16);
+	k->id = f->frag_id;
+	k->ifindex = ifindex;
+	k->proto = f->frag_proto;
+	k->owner = owner;
+	k->pad[0] = 0;
+	k->pad[1] = 0;
+}
+
+/* Records the verdict on the first fragment f for its later fragments.  An
+ * identification comes back (a later datagram, or a forged first
+ * fragment): the newest first fragment's verdict and ports stand, but
+ * l4_end only grows, so that of two first fragments laid out differently
+ * (IPv6 headers inside the fragmentable part) neither leaves the other's
+ * L4 header open to a later fragment. */
+static __always_inline void frag_remember(const struct flow *f, const struct endpoint *ep,
+					  __u32 ifindex, __u8 owner, bool allowed)
+{
+	struct frag_key k;
+	struct frag_value v = {};
+	const struct frag_value *old;
+
+	frag_key_of(&k, f, ifindex, owner);
+	v.sport = f->sport;
+	v.dport = f->dport;
+	v.l4_end = f->frag_at;
+	v.proto = f->proto;
+	v.allowed = allowed;
+	v.ingress_epoch = ep->ingress_epoch;
+	v.egress_epoch = ep->egress_epoch;
+	old = bpf_map_lookup_elem(&pal_frags, &k);
+	if (old && old->l4_end > v.l4_end)
+		v.l4_end = old->l4_end;
+	/* A failed write leaves the later fragments without a record: they
+	 * drop, which is the safe side. */
+	bpf_map_update_elem(&pal_frags, &k, &v, BPF_ANY);
+}
+
+enum frag_answer {
+	FRAG_PASS,  /* STAT_ALLOWED_FRAGMENT */
+	FRAG_DROP,  /* STAT_DENIED_FRAGMENT */
+	FRAG_JUDGE, /* judge it as a packet of its flow (f now has its ports) */
+};
+
+/* What the record of its first fragment says of the later fragment f.  f
+ * takes the datagram's ports and protocol from it, for the flow log of a
+ * drop and for a new judgement. */
+static __always_inline int frag_follow(struct flow *f, const struct endpoint *ep, __u32 ifindex,
+				       __u8 owner)
+{
+	struct frag_key k;
+	struct frag_value *v;
+
+	frag_key_of(&k, f, ifindex, owner);
+	v = bpf_map_lookup_elem(&pal_frags, &k);
+	if (!v)
+		return FRAG_DROP;
+	f->sport = v->sport;
+	f->dport = v->dport;
+	f->proto = v->proto;
+	if (f->frag_at < v->l4_end) {
+		v->allowed = 0;
+		return FRAG_DROP;
+	}
+	if (!v->allowed)
+		return FRAG_DROP;
+	if (v->ingress_epoch == ep->ingress_epoch && v->egress_epoch == ep->egress_epoch)
+		return FRAG_PASS;
+	f->trackable = true;
+	return FRAG_JUDGE;
+}
+
+/* Settles the later fragment f when its record decides it (into *verdict,
+ * counted); false when it is to be judged as a packet of its flow. */
+static __always_inline bool frag_later_settled(struct flow *f, const struct endpoint *ep,
+					       __u32 ifindex, __u8 owner, int *verdict)
+{
+	int answer = frag_follow(f, ep, ifindex, owner);
+
+	if (answer == FRAG_PASS) {
+		*verdict = account(owner, STAT_ALLOWED_FRAGMENT, VERDICT_NEXT);
+		return true;
+	}
+	if (answer == FRAG_DROP) {
+		flow_event(f, ifindex, owner, FLOW_DENIED, hook_policy(ep, owner),
+			   STAT_DENIED_FRAGMENT);
+		*verdict = account(owner, STAT_DENIED_FRAGMENT, VERDICT_DROP);
+		return true;
+	}
+	return false;
+}
+
+/* Counts the verdict on the parsed packet f (account), first recording it
+ * for the later fragments when f is a first fragment. */
+static __always_inline int settle(const struct flow *f, const struct endpoint *ep, __u32 ifindex,
+				  __u8 owner, __u32 stat, int verdict)
+{
+	if (f->frag == FRAG_FIRST)
+		frag_remember(f, ep, ifindex, owner, verdict == VERDICT_NEXT);
+	return account(owner, stat, verdict);
+}
+
+#endif
