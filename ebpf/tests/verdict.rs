@@ -11,45 +11,8 @@ use palisade_ebpf::testkit::frames::*;
 use palisade_ebpf::testkit::*;
 use palisade_ebpf::*;
 
-// ---------------------------------------------------------------- harness
-
-/// Runs `test` with the ifindexes of two interfaces that exist for
-/// BPF_PROG_TEST_RUN (it refuses an unknown ifindex): the ends of a veth
-/// pair in a network namespace of its own, made on a thread of its own
-/// (the namespace is per thread and goes away with it).
-fn with_two_pods(test: impl FnOnce(u32, u32) + Send) {
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                // SAFETY: unshare only changes this thread's namespaces.
-                let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-                assert_eq!(
-                    rc,
-                    0,
-                    "unshare(CLONE_NEWNET): {}",
-                    std::io::Error::last_os_error()
-                );
-                let status = std::process::Command::new("ip")
-                    .args([
-                        "link", "add", "pal-a", "type", "veth", "peer", "name", "pal-b",
-                    ])
-                    .status()
-                    .expect("run ip");
-                assert!(status.success(), "ip link add: {status}");
-                test(ifindex_of("pal-a"), ifindex_of("pal-b"));
-            })
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-    });
-}
-
-fn ifindex_of(name: &str) -> u32 {
-    let c = std::ffi::CString::new(name).unwrap();
-    // SAFETY: a valid NUL-terminated string.
-    let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    assert_ne!(index, 0, "{name}: {}", std::io::Error::last_os_error());
-    index
-}
+mod common;
+use common::with_two_pods;
 
 // ------------------------------------------------------------------ tests
 
@@ -707,16 +670,12 @@ fn neighbour_discovery_passes_other_icmpv6_does_not() {
 }
 
 #[test]
-fn fragments_and_truncated_headers_fail_closed() {
+fn truncated_headers_fail_closed() {
     let mut h = Harness::new();
     h.endpoint(0, 1);
     h.cidr(1, "10.0.1.0/24", 1);
     h.ports(1, PROTO_UDP, 53, 53);
-    // The first fragment has the ports; a later one has none.
-    let first = ipv4_with_frag(POD4, "10.0.1.5", PROTO_UDP, 0x2000, &udp_hdr(1000, 53));
-    let later = ipv4_with_frag(POD4, "10.0.1.5", PROTO_UDP, 0x0002, &[0; 16]);
-    assert_eq!(h.pod_sends(&first), ALLOW);
-    assert_eq!(h.pod_sends(&later), DROP);
+    // (Fragments: tests/fragments.rs.)
     let truncated = ipv4_with_frag(POD4, "10.0.1.5", PROTO_UDP, 0, &[0, 1]);
     assert_eq!(h.pod_sends(&truncated), DROP);
     assert_eq!(
@@ -1234,54 +1193,6 @@ fn server_with_default_deny_egress_answers_its_clients() {
         }
         assert_eq!(h.pod_sends(&tcp(server, 443, client, 50001)), DROP);
     }
-}
-
-#[test]
-fn fragments_and_extension_headers_create_and_match_no_entries() {
-    let mut h = Harness::new();
-    h.endpoint(0, 0);
-    let later = |src, dst| ipv4_with_frag(src, dst, PROTO_UDP, 0x0002, &[0; 16]);
-    let frag6 = |src, dst| ipv6_with_hops(src, dst, 44, 64, &[PROTO_UDP, 0, 0, 1, 0, 0, 0, 1]);
-    let hbh6 = |src, dst| ipv6_with_hops(src, dst, 0, 64, &[PROTO_UDP, 0, 1, 4, 0, 0, 0, 0]);
-    // Not isolated: they pass, but leave nothing behind.
-    assert_eq!(h.pod_sends(&later(POD4, "10.0.1.5")), ALLOW);
-    assert_eq!(h.pod_receives(&later("10.0.1.5", POD4)), ALLOW);
-    assert_eq!(h.pod_sends(&frag6(POD6, "fd00:1::5")), ALLOW);
-    assert_eq!(h.pod_receives(&hbh6("fd00:1::5", POD6)), ALLOW);
-    assert_eq!(h.ct_len(), 0, "{:?}", h.ct_keys());
-
-    // Isolated with a port-0 entry in place (planted: nothing the programs
-    // do makes one for a fragment): still no match.
-    h.endpoint(1, 1);
-    for (proto, src, dst) in [
-        (PROTO_UDP, "10.0.1.5", POD4),
-        (44, "fd00:1::5", POD6),
-        (0, "fd00:1::5", POD6),
-    ] {
-        let planted = ct(dst, 0, src, 0, proto, OWNER_FROM_POD);
-        h.ct_insert(
-            planted,
-            CtValue {
-                last_seen_ns: 1,
-                ..CtValue::default()
-            },
-        );
-    }
-    assert_eq!(h.pod_receives(&later("10.0.1.5", POD4)), DROP);
-    assert_eq!(h.pod_receives(&frag6("fd00:1::5", POD6)), DROP);
-    assert_eq!(h.pod_receives(&hbh6("fd00:1::5", POD6)), DROP);
-    assert_eq!(h.stat(STAT_ALLOWED_REPLY), 0);
-
-    // Judged by policy with port 0: a rule for every UDP port lets the
-    // IPv4 fragment through, still without an entry.
-    h.cidr(1, "10.0.1.0/24", 3);
-    h.port_keys(PortKey::lpm(3, PROTO_UDP, 0, 0));
-    let before = h.ct_len();
-    assert_eq!(h.pod_receives(&later("10.0.1.5", POD4)), ALLOW);
-    assert_eq!(h.ct_len(), before);
-    h.cidr(1, "10.0.2.0/24", 4);
-    h.ports(4, PROTO_UDP, 53, 53);
-    assert_eq!(h.pod_receives(&later("10.0.2.5", POD4)), DROP, "port rule");
 }
 
 #[test]
