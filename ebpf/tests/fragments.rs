@@ -230,29 +230,31 @@ fn one_hooks_record_does_not_pass_another_pods_fragments() {
     with_two_pods(|a, b| {
         let mut h = Harness::new();
         h.endpoint_at(a, 0, 0, &["10.0.0.10"]);
-        // b accepts nothing.
+        // b accepts every UDP port from a, and no TCP.
         h.endpoint_at(b, 5, 0, &["10.0.0.11"]);
-        let frags = fragments(
-            "10.0.0.10",
-            "10.0.0.11",
-            PROTO_UDP,
-            3,
-            &udp_datagram(1000, 53, 3000),
-            &[1480],
-        );
-        assert_eq!(h.sends_at(a, &frags[0]), ALLOW, "a may send it");
-        assert_eq!(h.sends_at(a, &frags[1]), ALLOW);
+        h.cidr(5, "10.0.0.10/32", 5);
+        h.port_keys(PortKey::lpm(5, PROTO_UDP, 0, 0));
+        let datagram = |proto, id| {
+            let body = match proto {
+                PROTO_UDP => udp_datagram(1000, 53, 3000),
+                _ => tcp_segment(40000, 80, 3000),
+            };
+            fragments("10.0.0.10", "10.0.0.11", proto, id, &body, &[1480])
+        };
+        let udp = datagram(PROTO_UDP, 3);
+        assert_eq!(h.sends_at(a, &udp[0]), ALLOW, "a may send it");
+        assert_eq!(h.sends_at(a, &udp[1]), ALLOW);
         assert_eq!(
-            h.receives_at(b, &frags[1]),
+            h.receives_at(b, &udp[1]),
             DROP,
-            "b never saw its first fragment"
+            "b never saw its first fragment, whatever b allows"
         );
-        assert_eq!(h.receives_at(b, &frags[0]), DROP, "b's ingress denies it");
-        assert_eq!(
-            h.receives_at(b, &frags[1]),
-            DROP,
-            "and so its later fragments"
-        );
+        let tcp = datagram(PROTO_TCP, 4);
+        assert_eq!(h.sends_at(a, &tcp[0]), ALLOW);
+        assert_eq!(h.sends_at(a, &tcp[1]), ALLOW);
+        assert_eq!(h.receives_at(b, &tcp[0]), DROP, "b's ingress denies TCP");
+        assert_eq!(h.receives_at(b, &tcp[1]), DROP, "and so the rest of it");
+        assert_eq!(h.stat_dir(OWNER_TO_POD, STAT_DENIED_FRAGMENT), 2);
     });
 }
 
