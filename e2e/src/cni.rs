@@ -26,22 +26,33 @@ pub const CNI_VERSION: &str = "1.0.0";
 pub const IFNAME: &str = "eth0";
 
 /// The lab's chain: ptp (or bridge, on device `bridge`) with host-local
-/// IPAM, then (unless `enforcer_socket` is `None`) palisade-cni.
+/// IPAM, then (unless `enforcer_socket` is `None`) palisade-cni. With
+/// `subnet6` every pod also gets an IPv6 address from it (dual stack, IPv4
+/// first).
 pub fn lab_chain(
     ipam_dir: &Path,
     subnet: &str,
+    subnet6: Option<&str>,
     kind: CniKind,
     bridge: &str,
     enforcer_socket: Option<&Path>,
 ) -> Vec<Value> {
-    let ipam = json!({
-        "type": "host-local",
-        "subnet": subnet,
-        "dataDir": ipam_dir,
-        // A default route lets probes reach addresses outside the pod
-        // subnet (ipBlock scenarios) through the node.
-        "routes": [{"dst": "0.0.0.0/0"}],
-    });
+    let ipam = match subnet6 {
+        None => json!({
+            "type": "host-local",
+            "subnet": subnet,
+            "dataDir": ipam_dir,
+            // A default route lets probes reach addresses outside the pod
+            // subnet (ipBlock scenarios) through the node.
+            "routes": [{"dst": "0.0.0.0/0"}],
+        }),
+        Some(subnet6) => json!({
+            "type": "host-local",
+            "ranges": [[{"subnet": subnet}], [{"subnet": subnet6}]],
+            "dataDir": ipam_dir,
+            "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}],
+        }),
+    };
     let mut chain = vec![match kind {
         CniKind::Ptp => json!({"type": "ptp", "ipMasq": false, "ipam": ipam}),
         // The bridge's result lists the bridge and the host veth, both

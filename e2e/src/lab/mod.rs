@@ -57,6 +57,10 @@ pub struct LabConfig {
     pub run_root: PathBuf,
     /// Node 1's pod range; node K gets the range K-1 sizes further on.
     pub pod_subnet: String,
+    /// Dual stack: node 1's IPv6 pod range (a /64; node K gets the K-1th
+    /// next one), every pod an address from it besides its IPv4 one
+    /// ([`Lab::pod_ip6`]). `None`: IPv4 only.
+    pub pod_subnet6: Option<String>,
     /// How many nodes (1 to [`MAX_NODES`]).
     pub nodes: usize,
     /// Keep `<run dir>/logs` after shutdown.
@@ -107,6 +111,7 @@ impl Default for LabConfig {
             cni_bin_dir: PathBuf::from("/usr/lib/cni"),
             run_root: PathBuf::from("/run/palisade-lab"),
             pod_subnet: "10.244.0.0/24".to_string(),
+            pod_subnet6: None,
             nodes: 1,
             keep_logs: false,
             with_palisade: true,
@@ -281,16 +286,25 @@ impl Lab {
             let ns = NetNs::create(&name)?;
             // ptp routes between pods through the node, as a real node does.
             ns.set_sysctl("net.ipv4.ip_forward", "1")?;
+            if self.config.pod_subnet6.is_some() {
+                ns.set_sysctl("net.ipv6.conf.all.forwarding", "1")?;
+            }
             for (key, value) in &self.config.node_sysctls {
                 ns.set_sysctl(key, value)?;
             }
             node::join_fabric(self.fabric(), &ns, i)?;
+            if self.config.pod_subnet6.is_some() {
+                node::join_fabric6(&ns, i)?;
+            }
             self.nodes[i].ns = Some(ns);
         }
         for (i, n) in self.nodes.iter().enumerate() {
             for (j, other) in self.nodes.iter().enumerate() {
                 if i != j {
                     node::route_to(n.ns(), &other.pod_subnet, j)?;
+                    if let Some(subnet6) = &other.pod_subnet6 {
+                        node::route6_to(n.ns(), subnet6, j)?;
+                    }
                 }
             }
         }

@@ -9,7 +9,7 @@
 //! runs in the fabric namespace and serves the enforcers over TCP there, as
 //! a controller Service does in a cluster.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -27,6 +27,8 @@ use super::LabConfig;
 /// is `.254`. Outside the pod ranges and the usual Service ranges.
 const FABRIC_PREFIX: [u8; 3] = [10, 250, 0];
 const FABRIC_LEN: u8 = 24;
+/// The same for a dual-stack lab: node K is `fd00:250::K`, on a /64.
+const FABRIC6_PREFIX: u128 = 0xfd00_0250_0000_0000 << 64;
 const CONTROLLER_HOST: u8 = 254;
 pub(super) const CONTROLLER_PORT: u16 = 7443;
 /// The fabric side of node K's link is `n{K}`; the node side is this.
@@ -47,6 +49,8 @@ pub(super) struct LabNode {
     pub(super) enforcer_log: PathBuf,
     pub(super) second_log: PathBuf,
     pub(super) pod_subnet: String,
+    /// The node's IPv6 pod range, in a dual-stack lab.
+    pub(super) pod_subnet6: Option<String>,
     pub(super) bridge: String,
     pub(super) cni: CniChain,
     pub(super) enforcer: Option<Daemon>,
@@ -76,6 +80,11 @@ impl LabNode {
         let log_dir = run_dir.join("logs");
         let enforcer_socket = run_dir.join(format!("enforcer{sfx}.sock"));
         let pod_subnet = node_subnet(&config.pod_subnet, index)?;
+        let pod_subnet6 = config
+            .pod_subnet6
+            .as_deref()
+            .map(|base| node_subnet6(base, index))
+            .transpose()?;
         // Interface names are at most 15 bytes; the id keeps labs apart.
         let bridge = format!(
             "plbr{id}{}",
@@ -94,6 +103,7 @@ impl LabNode {
             plugins: lab_chain(
                 &run_dir.join(format!("ipam{sfx}")),
                 &pod_subnet,
+                pod_subnet6.as_deref(),
                 config.cni,
                 &bridge,
                 config.with_palisade.then_some(enforcer_socket.as_path()),
@@ -115,6 +125,7 @@ impl LabNode {
             enforcer_log: log_dir.join(format!("enforcer{sfx}.log")),
             second_log: log_dir.join(format!("enforcer-2{sfx}.log")),
             pod_subnet,
+            pod_subnet6,
             bridge,
             cni,
             enforcer: None,
@@ -155,6 +166,34 @@ pub(super) fn node_subnet(base: &str, index: usize) -> Result<String> {
         bail!("pod subnet {base:?} has no room for node {}", index + 1);
     }
     Ok(format!("{}/{len}", Ipv4Addr::from(shifted as u32)))
+}
+
+/// Node `index`'s IPv6 pod range: the configured /64 with `index` added to
+/// its network part (fd00:10:244::/64, fd00:10:244:1::/64, ...).
+pub(super) fn node_subnet6(base: &str, index: usize) -> Result<String> {
+    let (addr, len) = base
+        .split_once('/')
+        .with_context(|| format!("IPv6 pod subnet {base:?} is not ADDRESS/PREFIX"))?;
+    let addr: Ipv6Addr = addr
+        .parse()
+        .with_context(|| format!("IPv6 pod subnet {base:?}: not an IPv6 address"))?;
+    if len != "64" {
+        bail!("IPv6 pod subnet {base:?}: the prefix must be 64 (one /64 per node)");
+    }
+    let network = (u128::from(addr) >> 64)
+        .checked_add(index as u128)
+        .filter(|n| *n <= u128::from(u64::MAX))
+        .with_context(|| {
+            format!(
+                "IPv6 pod subnet {base:?} has no room for node {}",
+                index + 1
+            )
+        })?;
+    Ok(format!("{}/64", Ipv6Addr::from(network << 64)))
+}
+
+pub(super) fn fabric_ip6(node_index: usize) -> Ipv6Addr {
+    Ipv6Addr::from(FABRIC6_PREFIX | (node_index as u128 + 1))
 }
 
 pub(super) fn fabric_ip(node_index: usize) -> Ipv4Addr {
@@ -203,6 +242,21 @@ pub(super) fn join_fabric(fabric: &NetNs, node: &NetNs, index: usize) -> Result<
     ip(&["-n", f, "link", "set", &port, "master", BRIDGE, "up"])
 }
 
+/// Gives node `index`'s fabric link its IPv6 address too (dual-stack labs);
+/// `nodad`, so that routes through it work at once.
+pub(super) fn join_fabric6(node: &NetNs, index: usize) -> Result<()> {
+    ip(&[
+        "-n",
+        node.name(),
+        "addr",
+        "add",
+        &format!("{}/64", fabric_ip6(index)),
+        "dev",
+        NODE_LINK,
+        "nodad",
+    ])
+}
+
 /// A route in `node` to another node's pod range through its fabric address.
 pub(super) fn route_to(node: &NetNs, subnet: &str, via_index: usize) -> Result<()> {
     ip(&[
@@ -213,6 +267,22 @@ pub(super) fn route_to(node: &NetNs, subnet: &str, via_index: usize) -> Result<(
         subnet,
         "via",
         &fabric_ip(via_index).to_string(),
+        "dev",
+        NODE_LINK,
+    ])
+}
+
+/// The same for another node's IPv6 pod range.
+pub(super) fn route6_to(node: &NetNs, subnet6: &str, via_index: usize) -> Result<()> {
+    ip(&[
+        "-n",
+        node.name(),
+        "-6",
+        "route",
+        "add",
+        subnet6,
+        "via",
+        &fabric_ip6(via_index).to_string(),
         "dev",
         NODE_LINK,
     ])
@@ -246,6 +316,26 @@ mod tests {
         assert!(node_subnet("255.255.255.0/24", 1).is_err());
         assert!(node_subnet("fd00::/64", 0).is_err());
         assert!(node_subnet("10.244.0.0", 0).is_err());
+    }
+
+    #[test]
+    fn ipv6_node_ranges_are_consecutive_64s() {
+        assert_eq!(
+            node_subnet6("fd00:10:244::/64", 0).unwrap(),
+            "fd00:10:244::/64"
+        );
+        assert_eq!(
+            node_subnet6("fd00:10:244::/64", 1).unwrap(),
+            "fd00:10:244:1::/64"
+        );
+        assert_eq!(
+            node_subnet6("fd00:10:244:ff::/64", 2).unwrap(),
+            "fd00:10:244:101::/64"
+        );
+        assert!(node_subnet6("fd00:10:244::/56", 0).is_err());
+        assert!(node_subnet6("10.244.0.0/24", 0).is_err());
+        assert!(node_subnet6("ffff:ffff:ffff:ffff::/64", 1).is_err());
+        assert_eq!(fabric_ip6(0), "fd00:250::1".parse::<Ipv6Addr>().unwrap());
     }
 
     #[test]

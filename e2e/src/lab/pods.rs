@@ -298,6 +298,20 @@ impl Lab {
             .and_then(|a| a.ips.first().copied())
     }
 
+    /// The pod's IPv6 address, in a dual-stack lab
+    /// ([`super::LabConfig::pod_subnet6`]).
+    pub fn pod_ip6(&self, pod: &PodName) -> Option<std::net::Ipv6Addr> {
+        self.pods
+            .get(pod)
+            .and_then(|p| p.attachment.as_ref())
+            .and_then(|a| {
+                a.ips.iter().find_map(|ip| match ip {
+                    IpAddr::V6(v6) => Some(*v6),
+                    IpAddr::V4(_) => None,
+                })
+            })
+    }
+
     /// Every pod with an address, by name.
     pub fn pod_ips(&self) -> BTreeMap<PodName, IpAddr> {
         self.pods
