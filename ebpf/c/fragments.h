@@ -3,10 +3,11 @@
  * IP fragments.  Only a datagram's first fragment (offset 0) carries its L4
  * header; a later one has no ports to judge.  So the first fragment is
  * judged like any packet (conntrack, then policy, by its real ports) and
- * its verdict is recorded in pal_frags under the datagram's name (source,
- * destination, protocol, identification: what the receiver reassembles
- * by) and the hook's (ifindex, owner), so one hook's verdict never stands
- * for another's.  A later fragment takes that verdict:
+ * its verdict is recorded in pal_frags4 or pal_frags6 under the datagram's
+ * name (source, destination, identification and IPv4's protocol: what the
+ * receiver reassembles by) and the hook's (ifindex, owner), so one hook's
+ * verdict never stands for another's.  A later fragment takes that
+ * verdict:
  *
  *   no record (no first fragment seen, it came later, or the record was
  *   evicted)                                     -> drop
@@ -40,22 +41,74 @@
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, FRAG_TRACK_ENTRIES);
-	__type(key, struct frag_key);
+	__type(key, struct frag4_key);
 	__type(value, struct frag_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} pal_frags SEC(".maps");
+} pal_frags4 SEC(".maps");
 
-static __always_inline void frag_key_of(struct frag_key *k, const struct flow *f, __u32 ifindex,
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, FRAG_TRACK_ENTRIES);
+	__type(key, struct frag6_key);
+	__type(value, struct frag_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pal_frags6 SEC(".maps");
+
+/* A record's key of either family (as struct ct_ref is for conntrack). */
+struct frag_ref {
+	bool v4;
+	union {
+		struct frag4_key k4;
+		struct frag6_key k6;
+	};
+};
+
+static __always_inline void frag_key_of(struct frag_ref *r, const struct flow *f, __u32 ifindex,
 					__u8 owner)
 {
-	__builtin_memcpy(k->src, f->src, 16);
-	__builtin_memcpy(k->dst, f->dst, 16);
-	k->id = f->frag_id;
-	k->ifindex = ifindex;
-	k->proto = f->frag_proto;
-	k->owner = owner;
-	k->pad[0] = 0;
-	k->pad[1] = 0;
+	r->v4 = f->v4;
+	if (f->v4) {
+		__builtin_memcpy(&r->k4.src, f->src + 12, 4);
+		__builtin_memcpy(&r->k4.dst, f->dst + 12, 4);
+		r->k4.ifindex = ifindex;
+		r->k4.id = (__be16)f->frag_id;
+		r->k4.proto = f->frag_proto;
+		r->k4.owner = owner;
+		return;
+	}
+	__builtin_memcpy(r->k6.src, f->src, 16);
+	__builtin_memcpy(r->k6.dst, f->dst, 16);
+	r->k6.id = f->frag_id;
+	r->k6.ifindex = ifindex;
+	r->k6.owner = owner;
+	r->k6.pad[0] = 0;
+	r->k6.pad[1] = 0;
+	r->k6.pad[2] = 0;
+}
+
+/* Two lookups the compiler may not merge (see ct_lookup). */
+static __always_inline struct frag_value *frag_lookup(const struct frag_ref *r)
+{
+	struct frag_value *v;
+
+	if (r->v4) {
+		v = bpf_map_lookup_elem(&pal_frags4, &r->k4);
+		barrier_var(v);
+		return v;
+	}
+	v = bpf_map_lookup_elem(&pal_frags6, &r->k6);
+	barrier_var(v);
+	return v;
+}
+
+/* A failed write leaves the later fragments without a record: they drop,
+ * which is the safe side. */
+static __always_inline void frag_update(const struct frag_ref *r, const struct frag_value *v)
+{
+	if (r->v4)
+		bpf_map_update_elem(&pal_frags4, &r->k4, v, BPF_ANY);
+	else
+		bpf_map_update_elem(&pal_frags6, &r->k6, v, BPF_ANY);
 }
 
 /* Records the verdict on the first fragment f for its later fragments.  An
@@ -67,11 +120,11 @@ static __always_inline void frag_key_of(struct frag_key *k, const struct flow *f
 static __always_inline void frag_remember(const struct flow *f, const struct endpoint *ep,
 					  __u32 ifindex, __u8 owner, bool allowed)
 {
-	struct frag_key k;
+	struct frag_ref r;
 	struct frag_value v = {};
 	const struct frag_value *old;
 
-	frag_key_of(&k, f, ifindex, owner);
+	frag_key_of(&r, f, ifindex, owner);
 	v.sport = f->sport;
 	v.dport = f->dport;
 	v.l4_end = f->frag_at;
@@ -79,12 +132,10 @@ static __always_inline void frag_remember(const struct flow *f, const struct end
 	v.allowed = allowed;
 	v.ingress_epoch = ep->ingress_epoch;
 	v.egress_epoch = ep->egress_epoch;
-	old = bpf_map_lookup_elem(&pal_frags, &k);
+	old = frag_lookup(&r);
 	if (old && old->l4_end > v.l4_end)
 		v.l4_end = old->l4_end;
-	/* A failed write leaves the later fragments without a record: they
-	 * drop, which is the safe side. */
-	bpf_map_update_elem(&pal_frags, &k, &v, BPF_ANY);
+	frag_update(&r, &v);
 }
 
 enum frag_answer {
@@ -99,11 +150,11 @@ enum frag_answer {
 static __always_inline int frag_follow(struct flow *f, const struct endpoint *ep, __u32 ifindex,
 				       __u8 owner)
 {
-	struct frag_key k;
+	struct frag_ref r;
 	struct frag_value *v;
 
-	frag_key_of(&k, f, ifindex, owner);
-	v = bpf_map_lookup_elem(&pal_frags, &k);
+	frag_key_of(&r, f, ifindex, owner);
+	v = frag_lookup(&r);
 	if (!v)
 		return FRAG_DROP;
 	f->sport = v->sport;

@@ -11,11 +11,26 @@
  *   1. interface not in pal_endpoints          -> next (not ours to judge)
  *   2. not IPv4/IPv6                           -> next (ARP and friends)
  *   3. malformed IP header (truncated, ihl < 5,
- *      IPv4-mapped address in IPv6)            -> drop, whatever the policy
- *   4. ICMPv6 neighbour discovery              -> next (IPv6's ARP; DAD sends
+ *      IPv4-mapped address in IPv6); a first
+ *      fragment too short for its L4 header;
+ *      the L4 header behind more than
+ *      IPV6_EXT_HEADERS_MAX extension headers  -> drop, whatever the policy
+ *      (IPv6 extension headers are walked to the L4 header and its ports:
+ *      hop-by-hop, routing, destination options, fragment, AH; ESP ends
+ *      the walk, a protocol without ports)
+ *   4. ICMPv6 neighbour discovery, right after
+ *      the IPv6 header                         -> next (IPv6's ARP; DAD sends
  *                                                 from ::, so before step 5)
  *   5. from_pod only: source not one of the
  *      pod's own addresses                     -> drop (anti-spoofing)
+ *  5a. a later fragment (no L4 header)         -> the verdict its datagram's
+ *      (fragments.h)                              first fragment got on this
+ *                                                 hook; drop when there is no
+ *                                                 such first fragment or the
+ *                                                 fragment overlaps its L4
+ *                                                 header; under older epochs
+ *                                                 on to 6-10, with the first
+ *                                                 fragment's ports
  *   6. reply to a flow the OTHER hook of the
  *      SAME interface allowed                  -> next, refresh conntrack
  *   7. forward packet of a flow this hook
@@ -37,10 +52,15 @@
  * reply (which at most re-stamps an existing entry, see Epochs).  It is keyed by (tuple, ifindex, hook), so it vouches for replies
  * on the other hook of that one pod only: another pod cannot plant an entry
  * that a victim's hook would take as proof, and no entry is ever made from
- * a spoofed source (step 5 runs first).  Packets with no trustworthy ports
- * (non-first IPv4 fragments, IPv6 extension headers) neither create nor
- * match entries; policy judges them with port 0, so only a rule allowing
- * every port of the protocol lets them through.
+ * a spoofed source (step 5 runs first).  A datagram's first fragment
+ * carries its real ports and is judged, creates and matches entries, like
+ * any packet; its later fragments, which carry none, take the verdict it
+ * got (pal_frags4, pal_frags6) and neither create nor match entries
+ * unless that verdict is of older epochs, when they are judged again by
+ * the first fragment's ports.  So entries are keyed by real ports only,
+ * and no fragment is ever judged with port 0.  IPv6 extension headers are
+ * walked, so packets behind them are judged and tracked by their ports
+ * too.
  *
  * IPv4 flows are tracked in pal_ct4 under a 20-byte key, IPv6 flows in
  * pal_conntrack under a 44-byte one; the rules are the same for both.
@@ -276,8 +296,9 @@ struct flow {
 	 * connection, which no entry may vouch for (see opens_connection). */
 	bool tcp_open;
 	__u8 frag; /* FRAG_NONE, FRAG_FIRST or FRAG_LATER */
-	/* A fragment's datagram, as a receiver names it (struct frag_key):
-	 * IPv4's protocol (0 for IPv6) and the identification. */
+	/* A fragment's datagram, as a receiver names it (struct frag4_key,
+	 * frag6_key): IPv4's protocol and the identification (IPv4's in the
+	 * low 16 bits, network order). */
 	__u8 frag_proto;
 	/* FRAG_FIRST: where the L4 header it is judged by ends; FRAG_LATER:
 	 * where it starts.  Bytes into the datagram's fragmentable part. */
@@ -525,8 +546,6 @@ static __always_inline int ipv6_step(struct __sk_buff *skb, struct ipv6_walk *w,
 	frag = bpf_ntohs(frag);
 	if (!(frag & (IPV6_FRAG_OFFSET | IPV6_FRAG_MORE)))
 		return EXT_NEXT;
-	/* frag_proto stays 0: IPv6 reassembles by addresses and id alone, and
-	 * only the first fragment's next header counts (RFC 8200). */
 	__builtin_memcpy(&f->frag_id, h + 4, sizeof(f->frag_id));
 	if (frag & IPV6_FRAG_OFFSET) {
 		f->frag = FRAG_LATER;

@@ -82,9 +82,11 @@ pub const MAP_STATS: &str = "pal_verdicts";
 /// that need more slots get a map of their own; the enforcer unpins these
 /// once no program of an older version runs.
 pub const MAP_STATS_RETIRED: [&str; 2] = ["pal_stats", "pal_dir_stats"];
-/// `LruHashMap<FragKey, FragValue>`: the verdicts first fragments got, for
-/// their datagrams' later fragments (`c/fragments.h`).
-pub const MAP_FRAGS: &str = "pal_frags";
+/// `LruHashMap<Frag4Key, FragValue>`: the verdicts IPv4 first fragments
+/// got, for their datagrams' later fragments (`c/fragments.h`).
+pub const MAP_FRAGS4: &str = "pal_frags4";
+/// `LruHashMap<Frag6Key, FragValue>`: the same for IPv6.
+pub const MAP_FRAGS6: &str = "pal_frags6";
 /// Ring buffer of [`FlowEvent`]s for the flow log.
 pub const MAP_FLOW_EVENTS: &str = "pal_flow_events";
 /// One [`FlowConfig`] at key 0.
@@ -96,7 +98,7 @@ pub const MAP_AUDIT: &str = "pal_audit";
 /// The flow log rate limit's one shared word (GCRA theoretical arrival time).
 pub const MAP_FLOW_BUCKET: &str = "pal_flow_bucket";
 /// Every map name, in no particular order; all are pinned by name.
-pub const MAP_NAMES: [&str; 15] = [
+pub const MAP_NAMES: [&str; 16] = [
     MAP_ENDPOINTS,
     MAP_EP_CACHE,
     MAP_POLICY,
@@ -111,7 +113,8 @@ pub const MAP_NAMES: [&str; 15] = [
     MAP_FLOW_STATS,
     MAP_AUDIT,
     MAP_FLOW_BUCKET,
-    MAP_FRAGS,
+    MAP_FRAGS4,
+    MAP_FRAGS6,
 ];
 
 /// `max_entries` of the maps, as compiled into [`OBJECT`].
@@ -121,7 +124,7 @@ pub const MAX_PORT_ENTRIES: u32 = 262_144;
 /// Of each of [`MAP_CONNTRACK`] and [`MAP_CT4`].
 pub const MAX_CONNTRACK_ENTRIES: u32 = 65536;
 pub const MAX_POLICY_LENS_ENTRIES: u32 = 65536;
-/// Of [`MAP_FRAGS`] (`FRAG_TRACK_ENTRIES`).
+/// Of each of [`MAP_FRAGS4`] and [`MAP_FRAGS6`] (`FRAG_TRACK_ENTRIES`).
 pub const MAX_FRAG_ENTRIES: u32 = 8192;
 /// Most prefix lengths a [`PolicyLens`] lists (`MAX_POLICY_LENS`).
 pub const MAX_POLICY_LENS: usize = 6;
@@ -570,26 +573,38 @@ pub struct CtValue {
     pub pad: u32,
 }
 
-/// Key of [`MAP_FRAGS`] (`struct frag_key`): one datagram as one hook of
-/// one pod sees its fragments. `id` holds the network-order bytes of the
-/// IPv4 identification (16 bits) or the IPv6 fragment header's (32).
+/// Key of [`MAP_FRAGS4`] (`struct frag4_key`): one IPv4 datagram as one
+/// hook of one pod sees its fragments; addresses and id in network order.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct FragKey {
-    pub src: [u8; 16],
-    pub dst: [u8; 16],
-    pub id: u32,
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Frag4Key {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
     pub ifindex: u32,
+    pub id: [u8; 2],
     pub proto: u8,
     pub owner: u8,
-    pub pad: [u8; 2],
 }
 
-/// Value of [`MAP_FRAGS`] (`struct frag_value`): the first fragment's
+/// Key of [`MAP_FRAGS6`] (`struct frag6_key`): the same for IPv6, whose
+/// datagrams are named without a protocol; `id` is the fragment header's,
+/// in network order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Frag6Key {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub id: [u8; 4],
+    pub ifindex: u32,
+    pub owner: u8,
+    pub pad: [u8; 3],
+}
+
+/// Value of [`MAP_FRAGS4`] and [`MAP_FRAGS6`] (`struct frag_value`): the first fragment's
 /// ports (network order), where its L4 header ends in the fragmentable
 /// part, its L4 protocol, its verdict and the endpoint's epochs then.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FragValue {
     pub sport: u16,
     pub dport: u16,
@@ -683,7 +698,8 @@ unsafe impl aya::Pod for Ct4Key {}
 unsafe impl aya::Pod for PolicyExactKey {}
 unsafe impl aya::Pod for PolicyLens {}
 unsafe impl aya::Pod for CtValue {}
-unsafe impl aya::Pod for FragKey {}
+unsafe impl aya::Pod for Frag4Key {}
+unsafe impl aya::Pod for Frag6Key {}
 unsafe impl aya::Pod for FragValue {}
 
 // Sizes of the C structs in c/palisade.h (which asserts them too).
@@ -702,7 +718,8 @@ const _: () = {
     assert!(size_of::<Ct4Key>() == 20);
     assert!(size_of::<PolicyExactKey>() == 24);
     assert!(size_of::<PolicyLens>() == 4 + MAX_POLICY_LENS * 4);
-    assert!(size_of::<FragKey>() == 44);
+    assert!(size_of::<Frag4Key>() == 16);
+    assert!(size_of::<Frag6Key>() == 44);
     assert!(size_of::<FragValue>() == 16);
 };
 

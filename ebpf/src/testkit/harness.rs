@@ -343,11 +343,29 @@ impl Harness {
         keys
     }
 
-    /// Every record first fragments left ([`MAP_FRAGS`]).
-    pub fn frags(&mut self) -> Vec<(FragKey, FragValue)> {
-        let map: HashMap<_, FragKey, FragValue> =
-            HashMap::try_from(self.ebpf.map_mut(MAP_FRAGS).unwrap()).unwrap();
-        map.iter().map(|r| r.unwrap()).collect()
+    /// The records IPv4 first fragments left ([`MAP_FRAGS4`]), sorted.
+    pub fn frags4(&mut self) -> Vec<(Frag4Key, FragValue)> {
+        let map: HashMap<_, Frag4Key, FragValue> =
+            HashMap::try_from(self.ebpf.map_mut(MAP_FRAGS4).unwrap()).unwrap();
+        let mut all: Vec<_> = map.iter().map(|r| r.unwrap()).collect();
+        all.sort();
+        all
+    }
+
+    /// The records IPv6 first fragments left ([`MAP_FRAGS6`]), sorted.
+    pub fn frags6(&mut self) -> Vec<(Frag6Key, FragValue)> {
+        let map: HashMap<_, Frag6Key, FragValue> =
+            HashMap::try_from(self.ebpf.map_mut(MAP_FRAGS6).unwrap()).unwrap();
+        let mut all: Vec<_> = map.iter().map(|r| r.unwrap()).collect();
+        all.sort();
+        all
+    }
+
+    /// What every record of both families says.
+    pub fn frag_values(&mut self) -> Vec<FragValue> {
+        let mut all: Vec<FragValue> = self.frags4().into_iter().map(|(_, v)| v).collect();
+        all.extend(self.frags6().into_iter().map(|(_, v)| v));
+        all
     }
 
     /// Forgets every conntrack entry, and checks that none is left.
