@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use aya::maps::ProgramArray;
 use aya::programs::SchedClassifier;
 use aya::{Ebpf, EbpfLoader};
-use palisade_ebpf::testkit::frames::{tcp, tcp_flags, udp, SYN};
+use palisade_ebpf::testkit::frames::{ipv4_fragment, tcp, tcp_flags, udp, SYN};
 use palisade_ebpf::testkit::*;
 use palisade_ebpf::*;
 
@@ -21,6 +21,9 @@ pub const REPEAT_STEADY: u32 = 1_000_000;
 pub const REPEAT_NEW: u32 = BENCH_NEW_FLOW_PORTS;
 
 const PEER_PORT: u16 = 80;
+/// The IPv4 id of the fragmented datagrams; one per table is enough, as
+/// every datagram's record is made again at the start of its row.
+const FRAGMENT_ID: u16 = 0x4242;
 
 /// One pod's policy at one rule count, and the frames its rows send.
 struct Table {
@@ -31,6 +34,10 @@ struct Table {
     denied: Vec<u8>,
     new_flow: Vec<u8>,
     new_flow_udp: Vec<u8>,
+    /// A UDP datagram in two fragments to the allowed peer, and to the
+    /// denied one: (first, later).
+    fragments_allowed: (Vec<u8>, Vec<u8>),
+    fragments_denied: (Vec<u8>, Vec<u8>),
 }
 
 pub struct Bench {
@@ -77,6 +84,14 @@ impl Bench {
             }
             let sport = 40000 + i as u16;
             let peer = policy.allowed_peer.to_string();
+            let fragmented = |to: &str| {
+                let mut datagram = udp(POD4, sport, to, PEER_PORT)[14 + 20..].to_vec();
+                datagram.resize(16 + 1400, 0);
+                (
+                    ipv4_fragment(POD4, to, PROTO_UDP, FRAGMENT_ID, 0, true, &datagram[..16]),
+                    ipv4_fragment(POD4, to, PROTO_UDP, FRAGMENT_ID, 16, false, &datagram[16..]),
+                )
+            };
             tables.push(Table {
                 rules: policy.rules.len(),
                 policy_id,
@@ -88,6 +103,8 @@ impl Bench {
                 // The wrapper overwrites the source port of every run.
                 new_flow: tcp_flags(POD4, 0, &peer, PEER_PORT, SYN),
                 new_flow_udp: udp(POD4, 0, &peer, PEER_PORT),
+                fragments_allowed: fragmented(&peer),
+                fragments_denied: fragmented(&policy.denied_peer.to_string()),
             });
         }
         Bench {
@@ -116,6 +133,10 @@ impl Bench {
             table.fwd.clone(),
             table.reply.clone(),
             table.denied.clone(),
+        );
+        let (fragments_allowed, fragments_denied) = (
+            table.fragments_allowed.clone(),
+            table.fragments_denied.clone(),
         );
         let new_flow = match row {
             Row::NewAllowedUdp | Row::NewAllowedUdpCtFull => table.new_flow_udp.clone(),
@@ -186,6 +207,30 @@ impl Bench {
             Row::NewDenied => {
                 let prog = self.harness.program(PROG_FROM_POD);
                 (prog, denied, REPEAT_STEADY, DROP, Some(STAT_DENIED))
+            }
+            // The first fragment leaves its record under this turn's
+            // epochs; every run is then its datagram's later fragment.
+            Row::FragmentAllowed => {
+                self.expect(PROG_FROM_POD, &fragments_allowed.0, ALLOW);
+                let prog = self.harness.program(PROG_FROM_POD);
+                (
+                    prog,
+                    fragments_allowed.1,
+                    REPEAT_STEADY,
+                    ALLOW,
+                    Some(STAT_ALLOWED_FRAGMENT),
+                )
+            }
+            Row::FragmentDenied => {
+                self.expect(PROG_FROM_POD, &fragments_denied.0, DROP);
+                let prog = self.harness.program(PROG_FROM_POD);
+                (
+                    prog,
+                    fragments_denied.1,
+                    REPEAT_STEADY,
+                    DROP,
+                    Some(STAT_DENIED_FRAGMENT),
+                )
             }
         };
         let before = self.harness.stats();

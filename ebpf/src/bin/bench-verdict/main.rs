@@ -127,6 +127,10 @@ fn main() {
         "established_*: ACK segments of a connection allowed earlier; new_denied: a SYN policy denies."
     );
     println!(
+        "fragment_allowed / fragment_denied: a UDP datagram's later fragment, after its first fragment policy allowed /"
+    );
+    println!("  denied left its record: judged by that record (no conntrack or policy lookup).");
+    println!(
         "established_fwd_by_copy: established_fwd through a build that reads every header with bpf_skb_load_bytes (the"
     );
     println!(

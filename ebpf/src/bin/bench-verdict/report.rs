@@ -105,6 +105,28 @@ pub struct Target {
 pub const ESTABLISHED_MAX_RATIO: f64 = 5.0;
 pub const DENIED_GROWTH_MAX: f64 = 1.5;
 pub const NEW_ALLOWED_MAX_NS: f64 = 700.0;
+/// A later fragment may cost this many established packets (issue 18).
+pub const FRAGMENT_MAX_RATIO_TO_ESTABLISHED: f64 = 2.0;
+
+/// The worst, over rule counts, of the median over rounds of `row`'s cost
+/// over `base`'s in the same round and rule count: a comparison of two
+/// rows that a slow round does not skew.
+pub fn worst_relative(samples: &[Sample], row: Row, base: Row) -> Option<f64> {
+    let lookup: BTreeMap<(usize, usize, Row), f64> = samples
+        .iter()
+        .map(|s| ((s.round, s.rules, s.row), s.ns))
+        .collect();
+    let mut by_rules: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
+    for s in samples.iter().filter(|s| s.row == row) {
+        if let Some(b) = lookup.get(&(s.round, s.rules, base)) {
+            by_rules.entry(s.rules).or_default().push(s.ns / b);
+        }
+    }
+    by_rules
+        .values()
+        .map(|ratios| median(ratios))
+        .reduce(f64::max)
+}
 
 /// How much more a denied new flow costs at the most rules than at the
 /// fewest: the median over rounds of the ratio within each round, so that
@@ -175,6 +197,18 @@ pub fn targets(summaries: &[Summary], samples: &[Sample]) -> Vec<Target> {
             measured: format!("worst_ns={worst:.1}"),
             met: worst <= NEW_ALLOWED_MAX_NS,
         });
+    }
+    for (row, name) in [
+        (Row::FragmentAllowed, "fragment_allowed_le_2x_established"),
+        (Row::FragmentDenied, "fragment_denied_le_2x_established"),
+    ] {
+        if let Some(worst) = worst_relative(samples, row, Row::EstablishedFwd) {
+            out.push(Target {
+                name,
+                measured: format!("worst_ratio_to_established_fwd={worst:.2}"),
+                met: worst <= FRAGMENT_MAX_RATIO_TO_ESTABLISHED,
+            });
+        }
     }
     out
 }
@@ -358,6 +392,34 @@ mod tests {
         assert!((g.growth - 1.2).abs() < 1e-9, "{}", g.growth);
         assert_eq!(denied_growth(&samples[..1]).map(|g| g.growth), Some(1.0));
         assert_eq!(denied_growth(&[]), None);
+    }
+
+    #[test]
+    fn fragments_are_compared_with_established_of_the_same_round() {
+        let samples = [
+            sample(0, 10, Row::EstablishedFwd, 40.0),
+            sample(0, 10, Row::FragmentAllowed, 60.0),
+            sample(1, 10, Row::EstablishedFwd, 80.0),
+            sample(1, 10, Row::FragmentAllowed, 100.0),
+            sample(2, 10, Row::EstablishedFwd, 40.0),
+            sample(2, 10, Row::FragmentAllowed, 100.0),
+            sample(0, 100, Row::EstablishedFwd, 40.0),
+            sample(0, 100, Row::FragmentAllowed, 90.0),
+        ];
+        // 10 rules: ratios 1.5, 1.25, 2.5 -> median 1.5; 100 rules: 2.25.
+        let worst = worst_relative(&samples, Row::FragmentAllowed, Row::EstablishedFwd);
+        assert_eq!(worst, Some(2.25));
+        assert_eq!(
+            worst_relative(&samples, Row::FragmentDenied, Row::EstablishedFwd),
+            None
+        );
+        let summaries = summarize(&samples);
+        let t: Vec<(&str, bool)> = targets(&summaries, &samples)
+            .into_iter()
+            .filter(|t| t.name.starts_with("fragment"))
+            .map(|t| (t.name, t.met))
+            .collect();
+        assert_eq!(t, [("fragment_allowed_le_2x_established", false)]);
     }
 
     #[test]

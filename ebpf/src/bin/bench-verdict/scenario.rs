@@ -30,10 +30,15 @@ pub enum Row {
     NewAllowedUdpCtFull,
     /// A new flow policy denies.
     NewDenied,
+    /// A later fragment of a datagram whose first fragment policy allowed:
+    /// judged by that first fragment's record.
+    FragmentAllowed,
+    /// A later fragment of a datagram whose first fragment policy denied.
+    FragmentDenied,
 }
 
 impl Row {
-    pub const ALL: [Row; 10] = [
+    pub const ALL: [Row; 12] = [
         Row::Bare,
         Row::Wrapper,
         Row::EstablishedFwd,
@@ -44,6 +49,8 @@ impl Row {
         Row::NewAllowedUdp,
         Row::NewAllowedUdpCtFull,
         Row::NewDenied,
+        Row::FragmentAllowed,
+        Row::FragmentDenied,
     ];
 
     pub fn name(self) -> &'static str {
@@ -58,6 +65,8 @@ impl Row {
             Row::NewAllowedUdp => "new_allowed_udp",
             Row::NewAllowedUdpCtFull => "new_allowed_udp_ctfull",
             Row::NewDenied => "new_denied",
+            Row::FragmentAllowed => "fragment_allowed",
+            Row::FragmentDenied => "fragment_denied",
         }
     }
 
@@ -186,7 +195,7 @@ mod tests {
     fn every_row_takes_every_position() {
         let firsts: HashSet<Row> = (0..Row::ALL.len()).map(|r| round_order(r)[0]).collect();
         assert_eq!(firsts.len(), Row::ALL.len());
-        for r in 0..10 {
+        for r in 0..Row::ALL.len() {
             let mut rows = round_order(r);
             rows.sort();
             assert_eq!(rows, Row::ALL.to_vec());
