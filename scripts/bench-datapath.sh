@@ -3,7 +3,8 @@
 # per measurement:
 #   verdict  the cost in ns per packet of the real TC programs via
 #            BPF_PROG_TEST_RUN for pod policies of 10 to 100,000 CIDR rules,
-#            as ratios to a bare parse of the same round
+#            as ratios to a bare parse of the same round (rows: established
+#            and new flows, fragment_allowed/_denied: a later fragment)
 #            (ebpf/src/bin/bench-verdict): bench=verdict row= rules= ns= ratio=
 #   cleanup  the conntrack sweep of 100k and 1M eBPF entries against a real
 #            kernel conntrack table of the same size, asking the kernel by

@@ -38,7 +38,7 @@ pub fn ipv4_fragment(
 ) -> Vec<u8> {
     assert_eq!(offset % 8, 0, "fragment offsets count 8-byte units");
     let flags = if more { IPV4_MF } else { 0 };
-    ipv4_with_id(src, dst, proto, id, flags | offset / 8, payload)
+    ipv4_with_id(src, dst, proto, id, flags | (offset / 8), payload)
 }
 
 /// `frag_off`: the flags/offset field as it is on the wire.
