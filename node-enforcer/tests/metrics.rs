@@ -332,3 +332,44 @@ async fn metrics_follow_plans_pod_up_and_datapath_verdicts() {
         .any(|k| k.starts_with("palisade_enforcer_verdicts_total")));
     assert_eq!(get(&m, "palisade_enforcer_realized_version"), 7.0);
 }
+
+/// An upgrade from a version whose counters had no room for today's kinds:
+/// its maps (`pal_stats`, `pal_dir_stats`) are unpinned once this version's
+/// programs run, and the counters read are the new map's, every kind of
+/// both directions.
+#[test]
+fn older_counter_maps_are_unpinned_after_adopt() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "needs root to load eBPF programs"
+    );
+    let root = PinRoot(std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/palisade-test-retired-stats-{}",
+        std::process::id()
+    )));
+    std::fs::create_dir_all(&root.0).unwrap();
+    // The older versions' maps as they left them: per-CPU u64 counters of
+    // one slot per kind, and of 8 kinds by direction.
+    for (name, entries) in [("pal_stats", "8"), ("pal_dir_stats", "16")] {
+        let pin = root.0.join(name);
+        let out = std::process::Command::new("bpftool")
+            .args(["map", "create"])
+            .arg(&pin)
+            .args(["type", "percpu_array", "key", "4", "value", "8"])
+            .args(["entries", entries, "name", name])
+            .output()
+            .expect("run bpftool");
+        assert!(
+            out.status.success(),
+            "bpftool map create {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut dp = BpfDatapath::load_with(&root.0, Some(4096)).expect("load the programs");
+    dp.adopt().expect("adopt");
+    for name in palisade_ebpf::MAP_STATS_RETIRED {
+        assert!(!root.0.join(name).exists(), "{name} still pinned");
+    }
+    let reading = node_enforcer::metrics_maps::read(&root.0).expect("read the counters");
+    assert_eq!(reading.verdicts.len(), palisade_ebpf::STAT_SLOTS as usize);
+}
