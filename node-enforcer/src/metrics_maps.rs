@@ -13,12 +13,13 @@ use aya::maps::lpm_trie::LpmTrie;
 use aya::maps::{HashMap, Map, MapData, PerCpuArray};
 use aya::Pod;
 use palisade_ebpf::{
-    Ct4Key, CtKey, CtValue, Endpoint, PolicyExactKey, PolicyKey, PolicyLens, PolicyValue, PortKey,
-    PortValue, MAP_CONNTRACK, MAP_CT4, MAP_ENDPOINTS, MAP_POLICY, MAP_POLICY_EXACT,
-    MAP_POLICY_LENS, MAP_PORTS, MAP_STATS, OWNER_FROM_POD, OWNER_TO_POD, STAT_ALLOWED_ESTABLISHED,
-    STAT_ALLOWED_FRAGMENT, STAT_ALLOWED_NDP, STAT_ALLOWED_POLICY, STAT_ALLOWED_REPLY,
-    STAT_ALLOWED_UNISOLATED, STAT_COUNT, STAT_DENIED, STAT_DENIED_EXT_HEADERS,
-    STAT_DENIED_FRAGMENT, STAT_DENIED_MALFORMED, STAT_DENIED_SPOOF, STAT_SLOTS,
+    Ct4Key, CtKey, CtValue, Endpoint, Frag4Key, Frag6Key, FragValue, PolicyExactKey, PolicyKey,
+    PolicyLens, PolicyValue, PortKey, PortValue, MAP_CONNTRACK, MAP_CT4, MAP_ENDPOINTS, MAP_FRAGS4,
+    MAP_FRAGS6, MAP_POLICY, MAP_POLICY_EXACT, MAP_POLICY_LENS, MAP_PORTS, MAP_STATS,
+    OWNER_FROM_POD, OWNER_TO_POD, STAT_ALLOWED_ESTABLISHED, STAT_ALLOWED_FRAGMENT,
+    STAT_ALLOWED_NDP, STAT_ALLOWED_POLICY, STAT_ALLOWED_REPLY, STAT_ALLOWED_UNISOLATED, STAT_COUNT,
+    STAT_DENIED, STAT_DENIED_EXT_HEADERS, STAT_DENIED_FRAGMENT, STAT_DENIED_MALFORMED,
+    STAT_DENIED_SPOOF, STAT_SLOTS,
 };
 
 /// Each `STAT_*` slot as (verdict, reason) labels.
@@ -119,6 +120,10 @@ pub fn read(pin_root: &Path) -> Result<DatapathReading, String> {
         trie_level::<PortKey, PortValue>(pin_root, MAP_PORTS)?,
         hash_level::<CtKey, CtValue>(pin_root, MAP_CONNTRACK)?,
         hash_level::<Ct4Key, CtValue>(pin_root, MAP_CT4)?,
+        // Full, they evict the records of datagrams still in flight, whose
+        // later fragments then drop.
+        hash_level::<Frag4Key, FragValue>(pin_root, MAP_FRAGS4)?,
+        hash_level::<Frag6Key, FragValue>(pin_root, MAP_FRAGS6)?,
     ];
     Ok(DatapathReading { verdicts, maps })
 }

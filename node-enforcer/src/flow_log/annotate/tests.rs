@@ -185,6 +185,20 @@ fn reasons_without_a_policy() {
     );
     failed.policy_id = DENY_ALL;
     assert_eq!(annotate(&failed, &k, 0).reason, "fail_closed");
+    // A later fragment dropped as such (no allowed first fragment), with
+    // its datagram's ports when its first fragment was seen: not a
+    // policy's verdict, so no policies are listed.
+    let fragment = event(
+        FLOW_DENIED,
+        palisade_ebpf::STAT_DENIED_FRAGMENT,
+        OWNER_FROM_POD,
+        ("10.244.0.5", 1000, "10.1.1.1", 53, 17),
+    );
+    let r = annotate(&fragment, &k, 0);
+    assert_eq!(
+        (r.verdict, r.reason, r.policies.len()),
+        ("denied", "fragment", 0)
+    );
 }
 
 #[test]
