@@ -481,7 +481,7 @@ mod tests {
     fn cluster(policies: bool, marker: &str) -> ClusterState {
         let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "a", "namespace": "x", "labels": {"app": "a"}},
-            "spec": {"nodeName": "n1", "containers": [{"name": "c"}]},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
             "status": {"podIP": "10.0.0.1"}
         }))
         .unwrap();

@@ -28,7 +28,7 @@ fn manifests(cidr: &str) -> String {
 apiVersion: v1
 kind: Pod
 metadata: {{name: web, namespace: prod, labels: {{app: web}}}}
-spec: {{nodeName: n1, containers: [{{name: c}}]}}
+spec: {{nodeName: n1, containers: [{{name: c, image: i}}]}}
 status: {{podIP: 10.1.0.1}}
 ---
 apiVersion: networking.k8s.io/v1
