@@ -84,6 +84,9 @@ const SERVED: [(&str, &[&str]); 4] = [
             "Endpoints",
             "Event",
             "LimitRange",
+            // kubectl's own container for several objects (an empty one
+            // reaches here; one with items is flattened before).
+            "List",
             "Namespace",
             "Node",
             "PersistentVolume",

@@ -13,7 +13,7 @@
 //! schema sets no enums: the values of `podIsolation`, `protocol` and
 //! `action` are judged when the slices are resolved.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::field::{Errors, Path, Problem};
 
@@ -22,14 +22,14 @@ pub fn spec(spec: &Value, errs: &mut Errors) {
     let Some(m) = object(spec, &path, &SPEC, &["policyRef"], errs) else {
         return;
     };
-    for (key, v) in &m {
+    for (key, v) in m {
         let at = path.child(key.as_str());
         match key.as_str() {
             "policyRef" => {
                 if let Some(r) =
                     object(v, &at, &["name", "namespace"], &["name", "namespace"], errs)
                 {
-                    for (k, v) in &r {
+                    for (k, v) in r {
                         string(v, &at.child(k.as_str()), errs);
                     }
                 }
@@ -38,7 +38,7 @@ pub fn spec(spec: &Value, errs: &mut Errors) {
             "podIsolation" => array(v, &at, errs, text),
             "podSelectorEndpoints" => array(v, &at, errs, |v, at, errs| {
                 if let Some(e) = object(v, at, &POD_ENDPOINT, &POD_ENDPOINT, errs) {
-                    for (k, v) in &e {
+                    for (k, v) in e {
                         string(v, &at.child(k.as_str()), errs);
                     }
                 }
@@ -73,7 +73,7 @@ fn entry(v: &Value, path: &Path, errs: &mut Errors) {
     ) else {
         return;
     };
-    for (key, v) in &m {
+    for (key, v) in m {
         let at = path.child(key.as_str());
         match key.as_str() {
             "action" | "cidr" => text(v, &at, errs),
@@ -87,7 +87,7 @@ fn entry(v: &Value, path: &Path, errs: &mut Errors) {
             "except" => array(v, &at, errs, text),
             "ports" => array(v, &at, errs, |v, at, errs| {
                 if let Some(p) = object(v, at, &["protocol", "port", "endPort"], &[], errs) {
-                    for (k, v) in &p {
+                    for (k, v) in p {
                         match k.as_str() {
                             "protocol" => text(v, &at.child(k.as_str()), errs),
                             _ => integer(v, &at.child(k.as_str()), errs, Some("int32")),
@@ -104,7 +104,7 @@ fn selector(v: &Value, path: &Path, errs: &mut Errors) {
     let Some(m) = object(v, path, &["matchLabels", "matchExpressions"], &[], errs) else {
         return;
     };
-    for (key, v) in &m {
+    for (key, v) in m {
         let at = path.child(key.as_str());
         if key == "matchLabels" {
             match v {
@@ -119,7 +119,7 @@ fn selector(v: &Value, path: &Path, errs: &mut Errors) {
             array(v, &at, errs, |v, at, errs| {
                 let required = ["key", "operator"];
                 if let Some(r) = object(v, at, &["key", "operator", "values"], &required, errs) {
-                    for (k, v) in &r {
+                    for (k, v) in r {
                         match k.as_str() {
                             "values" => array(v, &at.child(k.as_str()), errs, text),
                             _ => text(v, &at.child(k.as_str()), errs),
@@ -131,14 +131,15 @@ fn selector(v: &Value, path: &Path, errs: &mut Errors) {
     }
 }
 
-/// The map when `v` is an object; unknown and missing fields reported.
+/// The known fields when `v` is an object; unknown and missing fields
+/// reported.
 fn object<'a>(
     v: &'a Value,
     path: &Path,
     known: &[&str],
     required: &[&str],
     errs: &mut Errors,
-) -> Option<Map<String, Value>> {
+) -> Option<Vec<(&'a String, &'a Value)>> {
     let Value::Object(m) = v else {
         type_error(v, path, "object", errs);
         return None;
@@ -148,10 +149,10 @@ fn object<'a>(
             errs.required(&path.child(r), "");
         }
     }
-    let mut ok = Map::new();
+    let mut ok = Vec::new();
     for (k, v) in m {
         if known.contains(&k.as_str()) {
-            ok.insert(k.clone(), v.clone());
+            ok.push((k, v));
         } else {
             errs.push(&path.child(k), Problem::UnknownField);
         }
