@@ -1485,7 +1485,7 @@ steps:
 
     #[test]
     fn a_label_step_may_be_one_mapping_or_a_list() {
-        let base = "objects:\n  - {kind: Namespace, metadata: {name: x}}\n  - {kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: [{name: c}]}}\nsteps:\n";
+        let base = "objects:\n  - {kind: Namespace, metadata: {name: x}}\n  - {kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: [{name: c, image: i}]}}\nsteps:\n";
         let one = Scenario::from_yaml(&format!(
             "{base}  - label: {{kind: Pod, namespace: x, name: a, labels: {{app: z}}}}\n"
         ))
