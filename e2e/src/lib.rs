@@ -18,6 +18,7 @@
 //! The API is synchronous (the lab owns its tokio runtime); call it from
 //! plain threads and `#[test]`s, not from inside an async runtime.
 
+pub mod admission;
 pub mod bench;
 pub mod cancel;
 pub mod cni;

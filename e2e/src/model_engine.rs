@@ -40,6 +40,11 @@ fn unsupported(scenario: &Scenario) -> Option<String> {
         if step.add_error.is_some() {
             return Some(format!("{at}: addError (a CNI failure) is not modelled"));
         }
+        if step.source_error.is_some() {
+            return Some(format!(
+                "{at}: sourceError (manifests the controller refuses) is not modelled"
+            ));
+        }
         if !step.dump.is_empty() {
             return Some(format!("{at}: dump checks need a lab"));
         }
@@ -239,8 +244,8 @@ mod tests {
         let yaml = r#"
 objects:
   - {apiVersion: v1, kind: Namespace, metadata: {name: x}}
-  - {kind: Pod, metadata: {name: a, namespace: x, labels: {app: a}}, spec: {containers: [{name: c, ports: [{containerPort: 80}]}]}}
-  - {kind: Pod, metadata: {name: b, namespace: x, labels: {app: b}}, spec: {containers: [{name: c, ports: [{containerPort: 80}]}]}}
+  - {kind: Pod, metadata: {name: a, namespace: x, labels: {app: a}}, spec: {containers: [{name: c, image: i, ports: [{containerPort: 80}]}]}}
+  - {kind: Pod, metadata: {name: b, namespace: x, labels: {app: b}}, spec: {containers: [{name: c, image: i, ports: [{containerPort: 80}]}]}}
 steps:
   - name: deny b
     apply:

@@ -171,25 +171,37 @@ pub fn expand(matrix: &RawMatrix, pods: &[PodName]) -> Result<Vec<MatrixProbe>> 
 /// Replaces each `{pod: ns/name, prefix: N}` standing for an `ipBlock`'s
 /// `cidr` or an `except` entry with that pod's address masked to N bits.
 pub fn resolve_cidrs(value: &mut Value, ips: &BTreeMap<PodName, IpAddr>) -> Result<()> {
+    resolve_cidrs_with(value, &|pod| ips.get(pod).copied())
+}
+
+/// The address every pod stands in with when a scenario is checked before
+/// any pod has one: inside the lab's pod range, as real ones are.
+pub const STAND_IN_POD_IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 244, 0, 2));
+
+/// As [`resolve_cidrs`], with `ip` telling each pod's address.
+pub fn resolve_cidrs_with(
+    value: &mut Value,
+    ip: &dyn Fn(&PodName) -> Option<IpAddr>,
+) -> Result<()> {
     match value {
         Value::Object(map) => {
             if let Some(Value::Object(block)) = map.get_mut("ipBlock") {
                 if let Some(cidr) = block.get_mut("cidr") {
-                    resolve_one(cidr, ips).context("ipBlock.cidr")?;
+                    resolve_one(cidr, ip).context("ipBlock.cidr")?;
                 }
                 if let Some(Value::Array(except)) = block.get_mut("except") {
                     for (i, e) in except.iter_mut().enumerate() {
-                        resolve_one(e, ips).with_context(|| format!("ipBlock.except[{i}]"))?;
+                        resolve_one(e, ip).with_context(|| format!("ipBlock.except[{i}]"))?;
                     }
                 }
             }
             for v in map.values_mut() {
-                resolve_cidrs(v, ips)?;
+                resolve_cidrs_with(v, ip)?;
             }
         }
         Value::Array(items) => {
             for v in items {
-                resolve_cidrs(v, ips)?;
+                resolve_cidrs_with(v, ip)?;
             }
         }
         _ => {}
@@ -197,7 +209,7 @@ pub fn resolve_cidrs(value: &mut Value, ips: &BTreeMap<PodName, IpAddr>) -> Resu
     Ok(())
 }
 
-fn resolve_one(v: &mut Value, ips: &BTreeMap<PodName, IpAddr>) -> Result<()> {
+fn resolve_one(v: &mut Value, ip_of: &dyn Fn(&PodName) -> Option<IpAddr>) -> Result<()> {
     let Some(map) = v.as_object() else {
         return Ok(());
     };
@@ -210,12 +222,11 @@ fn resolve_one(v: &mut Value, ips: &BTreeMap<PodName, IpAddr>) -> Result<()> {
         .get("prefix")
         .and_then(Value::as_u64)
         .ok_or_else(|| anyhow!("{{pod: {pod}}}: prefix missing or not a number"))?;
-    let ip = ips
-        .get(&pod)
+    let ip = ip_of(&pod)
         .ok_or_else(|| anyhow!("{{pod: {pod}}}: no such pod with an address in the lab"))?;
     let net = u8::try_from(prefix)
         .ok()
-        .and_then(|p| IpNet::new(*ip, p).ok())
+        .and_then(|p| IpNet::new(ip, p).ok())
         .ok_or_else(|| anyhow!("{{pod: {pod}}}: prefix {prefix} is too long for {ip}"))?
         .trunc();
     *v = Value::String(net.to_string());

@@ -91,6 +91,10 @@ impl Table {
             for check in &step.dump {
                 widths[2] = widths[2].max(check.to_string().len());
             }
+            if let Some(want) = &step.source_error {
+                widths[1] = widths[1].max("source".len());
+                widths[2] = widths[2].max(want.len());
+            }
             if step.add_error.is_some() {
                 widths[1] = widths[1].max("cni ADD".len());
                 let pods = step.apply.iter().filter(|o| o.key().pod_name().is_some());

@@ -6,7 +6,9 @@
 //! the manifests readable. With the manifests broken (and both up) it waits
 //! until the node has settled on whatever the controller serves; with a
 //! process down it does not wait at all (nothing can be realized through a
-//! missing process), so its probes show what the node does meanwhile.
+//! missing process), so its probes show what the node does meanwhile. A
+//! step whose change the controller must refuse (`sourceError`) waits for
+//! that error, then as for broken manifests.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -42,7 +44,7 @@ pub fn run_scenario(lab: &mut Lab, scenario: &Scenario, out: &mut dyn Write) -> 
         && scenario
             .steps
             .iter()
-            .all(|s| s.faults.is_empty() && s.add_error.is_none());
+            .all(|s| s.faults.is_empty() && s.add_error.is_none() && s.source_error.is_none());
     writeln!(out, "{}", table.header())?;
     let mut rows = Vec::new();
     for (i, step) in scenario.steps.iter().enumerate() {
@@ -62,7 +64,21 @@ pub fn run_scenario(lab: &mut Lab, scenario: &Scenario, out: &mut dyn Write) -> 
         if !step.delete.is_empty() {
             lab.delete(&step.delete).with_context(at)?;
         }
-        let waited = if lab.can_realize() {
+        let waited = if let Some(want) = &step.source_error {
+            // The controller keeps what it last accepted: wait for its
+            // error, then for the node to settle on that.
+            let verdict = lab.wait_source_error(want).with_context(at)?;
+            let passed = verdict.as_ref().map(|_| ()).map_err(Clone::clone);
+            let row = Row::check(&step.name, "source", want, &passed);
+            writeln!(out, "{}", table.row(&row))?;
+            match &verdict {
+                Ok(error) => writeln!(out, "    refused as expected: {error}")?,
+                Err(reason) => writeln!(out, "    {reason}")?,
+            }
+            rows.push(row);
+            lab.wait_settled().with_context(at)?;
+            "settled, manifests refused"
+        } else if lab.can_realize() {
             lab.wait_realized().with_context(at)?;
             "realized"
         } else if lab.processes_up() {

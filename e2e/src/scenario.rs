@@ -487,6 +487,12 @@ pub struct Step {
     /// with an error containing `text` (empty: any error). The failed pods
     /// are withdrawn, as a runtime would.
     pub add_error: Option<String>,
+    /// `Some(text)`: the controller must refuse what this step applies or
+    /// deletes, with a source error containing `text`; the lab waits for
+    /// that error, then for the node to settle on what the controller
+    /// still serves (the last accepted manifests). A later step's change
+    /// must make the manifests acceptable again.
+    pub source_error: Option<String>,
     pub probes: Vec<ProbeSpec>,
     pub dump: Vec<DumpCheck>,
 }
@@ -618,6 +624,7 @@ struct RawStep {
     #[serde(default)]
     delete: Vec<RawRef>,
     add_error: Option<String>,
+    source_error: Option<String>,
     #[serde(default)]
     probes: Vec<RawProbe>,
     #[serde(default)]
@@ -820,6 +827,7 @@ impl Scenario {
                 apply,
                 delete,
                 add_error: step.add_error,
+                source_error: step.source_error,
                 probes,
                 dump,
             });
@@ -866,6 +874,10 @@ impl Scenario {
                 }
             }
         }
+        for (j, o) in self.objects.iter().enumerate() {
+            crate::admission::verdict(o)
+                .map_err(|e| anyhow!("objects[{j}]: the controller would refuse it: {e}"))?;
+        }
         let mut live: BTreeSet<ObjectKey> = BTreeSet::new();
         let mut liveness = Liveness::default();
         add_all(&mut live, &self.objects).context("objects")?;
@@ -899,6 +911,27 @@ impl Scenario {
             services
                 .add(&step.apply)
                 .with_context(|| format!("{at}.apply"))?;
+            match &step.source_error {
+                None => {
+                    for (j, o) in step.apply.iter().enumerate() {
+                        crate::admission::verdict(o).map_err(|e| {
+                            anyhow!("{at}.apply[{j}]: the controller would refuse it: {e}")
+                        })?;
+                    }
+                }
+                Some(want) => {
+                    let refusals: Vec<String> = step
+                        .apply
+                        .iter()
+                        .filter_map(|o| crate::admission::verdict(o).err())
+                        .collect();
+                    if !refusals.iter().any(|e| e.contains(want.as_str())) {
+                        bail!(
+                            "{at}.sourceError: the controller would not refuse this step with {want:?} (its errors: {refusals:?})"
+                        );
+                    }
+                }
+            }
             if step.add_error.is_some() {
                 if new_pods.is_empty() {
                     bail!("{at}.addError: the step applies no new pod whose CNI ADD could fail");
@@ -1209,7 +1242,7 @@ steps:
         let e = err("stepz: []");
         assert!(e.contains("stepz"), "{e}");
         let e = err(
-            "objects: [{kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: []}}]",
+            "objects: [{kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: [{name: c, image: i}]}}]",
         );
         assert!(e.contains("namespace x is not declared"), "{e}");
         let e = err("objects: [{kind: Namespace, metadata: {name: x, labels: {n: 1}}}]");
@@ -1218,7 +1251,7 @@ steps:
 
     #[test]
     fn references_follow_the_steps() {
-        let base = "objects: [{kind: Namespace, metadata: {name: x}}, {kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: []}}]\n";
+        let base = "objects: [{kind: Namespace, metadata: {name: x}}, {kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: [{name: c, image: i}]}}]\n";
         let e = err(&format!(
             "{base}steps: [{{probes: [{{from: x/a, to: x/z, port: 80}}]}}]"
         ));
@@ -1238,7 +1271,7 @@ nodeSysctls: {net.netfilter.nf_conntrack_tcp_timeout_time_wait: 1}
 conntrackCleanupSecs: 1
 objects:
   - {kind: Namespace, metadata: {name: x}}
-  - {kind: Pod, metadata: {name: b, namespace: x, labels: {app: b}}, spec: {containers: [{ports: [{containerPort: 8080, name: http}]}]}}
+  - {kind: Pod, metadata: {name: b, namespace: x, labels: {app: b}}, spec: {containers: [{name: c, image: i, ports: [{containerPort: 8080, name: http}]}]}}
   - {kind: Service, metadata: {name: web, namespace: x}, spec: {clusterIP: 10.96.0.10, selector: {app: b}, ports: [{port: 80, targetPort: http}]}}
   - {kind: Service, metadata: {name: ext, namespace: x}, spec: {clusterIP: 10.96.0.11, ports: [{name: dns, port: 53, protocol: UDP}]}}
   - {apiVersion: discovery.k8s.io/v1, kind: EndpointSlice, metadata: {name: ext-1, namespace: x, labels: {kubernetes.io/service-name: ext}}, addressType: IPv4, endpoints: [{addresses: [10.244.0.2]}], ports: [{name: dns, port: 53, protocol: UDP}]}
@@ -1339,8 +1372,8 @@ cni: bridge
 podUpDeadlineMs: 500
 objects:
   - {kind: Namespace, metadata: {name: x}}
-  - {kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: []}}
-  - {kind: Pod, metadata: {name: b, namespace: x}, spec: {containers: []}}
+  - {kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: [{name: c, image: i}]}}
+  - {kind: Pod, metadata: {name: b, namespace: x}, spec: {containers: [{name: c, image: i}]}}
 steps:
   - name: faults
     fault:
@@ -1348,7 +1381,7 @@ steps:
       - {kill: controller, restart: false}
       - {corrupt: checkpoint}
       - {start: second-enforcer}
-    apply: [{kind: Pod, metadata: {name: d, namespace: x}, spec: {containers: []}}]
+    apply: [{kind: Pod, metadata: {name: d, namespace: x}, spec: {containers: [{name: c, image: i}]}}]
     addError: not realized
     probes:
       - {from: x/a, to: x/b, port: 80, protocol: TCP, forge: reply, expect: deny}
@@ -1370,8 +1403,48 @@ steps:
     }
 
     #[test]
+    fn objects_the_controller_would_refuse_are_errors_unless_expected() {
+        let base = "objects: [{kind: Namespace, metadata: {name: x}}]\n";
+        let typo = "{kind: NetworkPolicy, metadata: {name: p, namespace: x}, spec: {ingress: [{fromm: []}]}}";
+        let good =
+            "{kind: NetworkPolicy, metadata: {name: p, namespace: x}, spec: {ingress: [{}]}}";
+        let e = err(&format!("{base}steps: [{{apply: [{typo}]}}]"));
+        assert!(
+            e.contains("steps[0]") && e.contains("apply[0]: the controller would refuse it: NetworkPolicy x/p: spec.ingress[0].fromm: unknown field"),
+            "{e}"
+        );
+        let e = err(&format!("objects: [{typo}]"));
+        assert!(
+            e.contains("objects[0]: the controller would refuse it"),
+            "{e}"
+        );
+        let s = Scenario::from_yaml(&format!(
+            "{base}steps: [{{apply: [{typo}], sourceError: 'spec.ingress[0].fromm: unknown field'}}, {{apply: [{good}]}}]"
+        ))
+        .unwrap();
+        assert_eq!(
+            s.steps[0].source_error.as_deref(),
+            Some("spec.ingress[0].fromm: unknown field")
+        );
+        let e = err(&format!(
+            "{base}steps: [{{apply: [{good}], sourceError: fromm}}]"
+        ));
+        assert!(
+            e.contains("sourceError: the controller would not refuse this step"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{base}steps: [{{apply: [{typo}], sourceError: 'something else'}}]"
+        ));
+        assert!(
+            e.contains("would not refuse this step with \"something else\""),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn adversarial_keys_are_validated() {
-        let base = "objects: [{kind: Namespace, metadata: {name: x}}, {kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: []}}]\n";
+        let base = "objects: [{kind: Namespace, metadata: {name: x}}, {kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: [{name: c, image: i}]}}]\n";
         let e = err(&format!("mode: paranoid\n{base}"));
         assert!(e.contains("mode") && e.contains("paranoid"), "{e}");
         let e = err(&format!("cni: flannel\n{base}"));
@@ -1402,7 +1475,7 @@ steps:
         assert!(e.contains("unplug") && e.contains("x/z"), "{e}");
         // A pod whose ADD was expected to fail is gone for later steps.
         let e = err(&format!(
-            "{base}steps: [{{apply: [{{kind: Pod, metadata: {{name: d, namespace: x}}, spec: {{containers: []}}}}], addError: ''}}, {{probes: [{{from: x/d, to: x/a, port: 80}}]}}]"
+            "{base}steps: [{{apply: [{{kind: Pod, metadata: {{name: d, namespace: x}}, spec: {{containers: [{{name: c, image: i}}]}}}}], addError: ''}}, {{probes: [{{from: x/d, to: x/a, port: 80}}]}}]"
         ));
         assert!(
             e.contains("steps[1]") && e.contains("x/d does not exist"),
@@ -1412,7 +1485,7 @@ steps:
 
     #[test]
     fn a_label_step_may_be_one_mapping_or_a_list() {
-        let base = "objects:\n  - {kind: Namespace, metadata: {name: x}}\n  - {kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: [{name: c}]}}\nsteps:\n";
+        let base = "objects:\n  - {kind: Namespace, metadata: {name: x}}\n  - {kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: [{name: c, image: i}]}}\nsteps:\n";
         let one = Scenario::from_yaml(&format!(
             "{base}  - label: {{kind: Pod, namespace: x, name: a, labels: {{app: z}}}}\n"
         ))

@@ -64,6 +64,7 @@ fn every_adversarial_scenario_is_valid() {
             "new-pod-controller-down-strict.yaml",
             "ptp-add-keeps-others.yaml",
             "second-enforcer.yaml",
+            "typo-keeps-previous-policy.yaml",
             "veth-deleted-without-del.yaml",
         ]
     );
@@ -122,6 +123,14 @@ fn standard_new_pod_without_controller_is_visibly_unprotected() {
         return;
     }
     play("new-pod-controller-down-standard.yaml");
+}
+
+/// Issue 18: an edit with a misspelt field is refused with the field named
+/// (the lab waits for the controller's error), the previous policy stays
+/// enforced, and the fixed edit is enforced. Needs root, as every lab.
+#[test]
+fn a_typo_in_a_policy_edit_keeps_the_previous_policy() {
+    play("typo-keeps-previous-policy.yaml");
 }
 
 /// 6: a second enforcer waits; the first keeps answering and enforcing.

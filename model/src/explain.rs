@@ -280,7 +280,7 @@ mod tests {
     fn pod(ns: &str, name: &str, app: &str, ip: &str) -> Pod {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "namespace": ns, "labels": {"app": app}},
-            "spec": {"containers": [{"name": "c", "ports": [{"name": "http", "containerPort": 8080}]}]},
+            "spec": {"containers": [{"name": "c", "image": "i", "ports": [{"name": "http", "containerPort": 8080}]}]},
             "status": {"podIP": ip}
         }))
         .unwrap()

@@ -9,6 +9,9 @@
 //! the directory. A damaged file is not fatal and is never read as "nothing
 //! enforced": it is reported, and the enforcer rebuilds what it lost from
 //! the kernel (see `reconciler::recover`).
+//!
+//! The plan names every peer address of the node's policies: the directory
+//! is 0700 and the files 0600, the temp file created so ([`crate::private`]).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -82,9 +85,18 @@ pub fn unframe(bytes: &[u8]) -> Result<&[u8], String> {
 }
 
 impl Checkpoint {
+    /// Creates the directory (0700), or tightens it and the files in it to
+    /// 0700 and 0600 if an older version left them wider, saying so.
     pub fn open(dir: &Path) -> Result<Self, String> {
-        std::fs::create_dir_all(dir)
+        let had = crate::private::dir(dir)
             .map_err(|e| format!("creating state directory {}: {e}", dir.display()))?;
+        crate::private::log_tightened("the state directory", dir, had);
+        for name in [PLAN_FILE, PODS_FILE] {
+            let path = dir.join(name);
+            let had = crate::private::tighten_file(&path)
+                .map_err(|e| format!("restricting {}: {e}", path.display()))?;
+            crate::private::log_tightened("a checkpoint file", &path, had);
+        }
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
         })
@@ -177,7 +189,7 @@ impl Checkpoint {
         let path = self.path(name);
         let tmp = self.dir.join(format!(".{name}.{}.tmp", std::process::id()));
         let result = (|| {
-            let mut f = std::fs::File::create(&tmp)?;
+            let mut f = crate::private::create_new(&tmp)?;
             f.write_all(&frame(payload))?;
             f.sync_all()?;
             std::fs::rename(&tmp, &path)?;
@@ -285,5 +297,56 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
+    }
+
+    fn mode(p: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    /// Issue 18: plan.pb and pods.json were 0644 in a 0755 directory, so
+    /// any local user could read every peer address of the node's policies.
+    #[test]
+    fn state_is_root_only_after_a_save_a_replacement_and_in_an_old_wide_dir() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("state");
+        let cp = Checkpoint::open(&dir).unwrap();
+        assert_eq!(mode(&dir), 0o700, "a new state directory");
+        let pods = BTreeMap::new();
+        cp.save_plan(1, 1, &BTreeMap::new()).unwrap();
+        cp.save_pods(&pods).unwrap();
+        for f in [PLAN_FILE, PODS_FILE] {
+            assert_eq!(mode(&dir.join(f)), 0o600, "{f} after a save");
+        }
+        // A replacement is a new file renamed over the old: 0600 too.
+        cp.save_plan(2, 1, &BTreeMap::new()).unwrap();
+        cp.save_pods(&pods).unwrap();
+        for f in [PLAN_FILE, PODS_FILE] {
+            assert_eq!(mode(&dir.join(f)), 0o600, "{f} after a replacement");
+        }
+        assert_eq!(cp.load().unwrap().plan.unwrap().version, 2);
+
+        // What an older version left: a 0755 directory of 0644 files.
+        let old = root.path().join("old");
+        std::fs::create_dir(&old).unwrap();
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o755)).unwrap();
+        for f in [PLAN_FILE, PODS_FILE] {
+            std::fs::write(old.join(f), frame(b"")).unwrap();
+            std::fs::set_permissions(old.join(f), std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let cp = Checkpoint::open(&old).unwrap();
+        assert_eq!(mode(&old), 0o700, "an old directory is tightened at start");
+        for f in [PLAN_FILE, PODS_FILE] {
+            assert_eq!(mode(&old.join(f)), 0o600, "old {f} tightened at start");
+        }
+        // A stale temp file of this pid, left world-writable: the save must
+        // not reuse it (opening it would keep its mode).
+        let stale = old.join(format!(".{PLAN_FILE}.{}.tmp", std::process::id()));
+        std::fs::write(&stale, "stale").unwrap();
+        std::fs::set_permissions(&stale, std::fs::Permissions::from_mode(0o666)).unwrap();
+        cp.save_plan(3, 1, &BTreeMap::new()).unwrap();
+        assert_eq!(mode(&old.join(PLAN_FILE)), 0o600);
+        assert!(!stale.exists());
     }
 }

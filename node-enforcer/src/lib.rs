@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod metrics_http;
 pub mod metrics_maps;
 pub mod plan_client;
+pub mod private;
 pub mod reconciler;
 pub mod server;
 pub mod telemetry;

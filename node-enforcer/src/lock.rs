@@ -35,14 +35,15 @@ pub fn acquire(
     pin_root: &Path,
     timeout: Option<Duration>,
 ) -> Result<Lock, String> {
-    std::fs::create_dir_all(state_dir)
+    let had = crate::private::dir(state_dir)
         .map_err(|e| format!("creating state directory {}: {e}", state_dir.display()))?;
+    crate::private::log_tightened("the state directory", state_dir, had);
     std::fs::create_dir_all(pin_root)
         .map_err(|e| format!("creating pin root {}: {e}", pin_root.display()))?;
     let lock_file = state_dir.join("enforcer.lock");
     let files = [
         (
-            File::options()
+            crate::private::options()
                 .create(true)
                 .truncate(false)
                 .write(true)
@@ -104,5 +105,20 @@ mod tests {
         drop(first);
         acquire(state.path(), pins.path(), Some(Duration::ZERO))
             .expect("free once the first is gone");
+    }
+
+    #[test]
+    fn the_lock_file_and_state_dir_are_root_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        let root = tempfile::tempdir().unwrap();
+        let state = root.path().join("state");
+        let pins = tempfile::tempdir().unwrap();
+        drop(acquire(&state, pins.path(), Some(Duration::ZERO)).unwrap());
+        assert_eq!(mode(&state), 0o700);
+        assert_eq!(mode(&state.join("enforcer.lock")), 0o600);
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+        drop(acquire(&state, pins.path(), Some(Duration::ZERO)).unwrap());
+        assert_eq!(mode(&state), 0o700, "tightened at start");
     }
 }

@@ -185,7 +185,11 @@ pub struct HubView {
     pub source_synced: bool,
     pub source_revision: u64,
     pub source_marker: String,
+    /// The source's problems first, then the resolution's.
     pub errors: Vec<String>,
+    /// How many of `errors` are the source's (a refused manifest, a failing
+    /// watch): while there are any, the view in force may be stale.
+    pub source_errors: usize,
     pub nodes: Vec<NodeView>,
     /// When the view was taken: "connected for" is counted to it.
     pub taken_at: std::time::SystemTime,
@@ -402,6 +406,7 @@ impl Hub {
                 .chain(st.errors.iter())
                 .cloned()
                 .collect(),
+            source_errors: st.source_errors.len(),
             nodes: st
                 .nodes
                 .iter()
@@ -481,7 +486,7 @@ mod tests {
     fn cluster(policies: bool, marker: &str) -> ClusterState {
         let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "a", "namespace": "x", "labels": {"app": "a"}},
-            "spec": {"nodeName": "n1", "containers": [{"name": "c"}]},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
             "status": {"podIP": "10.0.0.1"}
         }))
         .unwrap();
@@ -607,8 +612,10 @@ mod tests {
         let hub = Hub::new(1);
         hub.set_source_errors(vec!["bad.yaml: document 1: nope".into()]);
         assert_eq!(hub.view().errors, vec!["bad.yaml: document 1: nope"]);
+        assert_eq!(hub.view().source_errors, 1);
         hub.set_source_errors(vec![]);
         assert!(hub.view().errors.is_empty());
+        assert_eq!(hub.view().source_errors, 0);
     }
 
     #[test]

@@ -64,6 +64,7 @@ impl World {
                         let lower = proto.to_lowercase();
                         json!({
                             "name": format!("cont-{port}-{lower}"),
+                            "image": "agnhost",
                             "ports": [{
                                 "name": format!("serve-{port}-{lower}"),
                                 "containerPort": port,

@@ -30,19 +30,19 @@ fn manifests(extra_selects_db: bool) -> String {
 apiVersion: v1
 kind: Pod
 metadata: {{name: web1, namespace: prod, labels: {{app: web}}}}
-spec: {{nodeName: n1, containers: [{{name: c}}]}}
+spec: {{nodeName: n1, containers: [{{name: c, image: i}}]}}
 status: {{podIP: 10.1.0.1}}
 ---
 apiVersion: v1
 kind: Pod
 metadata: {{name: web2, namespace: prod, labels: {{app: web}}}}
-spec: {{nodeName: n2, containers: [{{name: c}}]}}
+spec: {{nodeName: n2, containers: [{{name: c, image: i}}]}}
 status: {{podIP: 10.1.0.2}}
 ---
 apiVersion: v1
 kind: Pod
 metadata: {{name: db, namespace: prod, labels: {{app: db}}}}
-spec: {{nodeName: n1, containers: [{{name: c}}]}}
+spec: {{nodeName: n1, containers: [{{name: c, image: i}}]}}
 status: {{podIP: 10.1.0.3}}
 ---
 apiVersion: networking.k8s.io/v1

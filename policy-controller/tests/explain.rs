@@ -132,7 +132,7 @@ fn random_cluster(rng: &mut Rng) -> ClusterState {
         }
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": format!("p{i}"), "namespace": rng.pick(&NAMESPACES), "labels": labels},
-            "spec": {"nodeName": rng.pick(&["n1", "n2"]), "containers": [{"name": "c", "ports": ports}]},
+            "spec": {"nodeName": rng.pick(&["n1", "n2"]), "containers": [{"name": "c", "image": "i", "ports": ports}]},
             "status": {"podIP": format!("10.0.{}.{}", i % 2, 10 + i)},
         }))
         .unwrap();
@@ -371,13 +371,13 @@ metadata: {name: prod, labels: {team: red}}
 apiVersion: v1
 kind: Pod
 metadata: {name: web, namespace: prod, labels: {app: web}}
-spec: {nodeName: n1, containers: [{name: c, ports: [{name: http, containerPort: 8080}]}]}
+spec: {nodeName: n1, containers: [{name: c, image: i, ports: [{name: http, containerPort: 8080}]}]}
 status: {podIP: 10.1.0.1}
 ---
 apiVersion: v1
 kind: Pod
 metadata: {name: client, namespace: prod, labels: {app: client}}
-spec: {nodeName: n2, containers: [{name: c}]}
+spec: {nodeName: n2, containers: [{name: c, image: i}]}
 status: {podIP: 10.1.0.2}
 ---
 apiVersion: v1

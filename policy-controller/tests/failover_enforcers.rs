@@ -241,7 +241,7 @@ fn pod(name: &str, node: &str, ip: &str) -> serde_json::Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "prod", "labels": {"app": "web"}},
-        "spec": {"nodeName": node, "containers": [{"name": "c"}]},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]},
         "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}
     })
 }

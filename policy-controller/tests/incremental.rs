@@ -89,7 +89,7 @@ fn pod(rng: &mut Rng, ns: &str, name: &str) -> Pod {
     if rng.chance(30) {
         ports.push(json!({"name": "dns", "containerPort": 53, "protocol": "UDP"}));
     }
-    let mut spec = json!({"containers": [{"name": "c", "ports": ports}]});
+    let mut spec = json!({"containers": [{"name": "c", "image": "i", "ports": ports}]});
     if rng.chance(90) {
         spec["nodeName"] = json!(rng.pick(&NODES));
     }

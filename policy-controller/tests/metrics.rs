@@ -28,7 +28,7 @@ fn manifests(cidr: &str) -> String {
 apiVersion: v1
 kind: Pod
 metadata: {{name: web, namespace: prod, labels: {{app: web}}}}
-spec: {{nodeName: n1, containers: [{{name: c}}]}}
+spec: {{nodeName: n1, containers: [{{name: c, image: i}}]}}
 status: {{podIP: 10.1.0.1}}
 ---
 apiVersion: networking.k8s.io/v1
@@ -274,4 +274,44 @@ async fn metrics_follow_plans_and_reports() {
         0.0
     );
     assert!(m["palisade_controller_resolve_duration_seconds_count"] > passes);
+    assert_eq!(m["palisade_controller_errors"], 0.0);
+    assert_eq!(m["palisade_controller_source_errors"], 0.0);
+
+    // Issue 18: an edit with a misspelt field ("fromm") is refused, named,
+    // counted, and the previous policy stays: the plan does not move.
+    let typo = manifests("198.51.100.0/24").replace("ingress: [{from:", "ingress: [{fromm:");
+    assert_ne!(typo, manifests("198.51.100.0/24"));
+    write(dir.path(), &typo);
+    let m = scrape_until(&addr, "the typo is counted", |m| {
+        m.get("palisade_controller_source_errors") == Some(&1.0)
+    })
+    .await;
+    assert_eq!(m["palisade_controller_errors"], 1.0);
+    assert_eq!(
+        m["palisade_controller_node_plan_version{node=\"n1\"}"],
+        version + 1.0,
+        "the previous plan stays"
+    );
+    let state = palisade_proto::v1::debug_service_client::DebugServiceClient::new(
+        connect(&address, Duration::from_secs(5)).await.unwrap(),
+    )
+    .get_controller_state(palisade_proto::v1::GetControllerStateRequest {})
+    .await
+    .unwrap()
+    .into_inner();
+    assert_eq!(state.errors.len(), 1, "{:?}", state.errors);
+    assert!(
+        state.errors[0].ends_with(
+            "all.yaml: document 2: NetworkPolicy prod/deny: spec.ingress[0].fromm: unknown field"
+        ),
+        "{:?}",
+        state.errors
+    );
+    // Fixed: accepted again, the error withdrawn.
+    write(dir.path(), &manifests("203.0.113.0/24"));
+    let m = scrape_until(&addr, "the fix is accepted", |m| {
+        m.get("palisade_controller_node_plan_version{node=\"n1\"}") == Some(&(version + 2.0))
+    })
+    .await;
+    assert_eq!(m["palisade_controller_source_errors"], 0.0);
 }

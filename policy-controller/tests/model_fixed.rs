@@ -28,7 +28,7 @@ metadata: {name: y, labels: {ns: y}}
 apiVersion: v1
 kind: Pod
 metadata: {name: client, namespace: x, labels: {app: client}}
-spec: {nodeName: n1, containers: [{name: c, ports: [{name: http, containerPort: 8080}]}]}
+spec: {nodeName: n1, containers: [{name: c, image: i, ports: [{name: http, containerPort: 8080}]}]}
 status: {podIP: 10.0.0.1}
 ---
 apiVersion: v1
@@ -38,6 +38,7 @@ spec:
   nodeName: n2
   containers:
     - name: c
+      image: i
       ports:
         - {name: http, containerPort: 80}
         - {name: dns, containerPort: 53, protocol: UDP}
@@ -46,7 +47,7 @@ status: {podIP: 10.0.0.2}
 apiVersion: v1
 kind: Pod
 metadata: {name: other, namespace: y, labels: {app: client}}
-spec: {nodeName: n1, containers: [{name: c}]}
+spec: {nodeName: n1, containers: [{name: c, image: i}]}
 status: {podIP: 10.0.1.3}
 "#;
 

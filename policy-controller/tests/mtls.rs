@@ -24,13 +24,13 @@ const OBJECTS: &str = r#"
 apiVersion: v1
 kind: Pod
 metadata: {name: web-1, namespace: prod, labels: {app: web}}
-spec: {nodeName: node-a, containers: [{name: c}]}
+spec: {nodeName: node-a, containers: [{name: c, image: i}]}
 status: {podIP: 10.1.0.11}
 ---
 apiVersion: v1
 kind: Pod
 metadata: {name: web-2, namespace: prod, labels: {app: web}}
-spec: {nodeName: node-b, containers: [{name: c}]}
+spec: {nodeName: node-b, containers: [{name: c, image: i}]}
 status: {podIP: 10.1.0.12}
 "#;
 

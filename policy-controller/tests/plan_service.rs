@@ -21,19 +21,19 @@ const GOOD: &str = r#"
 apiVersion: v1
 kind: Pod
 metadata: {name: web, namespace: prod, labels: {app: web}}
-spec: {nodeName: n1, containers: [{name: c}]}
+spec: {nodeName: n1, containers: [{name: c, image: i}]}
 status: {podIP: 10.1.0.1}
 ---
 apiVersion: v1
 kind: Pod
 metadata: {name: open, namespace: prod, labels: {app: other}}
-spec: {nodeName: n1, containers: [{name: c}]}
+spec: {nodeName: n1, containers: [{name: c, image: i}]}
 status: {podIP: 10.1.0.2}
 ---
 apiVersion: v1
 kind: Pod
 metadata: {name: pending, namespace: prod, labels: {app: web}}
-spec: {nodeName: n1, containers: [{name: c}]}
+spec: {nodeName: n1, containers: [{name: c, image: i}]}
 ---
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy

@@ -1329,7 +1329,7 @@ async fn bad_slices_are_errors_naming_object_and_field_and_weaken_nothing() {
         json!({
             "policyRef": {"name": "p", "namespace": "x"},
             "podIsolation": ["Ingress"],
-            "podSelectorEndpoints": [{"name": "server", "namespace": "x", "podIP": "10.0.0.1"}],
+            "podSelectorEndpoints": [{"name": "server", "namespace": "x", "podIP": "10.0.0.1", "hostIP": "192.168.0.1"}],
             "ingress": [{"cidr": "10.0.0.2", "ports": [{"protocol": "TCP", "port": 80}]}],
         }),
     ));
@@ -1380,7 +1380,7 @@ async fn bad_slices_are_errors_naming_object_and_field_and_weaken_nothing() {
     assert!(server.ingress.is_some() && allows(server.ingress.as_ref(), client, Protocol::Tcp, 80));
     assert!(
         pe.errors.iter().any(|e| e.starts_with(
-            "PolicyEndpoint x/p-a: spec.podIsolation: invalid type: string \"Ingress\", expected a sequence"
+            "PolicyEndpoint x/p-a: spec.podIsolation: Invalid value: \"string\": spec.podIsolation in body must be of type array"
         ) && e.ends_with("its previous version stays in force")),
         "{:?}",
         pe.errors
@@ -1392,7 +1392,7 @@ async fn bad_slices_are_errors_naming_object_and_field_and_weaken_nothing() {
         json!({
             "policyRef": {"name": "p", "namespace": "x"},
             "podIsolation": ["Ingress", "Egress"],
-            "podSelectorEndpoints": [{"name": "server", "namespace": "x", "podIP": "10.0.0.1"}],
+            "podSelectorEndpoints": [{"name": "server", "namespace": "x", "podIP": "10.0.0.1", "hostIP": "192.168.0.1"}],
             "ingress": [{"cidr": "10.0.0.2", "ports": [{"protocol": "TCP", "port": 80}]}],
         }),
     ));
@@ -1412,7 +1412,7 @@ async fn bad_slices_are_errors_naming_object_and_field_and_weaken_nothing() {
         json!({"apiVersion": "networking.k8s.aws/v1alpha1", "kind": "PolicyEndpoint",
         "metadata": {"name": "intruder", "namespace": "y"},
         "spec": {"policyRef": {"name": "p", "namespace": "x"}, "podIsolation": ["Ingress"],
-                 "podSelectorEndpoints": [{"name": "server", "namespace": "x"}],
+                 "podSelectorEndpoints": [{"name": "server", "namespace": "x", "podIP": "10.0.0.1", "hostIP": "192.168.0.1"}],
                  "ingress": [{"cidr": "0.0.0.0/0"}]}}),
     );
     let pe = plans_once_caught_up(&hub, &served, "foreign slice").await;

@@ -12,25 +12,25 @@ const PODS: &str = r#"
 apiVersion: v1
 kind: Pod
 metadata: {name: client, namespace: app, labels: {app: client}}
-spec: {nodeName: n1, containers: [{name: c}]}
+spec: {nodeName: n1, containers: [{name: c, image: i}]}
 status: {podIP: 10.0.0.10}
 ---
 apiVersion: v1
 kind: Pod
 metadata: {name: db-1, namespace: app, labels: {app: db, tier: primary}}
-spec: {nodeName: n1, containers: [{name: pg, ports: [{name: pg, containerPort: 5432}]}]}
+spec: {nodeName: n1, containers: [{name: pg, image: i, ports: [{name: pg, containerPort: 5432}]}]}
 status: {podIP: 10.0.0.21}
 ---
 apiVersion: v1
 kind: Pod
 metadata: {name: db-2, namespace: app, labels: {app: db}}
-spec: {nodeName: n2, containers: [{name: pg, ports: [{name: pg, containerPort: 6432}]}]}
+spec: {nodeName: n2, containers: [{name: pg, image: i, ports: [{name: pg, containerPort: 6432}]}]}
 status: {podIP: 10.0.0.22}
 ---
 apiVersion: v1
 kind: Pod
 metadata: {name: cache, namespace: app, labels: {app: cache}}
-spec: {nodeName: n2, containers: [{name: c, ports: [{name: redis, containerPort: 6379}]}]}
+spec: {nodeName: n2, containers: [{name: c, image: i, ports: [{name: redis, containerPort: 6379}]}]}
 status: {podIP: 10.0.0.30}
 "#;
 
@@ -331,7 +331,7 @@ fn a_service_in_another_namespace_is_allowed_through_a_namespace_selector() {
     let pods = r#"apiVersion: v1
 kind: Pod
 metadata: {name: api-1, namespace: backend, labels: {app: api}}
-spec: {nodeName: n2, containers: [{name: c, ports: [{name: http, containerPort: 8080}]}]}
+spec: {nodeName: n2, containers: [{name: c, image: i, ports: [{name: http, containerPort: 8080}]}]}
 status: {podIP: 10.0.1.5}
 ---
 apiVersion: v1

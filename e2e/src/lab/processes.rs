@@ -288,6 +288,34 @@ impl Lab {
         None
     }
 
+    /// Waits until the controller reports a source error containing `want`
+    /// (a manifest it refused): `Ok(Ok(error))` with the error, or
+    /// `Ok(Err(why))` at the realize timeout, with what it reported.
+    pub fn wait_source_error(&mut self, want: &str) -> Result<std::result::Result<String, String>> {
+        let deadline = Instant::now() + self.config.realize_timeout;
+        loop {
+            self.config.cancel.check()?;
+            self.check_processes()?;
+            let last = match self
+                .rt()
+                .block_on(grpc::controller_state(&self.controller_socket))
+            {
+                Ok(state) => match state.errors.iter().find(|e| e.contains(want)) {
+                    Some(e) => return Ok(Ok(e.clone())),
+                    None => format!("the controller reports errors {:?}", state.errors),
+                },
+                Err(e) => format!("{e:#}"),
+            };
+            if Instant::now() >= deadline {
+                return Ok(Err(format!(
+                    "no source error containing {want:?} within {:?}: {last}",
+                    self.config.realize_timeout
+                )));
+            }
+            std::thread::sleep(POLL); // poll: inside a loop bounded by a deadline
+        }
+    }
+
     /// Waits until every enforcer's stream is connected to the controller
     /// and the enforcer has applied whatever the controller serves its node
     /// (the same plan version), or the controller serves no plan at all: used

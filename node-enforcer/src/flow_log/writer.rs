@@ -16,18 +16,21 @@ pub const QUEUE: usize = 8192;
 pub type Output = Box<dyn AsyncWrite + Unpin + Send>;
 
 /// `-`: stdout (the enforcer's own logs go to stderr); else the file,
-/// created if missing and appended to.
+/// created 0600 if missing (its lines name pods, addresses and policies)
+/// and appended to; an existing file readable by others is tightened.
 pub async fn open(path: &str) -> Result<Output, String> {
     if path == "-" {
         return Ok(Box::new(tokio::io::stdout()));
     }
-    let file = tokio::fs::OpenOptions::new()
+    let file = crate::private::options()
         .create(true)
         .append(true)
         .open(path)
-        .await
         .map_err(|e| format!("--flow-log-path {path}: {e}"))?;
-    Ok(Box::new(file))
+    let had = crate::private::tighten_file(std::path::Path::new(path))
+        .map_err(|e| format!("--flow-log-path {path}: {e}"))?;
+    crate::private::log_tightened("the flow log", std::path::Path::new(path), had);
+    Ok(Box::new(tokio::fs::File::from_std(file)))
 }
 
 #[derive(Clone)]

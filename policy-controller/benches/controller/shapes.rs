@@ -92,7 +92,7 @@ pub fn pod(shape: Shape, i: usize, j: usize, index: usize, nodes: usize, app: &s
     };
     serde_json::from_value(json!({
         "metadata": {"name": format!("pod-{j}"), "namespace": ns_name(i), "labels": labels},
-        "spec": {"nodeName": format!("node-{:04}", index % nodes), "containers": [{"name": "c", "ports": ports}]},
+        "spec": {"nodeName": format!("node-{:04}", index % nodes), "containers": [{"name": "c", "image": "i", "ports": ports}]},
         "status": {"phase": "Running", "podIP": ip(index)},
     }))
     .unwrap()

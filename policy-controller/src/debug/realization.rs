@@ -156,6 +156,7 @@ mod tests {
             source_revision: 1,
             source_marker: "1".into(),
             errors: vec![],
+            source_errors: 0,
             nodes: vec![node("a", steady, 1), node("b", flapping, 0)],
             taken_at: t(1_800) + Duration::from_millis(999),
         };

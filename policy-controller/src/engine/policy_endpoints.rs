@@ -231,7 +231,7 @@ mod tests {
         Change::ApplyPod(
             serde_json::from_value(json!({
                 "metadata": {"name": name, "namespace": "x", "labels": {"app": "same"}},
-                "spec": {"nodeName": "n1", "containers": [{"name": "c"}]},
+                "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
                 "status": {"podIP": ip},
             }))
             .unwrap(),
@@ -241,7 +241,7 @@ mod tests {
     fn slice(name: &str, policy: &str, pods: &[&str]) -> Change {
         let pods: Vec<_> = pods
             .iter()
-            .map(|p| json!({"name": p, "namespace": "x"}))
+            .map(|p| json!({"name": p, "namespace": "x", "podIP": "10.0.0.1", "hostIP": "192.168.0.1"}))
             .collect();
         Change::ApplyPolicyEndpoint(
             serde_json::from_value::<PolicyEndpoint>(json!({

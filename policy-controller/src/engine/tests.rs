@@ -7,7 +7,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 fn pod(ns: &str, name: &str, app: &str, node: &str, ip: &str) -> Pod {
     serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "namespace": ns, "labels": {"app": app}},
-        "spec": {"nodeName": node, "containers": [{"name": "c"}]},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]},
         "status": {"podIP": ip}
     }))
     .unwrap()

@@ -44,6 +44,12 @@ pub fn render(view: &HubView, refusals: &Refusals) -> String {
         view.errors.len() as u64,
     );
     e.single(
+        "palisade_controller_source_errors",
+        "gauge",
+        "Of those, problems reading the source: manifests refused (the last accepted view stays in force) or failing watches.",
+        view.source_errors as u64,
+    );
+    e.single(
         "palisade_controller_nodes",
         "gauge",
         "Nodes the controller holds a plan or a report for.",

@@ -29,25 +29,25 @@ metadata: {name: y, labels: {team: blue}}
 apiVersion: v1
 kind: Pod
 metadata: {name: a, namespace: x, labels: {app: a}}
-spec: {nodeName: n1, containers: [{name: c, ports: [{containerPort: 80, name: http}]}]}
+spec: {nodeName: n1, containers: [{name: c, image: i, ports: [{containerPort: 80, name: http}]}]}
 status: {podIP: 10.0.0.1}
 ---
 apiVersion: v1
 kind: Pod
 metadata: {name: b, namespace: x, labels: {app: b}}
-spec: {nodeName: n1, containers: [{name: c, ports: [{containerPort: 8080, name: http}, {containerPort: 53, name: dns, protocol: UDP}]}]}
+spec: {nodeName: n1, containers: [{name: c, image: i, ports: [{containerPort: 8080, name: http}, {containerPort: 53, name: dns, protocol: UDP}]}]}
 status: {podIP: 10.0.0.2}
 ---
 apiVersion: v1
 kind: Pod
 metadata: {name: c, namespace: x, labels: {app: c}}
-spec: {nodeName: n2, containers: [{name: c}]}
+spec: {nodeName: n2, containers: [{name: c, image: i}]}
 status: {podIP: 10.0.0.3}
 ---
 apiVersion: v1
 kind: Pod
 metadata: {name: d, namespace: y, labels: {app: a}}
-spec: {nodeName: n2, containers: [{name: c}]}
+spec: {nodeName: n2, containers: [{name: c, image: i}]}
 status: {podIP: 10.0.1.4}
 "#;
 
@@ -103,12 +103,12 @@ fn pods_without_an_address_or_a_node() {
         r#"apiVersion: v1
 kind: Pod
 metadata: {name: starting, namespace: x}
-spec: {nodeName: n1, containers: [{name: c}]}
+spec: {nodeName: n1, containers: [{name: c, image: i}]}
 ---
 apiVersion: v1
 kind: Pod
 metadata: {name: unscheduled, namespace: x}
-spec: {containers: [{name: c}]}"#,
+spec: {containers: [{name: c, image: i}]}"#,
     ));
     let starting = pod(&r, "n1", "x", "starting").expect("listed before it has an IP");
     assert!(starting.pod_ips.is_empty());
@@ -364,13 +364,13 @@ fn finished_and_host_network_pods_are_not_peers() {
         r#"apiVersion: v1
 kind: Pod
 metadata: {name: done, namespace: x, labels: {app: a}}
-spec: {nodeName: n1, containers: [{name: c}]}
+spec: {nodeName: n1, containers: [{name: c, image: i}]}
 status: {podIP: 10.0.0.9, phase: Succeeded}
 ---
 apiVersion: v1
 kind: Pod
 metadata: {name: host, namespace: x, labels: {app: a}}
-spec: {nodeName: n1, hostNetwork: true, containers: [{name: c}]}
+spec: {nodeName: n1, hostNetwork: true, containers: [{name: c, image: i}]}
 status: {podIP: 192.168.1.1}
 ---
 apiVersion: networking.k8s.io/v1

@@ -202,7 +202,7 @@ mod tests {
     use super::*;
 
     const NS: &str = "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n";
-    const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: a}\n";
+    const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: a}\nspec: {containers: [{name: c, image: i}]}\n";
     const BAD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: q, namespace: a}\nspec: 5\n";
 
     /// As the lab writes: a dotfile (ignored by scans) renamed into place, so
@@ -230,7 +230,7 @@ mod tests {
         std::fs::write(dir.path().join("20-pod.yml"), POD).unwrap();
         std::fs::write(
             dir.path().join("30-pod.json"),
-            r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"j","namespace":"a"}}"#,
+            r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"j","namespace":"a"},"spec":{"containers":[{"name":"c","image":"i"}]}}"#,
         )
         .unwrap();
         // Neither a manifest extension nor visible: both ignored, even broken.

@@ -9,23 +9,19 @@
 //! ever resolves a half-listed cluster.
 //!
 //! This module also holds the manifest parser both the manifest source and the
-//! tests use. Every document is untrusted: a malformed one is an error naming
-//! the document and the field, never a panic and never a silently dropped
-//! object (a dropped NetworkPolicy would open traffic).
+//! tests use. Every document is untrusted: one the API server would refuse is
+//! an error naming the document, the object and the field, never a panic and
+//! never a silently dropped object or field (a dropped NetworkPolicy, or a
+//! rule that lost a misspelt field, would open traffic).
 
 pub mod kube;
 pub mod manifest;
 pub mod policy_endpoint;
 mod tracker;
+pub mod validate;
 
 use std::path::PathBuf;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::de::DeserializeOwned;
-use serde::Deserialize;
 use serde_json::Value;
 
 use crate::cluster::Object;
@@ -51,18 +47,20 @@ pub enum SourceError {
 /// Parses manifests: YAML (several documents separated by `---`) or JSON (one
 /// or more concatenated values, or a top-level array). `List` objects (and
 /// typed lists such as `PodList`, as `kubectl get -o json` prints them) are
-/// flattened. Objects other than v1 Namespace, v1 Pod, v1 Service,
-/// discovery.k8s.io/v1 EndpointSlice and networking.k8s.io/v1 NetworkPolicy
-/// are skipped; a namespaced object
-/// without a namespace lands in "default", as `kubectl apply` would put it.
+/// flattened. v1 Namespace, v1 Pod, v1 Service, discovery.k8s.io/v1
+/// EndpointSlice and networking.k8s.io/v1 NetworkPolicy objects are decoded
+/// and validated as the API server would ([`validate`]); other kinds the API
+/// serves are skipped, and a kind it does not serve in the groups Palisade
+/// reads is an error (a misspelt NetworkPolicy must not vanish). A
+/// namespaced object without a namespace lands in "default", as `kubectl
+/// apply` would put it.
 pub fn parse_objects(text: &str) -> Result<Vec<Object>, SourceError> {
     let mut objects = Vec::new();
     let trimmed = text.trim_start();
     // JSON is nearly YAML, but serde_json reports JSON mistakes far better
     // and handles concatenated values, so JSON-looking text goes there.
     if trimmed.starts_with('{') || trimmed.starts_with('[') {
-        let stream = serde_json::Deserializer::from_str(text).into_iter::<Value>();
-        for (i, value) in stream.enumerate() {
+        for (i, value) in validate::strict::json_values(text).enumerate() {
             let document = i + 1;
             let value = value.map_err(|e| SourceError::Document {
                 document,
@@ -73,7 +71,7 @@ pub fn parse_objects(text: &str) -> Result<Vec<Object>, SourceError> {
     } else {
         for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
             let document = i + 1;
-            let value = Value::deserialize(doc).map_err(|e| SourceError::Document {
+            let value = validate::strict::yaml_value(doc).map_err(|e| SourceError::Document {
                 document,
                 problem: format!("invalid YAML: {e}"),
             })?;
@@ -168,72 +166,22 @@ fn decode_object(
     };
     let value = Value::Object(map);
 
-    // Typed objects from a typed list may lack apiVersion/kind; k8s-openapi
-    // checks them only when present, so the value can be used as it is.
-    let object = match (api_version.as_str(), kind.as_str()) {
-        ("v1", "Namespace") => {
-            let mut ns: Namespace = typed(value, at, &display)?;
-            require_name(&ns.metadata, at, &kind)?;
-            // Namespaces are cluster-scoped; a stray namespace field must not
-            // make two manifests of one namespace look different.
-            ns.metadata.namespace = None;
-            Object::Namespace(ns)
-        }
-        ("v1", "Pod") => {
-            let mut pod: Pod = typed(value, at, &display)?;
-            require_name(&pod.metadata, at, &kind)?;
-            default_namespace(&mut pod.metadata);
-            Object::Pod(pod)
-        }
-        ("networking.k8s.io/v1", "NetworkPolicy") => {
-            let mut np: NetworkPolicy = typed(value, at, &display)?;
-            require_name(&np.metadata, at, &kind)?;
-            default_namespace(&mut np.metadata);
-            Object::NetworkPolicy(np)
-        }
-        ("v1", "Service") => {
-            let mut svc: Service = typed(value, at, &display)?;
-            require_name(&svc.metadata, at, &kind)?;
-            default_namespace(&mut svc.metadata);
-            Object::Service(svc)
-        }
-        ("discovery.k8s.io/v1", "EndpointSlice") => {
-            let mut slice: EndpointSlice = typed(value, at, &display)?;
-            require_name(&slice.metadata, at, &kind)?;
-            default_namespace(&mut slice.metadata);
-            Object::EndpointSlice(slice)
-        }
-        _ => {
+    let kind = match validate::kind_of(&api_version, &kind) {
+        Ok(Some(kind)) => kind,
+        Ok(None) => {
             tracing::debug!(%api_version, %kind, "skipping object of a kind policy does not read");
             return Ok(());
         }
+        Err(e) => return Err(format!("{at}{display}: {e}")),
     };
+    // Typed objects from a typed list may lack apiVersion/kind; k8s-openapi
+    // checks them only when present, so the value can be used as it is.
+    let object = validate::object(kind, value).map_err(|errors| {
+        let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        format!("{at}{display}: {}", errors.join("; "))
+    })?;
     out.push(object);
     Ok(())
-}
-
-fn typed<T: DeserializeOwned>(value: Value, at: &str, display: &str) -> Result<T, String> {
-    serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
-        let path = e.path().to_string();
-        if path == "." || path.is_empty() {
-            format!("{at}{display}: {}", e.inner())
-        } else {
-            format!("{at}{display}: {path}: {}", e.inner())
-        }
-    })
-}
-
-fn require_name(meta: &ObjectMeta, at: &str, kind: &str) -> Result<(), String> {
-    match meta.name.as_deref() {
-        Some(name) if !name.is_empty() => Ok(()),
-        _ => Err(format!("{at}{kind}: metadata.name is missing")),
-    }
-}
-
-fn default_namespace(meta: &mut ObjectMeta) {
-    if meta.namespace.as_deref().unwrap_or("").is_empty() {
-        meta.namespace = Some("default".into());
-    }
 }
 
 fn or_unnamed(name: &str) -> &str {
@@ -365,11 +313,13 @@ items:
 - apiVersion: v1
   kind: Pod
   metadata: {name: p, namespace: a}
+  spec: {containers: [{name: c, image: i}]}
 "#;
         assert_eq!(names(&parse_objects(yaml).unwrap()), ["ns a", "pod a/p"]);
         // As the API serves it: items without apiVersion/kind.
         let json = r#"{"apiVersion":"v1","kind":"PodList","metadata":{"resourceVersion":"7"},
-            "items":[{"metadata":{"name":"x","namespace":"b"}},{"metadata":{"name":"y","namespace":"b"}}]}"#;
+            "items":[{"metadata":{"name":"x","namespace":"b"},"spec":{"containers":[{"name":"c","image":"i"}]}},
+                     {"metadata":{"name":"y","namespace":"b"},"spec":{"containers":[{"name":"c","image":"i"}]}}]}"#;
         assert_eq!(names(&parse_objects(json).unwrap()), ["pod b/x", "pod b/y"]);
     }
 
@@ -420,7 +370,10 @@ spec:
             ("kind: Pod\nmetadata: {name: x}\n", "document 1: apiVersion is missing"),
             ("apiVersion: v1\nmetadata: {name: x}\n", "document 1: kind is missing"),
             ("apiVersion: v1\nkind: 3\n", "document 1: kind: expected a string"),
-            ("apiVersion: v1\nkind: Pod\nmetadata: {}\n", "document 1: Pod: metadata.name is missing"),
+            (
+                "apiVersion: v1\nkind: Pod\nmetadata: {}\nspec: {containers: [{name: c, image: i}]}\n",
+                "document 1: Pod <unnamed>: metadata.name: Required value: name or generateName is required",
+            ),
             ("apiVersion: v1\nkind: List\nitems: 3\n", "document 1: items: expected a sequence"),
             (
                 "apiVersion: v1\nkind: List\nitems: [{apiVersion: v1, kind: Pod, metadata: {name: p}, spec: 5}]\n",
@@ -431,7 +384,7 @@ spec:
                 "document 2: Pod p: metadata.labels.a: invalid type",
             ),
             (
-                "apiVersion: v2\nkind: Pod\nmetadata: {name: p}\n---\n[",
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: p}\n---\n[",
                 "document 2: invalid YAML",
             ),
         ];
@@ -442,6 +395,90 @@ spec:
                 "{text:?}: got {got:?}, want {want:?}"
             );
         }
+    }
+
+    /// Issue 18: the misspelt key was dropped, the rule became `{}`, and
+    /// `{}` allows every source on every port.
+    #[test]
+    fn a_typo_in_a_rule_is_refused_not_read_as_allow_everything() {
+        let yaml = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: allow-a, namespace: x}
+spec:
+  podSelector: {matchLabels: {app: b}}
+  ingress:
+  - from: [{podSelector: {matchLabels: {app: a}}}]
+    ports: [{port: 80}]
+  - fromm: [{podSelector: {}}]
+"#;
+        assert_eq!(
+            parse_objects(yaml).unwrap_err().to_string(),
+            "document 1: NetworkPolicy x/allow-a: spec.ingress[1].fromm: unknown field"
+        );
+        let json = serde_json::to_string(&serde_yaml::from_str::<Value>(yaml).unwrap()).unwrap();
+        assert_eq!(
+            parse_objects(&json).unwrap_err().to_string(),
+            "document 1: NetworkPolicy x/allow-a: spec.ingress[1].fromm: unknown field"
+        );
+    }
+
+    #[test]
+    fn what_the_api_server_refuses_is_refused_naming_object_and_field() {
+        let np = |spec: &str| {
+            format!("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: p, namespace: x}}\n{spec}")
+        };
+        let cases = [
+            (np("spec: {podSelector: {}}\nstatus: {}\n"), "document 1: NetworkPolicy x/p: status: unknown field"),
+            (
+                np("spec: {podSelector: {}, policyTypes: [Ingress, Sideways]}\n"),
+                "document 1: NetworkPolicy x/p: spec.policyTypes[1]: Unsupported value: \"Sideways\": supported values: \"Ingress\", \"Egress\"",
+            ),
+            (
+                np("spec: {ingress: [{fromm: []}], policyTypes: [Sideways]}\n"),
+                // Decoding fails first, as the API server's does.
+                "document 1: NetworkPolicy x/p: spec.ingress[0].fromm: unknown field",
+            ),
+            (
+                np("spec:\n  podSelector: {}\n  podSelector: {matchLabels: {a: b}}\n"),
+                "document 1: invalid YAML",
+            ),
+            (
+                "apiVersion: networking.k8s.io/v1\nkind: NetworkPolcy\nmetadata: {name: p, namespace: x}\n".to_string(),
+                "document 1: NetworkPolcy x/p: kind \"NetworkPolcy\" is not served by networking.k8s.io/v1",
+            ),
+            (
+                r#"{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a", "name": "b"}}"#.to_string(),
+                "document 1: invalid JSON: duplicate field \"name\"",
+            ),
+            (
+                "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: x}\nspec: {containers: [{name: c, image: i, ports: [{containerPort: 80, name: HTTP}]}]}\n".to_string(),
+                "document 1: Pod x/p: spec.containers[0].ports[0].name: Invalid value: \"HTTP\": must contain only alpha-numeric characters (a-z, 0-9), and hyphens (-)",
+            ),
+        ];
+        for (text, want) in cases {
+            let got = parse_objects(&text).unwrap_err().to_string();
+            assert!(got.starts_with(want), "{text}\n  got  {got}\n  want {want}");
+        }
+        // Every error of the object, not only the first.
+        let got = parse_objects(&np(
+            "spec: {policyTypes: [Sideways], ingress: [{from: [{}]}]}\n",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            got,
+            "document 1: NetworkPolicy x/p: spec.ingress[0].from[0]: Required value: must specify a peer; \
+             spec.policyTypes[0]: Unsupported value: \"Sideways\": supported values: \"Ingress\", \"Egress\""
+        );
+    }
+
+    /// The API server accepts a policy without podSelector (or without
+    /// spec): the empty selector, every pod of the namespace.
+    #[test]
+    fn a_policy_without_pod_selector_selects_every_pod_as_upstream() {
+        let text = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p, namespace: x}\nspec: {policyTypes: [Ingress]}\n";
+        assert_eq!(names(&parse_objects(text).unwrap()), ["np x/p"]);
     }
 
     #[test]

@@ -122,6 +122,10 @@ pub struct EndpointInfo {
     pub action: Option<String>,
     #[serde(default)]
     pub cidr: String,
+    /// An FQDN rule (v1.1 of the AWS controller), which a plan of
+    /// addresses cannot hold.
+    #[serde(default, rename = "domainName")]
+    pub domain_name: Option<String>,
     #[serde(default)]
     pub except: Option<Vec<String>>,
     #[serde(default)]
@@ -146,11 +150,19 @@ pub fn display_name(ns: &str, name: &str) -> String {
     format!("PolicyEndpoint {ns}/{name}")
 }
 
-/// Parses a slice's spec; the error names the object and the field.
+/// Parses a slice's spec, checked first as the API server checks it
+/// against the CRD's schema (`validate::policy_endpoint`); the error names
+/// the object and every bad field.
 pub fn parse_spec(ns: &str, name: &str, spec: &Value) -> Result<PolicyEndpointSpec, String> {
     let display = display_name(ns, name);
     if spec.is_null() {
         return Err(format!("{display}: spec is missing"));
+    }
+    let mut errs = super::validate::Errors::default();
+    super::validate::policy_endpoint::spec(spec, &mut errs);
+    if let Err(errors) = errs.into_result() {
+        let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        return Err(format!("{display}: {}", errors.join("; ")));
     }
     serde_path_to_error::deserialize::<_, PolicyEndpointSpec>(spec).map_err(|e| {
         let path = e.path().to_string();
@@ -202,8 +214,16 @@ mod tests {
         });
         let err = parse_spec("ns", "p-1", &spec).unwrap_err();
         assert!(
-            err.starts_with("PolicyEndpoint ns/p-1: spec.ingress[0].ports[0].port: invalid type"),
+            err.starts_with(
+                "PolicyEndpoint ns/p-1: spec.ingress[0].ports[0].port: Invalid value: \"string\""
+            ),
             "{err}"
+        );
+        // A typo is refused, not skipped (strict field validation).
+        let typo = json!({"policyRef": {"name": "p", "namespace": "ns"}, "ingres": []});
+        assert_eq!(
+            parse_spec("ns", "p-4", &typo).unwrap_err(),
+            "PolicyEndpoint ns/p-4: spec.ingres: unknown field"
         );
         let err = parse_spec("ns", "p-2", &json!({"ingress": []})).unwrap_err();
         assert!(err.contains("policyRef"), "{err}");

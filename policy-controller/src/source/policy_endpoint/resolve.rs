@@ -258,6 +258,11 @@ fn parse_entry(entry: &EndpointInfo) -> Result<(PeerBlock, Vec<PortRange>), Stri
             ))
         }
     }
+    if let Some(name) = &entry.domain_name {
+        return Err(format!(
+            ".domainName: {name:?}: FQDN rules cannot be enforced by address"
+        ));
+    }
     let cidr = parse_net(&entry.cidr).map_err(|e| format!(".cidr: {e}"))?;
     let mut except = Vec::new();
     for (i, e) in entry.except.iter().flatten().enumerate() {
@@ -354,13 +359,13 @@ mod tests {
         let a = spec(json!({
             "policyRef": {"name": "p", "namespace": "ns"},
             "podIsolation": ["Ingress"],
-            "podSelectorEndpoints": [{"name": "x", "namespace": "ns", "podIP": "10.0.0.1"}],
+            "podSelectorEndpoints": [{"name": "x", "namespace": "ns", "podIP": "10.0.0.1", "hostIP": "192.168.0.1"}],
             "ingress": [{"cidr": "10.0.0.9", "ports": [{"protocol": "TCP", "port": 80}]}],
         }));
         let b = spec(json!({
             "policyRef": {"name": "p", "namespace": "ns"},
             "podIsolation": ["Ingress"],
-            "podSelectorEndpoints": [{"name": "y", "namespace": "ns"}],
+            "podSelectorEndpoints": [{"name": "y", "namespace": "ns", "podIP": "10.0.0.2", "hostIP": "192.168.0.1"}],
             "ingress": [
                 {"cidr": "10.0.0.8/32", "ports": [{"port": 80}]},
                 {"cidr": "10.1.0.0/16", "except": ["10.1.2.0/24"]},
@@ -396,9 +401,9 @@ mod tests {
             "policyRef": {"name": "p", "namespace": "ns"},
             "podIsolation": ["Ingress", "Egress"],
             "podSelectorEndpoints": [
-                {"name": "x", "namespace": "other"},
-                {"name": "", "namespace": "ns"},
-                {"name": "ok", "namespace": "ns"},
+                {"name": "x", "namespace": "other", "podIP": "10.0.0.3", "hostIP": "192.168.0.1"},
+                {"name": "", "namespace": "ns", "podIP": "10.0.0.4", "hostIP": "192.168.0.1"},
+                {"name": "ok", "namespace": "ns", "podIP": "10.0.0.5", "hostIP": "192.168.0.1"},
             ],
             "ingress": [
                 {"cidr": "10.0.0.300"},

@@ -1,0 +1,244 @@
+//! Manifests checked as the Kubernetes API server checks them, so that the
+//! manifest source accepts exactly what `kubectl apply` would get into a
+//! cluster and refuses the rest, naming the field.
+//!
+//! A manifest is decoded with strict field validation ([`strict`]: an
+//! unknown or repeated field at any depth is an error, where k8s-openapi's
+//! types would skip it; a typo such as `fromm:` in a rule would otherwise
+//! make the rule `{}`, which allows everything), then validated by kind
+//! ([`networkpolicy`], [`core`], [`discovery`], with [`meta`]'s shared
+//! checks). [`policy_endpoint`] checks PolicyEndpoint specs against the AWS
+//! controller's CRD schema.
+//!
+//! The kube source does not come through here for the built-in kinds: the
+//! API server has already validated what it serves, and the lenient typed
+//! decode is what keeps a field newer than our k8s-openapi version from
+//! breaking the watch. Every function here is pure.
+
+pub mod core;
+pub mod discovery;
+pub mod field;
+pub mod meta;
+pub mod networkpolicy;
+pub mod policy_endpoint;
+pub mod strict;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::Value;
+
+use crate::cluster::Object;
+pub use field::{Errors, FieldError, Path, Problem};
+
+/// The kinds the manifest source reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Namespace,
+    Pod,
+    Service,
+    EndpointSlice,
+    NetworkPolicy,
+}
+
+impl Kind {
+    fn api_version(self) -> &'static str {
+        match self {
+            Kind::Namespace | Kind::Pod | Kind::Service => "v1",
+            Kind::EndpointSlice => "discovery.k8s.io/v1",
+            Kind::NetworkPolicy => "networking.k8s.io/v1",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Namespace => "Namespace",
+            Kind::Pod => "Pod",
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
+            Kind::NetworkPolicy => "NetworkPolicy",
+        }
+    }
+}
+
+const READ: [Kind; 5] = [
+    Kind::Namespace,
+    Kind::Pod,
+    Kind::Service,
+    Kind::EndpointSlice,
+    Kind::NetworkPolicy,
+];
+
+/// Kinds the API server serves at each version of the groups Palisade
+/// reads from (lists excepted). Another kind there is a typo the API server
+/// would refuse ("no matches for kind"), and skipping it would silently
+/// drop, say, a misspelt NetworkPolicy.
+const SERVED: [(&str, &[&str]); 4] = [
+    (
+        "v1",
+        &[
+            "Binding",
+            "ComponentStatus",
+            "ConfigMap",
+            "Endpoints",
+            "Event",
+            "LimitRange",
+            // kubectl's own container for several objects (an empty one
+            // reaches here; one with items is flattened before).
+            "List",
+            "Namespace",
+            "Node",
+            "PersistentVolume",
+            "PersistentVolumeClaim",
+            "Pod",
+            "PodTemplate",
+            "ReplicationController",
+            "ResourceQuota",
+            "Secret",
+            "Service",
+            "ServiceAccount",
+        ],
+    ),
+    (
+        "networking.k8s.io/v1",
+        &[
+            "IPAddress",
+            "Ingress",
+            "IngressClass",
+            "NetworkPolicy",
+            "ServiceCIDR",
+        ],
+    ),
+    ("networking.k8s.io/v1beta1", &["IPAddress", "ServiceCIDR"]),
+    ("discovery.k8s.io/v1", &["EndpointSlice"]),
+];
+
+/// Groups whose every version and kind must be in [`SERVED`]: the ones
+/// Palisade reads, "core" (a common mistake for the core group) and
+/// "extensions", which once served NetworkPolicy.
+const CHECKED_GROUPS: [&str; 5] = [
+    "",
+    "core",
+    "networking.k8s.io",
+    "discovery.k8s.io",
+    "extensions",
+];
+
+/// What the manifest source does with an (apiVersion, kind): read it
+/// (`Some`), skip it (`None`: another controller's object), or refuse it.
+pub fn kind_of(api_version: &str, kind: &str) -> Result<Option<Kind>, String> {
+    if let Some(k) = READ
+        .iter()
+        .find(|k| k.name() == kind && k.api_version() == api_version)
+    {
+        return Ok(Some(*k));
+    }
+    let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+    if !CHECKED_GROUPS.contains(&group) {
+        return Ok(None);
+    }
+    if let Some(k) = READ.iter().find(|k| k.name() == kind) {
+        return Err(format!(
+            "{kind} is not served as {api_version:?}: use apiVersion {}",
+            k.api_version()
+        ));
+    }
+    match SERVED.iter().find(|(v, _)| *v == api_version) {
+        Some((_, kinds)) if kinds.contains(&kind) => Ok(None),
+        Some((_, kinds)) => Err(format!(
+            "kind {kind:?} is not served by {api_version} (it serves {})",
+            kinds.join(", ")
+        )),
+        None => Err(format!("apiVersion {api_version:?} is not served")),
+    }
+}
+
+/// Decodes and validates one object of a kind Palisade reads. A namespaced
+/// object without a namespace lands in "default", as `kubectl apply` puts
+/// it; a Namespace's stray namespace is dropped, as the API server drops it.
+pub fn object(kind: Kind, value: Value) -> Result<Object, Vec<FieldError>> {
+    let mut errs = Errors::default();
+    let object = match kind {
+        Kind::Namespace => {
+            let mut ns: Namespace = strict::decode(value)?;
+            ns.metadata.namespace = None;
+            core::namespace(&ns, &mut errs);
+            Object::Namespace(ns)
+        }
+        Kind::Pod => {
+            let mut pod: Pod = strict::decode(value)?;
+            default_namespace(&mut pod.metadata);
+            core::pod(&pod, &mut errs);
+            core::normalize_pod_ips(&mut pod);
+            Object::Pod(pod)
+        }
+        Kind::Service => {
+            let mut svc: Service = strict::decode(value)?;
+            default_namespace(&mut svc.metadata);
+            core::service(&svc, &mut errs);
+            Object::Service(svc)
+        }
+        Kind::EndpointSlice => {
+            let mut slice: EndpointSlice = strict::decode(value)?;
+            default_namespace(&mut slice.metadata);
+            discovery::endpoint_slice(&slice, &mut errs);
+            Object::EndpointSlice(slice)
+        }
+        Kind::NetworkPolicy => {
+            let mut np: NetworkPolicy = strict::decode(value)?;
+            default_namespace(&mut np.metadata);
+            networkpolicy::validate(&np, &mut errs);
+            Object::NetworkPolicy(np)
+        }
+    };
+    errs.into_result().map(|()| object)
+}
+
+fn default_namespace(meta: &mut ObjectMeta) {
+    if meta.namespace.as_deref().unwrap_or("").is_empty() {
+        meta.namespace = Some("default".into());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_read_skipped_and_refused() {
+        assert_eq!(
+            kind_of("networking.k8s.io/v1", "NetworkPolicy"),
+            Ok(Some(Kind::NetworkPolicy))
+        );
+        assert_eq!(kind_of("v1", "Pod"), Ok(Some(Kind::Pod)));
+        assert_eq!(
+            kind_of("discovery.k8s.io/v1", "EndpointSlice"),
+            Ok(Some(Kind::EndpointSlice))
+        );
+        for skipped in [
+            ("v1", "ConfigMap"),
+            ("apps/v1", "Deployment"),
+            ("crd.projectcalico.org/v1", "NetworkPolicy"),
+            ("networking.k8s.io/v1", "Ingress"),
+            ("cilium.io/v2", "CiliumNetworkPolicy"),
+        ] {
+            assert_eq!(kind_of(skipped.0, skipped.1), Ok(None), "{skipped:?}");
+        }
+        let refused = [
+            ("networking.k8s.io/v1", "NetworkPolcy", "kind \"NetworkPolcy\" is not served by networking.k8s.io/v1"),
+            ("networking.k8s.io/v1", "networkpolicy", "kind \"networkpolicy\" is not served"),
+            ("networking.k8s.io/v1beta1", "NetworkPolicy", "NetworkPolicy is not served as \"networking.k8s.io/v1beta1\": use apiVersion networking.k8s.io/v1"),
+            ("extensions/v1beta1", "NetworkPolicy", "NetworkPolicy is not served as \"extensions/v1beta1\""),
+            ("v1", "NetworkPolicy", "NetworkPolicy is not served as \"v1\": use apiVersion networking.k8s.io/v1"),
+            ("core/v1", "Pod", "Pod is not served as \"core/v1\": use apiVersion v1"),
+            ("v1", "Pods", "kind \"Pods\" is not served by v1"),
+            ("discovery.k8s.io/v1beta1", "EndpointSlice", "EndpointSlice is not served as \"discovery.k8s.io/v1beta1\""),
+            ("v2", "Widget", "apiVersion \"v2\" is not served"),
+        ];
+        for (v, k, want) in refused {
+            let got = kind_of(v, k).unwrap_err();
+            assert!(got.starts_with(want), "{v} {k}: {got}");
+        }
+    }
+}
