@@ -18,4 +18,5 @@ pub mod metrics_maps;
 pub mod plan_client;
 pub mod reconciler;
 pub mod server;
+pub mod stall;
 pub mod telemetry;
