@@ -163,6 +163,7 @@ impl Background {
     }
 
     /// Policies at the worker.
+    #[cfg(test)]
     pub(super) fn compiling_count(&self) -> usize {
         self.compiling.len()
     }
