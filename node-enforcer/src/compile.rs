@@ -230,12 +230,49 @@ impl PortSet {
 }
 
 /// A compiled direction of a policy: what the LPM table holds for it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// Compared, ordered and hashed by its entries alone.
+#[derive(Clone, Debug, Default)]
 pub struct PolicySet {
     pub entries: BTreeMap<Prefix, PortSet>,
+    /// [`PolicySet::id`], computed once: a dump names every table, and
+    /// naming one of 100,000 entries reads all of them.
+    id: std::sync::OnceLock<String>,
+}
+
+impl PartialEq for PolicySet {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries == other.entries
+    }
+}
+
+impl Eq for PolicySet {}
+
+impl PartialOrd for PolicySet {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for PolicySet {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.entries.cmp(&other.entries)
+    }
+}
+
+impl std::hash::Hash for PolicySet {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.entries.hash(state);
+    }
 }
 
 impl PolicySet {
+    pub fn new(entries: BTreeMap<Prefix, PortSet>) -> Self {
+        PolicySet {
+            entries,
+            id: Default::default(),
+        }
+    }
+
     /// The table's verdict for a peer address, protocol and port: the
     /// longest matching prefix decides. Used by tests and as a model of the
     /// datapath.
@@ -250,6 +287,10 @@ impl PolicySet {
 
     /// A short stable name for operators, derived from the content.
     pub fn id(&self) -> String {
+        self.id.get_or_init(|| self.compute_id()).clone()
+    }
+
+    fn compute_id(&self) -> String {
         // FNV-1a over the Debug form: stable across runs and builds, unlike
         // RandomState, and this is a label, not a security boundary. The
         // form is streamed into the hash: a table of 100,000 entries would
@@ -434,9 +475,7 @@ pub fn compile(
                 .any(|&len| allowing.contains(&Prefix::new(p.addr, len)))
     });
     // Sorted and distinct already: the map is built in one pass.
-    Ok(PolicySet {
-        entries: entries.into_iter().collect(),
-    })
+    Ok(PolicySet::new(entries.into_iter().collect()))
 }
 
 #[cfg(test)]

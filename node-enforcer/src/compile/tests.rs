@@ -339,7 +339,7 @@ fn compile_by_scan(policy: &DirectionPolicy, always: &[Prefix]) -> PolicySet {
         .map(|(p, _)| *p)
         .collect();
     entries.retain(|p, _| keep.contains(p));
-    PolicySet { entries }
+    PolicySet::new(entries)
 }
 
 #[test]

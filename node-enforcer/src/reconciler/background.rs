@@ -105,7 +105,11 @@ impl Background {
             .spawn(move || {
                 while let Ok(job) = rx.recv() {
                     let result = compile_limited(&job.policy, &job.node_addresses, job.max_entries)
-                        .map(Arc::new)
+                        .map(|set| {
+                            // Named here, once: naming reads every entry.
+                            set.id();
+                            Arc::new(set)
+                        })
                         .map_err(|e| e.to_string());
                     let done = Event::Compiled {
                         key: job.key,
@@ -194,7 +198,7 @@ impl Background {
             .collect();
         out.extend(self.writes.iter().map(|w| {
             format!(
-                "writing table {} ({} of {} entries)",
+                "writing table {} ({} of {} entries) before any pod points at it",
                 w.set.id(),
                 w.written,
                 w.entries.len()
