@@ -14,6 +14,9 @@
 #   scripts/bench-controller.sh kube       both shapes at 1/5 scale through
 #                                          the kube source (API double over
 #                                          HTTP, real watchers, feed, hub)
+#   scripts/bench-controller.sh huge       one NetworkPolicy of 100,000
+#                                          ingress rules (one /32 each)
+#                                          into a small cluster: what=huge_policy
 #
 # Prints one `key=value` line per measurement (scale= shape= what= ms=
 # peak_mb= nodes_reached= delta_bytes= cpu_ms= ...), then a table. The
@@ -40,15 +43,17 @@ case "${1:-all}" in
   small | medium | full) runs=("antrea $1") ;;
   mixed) runs=("mixed small" "mixed medium" "mixed full") ;;
   kube) runs=("antrea medium kube" "mixed medium kube") ;;
+  huge) runs=("huge") ;;
   all) runs=("antrea small" "antrea medium" "antrea full" "mixed small" "mixed medium" "mixed full"
-    "antrea medium kube" "mixed medium kube") ;;
-  *) echo "usage: $0 [small|medium|full|mixed|kube]" >&2; exit 2 ;;
+    "antrea medium kube" "mixed medium kube" "huge") ;;
+  *) echo "usage: $0 [small|medium|full|mixed|kube|huge]" >&2; exit 2 ;;
 esac
 
 echo "building the benchmark (release; the first build takes minutes)..." >&2
 cargo bench -p policy-controller --bench controller --no-run >&2
+# The bench's own artifact: the package's binaries are listed too.
 bin=$(cargo bench -p policy-controller --bench controller --no-run --message-format=json 2>/dev/null |
-  sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
+  grep '"kind":\["bench"\]' | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
 [ -x "$bin" ] || { echo "benchmark binary not found" >&2; exit 1; }
 
 out=$(mktemp)

@@ -19,8 +19,15 @@
 #            and time to realize, in place vs a new table
 #            (node-enforcer/benches/churn.rs; ARGS: peers= pods= groups= reps=):
 #            bench=churn change=join|leave path=in_place|rewrite map_ops= ms=
+#   compile  one pod's ingress policy of 1,000, 10,000 and 100,000 rules of
+#            one /32 each, and of one rule of 100,000 peers, from the plan's
+#            arrival to its realization on real maps and a real veth
+#            through the reconciler loop (compiled off its thread, written
+#            in slices; node-enforcer/benches/compile.rs; ARGS: rules= peers=
+#            for one row), each in its own process so peaks do not mix:
+#            bench=compile rules= peers= ms= map_ops= peak_mb=
 #
-#   scripts/bench-datapath.sh [verdict|cleanup|churn] [ARGS...]   (no argument: all)
+#   scripts/bench-datapath.sh [verdict|cleanup|churn|compile] [ARGS...]   (no argument: all)
 #
 # Root (BPF, bpffs, conntrack). Installs nothing beyond what scripts/setup.sh
 # does. The cleanup part raises net.netfilter.nf_conntrack_max for its run
@@ -32,7 +39,7 @@ source scripts/setup.sh >/dev/null
 
 what="${1:-all}"
 case "$what" in
-  verdict|cleanup|churn) shift ;;
+  verdict|cleanup|churn|compile) shift ;;
   all) ;;
   *) what=verdict ;; # bare flags go to the verdict bench, as before
 esac
@@ -44,4 +51,14 @@ if [[ "$what" == cleanup || "$what" == all ]]; then
 fi
 if [[ "$what" == churn || "$what" == all ]]; then
   cargo bench --quiet -p node-enforcer --bench churn -- "$@"
+fi
+if [[ "$what" == compile || "$what" == all ]]; then
+  if [[ $# -gt 0 ]]; then
+    cargo bench --quiet -p node-enforcer --bench compile -- "$@"
+  else
+    for shape in "rules=1000" "rules=10000" "rules=100000" "rules=1 peers=100000"; do
+      # shellcheck disable=SC2086
+      cargo bench --quiet -p node-enforcer --bench compile -- $shape
+    done
+  fi
 fi

@@ -76,6 +76,43 @@ pub enum CompileError {
     Protocol(i32),
     #[error("port {port}..{end} is not a valid range within 1-65535")]
     PortRange { port: u32, end: u32 },
+    #[error("the table would have {entries} entries, more than the {limit} one table may have (--max-table-entries); from NetworkPolicy {policies}")]
+    TooLarge {
+        entries: usize,
+        limit: usize,
+        /// The policies its rules come from (namespace/name), comma separated.
+        policies: String,
+    },
+}
+
+/// Most entries one compiled table may have. The node's policy maps hold
+/// [`palisade_ebpf::MAX_POLICY_ENTRIES`] in all, and a table replaced by a
+/// new one is written before the old one goes (make before break), so one
+/// table may use at most half of them.
+pub const MAX_TABLE_ENTRIES: usize = palisade_ebpf::MAX_POLICY_ENTRIES as usize / 2;
+
+/// [`compile`], refusing a table of more than `max_entries` entries with an
+/// error naming the policies its rules come from.
+pub fn compile_limited(
+    policy: &DirectionPolicy,
+    always_allowed: &[Prefix],
+    max_entries: usize,
+) -> Result<PolicySet, CompileError> {
+    let set = compile(policy, always_allowed)?;
+    if set.entries.len() > max_entries {
+        let names: BTreeSet<&str> = policy
+            .rules
+            .iter()
+            .map(|r| r.policy.as_str())
+            .filter(|p| !p.is_empty())
+            .collect();
+        return Err(CompileError::TooLarge {
+            entries: set.entries.len(),
+            limit: max_entries,
+            policies: names.into_iter().collect::<Vec<_>>().join(", "),
+        });
+    }
+    Ok(set)
 }
 
 pub fn prefix_of(p: &IpPrefix) -> Result<Prefix, CompileError> {
@@ -193,12 +230,49 @@ impl PortSet {
 }
 
 /// A compiled direction of a policy: what the LPM table holds for it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// Compared, ordered and hashed by its entries alone.
+#[derive(Clone, Debug, Default)]
 pub struct PolicySet {
     pub entries: BTreeMap<Prefix, PortSet>,
+    /// [`PolicySet::id`], computed once: a dump names every table, and
+    /// naming one of 100,000 entries reads all of them.
+    id: std::sync::OnceLock<String>,
+}
+
+impl PartialEq for PolicySet {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries == other.entries
+    }
+}
+
+impl Eq for PolicySet {}
+
+impl PartialOrd for PolicySet {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for PolicySet {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.entries.cmp(&other.entries)
+    }
+}
+
+impl std::hash::Hash for PolicySet {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.entries.hash(state);
+    }
 }
 
 impl PolicySet {
+    pub fn new(entries: BTreeMap<Prefix, PortSet>) -> Self {
+        PolicySet {
+            entries,
+            id: Default::default(),
+        }
+    }
+
     /// The table's verdict for a peer address, protocol and port: the
     /// longest matching prefix decides. Used by tests and as a model of the
     /// datapath.
@@ -213,76 +287,129 @@ impl PolicySet {
 
     /// A short stable name for operators, derived from the content.
     pub fn id(&self) -> String {
+        self.id.get_or_init(|| self.compute_id()).clone()
+    }
+
+    fn compute_id(&self) -> String {
         // FNV-1a over the Debug form: stable across runs and builds, unlike
-        // RandomState, and this is a label, not a security boundary.
-        let text = format!("{:?}", self.entries);
-        let mut h: u64 = 0xcbf29ce484222325;
-        for b in text.bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x100000001b3);
+        // RandomState, and this is a label, not a security boundary. The
+        // form is streamed into the hash: a table of 100,000 entries would
+        // otherwise build a 10 MB string for every dump.
+        struct Fnv(u64);
+        impl std::fmt::Write for Fnv {
+            fn write_str(&mut self, s: &str) -> std::fmt::Result {
+                for b in s.bytes() {
+                    self.0 ^= u64::from(b);
+                    self.0 = self.0.wrapping_mul(0x100000001b3);
+                }
+                Ok(())
+            }
         }
-        format!("ps-{h:016x}")
+        let mut h = Fnv(0xcbf29ce484222325);
+        let _ = std::fmt::Write::write_fmt(&mut h, format_args!("{:?}", self.entries));
+        format!("ps-{:016x}", h.0)
     }
 }
 
-struct CompiledRule {
-    blocks: Vec<(Prefix, Vec<Prefix>)>,
-    ports: PortSet,
+/// The excepts of one peer block, sorted, with the lengths they use, so
+/// whether one of them contains a prefix is a binary search per length,
+/// not a scan (a block of 0.0.0.0/0 with 100,000 excepts would make
+/// compiling it quadratic).
+struct Excepts {
+    sorted: Vec<Prefix>,
+    lens: Vec<u8>,
 }
 
-/// The blocks of a rule by their CIDR, so the blocks containing a prefix
-/// are found by masking it to each CIDR length the rule uses, not by a scan
-/// of every block (a rule naming 10,000 peers would make compiling it
-/// quadratic).
-struct RuleIndex<'a> {
-    rule: &'a CompiledRule,
-    by_cidr: BTreeMap<Prefix, Vec<&'a [Prefix]>>,
-    lens: BTreeSet<u8>,
-}
-
-impl<'a> RuleIndex<'a> {
-    fn new(rule: &'a CompiledRule) -> Self {
-        let mut by_cidr: BTreeMap<Prefix, Vec<&[Prefix]>> = BTreeMap::new();
-        for (cidr, except) in &rule.blocks {
-            by_cidr.entry(*cidr).or_default().push(except);
-        }
-        let lens = by_cidr.keys().map(|c| c.len).collect();
-        RuleIndex {
-            rule,
-            by_cidr,
-            lens,
-        }
+impl Excepts {
+    fn new(mut sorted: Vec<Prefix>) -> Self {
+        sorted.sort_unstable();
+        sorted.dedup();
+        let mut lens: Vec<u8> = sorted.iter().map(|p| p.len).collect();
+        lens.sort_unstable();
+        lens.dedup();
+        Excepts { sorted, lens }
     }
 
-    /// Whether some block of the rule contains `p` outside its excepts.
-    fn covers(&self, p: &Prefix) -> bool {
-        self.lens.range(..=p.len).any(|len| {
-            self.by_cidr
-                .get(&Prefix::new(p.addr, *len))
-                .is_some_and(|blocks| {
+    fn contain(&self, p: &Prefix) -> bool {
+        self.lens
+            .iter()
+            .take_while(|&&len| len <= p.len)
+            .any(|&len| self.sorted.binary_search(&Prefix::new(p.addr, len)).is_ok())
+    }
+}
+
+/// Every block of every rule by its CIDR: the blocks containing a prefix
+/// are found by masking it to each CIDR length the policy uses, so a
+/// mentioned prefix costs the lengths and the blocks that contain it, not
+/// a visit of every rule (a policy of 100,000 rules made compiling it
+/// quadratic: every prefix asked every rule).
+struct BlockIndex {
+    /// CIDR -> (port set, excepts) of the blocks with that CIDR.
+    by_cidr: std::collections::HashMap<Prefix, Vec<(usize, Excepts)>>,
+    lens: Vec<u8>,
+}
+
+impl BlockIndex {
+    fn new(blocks: Vec<(usize, Prefix, Vec<Prefix>)>) -> Self {
+        let mut by_cidr: std::collections::HashMap<Prefix, Vec<(usize, Excepts)>> =
+            std::collections::HashMap::with_capacity(blocks.len());
+        for (rule, cidr, except) in blocks {
+            by_cidr
+                .entry(cidr)
+                .or_default()
+                .push((rule, Excepts::new(except)));
+        }
+        let mut lens: Vec<u8> = by_cidr.keys().map(|c| c.len).collect();
+        lens.sort_unstable();
+        lens.dedup();
+        BlockIndex { by_cidr, lens }
+    }
+
+    /// The port sets of the blocks that contain `p` outside their
+    /// excepts, sorted and distinct.
+    fn covering(&self, p: &Prefix, out: &mut Vec<usize>) {
+        out.clear();
+        for &len in self.lens.iter().take_while(|&&len| len <= p.len) {
+            if let Some(blocks) = self.by_cidr.get(&Prefix::new(p.addr, len)) {
+                out.extend(
                     blocks
                         .iter()
-                        .any(|except| !except.iter().any(|e| e.contains(p)))
-                })
-        })
+                        .filter(|(_, except)| !except.contain(p))
+                        .map(|(rule, _)| *rule),
+                );
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
     }
 }
 
 /// Compiles a direction of a pod's policy. `always_allowed` are peers no
 /// policy can block: upstream NetworkPolicy always allows traffic between a
 /// pod and its own node (kubelet probes, for one).
+///
+/// Near-linear in the policy's size: every step is a sort, a hash lookup
+/// per prefix length, or a pass over the prefixes.
 pub fn compile(
     policy: &DirectionPolicy,
     always_allowed: &[Prefix],
 ) -> Result<PolicySet, CompileError> {
-    let mut rules = Vec::new();
-    let mut mentioned = BTreeSet::new();
+    // Every block tagged with its rule's ports, as an index into the
+    // distinct port sets: rules of a big policy mostly allow the same ports.
+    let mut port_sets: Vec<PortSet> = Vec::new();
+    let mut port_ids: std::collections::HashMap<PortSet, usize> = Default::default();
+    let mut intern = |ports: PortSet| -> usize {
+        *port_ids.entry(ports).or_insert_with_key(|ports| {
+            port_sets.push(ports.clone());
+            port_sets.len() - 1
+        })
+    };
+    let mut blocks: Vec<(usize, Prefix, Vec<Prefix>)> = Vec::new();
+    let mut mentioned: Vec<Prefix> = Vec::new();
     if !always_allowed.is_empty() {
+        let any = intern(PortSet(BTreeSet::from([PortEntry::Any])));
         mentioned.extend(always_allowed.iter().copied());
-        rules.push(CompiledRule {
-            blocks: always_allowed.iter().map(|p| (*p, vec![])).collect(),
-            ports: PortSet(BTreeSet::from([PortEntry::Any])),
-        });
+        blocks.extend(always_allowed.iter().map(|p| (any, *p, vec![])));
     }
     for rule in &policy.rules {
         let mut ports = PortSet::default();
@@ -292,7 +419,7 @@ pub fn compile(
         for r in &rule.ports {
             ports.add_range(r)?;
         }
-        let mut blocks = Vec::new();
+        let index = intern(ports);
         for peer in &rule.peers {
             let cidr = prefix_of(peer.cidr.as_ref().ok_or(CompileError::MissingCidr)?)?;
             let except = peer
@@ -300,40 +427,55 @@ pub fn compile(
                 .iter()
                 .map(prefix_of)
                 .collect::<Result<Vec<_>, _>>()?;
-            mentioned.insert(cidr);
+            mentioned.push(cidr);
             mentioned.extend(except.iter().copied());
-            blocks.push((cidr, except));
+            blocks.push((index, cidr, except));
         }
-        rules.push(CompiledRule { blocks, ports });
     }
+    mentioned.sort_unstable();
+    mentioned.dedup();
 
-    let indexes: Vec<RuleIndex> = rules.iter().map(RuleIndex::new).collect();
-    let mut entries = BTreeMap::new();
+    let index = BlockIndex::new(blocks);
+    // Prefixes covered by blocks of the same port sets get the same ports:
+    // their union is computed once per distinct combination.
+    let mut unions: std::collections::HashMap<Vec<usize>, PortSet> = Default::default();
+    let mut covering = Vec::new();
+    let mut entries: Vec<(Prefix, PortSet)> = Vec::with_capacity(mentioned.len());
     for p in &mentioned {
-        let mut ports = PortSet::default();
-        for index in &indexes {
-            if index.covers(p) {
-                ports.0.extend(index.rule.ports.0.iter().copied());
+        index.covering(p, &mut covering);
+        let ports = match unions.get(&covering) {
+            Some(ports) => ports.clone(),
+            None => {
+                let mut ports = PortSet::default();
+                for &id in &covering {
+                    ports.0.extend(port_sets[id].0.iter().copied());
+                }
+                ports.normalize();
+                unions.insert(covering.clone(), ports.clone());
+                ports
             }
-        }
-        ports.normalize();
-        entries.insert(*p, ports);
+        };
+        entries.push((*p, ports));
     }
     // An entry that allows nothing matters only below a prefix that allows
     // something; elsewhere a miss already denies.
-    let allowing: BTreeSet<Prefix> = entries
+    let allowing: std::collections::HashSet<Prefix> = entries
         .iter()
         .filter(|(_, ports)| !ports.0.is_empty())
         .map(|(p, _)| *p)
         .collect();
-    let allowing_lens: BTreeSet<u8> = allowing.iter().map(|p| p.len).collect();
-    entries.retain(|p, ports| {
+    let mut allowing_lens: Vec<u8> = allowing.iter().map(|p| p.len).collect();
+    allowing_lens.sort_unstable();
+    allowing_lens.dedup();
+    entries.retain(|(p, ports)| {
         !ports.0.is_empty()
             || allowing_lens
-                .range(..p.len)
-                .any(|len| allowing.contains(&Prefix::new(p.addr, *len)))
+                .iter()
+                .take_while(|&&len| len < p.len)
+                .any(|&len| allowing.contains(&Prefix::new(p.addr, len)))
     });
-    Ok(PolicySet { entries })
+    // Sorted and distinct already: the map is built in one pass.
+    Ok(PolicySet::new(entries.into_iter().collect()))
 }
 
 #[cfg(test)]

@@ -140,6 +140,9 @@ pub struct Desired {
     /// Why a pod is not enforced exactly as its plan says (compile errors,
     /// unknown policy); shown in the dump.
     pub errors: BTreeMap<PodKey, String>,
+    /// Pods a direction of which waits for its table ([`NoTable::Pending`]):
+    /// their pod-ups are answered once it is complete.
+    pub pending: std::collections::BTreeSet<PodKey>,
 }
 
 /// What an interface enforces now: ingress, egress, the pod's addresses.
@@ -148,8 +151,44 @@ pub type Enforced = (Verdict, Verdict, Vec<[u8; 16]>);
 /// The interfaces' current verdicts, for [`Knowledge::Hold`].
 pub type Held = BTreeMap<String, Enforced>;
 
+/// Why a direction has no table to point at.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NoTable {
+    /// The policy cannot be compiled: the direction is denied, and why is
+    /// shown.
+    Failed(String),
+    /// Its table is being compiled or written (a big policy, off the
+    /// reconciler's thread or in slices): the interface keeps what it
+    /// enforces now, or is denied, until the table is complete.
+    Pending(String),
+}
+
+impl std::fmt::Display for NoTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NoTable::Failed(e) => f.write_str(e),
+            NoTable::Pending(why) => write!(f, "{why}: its table is not complete yet"),
+        }
+    }
+}
+
+impl From<String> for NoTable {
+    fn from(e: String) -> Self {
+        NoTable::Failed(e)
+    }
+}
+
 /// Compiles a direction's policy; the reconciler memoizes it by content.
-pub type Compiler<'a> = dyn FnMut(&DirectionPolicy) -> Result<Arc<PolicySet>, String> + 'a;
+pub type Compiler<'a> = dyn FnMut(&DirectionPolicy) -> Result<Arc<PolicySet>, NoTable> + 'a;
+
+/// One pod's part of [`Desired`].
+pub struct PodDesired {
+    pub endpoints: Vec<(String, DesiredEndpoint)>,
+    /// Why it is not enforced as its plan says, if it is not.
+    pub error: Option<String>,
+    /// A direction's table is not complete yet ([`NoTable::Pending`]).
+    pub pending: bool,
+}
 
 /// Inputs of [`desired`] and [`desired_pod`].
 pub struct Inputs<'a> {
@@ -173,29 +212,40 @@ pub fn desired_pod(
     key: &PodKey,
     pod: &PodRuntime,
     compile_set: &mut Compiler<'_>,
-) -> (Vec<(String, DesiredEndpoint)>, Option<String>) {
+) -> PodDesired {
     let mode = pod.mode.unwrap_or(i.mode);
     let knowledge = (i.knowledge)(key);
     let mut error = None;
-    let mut direction = |d: Option<&DirectionPolicy>, name: &str| -> Verdict {
+    let mut pending = false;
+    // None: the direction's table is not complete yet (resolved per
+    // interface below: what it enforces now, or deny).
+    let mut direction = |d: Option<&DirectionPolicy>, name: &str| -> Option<Verdict> {
         // Deny, but never the node itself (kubelet probes must reach it).
         let node_only = |c: &mut Compiler<'_>| {
             Verdict::Policy(c(&DirectionPolicy::default()).unwrap_or_default())
         };
         let Some(d) = d else {
-            return match mode {
+            return Some(match mode {
                 Mode::Standard => Verdict::Open,
                 Mode::Strict => node_only(compile_set),
-            };
+            });
         };
         match compile_set(d) {
-            Ok(set) => Verdict::Policy(set),
-            Err(e) => {
+            Ok(set) => Some(Verdict::Policy(set)),
+            Err(NoTable::Pending(why)) => {
+                pending = true;
+                error = Some(format!(
+                    "{name} policy of {}/{} ({why}) is not realized yet: the pod keeps what it enforces now, or is denied, until its table is complete",
+                    key.0, key.1
+                ));
+                None
+            }
+            Err(NoTable::Failed(e)) => {
                 error = Some(format!(
                     "{name} policy of {}/{} cannot be compiled, so it is denied: {e}",
                     key.0, key.1
                 ));
-                node_only(compile_set)
+                Some(node_only(compile_set))
             }
         }
     };
@@ -209,14 +259,14 @@ pub fn desired_pod(
                 "{}/{}: waiting for the controller to deliver the pod's policy; denied meanwhile",
                 key.0, key.1
             ));
-            (Verdict::Deny, Verdict::Deny)
+            (Some(Verdict::Deny), Some(Verdict::Deny))
         }
         Knowledge::Unprotected => {
             error = Some(format!(
                 "{}/{}: UNPROTECTED: the pod's policy was not known by its pod-up deadline (standard mode lets it start open)",
                 key.0, key.1
             ));
-            (Verdict::Open, Verdict::Open)
+            (Some(Verdict::Open), Some(Verdict::Open))
         }
         // Resolved per interface below.
         Knowledge::Hold => {
@@ -224,7 +274,7 @@ pub fn desired_pod(
                 "{}/{}: not in the controller's plan (or no plan yet); keeping the policy it had",
                 key.0, key.1
             ));
-            (Verdict::Deny, Verdict::Deny)
+            (Some(Verdict::Deny), Some(Verdict::Deny))
         }
     };
     // NPBackend requests carry no addresses: the plan's stand in.
@@ -250,9 +300,18 @@ pub fn desired_pod(
         {
             continue;
         }
-        let (ingress, egress) = match (&knowledge, (i.held)(ifname)) {
+        let held = (i.held)(ifname);
+        let (ingress, egress) = match (&knowledge, held) {
             (Knowledge::Hold, Some((ing, eg, _))) => (ing, eg),
-            _ => (ingress.clone(), egress.clone()),
+            // A table not complete yet: what the interface enforces now
+            // (make before break), else nothing passes.
+            (_, held) => {
+                let (held_in, held_eg) = held.map_or((None, None), |(i, e, _)| (Some(i), Some(e)));
+                (
+                    ingress.clone().or(held_in).unwrap_or(Verdict::Deny),
+                    egress.clone().or(held_eg).unwrap_or(Verdict::Deny),
+                )
+            }
         };
         out.push((
             ifname.clone(),
@@ -265,7 +324,11 @@ pub fn desired_pod(
             },
         ));
     }
-    (out, error)
+    PodDesired {
+        endpoints: out,
+        error,
+        pending,
+    }
 }
 
 /// The endpoint an unexplained interface keeps, if it still lives and no
@@ -287,8 +350,8 @@ pub fn desired_unexplained(i: &Inputs<'_>, ifname: &str) -> Option<DesiredEndpoi
 pub fn desired(i: &Inputs<'_>) -> Desired {
     // Pods with equal policies get the same Arc, so sharing is by content.
     let mut interned: BTreeMap<PolicySet, Arc<PolicySet>> = BTreeMap::new();
-    let mut compile_set = |d: &DirectionPolicy| -> Result<Arc<PolicySet>, String> {
-        let set = compile(d, i.node_addresses).map_err(|e| e.to_string())?;
+    let mut compile_set = |d: &DirectionPolicy| -> Result<Arc<PolicySet>, NoTable> {
+        let set = compile(d, i.node_addresses).map_err(|e| NoTable::Failed(e.to_string()))?;
         Ok(interned
             .entry(set.clone())
             .or_insert_with(|| Arc::new(set))
@@ -301,10 +364,13 @@ pub fn desired(i: &Inputs<'_>) -> Desired {
 pub fn desired_with(i: &Inputs<'_>, compile_set: &mut Compiler<'_>) -> Desired {
     let mut out = Desired::default();
     for (key, pod) in i.pods {
-        let (endpoints, error) = desired_pod(i, key, pod, compile_set);
-        out.endpoints.extend(endpoints);
-        if let Some(e) = error {
+        let d = desired_pod(i, key, pod, compile_set);
+        out.endpoints.extend(d.endpoints);
+        if let Some(e) = d.error {
             out.errors.insert(key.clone(), e);
+        }
+        if d.pending {
+            out.pending.insert(key.clone());
         }
     }
     for ifname in i.unexplained.keys() {

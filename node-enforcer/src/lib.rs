@@ -19,4 +19,5 @@ pub mod plan_client;
 pub mod private;
 pub mod reconciler;
 pub mod server;
+pub mod stall;
 pub mod telemetry;

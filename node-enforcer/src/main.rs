@@ -117,6 +117,19 @@ struct Args {
     /// flow allowed). Staged policies' verdicts are logged in every mode.
     #[arg(long, env = "PALISADE_FLOW_LOG", default_value = "off")]
     flow_log: node_enforcer::flow_log::FlowLogMode,
+    /// Direction policies of at least this many peers (and excepts) are
+    /// compiled off the reconciler's thread and their tables written in
+    /// slices between events, so pods they do not select start meanwhile.
+    #[arg(long, env = "PALISADE_BACKGROUND_COMPILE_PEERS", default_value_t = node_enforcer::reconciler::BACKGROUND_PEERS)]
+    background_compile_peers: usize,
+    /// Most entries one compiled policy table may have; a direction whose
+    /// table would be bigger is denied, and the dump names its policies.
+    #[arg(long, env = "PALISADE_MAX_TABLE_ENTRIES", default_value_t = node_enforcer::compile::MAX_TABLE_ENTRIES)]
+    max_table_entries: usize,
+    /// One event keeping the reconciler longer than this makes health
+    /// NOT_SERVING until it is done.
+    #[arg(long, env = "PALISADE_STALL_AFTER_MS", default_value_t = node_enforcer::stall::STALL_AFTER.as_millis() as u64)]
+    stall_after_ms: u64,
     /// Flow log events per second for the whole node (burst: the same);
     /// the datapath drops and counts the rest. 0: no flow events at all.
     #[arg(long, env = "PALISADE_FLOW_LOG_RATE", default_value_t = 1000)]
@@ -224,7 +237,11 @@ async fn run(args: Args) -> Result<(), String> {
         .with_link_events(links_pending.clone())
         .with_checkpoint(checkpoint)
         .with_mode(args.mode)
-        .with_fetcher(fetch_tx);
+        .with_fetcher(fetch_tx)
+        .with_max_table_entries(args.max_table_entries)
+        .with_background_compile(tx.clone(), args.background_compile_peers)
+        .map_err(|e| format!("starting the compile thread: {e}"))?;
+    let busy_since = reconciler.busy_since();
     // Before serving anything: the previous process's links keep enforcing
     // until this one has taken them over.
     reconciler.recover(saved)?;
@@ -327,6 +344,11 @@ async fn run(args: Args) -> Result<(), String> {
     ));
 
     let (router, health) = server::router(handle, args.aws_interface_prefix.clone()).await?;
+    tokio::spawn(node_enforcer::stall::watch(
+        busy_since,
+        std::time::Duration::from_millis(args.stall_after_ms),
+        health.clone(),
+    ));
     let socket = Address::Unix(args.cni_socket.clone());
     // Bound before "serving" is said: the CNI plugin may call at once.
     let listener = Listener::bind(&socket).await?;

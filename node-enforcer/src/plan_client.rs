@@ -147,7 +147,7 @@ async fn stream_once(
 ) -> Result<(), String> {
     let (_, channel) = controllers.connect(Duration::from_secs(5)).await?;
     let controller = controllers.current().1.clone();
-    let mut client = PlanServiceClient::new(channel);
+    let mut client = plan_service(channel);
     let mut stream = client
         .subscribe(SubscribeRequest {
             node_name: node.to_string(),
@@ -267,7 +267,7 @@ async fn fetch_one(
 ) -> Result<Option<palisade_proto::v1::PodPolicy>, String> {
     let mut c = match client.take() {
         Some(c) => c,
-        None => PlanServiceClient::new(controllers.connect(Duration::from_secs(1)).await?.1),
+        None => plan_service(controllers.connect(Duration::from_secs(1)).await?.1),
     };
     let request = palisade_proto::v1::GetPodPlanRequest {
         node_name: node.to_string(),
@@ -309,7 +309,7 @@ pub async fn report(controllers: Controllers, mut state: watch::Receiver<NodeSta
                 None => controllers
                     .connect(Duration::from_secs(5))
                     .await
-                    .map(|(_, c)| PlanServiceClient::new(c))
+                    .map(|(_, c)| plan_service(c))
                     .map_err(|e| tracing::debug!("report: {e}"))
                     .ok(),
             };
@@ -355,6 +355,17 @@ pub async fn report(controllers: Controllers, mut state: watch::Receiver<NodeSta
             return;
         }
     }
+}
+
+/// The plan service on a channel, taking plan messages up to
+/// [`palisade_proto::MAX_PLAN_MESSAGE_BYTES`] (tonic's default of 4 MiB
+/// would fail the stream of a node one big policy selects a pod on).
+fn plan_service(
+    channel: tonic::transport::Channel,
+) -> PlanServiceClient<tonic::transport::Channel> {
+    PlanServiceClient::new(channel)
+        .max_decoding_message_size(palisade_proto::MAX_PLAN_MESSAGE_BYTES)
+        .max_encoding_message_size(palisade_proto::MAX_PLAN_MESSAGE_BYTES)
 }
 
 #[cfg(test)]

@@ -656,9 +656,8 @@ fn palisade_proto_ip(p: &Prefix) -> IpPrefix {
 }
 
 fn table_of(k: &Adopted, id: PolicyId) -> PolicySet {
-    PolicySet {
-        entries: k
-            .policies
+    PolicySet::new(
+        k.policies
             .get(&id)
             .map(|e| {
                 e.iter()
@@ -666,7 +665,7 @@ fn table_of(k: &Adopted, id: PolicyId) -> PolicySet {
                     .collect()
             })
             .unwrap_or_default(),
-    }
+    )
 }
 
 /// Runs one sequence in a fresh network namespace and pin root.

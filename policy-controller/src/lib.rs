@@ -7,6 +7,7 @@ pub mod engine;
 pub mod feed;
 pub mod hub;
 pub mod leader;
+pub mod limits;
 pub mod metrics;
 pub use palisade_model::verdict as model;
 pub mod plan;

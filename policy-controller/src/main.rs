@@ -57,6 +57,11 @@ struct Args {
     /// hostname-pid.
     #[arg(long, env = "PALISADE_LEADER_IDENTITY")]
     leader_identity: Option<String>,
+    /// Rules (ingress plus egress) one NetworkPolicy may have; a policy with
+    /// more is not enforced: the pods it selects are denied what it would
+    /// allow, and the controller's errors name it.
+    #[arg(long, env = "PALISADE_MAX_RULES_PER_POLICY", default_value_t = policy_controller::limits::MAX_RULES_PER_POLICY)]
+    max_rules_per_policy: usize,
     /// How long a lease lives after its last renewal (whole seconds).
     #[arg(long, env = "PALISADE_LEASE_DURATION_MS", default_value_t = 15_000)]
     lease_duration_ms: u64,
@@ -109,6 +114,7 @@ async fn main() {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    policy_controller::limits::set_rules_per_policy(args.max_rules_per_policy);
     let telemetry = start_telemetry(args.otlp_endpoint.clone());
     let result = run(args).await;
     if let Some(t) = telemetry {

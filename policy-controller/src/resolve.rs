@@ -204,6 +204,24 @@ pub(crate) fn resolve_target<'p>(
         } else {
             names.push(policy_name.clone());
         }
+        let over_limit = crate::limits::check_rules(
+            &policy_name,
+            spec.ingress.as_ref().map_or(0, Vec::len),
+            spec.egress.as_ref().map_or(0, Vec::len),
+            crate::limits::rules_per_policy(),
+        );
+        if let Some(e) = over_limit {
+            // Fail closed: it still isolates the pods it selects, with none
+            // of its rules, and is never resolved rule by rule.
+            errors.push(e);
+            if applies_ingress {
+                ingress.add(staged, std::iter::empty());
+            }
+            if applies_egress {
+                egress.add(staged, std::iter::empty());
+            }
+            continue;
+        }
         let mut ctx = RuleContext {
             selection: &mut *selection,
             policy_ns: &policy_ns,

@@ -462,11 +462,15 @@ pub async fn router_with(
             reflection_alpha,
             operator_only.clone(),
         ))
-        .add_service(PlanServiceServer::new(PlanServer {
-            hub: hub.clone(),
-            leadership,
-            authz: authz.clone(),
-        }))
+        .add_service(
+            PlanServiceServer::new(PlanServer {
+                hub: hub.clone(),
+                leadership,
+                authz: authz.clone(),
+            })
+            .max_encoding_message_size(palisade_proto::MAX_PLAN_MESSAGE_BYTES)
+            .max_decoding_message_size(palisade_proto::MAX_PLAN_MESSAGE_BYTES),
+        )
         .add_service(DebugServiceServer::with_interceptor(
             DebugServer {
                 hub,

@@ -22,6 +22,13 @@ pub mod exposition;
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/palisade_descriptor.bin"));
 
+/// Largest plan message (a snapshot, a delta, one pod's plan) the
+/// controller sends and an enforcer accepts: far above tonic's default of
+/// 4 MiB, which a policy of ~100,000 rules selecting one pod passes. A
+/// bigger message fails its stream with an error both sides log and the
+/// enforcer's dump shows (`plan_stream_error`); the node keeps its plan.
+pub const MAX_PLAN_MESSAGE_BYTES: usize = 64 << 20;
+
 /// Fully-qualified service names, as reflection and health report them.
 pub mod service_names {
     pub const PLAN: &str = "palisade.v1.PlanService";

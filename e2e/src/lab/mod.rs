@@ -102,6 +102,10 @@ pub struct LabConfig {
     pub flow_log: Option<FlowLogMode>,
     /// `--flow-log-rate` with [`LabConfig::flow_log`]; `None`: the default.
     pub flow_log_rate: Option<u32>,
+    /// More flags for the controller (limits, say), after the lab's own.
+    pub controller_args: Vec<String>,
+    /// More flags for every enforcer, after the lab's own.
+    pub enforcer_args: Vec<String>,
 }
 
 impl Default for LabConfig {
@@ -129,6 +133,8 @@ impl Default for LabConfig {
             otlp_listener: false,
             flow_log: None,
             flow_log_rate: None,
+            controller_args: Vec::new(),
+            enforcer_args: Vec::new(),
         }
     }
 }

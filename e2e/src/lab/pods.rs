@@ -31,6 +31,35 @@ impl Lab {
     /// starts their listeners, and publishes. Returns the new revision;
     /// [`Lab::wait_realized`] waits for it.
     pub fn apply(&mut self, objects: &[Object]) -> Result<u64> {
+        self.apply_wired(objects, true)
+    }
+
+    /// [`Lab::apply`] that publishes new pods as scheduled (Pending, no
+    /// network) and stops there: the controller plans them, and
+    /// [`Lab::wire`] makes their network (the CNI ADD) later, so a test can
+    /// time an ADD whose plan the node already has.
+    pub fn apply_unwired(&mut self, objects: &[Object]) -> Result<u64> {
+        self.apply_wired(objects, false)
+    }
+
+    /// The CNI ADD (and listeners) of pods [`Lab::apply_unwired`] published.
+    pub fn wire(&mut self, pods: &[PodName]) -> Result<u64> {
+        for pod in pods {
+            if self.pods.contains_key(pod) {
+                bail!("pod {pod} is wired already");
+            }
+            let object = self
+                .objects
+                .get(&ObjectKey::pod(pod))
+                .cloned()
+                .ok_or_else(|| anyhow!("pod {pod} was not applied"))?;
+            self.add_pod(pod, &object)?;
+        }
+        self.sync_services()?;
+        self.manifests.publish()
+    }
+
+    fn apply_wired(&mut self, objects: &[Object], wire: bool) -> Result<u64> {
         self.config.cancel.check()?;
         // As the API server does on create: Services get their ClusterIP.
         let objects = &self.assign_cluster_ips(objects)?;
@@ -87,6 +116,9 @@ impl Lab {
             if ports_changed {
                 self.restart_listeners(&pod, o.ports())?;
             }
+        }
+        if !wire {
+            return self.manifests.publish();
         }
         for (i, pod) in new_pods.iter().enumerate() {
             let result = self

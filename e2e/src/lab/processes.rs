@@ -30,7 +30,8 @@ impl Lab {
             .arg("--listen")
             .arg(self.controller_address())
             .arg("--listen")
-            .arg(format!("unix:{}", self.controller_socket.display()));
+            .arg(format!("unix:{}", self.controller_socket.display()))
+            .args(&self.config.controller_args);
         self.otlp_args(&mut cmd);
         default_log_level(&mut cmd);
         let controller = Daemon::spawn(
@@ -105,6 +106,7 @@ impl Lab {
                 cmd.arg("--flow-log-rate").arg(rate.to_string());
             }
         }
+        cmd.args(&self.config.enforcer_args);
         default_log_level(&mut cmd);
         cmd
     }

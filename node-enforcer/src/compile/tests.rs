@@ -339,7 +339,7 @@ fn compile_by_scan(policy: &DirectionPolicy, always: &[Prefix]) -> PolicySet {
         .map(|(p, _)| *p)
         .collect();
     entries.retain(|p, _| keep.contains(p));
-    PolicySet { entries }
+    PolicySet::new(entries)
 }
 
 #[test]
@@ -391,4 +391,33 @@ fn indexed_compilation_equals_the_scan_on_random_policies() {
             "{policy:?} {always:?}"
         );
     }
+}
+
+#[test]
+fn a_table_over_the_limit_is_refused_naming_its_policies() {
+    let rule = |a: u8, policy: &str| palisade_proto::v1::Rule {
+        peers: vec![palisade_proto::v1::PeerBlock {
+            cidr: Some(palisade_proto::v1::IpPrefix {
+                addr: vec![10, 0, 0, a],
+                prefix_len: 32,
+            }),
+            except: vec![],
+        }],
+        policy: policy.into(),
+        ..Default::default()
+    };
+    let d = DirectionPolicy {
+        rules: vec![rule(1, "x/b"), rule(2, "x/a"), rule(3, "x/b")],
+    };
+    assert_eq!(compile_limited(&d, &[], 3).unwrap().entries.len(), 3);
+    let e = compile_limited(&d, &[], 2).unwrap_err();
+    assert_eq!(
+        e,
+        CompileError::TooLarge {
+            entries: 3,
+            limit: 2,
+            policies: "x/a, x/b".into()
+        }
+    );
+    assert!(e.to_string().contains("--max-table-entries"));
 }

@@ -207,7 +207,11 @@ impl Datapath for FakeDatapath {
     }
     fn add_policy(&mut self, id: PolicyId, entries: &[(Prefix, PortSetId)]) -> Result<()> {
         self.injected(&format!("add_policy {id}"))?;
-        self.policies.insert(id, entries.to_vec());
+        // Adds to the table, as the maps do: a big table comes in slices.
+        self.policies
+            .entry(id)
+            .or_default()
+            .extend_from_slice(entries);
         self.check(&format!("add_policy {id}"));
         Ok(())
     }

@@ -77,6 +77,8 @@ pub trait Datapath: Send {
     fn adopt(&mut self) -> Result<Adopted>;
     fn add_portset(&mut self, id: PortSetId, set: &PortSet) -> Result<()>;
     fn remove_portset(&mut self, id: PortSetId, set: &PortSet) -> Result<()>;
+    /// Adds entries to table `id` (a big table is written in several calls,
+    /// before anything points at it).
     fn add_policy(&mut self, id: PolicyId, entries: &[(Prefix, PortSetId)]) -> Result<()>;
     fn remove_policy(&mut self, id: PolicyId, entries: &[(Prefix, PortSetId)]) -> Result<()>;
     /// Edits a policy table that may be in use, one key at a time: every

@@ -6,11 +6,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::{RealizedEndpoint, RealizedPolicy, Reconciler, DENY_ALL};
-use crate::compile::{compile, PolicySet, PortSet};
+use crate::compile::{compile_limited, PolicySet, PortSet};
 use crate::datapath::{Datapath, EndpointEntry, PolicyId, PortSetId};
 use crate::desired::{
-    desired_pod, desired_unexplained, desired_with, Desired, Held, Inputs, Knowledge, Owner,
-    PodKey, Verdict,
+    desired_pod, desired_unexplained, desired_with, Desired, Held, Inputs, Knowledge, NoTable,
+    Owner, PodKey, Verdict,
 };
 use palisade_proto::v1::DirectionPolicy;
 use prost::Message;
@@ -70,7 +70,7 @@ impl<D: Datapath> Reconciler<D> {
     pub(super) fn converge(&mut self) {
         // Shared inputs are re-read when everything is recomputed anyway.
         if self.refresh_node_addresses() {
-            self.compiled.clear();
+            self.forget_compiled();
         }
         self.converge_scope(None);
     }
@@ -86,22 +86,27 @@ impl<D: Datapath> Reconciler<D> {
     fn converge_scope(&mut self, scope: Option<BTreeSet<PodKey>>) {
         let unexplained = self.unexplained();
         let mut compiled = std::mem::take(&mut self.compiled);
+        let mut background = std::mem::take(&mut self.background);
         let mut want = std::mem::take(&mut self.want);
         // The interfaces a scoped change can touch; None: all of them.
         let mut affected: Option<BTreeSet<String>> = None;
         let audit;
         {
             let node_addresses = &self.node_addresses;
-            let mut compile_set = |d: &DirectionPolicy| -> Result<Arc<PolicySet>, String> {
+            let mut compile_set = |d: &DirectionPolicy| -> Result<Arc<PolicySet>, NoTable> {
                 let key = d.encode_to_vec();
                 if let Some(r) = compiled.get(&key) {
-                    return r.clone();
+                    return r.clone().map_err(NoTable::Failed);
                 }
-                let r = compile(d, node_addresses)
+                // A big policy compiles off this thread; its pods wait.
+                if let Some(pending) = background.defer(&key, d, node_addresses) {
+                    return Err(pending);
+                }
+                let r = compile_limited(d, node_addresses, background.max_entries)
                     .map(Arc::new)
                     .map_err(|e| e.to_string());
                 compiled.insert(key, r.clone());
-                r
+                r.map_err(NoTable::Failed)
             };
             let realized = &self.realized.endpoints;
             let held = |n: &str| realized.get(n).map(RealizedEndpoint::enforced);
@@ -142,11 +147,15 @@ impl<D: Datapath> Reconciler<D> {
                     affected = Some(names);
                     for k in pods {
                         want.errors.remove(k);
+                        want.pending.remove(k);
                         let Some(rt) = self.pods.get(k) else { continue };
-                        let (endpoints, error) = desired_pod(&inputs, k, rt, &mut compile_set);
-                        want.endpoints.extend(endpoints);
-                        if let Some(e) = error {
+                        let d = desired_pod(&inputs, k, rt, &mut compile_set);
+                        want.endpoints.extend(d.endpoints);
+                        if let Some(e) = d.error {
                             want.errors.insert(k.clone(), e);
+                        }
+                        if d.pending {
+                            want.pending.insert(k.clone());
                         }
                     }
                     for ifname in unexplained.keys() {
@@ -163,6 +172,7 @@ impl<D: Datapath> Reconciler<D> {
             // read by `apply_audit`.
             audit = super::audit::desired_audit(&want, &knowledge, &mut compile_set);
         }
+        self.background = background;
         (self.want_audit, self.audit_errors) = audit;
         self.apply(&want, affected.as_ref());
         self.want = want;
@@ -433,6 +443,7 @@ impl<D: Datapath> Reconciler<D> {
             .policies
             .values()
             .flat_map(|p| p.entries.iter().map(|(_, ps)| *ps))
+            .chain(self.background.portsets())
             .chain(
                 self.realized
                     .garbage_policies
@@ -485,7 +496,7 @@ impl<D: Datapath> Reconciler<D> {
             };
             entries.push((*prefix, ps));
         }
-        let id = self.realized.alloc_policy()?;
+        let id = self.alloc_policy()?;
         if let Err(e) = self.datapath.add_policy(id, &entries) {
             // Leave no half-written table behind; unused port sets go at the
             // end of this step.

@@ -213,7 +213,14 @@ impl<D: Datapath> Reconciler<D> {
             plan_stream_error: self.plan_stream_error.clone(),
             datapath: self.datapath.describe(),
             mode: self.mode,
-            warnings: self.warnings.iter().cloned().collect(),
+            // Big tables in flight are shown beside the warnings: the pods
+            // waiting for them name them in their errors.
+            warnings: self
+                .warnings
+                .iter()
+                .cloned()
+                .chain(self.background.describe())
+                .collect(),
             policy_sets: self
                 .realized
                 .policies

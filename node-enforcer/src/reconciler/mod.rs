@@ -14,6 +14,7 @@
 //! - `dump`: the state operators see.
 
 mod audit;
+mod background;
 mod converge;
 mod dump;
 mod in_place;
@@ -32,6 +33,7 @@ use crate::compile::{prefix_of, PolicySet, PortSet, Prefix};
 use crate::datapath::{Datapath, EndpointEntry, PolicyId, PortSetId};
 use crate::desired::{Mode, Owner, PodKey, PodRuntime, Verdict};
 
+pub use background::{peers, slices, BACKGROUND_PEERS, SLICE_ENTRIES};
 pub use dump::{ConntrackDump, Dump, InterfaceDump, PolicySetDump};
 
 /// The policy id an endpoint gets when its policy could not be written: no
@@ -120,6 +122,13 @@ pub enum Event {
     /// Periodic: re-reads inputs that change without telling us (the node's
     /// addresses, interfaces if a link event was lost) and converges.
     Tick,
+    /// A big policy compiled off the reconciler's thread (see `background`),
+    /// by its encoding.
+    Compiled {
+        key: Vec<u8>,
+        generation: u64,
+        result: Result<Arc<PolicySet>, String>,
+    },
 }
 
 struct RealizedPolicy {
@@ -180,6 +189,17 @@ impl Realized {
             self.next_policy = self.next_policy.wrapping_add(1);
             let id = self.next_policy;
             if id != 0 && id != DENY_ALL && !used.contains(&id) {
+                return Ok(id);
+            }
+        }
+        Err("no free policy id".into())
+    }
+
+    /// [`Self::alloc_policy`], also avoiding `busy` (tables being written).
+    fn alloc_policy_besides(&mut self, busy: &[PolicyId]) -> Result<PolicyId, String> {
+        for _ in 0..=busy.len() {
+            let id = self.alloc_policy()?;
+            if !busy.contains(&id) {
                 return Ok(id);
             }
         }
@@ -270,6 +290,11 @@ pub struct Reconciler<D: Datapath> {
     /// Edit a table in place when that is safe (see `in_place`); off: every
     /// content change gets a new table, as before.
     in_place_edits: bool,
+    /// Big policies compiled off this thread and written in slices.
+    background: background::Background,
+    /// When the event being handled began (ms since the Unix epoch; 0:
+    /// idle), for the stall watchdog (`crate::stall`).
+    busy_since: Arc<std::sync::atomic::AtomicU64>,
     pub datapath: D,
 }
 
@@ -308,8 +333,48 @@ impl<D: Datapath> Reconciler<D> {
             conntrack: Default::default(),
             links_pending: Default::default(),
             in_place_edits: true,
+            background: Default::default(),
+            busy_since: Default::default(),
             datapath,
         }
+    }
+
+    /// Compiles direction policies of at least `peers` peers on a worker
+    /// thread whose results come back on `events`, and writes their tables
+    /// in slices between events. Without it everything is done in the
+    /// event that needs it (tests, benches that call `apply_plan`).
+    pub fn with_background_compile(
+        mut self,
+        events: mpsc::Sender<Event>,
+        peers: usize,
+    ) -> std::io::Result<Self> {
+        self.background.threshold = peers;
+        self.background.start(events)?;
+        Ok(self)
+    }
+
+    /// The most entries one compiled table may have; a bigger one is
+    /// refused and its pods are denied in that direction.
+    pub fn with_max_table_entries(mut self, n: usize) -> Self {
+        self.background.max_entries = n;
+        self
+    }
+
+    /// Where the reconciler says since when it is busy with one event.
+    pub fn busy_since(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.busy_since.clone()
+    }
+
+    /// A policy id for a new table: none a table has or is being written to.
+    fn alloc_policy(&mut self) -> Result<PolicyId, String> {
+        let busy: Vec<PolicyId> = self.background.ids().collect();
+        self.realized.alloc_policy_besides(&busy)
+    }
+
+    /// Forgets every compiled table (the node's addresses are in each).
+    fn forget_compiled(&mut self) {
+        self.compiled.clear();
+        self.background.forget();
     }
 
     /// Saves the inputs after every change, so a restart can recover them.
@@ -358,8 +423,25 @@ impl<D: Datapath> Reconciler<D> {
     /// Work that only matters once a burst is over (the pods checkpoint, the
     /// state report) is done when the queue is empty, so a burst of pod-ups
     /// pays for it once.
+    ///
+    /// A big table is written a slice per turn, between events (see
+    /// `background`): an event waits at most one slice behind it.
     pub fn run(mut self, mut events: mpsc::Receiver<Event>, state: watch::Sender<NodeState>) {
         loop {
+            if self.background.has_writes() {
+                let event = match events.try_recv() {
+                    Ok(e) => Some(e),
+                    Err(mpsc::error::TryRecvError::Disconnected) => break,
+                    Err(mpsc::error::TryRecvError::Empty) => None,
+                };
+                self.busy(true);
+                if let Some(e) = event {
+                    self.handle(e);
+                }
+                self.write_slice();
+                self.busy(false);
+                continue;
+            }
             let event = match events.try_recv() {
                 Ok(e) => e,
                 Err(mpsc::error::TryRecvError::Disconnected) => break,
@@ -380,9 +462,24 @@ impl<D: Datapath> Reconciler<D> {
                     }
                 }
             };
+            self.busy(true);
             self.handle(event);
+            self.busy(false);
         }
         self.flush();
+    }
+
+    fn busy(&self, on: bool) {
+        let now = if on {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_millis() as u64)
+                .max(1)
+        } else {
+            0
+        };
+        self.busy_since
+            .store(now, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Writes what was deferred.
@@ -430,11 +527,16 @@ impl<D: Datapath> Reconciler<D> {
                 let _ = reply.send(self.dump());
             }
             Event::ConntrackCleaned(r) => self.conntrack.record(r),
+            Event::Compiled {
+                key,
+                generation,
+                result,
+            } => self.compiled_off_thread(key, generation, result),
             Event::Links => {
                 self.links_pending.taken();
                 // Address events come this way too.
                 if self.refresh_node_addresses() {
-                    self.compiled.clear();
+                    self.forget_compiled();
                     if !self.links_changed() {
                         self.converge();
                     }
@@ -445,7 +547,7 @@ impl<D: Datapath> Reconciler<D> {
             Event::Tick => {
                 let addresses = self.refresh_node_addresses();
                 if addresses {
-                    self.compiled.clear();
+                    self.forget_compiled();
                 }
                 // Failed operations are retried until they succeed.
                 let retry =
@@ -553,3 +655,6 @@ mod fail_closed_tests;
 
 #[cfg(test)]
 mod audit_tests;
+
+#[cfg(test)]
+mod background_tests;

@@ -102,7 +102,11 @@ impl<D: Datapath> Reconciler<D> {
             Some(pods) => self.converge_pods(pods),
         }
         self.settle_pending();
-        self.realized_version = self.plan_version;
+        // A plan is realized once every table it needs is complete (big
+        // ones finish in `background`).
+        if self.want.pending.is_empty() {
+            self.realized_version = self.plan_version;
+        }
         Ok(self.plan_version)
     }
 

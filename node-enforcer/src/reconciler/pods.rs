@@ -153,6 +153,18 @@ impl<D: Datapath> Reconciler<D> {
             return;
         }
         self.save_pods();
+        if self.want.pending.contains(&key) {
+            // A big table of its policy is being compiled or written: the
+            // pod is attached held or denied, and the answer waits for it.
+            self.pending.insert(
+                key,
+                PendingUp {
+                    container_id,
+                    reply,
+                },
+            );
+            return;
+        }
         let _ = reply.send(Ok(self.outcome(&key, true, String::new())));
     }
 
@@ -212,7 +224,9 @@ impl<D: Datapath> Reconciler<D> {
         let ready: Vec<PodKey> = self
             .pending
             .keys()
-            .filter(|k| matches!(self.knowledge(k), Knowledge::Known(_)))
+            .filter(|k| {
+                matches!(self.knowledge(k), Knowledge::Known(_)) && !self.want.pending.contains(*k)
+            })
             .cloned()
             .collect();
         for key in ready {
@@ -248,8 +262,30 @@ impl<D: Datapath> Reconciler<D> {
             return;
         }
         let p = self.pending.remove(key).expect("checked");
-        let reason = self.unknown_reason(key);
         let mode = self.pods.get(key).and_then(|p| p.mode).unwrap_or(self.mode);
+        if self.want.pending.contains(key) {
+            // Its policy is known, its table not complete: the pod stays
+            // held or denied, never open, in either mode.
+            let why = self.want.errors.get(key).cloned().unwrap_or_default();
+            if mode == Mode::Strict {
+                self.pods.remove(key);
+                self.converge_pods([key]);
+                self.save_pods();
+                let _ = p.reply.send(Err(format!(
+                    "pod {}: policy not realized by the pod-up deadline ({why}); strict mode refuses the pod",
+                    name(key)
+                )));
+                return;
+            }
+            let warning = format!(
+                "pod {} starts denied: policy not realized by the pod-up deadline ({why})",
+                name(key)
+            );
+            self.warn(warning.clone());
+            let _ = p.reply.send(Ok(self.outcome(key, false, warning)));
+            return;
+        }
+        let reason = self.unknown_reason(key);
         match mode {
             Mode::Strict => {
                 // Refused: the runtime tears the sandbox down, and nothing

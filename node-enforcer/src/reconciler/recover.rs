@@ -54,12 +54,12 @@ impl<D: Datapath> Reconciler<D> {
             if *id == DENY_ALL || *id == 0 {
                 continue;
             }
-            let set = Arc::new(PolicySet {
-                entries: entries
+            let set = Arc::new(PolicySet::new(
+                entries
                     .iter()
                     .map(|(p, ps)| (*p, adopted.portsets.get(ps).cloned().unwrap_or_default()))
                     .collect(),
-            });
+            ));
             if r.policies.contains_key(&set) {
                 r.garbage_policies.push((*id, entries.clone()));
             } else {

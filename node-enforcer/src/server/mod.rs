@@ -83,3 +83,17 @@ pub async fn set_not_serving(health: &HealthReporter) {
         .set_not_serving::<DebugServiceServer<debug::DebugServer>>()
         .await;
 }
+
+/// Health once the reconciler answers again (after a stall).
+pub async fn set_serving(health: &HealthReporter) {
+    health.set_service_status("", ServingStatus::Serving).await;
+    health
+        .set_serving::<CniServiceServer<cni::CniServer>>()
+        .await;
+    health
+        .set_serving::<NpBackendServer<npbackend::NpBackend>>()
+        .await;
+    health
+        .set_serving::<DebugServiceServer<debug::DebugServer>>()
+        .await;
+}

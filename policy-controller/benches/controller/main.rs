@@ -7,6 +7,7 @@
 //! Every measurement prints one line of `key=value` pairs so runs can be
 //! compared; the script collects them into a table.
 
+mod huge;
 mod kube_path;
 mod shapes;
 
@@ -333,6 +334,11 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
+    if args.first().map(String::as_str) == Some("huge") {
+        let rules = args.get(1).and_then(|n| n.parse().ok());
+        huge::run(rules.unwrap_or(huge::RULES));
+        return;
+    }
     let shape = match args.first().map(String::as_str) {
         Some("antrea") | None => Shape::Antrea,
         Some("mixed") => Shape::Mixed,

@@ -531,3 +531,47 @@ fn an_audit_value_other_than_true_or_false_is_an_error_and_enforced() {
         }
     }
 }
+
+#[test]
+fn a_policy_over_the_rule_limit_isolates_its_pods_with_none_of_its_rules_and_is_named() {
+    let mut s = state(&format!(
+        "{PODS}\n---\n{}",
+        r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: small, namespace: x}
+spec:
+  podSelector: {matchLabels: {app: a}}
+  ingress: [{from: [{ipBlock: {cidr: 192.168.0.0/16}}]}]
+"#
+    ));
+    // One rule past the limit: every rule allows everything, so any of
+    // them slipping through would open the pod.
+    let mut huge: k8s_openapi::api::networking::v1::NetworkPolicy = serde_yaml::from_str(
+        "{metadata: {name: huge, namespace: x}, spec: {podSelector: {matchLabels: {app: a}}}}",
+    )
+    .unwrap();
+    huge.spec.as_mut().unwrap().ingress = Some(vec![
+        Default::default();
+        crate::limits::MAX_RULES_PER_POLICY + 1
+    ]);
+    s.policies.push(huge);
+    let r = resolve_with_errors(&s);
+    let a = pod(&r, "n1", "x", "a").unwrap();
+    let ingress = a.ingress.as_ref().expect("still isolated");
+    assert_eq!(ingress.rules.len(), 1, "only the small policy's rule");
+    assert_eq!(ingress.rules[0].policy, "x/small");
+    assert_eq!(
+        a.policies,
+        vec!["x/huge".to_string(), "x/small".to_string()]
+    );
+    assert!(
+        r.errors
+            .iter()
+            .any(|e| e.starts_with("NetworkPolicy x/huge: spec: 100001 rules")),
+        "{:?}",
+        r.errors
+    );
+    // Pods it does not select are untouched.
+    assert!(pod(&r, "n1", "x", "b").unwrap().ingress.is_none());
+}

@@ -107,8 +107,8 @@ fn ingress_id(r: &Reconciler<FakeDatapath>, name: &str) -> PolicyId {
 
 /// A table of the fake as content.
 fn table(dp: &FakeDatapath, id: PolicyId) -> PolicySet {
-    PolicySet {
-        entries: dp.policies[&id]
+    PolicySet::new(
+        dp.policies[&id]
             .iter()
             .map(|(p, ps)| {
                 let ports = if *ps == 0 {
@@ -119,7 +119,7 @@ fn table(dp: &FakeDatapath, id: PolicyId) -> PolicySet {
                 (*p, ports)
             })
             .collect(),
-    }
+    )
 }
 
 fn log_since(r: &Reconciler<FakeDatapath>, from: usize) -> Vec<String> {
@@ -141,8 +141,8 @@ fn ports(port: u16) -> PortSet {
 }
 
 fn set(entries: &[(Prefix, u16)]) -> PolicySet {
-    PolicySet {
-        entries: entries
+    PolicySet::new(
+        entries
             .iter()
             .map(|(p, port)| {
                 let ps = if *port == 0 {
@@ -153,7 +153,7 @@ fn set(entries: &[(Prefix, u16)]) -> PolicySet {
                 (*p, ps)
             })
             .collect(),
-    }
+    )
 }
 
 #[test]

@@ -1,0 +1,397 @@
+//! Big policies without stalling the node (issue 18). A direction policy of
+//! many peers is compiled on a worker thread into an immutable
+//! [`PolicySet`], and its table is written a bounded slice at a time
+//! between events, so pod-ups, deletes and dumps never wait behind one
+//! large convergence. The reconciler stays the one owner of node state
+//! (DESIGN invariant 1): the worker only computes, every map write is the
+//! reconciler's.
+//!
+//! Make before break and fail closed hold as for any table: until a table
+//! is complete no endpoint points at it. The pods it is for keep what they
+//! enforce now, or are denied, and their pod-ups wait for it
+//! ([`NoTable::Pending`]); the dump names them.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use palisade_proto::v1::DirectionPolicy;
+use tokio::sync::mpsc;
+
+use super::{Event, RealizedPolicy, Reconciler};
+use crate::compile::{compile_limited, PolicySet, Prefix};
+use crate::datapath::{Datapath, PolicyId, PortSetId};
+use crate::desired::NoTable;
+
+/// Direction policies of at least this many peers and excepts are compiled
+/// off the reconciler's thread (`--background-compile-peers`); smaller ones
+/// compile in well under a millisecond and are realized in the event that
+/// brought them, as before.
+pub const BACKGROUND_PEERS: usize = 2048;
+
+/// Table entries written per slice: a few milliseconds of map writes, so an
+/// event waits at most that long behind a big table.
+pub const SLICE_ENTRIES: usize = 2048;
+
+/// Peers and excepts of a direction policy: what its compilation and its
+/// table grow with.
+pub fn peers(d: &DirectionPolicy) -> usize {
+    d.rules
+        .iter()
+        .flat_map(|r| r.peers.iter())
+        .map(|p| 1 + p.except.len())
+        .sum()
+}
+
+/// The slices `0..total` is written in, `slice` entries each.
+pub fn slices(total: usize, slice: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let slice = slice.max(1);
+    (0..total.div_ceil(slice)).map(move |i| i * slice..((i + 1) * slice).min(total))
+}
+
+struct CompileJob {
+    key: Vec<u8>,
+    generation: u64,
+    policy: DirectionPolicy,
+    node_addresses: Vec<Prefix>,
+    max_entries: usize,
+}
+
+/// A compiled table being written: nothing points at `id` until every
+/// entry is in.
+struct Write {
+    key: Vec<u8>,
+    generation: u64,
+    set: Arc<PolicySet>,
+    id: PolicyId,
+    entries: Vec<(Prefix, PortSetId)>,
+    written: usize,
+}
+
+/// The worker, the tables in flight, and the knobs.
+pub(super) struct Background {
+    worker: Option<std::sync::mpsc::Sender<CompileJob>>,
+    /// Peers at which a policy goes to the worker.
+    pub(super) threshold: usize,
+    /// Most entries one compiled table may have (the enforcer's own limit).
+    pub(super) max_entries: usize,
+    /// Bumped when compiled tables are forgotten (node addresses changed):
+    /// results of an older generation are not cached.
+    generation: u64,
+    /// At the worker, by encoded policy, with its size for the dump.
+    compiling: HashMap<Vec<u8>, usize>,
+    writes: VecDeque<Write>,
+}
+
+impl Default for Background {
+    fn default() -> Self {
+        Background {
+            worker: None,
+            threshold: BACKGROUND_PEERS,
+            max_entries: crate::compile::MAX_TABLE_ENTRIES,
+            generation: 0,
+            compiling: HashMap::new(),
+            writes: VecDeque::new(),
+        }
+    }
+}
+
+impl Background {
+    /// Starts the worker thread; its results come back as
+    /// [`Event::Compiled`]. Without one every policy compiles in place.
+    pub(super) fn start(&mut self, events: mpsc::Sender<Event>) -> std::io::Result<()> {
+        let (tx, rx) = std::sync::mpsc::channel::<CompileJob>();
+        std::thread::Builder::new()
+            .name("compile".into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    let result = compile_limited(&job.policy, &job.node_addresses, job.max_entries)
+                        .map(|set| {
+                            // Named here, once: naming reads every entry.
+                            set.id();
+                            Arc::new(set)
+                        })
+                        .map_err(|e| e.to_string());
+                    let done = Event::Compiled {
+                        key: job.key,
+                        generation: job.generation,
+                        result,
+                    };
+                    if events.blocking_send(done).is_err() {
+                        return;
+                    }
+                }
+            })?;
+        self.worker = Some(tx);
+        Ok(())
+    }
+
+    pub(super) fn forget(&mut self) {
+        self.generation += 1;
+    }
+
+    /// Whether a table is being compiled or written for this policy.
+    fn in_flight(&self, key: &[u8]) -> bool {
+        self.compiling.contains_key(key) || self.writes.iter().any(|w| w.key == key)
+    }
+
+    /// For the compiler closure: Some(pending) when `d` is (now) being
+    /// compiled or written off the event; None: compile it in place.
+    pub(super) fn defer(
+        &mut self,
+        key: &[u8],
+        d: &DirectionPolicy,
+        node_addresses: &[Prefix],
+    ) -> Option<NoTable> {
+        let worker = self.worker.as_ref()?;
+        let size = peers(d);
+        if size < self.threshold {
+            return None;
+        }
+        let why = format!("{size} peers");
+        if self.in_flight(key) {
+            return Some(NoTable::Pending(why));
+        }
+        let job = CompileJob {
+            key: key.to_vec(),
+            generation: self.generation,
+            policy: d.clone(),
+            node_addresses: node_addresses.to_vec(),
+            max_entries: self.max_entries,
+        };
+        if worker.send(job).is_err() {
+            // The worker is gone: compile in place rather than never.
+            return None;
+        }
+        self.compiling.insert(key.to_vec(), size);
+        Some(NoTable::Pending(why))
+    }
+
+    /// Policies at the worker.
+    #[cfg(test)]
+    pub(super) fn compiling_count(&self) -> usize {
+        self.compiling.len()
+    }
+
+    /// Whether a slice of a table is waiting to be written.
+    pub(super) fn has_writes(&self) -> bool {
+        !self.writes.is_empty()
+    }
+
+    /// Policy ids of tables being written: not free for another table.
+    pub(super) fn ids(&self) -> impl Iterator<Item = PolicyId> + '_ {
+        self.writes.iter().map(|w| w.id)
+    }
+
+    /// Port sets the tables being written point at: not garbage.
+    pub(super) fn portsets(&self) -> impl Iterator<Item = PortSetId> + '_ {
+        self.writes
+            .iter()
+            .flat_map(|w| w.entries.iter().map(|(_, ps)| *ps))
+    }
+
+    /// In flight, for the dump: (what, peers or entries).
+    pub(super) fn describe(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .compiling
+            .values()
+            .map(|peers| format!("compiling a policy of {peers} peers off the reconciler thread"))
+            .collect();
+        out.extend(self.writes.iter().map(|w| {
+            format!(
+                "writing table {} ({} of {} entries) before any pod points at it",
+                w.set.id(),
+                w.written,
+                w.entries.len()
+            )
+        }));
+        out.sort();
+        out
+    }
+}
+
+impl<D: Datapath> Reconciler<D> {
+    /// A compiled table is back from the worker: start writing it (or, for
+    /// a failure, remember why), then bring its pods to it.
+    pub(super) fn compiled_off_thread(
+        &mut self,
+        key: Vec<u8>,
+        generation: u64,
+        result: Result<Arc<PolicySet>, String>,
+    ) {
+        if self.background.compiling.remove(&key).is_none() {
+            return;
+        }
+        if generation != self.background.generation {
+            // Compiled for addresses the node no longer has: the pods'
+            // next convergence asks again.
+            self.converge_pending();
+            return;
+        }
+        let set = match result {
+            Ok(set) => set,
+            Err(e) => {
+                self.compiled.insert(key, Err(e));
+                self.converge_pending();
+                return;
+            }
+        };
+        // Another policy may have compiled to the same content already.
+        if let Some((existing, _)) = self.realized.policies.get_key_value(&set) {
+            let existing = existing.clone();
+            self.compiled.insert(key, Ok(existing));
+            self.converge_pending();
+            return;
+        }
+        match self.start_write(key.clone(), generation, set.clone()) {
+            Ok(()) => {}
+            Err(e) => {
+                // Counted like any failed table write: the pods are denied
+                // with the error, and ticks retry.
+                self.warn(format!("policy set {}: {e}", set.id()));
+                self.compiled.insert(key, Ok(set));
+                self.converge_pending();
+            }
+        }
+    }
+
+    fn start_write(
+        &mut self,
+        key: Vec<u8>,
+        generation: u64,
+        set: Arc<PolicySet>,
+    ) -> Result<(), String> {
+        let mut entries = Vec::with_capacity(set.entries.len());
+        for (prefix, ports) in &set.entries {
+            let ps = if ports.0.is_empty() {
+                0
+            } else if let Some(id) = self.realized.portsets.get(ports) {
+                *id
+            } else {
+                let id = self.realized.alloc_portset()?;
+                self.datapath
+                    .add_portset(id, ports)
+                    .map_err(|e| format!("port set: {e}"))?;
+                self.realized.portsets.insert(ports.clone(), id);
+                id
+            };
+            entries.push((*prefix, ps));
+        }
+        let id = self.alloc_policy()?;
+        self.background.writes.push_back(Write {
+            key,
+            generation,
+            set,
+            id,
+            entries,
+            written: 0,
+        });
+        Ok(())
+    }
+
+    /// Writes one slice of the oldest table in flight; when it is complete,
+    /// the pods waiting for it converge onto it.
+    pub(super) fn write_slice(&mut self) {
+        let Some(w) = self.background.writes.front_mut() else {
+            return;
+        };
+        let Some(range) = slices(w.entries.len() - w.written, SLICE_ENTRIES).next() else {
+            return self.finish_write();
+        };
+        let range = w.written + range.start..w.written + range.end;
+        match self.datapath.add_policy(w.id, &w.entries[range.clone()]) {
+            Ok(()) => {
+                w.written = range.end;
+                if w.written == w.entries.len() {
+                    self.finish_write();
+                }
+            }
+            Err(e) => {
+                let w = self.background.writes.pop_front().expect("front");
+                // Leave no half-written table behind.
+                let _ = self.datapath.remove_policy(w.id, &w.entries[..range.end]);
+                self.warn(format!("policy set {}: {e}", w.set.id()));
+                // The pods' next convergence writes it in place, or denies
+                // them with the error (retried on ticks).
+                if w.generation == self.background.generation {
+                    self.compiled.insert(w.key, Ok(w.set));
+                }
+                self.converge_pending();
+            }
+        }
+    }
+
+    fn finish_write(&mut self) {
+        let w = self.background.writes.pop_front().expect("front");
+        if w.generation == self.background.generation {
+            self.compiled.insert(w.key, Ok(w.set.clone()));
+        }
+        // Realized either way: a table nothing points at is collected by
+        // the next convergence, like any other.
+        self.realized.policies.insert(
+            w.set,
+            RealizedPolicy {
+                id: w.id,
+                entries: w.entries,
+            },
+        );
+        self.converge_pending();
+    }
+
+    /// The pods waiting for a table converge again, and those now complete
+    /// get their pod-up answered.
+    fn converge_pending(&mut self) {
+        let pods: Vec<_> = self.want.pending.iter().cloned().collect();
+        self.converge_pods(&pods);
+        self.settle_pending();
+        if self.want.pending.is_empty() && self.realized_version != self.plan_version {
+            self.realized_version = self.plan_version;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use palisade_proto::v1::{IpPrefix, PeerBlock, Rule};
+
+    #[test]
+    fn slices_cover_every_entry_once_in_order() {
+        for total in [0, 1, 5, 2047, 2048, 2049, 10_000] {
+            for slice in [1, 3, 2048] {
+                let all: Vec<usize> = slices(total, slice).flatten().collect();
+                assert_eq!(all, (0..total).collect::<Vec<_>>(), "{total}/{slice}");
+                assert!(slices(total, slice).all(|r| r.len() <= slice && !r.is_empty()));
+            }
+        }
+        // A zero slice still makes progress.
+        assert_eq!(slices(3, 0).count(), 3);
+    }
+
+    #[test]
+    fn peers_count_blocks_and_excepts() {
+        let p = |a: u8| IpPrefix {
+            addr: vec![10, 0, 0, a],
+            prefix_len: 32,
+        };
+        let d = DirectionPolicy {
+            rules: vec![
+                Rule {
+                    peers: vec![
+                        PeerBlock {
+                            cidr: Some(p(0)),
+                            except: vec![p(1), p(2)],
+                        },
+                        PeerBlock {
+                            cidr: Some(p(3)),
+                            except: vec![],
+                        },
+                    ],
+                    ..Default::default()
+                },
+                Rule::default(),
+            ],
+        };
+        assert_eq!(peers(&d), 4);
+        assert_eq!(peers(&DirectionPolicy::default()), 0);
+    }
+}
