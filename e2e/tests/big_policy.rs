@@ -272,3 +272,49 @@ fn health_says_not_serving_while_one_event_keeps_the_reconciler() {
     eprintln!("health went {seen:?}");
     finish(lab);
 }
+
+#[test]
+fn a_policy_over_the_nodes_plan_budget_is_named_and_denies_only_its_pods() {
+    if !is_root() {
+        return;
+    }
+    // 2,000 rules for b are some 80 kB of plan; the node's budget is less.
+    let mut lab = lab_with_pods_in(LabConfig {
+        controller_args: vec!["--max-plan-bytes-per-node".into(), "40000".into()],
+        ..LabConfig::default()
+    });
+    lab.apply(&policies(ALLOW_A_80)).unwrap();
+    lab.wait_realized().unwrap();
+    let rev = lab
+        .apply(&[big_policy("too-big-for-the-node", "b", 2000)])
+        .unwrap();
+    wait_planned(&lab, rev);
+    lab.wait_settled().unwrap();
+
+    let controller = lab.controller_state().unwrap();
+    assert!(
+        controller
+            .errors
+            .iter()
+            .any(|e| e.contains("NetworkPolicy x/too-big-for-the-node")
+                && e.contains("more than the 40000 one node's plan may have")
+                && e.contains("--max-plan-bytes-per-node")),
+        "{:?}",
+        controller.errors
+    );
+    // b is denied what the big policy would allow (172.16/16 is not in the
+    // lab, so nothing it allows is probed), keeps allow-a-80's rule, and
+    // a and c are as they were.
+    assert_verdicts(
+        &lab,
+        "with a policy over the node's plan budget",
+        &[
+            ("x/a", "x/b", 80, Tcp, Allow),
+            ("x/a", "x/b", 81, Tcp, Deny),
+            ("x/c", "x/b", 80, Tcp, Deny),
+            ("x/b", "x/a", 80, Tcp, Allow),
+            ("x/b", "x/c", 81, Tcp, Allow),
+        ],
+    );
+    finish(lab);
+}

@@ -123,6 +123,8 @@ struct NodeEntry {
     subscribers: usize,
     /// Changes on the first subscriber arriving and the last one leaving.
     connection: ConnectionHistory,
+    /// What the plan budget left out of this node's plan ([`crate::budget`]).
+    budget_errors: Vec<String>,
 }
 
 #[derive(Default)]
@@ -168,6 +170,8 @@ pub struct Hub {
     /// Versions start from the controller's start time so that they keep
     /// increasing across controller restarts.
     first_version: u64,
+    /// Bytes one node's plan may take (`--max-plan-bytes-per-node`).
+    plan_budget: usize,
 }
 
 /// What the debug service shows of one node.
@@ -201,7 +205,14 @@ impl Hub {
             state: Arc::new(Mutex::new(HubState::default())),
             engine: Arc::new(Mutex::new(None)),
             first_version: first_version.max(1),
+            plan_budget: crate::limits::MAX_PLAN_BYTES_PER_NODE,
         }
+    }
+
+    /// The bytes one node's plan may take; set before the first view.
+    pub fn with_plan_budget(mut self, bytes: usize) -> Self {
+        self.plan_budget = bytes;
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HubState> {
@@ -296,7 +307,11 @@ impl Hub {
                 reported: None,
                 subscribers: 0,
                 connection: ConnectionHistory::default(),
+                budget_errors: Vec::new(),
             });
+            let fitted = crate::budget::fit(&name, plan, self.plan_budget);
+            let plan = fitted.plan;
+            entry.budget_errors = fitted.errors;
             let before = entry.plan.borrow().clone();
             if before.plan.same_as(&plan) {
                 continue;
@@ -341,6 +356,7 @@ impl Hub {
                 reported: None,
                 subscribers: 0,
                 connection: ConnectionHistory::default(),
+                budget_errors: Vec::new(),
             });
         if entry.subscribers == 0 {
             entry.connection.connected(std::time::SystemTime::now());
@@ -404,6 +420,7 @@ impl Hub {
                 .source_errors
                 .iter()
                 .chain(st.errors.iter())
+                .chain(st.nodes.values().flat_map(|n| n.budget_errors.iter()))
                 .cloned()
                 .collect(),
             source_errors: st.source_errors.len(),

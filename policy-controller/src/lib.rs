@@ -2,6 +2,7 @@
 //! plan per node, streams each node its plan and keeps what each node reports.
 
 pub use palisade_model::cluster;
+pub mod budget;
 pub mod debug;
 pub mod engine;
 pub mod feed;

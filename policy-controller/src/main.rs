@@ -62,6 +62,11 @@ struct Args {
     /// allow, and the controller's errors name it.
     #[arg(long, env = "PALISADE_MAX_RULES_PER_POLICY", default_value_t = policy_controller::limits::MAX_RULES_PER_POLICY)]
     max_rules_per_policy: usize,
+    /// Bytes one node's plan may take; over it, the policies bringing the
+    /// most bytes are left out of that node's plan (their pods there are
+    /// denied what they would allow) and the errors name them.
+    #[arg(long, env = "PALISADE_MAX_PLAN_BYTES_PER_NODE", default_value_t = policy_controller::limits::MAX_PLAN_BYTES_PER_NODE)]
+    max_plan_bytes_per_node: usize,
     /// How long a lease lives after its last renewal (whole seconds).
     #[arg(long, env = "PALISADE_LEASE_DURATION_MS", default_value_t = 15_000)]
     lease_duration_ms: u64,
@@ -149,7 +154,10 @@ async fn run(args: Args) -> Result<(), String> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
         .unwrap_or(1);
-    let hub = Hub::new(start_micros);
+    if let Some(e) = policy_controller::limits::check_plan_budget(args.max_plan_bytes_per_node) {
+        return Err(e.into());
+    }
+    let hub = Hub::new(start_micros).with_plan_budget(args.max_plan_bytes_per_node);
     let (err_tx, err_rx) = watch::channel::<Vec<String>>(Vec::new());
     let timings = Timings {
         lease_duration: std::time::Duration::from_millis(args.lease_duration_ms),
