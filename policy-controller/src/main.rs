@@ -155,7 +155,7 @@ async fn run(args: Args) -> Result<(), String> {
         .map(|d| d.as_micros() as u64)
         .unwrap_or(1);
     if let Some(e) = policy_controller::limits::check_plan_budget(args.max_plan_bytes_per_node) {
-        return Err(e.into());
+        return Err(e);
     }
     let hub = Hub::new(start_micros).with_plan_budget(args.max_plan_bytes_per_node);
     let (err_tx, err_rx) = watch::channel::<Vec<String>>(Vec::new());
