@@ -33,7 +33,7 @@
  * fail closed is the stance.
  *
  * Included by palisade.bpf.c ahead of its verdict, whose struct flow,
- * struct endpoint, account and flow_event it uses.
+ * struct ep_view (the slot it read), account and flow_event it uses.
  */
 #ifndef PALISADE_FRAGMENTS_H
 #define PALISADE_FRAGMENTS_H
@@ -117,7 +117,7 @@ static __always_inline void frag_update(const struct frag_ref *r, const struct f
  * l4_end only grows, so that of two first fragments laid out differently
  * (IPv6 headers inside the fragmentable part) neither leaves the other's
  * L4 header open to a later fragment. */
-static __always_inline void frag_remember(const struct flow *f, const struct endpoint *ep,
+static __always_inline void frag_remember(const struct flow *f, const struct ep_view *ep,
 					  __u32 ifindex, __u8 owner, bool allowed)
 {
 	struct frag_ref r;
@@ -130,8 +130,8 @@ static __always_inline void frag_remember(const struct flow *f, const struct end
 	v.l4_end = f->frag_at;
 	v.proto = f->proto;
 	v.allowed = allowed;
-	v.ingress_epoch = ep->ingress_epoch;
-	v.egress_epoch = ep->egress_epoch;
+	v.ingress_epoch = hook_epoch(ep, OWNER_TO_POD);
+	v.egress_epoch = hook_epoch(ep, OWNER_FROM_POD);
 	old = frag_lookup(&r);
 	if (old && old->l4_end > v.l4_end)
 		v.l4_end = old->l4_end;
@@ -147,7 +147,7 @@ enum frag_answer {
 /* What the record of its first fragment says of the later fragment f.  f
  * takes the datagram's ports and protocol from it, for the flow log of a
  * drop and for a new judgement. */
-static __always_inline int frag_follow(struct flow *f, const struct endpoint *ep, __u32 ifindex,
+static __always_inline int frag_follow(struct flow *f, const struct ep_view *ep, __u32 ifindex,
 				       __u8 owner)
 {
 	struct frag_ref r;
@@ -166,7 +166,8 @@ static __always_inline int frag_follow(struct flow *f, const struct endpoint *ep
 	}
 	if (!v->allowed)
 		return FRAG_DROP;
-	if (v->ingress_epoch == ep->ingress_epoch && v->egress_epoch == ep->egress_epoch)
+	if (v->ingress_epoch == hook_epoch(ep, OWNER_TO_POD) &&
+	    v->egress_epoch == hook_epoch(ep, OWNER_FROM_POD))
 		return FRAG_PASS;
 	f->trackable = true;
 	return FRAG_JUDGE;
@@ -174,7 +175,7 @@ static __always_inline int frag_follow(struct flow *f, const struct endpoint *ep
 
 /* Settles the later fragment f when its record decides it (into *verdict,
  * counted); false when it is to be judged as a packet of its flow. */
-static __always_inline bool frag_later_settled(struct flow *f, const struct endpoint *ep,
+static __always_inline bool frag_later_settled(struct flow *f, const struct ep_view *ep,
 					       __u32 ifindex, __u8 owner, int *verdict)
 {
 	int answer = frag_follow(f, ep, ifindex, owner);
@@ -194,7 +195,7 @@ static __always_inline bool frag_later_settled(struct flow *f, const struct endp
 
 /* Counts the verdict on the parsed packet f (account), first recording it
  * for the later fragments when f is a first fragment. */
-static __always_inline int settle(const struct flow *f, const struct endpoint *ep, __u32 ifindex,
+static __always_inline int settle(const struct flow *f, const struct ep_view *ep, __u32 ifindex,
 				  __u8 owner, __u32 stat, int verdict)
 {
 	if (f->frag == FRAG_FIRST)

@@ -8,7 +8,8 @@
  *                      judged by the pod's INGRESS policy (peer = source).
  *
  * Verdict, in order:
- *   1. interface not in pal_endpoints          -> next (not ours to judge)
+ *   1. interface has no endpoint               -> next (not ours to judge)
+ *      its endpoint slot is not its own         -> drop (see Endpoints)
  *   2. not IPv4/IPv6                           -> next (ARP and friends)
  *   3. malformed IP header (truncated, ihl < 5,
  *      IPv4-mapped address in IPv6); a first
@@ -46,6 +47,8 @@
  *      length the policy has, or a trie walk when it has many; see
  *      policy_entry)
  *  10. anything else                           -> drop, forget the flow
+ *      (8 and 9 drop a new flow instead when the hook already holds its
+ *      share of the conntrack table: see struct ct_share)
  *
  * Conntrack: an entry is created only by step 8 or 9, i.e. by a forward
  * packet this hook's policy let through, never by a packet that matched as a
@@ -65,14 +68,16 @@
  * IPv4 flows are tracked in pal_ct4 under a 20-byte key, IPv6 flows in
  * pal_conntrack under a 44-byte one; the rules are the same for both.
  *
- * Endpoints: pal_endpoints (hash by ifindex) is the authority.  The IPv4
- * fast path first reads pal_ep_cache, an array copy of each endpoint's
- * epochs and IPv4 addresses whose lookup the verifier inlines; a slot
- * counts only while valid and naming the packet's interface, else the
- * fast path reads pal_endpoints as the full path does.  The enforcer never
- * lets a packet trust a half-written slot (struct endpoint_cache).
+ * Endpoints: a packet reads its endpoint once, from its slot of
+ * pal_ep_slots (struct ep_slot): at its home position when that slot says
+ * so (an inlined array lookup), else where pal_ep_index says, which is
+ * trusted only when the slot names the packet's interface.  A slot that
+ * does not is a slot being retired or reused under the lookup: the packet
+ * is dropped (STAT_DENIED_ENDPOINT_UNSURE), never judged by what another
+ * endpoint's slot holds.  Each direction's policy id and epoch are one
+ * 8-byte word, read once per packet (see ep_find).
  *
- * Counters: every verdict is counted once, by account(), in pal_dir_stats
+ * Counters: every verdict is counted once, by account(), in pal_verdicts
  * under the direction of the hook that judged it (STAT_SLOT).
  *
  * Epochs: each direction of an endpoint has an epoch, which the enforcer
@@ -145,23 +150,46 @@ char LICENSE[] SEC("license") = "Apache-2.0";
 
 /* ---- maps (pinned by name so every pod's programs share one copy) ---- */
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u32);
-	__type(value, struct endpoint);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} pal_endpoints SEC(".maps");
-
-/* What the IPv4 fast path reads of pal_endpoints, by array index (see
- * struct endpoint_cache). */
+/* Endpoint state, one slot per endpoint (struct ep_slot: how a packet
+ * finds and trusts its slot).  Memory-mapped, so the enforcer changes a
+ * direction's policy and epoch with one 8-byte store. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, EP_CACHE_SLOTS);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, EP_SLOTS);
 	__type(key, __u32);
-	__type(value, struct endpoint_cache);
+	__type(value, struct ep_slot);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} pal_ep_cache SEC(".maps");
+} pal_ep_slots SEC(".maps");
+
+/* ifindex -> slot of pal_ep_slots, for an endpoint not (yet) trusted at
+ * its home slot. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, EP_SLOTS);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pal_ep_index SEC(".maps");
+
+/* Conntrack entries per endpoint hook (struct ct_share), by slot.
+ * Memory-mapped: the enforcer's recount adds to it atomically. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, EP_SLOTS);
+	__type(key, __u32);
+	__type(value, struct ct_share);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pal_ct_share SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ct_config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pal_ct_config SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
@@ -256,14 +284,6 @@ struct {
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pal_flow_stats SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u32);
-	__type(value, struct audit_policy);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} pal_audit SEC(".maps");
 
 /* The flow log's rate limit: one node-wide GCRA clock (see flow_admit).
  * Pinned so that a restarted enforcer's programs, which take the links over
@@ -635,6 +655,71 @@ static __always_inline int parse_flow(struct __sk_buff *skb, struct flow *f)
 	return PARSE_NOT_IP;
 }
 
+/* ---- endpoints ---- */
+
+/* One plain load the compiler may neither split nor repeat. */
+#define READ_ONCE_U32(p) (*(volatile __u32 *)(p))
+#define READ_ONCE_U64(p) (*(volatile __u64 *)(p))
+
+/* What a packet reads of its endpoint, once: its slot (addresses, which
+ * do not change while the slot is the endpoint's) and each direction's
+ * word, one load each, so every decision about this packet uses one
+ * consistent policy id and epoch per direction. */
+struct ep_view {
+	const struct ep_slot *s;
+	__u32 slot;
+	__u64 ingress;
+	__u64 egress;
+};
+
+enum ep_found {
+	EP_NONE,   /* no endpoint: not ours to judge */
+	EP_FOUND,
+	EP_UNSURE, /* pal_ep_index names a slot that is not the interface's */
+};
+
+/* Finds the endpoint of ifindex (see struct ep_slot for why each step can
+ * be trusted).  The home slot counts only when its home field names the
+ * interface, which the enforcer sets a grace period after writing the
+ * rest.  Otherwise pal_ep_index gives a slot number that a reused hash
+ * element may have made any number: the slot is used only when it names
+ * the interface, and it is looked up again through a number computed from
+ * the ifindex just read (the same number, as they are equal), so that
+ * every later load of the slot depends on that check and no CPU can read
+ * the rest of it first. */
+static __always_inline int ep_find(__u32 ifindex, struct ep_view *ep)
+{
+	__u32 slot = ifindex & (EP_SLOTS - 1);
+	const struct ep_slot *s;
+	const __u32 *index;
+	__u32 seen;
+
+	if (!ifindex)
+		return EP_NONE; /* an empty slot's home is 0 */
+	s = bpf_map_lookup_elem(&pal_ep_slots, &slot);
+	if (s && READ_ONCE_U32(&s->home) == ifindex)
+		goto found;
+	index = bpf_map_lookup_elem(&pal_ep_index, &ifindex);
+	if (!index)
+		return EP_NONE;
+	slot = READ_ONCE_U32(index);
+	s = bpf_map_lookup_elem(&pal_ep_slots, &slot);
+	if (!s)
+		return EP_UNSURE;
+	seen = READ_ONCE_U32(&s->ifindex);
+	slot += seen ^ ifindex;
+	barrier_var(slot);
+	s = bpf_map_lookup_elem(&pal_ep_slots, &slot);
+	if (!s || seen != ifindex)
+		return EP_UNSURE;
+found:
+	ep->s = s;
+	ep->slot = slot;
+	ep->ingress = READ_ONCE_U64(&s->ingress);
+	ep->egress = READ_ONCE_U64(&s->egress);
+	return EP_FOUND;
+}
+
 /* ---- anti-spoofing ---- */
 
 static __always_inline bool addr_eq(const __u8 a[16], const __u8 b[16])
@@ -649,13 +734,13 @@ static __always_inline bool addr_eq(const __u8 a[16], const __u8 b[16])
 }
 
 /* Is src one of the pod's own addresses?  With none configured, nothing is. */
-static __always_inline bool pod_owns_source(const struct endpoint *ep, const __u8 src[16])
+static __always_inline bool pod_owns_source(const struct ep_view *ep, const __u8 src[16])
 {
 #pragma unroll
 	for (int i = 0; i < MAX_POD_ADDRS; i++) {
-		if (i >= ep->addr_count)
+		if (i >= ep->s->addr_count)
 			return false;
-		if (addr_eq(ep->addrs[i], src))
+		if (addr_eq(ep->s->addrs[i], src))
 			return true;
 	}
 	return false;
@@ -663,15 +748,21 @@ static __always_inline bool pod_owns_source(const struct endpoint *ep, const __u
 
 /* ---- the two hooks of an endpoint ---- */
 
-/* What a hook judges by: the endpoint's policy and epoch for its direction. */
-static __always_inline __u32 hook_policy(const struct endpoint *ep, __u8 owner)
+/* What a hook judges by: the endpoint's policy id and epoch for its
+ * direction, from the one word the packet read. */
+static __always_inline __u64 hook_word(const struct ep_view *ep, __u8 owner)
 {
-	return owner == OWNER_FROM_POD ? ep->egress_policy : ep->ingress_policy;
+	return owner == OWNER_FROM_POD ? ep->egress : ep->ingress;
 }
 
-static __always_inline __u32 hook_epoch(const struct endpoint *ep, __u8 owner)
+static __always_inline __u32 hook_policy(const struct ep_view *ep, __u8 owner)
 {
-	return owner == OWNER_FROM_POD ? ep->egress_epoch : ep->ingress_epoch;
+	return EP_WORD_POLICY(hook_word(ep, owner));
+}
+
+static __always_inline __u32 hook_epoch(const struct ep_view *ep, __u8 owner)
+{
+	return EP_WORD_EPOCH(hook_word(ep, owner));
 }
 
 static __always_inline __u8 other_hook(__u8 owner)
@@ -761,7 +852,7 @@ static __always_inline bool policy_allows(__u32 policy_id, const __u8 peer[16], 
 }
 
 /* Does the hook `owner` of ep allow the forward packet f? */
-static __always_inline bool hook_allows(const struct endpoint *ep, __u8 owner,
+static __always_inline bool hook_allows(const struct ep_view *ep, __u8 owner,
 					const struct flow *f)
 {
 	const __u8 *peer = owner == OWNER_FROM_POD ? f->dst : f->src;
@@ -773,7 +864,7 @@ static __always_inline bool hook_allows(const struct endpoint *ep, __u8 owner,
  * The original flow is f reversed: its peer is f's source when it was
  * judged as egress (destination), f's destination when judged as ingress
  * (source); its destination port is f's source port. */
-static __always_inline bool hook_allows_original(const struct endpoint *ep, __u8 owner,
+static __always_inline bool hook_allows_original(const struct ep_view *ep, __u8 owner,
 						 const struct flow *f)
 {
 	const __u8 *peer = owner == OWNER_FROM_POD ? f->src : f->dst;
@@ -868,26 +959,71 @@ static __always_inline struct ct_value *ct_lookup(const struct ct_ref *r)
 	return v;
 }
 
-static __always_inline void ct_delete(const struct ct_ref *r)
+/* ---- each endpoint hook's share of the conntrack table ---- */
+
+/* Does hook `owner` of the endpoint hold its share of entries already?
+ * Read without a lock: CPUs creating entries at the same moment may pass
+ * the share by one each, never more. */
+static __always_inline bool ct_share_full(const struct ep_view *ep, __u8 owner)
 {
-	if (r->v4)
-		bpf_map_delete_elem(&pal_ct4, &r->k4);
-	else
-		bpf_map_delete_elem(&pal_conntrack, &r->k6);
+	__u32 zero = 0;
+	const struct ct_config *cfg = bpf_map_lookup_elem(&pal_ct_config, &zero);
+	const struct ct_share *sh = bpf_map_lookup_elem(&pal_ct_share, &ep->slot);
+
+	if (!cfg || !sh)
+		return true;
+	return READ_ONCE_U64(&sh->created[owner]) - READ_ONCE_U64(&sh->removed[owner]) >=
+	       cfg->share;
 }
 
-static __always_inline void ct_create(const struct ct_ref *r, const struct ct_value *v)
+/* Counts an entry hook `owner` of the endpoint created or removed. */
+static __always_inline void ct_share_count(const struct ep_view *ep, __u8 owner, bool created)
 {
-	if (r->v4)
-		bpf_map_update_elem(&pal_ct4, &r->k4, v, BPF_ANY);
+	struct ct_share *sh = bpf_map_lookup_elem(&pal_ct_share, &ep->slot);
+
+	if (!sh)
+		return;
+	if (created)
+		__sync_fetch_and_add(&sh->created[owner], 1);
 	else
-		bpf_map_update_elem(&pal_conntrack, &r->k6, v, BPF_ANY);
+		__sync_fetch_and_add(&sh->removed[owner], 1);
+}
+
+/* Removes the entry under r, which hook `owner` of the endpoint wrote,
+ * and counts it if it was there (another CPU, the LRU or the enforcer may
+ * have removed it first). */
+static __always_inline void ct_delete(const struct ct_ref *r, const struct ep_view *ep,
+				      __u8 owner)
+{
+	long err;
+
+	if (r->v4)
+		err = bpf_map_delete_elem(&pal_ct4, &r->k4);
+	else
+		err = bpf_map_delete_elem(&pal_conntrack, &r->k6);
+	if (!err)
+		ct_share_count(ep, owner, false);
+}
+
+/* Creates the entry under r for hook `owner` of the endpoint, and counts
+ * it; one that exists already (another CPU made it) is left as it is. */
+static __always_inline void ct_create(const struct ct_ref *r, const struct ct_value *v,
+				      const struct ep_view *ep, __u8 owner)
+{
+	long err;
+
+	if (r->v4)
+		err = bpf_map_update_elem(&pal_ct4, &r->k4, v, BPF_NOEXIST);
+	else
+		err = bpf_map_update_elem(&pal_conntrack, &r->k6, v, BPF_NOEXIST);
+	if (!err)
+		ct_share_count(ep, owner, true);
 }
 
 /* Is f a reply to a flow the other hook of this interface allowed?  An
  * entry of an older epoch counts only if that hook's policy still allows
  * the flow; otherwise it is forgotten. */
-static __always_inline bool ct_is_reply(const struct flow *f, const struct endpoint *ep,
+static __always_inline bool ct_is_reply(const struct flow *f, const struct ep_view *ep,
 					__u32 ifindex, __u8 owner)
 {
 	__u8 writer = other_hook(owner);
@@ -903,7 +1039,7 @@ static __always_inline bool ct_is_reply(const struct flow *f, const struct endpo
 		return false;
 	if (v->epoch != epoch) {
 		if (!hook_allows_original(ep, writer, f)) {
-			ct_delete(&r);
+			ct_delete(&r, ep, writer);
 			return false;
 		}
 		v->epoch = epoch;
@@ -925,7 +1061,7 @@ static __always_inline struct ct_value *ct_own_entry(struct ct_ref *r, const str
 
 /* Was the flow allowed under the hook's current epoch?  Then it passes with
  * no policy lookup (refreshed in place: no LRU update per packet). */
-static __always_inline bool ct_established(struct ct_value *v, const struct endpoint *ep,
+static __always_inline bool ct_established(struct ct_value *v, const struct ep_view *ep,
 					   __u8 owner)
 {
 	if (!v || v->epoch != hook_epoch(ep, owner))
@@ -934,29 +1070,40 @@ static __always_inline bool ct_established(struct ct_value *v, const struct endp
 	return true;
 }
 
+enum judged {
+	JUDGED_DENIED,
+	JUDGED_ALLOWED,
+	JUDGED_OVER_SHARE, /* allowed, but a new entry would pass the hook's share */
+};
+
 /* Judges a forward packet by policy and keeps its entry (v under key r, or
  * none) in step: an allowed packet writes or refreshes it, a denied one
- * forgets it. */
-static __always_inline bool ct_policy_allows(const struct flow *f, const struct endpoint *ep,
-					     __u8 owner, const struct ct_ref *r,
-					     struct ct_value *v)
+ * forgets it.  An allowed packet that needs a new entry while the hook
+ * holds its share gets none and is dropped: passed untracked, it would
+ * still make entries at its peer's hooks, which no share of this pod's
+ * bounds. */
+static __always_inline int ct_policy_allows(const struct flow *f, const struct ep_view *ep,
+					    __u8 owner, const struct ct_ref *r,
+					    struct ct_value *v)
 {
 	struct ct_value fresh = {};
 
 	if (!hook_allows(ep, owner, f)) {
 		if (v)
-			ct_delete(r);
-		return false;
+			ct_delete(r, ep, owner);
+		return JUDGED_DENIED;
 	}
 	if (v) {
 		v->epoch = hook_epoch(ep, owner);
 		ct_touch(v);
 	} else if (f->trackable) {
+		if (ct_share_full(ep, owner))
+			return JUDGED_OVER_SHARE;
 		fresh.last_seen_ns = seen_now();
 		fresh.epoch = hook_epoch(ep, owner);
-		ct_create(r, &fresh);
+		ct_create(r, &fresh, ep, owner);
 	}
-	return true;
+	return JUDGED_ALLOWED;
 }
 
 /* A packet of a known flow has one of two entries: its own hook's (a
@@ -985,12 +1132,11 @@ static __always_inline bool likely_forward(const struct flow *f)
  * FAST_MISS and verdict judges it in full, as it did before this path
  * existed; FAST_CT_ABSENT spares the full path the lookups: the two just
  * made, or none at all for a connection's first segment
- * (opens_connection).  It reads the endpoint from pal_ep_cache when the
- * interface's slot is valid (an inlined array lookup, ~1 ns, where the
- * pal_endpoints hash lookup costs ~6-7), so an established packet costs
- * ~4.5-5x the bare parse (scripts/bench-datapath.sh; ~6x with the hash
- * lookup, ~7x without this path); a new flow pays the header check twice
- * and both endpoint lookups. */
+ * (opens_connection).  It reads the endpoint verdict found (ep_find): at
+ * its home slot an inlined array lookup, ~1 ns, where a hash lookup by
+ * ifindex costs ~6-7, so an established packet costs ~4.5-5x the bare
+ * parse (scripts/bench-datapath.sh; ~6x through pal_ep_index, ~7x without
+ * this path); a new flow pays the header check twice. */
 
 enum fast_result {
 	FAST_MISS,        /* judge by verdict's full path */
@@ -1000,73 +1146,17 @@ enum fast_result {
 	FAST_REPLY,       /* STAT_ALLOWED_REPLY */
 };
 
-/* The interface's pal_ep_cache slot when it is valid and its own, else
- * NULL (ask pal_endpoints). */
-static __always_inline const struct endpoint_cache *ep_cache_lookup(__u32 ifindex)
-{
-	__u32 slot = ifindex & (EP_CACHE_SLOTS - 1);
-	const struct endpoint_cache *c = bpf_map_lookup_elem(&pal_ep_cache, &slot);
-
-	if (!c || !c->valid || c->ifindex != ifindex)
-		return NULL;
-	return c;
-}
-
-/* The same view of a pal_endpoints entry, for an interface the cache does
- * not hold (for now): its IPv4-mapped addresses narrowed to IPv4. */
-static __always_inline void ep_cache_fill(struct endpoint_cache *c, const struct endpoint *ep,
-					  __u32 ifindex)
-{
-	__u32 n = 0;
-
-	c->ifindex = ifindex;
-	c->valid = 1;
-	c->ingress_epoch = ep->ingress_epoch;
-	c->egress_epoch = ep->egress_epoch;
-	c->pad = 0;
-	c->v4[0] = 0;
-	c->v4[1] = 0;
-	c->v4[2] = 0;
-	c->v4[3] = 0;
-#pragma unroll
-	for (int i = 0; i < MAX_POD_ADDRS; i++) {
-		/* addrs sits at a 4-byte aligned offset of the value. */
-		__be32 tail = *(const __be32 *)(ep->addrs[i] + 12);
-
-		if (i >= ep->addr_count)
-			break;
-		if (!is_v4_mapped(ep->addrs[i]))
-			continue;
-		/* Constant indices only: the verifier refuses a stack write at
-		 * an offset it cannot bound. */
-		if (n == 0)
-			c->v4[0] = tail;
-		else if (n == 1)
-			c->v4[1] = tail;
-		else if (n == 2)
-			c->v4[2] = tail;
-		else
-			c->v4[3] = tail;
-		n++;
-	}
-	c->v4_count = n;
-}
-
-static __always_inline bool pod_owns_v4(const struct endpoint_cache *c, __be32 saddr)
+/* Is saddr one of the pod's IPv4 addresses? */
+static __always_inline bool pod_owns_v4(const struct ep_view *ep, __be32 saddr)
 {
 #pragma unroll
 	for (int i = 0; i < MAX_POD_ADDRS; i++) {
-		if (i >= c->v4_count)
+		if (i >= ep->s->v4_count)
 			return false;
-		if (c->v4[i] == saddr)
+		if (ep->s->v4[i] == saddr)
 			return true;
 	}
 	return false;
-}
-
-static __always_inline __u32 cache_epoch(const struct endpoint_cache *c, __u8 owner)
-{
-	return owner == OWNER_FROM_POD ? c->egress_epoch : c->ingress_epoch;
 }
 
 static __always_inline struct ct_value *ct4_lookup(const struct ct4_key *k)
@@ -1077,7 +1167,7 @@ static __always_inline struct ct_value *ct4_lookup(const struct ct4_key *k)
 	return v;
 }
 
-static __always_inline int fast_path_v4(struct __sk_buff *skb, const struct endpoint_cache *ep,
+static __always_inline int fast_path_v4(struct __sk_buff *skb, const struct ep_view *ep,
 					__u32 ifindex, __u8 owner)
 {
 	void *data = (void *)(long)skb->data;
@@ -1132,7 +1222,7 @@ static __always_inline int fast_path_v4(struct __sk_buff *skb, const struct endp
 	k.pad[1] = 0;
 	v = ct4_lookup(&k);
 	if (v) {
-		if (v->epoch != cache_epoch(ep, k.owner))
+		if (v->epoch != hook_epoch(ep, k.owner))
 			return FAST_MISS;
 		ct_touch(v);
 		return fwd ? FAST_ESTABLISHED : FAST_REPLY;
@@ -1144,7 +1234,7 @@ static __always_inline int fast_path_v4(struct __sk_buff *skb, const struct endp
 	k.owner ^= 1; /* the other hook */
 	v = ct4_lookup(&k);
 	if (v) {
-		if (v->epoch != cache_epoch(ep, k.owner))
+		if (v->epoch != hook_epoch(ep, k.owner))
 			return FAST_MISS;
 		ct_touch(v);
 		return fwd ? FAST_REPLY : FAST_ESTABLISHED;
@@ -1153,9 +1243,6 @@ static __always_inline int fast_path_v4(struct __sk_buff *skb, const struct endp
 }
 
 /* ---- flow events ---- */
-
-/* One plain load the compiler may neither split nor repeat. */
-#define READ_ONCE_U64(p) (*(volatile __u64 *)(p))
 
 static __always_inline void flow_count(__u32 stat)
 {
@@ -1259,18 +1346,16 @@ static __always_inline void flow_event(const struct flow *f, __u32 ifindex, __u8
  * direction, if it has one, and reports a flow whose verdict that table
  * would change.  Never changes the verdict: it only reads the tables and
  * writes an event and a counter.  stat: the STAT_* slot the packet is
- * counted under. */
-static __always_inline void audit_check(const struct flow *f, __u32 ifindex, __u8 owner,
-					bool allowed, __u32 stat)
+ * counted under.  The staged ids are one word of the endpoint's slot,
+ * read once. */
+static __always_inline void audit_check(const struct flow *f, const struct ep_view *ep,
+					__u32 ifindex, __u8 owner, bool allowed, __u32 stat)
 {
-	struct audit_policy *ap = bpf_map_lookup_elem(&pal_audit, &ifindex);
+	__u64 staged = READ_ONCE_U64(&ep->s->audit);
 	const __u8 *peer = owner == OWNER_FROM_POD ? f->dst : f->src;
 	bool egress = owner == OWNER_FROM_POD;
-	__u32 audit_id;
+	__u32 audit_id = egress ? (__u32)(staged >> 32) : (__u32)staged;
 
-	if (!ap)
-		return;
-	audit_id = egress ? ap->egress_policy : ap->ingress_policy;
 	if (!audit_id)
 		return;
 	if (policy_allows(audit_id, peer, f->proto, f->dport) == allowed)
@@ -1305,36 +1390,24 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 	__u32 ifindex = skb->ifindex;
 	struct ct_ref own_key;
 	struct ct_value *own;
-	const struct endpoint_cache *cached;
-	struct endpoint_cache view;
-	struct endpoint *ep;
+	struct ep_view ep;
 	struct flow f = {};
-	int parsed, fast;
+	int found, parsed, fast, judged;
 	bool allowed;
 	__u32 stat;
 	int later;
 
-	cached = ep_cache_lookup(ifindex);
-	if (cached) {
-		fast = fast_path_v4(skb, cached, ifindex, owner);
-		if (fast == FAST_ESTABLISHED)
-			return account(owner, STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
-		if (fast == FAST_REPLY)
-			return account(owner, STAT_ALLOWED_REPLY, VERDICT_NEXT);
-	}
-
-	ep = bpf_map_lookup_elem(&pal_endpoints, &ifindex);
-	if (!ep)
+	found = ep_find(ifindex, &ep);
+	if (found == EP_NONE)
 		return VERDICT_NEXT;
+	if (found == EP_UNSURE)
+		return account(owner, STAT_DENIED_ENDPOINT_UNSURE, VERDICT_DROP);
 
-	if (!cached) {
-		ep_cache_fill(&view, ep, ifindex);
-		fast = fast_path_v4(skb, &view, ifindex, owner);
-		if (fast == FAST_ESTABLISHED)
-			return account(owner, STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
-		if (fast == FAST_REPLY)
-			return account(owner, STAT_ALLOWED_REPLY, VERDICT_NEXT);
-	}
+	fast = fast_path_v4(skb, &ep, ifindex, owner);
+	if (fast == FAST_ESTABLISHED)
+		return account(owner, STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
+	if (fast == FAST_REPLY)
+		return account(owner, STAT_ALLOWED_REPLY, VERDICT_NEXT);
 
 	parsed = parse_flow(skb, &f);
 	if (parsed == PARSE_NOT_IP)
@@ -1349,14 +1422,14 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 	if (f.ndp)
 		return account(owner, STAT_ALLOWED_NDP, VERDICT_NEXT);
 
-	if (owner == OWNER_FROM_POD && !pod_owns_source(ep, f.src)) {
+	if (owner == OWNER_FROM_POD && !pod_owns_source(&ep, f.src)) {
 		/* Logged like a policy denial (mode deny or all), under the rate
 		 * limit; malformed packets above are not (no trustworthy flow). */
 		flow_event(&f, ifindex, owner, FLOW_DENIED, 0, STAT_DENIED_SPOOF);
 		return account(owner, STAT_DENIED_SPOOF, VERDICT_DROP);
 	}
 
-	if (f.frag == FRAG_LATER && frag_later_settled(&f, ep, ifindex, owner, &later))
+	if (f.frag == FRAG_LATER && frag_later_settled(&f, &ep, ifindex, owner, &later))
 		return later;
 
 	if (fast == FAST_CT_ABSENT || f.tcp_open) {
@@ -1366,27 +1439,33 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 		own = NULL;
 	} else if (likely_forward(&f)) {
 		own = ct_own_entry(&own_key, &f, ifindex, owner);
-		if (ct_established(own, ep, owner))
-			return settle(&f, ep, ifindex, owner, STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
-		if (ct_is_reply(&f, ep, ifindex, owner))
-			return settle(&f, ep, ifindex, owner, STAT_ALLOWED_REPLY, VERDICT_NEXT);
+		if (ct_established(own, &ep, owner))
+			return settle(&f, &ep, ifindex, owner, STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
+		if (ct_is_reply(&f, &ep, ifindex, owner))
+			return settle(&f, &ep, ifindex, owner, STAT_ALLOWED_REPLY, VERDICT_NEXT);
 	} else {
-		if (ct_is_reply(&f, ep, ifindex, owner))
-			return settle(&f, ep, ifindex, owner, STAT_ALLOWED_REPLY, VERDICT_NEXT);
+		if (ct_is_reply(&f, &ep, ifindex, owner))
+			return settle(&f, &ep, ifindex, owner, STAT_ALLOWED_REPLY, VERDICT_NEXT);
 		own = ct_own_entry(&own_key, &f, ifindex, owner);
-		if (ct_established(own, ep, owner))
-			return settle(&f, ep, ifindex, owner, STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
+		if (ct_established(own, &ep, owner))
+			return settle(&f, &ep, ifindex, owner, STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
 	}
 
-	allowed = ct_policy_allows(&f, ep, owner, &own_key, own);
-	stat = hook_policy(ep, owner) ? STAT_ALLOWED_POLICY : STAT_ALLOWED_UNISOLATED;
-	audit_check(&f, ifindex, owner, allowed, allowed ? stat : STAT_DENIED);
-	if (!allowed) {
-		flow_event(&f, ifindex, owner, FLOW_DENIED, hook_policy(ep, owner), STAT_DENIED);
-		return settle(&f, ep, ifindex, owner, STAT_DENIED, VERDICT_DROP);
+	judged = ct_policy_allows(&f, &ep, owner, &own_key, own);
+	if (judged == JUDGED_OVER_SHARE) {
+		flow_event(&f, ifindex, owner, FLOW_DENIED, hook_policy(&ep, owner),
+			   STAT_DENIED_CT_SHARE);
+		return settle(&f, &ep, ifindex, owner, STAT_DENIED_CT_SHARE, VERDICT_DROP);
 	}
-	flow_event(&f, ifindex, owner, FLOW_ALLOWED, hook_policy(ep, owner), stat);
-	return settle(&f, ep, ifindex, owner, stat, VERDICT_NEXT);
+	allowed = judged == JUDGED_ALLOWED;
+	stat = hook_policy(&ep, owner) ? STAT_ALLOWED_POLICY : STAT_ALLOWED_UNISOLATED;
+	audit_check(&f, &ep, ifindex, owner, allowed, allowed ? stat : STAT_DENIED);
+	if (!allowed) {
+		flow_event(&f, ifindex, owner, FLOW_DENIED, hook_policy(&ep, owner), STAT_DENIED);
+		return settle(&f, &ep, ifindex, owner, STAT_DENIED, VERDICT_DROP);
+	}
+	flow_event(&f, ifindex, owner, FLOW_ALLOWED, hook_policy(&ep, owner), stat);
+	return settle(&f, &ep, ifindex, owner, stat, VERDICT_NEXT);
 }
 
 SEC("classifier")

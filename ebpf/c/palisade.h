@@ -14,9 +14,11 @@
 #define OWNER_FROM_POD 0 /* the pod's egress policy (TC ingress of host veth) */
 #define OWNER_TO_POD 1   /* the pod's ingress policy (TC egress of host veth) */
 
-/* Verdict kinds.  pal_dir_stats counts each per direction: the slot of
+/* Verdict kinds.  pal_verdicts counts each per direction: the slot of
  * (owner, stat) is STAT_SLOT(owner, stat), so a kind added later takes new
- * slots and never moves an existing one. */
+ * slots and never moves an existing one.  The map has room for
+ * STAT_CAPACITY kinds: a pinned map keeps its size across upgrades, so a
+ * new kind must fit in it. */
 #define STAT_ALLOWED_POLICY 0
 #define STAT_ALLOWED_REPLY 1
 #define STAT_ALLOWED_UNISOLATED 2
@@ -28,7 +30,14 @@
 #define STAT_ALLOWED_FRAGMENT 8    /* later fragment of a datagram whose first fragment passed */
 #define STAT_DENIED_FRAGMENT 9     /* fragment that cannot be judged safely (see fragments.h) */
 #define STAT_DENIED_EXT_HEADERS 10 /* IPv6: more extension headers than IPV6_EXT_HEADERS_MAX */
-#define STAT_MAX 11
+/* The endpoint entry found was not the interface's own (its slot was being
+ * retired or reused under the lookup): dropped, never judged by another
+ * endpoint's policy. */
+#define STAT_DENIED_ENDPOINT_UNSURE 11
+/* A new flow the hook would allow, but the endpoint's hook already holds
+ * its share of the conntrack table (struct ct_share): dropped. */
+#define STAT_DENIED_CT_SHARE 12
+#define STAT_MAX 13
 /* Kinds pal_verdicts has room for, so that a kind added later takes free
  * slots of the pinned map instead of a new pin name. */
 #define STAT_CAPACITY 32
@@ -44,43 +53,66 @@ _Static_assert(STAT_MAX <= STAT_CAPACITY, "pal_verdicts has a slot for every kin
 /* Most addresses one pod may send from (one per family is usual). */
 #define MAX_POD_ADDRS 4
 
-/* Key of pal_endpoints is the host-side veth ifindex (__u32). */
-struct endpoint {
-	__u32 ingress_policy; /* 0: not isolated for ingress */
-	__u32 egress_policy;  /* 0: not isolated for egress */
-	/* Changes whenever the direction's policy does (and never comes back
+/* Endpoints.  Each endpoint (a pod's host veth) has a slot of pal_ep_slots,
+ * a memory-mapped array the enforcer writes in place, found either at its
+ * home (slot ifindex % EP_SLOTS) or through pal_ep_index (ifindex -> slot
+ * number, a hash written only when an endpoint comes, goes or moves).
+ * A hash element may be reused under a reader (the kernel hands a deleted
+ * or replaced element to the next insert without waiting), so the slot
+ * number it yields is only a hint: the slot must name the interface.
+ *
+ * The rules that let a packet trust what it reads (docs/DESIGN.md
+ * invariant 14; node-enforcer/src/datapath/bpf/endpoint_slots.rs):
+ *  - ifindex, the addresses and v4 are written before the slot is
+ *    published (by pal_ep_index, whose insert orders them), and never
+ *    change while ifindex names the interface;
+ *  - home is set to the ifindex only a grace period after that, so a
+ *    packet that finds its home slot by position sees it whole;
+ *  - a retired slot has home and ifindex cleared, and is written again
+ *    only a grace period later (no packet still reads it);
+ *  - what changes in place is one 8-byte word per direction (policy id
+ *    in the low half, epoch in the high half) and the audit word, each
+ *    written with one atomic store and read with one load, so a packet
+ *    sees a direction's old or new pair, never a mix. */
+#define EP_SLOTS 16384 /* a power of two; also the most endpoints a node holds */
+
+#define EP_WORD_POLICY(w) ((__u32)(w))
+#define EP_WORD_EPOCH(w) ((__u32)((w) >> 32))
+
+struct ep_slot {
+	__u32 ifindex; /* the host veth this slot holds; 0: none */
+	__u32 home;    /* == ifindex once trusted at its home position */
+	/* Policy id (0: not isolated) and epoch of each direction.  The epoch
+	 * changes whenever the direction's policy does (and never comes back
 	 * to an old value): conntrack entries of another epoch are re-judged. */
-	__u32 ingress_epoch;
-	__u32 egress_epoch;
+	__u64 ingress;
+	__u64 egress;
+	__u64 audit; /* staged ingress policy id (low half), egress (high); 0: none */
+	__u32 v4_count;   /* the pod's IPv4 addresses in v4, for the fast path */
+	__u32 addr_count; /* the pod's own addresses in addrs, at most MAX_POD_ADDRS */
+	__be32 v4[MAX_POD_ADDRS];
+	__u32 pad[2];
 	/* The pod's own addresses (IPv6 or IPv4-mapped), the only sources it
 	 * may send from.  0 addresses: every IP packet from the pod drops. */
-	__u32 addr_count;
-	__u32 pad;
 	__u8 addrs[MAX_POD_ADDRS][16];
 };
 
-/* Slots of pal_ep_cache: an interface's slot is ifindex % EP_CACHE_SLOTS
- * (a power of two). */
-#define EP_CACHE_SLOTS 65536
+/* Value of pal_ct_share, by endpoint slot: the conntrack entries each hook
+ * of the endpoint created and removed (monotonic; the difference is what
+ * it holds).  A hook holding its share (pal_ct_config) creates no more: a
+ * pod opening flows as fast as it can fills its own share, not the node's
+ * table, so it cannot evict other pods' flows.  The table's LRU eviction
+ * removes entries no one counts; the enforcer's conntrack pass recounts
+ * them (node-enforcer/src/conntrack/share.rs). */
+struct ct_share {
+	__u64 created[STAT_DIRECTIONS]; /* by OWNER_* */
+	__u64 removed[STAT_DIRECTIONS];
+};
 
-/* Value of pal_ep_cache: what the IPv4 fast path needs of an endpoint,
- * in an array, whose lookups the verifier inlines (a hash lookup by
- * ifindex is a helper call).  Only a cache: pal_endpoints stays the
- * authority, and a slot counts only while valid is 1 and ifindex is the
- * packet's.  An array value is rewritten in place, so a reader racing a
- * write could see old and new bytes mixed; the enforcer therefore never
- * changes the bytes of a valid slot except by clearing valid (one bit),
- * and rewrites a slot only a grace period after clearing it and sets
- * valid again only a grace period after that rewrite
- * (node-enforcer/src/datapath/bpf/endpoint_cache.rs). */
-struct endpoint_cache {
-	__u32 ifindex;
-	__u32 valid;
-	__u32 ingress_epoch;
-	__u32 egress_epoch;
-	__u32 v4_count; /* the pod's IPv4 addresses in v4, at most MAX_POD_ADDRS */
+/* Value of pal_ct_config (key 0), written by the enforcer at start. */
+struct ct_config {
+	__u32 share; /* most entries one hook of one endpoint may hold */
 	__u32 pad;
-	__be32 v4[MAX_POD_ADDRS];
 };
 
 /* Peer address as IPv6; IPv4 is stored IPv4-mapped (::ffff:a.b.c.d) so one
@@ -248,20 +280,12 @@ struct flow_config {
 #define FLOW_STAT_WOULD_ALLOW_INGRESS 6
 #define FLOW_STAT_MAX 7
 
-/* Value of pal_audit (key: host veth ifindex): the policy tables of the
- * pod's staged (audit) direction policies, 0 where no staged policy
- * applies.  New flows are judged by them beside the enforced ones. */
-struct audit_policy {
-	__u32 ingress_policy;
-	__u32 egress_policy;
-};
-
 _Static_assert(sizeof(struct flow_event) == 56, "flow_event layout");
 _Static_assert(sizeof(struct flow_config) == 16, "flow_config layout");
-_Static_assert(sizeof(struct audit_policy) == 8, "audit_policy layout");
-_Static_assert(sizeof(struct endpoint) == 24 + MAX_POD_ADDRS * 16, "endpoint layout");
+_Static_assert(sizeof(struct ep_slot) == 128, "ep_slot layout");
+_Static_assert(sizeof(struct ct_share) == 32, "ct_share layout");
+_Static_assert(sizeof(struct ct_config) == 8, "ct_config layout");
 _Static_assert(sizeof(struct policy_key) == 24, "policy_key layout");
-_Static_assert(sizeof(struct endpoint_cache) == 24 + MAX_POD_ADDRS * 4, "endpoint_cache layout");
 _Static_assert(sizeof(struct port_key) == 12, "port_key layout");
 _Static_assert(sizeof(struct ct_key) == 44, "ct_key layout");
 _Static_assert(sizeof(struct ct_value) == 16, "ct_value layout");

@@ -48,12 +48,20 @@ pub const PROG_FROM_POD: &str = "palisade_from_pod";
 /// receives (its ingress policy).
 pub const PROG_TO_POD: &str = "palisade_to_pod";
 
-/// `HashMap<u32 /*host veth ifindex*/, Endpoint>`.
-pub const MAP_ENDPOINTS: &str = "pal_endpoints";
-/// `Array<EndpointCache>` of [`EP_CACHE_SLOTS`]: what the IPv4 fast path
-/// reads of [`MAP_ENDPOINTS`], in slot [`ep_cache_slot`] of the interface.
-/// A cache only; see [`EndpointCache`] for how it may be written.
-pub const MAP_EP_CACHE: &str = "pal_ep_cache";
+/// `Array<EpSlot>` of [`EP_SLOTS`], memory-mapped (`BPF_F_MMAPABLE`):
+/// every endpoint's state, in a slot the programs find at its home
+/// ([`ep_home`]) or through [`MAP_EP_INDEX`]. See [`EpSlot`] for how it may
+/// be written.
+pub const MAP_EP_SLOTS: &str = "pal_ep_slots";
+/// `HashMap<u32 /*host veth ifindex*/, u32 /*slot*/>`: where an endpoint's
+/// slot is. Written only when an endpoint comes, goes or moves; trusted by
+/// the programs only when the slot names the interface.
+pub const MAP_EP_INDEX: &str = "pal_ep_index";
+/// `Array<CtShare>` of [`EP_SLOTS`], memory-mapped: the conntrack entries
+/// each endpoint hook created and removed, by slot.
+pub const MAP_CT_SHARE: &str = "pal_ct_share";
+/// One [`CtConfig`] at key 0.
+pub const MAP_CT_CONFIG: &str = "pal_ct_config";
 /// `LpmTrie<PolicyKey, PolicyValue>`.
 pub const MAP_POLICY: &str = "pal_policy";
 /// `HashMap<Key<PolicyKey>, PolicyValue>` (open as
@@ -76,12 +84,67 @@ pub const MAP_CT4: &str = "pal_ct4";
 /// `PerCpuArray<u64>` of verdict counters, indexed by [`stat_slot`]
 /// (direction and `STAT_*` kind), with room for [`STAT_CAPACITY`] kinds.
 pub const MAP_STATS: &str = "pal_verdicts";
-/// The counters' maps of older versions: `pal_stats` (one slot per kind,
-/// no direction) and `pal_dir_stats` (by direction, exactly the kinds of
-/// its day). A pinned map keeps its size across upgrades, so counters
-/// that need more slots get a map of their own; the enforcer unpins these
-/// once no program of an older version runs.
-pub const MAP_STATS_RETIRED: [&str; 2] = ["pal_stats", "pal_dir_stats"];
+/// Maps of older versions, which this one no longer reads: a pinned map
+/// keeps its type and size across upgrades, so a map whose shape changed
+/// got a new name. The enforcer moves what they hold into the new maps
+/// and unpins them once no program of the older version runs.
+pub mod legacy {
+    /// The counters of versions that counted no direction (one slot per
+    /// kind).
+    pub const MAP_STATS_UNDIRECTED: &str = "pal_stats";
+    /// The counters by direction, with room for exactly the kinds of its
+    /// day.
+    pub const MAP_DIR_STATS: &str = "pal_dir_stats";
+    /// `HashMap<u32 /*ifindex*/, Endpoint>`: the endpoints before
+    /// [`super::MAP_EP_SLOTS`].
+    pub const MAP_ENDPOINTS: &str = "pal_endpoints";
+    /// An array copy of [`MAP_ENDPOINTS`]' epochs and IPv4 addresses.
+    pub const MAP_EP_CACHE: &str = "pal_ep_cache";
+    /// `HashMap<u32 /*ifindex*/, AuditPolicy>`: staged policy ids before
+    /// they were a word of [`super::EpSlot`].
+    pub const MAP_AUDIT: &str = "pal_audit";
+    /// Every older map this version unpins once it runs on every link.
+    pub const UNPINNED_AFTER_ADOPT: [&str; 5] = [
+        MAP_STATS_UNDIRECTED,
+        MAP_DIR_STATS,
+        MAP_ENDPOINTS,
+        MAP_EP_CACHE,
+        MAP_AUDIT,
+    ];
+
+    /// Value of [`MAP_ENDPOINTS`].
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+    pub struct Endpoint {
+        pub ingress_policy: u32,
+        pub egress_policy: u32,
+        pub ingress_epoch: u32,
+        pub egress_epoch: u32,
+        pub addr_count: u32,
+        pub pad: u32,
+        pub addrs: [[u8; 16]; super::MAX_POD_ADDRS],
+    }
+
+    impl Endpoint {
+        pub fn pod_addrs(&self) -> &[[u8; 16]] {
+            &self.addrs[..(self.addr_count as usize).min(super::MAX_POD_ADDRS)]
+        }
+    }
+
+    /// Value of [`MAP_AUDIT`].
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct AuditPolicy {
+        pub ingress_policy: u32,
+        pub egress_policy: u32,
+    }
+
+    const _: () = assert!(std::mem::size_of::<Endpoint>() == 24 + super::MAX_POD_ADDRS * 16);
+    const _: () = assert!(std::mem::size_of::<AuditPolicy>() == 8);
+    // SAFETY: repr(C) integers and byte arrays without padding.
+    unsafe impl aya::Pod for Endpoint {}
+    unsafe impl aya::Pod for AuditPolicy {}
+}
 /// `LruHashMap<Frag4Key, FragValue>`: the verdicts IPv4 first fragments
 /// got, for their datagrams' later fragments (`c/fragments.h`).
 pub const MAP_FRAGS4: &str = "pal_frags4";
@@ -93,14 +156,14 @@ pub const MAP_FLOW_EVENTS: &str = "pal_flow_events";
 pub const MAP_FLOW_CONFIG: &str = "pal_flow_config";
 /// Per-CPU counters indexed by `FLOW_STAT_*`.
 pub const MAP_FLOW_STATS: &str = "pal_flow_stats";
-/// ifindex → [`AuditPolicy`]: the staged policy tables of a pod.
-pub const MAP_AUDIT: &str = "pal_audit";
 /// The flow log rate limit's one shared word (GCRA theoretical arrival time).
 pub const MAP_FLOW_BUCKET: &str = "pal_flow_bucket";
 /// Every map name, in no particular order; all are pinned by name.
-pub const MAP_NAMES: [&str; 16] = [
-    MAP_ENDPOINTS,
-    MAP_EP_CACHE,
+pub const MAP_NAMES: [&str; 17] = [
+    MAP_EP_SLOTS,
+    MAP_EP_INDEX,
+    MAP_CT_SHARE,
+    MAP_CT_CONFIG,
     MAP_POLICY,
     MAP_POLICY_EXACT,
     MAP_POLICY_LENS,
@@ -111,14 +174,16 @@ pub const MAP_NAMES: [&str; 16] = [
     MAP_FLOW_EVENTS,
     MAP_FLOW_CONFIG,
     MAP_FLOW_STATS,
-    MAP_AUDIT,
     MAP_FLOW_BUCKET,
     MAP_FRAGS4,
     MAP_FRAGS6,
 ];
 
 /// `max_entries` of the maps, as compiled into [`OBJECT`].
-pub const MAX_ENDPOINTS: u32 = 16384;
+/// Slots of [`MAP_EP_SLOTS`] and [`MAP_CT_SHARE`] (`EP_SLOTS`, a power of
+/// two), and the most endpoints [`MAP_EP_INDEX`] holds.
+pub const EP_SLOTS: u32 = 16384;
+pub const MAX_ENDPOINTS: u32 = EP_SLOTS;
 pub const MAX_POLICY_ENTRIES: u32 = 262_144;
 pub const MAX_PORT_ENTRIES: u32 = 262_144;
 /// Of each of [`MAP_CONNTRACK`] and [`MAP_CT4`].
@@ -145,7 +210,7 @@ pub const STAT_DENIED: u32 = 3;
 /// never filtered, as ARP is never filtered for IPv4.
 pub const STAT_ALLOWED_NDP: u32 = 4;
 /// Packets a pod sent from an address that is not one of its own
-/// ([`Endpoint::addrs`]), dropped.
+/// ([`EpSlot::addrs`]), dropped.
 pub const STAT_DENIED_SPOOF: u32 = 5;
 /// IP packets with a truncated or impossible header, dropped on both hooks
 /// whatever the policy.
@@ -163,8 +228,15 @@ pub const STAT_DENIED_FRAGMENT: u32 = 9;
 /// IPv6 packets whose L4 header lies behind more extension headers than
 /// the programs walk (7), dropped.
 pub const STAT_DENIED_EXT_HEADERS: u32 = 10;
+/// Packets whose endpoint entry, found through [`MAP_EP_INDEX`], was not
+/// the interface's own (its slot was being retired or reused under the
+/// lookup), dropped rather than judged by another endpoint's policy.
+pub const STAT_DENIED_ENDPOINT_UNSURE: u32 = 11;
+/// New flows policy allows, dropped because the endpoint's hook already
+/// holds its share of the conntrack table ([`CtConfig::share`]).
+pub const STAT_DENIED_CT_SHARE: u32 = 12;
 /// Number of `STAT_*` kinds.
-pub const STAT_COUNT: u32 = 11;
+pub const STAT_COUNT: u32 = 13;
 /// Kinds [`MAP_STATS`] has slots for (`STAT_CAPACITY`), so that kinds
 /// added later fit the pinned map.
 pub const STAT_CAPACITY: u32 = 32;
@@ -174,6 +246,8 @@ pub const STAT_DIRECTIONS: u32 = 2;
 /// Slots of [`MAP_STATS`] the kinds of this version use (the first ones).
 pub const STAT_SLOTS: u32 = STAT_COUNT * STAT_DIRECTIONS;
 const _: () = assert!(STAT_COUNT <= STAT_CAPACITY);
+/// Entries of [`MAP_STATS`].
+pub const STAT_MAP_ENTRIES: u32 = STAT_CAPACITY * STAT_DIRECTIONS;
 
 /// The [`MAP_STATS`] slot counting kind `stat` judged by hook `owner`
 /// (`STAT_SLOT` in the C header): kind-major, so a kind added later takes
@@ -188,7 +262,7 @@ pub const VERDICT_NEXT: i32 = -1;
 /// What a denied packet returns: `TC_ACT_SHOT` (`TCX_DROP`).
 pub const VERDICT_DROP: i32 = 2;
 
-/// Most addresses an [`Endpoint`] holds (`MAX_POD_ADDRS` in the C header).
+/// Most addresses an [`EpSlot`] holds (`MAX_POD_ADDRS` in the C header).
 pub const MAX_POD_ADDRS: usize = 4;
 
 /// [`CtKey::owner`] of an entry created by the source pod's egress hook.
@@ -214,44 +288,110 @@ pub const PORT_KEY_ANY_PORT_PREFIX_LEN: u32 = 40;
 /// Prefix length the programs look ports up with (portset + proto + port).
 pub const PORT_KEY_FULL_PREFIX_LEN: u32 = 56;
 
-/// Value of [`MAP_ENDPOINTS`]; a policy id of 0 means "not isolated in that
-/// direction". The first `addr_count` of `addrs` (see [`mapped_addr`]) are
-/// the only sources the pod may send from; with none, every IP packet it
-/// sends is dropped.
+/// A direction's policy id and epoch as the programs read them, in one
+/// 8-byte word of an [`EpSlot`] (policy id in the low half).
 ///
-/// `ingress_epoch`/`egress_epoch` must move to a value never used before
-/// (on any endpoint) whenever that direction's policy id changes: a
-/// conntrack entry written under the current epoch lets its flow pass
-/// without a policy lookup, one of any other epoch is re-judged. Policy
-/// tables must never be edited in place under an id an endpoint uses.
+/// The epoch must move to a value never used before (on any endpoint)
+/// whenever that direction's policy id changes: a conntrack entry written
+/// under the current epoch lets its flow pass without a policy lookup, one
+/// of any other epoch is re-judged.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Direction {
+    /// 0: not isolated in that direction.
+    pub policy: u32,
+    pub epoch: u32,
+}
+
+impl Direction {
+    pub const fn word(self) -> u64 {
+        self.policy as u64 | (self.epoch as u64) << 32
+    }
+
+    pub const fn of_word(w: u64) -> Self {
+        Direction {
+            policy: w as u32,
+            epoch: (w >> 32) as u32,
+        }
+    }
+}
+
+/// The staged (audit) policy ids of an endpoint, as one word of its
+/// [`EpSlot`]: ingress in the low half, egress in the high one; 0 where no
+/// staged policy applies.
+pub const fn audit_word(ingress: u32, egress: u32) -> u64 {
+    ingress as u64 | (egress as u64) << 32
+}
+
+/// The home slot of interface `ifindex` in [`MAP_EP_SLOTS`]: where the
+/// programs look first. Two interfaces may share one; the slot holds at
+/// most one of them, the other is found through [`MAP_EP_INDEX`].
+pub const fn ep_home(ifindex: u32) -> u32 {
+    ifindex & (EP_SLOTS - 1)
+}
+
+/// Value of [`MAP_EP_SLOTS`] (`struct ep_slot`): one endpoint's state. The
+/// first `addr_count` of `addrs` (see [`mapped_addr`]) are the only sources
+/// the pod may send from (with none, every IP packet it sends is dropped);
+/// `v4` repeats the IPv4 ones for the programs' IPv4 fast path.
+///
+/// How a writer keeps every packet's reading whole (the C header says the
+/// same): `ifindex`, the addresses and `v4` are written before the slot is
+/// published through [`MAP_EP_INDEX`] and never change while `ifindex`
+/// names the interface; `home` is set to the ifindex only a grace period
+/// after that; a retired slot gets `home` and `ifindex` cleared and is
+/// written again only a grace period later; `ingress`, `egress` and
+/// `audit` change in place, each with one atomic 8-byte store.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Endpoint {
-    pub ingress_policy: u32,
-    pub egress_policy: u32,
-    pub ingress_epoch: u32,
-    pub egress_epoch: u32,
+pub struct EpSlot {
+    pub ifindex: u32,
+    pub home: u32,
+    /// [`Direction::word`]s.
+    pub ingress: u64,
+    pub egress: u64,
+    /// [`audit_word`].
+    pub audit: u64,
+    pub v4_count: u32,
     pub addr_count: u32,
-    pub pad: u32,
+    /// Network order, as in the packet.
+    pub v4: [[u8; 4]; MAX_POD_ADDRS],
+    pub pad: [u32; 2],
     pub addrs: [[u8; 16]; MAX_POD_ADDRS],
 }
 
-impl Endpoint {
-    /// An entry for a pod with these policies and own addresses (epochs 0),
-    /// or `None` when there are more than [`MAX_POD_ADDRS`] addresses.
-    pub fn new(ingress_policy: u32, egress_policy: u32, pod_addrs: &[[u8; 16]]) -> Option<Self> {
+impl EpSlot {
+    /// The slot of interface `ifindex` for a pod with these directions and
+    /// own addresses (not trusted at home, no staged policy), or `None`
+    /// when there are more than [`MAX_POD_ADDRS`] addresses.
+    pub fn new(
+        ifindex: u32,
+        ingress: Direction,
+        egress: Direction,
+        pod_addrs: &[[u8; 16]],
+    ) -> Option<Self> {
         if pod_addrs.len() > MAX_POD_ADDRS {
             return None;
         }
         let mut addrs = [[0u8; 16]; MAX_POD_ADDRS];
         addrs[..pod_addrs.len()].copy_from_slice(pod_addrs);
-        Some(Endpoint {
-            ingress_policy,
-            egress_policy,
-            ingress_epoch: 0,
-            egress_epoch: 0,
+        let mut v4 = [[0u8; 4]; MAX_POD_ADDRS];
+        let mut n = 0;
+        for a in pod_addrs {
+            if let Some(addr) = Ipv6Addr::from(*a).to_ipv4_mapped() {
+                v4[n] = addr.octets();
+                n += 1;
+            }
+        }
+        Some(EpSlot {
+            ifindex,
+            home: 0,
+            ingress: ingress.word(),
+            egress: egress.word(),
+            audit: 0,
+            v4_count: n as u32,
             addr_count: pod_addrs.len() as u32,
-            pad: 0,
+            v4,
+            pad: [0; 2],
             addrs,
         })
     }
@@ -261,58 +401,38 @@ impl Endpoint {
     pub fn pod_addrs(&self) -> &[[u8; 16]] {
         &self.addrs[..(self.addr_count as usize).min(MAX_POD_ADDRS)]
     }
+
+    pub fn ingress(&self) -> Direction {
+        Direction::of_word(self.ingress)
+    }
+
+    pub fn egress(&self) -> Direction {
+        Direction::of_word(self.egress)
+    }
+
+    /// The staged (ingress, egress) policy ids.
+    pub fn audit(&self) -> (u32, u32) {
+        (self.audit as u32, (self.audit >> 32) as u32)
+    }
 }
 
-/// Slots of [`MAP_EP_CACHE`] (`EP_CACHE_SLOTS`, a power of two).
-pub const EP_CACHE_SLOTS: u32 = 65536;
-
-/// The [`MAP_EP_CACHE`] slot of interface `ifindex`; two interfaces may
-/// share one, which then holds at most one of them.
-pub const fn ep_cache_slot(ifindex: u32) -> u32 {
-    ifindex & (EP_CACHE_SLOTS - 1)
-}
-
-/// Value of [`MAP_EP_CACHE`]: the epochs and IPv4 addresses of the
-/// [`Endpoint`] of `ifindex`, trusted by the programs only while `valid`
-/// is 1 (else they read [`MAP_ENDPOINTS`], the authority). A write to an
-/// array slot is a copy in place that a packet may see half done, so a
-/// writer may change a valid slot only by clearing `valid` (one bit), and
-/// may rewrite a slot only a grace period after clearing it, and set it
-/// valid only a grace period after that rewrite.
+/// Value of [`MAP_CT_SHARE`] (`struct ct_share`): conntrack entries hook
+/// `owner` ([`OWNER_FROM_POD`], [`OWNER_TO_POD`]) of the slot's endpoint
+/// created and removed, both counting up; it holds the difference.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct EndpointCache {
-    pub ifindex: u32,
-    pub valid: u32,
-    pub ingress_epoch: u32,
-    pub egress_epoch: u32,
-    pub v4_count: u32,
-    pub pad: u32,
-    /// Network order, as in the packet.
-    pub v4: [[u8; 4]; MAX_POD_ADDRS],
+pub struct CtShare {
+    pub created: [u64; 2],
+    pub removed: [u64; 2],
 }
 
-impl EndpointCache {
-    /// The valid slot value of `ep` on `ifindex`.
-    pub fn of(ifindex: u32, ep: &Endpoint) -> Self {
-        let mut v4 = [[0u8; 4]; MAX_POD_ADDRS];
-        let mut n = 0;
-        for a in ep.pod_addrs() {
-            if let Some(addr) = Ipv6Addr::from(*a).to_ipv4_mapped() {
-                v4[n] = addr.octets();
-                n += 1;
-            }
-        }
-        EndpointCache {
-            ifindex,
-            valid: 1,
-            ingress_epoch: ep.ingress_epoch,
-            egress_epoch: ep.egress_epoch,
-            v4_count: n as u32,
-            pad: 0,
-            v4,
-        }
-    }
+/// Value of [`MAP_CT_CONFIG`] (`struct ct_config`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtConfig {
+    /// Most conntrack entries one hook of one endpoint may hold.
+    pub share: u32,
+    pub pad: u32,
 }
 
 /// Data part of a [`MAP_POLICY`] key (aya's [`Key`] adds the prefix length).
@@ -564,7 +684,7 @@ impl CtKey {
 /// from the cheap coarse clock, rounded up: never earlier than the packet
 /// and at most [`LAST_SEEN_MAX_AHEAD_NS`] later, so `last_seen_ns < t` proves
 /// that no packet was seen since `t`. `epoch` is the writing direction's
-/// [`Endpoint`] epoch when policy last allowed the flow.
+/// [`Direction`] epoch when policy last allowed the flow.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CtValue {
@@ -672,23 +792,14 @@ pub struct FlowConfig {
     pub pad: u32,
 }
 
-/// Value of [`MAP_AUDIT`] (`struct audit_policy`); 0: no staged policy.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AuditPolicy {
-    pub ingress_policy: u32,
-    pub egress_policy: u32,
-}
-
 const _: () = assert!(std::mem::size_of::<FlowEvent>() == 56);
 const _: () = assert!(std::mem::size_of::<FlowConfig>() == 16);
-const _: () = assert!(std::mem::size_of::<AuditPolicy>() == 8);
 
 unsafe impl aya::Pod for FlowEvent {}
 unsafe impl aya::Pod for FlowConfig {}
-unsafe impl aya::Pod for AuditPolicy {}
-unsafe impl aya::Pod for Endpoint {}
-unsafe impl aya::Pod for EndpointCache {}
+unsafe impl aya::Pod for EpSlot {}
+unsafe impl aya::Pod for CtShare {}
+unsafe impl aya::Pod for CtConfig {}
 unsafe impl aya::Pod for PolicyKey {}
 unsafe impl aya::Pod for PolicyValue {}
 unsafe impl aya::Pod for PortKey {}
@@ -705,8 +816,9 @@ unsafe impl aya::Pod for FragValue {}
 // Sizes of the C structs in c/palisade.h (which asserts them too).
 const _: () = {
     use std::mem::size_of;
-    assert!(size_of::<Endpoint>() == 24 + MAX_POD_ADDRS * 16);
-    assert!(size_of::<EndpointCache>() == 24 + MAX_POD_ADDRS * 4);
+    assert!(size_of::<EpSlot>() == 128);
+    assert!(size_of::<CtShare>() == 32);
+    assert!(size_of::<CtConfig>() == 8);
     assert!(size_of::<PolicyKey>() == 20);
     assert!(size_of::<Key<PolicyKey>>() == 24);
     assert!(size_of::<PolicyValue>() == 4);
@@ -982,20 +1094,36 @@ mod tests {
     }
 
     #[test]
-    fn endpoint_holds_at_most_max_pod_addrs() {
+    fn ep_slot_holds_at_most_max_pod_addrs_and_repeats_the_ipv4_ones() {
         let a = mapped_addr("10.0.0.2".parse().unwrap());
         let b = mapped_addr("fd00::2".parse().unwrap());
-        let ep = Endpoint::new(1, 2, &[a, b]).unwrap();
-        assert_eq!(ep.addr_count, 2);
-        assert_eq!(ep.pod_addrs(), &[a, b]);
-        assert_eq!(ep.addrs[2], [0; 16]);
-        assert!(Endpoint::new(1, 2, &[a; MAX_POD_ADDRS]).is_some());
-        assert!(Endpoint::new(1, 2, &[a; MAX_POD_ADDRS + 1]).is_none());
-        let lying = Endpoint {
+        let i = Direction {
+            policy: 1,
+            epoch: 7,
+        };
+        let e = Direction {
+            policy: 2,
+            epoch: 8,
+        };
+        let s = EpSlot::new(9, i, e, &[b, a]).unwrap();
+        assert_eq!((s.ifindex, s.home, s.addr_count), (9, 0, 2));
+        assert_eq!(s.pod_addrs(), &[b, a]);
+        assert_eq!((s.v4_count, s.v4[0]), (1, [10, 0, 0, 2]));
+        assert_eq!((s.ingress(), s.egress()), (i, e));
+        assert_eq!(s.ingress, 1 | 7 << 32, "policy id low, epoch high");
+        assert!(EpSlot::new(9, i, e, &[a; MAX_POD_ADDRS]).is_some());
+        assert!(EpSlot::new(9, i, e, &[a; MAX_POD_ADDRS + 1]).is_none());
+        let lying = EpSlot {
             addr_count: 99,
-            ..ep
+            ..s
         };
         assert_eq!(lying.pod_addrs().len(), MAX_POD_ADDRS);
+        let staged = EpSlot {
+            audit: audit_word(3, 4),
+            ..s
+        };
+        assert_eq!(staged.audit(), (3, 4));
+        assert_eq!(ep_home(7 + EP_SLOTS), 7);
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! Staged (audit) policies in the kernel, with BPF_PROG_TEST_RUN: a new
-//! flow is judged by the pod's audit table (`pal_audit`) beside the enforced
+//! flow is judged by the pod's audit table (its endpoint slot's staged word) beside the enforced
 //! one; where they disagree a `FLOW_WOULD_*` event names the audit table and
 //! a counter moves, and the verdict is always the enforced one.
 
-use aya::maps::{HashMap, Map, MapData, PerCpuArray, RingBuf};
+use aya::maps::{Map, MapData, PerCpuArray, RingBuf};
 use palisade_ebpf::testkit::frames::*;
 use palisade_ebpf::testkit::*;
 use palisade_ebpf::*;
@@ -11,7 +11,6 @@ use palisade_ebpf::*;
 /// The audit-related maps of a harness, opened by their pins (the harness
 /// lends its own maps only for the tables it knows about).
 struct AuditMaps {
-    audit: HashMap<MapData, u32, AuditPolicy>,
     stats: PerCpuArray<MapData, u64>,
     events: RingBuf<MapData>,
 }
@@ -38,22 +37,9 @@ impl AuditMaps {
             )
             .unwrap();
         AuditMaps {
-            audit: HashMap::try_from(Map::HashMap(pin(MAP_AUDIT))).unwrap(),
             stats: PerCpuArray::try_from(Map::PerCpuArray(pin(MAP_FLOW_STATS))).unwrap(),
             events: RingBuf::try_from(Map::RingBuf(pin(MAP_FLOW_EVENTS))).unwrap(),
         }
-    }
-
-    fn stage(&mut self, ifindex: u32, ingress_policy: u32, egress_policy: u32) {
-        let value = AuditPolicy {
-            ingress_policy,
-            egress_policy,
-        };
-        self.audit.insert(ifindex, value, 0).unwrap();
-    }
-
-    fn unstage(&mut self, ifindex: u32) {
-        self.audit.remove(&ifindex).unwrap();
     }
 
     fn stat(&self, index: u32) -> u64 {
@@ -107,7 +93,7 @@ fn a_staged_deny_counts_and_reports_would_deny_while_the_flow_passes() {
     let mut h = harness();
     h.endpoint(1, 0);
     let mut m = AuditMaps::open(&h);
-    m.stage(LO, 2, 0);
+    h.set_audit(LO, 2, 0);
 
     let syn = tcp_flags("10.0.1.5", 40000, POD4, 80, 0x02);
     assert_eq!(h.pod_receives(&syn), ALLOW, "enforcement is unchanged");
@@ -142,7 +128,7 @@ fn a_staged_allow_counts_and_reports_would_allow_while_the_flow_is_dropped() {
     let mut h = harness();
     h.endpoint(1, 0);
     let mut m = AuditMaps::open(&h);
-    m.stage(LO, 3, 0);
+    h.set_audit(LO, 3, 0);
 
     // 10.0.2.5 is outside the enforced /24, inside the staged /16.
     assert_eq!(h.pod_receives(&tcp("10.0.2.5", 40000, POD4, 80)), DROP);
@@ -162,7 +148,7 @@ fn nothing_is_reported_where_the_audit_table_agrees() {
     let mut h = harness();
     h.endpoint(1, 0);
     let mut m = AuditMaps::open(&h);
-    m.stage(LO, 3, 0);
+    h.set_audit(LO, 3, 0);
     // Both allow; both deny (port 81; a peer outside both).
     assert_eq!(h.pod_receives(&tcp("10.0.1.5", 40000, POD4, 80)), ALLOW);
     assert_eq!(h.pod_receives(&tcp("10.0.1.5", 40001, POD4, 81)), DROP);
@@ -177,7 +163,7 @@ fn the_audit_table_judges_egress_by_the_destination() {
     // Egress not isolated; a staged egress policy allowing 10.0.1.0/24:80.
     h.endpoint(0, 0);
     let mut m = AuditMaps::open(&h);
-    m.stage(LO, 0, 1);
+    h.set_audit(LO, 0, 1);
     assert_eq!(h.pod_sends(&tcp(POD4, 40000, "10.0.1.9", 80)), ALLOW);
     assert_eq!(h.pod_sends(&tcp(POD4, 40001, "10.0.2.9", 80)), ALLOW);
     assert_eq!(m.would(), [1, 0, 0, 0], "only the flow outside the table");
@@ -209,9 +195,9 @@ fn verdicts_do_not_depend_on_audit() {
     let run = |audit: Option<(u32, u32)>| {
         let mut h = harness();
         h.endpoint(1, 3);
-        let mut m = AuditMaps::open(&h);
+        let m = AuditMaps::open(&h);
         if let Some((ingress, egress)) = audit {
-            m.stage(LO, ingress, egress);
+            h.set_audit(LO, ingress, egress);
         }
         let verdicts: Vec<u32> = packets
             .iter()
@@ -240,9 +226,9 @@ fn removing_the_audit_entry_stops_reporting() {
     let mut h = harness();
     h.endpoint(1, 0);
     let mut m = AuditMaps::open(&h);
-    m.stage(LO, 2, 0);
+    h.set_audit(LO, 2, 0);
     assert_eq!(h.pod_receives(&tcp("10.0.1.5", 40000, POD4, 80)), ALLOW);
-    m.unstage(LO);
+    h.set_audit(LO, 0, 0);
     assert_eq!(h.pod_receives(&tcp("10.0.1.6", 40000, POD4, 80)), ALLOW);
     assert_eq!(m.would(), [0, 1, 0, 0]);
     assert_eq!(m.drain().len(), 1);

@@ -1371,8 +1371,8 @@ fn the_ipv4_fast_path_passes_only_what_the_full_path_would() {
 }
 
 #[test]
-fn the_ipv4_fast_path_judges_alike_without_the_endpoint_cache() {
-    fast_path_cases(Harness::new().without_cache());
+fn the_ipv4_fast_path_judges_alike_for_an_endpoint_found_through_the_index() {
+    fast_path_cases(Harness::new().off_home());
 }
 
 fn fast_path_cases(mut h: Harness) {
@@ -1423,40 +1423,120 @@ fn fast_path_cases(mut h: Harness) {
     assert_eq!(h.stat(STAT_ALLOWED_REPLY), replies + 1);
 }
 
+/// Where a packet finds its endpoint (struct ep_slot): its home slot counts
+/// only while that slot says it is the interface's there, and a slot the
+/// index names only while it names the interface; one that names another
+/// drops the packet under its own counter, whatever that slot allows.
 #[test]
-fn an_endpoint_cache_slot_counts_only_while_valid_and_the_interfaces_own() {
+fn an_endpoint_slot_counts_only_where_it_names_the_interface() {
     let mut h = Harness::new();
     h.endpoint(0, 0);
     let fwd = tcp(POD4, 40000, "10.0.1.5", 80);
+    let to_pod = tcp("10.0.1.5", 80, POD4, 40001);
     assert_eq!(h.pod_sends(&fwd), ALLOW);
-    // The authority: the pod no longer owns 10.0.0.2 ...
-    let addrs = [mapped_addr(ip(POD6))];
-    let now = Endpoint::new(0, 0, &addrs).unwrap();
-    let ep_map = h.ebpf_mut().map_mut(MAP_ENDPOINTS).unwrap();
-    aya::maps::HashMap::<_, u32, Endpoint>::try_from(ep_map)
-        .unwrap()
-        .insert(LO, now, 0)
+    let home = ep_home(LO);
+    let ours = h.ep_slots().get(&home, 0).unwrap();
+    assert_eq!((ours.ifindex, ours.home), (LO, LO));
+
+    // Not (yet) trusted at home: found through the index, same answer.
+    h.ep_slots()
+        .set(home, EpSlot { home: 0, ..ours }, 0)
         .unwrap();
-    // ... while its slot still says it does.
-    let was = Endpoint::new(0, 0, &[mapped_addr(ip(POD4))]).unwrap();
-    let slot = ep_cache_slot(LO);
-    let stale = EndpointCache::of(LO, &was);
-    for (value, why) in [
-        (EndpointCache { valid: 0, ..stale }, "an invalid slot"),
-        (
-            EndpointCache {
-                ifindex: LO + EP_CACHE_SLOTS,
-                ..stale
-            },
-            "another interface's slot",
-        ),
-    ] {
-        h.ep_cache().set(slot, value, 0).unwrap();
-        assert_eq!(h.pod_sends(&fwd), DROP, "{why} is not trusted");
-    }
-    // The test can fail: a valid slot of the interface is trusted as it
-    // is, which is why the enforcer never leaves one stale.
-    h.ep_cache().set(slot, stale, 0).unwrap();
     assert_eq!(h.pod_sends(&fwd), ALLOW);
-    assert_eq!(h.stat(STAT_DENIED_SPOOF), 2);
+    assert_eq!(h.stat(STAT_DENIED_ENDPOINT_UNSURE), 0);
+
+    // The index names a slot that holds another interface (its element was
+    // reused under the lookup): dropped on both hooks, by neither policy.
+    let elsewhere = ep_home(LO + 1);
+    let other = EpSlot {
+        ifindex: LO + 1,
+        home: 0,
+        ..ours
+    };
+    h.ep_slots().set(elsewhere, other, 0).unwrap();
+    h.ep_index().insert(LO, elsewhere, 0).unwrap();
+    assert_eq!(h.pod_sends(&fwd), DROP);
+    assert_eq!(h.pod_receives(&to_pod), DROP);
+    // Or a slot past the array, or an empty one.
+    h.ep_index().insert(LO, EP_SLOTS + 3, 0).unwrap();
+    assert_eq!(h.pod_sends(&fwd), DROP);
+    h.ep_index().insert(LO, ep_home(LO + 2), 0).unwrap();
+    assert_eq!(h.pod_sends(&fwd), DROP);
+    assert_eq!(h.stat(STAT_DENIED_ENDPOINT_UNSURE), 4);
+    assert_eq!(h.stat(STAT_DENIED), 0);
+
+    // The home slot shared with another interface, which holds it: not
+    // ours, and without an index entry LO has no endpoint at all.
+    let sharer = EpSlot {
+        ifindex: LO + EP_SLOTS,
+        home: LO + EP_SLOTS,
+        ..ours
+    };
+    h.ep_slots().set(home, sharer, 0).unwrap();
+    h.ep_index().remove(&LO).unwrap();
+    let counted: u64 = h.stats().iter().sum();
+    assert_eq!(h.pod_sends(&fwd), ALLOW, "not ours to judge");
+    assert_eq!(h.stats().iter().sum::<u64>(), counted, "nothing judged");
+
+    // The test can fail: a home slot that names the interface is trusted
+    // as it is, which is why the enforcer sets home only a grace period
+    // after the rest of the slot.
+    let denying = EpSlot {
+        ifindex: LO,
+        home: LO,
+        egress: Direction {
+            policy: 9,
+            epoch: 3,
+        }
+        .word(),
+        ..ours
+    };
+    h.ep_slots().set(home, denying, 0).unwrap();
+    assert_eq!(h.pod_sends(&fwd), DROP);
+    assert_eq!(h.stat(STAT_DENIED), 1);
+}
+
+/// Each hook of an endpoint holds at most its share of the conntrack
+/// table: past it, a new flow policy allows is dropped and counted, while
+/// the flows it holds keep passing, the other hook keeps its own share,
+/// and every entry removed (by the programs or anyone) frees its place.
+#[test]
+fn a_hook_holding_its_conntrack_share_drops_new_flows_and_keeps_the_flows_it_has() {
+    let mut h = Harness::new();
+    h.set_ct_share(2);
+    h.endpoint(0, 0);
+    let slot = h.slot_of(LO);
+    let syn = |sport| tcp_flags(POD4, sport, "10.0.1.5", 80, SYN);
+    assert_eq!(h.pod_sends(&syn(40000)), ALLOW);
+    assert_eq!(h.pod_sends(&udp(POD4, 5000, "10.0.1.5", 53)), ALLOW);
+    assert_eq!(h.ct_share(slot).created, [2, 0]);
+    assert_eq!(h.pod_sends(&syn(40001)), DROP, "a third flow");
+    assert_eq!(h.stat_dir(OWNER_FROM_POD, STAT_DENIED_CT_SHARE), 1);
+    assert!(!h.ct_has(&ct(POD4, 40001, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD)));
+    // A flow it holds: established, its replies too, and a SYN of it again
+    // (a retransmission) makes nothing new.
+    assert_eq!(h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80)), ALLOW);
+    assert_eq!(h.pod_receives(&tcp("10.0.1.5", 80, POD4, 40000)), ALLOW);
+    assert_eq!(h.pod_receives(&udp("10.0.1.5", 53, POD4, 5000)), ALLOW);
+    // The other hook's share is its own.
+    assert_eq!(
+        h.pod_receives(&tcp_flags("10.0.1.7", 41000, POD4, 80, SYN)),
+        ALLOW
+    );
+    assert_eq!(h.ct_share(slot).created, [2, 1]);
+
+    // Entries the programs remove (policy now denies) are counted...
+    h.switch(7, 7, 1, 1);
+    assert_eq!(h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80)), DROP);
+    assert_eq!(h.ct_share(slot).removed, [1, 0]);
+    // ... and free their place for a new flow.
+    h.switch(0, 0, 2, 2);
+    assert_eq!(h.pod_sends(&syn(40001)), ALLOW);
+    assert_eq!(h.pod_sends(&syn(40002)), DROP);
+    assert_eq!(h.stat_dir(OWNER_FROM_POD, STAT_DENIED_CT_SHARE), 2);
+    // Denied by policy is denied by policy, whatever the share.
+    h.switch(7, 7, 3, 3);
+    assert_eq!(h.pod_sends(&syn(40003)), DROP);
+    assert_eq!(h.stat_dir(OWNER_FROM_POD, STAT_DENIED_CT_SHARE), 2);
+    assert_eq!(h.stat_dir(OWNER_FROM_POD, STAT_DENIED), 2);
 }

@@ -245,6 +245,16 @@ fn datapath_metrics(e: &mut Exposition, r: &DatapathReading) {
             u64::from(m.capacity),
         );
     }
+    e.family(
+        "palisade_enforcer_conntrack_share",
+        "gauge",
+        "Most eBPF conntrack entries one pod's egress or ingress may hold (--conntrack-share); its new flows past it are dropped, counted as reason=\"conntrack_share\".",
+    );
+    e.sample_u64(
+        "palisade_enforcer_conntrack_share",
+        &[],
+        u64::from(r.conntrack_share),
+    );
 }
 
 /// Staged (audit) policy counters, apart from the rest: the would-deny and

@@ -10,16 +10,16 @@
 use std::path::Path;
 
 use aya::maps::lpm_trie::LpmTrie;
-use aya::maps::{HashMap, Map, MapData, PerCpuArray};
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
 use aya::Pod;
 use palisade_ebpf::{
-    Ct4Key, CtKey, CtValue, Endpoint, Frag4Key, Frag6Key, FragValue, PolicyExactKey, PolicyKey,
-    PolicyLens, PolicyValue, PortKey, PortValue, MAP_CONNTRACK, MAP_CT4, MAP_ENDPOINTS, MAP_FRAGS4,
-    MAP_FRAGS6, MAP_POLICY, MAP_POLICY_EXACT, MAP_POLICY_LENS, MAP_PORTS, MAP_STATS,
-    OWNER_FROM_POD, OWNER_TO_POD, STAT_ALLOWED_ESTABLISHED, STAT_ALLOWED_FRAGMENT,
+    Ct4Key, CtConfig, CtKey, CtValue, Frag4Key, Frag6Key, FragValue, PolicyExactKey, PolicyKey,
+    PolicyLens, PolicyValue, PortKey, PortValue, MAP_CONNTRACK, MAP_CT4, MAP_CT_CONFIG,
+    MAP_EP_INDEX, MAP_FRAGS4, MAP_FRAGS6, MAP_POLICY, MAP_POLICY_EXACT, MAP_POLICY_LENS, MAP_PORTS,
+    MAP_STATS, OWNER_FROM_POD, OWNER_TO_POD, STAT_ALLOWED_ESTABLISHED, STAT_ALLOWED_FRAGMENT,
     STAT_ALLOWED_NDP, STAT_ALLOWED_POLICY, STAT_ALLOWED_REPLY, STAT_ALLOWED_UNISOLATED, STAT_COUNT,
-    STAT_DENIED, STAT_DENIED_EXT_HEADERS, STAT_DENIED_FRAGMENT, STAT_DENIED_MALFORMED,
-    STAT_DENIED_SPOOF, STAT_SLOTS,
+    STAT_DENIED, STAT_DENIED_CT_SHARE, STAT_DENIED_ENDPOINT_UNSURE, STAT_DENIED_EXT_HEADERS,
+    STAT_DENIED_FRAGMENT, STAT_DENIED_MALFORMED, STAT_DENIED_SPOOF, STAT_SLOTS,
 };
 
 /// Each `STAT_*` slot as (verdict, reason) labels.
@@ -35,6 +35,8 @@ pub const STAT_LABELS: [(u32, &str, &str); STAT_COUNT as usize] = [
     (STAT_ALLOWED_FRAGMENT, "allowed", "fragment"),
     (STAT_DENIED_FRAGMENT, "denied", "fragment"),
     (STAT_DENIED_EXT_HEADERS, "denied", "extension_headers"),
+    (STAT_DENIED_ENDPOINT_UNSURE, "denied", "endpoint_unsure"),
+    (STAT_DENIED_CT_SHARE, "denied", "conntrack_share"),
 ];
 
 /// Each hook as the `direction` label: the pod's egress (packets it sends)
@@ -56,6 +58,8 @@ pub struct DatapathReading {
     /// direction and a `STAT_*` kind), summed over CPUs.
     pub verdicts: Vec<u64>,
     pub maps: Vec<MapLevel>,
+    /// Most conntrack entries one hook of one pod may hold.
+    pub conntrack_share: u32,
 }
 
 fn open(pin_root: &Path, name: &str) -> Result<Map, String> {
@@ -113,7 +117,7 @@ pub fn read(pin_root: &Path) -> Result<DatapathReading, String> {
         verdicts.push(per_cpu.iter().copied().fold(0u64, u64::wrapping_add));
     }
     let maps = vec![
-        hash_level::<u32, Endpoint>(pin_root, MAP_ENDPOINTS)?,
+        hash_level::<u32, u32>(pin_root, MAP_EP_INDEX)?,
         trie_level::<PolicyKey, PolicyValue>(pin_root, MAP_POLICY)?,
         hash_level::<PolicyExactKey, PolicyValue>(pin_root, MAP_POLICY_EXACT)?,
         hash_level::<u32, PolicyLens>(pin_root, MAP_POLICY_LENS)?,
@@ -125,5 +129,15 @@ pub fn read(pin_root: &Path) -> Result<DatapathReading, String> {
         hash_level::<Frag4Key, FragValue>(pin_root, MAP_FRAGS4)?,
         hash_level::<Frag6Key, FragValue>(pin_root, MAP_FRAGS6)?,
     ];
-    Ok(DatapathReading { verdicts, maps })
+    let config: Array<MapData, CtConfig> = Array::try_from(open(pin_root, MAP_CT_CONFIG)?)
+        .map_err(|e| format!("{MAP_CT_CONFIG}: {e}"))?;
+    let conntrack_share = config
+        .get(&0, 0)
+        .map_err(|e| format!("{MAP_CT_CONFIG}[0]: {e}"))?
+        .share;
+    Ok(DatapathReading {
+        verdicts,
+        maps,
+        conntrack_share,
+    })
 }

@@ -433,11 +433,23 @@ fn programs_attach_at_the_head_of_the_tcx_chain() {
     });
 }
 
-fn endpoint_in_map(root: &std::path::Path, ifindex: u32) -> palisade_ebpf::Endpoint {
-    let data = aya::maps::MapData::from_pin(root.join(palisade_ebpf::MAP_ENDPOINTS)).unwrap();
-    let map: aya::maps::HashMap<_, u32, palisade_ebpf::Endpoint> =
-        aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data)).unwrap();
-    map.get(&ifindex, 0).unwrap()
+/// What the endpoint's slot holds of its policies and epochs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct InMap {
+    ingress_policy: u32,
+    egress_policy: u32,
+    ingress_epoch: u32,
+    egress_epoch: u32,
+}
+
+fn endpoint_in_map(root: &std::path::Path, ifindex: u32) -> InMap {
+    let e = node_enforcer::datapath::inspect::endpoints(root).unwrap()[&ifindex];
+    InMap {
+        ingress_policy: e.ingress().policy,
+        egress_policy: e.egress().policy,
+        ingress_epoch: e.ingress().epoch,
+        egress_epoch: e.egress().epoch,
+    }
 }
 
 #[test]

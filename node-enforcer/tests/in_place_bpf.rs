@@ -45,11 +45,8 @@ fn host(last: u8) -> Prefix {
 }
 
 fn epochs(root: &std::path::Path) -> (u32, u32) {
-    let data = aya::maps::MapData::from_pin(root.join(palisade_ebpf::MAP_ENDPOINTS)).unwrap();
-    let map: aya::maps::HashMap<_, u32, palisade_ebpf::Endpoint> =
-        aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data)).unwrap();
-    let e = map.get(&IFINDEX, 0).unwrap();
-    (e.ingress_epoch, e.egress_epoch)
+    let e = node_enforcer::datapath::inspect::endpoints(root).unwrap()[&IFINDEX];
+    (e.ingress().epoch, e.egress().epoch)
 }
 
 #[test]

@@ -161,12 +161,17 @@ async fn metrics_follow_plans_pod_up_and_datapath_verdicts() {
         "the size this datapath was loaded with, read from the kernel"
     );
     assert_eq!(
-        get(&m, "palisade_enforcer_map_capacity{map=\"pal_endpoints\"}"),
+        get(&m, "palisade_enforcer_map_capacity{map=\"pal_ep_index\"}"),
         f64::from(palisade_ebpf::MAX_ENDPOINTS)
     );
     assert_eq!(
-        get(&m, "palisade_enforcer_map_entries{map=\"pal_endpoints\"}"),
+        get(&m, "palisade_enforcer_map_entries{map=\"pal_ep_index\"}"),
         0.0
+    );
+    assert_eq!(
+        get(&m, "palisade_enforcer_conntrack_share"),
+        1024.0,
+        "a quarter of the conntrack map"
     );
     let verdicts: f64 = m
         .iter()
@@ -306,7 +311,7 @@ async fn metrics_follow_plans_pod_up_and_datapath_verdicts() {
         1.0
     );
     assert_eq!(
-        get(&m, "palisade_enforcer_map_entries{map=\"pal_endpoints\"}"),
+        get(&m, "palisade_enforcer_map_entries{map=\"pal_ep_index\"}"),
         1.0
     );
     assert_eq!(
@@ -339,6 +344,7 @@ async fn metrics_follow_plans_pod_up_and_datapath_verdicts() {
 /// both directions.
 #[test]
 fn older_counter_maps_are_unpinned_after_adopt() {
+    use palisade_ebpf::legacy::{MAP_DIR_STATS, MAP_STATS_UNDIRECTED};
     assert!(
         nix::unistd::geteuid().is_root(),
         "needs root to load eBPF programs"
@@ -367,7 +373,7 @@ fn older_counter_maps_are_unpinned_after_adopt() {
     }
     let mut dp = BpfDatapath::load_with(&root.0, Some(4096)).expect("load the programs");
     dp.adopt().expect("adopt");
-    for name in palisade_ebpf::MAP_STATS_RETIRED {
+    for name in [MAP_STATS_UNDIRECTED, MAP_DIR_STATS] {
         assert!(!root.0.join(name).exists(), "{name} still pinned");
     }
     let reading = node_enforcer::metrics_maps::read(&root.0).expect("read the counters");

@@ -65,7 +65,7 @@ impl Drop for PinDir {
 pub struct Harness {
     ebpf: Ebpf,
     lens: PolicyLenCounts,
-    cache: bool,
+    home: bool,
     // Declared last so it is removed after the maps are closed.
     pins: PinDir,
 }
@@ -98,12 +98,16 @@ impl Harness {
             prog.load()
                 .unwrap_or_else(|e| panic!("verifier rejected {name}: {e:?}"));
         }
-        Harness {
+        let mut h = Harness {
             ebpf,
             lens: PolicyLenCounts::default(),
-            cache: true,
+            home: true,
             pins,
-        }
+        };
+        // As the enforcer does at start: a share no test meets unless it
+        // sets one (set_ct_share).
+        h.set_ct_share(MAX_CONNTRACK_ENTRIES);
+        h
     }
 
     pub fn ebpf(&self) -> &Ebpf {
@@ -136,49 +140,90 @@ impl Harness {
     /// changed direction with an epoch it never used before.
     pub fn switch(&mut self, ingress: u32, egress: u32, ingress_epoch: u32, egress_epoch: u32) {
         let addrs = [mapped_addr(ip(POD4)), mapped_addr(ip(POD6))];
-        let ep = Endpoint {
-            ingress_epoch,
-            egress_epoch,
-            ..Endpoint::new(ingress, egress, &addrs).unwrap()
-        };
-        self.set_endpoint(LO, ep);
+        let dir = |policy, epoch| Direction { policy, epoch };
+        let slot = EpSlot::new(
+            LO,
+            dir(ingress, ingress_epoch),
+            dir(egress, egress_epoch),
+            &addrs,
+        )
+        .unwrap();
+        self.set_endpoint(slot);
     }
 
     pub fn endpoint_at(&mut self, ifindex: u32, ingress: u32, egress: u32, addrs: &[&str]) {
         let addrs: Vec<[u8; 16]> = addrs.iter().map(|a| mapped_addr(ip(a))).collect();
-        let ep = Endpoint::new(ingress, egress, &addrs).expect("at most MAX_POD_ADDRS");
-        self.set_endpoint(ifindex, ep);
+        let dir = |policy| Direction { policy, epoch: 0 };
+        let slot =
+            EpSlot::new(ifindex, dir(ingress), dir(egress), &addrs).expect("at most MAX_POD_ADDRS");
+        self.set_endpoint(slot);
     }
 
-    /// Writes an endpoint as the enforcer does once its cache is current:
-    /// into [`MAP_ENDPOINTS`] and, valid, into its [`MAP_EP_CACHE`] slot
-    /// (unless [`Harness::without_cache`]). No packet runs meanwhile, so no
-    /// grace periods are needed here.
-    pub fn set_endpoint(&mut self, ifindex: u32, ep: Endpoint) {
-        self.endpoints().insert(ifindex, ep, 0).unwrap();
-        let slot = ep_cache_slot(ifindex);
-        let value = if self.cache {
-            EndpointCache::of(ifindex, &ep)
+    /// Writes an endpoint (`slot.ifindex`'s) as the enforcer does once the
+    /// grace periods are behind it: at its home slot, trusted there, and in
+    /// [`MAP_EP_INDEX`]; or (see [`Harness::off_home`]) at a slot away from
+    /// home that only the index names. No packet runs meanwhile, so the
+    /// writes need no order here. Keeps the staged (audit) word the slot
+    /// had.
+    pub fn set_endpoint(&mut self, mut slot: EpSlot) {
+        let ifindex = slot.ifindex;
+        let at = self.slot_of(ifindex);
+        let old = self.ep_slots().get(&at, 0).unwrap();
+        if old.ifindex == ifindex {
+            slot.audit = old.audit;
+        }
+        slot.home = if self.home { ifindex } else { 0 };
+        self.ep_slots().set(at, slot, 0).unwrap();
+        self.ep_index().insert(ifindex, at, 0).unwrap();
+    }
+
+    /// Where [`Harness::set_endpoint`] puts the endpoint of `ifindex`.
+    pub fn slot_of(&self, ifindex: u32) -> u32 {
+        if self.home {
+            ep_home(ifindex)
         } else {
-            EndpointCache::default()
-        };
-        self.ep_cache().set(slot, value, 0).unwrap();
+            ep_home(ifindex ^ (EP_SLOTS / 2))
+        }
     }
 
-    /// From now on endpoints are written to [`MAP_ENDPOINTS`] only, as for
-    /// an interface whose cache slot is invalid or another's: the programs
-    /// must judge alike.
-    pub fn without_cache(mut self) -> Self {
-        self.cache = false;
+    /// Points the staged (audit) policies of an endpoint already written
+    /// at these tables (0: none), as one word.
+    pub fn set_audit(&mut self, ifindex: u32, ingress: u32, egress: u32) {
+        let at = self.slot_of(ifindex);
+        let mut slot = self.ep_slots().get(&at, 0).unwrap();
+        assert_eq!(slot.ifindex, ifindex, "audit for an endpoint not written");
+        slot.audit = audit_word(ingress, egress);
+        self.ep_slots().set(at, slot, 0).unwrap();
+    }
+
+    /// From now on endpoints are written away from their home slot, found
+    /// through [`MAP_EP_INDEX`] only (an interface whose home slot another
+    /// holds, or not yet trusted): the programs must judge alike.
+    pub fn off_home(mut self) -> Self {
+        self.home = false;
         self
     }
 
-    pub fn ep_cache(&mut self) -> Array<&mut MapData, EndpointCache> {
-        Array::try_from(self.ebpf.map_mut(MAP_EP_CACHE).unwrap()).unwrap()
+    pub fn ep_slots(&mut self) -> Array<&mut MapData, EpSlot> {
+        Array::try_from(self.ebpf.map_mut(MAP_EP_SLOTS).unwrap()).unwrap()
     }
 
-    fn endpoints(&mut self) -> HashMap<&mut MapData, u32, Endpoint> {
-        HashMap::try_from(self.ebpf.map_mut(MAP_ENDPOINTS).unwrap()).unwrap()
+    pub fn ep_index(&mut self) -> HashMap<&mut MapData, u32, u32> {
+        HashMap::try_from(self.ebpf.map_mut(MAP_EP_INDEX).unwrap()).unwrap()
+    }
+
+    /// The most conntrack entries each endpoint hook may hold.
+    pub fn set_ct_share(&mut self, share: u32) {
+        let mut map: Array<_, CtConfig> =
+            Array::try_from(self.ebpf.map_mut(MAP_CT_CONFIG).unwrap()).unwrap();
+        map.set(0, CtConfig { share, pad: 0 }, 0).unwrap();
+    }
+
+    /// The conntrack entries counted for the endpoint in `slot`.
+    pub fn ct_share(&mut self, slot: u32) -> CtShare {
+        let map: Array<_, CtShare> =
+            Array::try_from(self.ebpf.map_mut(MAP_CT_SHARE).unwrap()).unwrap();
+        map.get(&slot, 0).unwrap()
     }
 
     /// The trie alone: what an older version wrote, or a test that wants

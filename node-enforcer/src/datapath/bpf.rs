@@ -24,34 +24,40 @@
 //! when the edit narrowed the table, and for every isolated direction when
 //! it takes over from a predecessor (which may have died in between).
 //!
-//! Every write of the endpoint table goes through `endpoint_cache`, which
-//! keeps the programs' array copy of it (`pal_ep_cache`, read by the IPv4
-//! fast path) from ever being trusted while stale or half written.
+//! Every write of endpoint state goes through `endpoint_slots`, which
+//! orders it so that no packet ever reads another endpoint's state or a
+//! half-written one; policy tables are edited in place and removed only in
+//! ways packets cannot misread either (`policy_tables`, and a grace period
+//! between the endpoints' last write that named a table and its removal).
 //!
 //! Pinned maps keep their type and size across upgrades (aya opens a pin
 //! as it is), so a map whose shape changes gets a new pin name: `pal_ct4`
-//! beside `pal_conntrack`, `pal_verdicts` (with room for later kinds) for
-//! `pal_dir_stats` and `pal_stats` (unpinned after adopt), `pal_ep_cache`
-//! new beside `pal_endpoints`.
+//! beside `pal_conntrack`, `pal_verdicts` for `pal_dir_stats` and
+//! `pal_stats`, `pal_ep_slots` for `pal_endpoints`, `pal_ep_cache` and
+//! `pal_audit`; `legacy` moves what the older ones hold and unpins them.
 
-mod audit;
 mod conntrack_maps;
-mod endpoint_cache;
+mod endpoint_slots;
+pub(crate) mod grace;
+mod legacy;
+pub(crate) mod mapped;
 mod policy_tables;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use aya::maps::lpm_trie::{Key, LpmTrie};
-use aya::maps::{HashMap, MapData};
+use aya::maps::{Array, MapData};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
-use endpoint_cache::EndpointCacheWriter;
+use endpoint_slots::EndpointSlots;
+use grace::Grace;
 use palisade_ebpf::{
-    Endpoint, PortKey, PortValue, MAP_CONNTRACK, MAP_CT4, MAP_ENDPOINTS, MAP_PORTS,
-    MAP_STATS_RETIRED, PROG_FROM_POD, PROG_TO_POD,
+    audit_word, CtConfig, Direction, EpSlot, PortKey, PortValue, MAP_CONNTRACK, MAP_CT4,
+    MAP_CT_CONFIG, MAP_PORTS, PROG_FROM_POD, PROG_TO_POD,
 };
 use policy_tables::PolicyTables;
 
@@ -61,10 +67,8 @@ use crate::compile::{PortEntry, PortSet, Prefix};
 pub struct BpfDatapath {
     pin_root: PathBuf,
     ebpf: Ebpf,
-    endpoints: HashMap<MapData, u32, Endpoint>,
-    /// `pal_endpoints` again for the IPv4 fast path; every write of
-    /// `endpoints` goes through it (see endpoint_cache).
-    ep_cache: EndpointCacheWriter,
+    /// Every endpoint write (see endpoint_slots).
+    slots: EndpointSlots,
     policies: PolicyTables,
     ports: LpmTrie<MapData, PortKey, PortValue>,
     /// The next epoch to hand out; above every epoch in the endpoint and
@@ -73,6 +77,8 @@ pub struct BpfDatapath {
     /// Pinned links per interface: (from_pod at TC ingress, to_pod at TC
     /// egress). Holding the fds is not what keeps them attached; the pins are.
     links: BTreeMap<String, [FdLink; 2]>,
+    /// Last: the threads above wait on it.
+    grace: Arc<Grace>,
 }
 
 /// The two hooks of an interface, with the suffix of their pin files.
@@ -124,44 +130,69 @@ impl BpfDatapath {
             ebpf.take_map(name)
                 .ok_or_else(|| DatapathError::new(format!("map {name} missing from object")))
         };
-        let endpoints = HashMap::try_from(take(&mut ebpf, MAP_ENDPOINTS)?)
-            .map_err(|e| err(MAP_ENDPOINTS, e))?;
-        let ep_cache = EndpointCacheWriter::take(&mut ebpf)?;
-        let policies = PolicyTables::take(&mut ebpf)?;
+        let grace = Grace::start()?;
+        let slots = EndpointSlots::take(&mut ebpf, grace.clone())?;
+        // An older version's endpoints, before any link runs these
+        // programs (they read only the slots).
+        if let Some(n) = legacy::take_over(pin_root, &slots)? {
+            tracing::info!(endpoints = n, "took over an older version's endpoints");
+        }
+        let policies = PolicyTables::take(&mut ebpf, grace.clone())?;
         let ports =
             LpmTrie::try_from(take(&mut ebpf, MAP_PORTS)?).map_err(|e| err(MAP_PORTS, e))?;
-        let next_epoch = first_unused_epoch(&endpoints, &ebpf)?;
+        let next_epoch = first_unused_epoch(&slots, &ebpf)?;
         std::fs::create_dir_all(pin_root.join("links"))
             .map_err(|e| err("creating the links pin directory", e))?;
-        Ok(BpfDatapath {
+        let mut dp = BpfDatapath {
             pin_root: pin_root.to_path_buf(),
             ebpf,
-            endpoints,
-            ep_cache,
+            slots,
             policies,
             ports,
             next_epoch,
             links: BTreeMap::new(),
-        })
+            grace,
+        };
+        dp.set_conntrack_share(None)?;
+        Ok(dp)
     }
 
-    /// Unpins older versions' counters ([`MAP_STATS_RETIRED`]), which no
-    /// program of this version writes: left pinned, they would only sit
-    /// there looking like counters that stopped. Called once the links run
-    /// this version's programs; a program of an older version still
-    /// holding such a map keeps it alive until it is unloaded.
-    fn unpin_retired_stats(&self) -> Result<()> {
-        for name in MAP_STATS_RETIRED {
-            let path = self.pin_root.join(name);
-            match std::fs::remove_file(&path) {
-                Ok(()) => {
-                    tracing::info!(path = %path.display(), "unpinned an older version's verdict counters");
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(err(format!("unpinning {}", path.display()), e)),
+    /// Sets the most conntrack entries one hook of one endpoint may hold
+    /// (DESIGN invariant 17); None: a quarter of the IPv4 conntrack map as
+    /// it is (a pinned map keeps the size it was made with). Returns the
+    /// share set. A share past the map's size is the map's size.
+    pub fn set_conntrack_share(&mut self, share: Option<u32>) -> Result<u32> {
+        let size = conntrack_maps::entries(&self.ebpf, MAP_CT4)?;
+        let share = match share {
+            Some(0) => {
+                return Err(DatapathError::new(
+                    "the conntrack share must allow at least one entry",
+                ))
             }
+            Some(n) => n.min(size),
+            None => default_conntrack_share(size),
+        };
+        let map = self.ebpf.map_mut(MAP_CT_CONFIG).ok_or_else(|| {
+            DatapathError::new(format!("map {MAP_CT_CONFIG} missing from object"))
+        })?;
+        let mut config: Array<&mut MapData, CtConfig> =
+            Array::try_from(map).map_err(|e| err(MAP_CT_CONFIG, e))?;
+        config
+            .set(0, CtConfig { share, pad: 0 }, 0)
+            .map_err(|e| err(format!("writing {MAP_CT_CONFIG}"), e))?;
+        Ok(share)
+    }
+
+    /// Waits until packets can no longer act on what endpoints named before
+    /// their last write (a policy table about to be removed): a grace
+    /// period past that write. Without grace periods (nohz_full kernels)
+    /// it cannot wait, says so once, and lets the removal go ahead as
+    /// before this wait existed.
+    fn quiesce_endpoints(&self) {
+        if let Err(e) = self.grace.wait_past(self.slots.last_write()) {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| tracing::warn!(error = %e, "tables are removed without waiting for packets that named them"));
         }
-        Ok(())
     }
 
     fn link_pin(&self, ifname: &str, hook: &str) -> PathBuf {
@@ -282,21 +313,36 @@ pub(crate) fn ifname_of_pin(encoded: &str) -> String {
 /// One more than the highest epoch any endpoint or conntrack entry holds, so
 /// a fresh epoch never matches an entry left by an earlier process, pod or
 /// policy. (2^32 policy changes on one node would wrap it.)
-fn first_unused_epoch(endpoints: &HashMap<MapData, u32, Endpoint>, ebpf: &Ebpf) -> Result<u32> {
+fn first_unused_epoch(slots: &EndpointSlots, ebpf: &Ebpf) -> Result<u32> {
     let mut highest = conntrack_maps::highest_epoch(ebpf)?;
-    for item in endpoints.iter() {
-        let (_, e) = item.map_err(|e| err(MAP_ENDPOINTS, e))?;
-        highest = highest.max(e.ingress_epoch).max(e.egress_epoch);
+    for e in slots.all().values() {
+        highest = highest.max(e.ingress().epoch).max(e.egress().epoch);
     }
     Ok(highest.wrapping_add(1).max(1))
 }
 
-/// The map value for an endpoint entry; more addresses than the programs
-/// hold is an error (writing some of them would drop the pod's traffic from
-/// the rest, writing none would drop everything).
-fn endpoint_value(entry: &EndpointEntry) -> Result<Endpoint> {
+/// A quarter of a conntrack map of `size` entries: one pod hook alone fills
+/// at most that, and a pod flooding new flows makes entries at its own
+/// hook and at its peers' ingress hooks, so half the table stays for
+/// everyone else even then.
+fn default_conntrack_share(size: u32) -> u32 {
+    (size / 4).max(1)
+}
+
+/// The slot value an endpoint entry asks for (its epochs given); more
+/// addresses than the programs hold is an error (writing some of them
+/// would drop the pod's traffic from the rest, writing none would drop
+/// everything).
+fn endpoint_value(ifindex: u32, entry: &EndpointEntry, epochs: (u32, u32)) -> Result<EpSlot> {
     const _: () = assert!(super::MAX_POD_ADDRS == palisade_ebpf::MAX_POD_ADDRS);
-    Endpoint::new(entry.ingress, entry.egress, &entry.pod_addrs).ok_or_else(|| {
+    let dir = |policy, epoch| Direction { policy, epoch };
+    EpSlot::new(
+        ifindex,
+        dir(entry.ingress, epochs.0),
+        dir(entry.egress, epochs.1),
+        &entry.pod_addrs,
+    )
+    .ok_or_else(|| {
         DatapathError::new(format!(
             "pod has {} addresses, the datapath holds at most {}",
             entry.pod_addrs.len(),
@@ -308,10 +354,10 @@ fn endpoint_value(entry: &EndpointEntry) -> Result<Endpoint> {
 /// The epochs of an endpoint's new entry: a direction whose policy id stays
 /// keeps its epoch (its flows stay established); one that changes, or is
 /// new, gets `fresh`. Also says whether `fresh` was used.
-fn epochs_for(old: Option<&Endpoint>, new: &Endpoint, fresh: u32) -> (u32, u32, bool) {
-    let keep = |old_id: u32, old_epoch: u32, new_id: u32| (old_id == new_id).then_some(old_epoch);
-    let ingress = old.and_then(|o| keep(o.ingress_policy, o.ingress_epoch, new.ingress_policy));
-    let egress = old.and_then(|o| keep(o.egress_policy, o.egress_epoch, new.egress_policy));
+fn epochs_for(old: Option<&EpSlot>, new: &EndpointEntry, fresh: u32) -> (u32, u32, bool) {
+    let keep = |old: Direction, new_id: u32| (old.policy == new_id).then_some(old.epoch);
+    let ingress = old.and_then(|o| keep(o.ingress(), new.ingress));
+    let egress = old.and_then(|o| keep(o.egress(), new.egress));
     let used = ingress.is_none() || egress.is_none();
     (ingress.unwrap_or(fresh), egress.unwrap_or(fresh), used)
 }
@@ -335,24 +381,18 @@ impl Datapath for BpfDatapath {
             ..Adopted::default()
         };
         super::inspect::read_tables(
-            &self.endpoints,
+            &self.slots.all(),
             &self.policies.trie,
             &self.ports,
             &mut adopted,
         )?;
         self.policies.adopt(&adopted.policies)?;
-        // Loading invalidated the whole cache (it may be older than these
-        // entries); each entry as it is now goes back in.
-        for item in self.endpoints.iter() {
-            let (ifindex, ep) = item.map_err(|e| err(MAP_ENDPOINTS, e))?;
-            self.ep_cache.fill(ifindex, &ep);
-        }
         // The older programs no longer run on any adopted link.
         let moved = conntrack_maps::move_v4_entries(&mut self.ebpf)?;
         if moved > 0 {
             tracing::info!(moved, "moved IPv4 conntrack entries to {MAP_CT4}");
         }
-        self.unpin_retired_stats()?;
+        legacy::unpin(&self.pin_root)?;
         Ok(adopted)
     }
 
@@ -366,6 +406,7 @@ impl Datapath for BpfDatapath {
     }
 
     fn remove_portset(&mut self, id: PortSetId, set: &PortSet) -> Result<()> {
+        self.quiesce_endpoints();
         for k in port_keys(id, set) {
             let _ = self.ports.remove(&k);
         }
@@ -377,6 +418,10 @@ impl Datapath for BpfDatapath {
     }
 
     fn remove_policy(&mut self, id: PolicyId, entries: &[(Prefix, PortSetId)]) -> Result<()> {
+        // Only tables no endpoint names any more are removed; a packet
+        // that read the name before the endpoint's last write may still be
+        // judging by it.
+        self.quiesce_endpoints();
         self.policies.remove(id, entries)
     }
 
@@ -452,30 +497,15 @@ impl Datapath for BpfDatapath {
     }
 
     fn set_endpoint(&mut self, ifindex: u32, entry: &EndpointEntry) -> Result<()> {
-        // Policies, epochs and addresses in one entry, one update: a packet
-        // never sees new policies with old addresses or an old epoch.
-        let mut value = endpoint_value(entry)?;
-        let old = match self.endpoints.get(&ifindex, 0) {
-            Ok(old) => Some(old),
-            Err(aya::maps::MapError::KeyNotFound) => None,
-            Err(e) => {
-                return Err(err(
-                    format!("reading {MAP_ENDPOINTS} for ifindex {ifindex}"),
-                    e,
-                ))
-            }
-        };
+        // Each direction's policy id and epoch change together, in one
+        // store; addresses only with a slot of their own (endpoint_slots).
+        let old = self.slots.get(ifindex);
         let fresh = self.next_epoch;
-        let (ingress_epoch, egress_epoch, used) = epochs_for(old.as_ref(), &value, fresh);
-        value.ingress_epoch = ingress_epoch;
-        value.egress_epoch = egress_epoch;
-        let endpoints = &mut self.endpoints;
-        self.ep_cache.change(ifindex, || {
-            endpoints
-                .insert(ifindex, value, 0)
-                .map_err(|e| err(format!("writing {MAP_ENDPOINTS} for ifindex {ifindex}"), e))
-        })?;
-        self.ep_cache.fill(ifindex, &value);
+        let (ingress_epoch, egress_epoch, used) = epochs_for(old.as_ref(), entry, fresh);
+        let value = endpoint_value(ifindex, entry, (ingress_epoch, egress_epoch))?;
+        self.slots
+            .set(ifindex, value.ingress(), value.egress(), value.pod_addrs())
+            .map_err(|e| err(format!("writing the endpoint of ifindex {ifindex}"), e))?;
         if used {
             self.next_epoch = fresh.wrapping_add(1).max(1);
         }
@@ -483,13 +513,9 @@ impl Datapath for BpfDatapath {
     }
 
     fn remove_endpoint(&mut self, ifindex: u32) -> Result<()> {
-        let endpoints = &mut self.endpoints;
-        self.ep_cache
-            .forget(ifindex, || match endpoints.remove(&ifindex) {
-                Ok(()) => Ok(()),
-                Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-                Err(e) => Err(err(format!("removing endpoint {ifindex}"), e)),
-            })
+        self.slots
+            .remove(ifindex)
+            .map_err(|e| err(format!("removing endpoint {ifindex}"), e))
     }
 
     fn node_addresses(&mut self) -> Result<Vec<std::net::IpAddr>> {
@@ -517,52 +543,63 @@ impl Datapath for BpfDatapath {
     }
 
     fn set_audit(&mut self, ifindex: u32, entry: &super::AuditEntry) -> Result<()> {
-        audit::set(&mut self.ebpf, ifindex, entry)
+        self.slots
+            .set_audit(ifindex, audit_word(entry.ingress, entry.egress))
     }
 
     fn remove_audit(&mut self, ifindex: u32) -> Result<()> {
-        audit::remove(&mut self.ebpf, ifindex)
+        if self.slots.get(ifindex).is_none() {
+            return Ok(());
+        }
+        self.slots.set_audit(ifindex, 0)
     }
 
     fn audit_entries(&mut self) -> Result<BTreeMap<u32, super::AuditEntry>> {
-        audit::entries(&mut self.ebpf)
+        Ok(self
+            .slots
+            .all()
+            .into_iter()
+            .filter(|(_, e)| e.audit != 0)
+            .map(|(ifindex, e)| {
+                let (ingress, egress) = e.audit();
+                (ifindex, super::AuditEntry { ingress, egress })
+            })
+            .collect())
     }
 
-    // In-place edits of a table in use (reconciler::in_place), built on
-    // add_policy and remove_policy so they follow whatever layout those
-    // give the policy map: each is one single-key write per entry, in order.
+    // In-place edits of a table in use (reconciler::in_place): the trie
+    // one key at a time, in order, the exact map and length list only
+    // where no packet can be reading what they replace (policy_tables).
     fn update_policy(
         &mut self,
         id: PolicyId,
         upserts: &[(Prefix, PortSetId)],
         removals: &[Prefix],
     ) -> Result<()> {
-        self.add_policy(id, upserts)?;
-        // remove_policy reads only the prefixes.
-        let removals: Vec<(Prefix, PortSetId)> = removals.iter().map(|p| (*p, 0)).collect();
-        self.remove_policy(id, &removals)
+        self.policies.edit(id, upserts, removals)
     }
 
     fn renew_epochs(&mut self, ifindex: u32, ingress: bool, egress: bool) -> Result<()> {
-        let mut value = self
-            .endpoints
-            .get(&ifindex, 0)
-            .map_err(|e| err(format!("reading {MAP_ENDPOINTS} for ifindex {ifindex}"), e))?;
-        let fresh = self.next_epoch;
-        if ingress {
-            value.ingress_epoch = fresh;
-        }
-        if egress {
-            value.egress_epoch = fresh;
-        }
-        // One update of the whole entry: policies and addresses unchanged.
-        let endpoints = &mut self.endpoints;
-        self.ep_cache.change(ifindex, || {
-            endpoints
-                .insert(ifindex, value, 0)
-                .map_err(|e| err(format!("writing {MAP_ENDPOINTS} for ifindex {ifindex}"), e))
+        let old = self.slots.get(ifindex).ok_or_else(|| {
+            DatapathError::new(format!(
+                "renewing the epochs of ifindex {ifindex}: no endpoint"
+            ))
         })?;
-        self.ep_cache.fill(ifindex, &value);
+        let fresh = self.next_epoch;
+        let renew = |d: Direction, yes: bool| {
+            if yes {
+                Direction { epoch: fresh, ..d }
+            } else {
+                d
+            }
+        };
+        // Policies and addresses unchanged: one store per direction.
+        self.slots.set(
+            ifindex,
+            renew(old.ingress(), ingress),
+            renew(old.egress(), egress),
+            old.pod_addrs(),
+        )?;
         self.next_epoch = fresh.wrapping_add(1).max(1);
         Ok(())
     }
@@ -572,45 +609,55 @@ impl Datapath for BpfDatapath {
 mod tests {
     use super::*;
 
+    fn v4(last: u8) -> [u8; 16] {
+        std::net::Ipv4Addr::new(10, 0, 0, last)
+            .to_ipv6_mapped()
+            .octets()
+    }
+
     #[test]
     fn endpoint_value_carries_every_address_or_refuses() {
-        let addr = |last: u8| {
-            let mut a = [0u8; 16];
-            a[10] = 0xff;
-            a[11] = 0xff;
-            a[15] = last;
-            a
-        };
         let entry = EndpointEntry {
             ingress: 3,
             egress: 4,
-            pod_addrs: vec![addr(1), addr(2)],
+            pod_addrs: vec![v4(1), v4(2)],
         };
-        let v = endpoint_value(&entry).unwrap();
-        assert_eq!((v.ingress_policy, v.egress_policy), (3, 4));
-        assert_eq!(v.pod_addrs(), &[addr(1), addr(2)]);
+        let v = endpoint_value(7, &entry, (5, 6)).unwrap();
+        assert_eq!((v.ingress().policy, v.egress().policy), (3, 4));
+        assert_eq!((v.ingress().epoch, v.egress().epoch), (5, 6));
+        assert_eq!(v.pod_addrs(), &[v4(1), v4(2)]);
 
         let too_many = EndpointEntry {
-            pod_addrs: (1..=5).map(addr).collect(),
+            pod_addrs: (1..=5).map(v4).collect(),
             ..entry
         };
-        let e = endpoint_value(&too_many).unwrap_err().to_string();
+        let e = endpoint_value(7, &too_many, (0, 0))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("5 addresses") && e.contains("at most 4"), "{e}");
     }
 
     #[test]
     fn a_direction_gets_a_fresh_epoch_exactly_when_its_policy_changes() {
-        let ep = |ingress, egress, ie, ee| Endpoint {
-            ingress_epoch: ie,
-            egress_epoch: ee,
-            ..Endpoint::new(ingress, egress, &[]).unwrap()
+        let entry = |ingress, egress| EndpointEntry {
+            ingress,
+            egress,
+            pod_addrs: Vec::new(),
         };
-        assert_eq!(epochs_for(None, &ep(1, 2, 0, 0), 9), (9, 9, true), "new");
-        let old = ep(1, 2, 4, 5);
-        assert_eq!(epochs_for(Some(&old), &ep(1, 2, 0, 0), 9), (4, 5, false));
-        assert_eq!(epochs_for(Some(&old), &ep(3, 2, 0, 0), 9), (9, 5, true));
-        assert_eq!(epochs_for(Some(&old), &ep(1, 0, 0, 0), 9), (4, 9, true));
-        assert_eq!(epochs_for(Some(&old), &ep(0, 0, 0, 0), 9), (9, 9, true));
+        let slot =
+            |ingress, egress, ie, ee| endpoint_value(1, &entry(ingress, egress), (ie, ee)).unwrap();
+        assert_eq!(epochs_for(None, &entry(1, 2), 9), (9, 9, true), "new");
+        let old = slot(1, 2, 4, 5);
+        assert_eq!(epochs_for(Some(&old), &entry(1, 2), 9), (4, 5, false));
+        assert_eq!(epochs_for(Some(&old), &entry(3, 2), 9), (9, 5, true));
+        assert_eq!(epochs_for(Some(&old), &entry(1, 0), 9), (4, 9, true));
+        assert_eq!(epochs_for(Some(&old), &entry(0, 0), 9), (9, 9, true));
+    }
+
+    #[test]
+    fn the_default_conntrack_share_is_a_quarter_of_the_map() {
+        assert_eq!(default_conntrack_share(65536), 16384);
+        assert_eq!(default_conntrack_share(3), 1);
     }
 
     /// A pin root under bpffs that goes away with the test.
@@ -622,91 +669,172 @@ mod tests {
         }
     }
 
-    /// Waits (deadline 10 s) until the cache slot of `ifindex` holds the
-    /// endpoint's current entry.
-    fn until_cached(dp: &BpfDatapath, ifindex: u32) {
-        let ep = dp.endpoints.get(&ifindex, 0).unwrap();
+    fn pin_root(what: &str) -> PinRoot {
+        assert!(
+            nix::unistd::Uid::effective().is_root(),
+            "needs root to load eBPF programs"
+        );
+        PinRoot(PathBuf::from(format!(
+            "/sys/fs/bpf/palisade-unit-{what}-{}",
+            std::process::id()
+        )))
+    }
+
+    /// Waits (deadline 10 s) until packets trust the endpoint at `slot` by
+    /// its position.
+    fn until_home(dp: &BpfDatapath, ifindex: u32, slot: u32) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !dp.ep_cache.holds(ifindex, &ep).unwrap() {
-            assert_eq!(dp.ep_cache.error(), None);
+        while dp.slots.where_is(ifindex) != Some((slot, true)) {
             assert!(
                 std::time::Instant::now() < deadline,
-                "slot never filled: {:?}",
-                dp.ep_cache.slot(ifindex).unwrap()
+                "{ifindex} never trusted at {slot}: {:?}",
+                dp.slots.where_is(ifindex)
             );
-            std::thread::sleep(std::time::Duration::from_millis(5)); // poll: the filler waits out two grace periods
+            std::thread::sleep(std::time::Duration::from_millis(5)); // poll: the filler waits out a grace period
         }
     }
 
-    /// Right after a change returns, the slot is invalid or already holds
-    /// the new entry: never valid with anything else.
-    fn not_stale(dp: &BpfDatapath, ifindex: u32) {
-        let ep = dp.endpoints.get(&ifindex, 0).unwrap();
-        let slot = dp.ep_cache.slot(ifindex).unwrap();
-        assert!(
-            slot.valid == 0 || slot == palisade_ebpf::EndpointCache::of(ifindex, &ep),
-            "{slot:?} for {ep:?}"
-        );
-    }
-
-    #[test]
-    fn the_endpoint_cache_follows_every_endpoint_change_and_survives_a_reload() {
-        if !nix::unistd::Uid::effective().is_root() {
-            return;
-        }
-        let root = PinRoot(PathBuf::from(format!(
-            "/sys/fs/bpf/palisade-unit-ep-cache-{}",
-            std::process::id()
-        )));
-        let v4 = |last: u8| {
-            std::net::Ipv4Addr::new(10, 0, 0, last)
-                .to_ipv6_mapped()
-                .octets()
-        };
-        let v6 = "fd00::2".parse::<std::net::Ipv6Addr>().unwrap().octets();
-        // Two interfaces that share a slot, and one of its own.
-        let (a, b, c) = (7, 7 + palisade_ebpf::EP_CACHE_SLOTS, 9);
-        let entry = |ingress, addrs: Vec<[u8; 16]>| EndpointEntry {
+    fn entry(ingress: PolicyId, addrs: Vec<[u8; 16]>) -> EndpointEntry {
+        EndpointEntry {
             ingress,
             egress: 0,
             pod_addrs: addrs,
-        };
+        }
+    }
 
+    #[test]
+    fn endpoint_slots_follow_every_change_and_survive_a_reload() {
+        let root = pin_root("ep-slots");
+        let v6 = "fd00::2".parse::<std::net::Ipv6Addr>().unwrap().octets();
+        // Two interfaces that share a home slot, and one of its own.
+        let (a, b, c) = (7, 7 + palisade_ebpf::EP_SLOTS, 9);
         let mut dp = BpfDatapath::load(&root.0).unwrap();
         dp.set_endpoint(a, &entry(1, vec![v6, v4(2)])).unwrap();
-        not_stale(&dp, a);
-        until_cached(&dp, a);
-        let slot = dp.ep_cache.slot(a).unwrap();
-        assert_eq!((slot.v4_count, slot.v4[0]), (1, [10, 0, 0, 2]), "IPv4 only");
+        // Found through the index at once; trusted at home a grace period
+        // later.
+        assert_eq!(dp.slots.where_is(a), Some((7, false)));
+        until_home(&dp, a, 7);
+        let s = dp.slots.get(a).unwrap();
+        assert_eq!((s.v4_count, s.v4[0]), (1, [10, 0, 0, 2]), "IPv4 repeated");
 
-        // A new policy moves the epoch: the old slot is never trusted again.
-        dp.set_endpoint(a, &entry(2, vec![v4(2)])).unwrap();
-        not_stale(&dp, a);
-        until_cached(&dp, a);
+        // A new policy: the same slot, a new word, still trusted.
+        dp.set_endpoint(a, &entry(2, vec![v6, v4(2)])).unwrap();
+        assert_eq!(dp.slots.where_is(a), Some((7, true)));
+        let moved = dp.slots.get(a).unwrap();
+        assert_eq!(moved.ingress().policy, 2);
+        assert_ne!(moved.ingress().epoch, s.ingress().epoch);
         dp.renew_epochs(a, true, true).unwrap();
-        not_stale(&dp, a);
-        until_cached(&dp, a);
+        assert_ne!(
+            dp.slots.get(a).unwrap().ingress().epoch,
+            moved.ingress().epoch
+        );
 
-        // b takes the shared slot; removing a then leaves b's entry alone.
+        // New addresses: a slot of their own at once, home again later.
+        dp.set_endpoint(a, &entry(2, vec![v4(3)])).unwrap();
+        let (away, trusted) = dp.slots.where_is(a).unwrap();
+        assert!(away != 7 && !trusted, "{away}");
+        until_home(&dp, a, 7);
+        assert_eq!(dp.slots.get(a).unwrap().pod_addrs(), &[v4(3)]);
+
+        // b's home is a's: it lives elsewhere, found through the index.
         dp.set_endpoint(c, &entry(0, vec![v4(4)])).unwrap();
-        dp.set_endpoint(b, &entry(3, vec![v4(3)])).unwrap();
-        not_stale(&dp, b);
-        until_cached(&dp, b);
+        dp.set_endpoint(b, &entry(3, vec![v4(5)])).unwrap();
+        let (b_at, _) = dp.slots.where_is(b).unwrap();
+        assert_ne!(b_at, 7);
+        // Staged ids ride along in the slot.
+        dp.set_audit(
+            b,
+            &super::super::AuditEntry {
+                ingress: 4,
+                egress: 0,
+            },
+        )
+        .unwrap();
+        // a goes: b moves home once the slot's grace period has passed.
         dp.remove_endpoint(a).unwrap();
-        assert!(dp
-            .ep_cache
-            .holds(b, &dp.endpoints.get(&b, 0).unwrap())
-            .unwrap());
-        dp.remove_endpoint(b).unwrap();
-        assert_eq!(dp.ep_cache.slot(b).unwrap().valid, 0, "removed: at once");
-        until_cached(&dp, c);
+        assert_eq!(dp.slots.where_is(a), None);
+        until_home(&dp, b, 7);
+        assert_eq!(dp.slots.get(b).unwrap().audit(), (4, 0));
+        assert_eq!(dp.slots.get(b).unwrap().ingress().policy, 3);
+        until_home(&dp, c, 9);
 
-        // A new process trusts nothing it finds until it adopted it.
+        // A new process finds every endpoint where it was.
         drop(dp);
         let mut dp = BpfDatapath::load(&root.0).unwrap();
-        assert_eq!(dp.ep_cache.slot(c).unwrap().valid, 0);
+        let adopted = dp.adopt().unwrap();
+        assert_eq!(
+            adopted.endpoints.keys().copied().collect::<Vec<_>>(),
+            vec![c, b]
+        );
+        assert_eq!(dp.slots.where_is(b), Some((7, true)));
+        assert_eq!(dp.audit_entries().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn an_older_versions_endpoints_are_taken_over_and_its_maps_unpinned() {
+        use palisade_ebpf::legacy;
+        let root = pin_root("ep-legacy");
+        std::fs::create_dir_all(&root.0).unwrap();
+        // What an older version left: its endpoint hash and staged ids.
+        type Old<V> = aya::maps::HashMap<aya::maps::MapData, u32, V>;
+        Old::<legacy::Endpoint>::create(16384, 0)
+            .unwrap()
+            .pin(root.0.join(legacy::MAP_ENDPOINTS))
+            .unwrap();
+        Old::<legacy::AuditPolicy>::create(16384, 0)
+            .unwrap()
+            .pin(root.0.join(legacy::MAP_AUDIT))
+            .unwrap();
+        let open = |name: &str| aya::maps::MapData::from_pin(root.0.join(name)).unwrap();
+        let mut old: Old<legacy::Endpoint> =
+            aya::maps::HashMap::try_from(aya::maps::Map::HashMap(open(legacy::MAP_ENDPOINTS)))
+                .unwrap();
+        let mut addrs = [[0u8; 16]; palisade_ebpf::MAX_POD_ADDRS];
+        addrs[0] = v4(2);
+        let ep = legacy::Endpoint {
+            ingress_policy: 5,
+            egress_policy: 6,
+            ingress_epoch: 40,
+            egress_epoch: 41,
+            addr_count: 1,
+            pad: 0,
+            addrs,
+        };
+        old.insert(12, ep, 0).unwrap();
+        let mut audit: Old<legacy::AuditPolicy> =
+            aya::maps::HashMap::try_from(aya::maps::Map::HashMap(open(legacy::MAP_AUDIT))).unwrap();
+        audit
+            .insert(
+                12,
+                legacy::AuditPolicy {
+                    ingress_policy: 0,
+                    egress_policy: 9,
+                },
+                0,
+            )
+            .unwrap();
+
+        let mut dp = BpfDatapath::load(&root.0).unwrap();
+        let s = dp.slots.get(12).expect("taken over before adopt");
+        assert_eq!(
+            (s.ingress(), s.egress()),
+            (
+                Direction {
+                    policy: 5,
+                    epoch: 40
+                },
+                Direction {
+                    policy: 6,
+                    epoch: 41
+                }
+            )
+        );
+        assert_eq!((s.pod_addrs(), s.audit()), (&[v4(2)][..], (0, 9)));
+        assert!(dp.next_epoch > 41, "epochs never come back");
         dp.adopt().unwrap();
-        until_cached(&dp, c);
+        for name in legacy::UNPINNED_AFTER_ADOPT {
+            assert!(!root.0.join(name).exists(), "{name} still pinned");
+        }
     }
 
     #[test]

@@ -36,7 +36,7 @@ pub struct FakeDatapath {
     /// place since their epoch last moved: their established flows would
     /// still pass on what the table no longer allows.
     pub stale_flows: BTreeSet<(u32, bool)>,
-    /// The audit table (`pal_audit`), by ifindex.
+    /// The audit table (each endpoint slot's staged word), by ifindex.
     pub audit: BTreeMap<u32, AuditEntry>,
 }
 

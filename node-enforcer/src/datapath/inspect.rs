@@ -3,14 +3,14 @@
 //! datapath adopts from it at start-up; tests and checks compare it with
 //! what the enforcer believes.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use aya::maps::lpm_trie::LpmTrie;
-use aya::maps::{HashMap, Map, MapData};
+use aya::maps::{Array, HashMap, Map, MapData};
 use palisade_ebpf::{
-    Endpoint, PolicyKey, PolicyValue, PortKey, PortValue, MAP_ENDPOINTS, MAP_POLICY, MAP_PORTS,
-    POLICY_ID_BITS,
+    EpSlot, PolicyKey, PolicyValue, PortKey, PortValue, MAP_EP_INDEX, MAP_EP_SLOTS, MAP_POLICY,
+    MAP_PORTS, POLICY_ID_BITS,
 };
 
 use super::{Adopted, DatapathError, EndpointEntry, Result};
@@ -26,25 +26,41 @@ fn open(pin_root: &Path, name: &str) -> Result<Map> {
     Map::from_map_data(data).map_err(|e| err(path.display(), e))
 }
 
-/// The endpoint table's entry as the reconciler sees it.
-pub fn endpoint_entry(e: &Endpoint) -> EndpointEntry {
+/// An endpoint slot's entry as the reconciler sees it.
+pub fn endpoint_entry(e: &EpSlot) -> EndpointEntry {
     EndpointEntry {
-        ingress: e.ingress_policy,
-        egress: e.egress_policy,
+        ingress: e.ingress().policy,
+        egress: e.egress().policy,
         pod_addrs: e.pod_addrs().to_vec(),
     }
 }
 
-/// Decodes the endpoint, policy and port tables into `out`.
+/// Every endpoint: each index entry whose slot names its interface (as the
+/// programs judge it).
+pub fn read_endpoints(
+    index: &HashMap<MapData, u32, u32>,
+    slots: &Array<MapData, EpSlot>,
+) -> Result<BTreeMap<u32, EpSlot>> {
+    let mut out = BTreeMap::new();
+    for item in index.iter() {
+        let (ifindex, slot) = item.map_err(|e| err(MAP_EP_INDEX, e))?;
+        let Ok(v) = slots.get(&slot, 0) else { continue };
+        if v.ifindex == ifindex {
+            out.insert(ifindex, v);
+        }
+    }
+    Ok(out)
+}
+
+/// Decodes the endpoints and the policy and port tables into `out`.
 pub fn read_tables(
-    endpoints: &HashMap<MapData, u32, Endpoint>,
+    endpoints: &BTreeMap<u32, EpSlot>,
     policy: &LpmTrie<MapData, PolicyKey, PolicyValue>,
     ports: &LpmTrie<MapData, PortKey, PortValue>,
     out: &mut Adopted,
 ) -> Result<()> {
-    for item in endpoints.iter() {
-        let (ifindex, e) = item.map_err(|e| err(MAP_ENDPOINTS, e))?;
-        out.endpoints.insert(ifindex, endpoint_entry(&e));
+    for (&ifindex, e) in endpoints {
+        out.endpoints.insert(ifindex, endpoint_entry(e));
     }
     for item in policy.iter() {
         let (key, value) = item.map_err(|e| err(MAP_POLICY, e))?;
@@ -95,10 +111,17 @@ pub fn linked_interfaces(pin_root: &Path) -> Result<BTreeSet<String>> {
     Ok(names)
 }
 
+/// Every endpoint's slot under `pin_root`, by ifindex, read-only.
+pub fn endpoints(pin_root: &Path) -> Result<BTreeMap<u32, EpSlot>> {
+    let index =
+        HashMap::try_from(open(pin_root, MAP_EP_INDEX)?).map_err(|e| err(MAP_EP_INDEX, e))?;
+    let slots = Array::try_from(open(pin_root, MAP_EP_SLOTS)?).map_err(|e| err(MAP_EP_SLOTS, e))?;
+    read_endpoints(&index, &slots)
+}
+
 /// Everything under `pin_root`, read-only.
 pub fn inspect(pin_root: &Path) -> Result<Adopted> {
-    let endpoints =
-        HashMap::try_from(open(pin_root, MAP_ENDPOINTS)?).map_err(|e| err(MAP_ENDPOINTS, e))?;
+    let endpoints = endpoints(pin_root)?;
     let policy = LpmTrie::try_from(open(pin_root, MAP_POLICY)?).map_err(|e| err(MAP_POLICY, e))?;
     let ports = LpmTrie::try_from(open(pin_root, MAP_PORTS)?).map_err(|e| err(MAP_PORTS, e))?;
     let mut out = Adopted {

@@ -38,9 +38,9 @@ pub struct EndpointEntry {
     pub pod_addrs: Vec<[u8; 16]>,
 }
 
-/// An interface's entry in the audit table (`pal_audit`): the policy tables
-/// of the pod's staged (audit) policies per direction, 0 where none
-/// applies. New flows are judged by them beside the enforced ones and only
+/// An interface's entry in the audit table (the staged word of its endpoint
+/// slot): the policy tables of the pod's staged (audit) policies per
+/// direction, 0 where none applies. New flows are judged by them beside the enforced ones and only
 /// reported, never enforced.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct AuditEntry {

@@ -1,9 +1,9 @@
 //! Staged (audit) policies on the node: the plan's audit directions are
 //! compiled into policy tables exactly like enforced ones (the same
 //! compiler, the same tables shared by content, the same refcounting and
-//! in-place edits) and each interface's audit table ids go into `pal_audit`,
-//! where the programs judge new flows by them only to report would-deny and
-//! would-allow.
+//! in-place edits) and each interface's audit table ids go into the staged
+//! word of its endpoint slot, where the programs judge new flows by them
+//! only to report would-deny and would-allow.
 //!
 //! Audit can never weaken enforcement: it is computed after the enforced
 //! endpoints, only for interfaces whose endpoint is written, and a failure
@@ -26,7 +26,8 @@ pub(super) struct AuditWant {
     pub egress: Option<Arc<PolicySet>>,
 }
 
-/// An interface's audit as written: the tables its `pal_audit` entry names.
+/// An interface's audit as written: the tables its endpoint slot's staged
+/// word names.
 #[derive(Clone, Debug)]
 pub(super) struct RealizedAudit {
     pub ifindex: u32,
@@ -95,7 +96,7 @@ pub(super) fn desired_audit<'a>(
 
 impl<D: Datapath> Reconciler<D> {
     /// Step 2b of `apply`, after the enforced endpoints are written: makes
-    /// every attached interface's `pal_audit` entry name the tables it
+    /// every attached interface's staged word name the tables it
     /// wants (tables first), and removes the entries nothing wants.
     pub(super) fn apply_audit(&mut self) {
         let wants = std::mem::take(&mut self.want_audit);

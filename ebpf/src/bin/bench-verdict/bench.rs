@@ -54,6 +54,10 @@ impl Bench {
     /// policy id (as on a node, where many policies share the trie).
     pub fn new(policies: &[Policy]) -> Self {
         let mut harness = Harness::new();
+        // Every new-flow row makes tens of thousands of entries for one
+        // pod, which user space then forgets behind the counters' back:
+        // no share, though every new flow still pays for checking it.
+        harness.set_ct_share(u32::MAX);
         let mut extra = EbpfLoader::new()
             .load(testkit::BENCH_OBJECT)
             .unwrap_or_else(|e| panic!("load bench object: {e:?}"));

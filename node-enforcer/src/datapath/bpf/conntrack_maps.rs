@@ -80,3 +80,15 @@ pub(super) fn move_v4_entries(ebpf: &mut Ebpf) -> Result<usize> {
     batch::delete_all(v6, &old).map_err(|e| err(MAP_CONNTRACK, e))?;
     Ok(moved)
 }
+
+/// The number of entries conntrack map `name` was made with.
+pub(super) fn entries(ebpf: &Ebpf, name: &str) -> Result<u32> {
+    let map = ebpf
+        .map(name)
+        .ok_or_else(|| DatapathError::new(format!("map {name} missing from object")))?;
+    let data: &MapData = match map {
+        aya::maps::Map::LruHashMap(d) | aya::maps::Map::HashMap(d) => d,
+        _ => return Err(DatapathError::new(format!("map {name} is not a hash map"))),
+    };
+    Ok(data.info().map_err(|e| err(name, e))?.max_entries())
+}

@@ -5,8 +5,21 @@
 //! the policy's size. The order of writes keeps every packet's answer the
 //! trie's own: the exact map is a subset of the trie at all times, and a
 //! policy's length list covers every entry the exact map holds for it.
+//!
+//! Hash elements are reused at once: the kernel hands a replaced or deleted
+//! element of `pal_policy_exact` or `pal_policy_lens` to the next insert on
+//! that CPU without waiting for readers (the trie frees its nodes only
+//! after a grace period). So a table packets read is never edited in those
+//! maps while its length list is there: an edit that would replace or
+//! delete an element of either (a key's new port set, a removed key, a new
+//! length list) first deletes the list, waits a grace period (packets now
+//! judge by the trie alone, which every step keeps right), edits, and only
+//! then lists the lengths again, in a fresh element. Tables no packet
+//! reads (new ids, and retired ones once the endpoints' last write that
+//! named them is a grace period old) are written and removed directly.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::{HashMap, MapData};
@@ -18,6 +31,7 @@ use palisade_ebpf::{
 };
 
 use super::err;
+use super::grace::Grace;
 use crate::compile::Prefix;
 use crate::datapath::{DatapathError, PolicyId, PortSetId, Result};
 
@@ -45,10 +59,11 @@ pub(super) struct PolicyTables {
     exact: HashMap<MapData, PolicyExactKey, PolicyValue>,
     lens: HashMap<MapData, u32, PolicyLens>,
     counts: PolicyLenCounts,
+    grace: Arc<Grace>,
 }
 
 impl PolicyTables {
-    pub(super) fn take(ebpf: &mut Ebpf) -> Result<Self> {
+    pub(super) fn take(ebpf: &mut Ebpf, grace: Arc<Grace>) -> Result<Self> {
         let mut take = |name: &str| {
             ebpf.take_map(name)
                 .ok_or_else(|| DatapathError::new(format!("map {name} missing from object")))
@@ -59,12 +74,16 @@ impl PolicyTables {
                 .map_err(|e| err(MAP_POLICY_EXACT, e))?,
             lens: HashMap::try_from(take(MAP_POLICY_LENS)?).map_err(|e| err(MAP_POLICY_LENS, e))?,
             counts: PolicyLenCounts::default(),
+            grace,
         })
     }
 
     fn apply(&mut self, id: PolicyId, update: LensUpdate) -> Result<()> {
         match update {
             LensUpdate::Unchanged => Ok(()),
+            // Without grace periods no list could ever be edited safely:
+            // every table is judged by the trie alone.
+            LensUpdate::Write(_) if self.grace.stopped() => Ok(()),
             LensUpdate::Write(v) => self
                 .lens
                 .insert(id, v, 0)
@@ -77,8 +96,8 @@ impl PolicyTables {
         }
     }
 
-    /// Adds entries to policy `id`: lengths listed first, then each entry
-    /// into the trie and then the exact map.
+    /// Adds entries to policy `id`, a table no packet reads yet: lengths
+    /// listed first, then each entry into the trie and then the exact map.
     pub(super) fn add(&mut self, id: PolicyId, entries: &[(Prefix, PortSetId)]) -> Result<()> {
         let keys: Vec<Key<PolicyKey>> = entries.iter().map(|(p, _)| policy_key(id, p)).collect();
         let update = self.counts.adding(id, keys.iter().map(|k| k.prefix_len()));
@@ -99,9 +118,10 @@ impl PolicyTables {
         Ok(())
     }
 
-    /// Removes entries of policy `id`: each from the exact map and then the
-    /// trie, then the lengths no entry has any more. Missing entries are
-    /// fine (removal follows a partial insert too).
+    /// Removes entries of policy `id`, a table no packet reads any more:
+    /// each from the exact map and then the trie, then the lengths no entry
+    /// has any more. Missing entries are fine (removal follows a partial
+    /// insert too).
     pub(super) fn remove(&mut self, id: PolicyId, entries: &[(Prefix, PortSetId)]) -> Result<()> {
         let keys: Vec<Key<PolicyKey>> = entries.iter().map(|(p, _)| policy_key(id, p)).collect();
         // A key already gone is fine (removal follows a partial insert too);
@@ -125,6 +145,68 @@ impl PolicyTables {
         self.apply(id, update)
     }
 
+    /// Edits policy `id`, a table packets read (an in-place edit, in the
+    /// order `reconciler::in_place` chose: every upsert, then every
+    /// removal). Each trie write is one atomic step; the exact map and the
+    /// length list are edited only while the list is gone and a grace
+    /// period has passed (see the module comment) whenever the edit would
+    /// replace or delete an element of either. An add-only edit that keeps
+    /// the lengths writes only fresh elements and needs no wait. A failed
+    /// wait leaves the table as it was, judged by the trie alone.
+    pub(super) fn edit(
+        &mut self,
+        id: PolicyId,
+        upserts: &[(Prefix, PortSetId)],
+        removals: &[Prefix],
+    ) -> Result<()> {
+        let up: Vec<Key<PolicyKey>> = upserts.iter().map(|(p, _)| policy_key(id, p)).collect();
+        let gone: Vec<Key<PolicyKey>> = removals.iter().map(|p| policy_key(id, p)).collect();
+        let before = self.counts.current(id);
+        let mut after = self.counts.clone();
+        after.adding(id, up.iter().map(|k| k.prefix_len()));
+        after.removing(id, gone.iter().map(|k| k.prefix_len()));
+        let listed = matches!(before, LensUpdate::Write(_));
+        let replaces = up
+            .iter()
+            .any(|k| self.exact.get(&PolicyExactKey::of(k), 0).is_ok());
+        let quiet = listed && (replaces || !gone.is_empty() || after.current(id) != before);
+        if quiet {
+            self.apply(id, LensUpdate::Delete)?;
+            if let Err(e) = self.grace.wait_past(self.grace.token()) {
+                // Judged by the trie, which is unchanged; the caller
+                // retires the table.
+                self.counts.forget(id);
+                return Err(err(format!("editing policy {id} in place"), e));
+            }
+        }
+        for (key, (_, ps)) in up.iter().zip(upserts) {
+            let value = PolicyValue { portset_id: *ps };
+            self.trie
+                .insert(key, value, 0)
+                .map_err(|e| err(format!("writing {MAP_POLICY}"), e))?;
+            self.exact
+                .insert(PolicyExactKey::of(key), value, 0)
+                .map_err(|e| err(format!("writing {MAP_POLICY_EXACT}"), e))?;
+        }
+        for key in &gone {
+            if let Err(e) = self.exact.remove(&PolicyExactKey::of(key)) {
+                if !not_found(&e) {
+                    return Err(err(format!("removing from {MAP_POLICY_EXACT}"), e));
+                }
+            }
+            if let Err(e) = self.trie.remove(key) {
+                if !not_found(&e) {
+                    return Err(err(format!("removing from {MAP_POLICY}"), e));
+                }
+            }
+        }
+        self.counts = after;
+        if quiet || !listed {
+            self.apply(id, self.counts.current(id))?;
+        }
+        Ok(())
+    }
+
     /// After a restart: `adopted` is what the trie holds, the one table
     /// every version wrote. The exact map and length lists are rebuilt from
     /// it: every list is removed first (each policy answered by the trie,
@@ -137,8 +219,17 @@ impl PolicyTables {
         adopted: &BTreeMap<PolicyId, Vec<(Prefix, PortSetId)>>,
     ) -> Result<()> {
         let listed: Vec<u32> = self.lens.keys().filter_map(|k| k.ok()).collect();
-        for id in listed {
+        let token = self.grace.token();
+        for &id in &listed {
             self.apply(id, LensUpdate::Delete)?;
+        }
+        // Packets may still read the lists just deleted (and the exact
+        // entries they led to): nothing is written again before they are
+        // done. Without grace periods the tables stay on the trie alone.
+        if !listed.is_empty() {
+            if let Err(e) = self.grace.wait_past(token) {
+                tracing::warn!(error = %e, "policies are judged by the trie alone");
+            }
         }
         let mut known = std::collections::HashSet::new();
         for (&id, entries) in adopted {
