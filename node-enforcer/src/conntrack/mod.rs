@@ -15,7 +15,8 @@
 //! `btf` finds the kfunc);
 //! `kernel` reads its whole table (netlink dump); `stale` is the pure rule;
 //! `batch` reads and deletes eBPF map entries in bulk; `listing` keeps the
-//! bounded list of entries the debug dump shows; `sweep` runs a pass.
+//! bounded list of entries the debug dump shows; `sweep` runs a pass;
+//! `share` keeps each endpoint hook's count of its entries right.
 
 pub mod batch;
 pub mod btf;
@@ -23,6 +24,7 @@ pub mod digest_set;
 pub mod kernel;
 pub mod listing;
 pub mod lookup;
+pub mod share;
 pub mod sweep;
 
 use digest_set::DigestSet;

@@ -10,6 +10,9 @@
 //! few eBPF entries there are. Flows the lookup cannot take (neither TCP
 //! nor UDP) are judged at the end of the pass against a dump of their
 //! family and protocol, once idle longer than the kernel's ICMP timeout.
+//!
+//! Each pass also recounts the entries every endpoint hook holds and
+//! corrects the programs' counts of them ([`super::share`]).
 
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::Path;
@@ -20,6 +23,7 @@ use palisade_ebpf::{Ct4Key, CtKey, CtValue, MAP_CONNTRACK, MAP_CT4};
 
 use super::listing::{EntryView, Listing};
 use super::lookup::{Answer, KernelLookup};
+use super::share::Shares;
 use super::{batch, idle_and_unexplained, kernel, monotonic_ns, Explained, Tuple};
 
 /// What one pass did, for the state dump and metrics.
@@ -46,6 +50,9 @@ pub struct Report {
     /// Whether the pass read the kernel's whole table (a netlink dump),
     /// whatever the reason.
     pub dumped: bool,
+    /// Endpoint hooks whose count of conntrack entries the pass corrected
+    /// (evictions and removals no program counted).
+    pub shares_corrected: usize,
 }
 
 /// Why a pass must not remove anything. The kernel tracks connections in a
@@ -137,6 +144,8 @@ pub struct Conntrack {
     /// (see [`SKIPPED_KERNEL_TRACKS_NOTHING`]).
     pub kernel_seen_tracking: bool,
     pub asking: Asking,
+    /// Each endpoint hook's count of the entries it holds.
+    pub shares: Shares,
 }
 
 impl Conntrack {
@@ -185,6 +194,7 @@ pub fn open(pin_root: &Path, asking: Asking) -> Result<Conntrack, String> {
         v6: open_map(pin_root, MAP_CONNTRACK)?,
         kernel_seen_tracking: false,
         asking,
+        shares: Shares::open(pin_root)?,
     })
 }
 
@@ -234,6 +244,8 @@ struct Judge<'a> {
     error: Option<String>,
     /// False: judge and list, remove nothing (see [`SKIPPED_KERNEL_TRACKS_NOTHING`]).
     remove: bool,
+    /// Entries the pass leaves, by (ifindex, owner).
+    kept: std::collections::HashMap<(u32, u8), u64>,
 }
 
 impl Judge<'_> {
@@ -319,6 +331,11 @@ impl Judge<'_> {
                 .offer(&wide[i], tuples[i], v, self.started, is_stale);
             if is_stale && self.remove {
                 stale_keys.push(keys[i]);
+            } else {
+                *self
+                    .kept
+                    .entry((wide[i].ifindex, wide[i].owner))
+                    .or_default() += 1;
             }
         }
         self.delete(fd, stale_keys);
@@ -351,6 +368,8 @@ impl Judge<'_> {
                     Some(k4) => stale4.push(k4),
                     None => stale6.push(d.key),
                 }
+            } else {
+                *self.kept.entry((d.key.ifindex, d.key.owner)).or_default() += 1;
             }
         }
         self.delete(fd4, &stale4);
@@ -420,6 +439,7 @@ pub fn sweep(maps: &mut Conntrack) -> Result<Report, String> {
     let asked_by = maps.asking.describe();
     let mut dumped = matches!(maps.asking, Asking::Dump { .. });
     let (fd4, fd6) = maps.fds();
+    let shares_before = maps.shares.before();
     let snapshot;
     let (kernel, mut kernel_entries) = match &mut maps.asking {
         Asking::Dump { .. } => {
@@ -445,6 +465,7 @@ pub fn sweep(maps: &mut Conntrack) -> Result<Report, String> {
         deferred: Vec::new(),
         error: None,
         remove: maps.kernel_seen_tracking,
+        kept: std::collections::HashMap::new(),
     };
     let mut scratch4 = Scratch::<Ct4Key>::new();
     batch::read_all::<Ct4Key, CtValue>(fd4, |keys, values| {
@@ -509,6 +530,7 @@ pub fn sweep(maps: &mut Conntrack) -> Result<Report, String> {
     if let Some(e) = judge.error {
         return Err(e);
     }
+    let shares_corrected = maps.shares.correct(&shares_before, &judge.kept);
     let kernel_tracks = judge.remove;
     let mut skipped = Vec::new();
     if !kernel_tracks && judge.entries > 0 {
@@ -535,5 +557,6 @@ pub fn sweep(maps: &mut Conntrack) -> Result<Report, String> {
         asked_by,
         dumped,
         listed: judge.listing.into_sorted(),
+        shares_corrected,
     })
 }
