@@ -95,6 +95,11 @@ struct Args {
     /// Size of each of the eBPF conntrack maps (IPv4 and IPv6), applied when they are first created.
     #[arg(long, env = "PALISADE_CONNTRACK_MAX_ENTRIES", default_value_t = 65536)]
     conntrack_max_entries: u32,
+    /// Most eBPF conntrack entries one hook (egress or ingress) of one pod
+    /// may hold; a new flow past it is dropped. 0: a quarter of the IPv4
+    /// conntrack map's size.
+    #[arg(long, env = "PALISADE_CONNTRACK_SHARE", default_value_t = 0)]
+    conntrack_share: u32,
     /// How often eBPF conntrack entries are checked against the kernel's
     /// conntrack; entries nothing explains are removed.
     #[arg(long, env = "PALISADE_CONNTRACK_CLEANUP_SECS", default_value_t = 60)]
@@ -199,8 +204,12 @@ async fn run(args: Args) -> Result<(), String> {
     if args.conntrack_cleanup_secs == 0 {
         return Err("--conntrack-cleanup-secs must be at least 1".into());
     }
-    let datapath = BpfDatapath::load_with(&args.pin_root, Some(args.conntrack_max_entries))
+    let mut datapath = BpfDatapath::load_with(&args.pin_root, Some(args.conntrack_max_entries))
         .map_err(|e| e.to_string())?;
+    let share = datapath
+        .set_conntrack_share((args.conntrack_share > 0).then_some(args.conntrack_share))
+        .map_err(|e| format!("--conntrack-share: {e}"))?;
+    tracing::info!(share, "conntrack entries one pod hook may hold");
     let checkpoint = Checkpoint::open(&args.state_dir)?;
     let saved = checkpoint.load()?;
     if args.controller_keepalive_ms == 0 {

@@ -123,6 +123,10 @@ fn the_objects_carry_the_values() {
         Some("1048576")
     );
     assert_eq!(
+        env_of(enforcer, "PALISADE_CONNTRACK_SHARE").as_deref(),
+        Some("65536")
+    );
+    assert_eq!(
         env_of(enforcer, "PALISADE_POD_UP_DEADLINE_MS").as_deref(),
         Some("3000")
     );

@@ -5,8 +5,8 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use palisade_ebpf::{
     FlowEvent, FLOW_ALLOWED, FLOW_DENIED, FLOW_WOULD_ALLOW, FLOW_WOULD_DENY, OWNER_FROM_POD,
-    STAT_ALLOWED_UNISOLATED, STAT_DENIED, STAT_DENIED_FRAGMENT, STAT_DENIED_MALFORMED,
-    STAT_DENIED_SPOOF,
+    STAT_ALLOWED_UNISOLATED, STAT_DENIED, STAT_DENIED_CT_SHARE, STAT_DENIED_FRAGMENT,
+    STAT_DENIED_MALFORMED, STAT_DENIED_SPOOF,
 };
 use palisade_proto::v1::{DirectionPolicy, PodPolicy};
 
@@ -132,6 +132,8 @@ fn decide(
         FLOW_DENIED if stat == STAT_DENIED_SPOOF => Decision::new("denied", "spoofed_source"),
         FLOW_DENIED if stat == STAT_DENIED_MALFORMED => Decision::new("denied", "malformed"),
         FLOW_DENIED if stat == STAT_DENIED_FRAGMENT => Decision::new("denied", "fragment"),
+        // Allowed by policy, but the pod's hook holds its conntrack share.
+        FLOW_DENIED if stat == STAT_DENIED_CT_SHARE => Decision::new("denied", "conntrack_share"),
         FLOW_DENIED if stat == STAT_DENIED && e.policy_id == DENY_ALL => {
             // The enforcer could not write the pod's policy and denies all.
             Decision::new("denied", "fail_closed")

@@ -10,7 +10,8 @@ pub struct FlowRecord {
     /// `allowed`, `denied`, `would-deny`, `would-allow`.
     pub verdict: &'static str,
     /// Why: `policy`, `not_isolated`, `node`, `spoofed_source`,
-    /// `fail_closed`, `staged_policy`.
+    /// `malformed`, `fragment`, `conntrack_share`, `fail_closed`,
+    /// `staged_policy`.
     pub reason: &'static str,
     /// Of the local pod: `egress` (it sent) or `ingress` (it receives).
     pub direction: &'static str,

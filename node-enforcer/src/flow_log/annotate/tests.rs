@@ -165,6 +165,17 @@ fn reasons_without_a_policy() {
         (r.verdict, r.reason, r.policies.len()),
         ("denied", "spoofed_source", 0)
     );
+    let over_share = event(
+        FLOW_DENIED,
+        STAT_DENIED_CT_SHARE,
+        OWNER_FROM_POD,
+        ("10.1.1.1", 1, "10.1.1.2", 2, 17),
+    );
+    let r = annotate(&over_share, &k, 0);
+    assert_eq!(
+        (r.verdict, r.reason, r.policies.len()),
+        ("denied", "conntrack_share", 0)
+    );
     let kubelet = event(
         FLOW_ALLOWED,
         STAT_ALLOWED_POLICY,
