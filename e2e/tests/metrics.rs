@@ -80,7 +80,7 @@ fn both_processes_serve_metrics_that_follow_plans_and_traffic() {
         1.0
     );
     assert!(get(&e, "palisade_enforcer_pod_up_duration_seconds_count") >= 3.0);
-    assert!(get(&e, "palisade_enforcer_map_entries{map=\"pal_endpoints\"}") >= 3.0);
+    assert!(get(&e, "palisade_enforcer_map_entries{map=\"pal_ep_index\"}") >= 3.0);
 
     let verdicts = |direction: &str, verdict: &str, reason: &str| {
         format!(
