@@ -1,5 +1,5 @@
 //! One pod cannot evict every other pod's flows (issue 18 item 5, DESIGN
-//! invariant 17). The eBPF conntrack maps are node-wide LRUs: a pod
+//! invariant 18). The eBPF conntrack maps are node-wide LRUs: a pod
 //! opening new flows as fast as it can used to push other pods'
 //! established entries out, and their replies, which policy does not allow
 //! on their own, were then dropped.

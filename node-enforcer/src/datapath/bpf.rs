@@ -158,7 +158,7 @@ impl BpfDatapath {
     }
 
     /// Sets the most conntrack entries one hook of one endpoint may hold
-    /// (DESIGN invariant 17); None: a quarter of the IPv4 conntrack map as
+    /// (DESIGN invariant 18); None: a quarter of the IPv4 conntrack map as
     /// it is (a pinned map keeps the size it was made with). Returns the
     /// share set. A share past the map's size is the map's size.
     pub fn set_conntrack_share(&mut self, share: Option<u32>) -> Result<u32> {
