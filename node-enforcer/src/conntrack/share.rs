@@ -89,6 +89,14 @@ impl Shares {
         [0, 1].map(|owner| self.shares.load_u64(slot, CREATED + 8 * owner))
     }
 
+    /// The (egress, ingress) entries the counters say the endpoint of
+    /// `ifindex` holds, if a slot holds it.
+    pub fn held(&self, ifindex: u32) -> Option<[u64; 2]> {
+        let slot = (0..EP_SLOTS).find(|&s| ifindex != 0 && self.occupant(s) == ifindex)?;
+        let created = self.created(slot);
+        Some([0, 1].map(|o| created[o].wrapping_sub(self.shares.load_u64(slot, REMOVED + 8 * o))))
+    }
+
     /// Taken before a pass reads the maps.
     pub fn before(&self) -> Before {
         Before {
