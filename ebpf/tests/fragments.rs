@@ -783,3 +783,99 @@ fn headers_read_by_copy_judge_fragments_alike() {
     assert!(in_place.1[STAT_DENIED_FRAGMENT as usize] > 0);
     assert!(in_place.1[STAT_DENIED_EXT_HEADERS as usize] > 0);
 }
+
+/// A fragment finds its endpoint as every packet does (struct ep_slot):
+/// through the index when its home slot is not trusted, with the same
+/// answers; and once the index names a slot that holds another interface
+/// (an element reused under the lookup), every fragment drops as
+/// endpoint_unsure, later ones of a datagram whose first fragment passed
+/// included: neither the other slot's policy nor its epochs decide.
+#[test]
+fn fragments_are_judged_by_their_own_endpoint_slot() {
+    let mut h = Harness::new().off_home();
+    h.endpoint(INGRESS, EGRESS);
+    h.cidr(EGRESS, "10.0.1.0/24", 1);
+    h.cidr(EGRESS, "fd00:1::/64", 1);
+    h.ports(1, PROTO_UDP, 53, 53);
+    let mine = h.slot_of(LO);
+    assert_ne!(mine, ep_home(LO), "found through the index only");
+    let cuts = [1480, 2960];
+    for (me, peer) in FAMILIES {
+        let allowed = fragments(me, peer, PROTO_UDP, 7, &udp_datagram(1000, 53, 3000), &cuts);
+        for (i, f) in allowed.iter().enumerate() {
+            assert_eq!(h.pod_sends(f), ALLOW, "{me} -> {peer}: fragment {i}");
+        }
+        let denied = fragments(me, peer, PROTO_UDP, 8, &udp_datagram(1000, 54, 3000), &cuts);
+        for (i, f) in denied.iter().enumerate() {
+            assert_eq!(h.pod_sends(f), DROP, "{me} -> {peer}:54 fragment {i}");
+        }
+    }
+    assert_eq!(
+        counted(
+            &h,
+            &[
+                STAT_ALLOWED_POLICY,
+                STAT_ALLOWED_FRAGMENT,
+                STAT_DENIED,
+                STAT_DENIED_FRAGMENT
+            ]
+        ),
+        [2, 4, 2, 4]
+    );
+
+    // First fragments pass; then the index names another interface's slot,
+    // one open both ways under the same epochs.
+    let mut pending = Vec::new();
+    for (me, peer) in FAMILIES {
+        let mut frags = fragments(me, peer, PROTO_UDP, 9, &udp_datagram(1000, 53, 3000), &cuts);
+        assert_eq!(h.pod_sends(&frags[0]), ALLOW, "{me}: first fragment");
+        pending.extend(frags.drain(1..));
+    }
+    let ours = h.ep_slots().get(&mine, 0).unwrap();
+    let elsewhere = ep_home(LO + 1);
+    let open = Direction {
+        policy: 0,
+        epoch: 0,
+    };
+    let other = EpSlot {
+        ifindex: LO + 1,
+        home: 0,
+        ingress: open.word(),
+        egress: open.word(),
+        ..ours
+    };
+    h.ep_slots().set(elsewhere, other, 0).unwrap();
+    h.ep_index().insert(LO, elsewhere, 0).unwrap();
+    let before = counted(&h, &[STAT_ALLOWED_FRAGMENT, STAT_DENIED_FRAGMENT]);
+    for (i, f) in pending.iter().enumerate() {
+        assert_eq!(
+            h.pod_sends(f),
+            DROP,
+            "later fragment {i} on a slot not ours"
+        );
+    }
+    let denied = fragments(
+        POD4,
+        PEER4,
+        PROTO_UDP,
+        10,
+        &udp_datagram(1000, 54, 3000),
+        &cuts,
+    );
+    assert_eq!(h.pod_sends(&denied[0]), DROP, "the open slot never judges");
+    assert_eq!(
+        h.stat(STAT_DENIED_ENDPOINT_UNSURE),
+        pending.len() as u64 + 1
+    );
+    assert_eq!(
+        counted(&h, &[STAT_ALLOWED_FRAGMENT, STAT_DENIED_FRAGMENT]),
+        before,
+        "no record consulted"
+    );
+
+    // The index names our slot again: the datagram's record stands.
+    h.ep_index().insert(LO, mine, 0).unwrap();
+    for (i, f) in pending.iter().enumerate() {
+        assert_eq!(h.pod_sends(f), ALLOW, "later fragment {i} on our slot");
+    }
+}
