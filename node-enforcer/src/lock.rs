@@ -8,6 +8,7 @@
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 pub struct Lock {
@@ -29,11 +30,13 @@ fn try_lock(f: &File) -> std::io::Result<bool> {
 }
 
 /// Locks `<state_dir>/enforcer.lock` and the pin root directory, waiting up
-/// to `timeout` (None: forever) for another enforcer to let go.
+/// to `timeout` (None: forever) for another enforcer to let go, or until
+/// `stop` is set (the process was asked to exit while it waited).
 pub fn acquire(
     state_dir: &Path,
     pin_root: &Path,
     timeout: Option<Duration>,
+    stop: &AtomicBool,
 ) -> Result<Lock, String> {
     let had = crate::private::dir(state_dir)
         .map_err(|e| format!("creating state directory {}: {e}", state_dir.display()))?;
@@ -73,6 +76,9 @@ pub fn acquire(
                 );
                 said = true;
             }
+            if stop.load(Ordering::Relaxed) {
+                return Err(format!("asked to stop while waiting for {what}"));
+            }
             if timeout.is_some_and(|t| started.elapsed() >= t) {
                 return Err(format!(
                     "another enforcer still holds {what} after {:?}; only one enforcer may own a node",
@@ -97,13 +103,19 @@ mod tests {
     fn a_second_holder_waits_and_times_out_with_a_clear_message() {
         let state = tempfile::tempdir().unwrap();
         let pins = tempfile::tempdir().unwrap();
-        let first = acquire(state.path(), pins.path(), Some(Duration::ZERO)).unwrap();
-        let err = acquire(state.path(), pins.path(), Some(Duration::from_millis(200)))
-            .err()
-            .expect("a second enforcer must not get the lock");
+        let go = AtomicBool::new(false);
+        let first = acquire(state.path(), pins.path(), Some(Duration::ZERO), &go).unwrap();
+        let err = acquire(
+            state.path(),
+            pins.path(),
+            Some(Duration::from_millis(200)),
+            &go,
+        )
+        .err()
+        .expect("a second enforcer must not get the lock");
         assert!(err.contains("another enforcer"), "{err}");
         drop(first);
-        acquire(state.path(), pins.path(), Some(Duration::ZERO))
+        acquire(state.path(), pins.path(), Some(Duration::ZERO), &go)
             .expect("free once the first is gone");
     }
 
@@ -114,11 +126,52 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let state = root.path().join("state");
         let pins = tempfile::tempdir().unwrap();
-        drop(acquire(&state, pins.path(), Some(Duration::ZERO)).unwrap());
+        drop(
+            acquire(
+                &state,
+                pins.path(),
+                Some(Duration::ZERO),
+                &AtomicBool::new(false),
+            )
+            .unwrap(),
+        );
         assert_eq!(mode(&state), 0o700);
         assert_eq!(mode(&state.join("enforcer.lock")), 0o600);
         std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
-        drop(acquire(&state, pins.path(), Some(Duration::ZERO)).unwrap());
+        drop(
+            acquire(
+                &state,
+                pins.path(),
+                Some(Duration::ZERO),
+                &AtomicBool::new(false),
+            )
+            .unwrap(),
+        );
         assert_eq!(mode(&state), 0o700, "tightened at start");
+    }
+
+    /// A waiting enforcer asked to exit stops waiting at once (a surge pod
+    /// deleted before the old one let go).
+    #[test]
+    fn a_waiter_asked_to_stop_gives_up_without_the_lock() {
+        let state = tempfile::tempdir().unwrap();
+        let pins = tempfile::tempdir().unwrap();
+        let go = AtomicBool::new(false);
+        let _first = acquire(state.path(), pins.path(), None, &go).unwrap();
+        let stop = AtomicBool::new(false);
+        let started = Instant::now();
+        let err = std::thread::scope(|s| {
+            let waiter = s.spawn(|| acquire(state.path(), pins.path(), None, &stop));
+            // The waiter is in its poll loop by now or soon; either way
+            // the flag ends it.
+            stop.store(true, Ordering::Relaxed);
+            waiter
+                .join()
+                .unwrap()
+                .err()
+                .expect("no lock while the first holds it")
+        });
+        assert!(err.contains("asked to stop"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(2));
     }
 }

@@ -9,7 +9,7 @@ use node_enforcer::desired::Mode;
 use node_enforcer::handle::Handle;
 use node_enforcer::reconciler::{Event, Reconciler};
 use node_enforcer::{plan_client, server, telemetry};
-use palisade_proto::transport::{serve_on, shutdown_signal, Address, Listener};
+use palisade_proto::transport::{serve_on, Address, Listener};
 use palisade_proto::v1::NodeState;
 use tokio::sync::{mpsc, watch};
 
@@ -151,6 +151,9 @@ async fn main() {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colours only for a person at a terminal: a container's log (what
+        // kubectl logs shows) gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let args = Args::parse();
     let telemetry = start_telemetry(args.otlp_endpoint.clone(), &args.node_name);
@@ -162,6 +165,31 @@ async fn main() {
         tracing::error!("{e}");
         eprintln!("palisade-enforcer: {e}");
         std::process::exit(1);
+    }
+}
+
+/// SIGTERM (the kubelet's stop) or SIGINT, registered once and early so
+/// that none is lost between phases.
+struct Stop {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Stop {
+    fn listen() -> Result<Stop, String> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let listen = |kind| signal(kind).map_err(|e| format!("listening for signals: {e}"));
+        Ok(Stop {
+            term: listen(SignalKind::terminate())?,
+            int: listen(SignalKind::interrupt())?,
+        })
+    }
+
+    async fn wait(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
     }
 }
 
@@ -192,15 +220,29 @@ async fn run(args: Args) -> Result<(), String> {
             args.pod_up_deadline_ms
         ));
     }
+    // Listened for from here on: as a container's PID 1 the enforcer has no
+    // default action for SIGTERM, so one that came before a listener (while
+    // it waits for the node lock, in a surge rollout) would be lost and the
+    // kubelet would have to SIGKILL it after the grace period.
+    let mut stop = Stop::listen()?;
     // Before touching anything shared: one enforcer per node.
     let lock_timeout = (args.lock_timeout_secs > 0)
         .then(|| std::time::Duration::from_secs(args.lock_timeout_secs));
     let (state_dir, pin_root) = (args.state_dir.clone(), args.pin_root.clone());
-    let _lock = tokio::task::spawn_blocking(move || {
-        node_enforcer::lock::acquire(&state_dir, &pin_root, lock_timeout)
-    })
-    .await
-    .map_err(|e| format!("waiting for the node lock: {e}"))??;
+    let stop_waiting = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop_waiting.clone();
+    let mut waiting = tokio::task::spawn_blocking(move || {
+        node_enforcer::lock::acquire(&state_dir, &pin_root, lock_timeout, &flag)
+    });
+    let _lock = tokio::select! {
+        lock = &mut waiting => lock.map_err(|e| format!("waiting for the node lock: {e}"))??,
+        () = stop.wait() => {
+            stop_waiting.store(true, std::sync::atomic::Ordering::Relaxed);
+            let _ = waiting.await;
+            tracing::info!("stopped while waiting for the node lock; nothing was touched");
+            return Ok(());
+        }
+    };
     if args.conntrack_cleanup_secs == 0 {
         return Err("--conntrack-cleanup-secs must be at least 1".into());
     }
@@ -366,7 +408,7 @@ async fn run(args: Args) -> Result<(), String> {
     let result = {
         let shutdown = async {
             tokio::select! {
-                _ = shutdown_signal() => tracing::info!("shutting down"),
+                () = stop.wait() => tracing::info!("shutting down"),
                 _ = dead_rx => {
                     // Nothing can change the datapath any more: say so, and
                     // exit so the node restarts us (the pinned programs keep

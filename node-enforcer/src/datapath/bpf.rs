@@ -117,7 +117,14 @@ impl BpfDatapath {
         }
         let mut ebpf = loader
             .load(palisade_ebpf::OBJECT)
-            .map_err(|e| err("loading the eBPF object", e))?;
+            // With its causes: "failed to create map" alone does not say
+            // whether seccomp, a capability or memory refused it.
+            .map_err(|e| {
+                err(
+                    "loading the eBPF object",
+                    palisade_proto::transport::source_chain(&e),
+                )
+            })?;
         for name in [PROG_FROM_POD, PROG_TO_POD] {
             let prog: &mut SchedClassifier = ebpf
                 .program_mut(name)
