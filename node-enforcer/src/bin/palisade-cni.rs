@@ -55,22 +55,28 @@ fn main() -> ExitCode {
     }
 }
 
-/// `palisade-cni install|uninstall [FLAGS]`: see `cni_plugin::install`.
+/// `palisade-cni install|uninstall [FLAGS]`: see `cni_plugin::install`;
+/// `palisade-cni install-seccomp`: see `cni_plugin::seccomp_install`.
 fn admin(command: &str, flags: &[String]) -> ExitCode {
-    use node_enforcer::cni_plugin::install;
-    let result = install::parse_args(flags).and_then(|opts| match command {
-        "install" => {
-            let own = std::env::current_exe()
-                .map_err(|e| install::InstallError::Io(format!("finding this binary: {e}")))?;
-            install::install(&opts, &own)
-        }
-        "uninstall" => install::uninstall(&opts),
-        other => Err(install::InstallError::Usage(format!(
-            "unknown command {other:?}: palisade-cni takes no arguments when a CNI runtime \
+    use node_enforcer::cni_plugin::{install, seccomp_install};
+    let result = if command == "install-seccomp" {
+        seccomp_install::parse_args(flags).and_then(|opts| seccomp_install::install(&opts))
+    } else {
+        install::parse_args(flags).and_then(|opts| match command {
+            "install" => {
+                let own = std::env::current_exe()
+                    .map_err(|e| install::InstallError::Io(format!("finding this binary: {e}")))?;
+                install::install(&opts, &own)
+            }
+            "uninstall" => install::uninstall(&opts),
+            other => Err(install::InstallError::Usage(format!(
+                "unknown command {other:?}: palisade-cni takes no arguments when a CNI runtime \
              runs it, and `install` or `uninstall` [--conf-dir DIR] [--conf-file NAME] \
-             [--bin-dir DIR] [--enforcer-socket PATH] [--timeout-seconds N] otherwise"
-        ))),
-    });
+             [--bin-dir DIR] [--enforcer-socket PATH] [--timeout-seconds N], \
+             `install-seccomp` --from FILE --dir DIR --name PATH, or `health` otherwise"
+            ))),
+        })
+    };
     match result {
         Ok(lines) => {
             for line in lines {

@@ -201,7 +201,7 @@ fn config_path(opts: &Options) -> Result<PathBuf, InstallError> {
 
 /// Replaces `path` with `bytes` so that a reader sees the old file or the
 /// new one, never a mix, and the new one survives a crash.
-fn replace_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), InstallError> {
+pub(super) fn replace_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), InstallError> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().unwrap_or_default().to_string_lossy();

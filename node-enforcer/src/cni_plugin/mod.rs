@@ -20,6 +20,7 @@ pub mod config;
 pub mod error;
 pub mod host_veth;
 pub mod install;
+pub mod seccomp_install;
 
 #[cfg(test)]
 mod tests;
