@@ -7,6 +7,8 @@
 //! receives. The check therefore parses each object, serializes it back, and
 //! reports every field of the original that the round trip lost.
 
+pub mod pod_security;
+
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;

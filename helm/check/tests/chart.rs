@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use palisade_chart_check::check_object;
+use palisade_chart_check::pod_security::{violations, Level};
 use serde_json::Value;
 
 fn helm_dir() -> PathBuf {
@@ -63,6 +64,228 @@ fn env_of(container: &Value, name: &str) -> Option<String> {
         .iter()
         .find(|e| e["name"] == name)
         .and_then(|e| e["value"].as_str().map(str::to_string))
+}
+
+fn init_container<'a>(pod: &'a Value, name: &str) -> &'a Value {
+    pod["initContainers"]
+        .as_array()
+        .and_then(|l| l.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("no init container {name}: {pod}"))
+}
+
+/// Renders with `values` (YAML text) as the values file.
+fn render_with(values: &str) -> Result<Vec<Value>, String> {
+    let dir = tempfile_dir();
+    let file = dir.join("values.yaml");
+    std::fs::write(&file, values).unwrap();
+    let result = render(Some(&file));
+    std::fs::remove_dir_all(&dir).unwrap();
+    result
+}
+
+fn tempfile_dir() -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "palisade-chart-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn pod_spec<'a>(objects: &'a [Value], kind: &str) -> &'a Value {
+    &find(objects, kind)["spec"]["template"]["spec"]
+}
+
+fn all_cases() -> Vec<(String, Vec<Value>)> {
+    let mut cases = vec![("default values".to_string(), render(None).unwrap())];
+    for f in values_files() {
+        let objects = render(Some(&f)).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        cases.push((f.display().to_string(), objects));
+    }
+    cases
+}
+
+/// The controller meets the restricted Pod Security level; the enforcer
+/// breaks baseline by exactly its host network, its host paths and its
+/// three capabilities, so its namespace needs privileged (README).
+#[test]
+fn the_controller_is_restricted_and_the_enforcer_needs_privileged_for_its_host_access_only() {
+    for (label, objects) in all_cases() {
+        let controller = pod_spec(&objects, "Deployment");
+        assert_eq!(
+            violations(controller, Level::Restricted),
+            Vec::<String>::new(),
+            "{label}: the controller"
+        );
+        let enforcer = pod_spec(&objects, "DaemonSet");
+        let found = violations(enforcer, Level::Baseline);
+        let mut controls: Vec<String> = found
+            .iter()
+            .map(|v| v.split(':').next().unwrap().to_string())
+            .collect();
+        controls.dedup();
+        assert_eq!(
+            controls,
+            ["host namespaces", "hostPath volumes", "capabilities"],
+            "{label}: {found:#?}"
+        );
+        let added: Vec<&String> = found
+            .iter()
+            .filter(|v| v.starts_with("capabilities"))
+            .collect();
+        assert_eq!(
+            added.len(),
+            3,
+            "{label}: only BPF, NET_ADMIN, PERFMON: {added:?}"
+        );
+    }
+}
+
+/// The enforcer runs under the chart's own seccomp profile (Localhost),
+/// named by the profile file's content, which the install-seccomp init
+/// container copies from the chart's ConfigMap onto the node first; every
+/// other container of both pods runs under the runtime's default.
+#[test]
+fn the_enforcer_runs_under_the_charts_seccomp_profile() {
+    let profile =
+        std::fs::read_to_string(helm_dir().join("palisade/files/enforcer-seccomp.json")).unwrap();
+    let out = Command::new("sha256sum")
+        .arg(helm_dir().join("palisade/files/enforcer-seccomp.json"))
+        .output()
+        .unwrap();
+    let digest = String::from_utf8_lossy(&out.stdout)[..16].to_string();
+    let name = format!("palisade/enforcer-{digest}.json");
+    for (label, objects) in all_cases() {
+        let pod = pod_spec(&objects, "DaemonSet");
+        let enforcer = &pod["containers"][0];
+        assert_eq!(
+            enforcer["securityContext"]["seccompProfile"],
+            serde_json::json!({"type": "Localhost", "localhostProfile": name}),
+            "{label}"
+        );
+        let init = init_container(pod, "install-seccomp");
+        let command: Vec<&str> = init["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert_eq!(command[1], "install-seccomp");
+        assert_eq!(command.last(), Some(&name.as_str()), "{label}");
+        let cm = objects
+            .iter()
+            .find(|o| {
+                o["kind"] == "ConfigMap" && o["metadata"]["name"] == "palisade-enforcer-seccomp"
+            })
+            .unwrap_or_else(|| panic!("{label}: no seccomp ConfigMap"));
+        assert_eq!(
+            cm["data"]["enforcer.json"].as_str(),
+            Some(profile.as_str()),
+            "{label}"
+        );
+        let kubelet = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "kubelet-seccomp")
+            .unwrap();
+        assert_eq!(
+            kubelet["hostPath"]["path"], "/var/lib/kubelet/seccomp",
+            "{label}"
+        );
+        for c in pod["initContainers"].as_array().unwrap() {
+            assert_eq!(
+                c["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+                "{label}: {}",
+                c["name"]
+            );
+        }
+    }
+    let unconfined = render_with("enforcer: {seccompProfile: unconfined}\n").unwrap();
+    let pod = pod_spec(&unconfined, "DaemonSet");
+    assert_eq!(
+        pod["containers"][0]["securityContext"]["seccompProfile"]["type"],
+        "Unconfined"
+    );
+    assert!(pod["initContainers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| c["name"] != "install-seccomp"));
+    assert!(!unconfined.iter().any(|o| o["kind"] == "ConfigMap"));
+    let err = render_with("enforcer: {seccompProfile: localhost}\n").unwrap_err();
+    assert!(err.contains("/enforcer/seccompProfile"), "{err}");
+}
+
+/// The shipped profile is an allow list (anything else: ENOSYS, so the C
+/// library's fallbacks work), allows bpf(2), and none of the calls that
+/// widen a compromised process's reach: new namespaces, mounts, tracing
+/// other processes, keys, io_uring, userfaultfd, modules, kexec.
+#[test]
+fn the_enforcers_seccomp_profile_allows_bpf_and_no_escape_hatch() {
+    let text =
+        std::fs::read_to_string(helm_dir().join("palisade/files/enforcer-seccomp.json")).unwrap();
+    let p: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(p["defaultAction"], "SCMP_ACT_ERRNO");
+    assert_eq!(p["defaultErrnoRet"], 38, "ENOSYS");
+    let rules = p["syscalls"].as_array().unwrap();
+    let allowed = |name: &str| {
+        rules
+            .iter()
+            .filter(|r| r["names"].as_array().unwrap().iter().any(|n| n == name))
+            .collect::<Vec<_>>()
+    };
+    for r in rules {
+        assert_eq!(r["action"], "SCMP_ACT_ALLOW", "{r}");
+    }
+    assert_eq!(allowed("bpf").len(), 1);
+    assert!(
+        allowed("bpf")[0]["args"].is_null(),
+        "bpf(2) without conditions"
+    );
+    for name in [
+        "unshare",
+        "setns",
+        "clone3",
+        "mount",
+        "umount2",
+        "pivot_root",
+        "chroot",
+        "ptrace",
+        "process_vm_readv",
+        "process_vm_writev",
+        "keyctl",
+        "add_key",
+        "request_key",
+        "userfaultfd",
+        "io_uring_setup",
+        "io_uring_enter",
+        "perf_event_open",
+        "init_module",
+        "finit_module",
+        "delete_module",
+        "kexec_load",
+        "kexec_file_load",
+        "reboot",
+        "swapon",
+        "open_by_handle_at",
+        "personality",
+        "setuid",
+        "setgid",
+        "capset",
+    ] {
+        assert!(allowed(name).is_empty(), "{name} is allowed");
+    }
+    // clone only without CLONE_NEWNS|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET|NEWCGROUP.
+    let clone = allowed("clone");
+    assert_eq!(clone.len(), 1);
+    assert_eq!(
+        clone[0]["args"],
+        serde_json::json!([{"index": 0, "value": 0x7e02_0000u64, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}])
+    );
 }
 
 #[test]
@@ -134,8 +357,15 @@ fn the_objects_carry_the_values() {
         env_of(enforcer, "PALISADE_CONNTRACK_ASK").as_deref(),
         Some("dump")
     );
-    // cni.install: false leaves the node's CNI configuration alone.
-    assert!(pod["initContainers"].is_null(), "{pod}");
+    // cni.install: false leaves the node's CNI configuration alone; the
+    // seccomp profile is still installed.
+    let inits: Vec<&str> = pod["initContainers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(inits, ["install-seccomp"], "{pod}");
     assert_eq!(pod["hostNetwork"], true);
     assert_eq!(
         enforcer["securityContext"]["capabilities"]["add"],
@@ -152,7 +382,7 @@ fn the_objects_carry_the_values() {
         env_of(&pod["containers"][0], "PALISADE_MODE").as_deref(),
         Some("standard")
     );
-    let init = &pod["initContainers"][0];
+    let init = init_container(pod, "install-cni");
     let command: Vec<&str> = init["command"]
         .as_array()
         .unwrap()

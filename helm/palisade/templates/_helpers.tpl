@@ -26,3 +26,10 @@ app.kubernetes.io/name: palisade
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: enforcer
 {{- end -}}
+
+{{- /* The enforcer's Localhost seccomp profile, named by its content: a pod
+       (and a restart of its container) always gets the profile of its own
+       chart version, even while another version's pods install theirs. */}}
+{{- define "palisade.seccompProfileName" -}}
+palisade/enforcer-{{ .Files.Get "files/enforcer-seccomp.json" | sha256sum | trunc 16 }}.json
+{{- end -}}
