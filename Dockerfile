@@ -1,33 +1,30 @@
-# One image with Palisade's three binaries: palisade-controller,
-# palisade-enforcer and palisade-cni (which the enforcer DaemonSet's init
-# container copies onto the node). Not built in this repository's CI, which
-# has no container engine; see README.md, "Installing with Helm".
+# Palisade's image: palisade-controller, palisade-enforcer and palisade-cni
+# (which the enforcer DaemonSet's init container copies onto the node), the
+# shared libraries they link (named by ldd), a passwd with the non-root user,
+# CA certificates. Nothing else: no shell, no package manager.
 #
-#   docker build -t ghcr.io/palisade/palisade:0.1.0 .
-
-# ---- build: Rust, and clang for the eBPF programs (C, compiled by
-# ebpf/build.rs with clang -target bpf against libbpf's headers).
-FROM rust:1.95-bookworm AS build
-RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      clang llvm libbpf-dev \
- && rm -rf /var/lib/apt/lists/*
-WORKDIR /src
-COPY . .
-RUN cargo build --release --locked \
-      -p policy-controller --bin palisade-controller \
-      -p node-enforcer --bin palisade-enforcer --bin palisade-cni \
- && mkdir -p /out \
- && cp target/release/palisade-controller target/release/palisade-enforcer \
-       target/release/palisade-cni /out/
-
-# ---- run: distroless with glibc (the binaries link it dynamically; the
-# CNI plugin also runs on the host, whose glibc is at least bookworm's on
-# supported nodes). No shell, no package manager.
-FROM gcr.io/distroless/cc-debian12
-COPY --from=build /out/ /usr/local/bin/
+# Built by scripts/image.sh, which compiles the release binaries and stages
+# the build context this file copies (rootfs/); build it with that script,
+# in CI as on a laptop:
+#
+#   scripts/image.sh              # -> ghcr.io/palisade/palisade:VERSION and :VERSION-COMMIT
+#
+# FROM scratch so that the image tested in this repository's CI (no registry,
+# nothing to pull) is the image shipped. The libraries come from the build
+# machine's Debian packages (listed in /usr/share/palisade/image-contents):
+# build on Debian 12 or newer, since palisade-cni also runs on the host and
+# needs a glibc at least as new as the one it was linked against.
+FROM scratch
+COPY rootfs/ /
+ARG VERSION
+ARG REVISION
+LABEL org.opencontainers.image.title="palisade" \
+      org.opencontainers.image.description="Kubernetes NetworkPolicy enforcement with eBPF" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}"
 # The controller runs as this user (the chart sets it too); the enforcer
-# and the init container override it with root plus only the capabilities
+# and the init containers override it with root plus only the capabilities
 # they need (see helm/palisade/templates/enforcer.yaml).
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/palisade-controller"]

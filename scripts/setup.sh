@@ -11,10 +11,13 @@ fi
 
 # containerd and runc: the lab's `runtime: containerd` (a real runtime
 # starting the pods over CRI); libc6-dev: the static pause program of its
-# sandbox image.
+# sandbox image. podman and buildah build Palisade's image
+# (scripts/image.sh) and run the chart's pods (--node-processes image);
+# openssl signs the lab's node certificates when a chart values file turns
+# TLS on.
 DEBS=(clang llvm libbpf-dev bpftool iproute2 nftables iptables conntrack
       containernetworking-plugins iperf3 socat util-linux procps
-      containerd runc libc6-dev)
+      containerd runc libc6-dev podman buildah openssl)
 missing=()
 for p in "${DEBS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -54,7 +57,7 @@ if ! command -v cargo >/dev/null 2>&1; then
   echo "setup.sh: cargo not found; install a Rust toolchain (1.95 or newer)" >&2
   exit 2
 fi
-for tool in grpcurl buf clang; do
+for tool in grpcurl buf clang podman buildah; do
   command -v "$tool" >/dev/null || { echo "setup.sh: $tool still missing after install" >&2; exit 2; }
 done
 [[ -x /usr/lib/cni/ptp && -x /usr/lib/cni/host-local ]] || {

@@ -13,6 +13,10 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo build"
 cargo build --workspace --bins
+# The image the image tests run (release binaries); they would build it
+# themselves, this says how long it takes.
+echo "== image"
+time scripts/image.sh
 echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -27,6 +27,7 @@ pub mod dump;
 pub mod fault;
 pub mod forge;
 pub mod grpc;
+pub mod image;
 pub mod lab;
 pub mod listener;
 pub mod manifests;

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# Builds Palisade's image from this tree: the release binaries, the shared
+# libraries ldd names for them (from the build machine's Debian packages),
+# a passwd with root and the non-root user, CA certificates, staged as the
+# build context of ./Dockerfile (FROM scratch) and built with buildah.
+#
+#   scripts/image.sh [--repository REPO] [--profile release|dev]
+#
+# Tags REPO:VERSION and REPO:VERSION-COMMIT (the workspace version and the
+# commit, with "-dirty" when tracked files differ from it). The build is
+# reproducible: the layer's timestamps are the commit's, so the same tree
+# gives the same image id, and an up-to-date image is not rebuilt. Prints
+# key=value lines last: image= (the VERSION-COMMIT reference), id=,
+# size_bytes=, built=yes|no. Needs root (buildah), cargo, and buildah
+# (scripts/setup.sh installs it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The chart's image.repository is the one home of the default repository.
+repository=$(sed -n 's/^  repository: *//p' helm/palisade/values.yaml | head -1)
+[[ -n $repository ]] || { echo "image.sh: no image.repository in helm/palisade/values.yaml" >&2; exit 2; }
+profile=release
+while (($#)); do
+  case $1 in
+    --repository) repository=$2; shift 2 ;;
+    --profile) profile=$2; shift 2 ;;
+    *) echo "image.sh: unknown argument $1 (known: --repository REPO, --profile release|dev)" >&2; exit 2 ;;
+  esac
+done
+case $profile in
+  release) target_dir=target/release ;;
+  dev) target_dir=target/debug ;;
+  *) echo "image.sh: --profile must be release or dev, not $profile" >&2; exit 2 ;;
+esac
+command -v buildah >/dev/null || { echo "image.sh: buildah not found (scripts/setup.sh installs it)" >&2; exit 2; }
+# One build at a time (tests in parallel share the image).
+mkdir -p target
+exec 9>target/.image.lock
+flock 9
+
+version=$(cargo metadata --no-deps --format-version 1 --locked |
+  python3 -c 'import json,sys; print({p["name"]: p["version"] for p in json.load(sys.stdin)["packages"]}["node-enforcer"])')
+commit=$(git rev-parse --short=12 HEAD)
+git diff --quiet HEAD -- || commit="$commit-dirty"
+commit_time=$(git log -1 --format=%ct HEAD)
+ref="$repository:$version-$commit"
+
+cargo build --profile "$profile" --locked \
+  -p policy-controller --bin palisade-controller \
+  -p node-enforcer --bin palisade-enforcer --bin palisade-cni >&2
+
+context=$(mktemp -d "${TMPDIR:-/tmp}/palisade-image.XXXXXX")
+trap 'rm -rf "$context"' EXIT
+root="$context/rootfs"
+mkdir -p "$root"
+
+# Copies a host path into the image at the same path, recreating every
+# symlink on the way (/lib64 -> usr/lib64, ...), so that the paths the
+# binaries name (their interpreter, ldd's answers) resolve in the image as
+# they do here.
+stage_path() {
+  local path=$1 prefix="" rest=${1#/} part target dir
+  while [[ -n $rest ]]; do
+    part=${rest%%/*}
+    if [[ $rest == */* ]]; then rest=${rest#*/}; else rest=""; fi
+    prefix="$prefix/$part"
+    if [[ -L $prefix ]]; then
+      target=$(readlink "$prefix")
+      dir=$(dirname "$prefix")
+      mkdir -p "$root$dir"
+      [[ -L $root$prefix ]] || ln -s "$target" "$root$prefix"
+      [[ $target == /* ]] || target="${dir%/}/$target"
+      stage_path "$target${rest:+/$rest}"
+      return
+    fi
+  done
+  mkdir -p "$root$(dirname "$path")"
+  cp "$path" "$root$path"
+}
+
+binaries=(palisade-controller palisade-enforcer palisade-cni)
+mkdir -p "$root/usr/local/bin"
+for b in "${binaries[@]}"; do
+  install -m 0755 "$target_dir/$b" "$root/usr/local/bin/$b"
+done
+
+# Every library any binary loads, and the dynamic loader itself.
+mapfile -t libraries < <(for b in "${binaries[@]}"; do
+    ldd "$target_dir/$b" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'
+  done | sort -u)
+for lib in "${libraries[@]}"; do
+  stage_path "$lib"
+done
+
+# Licences of the Debian packages whose files the image carries.
+packages=()
+for lib in "${libraries[@]}"; do
+  packages+=("$(dpkg -S "$lib" | head -1 | cut -d: -f1)")
+done
+packages+=(ca-certificates)
+mapfile -t packages < <(printf '%s\n' "${packages[@]}" | sort -u)
+for p in "${packages[@]}"; do
+  stage_path "/usr/share/doc/$p/copyright"
+done
+
+mkdir -p "$root/etc/ssl/certs" "$root/tmp" "$root/usr/share/palisade"
+chmod 1777 "$root/tmp"
+cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
+cat >"$root/etc/passwd" <<'EOF'
+root:x:0:0:root:/root:/sbin/nologin
+nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin
+EOF
+cat >"$root/etc/group" <<'EOF'
+root:x:0:
+nonroot:x:65532:
+EOF
+# glibc resolves names from /etc/hosts first (hostAliases, the node's own
+# names), then DNS.
+echo 'hosts: files dns' >"$root/etc/nsswitch.conf"
+
+# What the image holds and where each file came from; checked by the image
+# test, readable in the image for whoever audits it.
+{
+  for p in "${packages[@]}"; do
+    echo "package $p $(dpkg-query -W -f='${Version}' "$p")"
+  done
+  (cd "$root" && find . -type f -printf '%P\n' | sort | xargs sha256sum | sed 's/^/file /')
+} >"$root/usr/share/palisade/image-contents"
+
+cp Dockerfile "$context/Dockerfile"
+find "$root" -exec touch -h -d "@$commit_time" {} +
+
+# The build context's digest, as a label: an image that already has it is
+# this very build, and is not rebuilt.
+digest=$(cd "$context" && {
+  find . -printf '%p %m %l\n' | sort
+  find . -type f -print0 | sort -z | xargs -0 sha256sum
+} | sha256sum | cut -c1-64)
+built=no
+if [[ $(buildah inspect --type image --format '{{index .OCIv1.Config.Labels "io.palisade.context"}}' "$ref" 2>/dev/null) != "$digest" ]]; then
+  buildah bud --quiet --isolation chroot --timestamp "$commit_time" \
+    --build-arg VERSION="$version" --build-arg REVISION="$commit" \
+    --label io.palisade.context="$digest" \
+    --tag "$ref" -f "$context/Dockerfile" "$context" >&2
+  built=yes
+fi
+buildah tag "$ref" "$repository:$version" >&2
+id=$(buildah inspect --type image --format '{{.FromImageID}}' "$ref")
+size=$(podman image inspect --format '{{.Size}}' "$ref" 2>/dev/null || echo unknown)
+echo "image=$ref"
+echo "id=$id"
+echo "size_bytes=$size"
+echo "built=$built"
