@@ -3,7 +3,8 @@
 # (pl<6 hex>-...), pin roots under /sys/fs/bpf, run dirs, the Services'
 # nftables table in the root namespace, a controller or enforcer process,
 # or what a lab's containerd (runtime: containerd) left: its cgroups, the
-# daemon or a shim. CI runs it after the end-to-end suite.
+# daemon or a shim; or (--node-processes image) a container or a bpffs
+# mount. CI runs it after the end-to-end suite.
 set -u
 
 status=0
@@ -24,6 +25,21 @@ fi
 # one in the machine's own namespace would translate the machine's traffic.
 if command -v nft >/dev/null 2>&1 && nft list tables ip 2>/dev/null | grep -qx 'table ip palisade-lab-svc'; then
     echo "leftover nftables table in the root namespace: ip palisade-lab-svc"
+    status=1
+fi
+
+# Image mode: containers of a lab (labelled with its id) and its nodes'
+# bpffs mounts.
+if command -v podman >/dev/null 2>&1; then
+    leftover_ctrs=$(podman ps --all --filter label=io.palisade.lab --format '{{.Names}}' 2>/dev/null || true)
+    if [ -n "$leftover_ctrs" ]; then
+        echo "leftover containers:"; echo "$leftover_ctrs" | sed 's/^/  /'
+        status=1
+    fi
+fi
+leftover_mounts=$(awk '$2 ~ "^/run/palisade-lab/" {print $2}' /proc/self/mounts)
+if [ -n "$leftover_mounts" ]; then
+    echo "leftover mounts:"; echo "$leftover_mounts" | sed 's/^/  /'
     status=1
 fi
 

@@ -1,5 +1,6 @@
 //! gRPC clients to the controller and the enforcer over their unix sockets.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -34,6 +35,41 @@ pub async fn connect(path: &Path) -> Result<Channel> {
         }))
         .await
         .with_context(|| format!("connecting to {shown}"))
+}
+
+/// The health of `service` on the TCP server at `addr`, dialled from inside
+/// the network namespace at `netns` (as a kubelet's gRPC probe).
+pub async fn health_in(
+    netns: &Path,
+    addr: SocketAddr,
+    service: &str,
+    timeout: Duration,
+) -> Result<ServingStatus> {
+    let netns = netns.to_path_buf();
+    let channel = Endpoint::try_from("http://[::]:50051")?
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .connect_with_connector(tower::service_fn(move |_| {
+            let ns = netns.clone();
+            async move {
+                let stream = tokio::task::spawn_blocking(move || {
+                    crate::netns::connect_in(&ns, addr, timeout)
+                })
+                .await
+                .map_err(std::io::Error::other)??;
+                stream.set_nonblocking(true)?;
+                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::TcpStream::from_std(stream)?))
+            }
+        }))
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    let resp = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: service.to_string(),
+        })
+        .await
+        .with_context(|| format!("health check of {service:?} on {addr}"))?;
+    Ok(resp.into_inner().status())
 }
 
 /// The overall health (service "") of the server on `path`.

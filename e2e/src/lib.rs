@@ -21,6 +21,7 @@
 pub mod admission;
 pub mod bench;
 pub mod cancel;
+pub mod chart;
 pub mod cni;
 pub mod ctmap;
 pub mod dump;
@@ -28,6 +29,7 @@ pub mod fault;
 pub mod forge;
 pub mod grpc;
 pub mod image;
+pub mod kubelet;
 pub mod lab;
 pub mod listener;
 pub mod manifests;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use palisade_e2e::lab::ImageRun;
 use palisade_e2e::preflight::{Missing, NotRoot};
 use palisade_e2e::runtime::PodRuntime;
 use palisade_e2e::scenario::Mode;
@@ -48,6 +49,8 @@ enum Cmd {
         /// Plain ptp networking, no Palisade process: checks the lab itself.
         #[arg(long)]
         baseline: bool,
+        #[command(flatten)]
+        node_processes: NodeProcesses,
         /// datapath: a real lab; model: the reference model alone (no root,
         /// no lab, milliseconds; refuses what it cannot judge).
         #[arg(long, default_value = "datapath", value_parser = ["datapath", "model"])]
@@ -101,6 +104,8 @@ enum Cmd {
         /// As for `run`.
         #[arg(long, value_parser = ["lab", "containerd"])]
         runtime: Option<String>,
+        #[command(flatten)]
+        node_processes: NodeProcesses,
     },
     /// Check a scenario file without building anything.
     Validate { scenario: PathBuf },
@@ -178,6 +183,7 @@ fn main() -> ExitCode {
             baseline,
             engine,
             runtime,
+            node_processes,
         } => {
             if engine == "model" {
                 return ExitCode::from(run_model(&scenario));
@@ -187,6 +193,7 @@ fn main() -> ExitCode {
                 keep_logs,
                 with_palisade: !baseline,
                 realize_timeout: Duration::from_secs(realize_timeout),
+                image: node_processes.image_run(),
                 ..LabConfig::default()
             };
             if let Some(dir) = bin_dir {
@@ -200,10 +207,12 @@ fn main() -> ExitCode {
             cni_bin_dir,
             realize_timeout,
             runtime,
+            node_processes,
         } => {
             let mut config = LabConfig {
                 cni_bin_dir,
                 realize_timeout: Duration::from_secs(realize_timeout),
+                image: node_processes.image_run(),
                 ..LabConfig::default()
             };
             if let Some(dir) = bin_dir {
@@ -211,6 +220,37 @@ fn main() -> ExitCode {
             }
             ExitCode::from(run(&scenario, config, runtime_arg(runtime), true))
         }
+    }
+}
+
+/// How the node processes (controller, enforcers) run; who starts the
+/// pods is `--runtime`, apart from this.
+#[derive(clap::Args)]
+struct NodeProcesses {
+    /// host: the workspace binaries as the lab's own processes (see
+    /// --bin-dir); image: Palisade's image (--image) run as the Helm
+    /// chart's pods, rendered by the Helm library, on podman.
+    #[arg(long, default_value = "host", value_parser = ["host", "image"])]
+    node_processes: String,
+    /// The image for --node-processes image (scripts/image.sh builds it)
+    /// [default: the repository and version scripts/image.sh tags].
+    #[arg(long)]
+    image: Option<String>,
+    /// The chart for --node-processes image [default: this repository's helm/palisade].
+    #[arg(long)]
+    chart: Option<PathBuf>,
+}
+
+impl NodeProcesses {
+    fn image_run(self) -> Option<ImageRun> {
+        (self.node_processes == "image").then(|| ImageRun {
+            image: self
+                .image
+                .unwrap_or_else(palisade_e2e::image::default_reference),
+            chart: self
+                .chart
+                .unwrap_or_else(palisade_e2e::chart::default_chart),
+        })
     }
 }
 
@@ -239,13 +279,13 @@ fn run_model(path: &std::path::Path) -> u8 {
     }
 }
 
-/// `run`, or with `stay_up` (`up`): after the scenario, print how to reach
-/// the lab and wait for a signal before cleaning up.
 /// A `--runtime` value (clap has checked it).
 fn runtime_arg(r: Option<String>) -> Option<PodRuntime> {
     r.as_deref().and_then(PodRuntime::parse)
 }
 
+/// `run`, or with `stay_up` (`up`): after the scenario, print how to reach
+/// the lab and wait for a signal before cleaning up.
 fn run(
     path: &std::path::Path,
     config: LabConfig,

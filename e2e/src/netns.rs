@@ -67,16 +67,7 @@ impl NetNs {
 
     /// Runs `f` on a thread inside this namespace.
     pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T> {
-        let file = self.open()?;
-        std::thread::scope(|s| {
-            s.spawn(move || {
-                setns(file.as_fd(), CloneFlags::CLONE_NEWNET)
-                    .with_context(|| format!("entering network namespace {}", self.name))?;
-                Ok(f())
-            })
-            .join()
-            .map_err(|_| anyhow!("thread in network namespace {} panicked", self.name))?
-        })
+        run_in(&self.path, f)
     }
 
     /// Writes a sysctl under /proc/sys/net as seen from inside the namespace.
@@ -94,6 +85,34 @@ impl NetNs {
         }
         run_ip(&["netns", "del", &self.name])
     }
+}
+
+/// Runs `f` on a thread inside the network namespace at `path`.
+pub fn run_in<T: Send>(path: &Path, f: impl FnOnce() -> T + Send) -> Result<T> {
+    let file = File::open(path)
+        .with_context(|| format!("opening network namespace {}", path.display()))?;
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            setns(file.as_fd(), CloneFlags::CLONE_NEWNET)
+                .with_context(|| format!("entering network namespace {}", path.display()))?;
+            Ok(f())
+        })
+        .join()
+        .map_err(|_| anyhow!("thread in network namespace {} panicked", path.display()))?
+    })
+}
+
+/// A TCP connection made from inside the network namespace at `path` (it
+/// stays there).
+pub fn connect_in(
+    path: &Path,
+    addr: std::net::SocketAddr,
+    timeout: std::time::Duration,
+) -> std::io::Result<std::net::TcpStream> {
+    run_in(path, || {
+        std::net::TcpStream::connect_timeout(&addr, timeout)
+    })
+    .map_err(|e| std::io::Error::other(format!("{e:#}")))?
 }
 
 fn run_ip(args: &[&str]) -> Result<()> {

@@ -84,6 +84,38 @@ pub fn check(bin_dir: &Path, cni_bin_dir: &Path, with_palisade: bool) -> Result<
     Ok(())
 }
 
+/// What `--node-processes image` needs: the image, podman, the chart renderer
+/// (python3 with helm-sdkpy), the CNI plugins and bpffs.
+pub fn check_image(image: &str, cni_bin_dir: &Path) -> Result<()> {
+    require_root()?;
+    let mut missing = Vec::new();
+    for name in ["ptp", "host-local"] {
+        check_exec(
+            &cni_bin_dir.join(name),
+            &mut missing,
+            "no such executable CNI plugin (apt install containernetworking-plugins, or use --cni-bin-dir)",
+        );
+    }
+    if !crate::kubelet::podman::available() {
+        missing.push("podman (apt install podman; scripts/setup.sh installs it)".to_string());
+    } else if let Err(e) = crate::kubelet::podman::image_config(image) {
+        missing.push(format!("{e:#}"));
+    }
+    if which("python3").is_none() {
+        missing.push("python3 with helm-sdkpy, to render the chart (scripts/setup.sh)".to_string());
+    }
+    if which("ip").is_none() {
+        missing.push("the `ip` command (iproute2) on PATH".to_string());
+    }
+    if let Err(e) = ensure_bpffs() {
+        missing.push(format!("bpffs at {BPFFS}: {e:#}"));
+    }
+    if !missing.is_empty() {
+        return Err(Missing(missing).into());
+    }
+    Ok(())
+}
+
 fn check_exec(path: &Path, missing: &mut Vec<String>, what: &str) {
     let ok = path
         .metadata()

@@ -42,10 +42,16 @@ pub fn prepare(cmd: &mut Command, ns: Option<&NetNs>) -> Result<Option<File>> {
     Ok(Some(file))
 }
 
-/// A long-running child whose output goes to a log file.
+/// A long-running child whose output goes to a log file: a process, or a
+/// container that `podman run` runs attached (the child is then podman, and
+/// signals go through podman to the container).
 pub struct Daemon {
     name: String,
     child: Child,
+    /// The container's name, when the child is `podman run`.
+    container: Option<String>,
+    /// The process itself (the container's, not podman's).
+    pid: u32,
     log: PathBuf,
     exited: Option<ExitStatus>,
 }
@@ -66,10 +72,55 @@ impl Daemon {
         drop(ns_file);
         Ok(Self {
             name: name.to_string(),
+            pid: child.id(),
             child,
+            container: None,
             log: log.to_path_buf(),
             exited: None,
         })
+    }
+
+    /// Runs `podman run --rm --pidfile PIDFILE ARGS` attached, its output
+    /// (the container's) appended to `log`, and returns once the
+    /// container's process runs (its pid is known), or fails with the log
+    /// if it exits first or `timeout` passes.
+    pub fn spawn_container(
+        name: &str,
+        container: &str,
+        args: &[String],
+        log: &Path,
+        pidfile: &Path,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let _ = std::fs::remove_file(pidfile);
+        let mut cmd = Command::new(crate::kubelet::podman::PODMAN);
+        cmd.arg("run")
+            .arg("--rm")
+            .arg(format!("--pidfile={}", pidfile.display()))
+            .args(args);
+        let mut daemon = Self::spawn(name, cmd, None, log)?;
+        daemon.container = Some(container.to_string());
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(pid) = crate::kubelet::podman::read_pid(pidfile) {
+                daemon.pid = pid;
+                return Ok(daemon);
+            }
+            daemon.check_running()?;
+            if Instant::now() >= deadline {
+                bail!(
+                    "container {container} ({name}) did not start within {timeout:?}; last lines of {}:\n{}",
+                    log.display(),
+                    tail(log, 30)
+                );
+            }
+            std::thread::sleep(POLL); // poll: inside a loop bounded by a deadline
+        }
+    }
+
+    /// The container's name, when this runs in one.
+    pub fn container(&self) -> Option<&str> {
+        self.container.as_deref()
     }
 
     pub fn name(&self) -> &str {
@@ -77,7 +128,7 @@ impl Daemon {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.pid
     }
 
     pub fn log_path(&self) -> &Path {
@@ -109,7 +160,13 @@ impl Daemon {
         if self.poll_exit().is_some() {
             return Ok(());
         }
-        let _ = self.child.kill();
+        match &self.container {
+            // podman exits once the container's process is dead.
+            Some(c) => crate::kubelet::podman::kill(c)?,
+            None => {
+                let _ = self.child.kill();
+            }
+        }
         let status = self
             .child
             .wait()
@@ -127,6 +184,9 @@ impl Daemon {
     pub fn stop(&mut self, grace: Duration) -> Result<()> {
         if self.poll_exit().is_some() {
             return Ok(());
+        }
+        if let Some(c) = self.container.clone() {
+            return self.stop_container(&c, grace);
         }
         let pid = Pid::from_raw(self.child.id() as i32);
         let _ = kill(pid, Signal::SIGTERM);
@@ -150,9 +210,32 @@ impl Daemon {
     }
 }
 
+impl Daemon {
+    /// The runtime's stop (SIGTERM, SIGKILL after `grace`); a container
+    /// that needed the SIGKILL (exit 137) is reported as such.
+    fn stop_container(&mut self, container: &str, grace: Duration) -> Result<()> {
+        crate::kubelet::podman::stop(container, grace)?;
+        let status = self
+            .child
+            .wait()
+            .with_context(|| format!("waiting for {}", self.name))?;
+        self.exited = Some(status);
+        if status.code() == Some(137) {
+            bail!(
+                "{} did not stop within {grace:?} of SIGTERM and was killed",
+                self.name
+            );
+        }
+        Ok(())
+    }
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         if self.poll_exit().is_none() {
+            if let Some(c) = &self.container {
+                let _ = crate::kubelet::podman::remove(c);
+            }
             let _ = self.child.kill();
             let _ = self.child.wait();
         }

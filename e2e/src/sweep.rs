@@ -81,6 +81,38 @@ pub fn sweep(run_root: &Path) -> Result<Swept> {
         swept.errors.extend(errors);
     }
     let is_live = |id: &str| live_ids.iter().any(|l| l == id);
+    // Image mode: the dead lab's containers, then its nodes' bpffs mounts
+    // (the run dir cannot be removed under them).
+    if crate::kubelet::podman::available() {
+        for id in &dead_ids {
+            let label = format!("{}={id}", crate::lab::LAB_LABEL);
+            match crate::kubelet::podman::labelled(&label) {
+                Ok(names) => {
+                    for name in names {
+                        match crate::kubelet::podman::remove(&name) {
+                            Ok(()) => swept.removed.push(format!("container {name}")),
+                            Err(e) => swept.errors.push(format!("{e:#}")),
+                        }
+                    }
+                }
+                Err(e) => swept.errors.push(format!("{e:#}")),
+            }
+        }
+    }
+    for id in &dead_ids {
+        for bpffs in crate::lab::node_root_bpffs(&run_root.join(id)) {
+            if is_mount_point(&bpffs) {
+                match nix::mount::umount2(&bpffs, nix::mount::MntFlags::MNT_DETACH) {
+                    Ok(()) => swept
+                        .removed
+                        .push(format!("bpffs mount {}", bpffs.display())),
+                    Err(e) => swept
+                        .errors
+                        .push(format!("umount {}: {e}", bpffs.display())),
+                }
+            }
+        }
+    }
 
     for name in list(Path::new(NETNS_DIR)) {
         let Some(id) = name.strip_prefix("pl").and_then(|r| r.split('-').next()) else {
@@ -120,6 +152,15 @@ pub fn sweep(run_root: &Path) -> Result<Swept> {
     }
     let _ = fs::remove_dir(run_root);
     Ok(swept)
+}
+
+/// Whether `path` is a mount point (its device differs from its parent's).
+fn is_mount_point(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(here), Some(Ok(parent))) = (fs::metadata(path), path.parent().map(fs::metadata)) else {
+        return false;
+    };
+    here.dev() != parent.dev()
 }
 
 fn list(dir: &Path) -> Vec<String> {

@@ -110,13 +110,17 @@ impl Lab {
         }
         let first_id = self.nodes[0].enforcer_id.clone();
         let log = self.nodes[0].second_log.clone();
-        let cmd = self.enforcer_command(0);
-        let second = Daemon::spawn(
-            "second palisade-enforcer",
-            cmd,
-            self.nodes[0].ns.as_ref(),
-            &log,
-        )?;
+        let second = if self.image.is_some() {
+            self.spawn_second_enforcer_pod()?
+        } else {
+            let cmd = self.enforcer_command(0);
+            Daemon::spawn(
+                "second palisade-enforcer",
+                cmd,
+                self.nodes[0].ns.as_ref(),
+                &log,
+            )?
+        };
         self.record_pid(second.pid())?;
         self.nodes[0].second_enforcer = Some(second);
         let deadline = Instant::now() + self.config.start_timeout;

@@ -16,6 +16,8 @@ mod dump;
 mod faults;
 mod flow_logs;
 mod footprint;
+mod forward;
+mod image;
 mod node;
 mod otlp;
 mod pods;
@@ -42,6 +44,7 @@ use crate::sweep::{OWNER_FILE, PIDS_FILE};
 
 pub use cri_bench::BurstTimes;
 pub use footprint::Footprint;
+pub use image::{node_root_bpffs, ApiServer, ImageRun, LAB_LABEL};
 use node::LabNode;
 pub use node::MAX_NODES;
 use pods::LabPod;
@@ -106,6 +109,16 @@ pub struct LabConfig {
     pub controller_args: Vec<String>,
     /// More flags for every enforcer, after the lab's own.
     pub enforcer_args: Vec<String>,
+    /// `Some`: the controller and the enforcers run from this image as the
+    /// chart's pods (`--node-processes image`); `None`: the workspace binaries
+    /// in [`LabConfig::bin_dir`] as plain processes.
+    pub image: Option<ImageRun>,
+    /// Image mode: chart values (a values file's contents) under the lab's
+    /// own (the image, each node's host paths); `Null`: none.
+    pub chart_values: serde_json::Value,
+    /// Image mode: the controller watches a Kubernetes API the caller
+    /// serves, instead of the lab's manifests (see [`ApiServer`]).
+    pub api: Option<ApiServer>,
 }
 
 impl Default for LabConfig {
@@ -135,6 +148,9 @@ impl Default for LabConfig {
             flow_log_rate: None,
             controller_args: Vec::new(),
             enforcer_args: Vec::new(),
+            image: None,
+            chart_values: serde_json::Value::Null,
+            api: None,
         }
     }
 }
@@ -208,6 +224,8 @@ pub struct Lab {
     /// EndpointSlices written for Services with a selector, as the
     /// EndpointSlice controller would.
     generated_slices: BTreeMap<ObjectKey, serde_json::Value>,
+    /// With `--node-processes image`.
+    image: Option<image::ImageState>,
     cleaned: bool,
 }
 
@@ -216,8 +234,19 @@ impl Lab {
     /// the (empty) first revision is realized. On failure, whatever was
     /// built is removed before the error is returned.
     pub fn start(config: LabConfig) -> Result<Lab> {
-        preflight::check(&config.bin_dir, &config.cni_bin_dir, config.with_palisade)?;
+        match &config.image {
+            Some(run) if config.with_palisade => {
+                preflight::check_image(&run.image, &config.cni_bin_dir)?
+            }
+            _ => preflight::check(&config.bin_dir, &config.cni_bin_dir, config.with_palisade)?,
+        }
+        if (config.api.is_some() || !config.chart_values.is_null()) && config.image.is_none() {
+            bail!("an API for the controller and chart values need --node-processes image");
+        }
         if config.runtime == PodRuntime::Containerd {
+            if config.image.is_some() {
+                bail!("runtime: containerd with --node-processes image is not supported yet: the image's CNI install writes the chain containerd reads, which the lab's containerd config does not point at");
+            }
             let missing = crate::runtime::containerd::missing(&config.cni_bin_dir);
             if !missing.is_empty() {
                 return Err(preflight::Missing(missing).into());
@@ -260,6 +289,17 @@ impl Lab {
             next_node: 0,
             placement: BTreeMap::new(),
             generated_slices: BTreeMap::new(),
+            image: config
+                .image
+                .clone()
+                .filter(|_| config.with_palisade)
+                .map(|run| image::ImageState {
+                    run,
+                    rendered: Vec::new(),
+                    controller_pod: None,
+                    forwarder: None,
+                    kubeconfig: None,
+                }),
             cleaned: false,
             config,
             id,
@@ -322,10 +362,24 @@ impl Lab {
         if !self.config.with_palisade {
             return Ok(());
         }
+        if self.image.is_some() {
+            for i in 0..self.nodes.len() {
+                self.make_node_root(i)?;
+            }
+            self.render_charts()?;
+        }
         self.manifests.publish()?;
+        if self.config.api.is_some() {
+            self.serve_api()?;
+        }
         self.start_controller()?;
         for i in 0..self.nodes.len() {
             self.start_enforcer(i)?;
+        }
+        if self.config.api.is_some() {
+            // The manifests are not the controller's source: what the lab
+            // can see is every enforcer's plan stream up.
+            return self.wait_connected();
         }
         self.wait_realized()
     }
@@ -393,6 +447,13 @@ impl Lab {
     /// The enforcer socket of node `name`.
     pub fn enforcer_socket_of(&self, name: &str) -> Result<&Path> {
         Ok(&self.nodes[self.node_index(name)?].enforcer_socket)
+    }
+
+    /// Image mode: node `name`'s host root (its bpffs, run, state, CNI and
+    /// kubelet directories live under it).
+    pub fn node_root_of(&self, name: &str) -> Option<&Path> {
+        let i = self.node_index(name).ok()?;
+        self.nodes[i].root.as_ref().map(|r| r.root.as_path())
     }
 
     /// Node 1's pin root.
@@ -542,8 +603,24 @@ impl Lab {
         }
         for n in &mut self.nodes {
             n.enforcer = None;
+            n.pod = None;
+            n.second_pod = None;
         }
         self.controller = None;
+        if self.image.is_some() {
+            match self.remove_lab_containers() {
+                Ok(left) if left.is_empty() => {}
+                Ok(left) => errors.push(format!(
+                    "containers were left and removed: {}",
+                    left.join(", ")
+                )),
+                Err(e) => errors.push(format!("{e:#}")),
+            }
+        }
+        if let Some(state) = self.image.as_mut() {
+            state.forwarder = None;
+            state.controller_pod = None;
+        }
         // Dropping the runtime closes every listener socket still open.
         if let Some(rt) = self.rt.take() {
             rt.shutdown_timeout(Duration::from_secs(2));
@@ -571,6 +648,9 @@ impl Lab {
                 if let Err(e) = std::fs::remove_dir_all(&n.pin_root) {
                     errors.push(format!("removing pin root {}: {e}", n.pin_root.display()));
                 }
+            }
+            if let Err(e) = Self::unmount_node_root(n) {
+                errors.push(format!("{e:#}"));
             }
         }
         if let Some(ns) = self.fabric.take() {

@@ -64,6 +64,17 @@ pub(super) struct LabNode {
     pub(super) containerd: Option<Containerd>,
     pub(super) containerd_dir: PathBuf,
     pub(super) containerd_log: PathBuf,
+    /// With `--node-processes image`: the node's host paths (its own bpffs, run
+    /// dir, state dir, CNI dirs, kubelet dir).
+    pub(super) root: Option<super::image::NodeRoot>,
+    pub(super) bpffs_mounted: bool,
+    /// The enforcer's pod (image mode); restarts are new containers in it.
+    pub(super) pod: Option<crate::kubelet::Pod>,
+    /// A second DaemonSet pod on this node (image mode, surge).
+    pub(super) second_pod: Option<crate::kubelet::Pod>,
+    /// Why pods cannot be wired on this node with Palisade (image mode with
+    /// `cni.install: false`: the operator chains the plugin, not the chart).
+    pub(super) unenforced: Option<String>,
 }
 
 impl LabNode {
@@ -94,8 +105,29 @@ impl LabNode {
                 k.to_string()
             }
         );
+        // Image mode: the node's own directories; palisade-cni is chained
+        // in by the chart's init container, not by the lab.
+        let root = config
+            .image
+            .as_ref()
+            .filter(|_| config.with_palisade)
+            .map(|_| super::image::NodeRoot {
+                root: run_dir.join(format!("node-{k}")),
+            });
+        let (pin_root, enforcer_socket, state_dir) = match &root {
+            Some(r) => (
+                r.bpffs().join("palisade"),
+                r.run_dir().join("cni.sock"),
+                r.state_dir(),
+            ),
+            None => (
+                Path::new(BPFFS).join(format!("palisade-lab-{id}{sfx}")),
+                enforcer_socket,
+                run_dir.join(format!("enforcer-state{sfx}")),
+            ),
+        };
         let mut plugin_dirs = vec![config.cni_bin_dir.clone()];
-        if config.with_palisade {
+        if config.with_palisade && root.is_none() {
             plugin_dirs.push(config.bin_dir.clone());
         }
         let cni = CniChain {
@@ -106,7 +138,7 @@ impl LabNode {
                 pod_subnet6.as_deref(),
                 config.cni,
                 &bridge,
-                config.with_palisade.then_some(enforcer_socket.as_path()),
+                (config.with_palisade && root.is_none()).then_some(enforcer_socket.as_path()),
             ),
             timeout: config.cni_timeout,
             log: log_dir.join(format!("cni{sfx}.log")),
@@ -119,9 +151,9 @@ impl LabNode {
                 format!("pl{id}-node{k}")
             },
             ns: None,
-            pin_root: Path::new(BPFFS).join(format!("palisade-lab-{id}{sfx}")),
+            pin_root,
             enforcer_socket,
-            state_dir: run_dir.join(format!("enforcer-state{sfx}")),
+            state_dir,
             enforcer_log: log_dir.join(format!("enforcer{sfx}.log")),
             second_log: log_dir.join(format!("enforcer-2{sfx}.log")),
             pod_subnet,
@@ -135,6 +167,11 @@ impl LabNode {
             containerd: None,
             containerd_dir: run_dir.join(format!("containerd{sfx}")),
             containerd_log: log_dir.join(format!("containerd{sfx}.log")),
+            root,
+            bpffs_mounted: false,
+            pod: None,
+            second_pod: None,
+            unenforced: None,
         })
     }
 

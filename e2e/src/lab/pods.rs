@@ -193,6 +193,9 @@ impl Lab {
         let node = self
             .pod_node(pod)
             .ok_or_else(|| anyhow!("pod {pod} was not placed on a node"))?;
+        if let Some(why) = &self.nodes[node].unenforced {
+            bail!("pod {pod}: {why}");
+        }
         if self.config.runtime == PodRuntime::Containerd {
             return self.add_pod_cri(pod, object, node);
         }

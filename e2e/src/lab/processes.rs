@@ -22,6 +22,13 @@ impl Lab {
     }
 
     pub(super) fn spawn_controller(&mut self) -> Result<()> {
+        if self.image.is_some() {
+            let controller = self.spawn_controller_pod()?;
+            self.record_pid(controller.pid())?;
+            self.controller = Some(controller);
+            self.down.remove(CONTROLLER_BIN);
+            return Ok(());
+        }
         let mut cmd = Command::new(self.config.bin_dir.join(CONTROLLER_BIN));
         // TCP on the fabric for the enforcers, as in a cluster; the unix
         // socket for the lab and for people with grpcurl.
@@ -48,9 +55,13 @@ impl Lab {
 
     /// Starts node `i`'s enforcer and waits until it is healthy.
     pub(super) fn start_enforcer(&mut self, i: usize) -> Result<()> {
-        let cmd = self.enforcer_command(i);
-        let node = &self.nodes[i];
-        let enforcer = Daemon::spawn(ENFORCER_BIN, cmd, node.ns.as_ref(), &node.enforcer_log)?;
+        let enforcer = if self.image.is_some() {
+            self.spawn_enforcer_pod(i)?
+        } else {
+            let cmd = self.enforcer_command(i);
+            let node = &self.nodes[i];
+            Daemon::spawn(ENFORCER_BIN, cmd, node.ns.as_ref(), &node.enforcer_log)?
+        };
         self.record_pid(enforcer.pid())?;
         self.nodes[i].enforcer = Some(enforcer);
         if i == 0 {
@@ -188,6 +199,9 @@ impl Lab {
     pub fn wait_realized(&mut self) -> Result<()> {
         if !self.config.with_palisade {
             return Ok(());
+        }
+        if self.config.api.is_some() {
+            bail!("cannot wait for realization: the controller watches the caller's API, not the lab's manifests");
         }
         if let Some(why) = self.why_not_realizable() {
             bail!("cannot wait for realization: {why}");
@@ -383,6 +397,10 @@ impl Lab {
     }
 
     fn wait_health(&mut self, role: Role, serving: bool) -> Result<()> {
+        if self.image.is_some() {
+            // The pod's own probes, as the kubelet would run them.
+            return self.wait_probe(role, serving);
+        }
         let timeout = self.config.start_timeout;
         let socket = match role {
             Role::Controller => self.controller_socket.clone(),
@@ -426,7 +444,7 @@ impl Lab {
     }
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub(super) enum Role {
     Controller,
     /// Node `i`'s enforcer.

@@ -217,6 +217,13 @@ pub struct ApiDouble {
 impl ApiDouble {
     /// Serves on 127.0.0.1 on a free port until the runtime ends.
     pub async fn start() -> ApiDouble {
+        Self::start_on(std::net::TcpListener::bind("127.0.0.1:0").unwrap()).await
+    }
+
+    /// Serves on `listener` (bound where the caller needs it, e.g. in
+    /// another network namespace) until the runtime ends.
+    #[allow(dead_code)] // not every test binary serves elsewhere
+    pub async fn start_on(listener: std::net::TcpListener) -> ApiDouble {
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::default()),
             changed: watch::channel((0, 0)).0,
@@ -243,7 +250,8 @@ impl ApiDouble {
                 axum::routing::post(post_lease),
             );
         let app = app.with_state(shared.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
         ApiDouble { url, shared }
