@@ -102,7 +102,7 @@ fn every_fail_closed_scenario_passes_with_the_image() {
         return;
     }
     let files = yaml_files(&examples().join("adversarial"));
-    assert_eq!(files.len(), 10, "{files:?}");
+    assert_eq!(files.len(), 11, "{files:?}");
     play_all(&files, 3);
 }
 
