@@ -536,12 +536,13 @@ fn volume(value: &Value, path: String) -> Result<Volume, SpecError> {
                 None | Some("") => HostPathType::Unchecked,
                 Some("Directory") => HostPathType::Directory,
                 Some("DirectoryOrCreate") => HostPathType::DirectoryOrCreate,
-                Some(other) => return Err(err(
-                    &h.at("type"),
-                    format!(
-                        "{other:?} is not translated (known: \"\", Directory, DirectoryOrCreate)"
-                    ),
-                )),
+                Some(other) => {
+                    let known = "known: \"\", Directory, DirectoryOrCreate";
+                    return Err(err(
+                        &h.at("type"),
+                        format!("{other:?} is not translated ({known})"),
+                    ));
+                }
             },
         },
         (None, Some(s), None) => VolumeSource::Secret {
