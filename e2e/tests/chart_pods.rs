@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use common::{finish, is_root};
 use palisade_e2e::chart::default_chart;
-use palisade_e2e::lab::{ApiServer, ImageRun};
+use palisade_e2e::lab::{conflist_name, ApiServer, ImageRun};
 use palisade_e2e::{Lab, LabConfig};
 use serde_json::Value;
 
@@ -162,7 +162,7 @@ fn run_case(label: &str, values: &Value) -> Result<(), String> {
         if installed.len() != 1 || std::fs::read(&installed[0]).unwrap() != shipped {
             return Err(format!("seccomp profiles installed: {installed:?}"));
         }
-        let conflist = conflist(root)?;
+        let conflist = conflist(&root.join("cni/net.d").join(conflist_name(values)))?;
         let chained = conflist["plugins"]
             .as_array()
             .unwrap()
@@ -179,9 +179,8 @@ fn run_case(label: &str, values: &Value) -> Result<(), String> {
     result
 }
 
-fn conflist(root: &Path) -> Result<Value, String> {
-    let path = root.join("cni/net.d/10-palisade-lab.conflist");
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+fn conflist(path: &Path) -> Result<Value, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     serde_json::from_str(&text).map_err(|e| e.to_string())
 }
 

@@ -37,8 +37,18 @@ use crate::process::Daemon;
 pub const NAMESPACE: &str = "palisade-system";
 const CONTROLLER_CONTAINER: &str = "controller";
 pub(super) const ENFORCER_CONTAINER: &str = "enforcer";
-/// The lab's own conflist in each node's CNI conf dir.
+/// The lab's own conflist in each node's CNI conf dir, unless the values
+/// name one (`cni.confFile`, which the install init container then reads).
 const CONFLIST: &str = "10-palisade-lab.conflist";
+
+/// The conflist the lab writes into each node's CNI conf dir for chart
+/// `values` (a values document).
+pub fn conflist_name(values: &Value) -> &str {
+    match values["cni"]["confFile"].as_str() {
+        Some(name) if !name.is_empty() => name,
+        _ => CONFLIST,
+    }
+}
 /// podman labels every container of a lab with its id.
 pub const LAB_LABEL: &str = "io.palisade.lab";
 
@@ -227,7 +237,7 @@ impl Lab {
             "name": NETWORK_NAME,
             "plugins": self.nodes[i].cni.plugins,
         });
-        let path = conf_dir.join(CONFLIST);
+        let path = conf_dir.join(conflist_name(&self.config.chart_values));
         std::fs::write(&path, serde_json::to_vec_pretty(&conflist)?)
             .with_context(|| format!("writing {}", path.display()))
     }
@@ -436,7 +446,9 @@ impl Lab {
     /// bin dir (palisade-cni, copied from the image) and the machine's.
     fn load_chain(&mut self, i: usize) -> Result<()> {
         let root = self.nodes[i].root.as_ref().expect("a root");
-        let path = root.cni_conf().join(CONFLIST);
+        let path = root
+            .cni_conf()
+            .join(conflist_name(&self.config.chart_values));
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("reading {}", path.display()))?;
         let conf: Value =
@@ -617,6 +629,12 @@ impl Lab {
         };
         let d = |f: &str| dir.join(f).display().to_string();
         let subject = format!("/CN=node:{}", self.nodes[i].name);
+        std::fs::write(
+            dir.join("node.ext"),
+            "basicConstraints=critical,CA:FALSE\n\
+             keyUsage=critical,digitalSignature,keyEncipherment\n\
+             extendedKeyUsage=clientAuth\n",
+        )?;
         run(&[
             "req",
             "-new",
@@ -644,6 +662,10 @@ impl Lab {
             &d("ca.srl"),
             "-days",
             "2",
+            // A v3 certificate (rustls refuses v1, which openssl makes
+            // without extensions), for client authentication only.
+            "-extfile",
+            &d("node.ext"),
             "-out",
             &d("node.crt"),
         ])?;

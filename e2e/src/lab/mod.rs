@@ -44,7 +44,7 @@ use crate::sweep::{OWNER_FILE, PIDS_FILE};
 
 pub use cri_bench::BurstTimes;
 pub use footprint::Footprint;
-pub use image::{node_root_bpffs, ApiServer, ImageRun, LAB_LABEL};
+pub use image::{conflist_name, node_root_bpffs, ApiServer, ImageRun, LAB_LABEL};
 use node::LabNode;
 pub use node::MAX_NODES;
 use pods::LabPod;
