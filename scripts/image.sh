@@ -125,7 +125,9 @@ echo 'hosts: files dns' >"$root/etc/nsswitch.conf"
     echo "package $p $(dpkg-query -W -f='${Version}' "$p")"
   done
   (cd "$root" && find . -type f -printf '%P\n' | sort | xargs sha256sum | sed 's/^/file /')
-} >"$root/usr/share/palisade/image-contents"
+} >"$context/image-contents"
+# Moved in after the listing, which would otherwise name itself.
+mv "$context/image-contents" "$root/usr/share/palisade/image-contents"
 
 cp Dockerfile "$context/Dockerfile"
 find "$root" -exec touch -h -d "@$commit_time" {} +
