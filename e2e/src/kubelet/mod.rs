@@ -25,7 +25,7 @@ pub use spec::{parse_template, PodTemplate, Probe, ProbeAction, Seccomp, SpecErr
 
 /// podman's own overhead for a `podman exec` (a runc exec), on top of the
 /// probe's timeoutSeconds, which the kubelet counts from inside the runtime.
-const EXEC_OVERHEAD: Duration = Duration::from_secs(5);
+const EXEC_OVERHEAD: Duration = Duration::from_secs(10);
 /// How long an init container may run.
 const INIT_TIMEOUT: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(100);
@@ -215,8 +215,20 @@ impl Pod {
                 let done = tokio::task::spawn_blocking(move || {
                     podman::exec(&name, &command, timeout, &Cancel::new())
                 })
-                .await??;
-                Ok(done.status.success())
+                .await?;
+                // The kubelet counts a probe that times out or cannot be
+                // run as failed, and probes again: a loaded node's slow
+                // `podman exec` is a failed probe, not a broken pod.
+                match done {
+                    Ok(done) => Ok(done.status.success()),
+                    Err(e) => {
+                        append(
+                            daemon.log_path(),
+                            &format!("--- {kind:?} probe failed to run: {e:#}\n"),
+                        )?;
+                        Ok(false)
+                    }
+                }
             }
             ProbeAction::Grpc { port, service } => {
                 let netns = self
