@@ -100,6 +100,9 @@ impl Background {
     /// [`Event::Compiled`]. Without one every policy compiles in place.
     pub(super) fn start(&mut self, events: mpsc::Sender<Event>) -> std::io::Result<()> {
         let (tx, rx) = std::sync::mpsc::channel::<CompileJob>();
+        // Weak: the worker must not keep the reconciler's queue open, or
+        // the reconciler would never see its last sender go and never end.
+        let events = events.downgrade();
         std::thread::Builder::new()
             .name("compile".into())
             .spawn(move || {
@@ -115,6 +118,9 @@ impl Background {
                         key: job.key,
                         generation: job.generation,
                         result,
+                    };
+                    let Some(events) = events.upgrade() else {
+                        return;
                     };
                     if events.blocking_send(done).is_err() {
                         return;

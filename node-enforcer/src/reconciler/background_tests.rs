@@ -66,7 +66,18 @@ fn snapshot(version: u64, pods: Vec<PodPolicy>) -> PlanMessage {
     })
 }
 
-type Events = mpsc::Receiver<Event>;
+/// The reconciler's queue, and the sender that keeps it open as the
+/// enforcer's servers do (the worker's own is weak).
+struct Events {
+    rx: mpsc::Receiver<Event>,
+    _tx: mpsc::Sender<Event>,
+}
+
+impl Events {
+    fn blocking_recv(&mut self) -> Option<Event> {
+        self.rx.blocking_recv()
+    }
+}
 
 /// A reconciler whose policies of `threshold` peers or more go to the
 /// worker thread.
@@ -77,9 +88,9 @@ fn reconciler(threshold: usize) -> (Reconciler<FakeDatapath>, Events) {
         "e1".into(),
         FakeDatapath::with_interfaces(&["veth-a", "veth-b"]),
     )
-    .with_background_compile(tx, threshold)
+    .with_background_compile(tx.clone(), threshold)
     .unwrap();
-    (r, rx)
+    (r, Events { rx, _tx: tx })
 }
 
 /// Hands the worker's result to the reconciler, then writes the table a
@@ -233,4 +244,26 @@ fn a_table_over_the_limit_denies_its_pods_and_names_the_policy() {
         assert!(!errors.iter().any(|e| e.contains("of x/b ")), "{errors:?}");
         r.datapath.assert_no_violations();
     }
+}
+
+#[test]
+fn the_reconciler_ends_when_its_last_sender_goes_though_the_worker_runs() {
+    let (tx, rx) = mpsc::channel(16);
+    let r = Reconciler::new(
+        "n1".into(),
+        "e1".into(),
+        FakeDatapath::with_interfaces(&["veth-a"]),
+    )
+    .with_background_compile(tx.clone(), 1)
+    .unwrap();
+    let (state_tx, _state) = tokio::sync::watch::channel(NodeState::default());
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        r.run(rx, state_tx);
+        let _ = done_tx.send(());
+    });
+    drop(tx);
+    done_rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("run returns once every sender but the worker's is gone");
 }
