@@ -21,6 +21,11 @@ fn config(scenario: &Scenario) -> LabConfig {
             image: built.reference.clone(),
             chart: default_chart(),
         }),
+        // The enforcer's container runs with its chart request's CPU
+        // shares (50m): with other labs loading the two cores, its eBPF
+        // load (the verifier) took 29 s, where the lab's default bound is
+        // 30 s. A kubelet keeps probing; the lab waits longer likewise.
+        start_timeout: std::time::Duration::from_secs(180),
         ..LabConfig::default()
     }
     .for_scenario(scenario)
@@ -103,7 +108,7 @@ fn every_fail_closed_scenario_passes_with_the_image() {
     }
     let files = yaml_files(&examples().join("adversarial"));
     assert_eq!(files.len(), 11, "{files:?}");
-    play_all(&files, 3);
+    play_all(&files, 2);
 }
 
 #[test]
@@ -113,6 +118,6 @@ fn every_conformance_case_passes_with_the_image() {
     }
     let files = yaml_files(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("conformance"));
     assert!(files.len() >= 40, "{} files", files.len());
-    let rows = play_all(&files, 4);
+    let rows = play_all(&files, 2);
     assert!(rows > 8 * files.len(), "only {rows} expectations");
 }
