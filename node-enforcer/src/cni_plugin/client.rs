@@ -30,28 +30,44 @@ impl EnforcerClient {
         }
     }
 
+    /// Waits, within the deadline, for an enforcer that is not listening
+    /// (restarting, or handing the node over in a rollout) to come back:
+    /// failing the ADD would cost the pod a kubelet back-off, and the pod
+    /// cannot start unenforced either way.
     pub fn pod_up(&self, request: PodUpRequest) -> Result<PodUpResponse, CniError> {
-        self.call("PodUp", request, |mut client, request| async move {
-            client.pod_up(request).await
-        })
+        self.call(
+            "PodUp",
+            Reconnect::UntilDeadline,
+            request,
+            |mut client, request| async move { client.pod_up(request).await },
+        )
     }
 
     pub fn pod_down(&self, request: PodDownRequest) -> Result<PodDownResponse, CniError> {
-        self.call("PodDown", request, |mut client, request| async move {
-            match client.pod_down(request).await {
-                // An unknown pod is already down, and DEL must be idempotent.
-                Err(status) if status.code() == Code::NotFound => {
-                    Ok(tonic::Response::new(PodDownResponse {}))
+        // One attempt: a DEL must never hold up a sandbox's teardown.
+        self.call(
+            "PodDown",
+            Reconnect::Never,
+            request,
+            |mut client, request| async move {
+                match client.pod_down(request).await {
+                    // An unknown pod is already down, and DEL must be idempotent.
+                    Err(status) if status.code() == Code::NotFound => {
+                        Ok(tonic::Response::new(PodDownResponse {}))
+                    }
+                    other => other,
                 }
-                other => other,
-            }
-        })
+            },
+        )
     }
 
     pub fn pod_check(&self, request: PodCheckRequest) -> Result<PodCheckResponse, CniError> {
-        self.call("PodCheck", request, |mut client, request| async move {
-            client.pod_check(request).await
-        })
+        self.call(
+            "PodCheck",
+            Reconnect::Never,
+            request,
+            |mut client, request| async move { client.pod_check(request).await },
+        )
     }
 
     /// Whether the enforcer reports `service` ("" = the whole process) as
@@ -85,7 +101,13 @@ impl EnforcerClient {
         }
     }
 
-    fn call<Req, Resp, F, Fut>(&self, rpc: &str, message: Req, f: F) -> Result<Resp, CniError>
+    fn call<Req, Resp, F, Fut>(
+        &self,
+        rpc: &str,
+        reconnect: Reconnect,
+        message: Req,
+        f: F,
+    ) -> Result<Resp, CniError>
     where
         F: FnOnce(CniServiceClient<Channel>, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
@@ -95,8 +117,12 @@ impl EnforcerClient {
         let socket = self.socket.clone();
         let timeout = self.timeout;
         let outcome = runtime.block_on(async move {
-            tokio::time::timeout(timeout, async move {
-                let channel = connect(&socket).await.map_err(Failure::Connect)?;
+            let deadline = tokio::time::Instant::now() + timeout;
+            tokio::time::timeout_at(deadline, async move {
+                let channel = match reconnect {
+                    Reconnect::Never => connect(&socket).await.map_err(Failure::Connect)?,
+                    Reconnect::UntilDeadline => connect_before(&socket, deadline).await?,
+                };
                 let mut request = tonic::Request::new(message);
                 // Lets the enforcer give up on work whose result nobody will read.
                 request.set_timeout(timeout);
@@ -143,6 +169,17 @@ impl EnforcerClient {
                 "{}; is the node-enforcer running on this node?",
                 error_chain(&e)
             )),
+            Failure::NotBack(e, waited) => CniError::new(
+                code::TRY_AGAIN_LATER,
+                format!(
+                    "no palisade enforcer listened at {socket} for {rpc} in the {:.1}s waited for one",
+                    waited.as_secs_f64()
+                ),
+            )
+            .with_details(format!(
+                "{}; is the node-enforcer running on this node?",
+                error_chain(&e)
+            )),
             Failure::Status(status) if is_transient(&status) => CniError::new(
                 code::TRY_AGAIN_LATER,
                 format!("the palisade enforcer at {socket} is unavailable for {rpc}"),
@@ -169,9 +206,62 @@ fn one_call_runtime() -> Result<tokio::runtime::Runtime, CniError> {
         })
 }
 
-enum Failure {
+pub(super) enum Failure {
     Connect(tonic::transport::Error),
+    /// Nothing listened on the socket until the deadline.
+    NotBack(tonic::transport::Error, Duration),
     Status(Status),
+}
+
+/// Whether a call waits for an enforcer that is not listening.
+#[derive(Debug, Clone, Copy)]
+enum Reconnect {
+    Never,
+    UntilDeadline,
+}
+
+/// The longest pause between two connects to an absent enforcer: a
+/// handover's new enforcer binds its socket once it holds the node, and a
+/// pod waiting for it should not wait much longer than that.
+const RECONNECT_PAUSE_MAX: Duration = Duration::from_millis(100);
+
+/// Connects, trying again while nothing listens on the socket (no file, or
+/// a stale one: connection refused), until `deadline`.
+pub(super) async fn connect_before(
+    socket: &Path,
+    deadline: tokio::time::Instant,
+) -> Result<Channel, Failure> {
+    let started = tokio::time::Instant::now();
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match connect(socket).await {
+            Err(e) if not_listening(&e) => {
+                let next = tokio::time::Instant::now() + pause;
+                if next >= deadline {
+                    return Err(Failure::NotBack(e, started.elapsed()));
+                }
+                tokio::time::sleep_until(next).await; // back-off between connects
+                pause = (pause * 2).min(RECONNECT_PAUSE_MAX);
+            }
+            other => return other.map_err(Failure::Connect),
+        }
+    }
+}
+
+/// No enforcer listens: its socket file is missing, or left by one that
+/// is gone (a bound socket nobody serves refuses the connection).
+fn not_listening(e: &tonic::transport::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            );
+        }
+        source = err.source();
+    }
+    false
 }
 
 async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> {

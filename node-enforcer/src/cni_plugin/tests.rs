@@ -492,13 +492,76 @@ fn error_json_shape() {
 
 // ---- unreachable enforcer ----
 
+/// The config of `conf` with a one-second deadline.
+fn conf_1s(socket: &Path, prev_result: Option<&str>) -> String {
+    conf(socket, prev_result).replace(r#""timeoutSeconds":5"#, r#""timeoutSeconds":1"#)
+}
+
 #[test]
 fn unreachable_enforcer_missing_socket_is_try_again_later() {
     let (_dir, socket) = missing_socket();
-    let err = expect_err(run_with(&env("ADD"), &conf(&socket, Some(PREV_RESULT))));
+    let started = std::time::Instant::now();
+    let err = expect_err(run_with(&env("ADD"), &conf_1s(&socket, Some(PREV_RESULT))));
     assert_eq!(err.code, code::TRY_AGAIN_LATER);
     assert!(err.msg.contains(&socket.display().to_string()), "{err}");
+    assert!(err.msg.contains("waited for one"), "{err}");
     assert!(err.details.contains("No such file"), "{err}");
+    // ADD waited for an enforcer to come back, up to its deadline.
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(800),
+        "{:?}",
+        started.elapsed()
+    );
+    // CHECK and DEL do not wait.
+    let started = std::time::Instant::now();
+    let err = expect_err(run_with(&env("CHECK"), &conf(&socket, Some(PREV_RESULT))));
+    assert_eq!(err.code, code::TRY_AGAIN_LATER);
+    run_with(&env("DEL"), &conf(&socket, None)).expect("DEL succeeds");
+    assert!(started.elapsed() < std::time::Duration::from_secs(3));
+}
+
+/// A pod-up that finds no enforcer (one restarting, or handing the node
+/// over to a new one in a rollout) connects once one listens, within its
+/// deadline. Time is tokio's paused clock: the enforcer appears at 300 ms
+/// of it, after several attempts, whatever the machine's load.
+#[test]
+fn pod_up_connects_to_an_enforcer_that_comes_back_within_the_deadline() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("cni.sock");
+    // Left by an enforcer that is gone: connecting is refused.
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    runtime.block_on(async {
+        let started = tokio::time::Instant::now();
+        let deadline = started + std::time::Duration::from_secs(10);
+        let client = tokio::spawn({
+            let socket = socket.clone();
+            async move { super::client::connect_before(&socket, deadline).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        std::fs::remove_file(&socket).unwrap();
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(CniServiceServer::new(FakeEnforcer::default()))
+                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+        );
+        let connected = client.await.unwrap();
+        assert!(
+            connected.is_ok(),
+            "the enforcer came back but no connection"
+        );
+        let took = started.elapsed();
+        assert!(
+            took >= std::time::Duration::from_millis(300)
+                && took < std::time::Duration::from_secs(1),
+            "connected after {took:?}"
+        );
+    });
 }
 
 #[test]
@@ -513,7 +576,10 @@ fn unreachable_enforcer_dropped_listener_is_try_again_later() {
 
     run_with(&env("DEL"), &conf(&socket, Some(PREV_RESULT))).expect("DEL succeeds");
     for command in ["ADD", "CHECK"] {
-        let err = expect_err(run_with(&env(command), &conf(&socket, Some(PREV_RESULT))));
+        let err = expect_err(run_with(
+            &env(command),
+            &conf_1s(&socket, Some(PREV_RESULT)),
+        ));
         assert_eq!(err.code, code::TRY_AGAIN_LATER, "{command}");
         assert!(err.msg.contains(&socket.display().to_string()), "{err}");
         assert!(err.details.contains("refused"), "{err}");
