@@ -10,6 +10,7 @@ pub mod datapath;
 pub mod desired;
 pub mod flow_log;
 pub mod handle;
+pub mod incarnation;
 pub mod links;
 pub mod lock;
 pub mod metrics;

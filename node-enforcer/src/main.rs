@@ -279,7 +279,7 @@ async fn run(args: Args) -> Result<(), String> {
         },
         saved.plan.as_ref().map_or(0, |p| p.term),
     )?;
-    let enforcer_id = format!("{}-{}", args.node_name, std::process::id());
+    let enforcer_id = node_enforcer::incarnation::enforcer_id(&args.node_name);
     let (tx, rx) = mpsc::channel(256);
     let (state_tx, state_rx) = watch::channel(NodeState::default());
     let (fetch_tx, fetch_rx) = mpsc::unbounded_channel();
