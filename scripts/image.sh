@@ -4,10 +4,13 @@
 # a passwd with root and the non-root user, CA certificates, staged as the
 # build context of ./Dockerfile (FROM scratch) and built with buildah.
 #
-#   scripts/image.sh [--repository REPO] [--profile release|dev]
+#   scripts/image.sh [--repository REPO] [--profile release|dev] [--version V]
 #
-# Tags REPO:VERSION and REPO:VERSION-COMMIT (the workspace version and the
-# commit, with "-dirty" when tracked files differ from it). The build is
+# Tags REPO:VERSION and REPO:VERSION-COMMIT (the workspace version, or V,
+# and the commit, with "-dirty" when tracked files differ from it). V names
+# a build of this tree as another version (the upgrade test's second image;
+# a release candidate): the binaries are the same, the tags and the image's
+# version label are V's. The build is
 # reproducible: the layer's timestamps are the commit's, so the same tree
 # gives the same image id, and an up-to-date image is not rebuilt. Prints
 # key=value lines last: image= (the VERSION-COMMIT reference), id=,
@@ -20,13 +23,21 @@ cd "$(dirname "$0")/.."
 repository=$(sed -n 's/^  repository: *//p' helm/palisade/values.yaml | head -1)
 [[ -n $repository ]] || { echo "image.sh: no image.repository in helm/palisade/values.yaml" >&2; exit 2; }
 profile=release
+version=
 while (($#)); do
   case $1 in
     --repository) repository=$2; shift 2 ;;
     --profile) profile=$2; shift 2 ;;
-    *) echo "image.sh: unknown argument $1 (known: --repository REPO, --profile release|dev)" >&2; exit 2 ;;
+    --version) version=$2; shift 2 ;;
+    *) echo "image.sh: unknown argument $1 (known: --repository REPO, --profile release|dev, --version V)" >&2; exit 2 ;;
   esac
 done
+# A tag's characters (the OCI distribution spec), and not a tag of its own
+# kind: V-COMMIT must still say which commit.
+if [[ -n $version && ! $version =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,80}$ ]]; then
+  echo "image.sh: --version $version is not a valid image tag (letters, digits, _ . -; at most 81)" >&2
+  exit 2
+fi
 case $profile in
   release) target_dir=target/release ;;
   dev) target_dir=target/debug ;;
@@ -38,7 +49,7 @@ mkdir -p target
 exec 9>target/.image.lock
 flock 9
 
-version=$(cargo metadata --no-deps --format-version 1 --locked |
+[[ -n $version ]] || version=$(cargo metadata --no-deps --format-version 1 --locked |
   python3 -c 'import json,sys; print({p["name"]: p["version"] for p in json.load(sys.stdin)["packages"]}["node-enforcer"])')
 commit=$(git rev-parse --short=12 HEAD)
 git diff --quiet HEAD -- || commit="$commit-dirty"

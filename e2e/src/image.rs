@@ -49,9 +49,30 @@ pub fn ensure() -> Result<&'static BuiltImage> {
         .map_err(|e| anyhow!("building the image: {e}"))
 }
 
+/// The version the upgrade test names its second image of this tree.
+pub const NEXT_VERSION_SUFFIX: &str = "next";
+
+/// This tree's image built as the next version (`VERSION-next`): the same
+/// binaries under another version's tags and label, once per process.
+pub fn ensure_next() -> Result<&'static BuiltImage> {
+    static IMAGE: OnceLock<Result<BuiltImage, String>> = OnceLock::new();
+    IMAGE
+        .get_or_init(|| {
+            let version = format!("{}-{NEXT_VERSION_SUFFIX}", env!("CARGO_PKG_VERSION"));
+            build_with(&["--version", &version]).map_err(|e| format!("{e:#}"))
+        })
+        .as_ref()
+        .map_err(|e| anyhow!("building the next version's image: {e}"))
+}
+
 fn build() -> Result<BuiltImage> {
+    build_with(&[])
+}
+
+fn build_with(args: &[&str]) -> Result<BuiltImage> {
     let script = repo_root().join("scripts/image.sh");
     let out = Command::new(&script)
+        .args(args)
         .current_dir(repo_root())
         .output()
         .with_context(|| format!("running {}", script.display()))?;

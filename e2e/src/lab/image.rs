@@ -386,8 +386,18 @@ impl Lab {
     /// A new enforcer pod of node `i` (the DaemonSet's template): its init
     /// containers run, in order, before it is returned.
     fn new_enforcer_pod(&mut self, i: usize, suffix: &str) -> Result<Pod> {
-        let (_, template) =
-            kubelet::template_of(&self.image().expect("image").rendered[i], "DaemonSet")?;
+        let rendered = self.image().expect("image").rendered[i].clone();
+        self.new_enforcer_pod_from(i, suffix, &rendered)
+    }
+
+    /// [`Lab::new_enforcer_pod`] of the chart as `rendered` (an upgrade's).
+    pub(super) fn new_enforcer_pod_from(
+        &mut self,
+        i: usize,
+        suffix: &str,
+        rendered: &[Value],
+    ) -> Result<Pod> {
+        let (_, template) = kubelet::template_of(rendered, "DaemonSet")?;
         let name = format!("palisade-enforcer-{}{suffix}", self.nodes[i].name);
         let run = self.pod_run(&name, self.kube_node(i), None)?;
         let root = self.nodes[i].root.as_ref().expect("a root");
@@ -395,7 +405,7 @@ impl Lab {
         let mut pod = Pod::new(
             template,
             run,
-            &self.image().expect("image").rendered[i],
+            rendered,
             &format!("pl{}-{}{suffix}", self.id, self.nodes[i].name),
             &state,
         )?;

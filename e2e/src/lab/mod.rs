@@ -25,6 +25,7 @@ mod processes;
 mod service_ips;
 mod services;
 mod traffic;
+mod upgrade;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -49,6 +50,7 @@ use node::LabNode;
 pub use node::MAX_NODES;
 use pods::LabPod;
 pub use services::services_table_exists;
+pub use upgrade::{Handover, Retiring, Surge};
 
 #[derive(Debug, Clone)]
 pub struct LabConfig {

@@ -72,6 +72,8 @@ pub(super) struct LabNode {
     pub(super) pod: Option<crate::kubelet::Pod>,
     /// A second DaemonSet pod on this node (image mode, surge).
     pub(super) second_pod: Option<crate::kubelet::Pod>,
+    /// Rollouts started on this node: each surge pod's name is new.
+    pub(super) rollouts: u32,
     /// Why pods cannot be wired on this node with Palisade (image mode with
     /// `cni.install: false`: the operator chains the plugin, not the chart).
     pub(super) unenforced: Option<String>,
@@ -171,6 +173,7 @@ impl LabNode {
             bpffs_mounted: false,
             pod: None,
             second_pod: None,
+            rollouts: 0,
             unenforced: None,
         })
     }
