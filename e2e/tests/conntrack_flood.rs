@@ -20,14 +20,13 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::metrics::{get, metrics_addr, scrape};
 use common::*;
-use palisade_e2e::netns::NetNs;
-use palisade_e2e::{Lab, LabConfig, PodName};
+use palisade_e2e::{Lab, LabConfig};
 
 const FLOWS: usize = 100;
 const NEW_FLOWS: usize = 200_000;
@@ -83,21 +82,6 @@ objects:
       ingress: [{from: [{podSelector: {matchLabels: {app: flood}}}]}]
 "#;
 
-fn pod(name: &str) -> PodName {
-    PodName::parse(name).unwrap()
-}
-
-fn ns(lab: &Lab, name: &str) -> NetNs {
-    NetNs::from_existing(lab.pod_netns(&pod(name)).unwrap())
-}
-
-fn ipv4(lab: &Lab, name: &str) -> Ipv4Addr {
-    match lab.pod_ip(&pod(name)) {
-        Some(IpAddr::V4(ip)) => ip,
-        other => panic!("{name} has no IPv4 address: {other:?}"),
-    }
-}
-
 /// Sends datagram `seq` to every client, each tagged with its flow.
 fn push(server: &UdpSocket, clients: &[SocketAddr], seq: u32) {
     for (flow, to) in clients.iter().enumerate() {
@@ -133,8 +117,8 @@ fn received(flow: usize, socket: &UdpSocket, last: u32, deadline: Instant) -> BT
 /// Opens `NEW_FLOWS` UDP flows from the flooding pod to the sink: four
 /// sockets, every destination port; returns how long it took.
 fn flood(lab: &Lab) -> Duration {
-    let sink = ipv4(lab, "x/sink");
-    let sockets: Vec<UdpSocket> = ns(lab, "x/flood")
+    let sink = pod_ipv4(lab, "x/sink");
+    let sockets: Vec<UdpSocket> = pod_ns(lab, "x/flood")
         .run(|| {
             (0..NEW_FLOWS.div_ceil(65535))
                 .map(|_| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap())
@@ -173,13 +157,13 @@ fn one_pod_opening_flows_fast_costs_other_pods_flows_nothing() {
 
     // The long-lived flows: each client socket speaks once, then the
     // server speaks on all of them.
-    let server_ip = ipv4(&lab, "x/server");
-    let server = ns(&lab, "x/server")
+    let server_ip = pod_ipv4(&lab, "x/server");
+    let server = pod_ns(&lab, "x/server")
         .run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, SERVER_PORT)))
         .unwrap()
         .unwrap();
     server.set_read_timeout(Some(TIMEOUT)).unwrap();
-    let clients: Vec<UdpSocket> = ns(&lab, "x/client")
+    let clients: Vec<UdpSocket> = pod_ns(&lab, "x/client")
         .run(|| {
             (0..FLOWS)
                 .map(|_| {

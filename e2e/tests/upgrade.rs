@@ -13,14 +13,13 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, Ipv4Addr, UdpSocket};
+use std::net::{Ipv4Addr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
 use palisade_e2e::chart::default_chart;
 use palisade_e2e::lab::ImageRun;
-use palisade_e2e::netns::NetNs;
 use palisade_e2e::probe::echo;
 use palisade_e2e::scenario::Target;
 use palisade_e2e::{Lab, LabConfig, Outcome, PodName};
@@ -67,17 +66,6 @@ fn pod(name: &str) -> PodName {
     PodName::parse(name).unwrap()
 }
 
-fn ns(lab: &Lab, name: &str) -> NetNs {
-    NetNs::from_existing(lab.pod_netns(&pod(name)).unwrap())
-}
-
-fn ipv4(lab: &Lab, name: &str) -> Ipv4Addr {
-    match lab.pod_ip(&pod(name)) {
-        Some(IpAddr::V4(ip)) => ip,
-        other => panic!("{name} has no IPv4 address: {other:?}"),
-    }
-}
-
 /// A datagram stream from a to b, each echoed back by b: what each side
 /// received, by sequence number.
 struct Stream {
@@ -95,12 +83,12 @@ struct Received {
 
 impl Stream {
     fn open(lab: &Lab) -> Stream {
-        let server = ns(lab, "x/b")
+        let server = pod_ns(lab, "x/b")
             .run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, STREAM_PORT)))
             .unwrap()
             .unwrap();
-        let b = ipv4(lab, "x/b");
-        let client = ns(lab, "x/a")
+        let b = pod_ipv4(lab, "x/b");
+        let client = pod_ns(lab, "x/a")
             .run(|| {
                 let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
                 s.connect((b, STREAM_PORT))?;

@@ -156,10 +156,7 @@ impl Lab {
 
     /// The enforcer that answers on the socket now (its id), if any.
     pub fn answering_enforcer_id(&self) -> Option<String> {
-        self.enforcer_state_of(0)
-            .ok()
-            .and_then(|s| s.state)
-            .map(|s| s.enforcer_id)
+        self.answering_enforcer_id_of(0)
     }
 
     /// The id of the enforcer the lab started last (and believes in).

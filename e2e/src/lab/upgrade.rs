@@ -225,7 +225,7 @@ impl Lab {
     }
 
     /// The id of the enforcer answering node `i`'s socket now, if any.
-    fn answering_enforcer_id_of(&self, i: usize) -> Option<String> {
+    pub(super) fn answering_enforcer_id_of(&self, i: usize) -> Option<String> {
         self.enforcer_state_of(i)
             .ok()
             .and_then(|s| s.state)

@@ -134,3 +134,19 @@ pub fn finish(lab: Lab) {
     let left = footprint.remaining();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+/// The network namespace of lab pod `name` (`ns/pod`).
+#[allow(dead_code)] // not every test binary opens sockets in pods
+pub fn pod_ns(lab: &Lab, name: &str) -> palisade_e2e::netns::NetNs {
+    let pod = palisade_e2e::PodName::parse(name).unwrap();
+    palisade_e2e::netns::NetNs::from_existing(lab.pod_netns(&pod).unwrap())
+}
+
+/// The IPv4 address of lab pod `name`.
+#[allow(dead_code)] // not every test binary opens sockets in pods
+pub fn pod_ipv4(lab: &Lab, name: &str) -> std::net::Ipv4Addr {
+    match lab.pod_ip(&palisade_e2e::PodName::parse(name).unwrap()) {
+        Some(std::net::IpAddr::V4(ip)) => ip,
+        other => panic!("{name} has no IPv4 address: {other:?}"),
+    }
+}
