@@ -25,7 +25,7 @@ mod api_double;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use common::{finish, is_root};
+use common::{finish, require_root};
 use palisade_e2e::chart::default_chart;
 use palisade_e2e::lab::{conflist_name, ApiServer, ImageRun};
 use palisade_e2e::{Lab, LabConfig};
@@ -185,10 +185,9 @@ fn conflist(path: &Path) -> Result<Value, String> {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn every_values_file_runs_its_pods_as_rendered() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let cases = values_cases();
     assert!(cases.len() >= 4, "{cases:?}");
     // Two labs at a time: each is its own namespaces, pods and API.
@@ -216,12 +215,11 @@ fn every_values_file_runs_its_pods_as_rendered() {
 /// with CAP_SYS_ADMIN and answers EPERM otherwise; the enforcer, with BPF,
 /// NET_ADMIN and PERFMON only, exits at its first map. The chart's profile
 /// (the default) lets the same pod run: every case above. (containerd's
-/// default allows bpf with CAP_BPF since 1.6.9: README, Seccomp.)
+/// default allows bpf with CAP_BPF since 1.6.9: docs/helm.md, Seccomp.)
 #[test]
+#[ignore = "needs root"]
 fn under_the_runtimes_default_profile_the_enforcer_cannot_create_its_maps() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let profile: Value = serde_json::from_str(
         &std::fs::read_to_string("/usr/share/containers/seccomp.json").unwrap(),
     )

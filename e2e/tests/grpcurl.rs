@@ -1,6 +1,7 @@
 //! The live processes answer the real `grpcurl` through reflection.
 
 mod common;
+use common::require_root;
 
 use std::path::Path;
 use std::process::Command;
@@ -26,10 +27,9 @@ fn grpcurl(socket: &Path, args: &[&str]) -> String {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn grpcurl_lists_services_and_shows_enforcer_state() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = lab_with_pods();
     lab.apply(&policies(DENY_B)).unwrap();
     lab.wait_realized().unwrap();
@@ -100,20 +100,20 @@ fn grpcurl_lists_services_and_shows_enforcer_state() {
     finish(lab);
 }
 
-/// The README's "Debugging from one place" commands, run verbatim (only the
+/// docs/debugging.md's "Debugging from one place" commands, run verbatim (only the
 /// controller's address is swapped for the lab's unix socket) against a lab
 /// where x/deny-b isolates x/b.
 #[test]
-fn the_readme_debugging_commands_work_verbatim() {
-    if !is_root() {
-        return;
-    }
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README.md");
+#[ignore = "needs root"]
+fn the_debugging_docs_commands_work_verbatim() {
+    require_root();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/debugging.md"))
+            .expect("docs/debugging.md");
     let section = readme
         .split("## Debugging from one place")
         .nth(1)
-        .expect("the README has the debugging section");
+        .expect("docs/debugging.md has the debugging section");
     let block = section
         .split("```sh")
         .nth(1)

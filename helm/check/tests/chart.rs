@@ -110,7 +110,7 @@ fn all_cases() -> Vec<(String, Vec<Value>)> {
 
 /// The controller meets the restricted Pod Security level; the enforcer
 /// breaks baseline by exactly its host network, its host paths and its
-/// three capabilities, so its namespace needs privileged (README).
+/// three capabilities, so its namespace needs privileged (docs/helm.md).
 #[test]
 fn the_controller_is_restricted_and_the_enforcer_needs_privileged_for_its_host_access_only() {
     for (label, objects) in all_cases() {
