@@ -4,6 +4,7 @@
 //! established flow across a damaged checkpoint, which enforcer answers).
 
 mod common;
+use common::require_root;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -73,55 +74,49 @@ fn every_adversarial_scenario_is_valid() {
 /// 1: chained after bridge, no pod's ADD strips another's enforcement and
 /// nothing is attached to the bridge.
 #[test]
+#[ignore = "needs root"]
 fn bridge_chain_add_keeps_other_pods_enforced() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     play("bridge-add-keeps-others.yaml");
 }
 
 /// 1: the same with ptp.
 #[test]
+#[ignore = "needs root"]
 fn ptp_chain_add_keeps_other_pods_enforced() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     play("ptp-add-keeps-others.yaml");
 }
 
 /// 2: crafted reply-direction, spoofed and fragmented packets open nothing.
 #[test]
+#[ignore = "needs root"]
 fn forged_packets_do_not_open_denied_flows() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     play("forged-replies.yaml");
 }
 
 /// 3: a controller restarting on a broken source does not wipe the node.
 #[test]
+#[ignore = "needs root"]
 fn controller_restart_on_a_broken_source_keeps_enforcement() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     play("controller-restart-broken-source.yaml");
 }
 
 /// 4, strict: a new pod with the controller down fails its ADD, closed.
 #[test]
+#[ignore = "needs root"]
 fn strict_new_pod_without_controller_fails_closed() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     play("new-pod-controller-down-strict.yaml");
 }
 
 /// 4, standard: it starts, and the dump says it is not protected.
 #[test]
+#[ignore = "needs root"]
 fn standard_new_pod_without_controller_is_visibly_unprotected() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     play("new-pod-controller-down-standard.yaml");
 }
 
@@ -129,16 +124,17 @@ fn standard_new_pod_without_controller_is_visibly_unprotected() {
 /// (the lab waits for the controller's error), the previous policy stays
 /// enforced, and the fixed edit is enforced. Needs root, as every lab.
 #[test]
+#[ignore = "needs root"]
 fn a_typo_in_a_policy_edit_keeps_the_previous_policy() {
+    require_root();
     play("typo-keeps-previous-policy.yaml");
 }
 
 /// 6: a second enforcer waits; the first keeps answering and enforcing.
 #[test]
+#[ignore = "needs root"]
 fn second_enforcer_waits_and_the_first_keeps_serving() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     play("second-enforcer.yaml");
 }
 
@@ -146,10 +142,9 @@ fn second_enforcer_waits_and_the_first_keeps_serving() {
 /// first enforcer, and the second is waiting (alive) or has exited; never
 /// serving in the first one's place.
 #[test]
+#[ignore = "needs root"]
 fn second_enforcer_does_not_take_the_socket() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = lab_with_pods();
     lab.apply(&policies(DENY_B)).unwrap();
     lab.wait_realized().unwrap();
@@ -183,18 +178,16 @@ fn second_enforcer_does_not_take_the_socket() {
 
 /// 7: a damaged checkpoint loses neither enforcement nor established flows.
 #[test]
+#[ignore = "needs root"]
 fn corrupt_checkpoint_keeps_enforcement() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     play("corrupt-checkpoint.yaml");
 }
 
 #[test]
+#[ignore = "needs root"]
 fn corrupt_checkpoint_keeps_established_flows() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     const TIMEOUT: Duration = Duration::from_millis(1000);
     let mut lab = lab_with_pods();
     lab.apply(&policies(ALLOW_A_80)).unwrap();
@@ -223,18 +216,16 @@ fn corrupt_checkpoint_keeps_established_flows() {
 
 /// 8: a DEL with the enforcer down succeeds and enforcement stays.
 #[test]
+#[ignore = "needs root"]
 fn del_while_the_enforcer_is_down_succeeds() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     play("del-while-enforcer-down.yaml");
 }
 
 /// 8: a host veth deleted without a DEL leaves the enforcer's state.
 #[test]
+#[ignore = "needs root"]
 fn a_veth_deleted_without_del_leaves_the_dump() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     play("veth-deleted-without-del.yaml");
 }

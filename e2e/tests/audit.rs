@@ -8,6 +8,7 @@
 //! denied and no longer logged.
 
 mod common;
+use common::require_root;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -113,10 +114,9 @@ fn would_deny_line<'l>(
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_staged_deny_is_counted_not_enforced_until_the_annotation_goes() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     // The only test in this binary: the variable reaches the enforcer, and
     // port 0 lets it bind its own.
     std::env::set_var("PALISADE_METRICS_ADDR", "127.0.0.1:0");

@@ -6,6 +6,7 @@
 //! one event keeps the reconciler.
 
 mod common;
+use common::require_root;
 
 use std::time::{Duration, Instant};
 
@@ -86,10 +87,9 @@ fn timed_dump(lab: &Lab, when: &str) -> palisade_proto::v1::GetEnforcerStateResp
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_policy_of_100000_rules_is_realized_while_other_pods_start_and_dumps_answer() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = lab_with_pods_in(LabConfig {
         realize_timeout: Duration::from_secs(400),
         ..LabConfig::default()
@@ -160,10 +160,9 @@ fn a_policy_of_100000_rules_is_realized_while_other_pods_start_and_dumps_answer(
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_policy_over_a_limit_is_named_and_denies_only_its_pods() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = lab_with_pods_in(LabConfig {
         controller_args: vec!["--max-rules-per-policy".into(), "1000".into()],
         enforcer_args: vec!["--max-table-entries".into(), "500".into()],
@@ -222,10 +221,9 @@ fn a_policy_over_a_limit_is_named_and_denies_only_its_pods() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn health_says_not_serving_while_one_event_keeps_the_reconciler() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     // Every policy compiled and written in the event that brings it, and
     // a bound a 100,000-entry table exceeds: a forced long convergence.
     let mut lab = lab_with_pods_in(LabConfig {
@@ -274,10 +272,9 @@ fn health_says_not_serving_while_one_event_keeps_the_reconciler() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_policy_over_the_nodes_plan_budget_is_named_and_denies_only_its_pods() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     // 2,000 rules for b are some 80 kB of plan; the node's budget is less.
     let mut lab = lab_with_pods_in(LabConfig {
         controller_args: vec!["--max-plan-bytes-per-node".into(), "40000".into()],

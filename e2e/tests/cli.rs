@@ -1,6 +1,7 @@
 //! The `palisade-lab` binary: exit codes, the table, and no leftovers.
 
 mod common;
+use common::require_root;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -49,10 +50,9 @@ fn assert_run_left_nothing(stdout: &str) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn quickstart_example_passes_and_prints_the_table() {
-    if !common::is_root() {
-        return;
-    }
+    require_root();
     let path = example("quickstart.yaml");
     let (out, stdout, stderr) = run(&["run", path.to_str().unwrap()]);
     assert_eq!(
@@ -71,10 +71,9 @@ fn quickstart_example_passes_and_prints_the_table() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_wrong_expectation_exits_1() {
-    if !common::is_root() {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("wrong.yaml");
     std::fs::write(
@@ -100,26 +99,38 @@ fn a_wrong_expectation_exits_1() {
     assert_run_left_nothing(&stdout);
 }
 
-#[test]
-fn a_bad_scenario_is_refused_before_anything_is_built() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("bad.yaml");
+/// A scenario with an out-of-range port.
+fn bad_scenario(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("bad.yaml");
     std::fs::write(
         &path,
         "objects: [{kind: Namespace, metadata: {name: x}}]\nsteps:\n  - probes: [{from: x/a, to: x/b, port: 99999}]\n",
     )
     .unwrap();
+    path
+}
+
+#[test]
+fn a_bad_scenario_is_refused_before_anything_is_built() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = bad_scenario(dir.path());
     let (out, _, stderr) = run(&["validate", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("steps[0]") && stderr.contains("port: 99999"),
         "{stderr}"
     );
-    if common::is_root() {
-        let (out, _, stderr) = run(&["run", path.to_str().unwrap()]);
-        assert_eq!(out.status.code(), Some(2), "{stderr}");
-        assert!(stderr.contains("port: 99999"), "{stderr}");
-    }
+}
+
+#[test]
+#[ignore = "needs root"]
+fn run_refuses_a_bad_scenario_before_anything_is_built() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let path = bad_scenario(dir.path());
+    let (out, _, stderr) = run(&["run", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("port: 99999"), "{stderr}");
 }
 
 #[test]
@@ -168,10 +179,9 @@ fn start_long_lab(
 }
 
 #[test]
+#[ignore = "needs root"]
 fn clean_removes_what_a_killed_lab_left() {
-    if !common::is_root() {
-        return;
-    }
+    require_root();
     // Two nodes: everything per node (namespace, pin root, enforcer) and the
     // fabric must be found and swept too.
     let (mut child, _lines, first, _dir) = start_long_lab(2);
@@ -222,10 +232,9 @@ fn clean_removes_what_a_killed_lab_left() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn the_other_examples_pass() {
-    if !common::is_root() {
-        return;
-    }
+    require_root();
     for name in [
         "egress-ipblock.yaml",
         "namespaces.yaml",
@@ -245,11 +254,10 @@ fn the_other_examples_pass() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn refuses_to_run_without_root() {
     // Needs root to drop to nobody, and setpriv (util-linux) to do it.
-    if !common::is_root() {
-        return;
-    }
+    require_root();
     assert!(
         Path::new("/usr/bin/setpriv").exists(),
         "setpriv (util-linux) is needed to drop privileges"
@@ -271,10 +279,9 @@ fn refuses_to_run_without_root() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn ctrl_c_mid_run_cleans_up_and_exits_130() {
-    if !common::is_root() {
-        return;
-    }
+    require_root();
     let (mut child, lines, first, _dir) = start_long_lab(1);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
@@ -291,11 +298,10 @@ fn ctrl_c_mid_run_cleans_up_and_exits_130() {
 /// keeps the lab running (its enforcer answers grpcurl) until SIGINT, then
 /// removes everything, as `run` does.
 #[test]
+#[ignore = "needs root"]
 fn up_keeps_the_lab_until_interrupted_then_cleans_up() {
     use std::io::{BufRead, BufReader};
-    if !common::is_root() {
-        return;
-    }
+    require_root();
     let mut child = Command::new(LAB)
         .args(["up", example("quickstart.yaml").to_str().unwrap()])
         .stdout(std::process::Stdio::piped())
@@ -383,10 +389,9 @@ fn the_model_engine_runs_without_a_lab() {
 /// disagreement of its own: here the lab runs without Palisade, so every
 /// denial the model expects is a disagreement.
 #[test]
+#[ignore = "needs root"]
 fn a_datapath_verdict_the_model_does_not_share_is_reported_as_such() {
-    if !common::is_root() {
-        return;
-    }
+    require_root();
     let path = example("quickstart.yaml");
     let (out, stdout, stderr) = run(&["run", "--baseline", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");

@@ -3,6 +3,7 @@
 //! `install` / `uninstall` on a CNI conf dir (the init container).
 
 mod common;
+use common::require_root;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -28,10 +29,9 @@ fn run(args: &[&str]) -> (Option<i32>, String) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn health_reports_a_live_enforcer_and_names_a_missing_one() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let lab = lab_with_pods();
     let socket = lab.enforcer_socket().to_str().unwrap().to_string();
     let (code, text) = run(&["health", "--enforcer-socket", &socket]);

@@ -5,6 +5,7 @@
 //! INIT-ACK), as this kernel has no SCTP stack.
 
 mod common;
+use common::require_root;
 
 use std::path::{Path, PathBuf};
 
@@ -45,10 +46,9 @@ fn play(path: &Path) -> Result<usize, String> {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn every_conformance_case_passes_on_a_real_lab() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let files = scenario_files();
     assert!(files.len() >= 40, "{} files", files.len());
     for f in &files {

@@ -11,6 +11,7 @@
 //! removed under a live flow shows as lost echoes, not only in the map.
 
 mod common;
+use common::require_root;
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -249,10 +250,9 @@ fn udp_both_ways(client: &UdpSocket, server: &UdpSocket, peer: SocketAddr) -> Re
 /// server can still speak first); once closed and gone from the kernel, the
 /// next cleanups remove every entry of it.
 #[test]
+#[ignore = "needs root"]
 fn seed_001_tcp_through_a_cluster_ip() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     seed_001_tcp(1);
 }
 
@@ -261,10 +261,9 @@ fn seed_001_tcp_through_a_cluster_ip() {
 /// address). Each node's cleanup keeps its own entries of the live flow,
 /// and removes them once the closed flow left its kernel.
 #[test]
+#[ignore = "needs root"]
 fn seed_001_tcp_through_a_cluster_ip_across_nodes() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     seed_001_tcp(2);
 }
 
@@ -375,10 +374,9 @@ fn seed_001_tcp(nodes: usize) {
 /// Seed 001 with a UDP "connection": a connected socket through the
 /// ClusterIP, the server answering (and speaking first) from its own socket.
 #[test]
+#[ignore = "needs root"]
 fn seed_001_udp_through_a_cluster_ip() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     seed_001_udp(1);
 }
 
@@ -387,10 +385,9 @@ fn seed_001_udp_through_a_cluster_ip() {
 /// entries of the flow must live exactly as long as its own kernel's entry:
 /// kept through cleanups while datagrams flow, removed once it expired.
 #[test]
+#[ignore = "needs root"]
 fn seed_001_udp_through_a_cluster_ip_across_nodes() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     seed_001_udp(2);
 }
 
@@ -518,10 +515,9 @@ fn kernel_has(lab: &Lab, port: u16) -> bool {
 /// be cleaned, or already). Every incarnation connects and the server can
 /// speak first; the last one, idle through cleanups, keeps its entries.
 #[test]
+#[ignore = "needs root"]
 fn a_reused_five_tuple_keeps_working_across_cleanups() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = lab();
     lab.apply(&policies(SEED_001)).unwrap();
     lab.wait_realized().unwrap();
@@ -605,10 +601,9 @@ fn a_reused_five_tuple_keeps_working_across_cleanups() {
 /// (default deny left in its place) cuts it on its next packet; a
 /// connection the new policy still allows carries on.
 #[test]
+#[ignore = "needs root"]
 fn deleting_the_allow_cuts_only_the_flows_it_allowed() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = lab();
     let allow = r#"
 objects:
@@ -688,10 +683,9 @@ objects:
 /// connection through the ClusterIP is cut on the next packet (at its own
 /// egress, before DNAT), while another pod's connection carries on.
 #[test]
+#[ignore = "needs root"]
 fn deleting_an_egress_allow_cuts_a_flow_through_the_cluster_ip() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = lab();
     let allow = r#"
 objects:
@@ -749,10 +743,9 @@ objects:
 /// from the client answers it, directly and through the ClusterIP, TCP and
 /// UDP, for as long as the connection lives; it still cannot start a flow.
 #[test]
+#[ignore = "needs root"]
 fn replies_pass_a_default_deny_egress() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = lab();
     let server = r#"
 objects:
@@ -798,10 +791,9 @@ objects:
 /// and through the ClusterIP (service port 80 translated to 8080); a rule
 /// naming other pods allows neither.
 #[test]
+#[ignore = "needs root"]
 fn egress_to_a_service_follows_its_backends() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = lab();
     let egress = |app: &str, port: u16| {
         format!(
@@ -869,10 +861,9 @@ objects:
 /// speaks first (its default-deny egress passes it only as a reply) must
 /// still get through, and the dump says why nothing was removed.
 #[test]
+#[ignore = "needs root"]
 fn an_idle_flow_survives_cleanups_on_a_node_without_kernel_conntrack() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = Lab::start(LabConfig {
         conntrack_cleanup_secs: Some(1),
         ..LabConfig::default()

@@ -18,6 +18,7 @@
 //! datapath says how much.
 
 mod common;
+use common::require_root;
 
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
@@ -138,10 +139,9 @@ fn flood(lab: &Lab) -> Duration {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn one_pod_opening_flows_fast_costs_other_pods_flows_nothing() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     // The only test in this binary: the variable reaches the enforcer, and
     // port 0 lets it bind its own.
     std::env::set_var("PALISADE_METRICS_ADDR", "127.0.0.1:0");

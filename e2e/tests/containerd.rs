@@ -6,6 +6,7 @@
 //! under the same name, and the whole conformance suite.
 
 mod common;
+use common::require_root;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -71,10 +72,9 @@ fn play_example(path: &str) -> String {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn quickstart_passes_with_containerd_pods() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     play_example("examples/quickstart.yaml");
 }
 
@@ -83,10 +83,9 @@ fn quickstart_passes_with_containerd_pods() {
 /// chain) and keeps nothing of it, which the lab checks. The same pod
 /// then starts under the same sandbox name once its policy can be known.
 #[test]
+#[ignore = "needs root"]
 fn strict_refusal_fails_run_pod_sandbox() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let table = play_example("examples/adversarial/new-pod-controller-down-strict.yaml");
     assert!(
         table.contains(
@@ -97,18 +96,16 @@ fn strict_refusal_fails_run_pod_sandbox() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn standard_pod_without_policy_starts_visibly_unprotected() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     play_example("examples/adversarial/new-pod-controller-down-standard.yaml");
 }
 
 #[test]
+#[ignore = "needs root"]
 fn stop_pod_sandbox_with_the_enforcer_down_succeeds() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     play_example("examples/adversarial/del-while-enforcer-down.yaml");
 }
 
@@ -118,10 +115,9 @@ fn stop_pod_sandbox_with_the_enforcer_down_succeeds() {
 /// one's ADD: the new sandbox must keep the pod's policy, and the old veth
 /// must leave the enforcer.
 #[test]
+#[ignore = "needs root"]
 fn a_recreated_sandbox_keeps_the_pods_policy() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = lab_with_pods_in(LabConfig {
         runtime: PodRuntime::Containerd,
         ..LabConfig::default()
@@ -181,10 +177,9 @@ fn a_recreated_sandbox_keeps_the_pods_policy() {
 /// The conformance suite (e2e/conformance/) with containerd starting every
 /// pod, on two nodes (a containerd each), four labs at once.
 #[test]
+#[ignore = "needs root"]
 fn every_conformance_case_passes_with_containerd_pods() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("conformance");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
@@ -230,12 +225,11 @@ fn every_conformance_case_passes_with_containerd_pods() {
 /// netns containerd made, its mounts, the lab's cgroups and libcni's
 /// cache files all go.
 #[test]
+#[ignore = "needs root"]
 fn clean_removes_what_a_killed_containerd_lab_left() {
     use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
-    if !is_root() {
-        return;
-    }
+    require_root();
     const LAB: &str = env!("CARGO_BIN_EXE_palisade-lab");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("long.yaml");

@@ -12,6 +12,7 @@
 //!   lines and the rate-limited counter rises by the rest.
 
 mod common;
+use common::require_root;
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -55,10 +56,9 @@ fn denied_to_b(src: &str, port: u16) -> Vec<(&'static str, Value)> {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn flow_logs_name_denied_and_allowed_flows_and_a_flood_is_rate_limited() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     // The only test in this binary: every enforcer it starts serves metrics.
     std::env::set_var("PALISADE_METRICS_ADDR", "127.0.0.1:0");
     let mut lab = Lab::start(LabConfig {

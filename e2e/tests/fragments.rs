@@ -18,6 +18,7 @@
 //! conntrack.
 
 mod common;
+use common::require_root;
 
 use std::collections::BTreeMap;
 use std::io::ErrorKind;
@@ -237,10 +238,9 @@ fn verdicts(direction: &str, verdict: &str, reason: &str) -> String {
 /// A datagram bigger than the MTU to a port both hooks allow arrives
 /// whole, in either family, and both hooks judged its later fragments.
 #[test]
+#[ignore = "needs root"]
 fn a_datagram_to_an_allowed_port_arrives_whole() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let lab = lab();
     let counters = Counters::of(&lab);
     for (family, (server, client)) in addresses(&lab, "x/server")
@@ -273,10 +273,9 @@ fn a_datagram_to_an_allowed_port_arrives_whole() {
 /// either hook, in either family: the server's socket on that port never
 /// receives it.
 #[test]
+#[ignore = "needs root"]
 fn a_datagram_to_a_denied_port_never_arrives() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let lab = lab();
     let counters = Counters::of(&lab);
     for (server, client) in addresses(&lab, "x/server")
@@ -309,10 +308,9 @@ fn a_datagram_to_a_denied_port_never_arrives() {
 /// and the client's ingress allow nothing but replies. Conntrack holds the
 /// flow by its real ports, on both hooks, and nothing of port 0.
 #[test]
+#[ignore = "needs root"]
 fn a_large_reply_through_an_established_flow_arrives_whole() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let lab = lab();
     let counters = Counters::of(&lab);
     for (family, (server, client)) in addresses(&lab, "x/server")
@@ -371,10 +369,9 @@ fn a_large_reply_through_an_established_flow_arrives_whole() {
 /// fragments its kernel made, the server's ingress those the node cut
 /// again, and the large answer comes back the same way.
 #[test]
+#[ignore = "needs root"]
 fn a_datagram_through_a_cluster_ip_arrives_whole_past_the_nodes_reassembly() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let lab = lab_of(&format!("{OBJECTS}{SERVICE}"));
     let counters = Counters::of(&lab);
     let [client, _] = addresses(&lab, "x/client");

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::is_root;
+use common::require_root;
 use palisade_e2e::image::{ensure, repo_root, BuiltImage};
 
 const BINARIES: [&str; 3] = ["palisade-controller", "palisade-enforcer", "palisade-cni"];
@@ -101,10 +101,9 @@ fn libraries() -> BTreeSet<String> {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn the_image_holds_the_binaries_their_libraries_and_nothing_else() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let image = image();
     let mounted = Mounted::new(&image.reference);
     let root = &mounted.0;
@@ -193,10 +192,9 @@ fn the_image_holds_the_binaries_their_libraries_and_nothing_else() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn the_image_runs_as_the_non_root_user_and_carries_version_and_commit() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let image = image();
     assert_eq!(
         podman(&[
@@ -251,10 +249,9 @@ fn the_image_runs_as_the_non_root_user_and_carries_version_and_commit() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn the_image_is_its_binaries_and_a_few_megabytes() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let image = image();
     let binaries: u64 = BINARIES
         .iter()
@@ -276,10 +273,9 @@ fn the_image_is_its_binaries_and_a_few_megabytes() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn each_binary_runs_in_the_image() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let image = image();
     let run = |entrypoint: &str, args: &[&str]| {
         let mut cmd = Command::new("podman");

@@ -9,7 +9,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{finish, is_root};
+use common::{finish, require_root};
 use palisade_e2e::chart::default_chart;
 use palisade_e2e::lab::ImageRun;
 use palisade_e2e::{run_scenario, Lab, LabConfig, Scenario};
@@ -93,29 +93,26 @@ fn examples() -> PathBuf {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn the_quickstart_passes_with_the_image() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let rows = play_all(&[examples().join("quickstart.yaml")], 1);
     assert!(rows > 3, "{rows} rows");
 }
 
 #[test]
+#[ignore = "needs root"]
 fn every_fail_closed_scenario_passes_with_the_image() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let files = yaml_files(&examples().join("adversarial"));
     assert_eq!(files.len(), 11, "{files:?}");
     play_all(&files, 2);
 }
 
 #[test]
+#[ignore = "needs root"]
 fn every_conformance_case_passes_with_the_image() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let files = yaml_files(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("conformance"));
     assert!(files.len() >= 40, "{} files", files.len());
     let rows = play_all(&files, 2);

@@ -2,6 +2,7 @@
 //! process), so a failure here is the lab's and not the enforcer's.
 
 mod common;
+use common::require_root;
 
 use common::*;
 use palisade_e2e::scenario::{Kind, ObjectKey};
@@ -16,10 +17,9 @@ fn baseline() -> Lab {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn pods_come_and_go_and_nothing_is_left() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     // Twice in a row: the second lab must not trip over the first.
     for _ in 0..2 {
         let mut lab = baseline();
@@ -54,10 +54,9 @@ fn pods_come_and_go_and_nothing_is_left() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn deleting_a_namespace_takes_its_pods() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = baseline();
     lab.apply(&objects(PODS)).unwrap();
     let ns: Vec<String> = lab
@@ -84,10 +83,9 @@ fn deleting_a_namespace_takes_its_pods() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn bad_requests_name_the_problem() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = baseline();
     let e = lab.apply(&policies(DENY_B)).unwrap_err().to_string();
     assert!(e.contains("namespace x does not exist"), "{e}");
@@ -108,10 +106,9 @@ fn bad_requests_name_the_problem() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn pod_manifests_carry_node_and_addresses() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = baseline();
     lab.apply(&objects(PODS)).unwrap();
     let a = PodName::parse("x/a").unwrap();
@@ -131,11 +128,10 @@ fn pod_manifests_carry_node_and_addresses() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_failing_plugin_is_reported_with_its_cni_error() {
     use std::os::unix::fs::PermissionsExt;
-    if !is_root() {
-        return;
-    }
+    require_root();
     let plugins = tempfile::tempdir().unwrap();
     for (name, script) in [
         (

@@ -6,6 +6,7 @@
 //! and allowed probes move the verdict counters.
 
 mod common;
+use common::require_root;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -33,10 +34,9 @@ fn scrape_until(
 }
 
 #[test]
+#[ignore = "needs root"]
 fn both_processes_serve_metrics_that_follow_plans_and_traffic() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     // The only test in this binary: the variable reaches both processes,
     // and port 0 lets each bind its own.
     std::env::set_var("PALISADE_METRICS_ADDR", "127.0.0.1:0");

@@ -2,14 +2,14 @@
 //! real TCP and UDP traffic between pod namespaces.
 
 mod common;
+use common::require_root;
 
 use common::*;
 
 #[test]
+#[ignore = "needs root"]
 fn no_policy_allows_all_tcp_and_udp() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let lab = lab_with_pods();
     assert_verdicts(
         &lab,
@@ -27,10 +27,9 @@ fn no_policy_allows_all_tcp_and_udp() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn default_deny_ingress_isolates_only_the_selected_pod() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = lab_with_pods();
     lab.apply(&policies(DENY_B)).unwrap();
     lab.wait_realized().unwrap();
@@ -51,10 +50,9 @@ fn default_deny_ingress_isolates_only_the_selected_pod() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn allow_from_a_on_tcp_80_only() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = lab_with_pods();
     lab.apply(&policies(ALLOW_A_80)).unwrap();
     lab.wait_realized().unwrap();
@@ -73,10 +71,9 @@ fn allow_from_a_on_tcp_80_only() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn delete_restores_traffic_and_reapply_denies_it_again() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = lab_with_pods();
     let both: Vec<_> = policies(DENY_B)
         .into_iter()
@@ -114,10 +111,9 @@ fn delete_restores_traffic_and_reapply_denies_it_again() {
 /// Upstream NetworkPolicy never blocks traffic between a pod and its own
 /// node: kubelet probes must reach an isolated pod.
 #[test]
+#[ignore = "needs root"]
 fn the_node_reaches_an_isolated_pod() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = lab_with_pods();
     lab.apply(&policies(DENY_B)).unwrap();
     lab.wait_realized().unwrap();
@@ -150,10 +146,9 @@ fn the_node_reaches_an_isolated_pod() {
 /// A manifest that does not parse is reported by name, and what was
 /// enforced before stays enforced.
 #[test]
+#[ignore = "needs root"]
 fn a_broken_manifest_is_reported_and_enforcement_stays() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = lab_with_pods();
     lab.apply(&policies(DENY_B)).unwrap();
     lab.wait_realized().unwrap();

@@ -2,6 +2,7 @@
 //! established connection keeps flowing.
 
 mod common;
+use common::require_root;
 
 use std::time::Duration;
 
@@ -13,10 +14,9 @@ use palisade_e2e::{Outcome, PodName};
 const TIMEOUT: Duration = Duration::from_millis(1000);
 
 #[test]
+#[ignore = "needs root"]
 fn enforcer_restart_keeps_policy_and_established_flows() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = lab_with_pods();
     lab.apply(&policies(DENY_B)).unwrap();
     lab.apply(&policies(ALLOW_A_80)).unwrap();
@@ -52,10 +52,9 @@ fn enforcer_restart_keeps_policy_and_established_flows() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn controller_restart_keeps_policy() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = lab_with_pods();
     lab.apply(&policies(DENY_B)).unwrap();
     lab.wait_realized().unwrap();

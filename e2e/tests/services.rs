@@ -5,6 +5,7 @@
 //! nothing behind. A failure here is the lab's, not the enforcer's.
 
 mod common;
+use common::require_root;
 
 use std::collections::BTreeSet;
 
@@ -57,10 +58,9 @@ fn backends_used(lab: &Lab) -> BTreeSet<String> {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_cluster_ip_spreads_over_its_backends_and_follows_them() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = baseline();
     lab.apply(&objects(OBJECTS)).unwrap();
     let ip = |p: &str| lab.pod_ip(&PodName::parse(p).unwrap()).unwrap();
@@ -107,10 +107,9 @@ fn a_cluster_ip_spreads_over_its_backends_and_follows_them() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_port_without_endpoints_is_rejected_and_a_pod_reaches_itself() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = baseline();
     lab.apply(&objects(OBJECTS)).unwrap();
     let refused = lab
@@ -152,10 +151,9 @@ fn a_port_without_endpoints_is_rejected_and_a_pod_reaches_itself() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn services_are_refused_with_the_bridge_chain() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = Lab::start(LabConfig {
         with_palisade: false,
         cni: CniKind::Bridge,
@@ -171,10 +169,9 @@ fn services_are_refused_with_the_bridge_chain() {
 /// from its Service range as the API server does, around the addresses
 /// other Services name, and keeps it for the Service's life.
 #[test]
+#[ignore = "needs root"]
 fn services_without_a_cluster_ip_get_one_that_stays() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     const ALLOCATED: &str = r#"
 objects:
   - {apiVersion: v1, kind: Namespace, metadata: {name: x}}

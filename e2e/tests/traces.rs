@@ -11,6 +11,7 @@
 //! slow plan delivery nor the processes' exit.
 
 mod common;
+use common::require_root;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -175,10 +176,9 @@ fn find_chain(spans: &[Received], node: &str, version: &str) -> Result<Chain, St
 }
 
 #[test]
+#[ignore = "needs root"]
 fn one_policy_change_is_one_trace_from_the_controller_through_every_enforcer_and_back() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = Lab::start(LabConfig {
         nodes: 2,
         otlp_listener: true,
@@ -290,10 +290,9 @@ fn serve_silence(lab: &mut Lab) -> (tokio::runtime::Runtime, Arc<Mutex<usize>>) 
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_collector_that_never_answers_slows_neither_plans_nor_exit() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let mut lab = Lab::start(LabConfig {
         otlp_listener: true,
         ..LabConfig::default()

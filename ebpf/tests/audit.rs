@@ -7,6 +7,7 @@ use aya::maps::{Map, MapData, PerCpuArray, RingBuf};
 use palisade_ebpf::testkit::frames::*;
 use palisade_ebpf::testkit::*;
 use palisade_ebpf::*;
+use palisade_test_support::require_root;
 
 /// The audit-related maps of a harness, opened by their pins (the harness
 /// lends its own maps only for the tables it knows about).
@@ -89,7 +90,9 @@ fn harness() -> Harness {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_staged_deny_counts_and_reports_would_deny_while_the_flow_passes() {
+    require_root();
     let mut h = harness();
     h.endpoint(1, 0);
     let mut m = AuditMaps::open(&h);
@@ -124,7 +127,9 @@ fn a_staged_deny_counts_and_reports_would_deny_while_the_flow_passes() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_staged_allow_counts_and_reports_would_allow_while_the_flow_is_dropped() {
+    require_root();
     let mut h = harness();
     h.endpoint(1, 0);
     let mut m = AuditMaps::open(&h);
@@ -144,7 +149,9 @@ fn a_staged_allow_counts_and_reports_would_allow_while_the_flow_is_dropped() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn nothing_is_reported_where_the_audit_table_agrees() {
+    require_root();
     let mut h = harness();
     h.endpoint(1, 0);
     let mut m = AuditMaps::open(&h);
@@ -158,7 +165,9 @@ fn nothing_is_reported_where_the_audit_table_agrees() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn the_audit_table_judges_egress_by_the_destination() {
+    require_root();
     let mut h = harness();
     // Egress not isolated; a staged egress policy allowing 10.0.1.0/24:80.
     h.endpoint(0, 0);
@@ -180,7 +189,9 @@ fn the_audit_table_judges_egress_by_the_destination() {
 /// The same packets, with and without staged tables: the same verdicts and
 /// the same packet counters.
 #[test]
+#[ignore = "needs root"]
 fn verdicts_do_not_depend_on_audit() {
+    require_root();
     let packets: Vec<(bool, Vec<u8>)> = vec![
         (false, tcp_flags("10.0.1.5", 40000, POD4, 80, 0x02)),
         (false, tcp("10.0.1.5", 40000, POD4, 80)),
@@ -222,7 +233,9 @@ fn verdicts_do_not_depend_on_audit() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn removing_the_audit_entry_stops_reporting() {
+    require_root();
     let mut h = harness();
     h.endpoint(1, 0);
     let mut m = AuditMaps::open(&h);

@@ -9,6 +9,7 @@ use aya::maps::{Array, Map, MapData, PerCpuArray, RingBuf};
 use palisade_ebpf::testkit::frames::*;
 use palisade_ebpf::testkit::*;
 use palisade_ebpf::*;
+use palisade_test_support::require_root;
 
 // ---------------------------------------------------------------- helpers
 
@@ -82,7 +83,9 @@ const HIGH_RATE: u32 = 1_000_000;
 // ------------------------------------------------------------------ tests
 
 #[test]
+#[ignore = "needs root"]
 fn deny_mode_logs_each_denied_packet_with_its_fields_and_no_allowed_flow() {
+    require_root();
     let h = egress_policy();
     configure(&h, FLOW_LOG_DENY, HIGH_RATE, HIGH_RATE);
     let before = monotonic_ns();
@@ -111,7 +114,9 @@ fn deny_mode_logs_each_denied_packet_with_its_fields_and_no_allowed_flow() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn all_mode_logs_a_new_flow_once_and_never_its_established_or_reply_packets() {
+    require_root();
     let h = egress_policy();
     configure(&h, FLOW_LOG_ALL, HIGH_RATE, HIGH_RATE);
     assert_eq!(h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80)), ALLOW);
@@ -133,7 +138,9 @@ fn all_mode_logs_a_new_flow_once_and_never_its_established_or_reply_packets() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn all_mode_logs_unisolated_ingress_and_denials_in_both_directions() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 7); // egress isolated with no rule: deny all
     configure(&h, FLOW_LOG_ALL, HIGH_RATE, HIGH_RATE);
@@ -153,7 +160,9 @@ fn all_mode_logs_unisolated_ingress_and_denials_in_both_directions() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn off_mode_logs_no_allowed_or_denied_flow() {
+    require_root();
     let h = egress_policy();
     configure(&h, FLOW_LOG_OFF, HIGH_RATE, HIGH_RATE);
     assert_eq!(h.pod_sends(&udp(POD4, 40000, "10.0.1.5", 53)), DROP);
@@ -170,7 +179,9 @@ fn off_mode_logs_no_allowed_or_denied_flow() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn an_unwritten_config_or_a_zero_rate_logs_nothing() {
+    require_root();
     let h = egress_policy();
     // The map's zeroed entry: mode off, rate 0.
     assert_eq!(h.pod_sends(&udp(POD4, 40000, "10.0.1.5", 53)), DROP);
@@ -181,7 +192,9 @@ fn an_unwritten_config_or_a_zero_rate_logs_nothing() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn spoofed_sources_are_logged_as_denied_and_malformed_packets_are_not() {
+    require_root();
     let h = egress_policy();
     configure(&h, FLOW_LOG_DENY, HIGH_RATE, HIGH_RATE);
     assert_eq!(h.pod_sends(&tcp("10.6.6.6", 40000, "10.0.1.5", 80)), DROP);
@@ -200,7 +213,9 @@ fn spoofed_sources_are_logged_as_denied_and_malformed_packets_are_not() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn the_rate_limit_admits_at_most_burst_plus_rate_times_elapsed() {
+    require_root();
     let h = egress_policy();
     let (rate, burst) = (1000u32, 50u32);
     configure(&h, FLOW_LOG_DENY, rate, burst);
@@ -227,7 +242,9 @@ fn the_rate_limit_admits_at_most_burst_plus_rate_times_elapsed() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn the_rate_refills_over_time() {
+    require_root();
     let h = egress_policy();
     let (rate, burst) = (200u32, 5u32);
     configure(&h, FLOW_LOG_DENY, rate, burst);
@@ -247,7 +264,9 @@ fn the_rate_refills_over_time() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_full_ring_buffer_drops_events_and_counts_them() {
+    require_root();
     let h = egress_policy();
     // No rate limit to speak of: only the buffer's size bounds the events.
     configure(&h, FLOW_LOG_DENY, 1_000_000_000, u32::MAX);
@@ -270,7 +289,9 @@ fn a_full_ring_buffer_drops_events_and_counts_them() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn the_rate_limit_is_shared_by_both_hooks_and_every_pod() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(1, 2); // deny all both ways
     configure(&h, FLOW_LOG_DENY, 1, 3);

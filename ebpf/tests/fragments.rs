@@ -9,6 +9,7 @@
 use palisade_ebpf::testkit::frames::*;
 use palisade_ebpf::testkit::*;
 use palisade_ebpf::*;
+use palisade_test_support::require_root;
 
 mod common;
 use common::with_two_pods;
@@ -89,7 +90,9 @@ fn counted(h: &Harness, kinds: &[u32]) -> Vec<u64> {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn every_fragment_of_an_allowed_datagram_passes() {
+    require_root();
     let mut h = isolated();
     for (me, peer) in FAMILIES {
         let frags = fragments(
@@ -118,7 +121,9 @@ fn every_fragment_of_an_allowed_datagram_passes() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn no_fragment_of_a_denied_port_passes() {
+    require_root();
     let mut h = isolated();
     for (me, peer) in FAMILIES {
         let frags = fragments(
@@ -144,7 +149,9 @@ fn no_fragment_of_a_denied_port_passes() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_later_fragment_without_its_first_is_dropped_even_where_nothing_is_isolated() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 0);
     for (me, peer) in FAMILIES {
@@ -170,7 +177,9 @@ fn a_later_fragment_without_its_first_is_dropped_even_where_nothing_is_isolated(
 /// IPv4's protocol) and to the hook that judged its first fragment: one
 /// differing in any of them finds no record.
 #[test]
+#[ignore = "needs root"]
 fn a_later_fragment_claiming_another_flow_is_dropped() {
+    require_root();
     let h = isolated();
     for (me, peer) in FAMILIES {
         let other = if me == POD4 { "10.0.1.6" } else { "fd00:1::6" };
@@ -226,7 +235,9 @@ fn a_later_fragment_claiming_another_flow_is_dropped() {
 
 /// Two pods: what one pod's hook allowed vouches for nothing on another's.
 #[test]
+#[ignore = "needs root"]
 fn one_hooks_record_does_not_pass_another_pods_fragments() {
+    require_root();
     with_two_pods(|a, b| {
         let mut h = Harness::new();
         h.endpoint_at(a, 0, 0, &["10.0.0.10"]);
@@ -259,7 +270,9 @@ fn one_hooks_record_does_not_pass_another_pods_fragments() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn fragments_overlapping_the_l4_header_are_dropped() {
+    require_root();
     let h = isolated();
     for (me, peer) in FAMILIES {
         // TCP: a first fragment of 24 bytes holds the 20-byte header; one
@@ -298,7 +311,9 @@ fn fragments_overlapping_the_l4_header_are_dropped() {
 /// header then starts after them, and so does the range no later fragment
 /// may touch.
 #[test]
+#[ignore = "needs root"]
 fn ipv6_headers_inside_the_fragmentable_part_are_protected_too() {
+    require_root();
     let h = isolated();
     let d = udp_datagram(1000, 53, 32);
     let first_of = |id: u32, opts: bool, part: &[u8]| {
@@ -339,7 +354,9 @@ fn ipv6_headers_inside_the_fragmentable_part_are_protected_too() {
 /// header leaves part of it (TCP's flags) to a later fragment. Dropped
 /// whatever the policy, and its later fragments with it.
 #[test]
+#[ignore = "needs root"]
 fn a_first_fragment_too_short_for_its_l4_header_is_dropped() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 0);
     for (me, peer) in FAMILIES {
@@ -403,7 +420,9 @@ fn a_first_fragment_too_short_for_its_l4_header_is_dropped() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn ipv6_extension_headers_are_walked_to_the_ports() {
+    require_root();
     let mut h = isolated();
     let hbh_udp = |dport| {
         ipv6_with_exts(
@@ -458,7 +477,9 @@ fn ipv6_extension_headers_are_walked_to_the_ports() {
 /// The walk's bound (7): the 8th extension header in a row fails closed,
 /// whatever the policy, rather than being judged without ports.
 #[test]
+#[ignore = "needs root"]
 fn eight_chained_extension_headers_fail_closed() {
+    require_root();
     let seven = [
         Ext::HopByHop(8),
         Ext::DestOpts(8),
@@ -530,7 +551,9 @@ fn eight_chained_extension_headers_fail_closed() {
 /// A large answer to a query comes back in fragments: they pass as the
 /// reply they are part of, and conntrack stays keyed by the real ports.
 #[test]
+#[ignore = "needs root"]
 fn fragments_of_a_reply_pass_as_the_reply_does() {
+    require_root();
     let mut h = isolated();
     for (me, peer) in FAMILIES {
         assert_eq!(
@@ -581,7 +604,9 @@ fn fragments_of_a_reply_pass_as_the_reply_does() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn an_id_used_again_takes_the_verdict_of_its_newest_first_fragment() {
+    require_root();
     let mut h = isolated();
     for (me, peer) in FAMILIES {
         for (dport, verdict) in [(53, ALLOW), (54, DROP), (53, ALLOW)] {
@@ -609,7 +634,9 @@ fn an_id_used_again_takes_the_verdict_of_its_newest_first_fragment() {
 /// The spoof check comes first: a fragment from an address the pod does not
 /// own neither reads nor writes a record.
 #[test]
+#[ignore = "needs root"]
 fn fragments_from_spoofed_sources_are_dropped_as_spoofed() {
+    require_root();
     let mut h = isolated();
     let d = udp_datagram(1000, 53, 2000);
     let frags = fragments(POD4, PEER4, PROTO_UDP, 51, &d, &[1480]);
@@ -637,7 +664,9 @@ fn fragments_from_spoofed_sources_are_dropped_as_spoofed() {
 /// A policy change between a datagram's fragments: the rest is judged
 /// again, by the first fragment's ports, as the next packet of any flow is.
 #[test]
+#[ignore = "needs root"]
 fn a_policy_change_judges_the_rest_of_a_datagram_again() {
+    require_root();
     let mut h = isolated();
     // Policy 3: the same peers, TCP 80 only.
     h.cidr(3, "10.0.1.0/24", 3);
@@ -672,7 +701,9 @@ fn a_policy_change_judges_the_rest_of_a_datagram_again() {
 /// from `::` carry a hop-by-hop router alert) ICMPv6 is judged as any
 /// protocol, as it was before the walk: spoof check, then policy.
 #[test]
+#[ignore = "needs root"]
 fn neighbour_discovery_behind_an_extension_header_is_judged_as_icmpv6() {
+    require_root();
     let h = isolated();
     assert_eq!(
         h.pod_sends(&icmpv6(POD6, "fe80::1", 135, 255)),
@@ -709,7 +740,9 @@ fn neighbour_discovery_behind_an_extension_header_is_judged_as_icmpv6() {
 /// The build that reads every header by copy (the path of headers in paged
 /// data) judges fragments and extension headers as the in-place build does.
 #[test]
+#[ignore = "needs root"]
 fn headers_read_by_copy_judge_fragments_alike() {
+    require_root();
     let seg = tcp_segment(40000, 80, 48);
     let mut frames: Vec<(bool, Vec<u8>)> = Vec::new();
     for (me, peer) in FAMILIES {
@@ -791,7 +824,9 @@ fn headers_read_by_copy_judge_fragments_alike() {
 /// endpoint_unsure, later ones of a datagram whose first fragment passed
 /// included: neither the other slot's policy nor its epochs decide.
 #[test]
+#[ignore = "needs root"]
 fn fragments_are_judged_by_their_own_endpoint_slot() {
+    require_root();
     let mut h = Harness::new().off_home();
     h.endpoint(INGRESS, EGRESS);
     h.cidr(EGRESS, "10.0.1.0/24", 1);

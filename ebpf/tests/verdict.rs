@@ -10,6 +10,7 @@ use aya::EbpfLoader;
 use palisade_ebpf::testkit::frames::*;
 use palisade_ebpf::testkit::*;
 use palisade_ebpf::*;
+use palisade_test_support::require_root;
 
 mod common;
 use common::with_two_pods;
@@ -17,7 +18,9 @@ use common::with_two_pods;
 // ------------------------------------------------------------------ tests
 
 #[test]
+#[ignore = "needs root"]
 fn unknown_interface_is_not_judged() {
+    require_root();
     let h = Harness::new();
     assert_eq!(h.pod_sends(&tcp(POD4, 40000, "10.9.9.9", 80)), ALLOW);
     assert_eq!(h.pod_receives(&tcp("10.9.9.9", 40000, POD4, 80)), ALLOW);
@@ -29,7 +32,9 @@ fn unknown_interface_is_not_judged() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn not_isolated_passes_and_tracks_the_flow() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 0);
     assert_eq!(h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80)), ALLOW);
@@ -40,7 +45,9 @@ fn not_isolated_passes_and_tracks_the_flow() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn refresh_keeps_one_entry_and_moves_the_timestamp() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 0);
     let key = ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD);
@@ -64,7 +71,9 @@ fn refresh_keeps_one_entry_and_moves_the_timestamp() {
 /// moment the sweep started: a stamp earlier than its packet could cost a
 /// live flow its entry.
 #[test]
+#[ignore = "needs root"]
 fn last_seen_is_never_earlier_than_the_packet() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 0);
     let key = ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD);
@@ -92,7 +101,9 @@ fn monotonic_ns() -> u64 {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn isolated_without_rules_drops_both_ways() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(1, 2);
     assert_eq!(h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80)), DROP);
@@ -102,7 +113,9 @@ fn isolated_without_rules_drops_both_ways() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn one_direction_isolated_leaves_the_other_open() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 2);
     assert_eq!(h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80)), DROP);
@@ -110,7 +123,9 @@ fn one_direction_isolated_leaves_the_other_open() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn cidr_and_port_allow() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 5);
     h.cidr(5, "10.0.1.0/24", 9);
@@ -144,7 +159,9 @@ fn cidr_and_port_allow() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn ingress_policy_judges_the_source() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(3, 0);
     h.cidr(3, "192.168.0.0/16", 1);
@@ -166,7 +183,9 @@ fn ingress_policy_judges_the_source() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn port_range_edges() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 1);
     h.cidr(1, "0.0.0.0/0", 2);
@@ -192,7 +211,9 @@ fn port_range_edges() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn every_port_of_a_protocol_and_every_protocol() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 1);
     h.cidr(1, "10.1.0.0/16", 2);
@@ -215,7 +236,9 @@ fn every_port_of_a_protocol_and_every_protocol() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn longer_prefix_without_ports_carves_an_except() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 1);
     // Rule A: 10.0.0.0/8 except 10.1.0.0/16, any port.
@@ -242,7 +265,9 @@ fn longer_prefix_without_ports_carves_an_except() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn policies_do_not_leak_between_ids() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 1);
     h.cidr(2, "0.0.0.0/0", 1);
@@ -253,7 +278,9 @@ fn policies_do_not_leak_between_ids() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn verdicts_are_counted_by_the_direction_that_judged_them() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(1, 2); // egress policy 2 allows nothing
     h.cidr(1, "10.0.1.0/24", 1);
@@ -290,7 +317,9 @@ fn verdicts_are_counted_by_the_direction_that_judged_them() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn reply_to_an_ingress_flow_passes_egress() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(1, 2); // egress policy 2 allows nothing
     h.cidr(1, "10.0.1.0/24", 1);
@@ -322,7 +351,9 @@ fn reply_to_an_ingress_flow_passes_egress() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn reply_to_an_egress_flow_passes_ingress() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(1, 2); // ingress policy 1 allows nothing
     h.cidr(2, "10.96.0.10/32", 3);
@@ -347,7 +378,9 @@ fn reply_to_an_egress_flow_passes_ingress() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn reply_needs_the_other_hooks_entry() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(1, 2); // neither policy allows anything
                       // An entry with the right tuple but written by an egress hook (say of
@@ -382,7 +415,9 @@ fn reply_needs_the_other_hooks_entry() {
 /// the entry the pod's SYN wrote; the answer to a SYN (SYN-ACK) is a reply.
 /// Both families: IPv4 decides it on the fast path, IPv6 on the full path.
 #[test]
+#[ignore = "needs root"]
 fn a_connections_first_segment_is_judged_by_policy_alone() {
+    require_root();
     for (pod, peer, net) in [
         (POD4, "10.0.1.5", "10.0.1.0/24"),
         (POD6, "fd00:1::5", "fd00:1::/64"),
@@ -435,7 +470,9 @@ fn a_connections_first_segment_is_judged_by_policy_alone() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn tightened_policy_stops_an_established_flow() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 1);
     h.cidr(1, "10.0.1.0/24", 1);
@@ -454,7 +491,9 @@ fn tightened_policy_stops_an_established_flow() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn established_flows_skip_policy_until_the_epoch_moves() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 1);
     h.cidr(1, "10.0.1.0/24", 1);
@@ -481,7 +520,9 @@ fn established_flows_skip_policy_until_the_epoch_moves() {
 /// (lower destination port: forward first); a flow whose ports are the other
 /// way round gets the same verdicts, only one lookup later.
 #[test]
+#[ignore = "needs root"]
 fn verdicts_do_not_depend_on_which_port_is_lower() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(2, 1);
     h.cidr(1, "10.0.1.0/24", 1);
@@ -510,7 +551,9 @@ fn verdicts_do_not_depend_on_which_port_is_lower() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn an_epoch_change_that_still_allows_refreshes_the_entry() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 1);
     h.cidr(1, "10.0.1.0/24", 1);
@@ -534,7 +577,9 @@ fn an_epoch_change_that_still_allows_refreshes_the_entry() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn replies_are_rejudged_when_the_writing_direction_moves() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(1, 2); // a server: ingress TCP 80 from 10.0.1.0/24, no egress
     h.cidr(1, "10.0.1.0/24", 1);
@@ -564,7 +609,9 @@ fn replies_are_rejudged_when_the_writing_direction_moves() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn unisolated_replies_do_not_open_the_other_direction() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 1);
     h.cidr(1, "10.0.1.0/24", 1);
@@ -579,7 +626,9 @@ fn unisolated_replies_do_not_open_the_other_direction() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn sctp_and_udp_ports() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(7, 0);
     h.cidr(7, "10.0.0.0/8", 4);
@@ -595,7 +644,9 @@ fn sctp_and_udp_ports() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn ipv6_peers() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 1);
     h.cidr(1, "fd00:1::/64", 2);
@@ -624,7 +675,9 @@ fn ipv6_peers() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn ipv6_sctp_and_udp() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(1, 0);
     h.cidr(1, "::/0", 2);
@@ -641,7 +694,9 @@ fn ipv6_sctp_and_udp() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn arp_passes_an_isolated_pod() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(1, 1);
     assert_eq!(h.pod_sends(&arp_request()), ALLOW);
@@ -650,7 +705,9 @@ fn arp_passes_an_isolated_pod() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn neighbour_discovery_passes_other_icmpv6_does_not() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(1, 1);
     let ns = icmpv6("fe80::1", "ff02::1:ff00:2", 135, 255);
@@ -670,7 +727,9 @@ fn neighbour_discovery_passes_other_icmpv6_does_not() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn truncated_headers_fail_closed() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 1);
     h.cidr(1, "10.0.1.0/24", 1);
@@ -687,7 +746,9 @@ fn truncated_headers_fail_closed() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn maps_are_pinned_by_name() {
+    require_root();
     let h = Harness::new();
     for name in MAP_NAMES {
         assert!(h.pins().join(name).exists(), "{name} not pinned");
@@ -695,7 +756,9 @@ fn maps_are_pinned_by_name() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_second_load_shares_the_pinned_maps() {
+    require_root();
     let mut h = Harness::new();
     let mut second = EbpfLoader::new()
         .default_map_pin_directory(h.pins())
@@ -736,7 +799,9 @@ fn host_inside_cidr_verdicts(h: &Harness) -> [u32; 4] {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_host_entry_overrides_its_covering_cidr() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 1);
     h.cidr(1, "10.5.0.0/16", 2);
@@ -753,7 +818,9 @@ fn a_host_entry_overrides_its_covering_cidr() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn removing_a_host_entry_falls_back_to_the_cidr_then_to_nothing() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 1);
     h.cidr(1, "10.5.0.0/16", 2);
@@ -775,7 +842,9 @@ fn removing_a_host_entry_falls_back_to_the_cidr_then_to_nothing() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_policy_with_more_lengths_than_listed_is_looked_up_in_the_trie() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 1);
     // /8 ../32 in nested CIDRs, alternating between two port sets: seven
@@ -833,7 +902,9 @@ fn a_policy_with_more_lengths_than_listed_is_looked_up_in_the_trie() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_policy_only_in_the_trie_is_still_judged() {
+    require_root();
     // What an older version left behind: trie entries, no exact entries,
     // no length list.
     let mut h = Harness::new();
@@ -858,7 +929,9 @@ fn a_policy_only_in_the_trie_is_still_judged() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn ipv6_hosts_and_prefixes_are_found_by_exact_key() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 1);
     h.cidr(1, "fd00:1::/64", 2);
@@ -875,7 +948,9 @@ fn ipv6_hosts_and_prefixes_are_found_by_exact_key() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn ipv4_flows_are_tracked_in_their_own_map() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 0);
     assert_eq!(h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80)), ALLOW);
@@ -890,7 +965,9 @@ fn ipv4_flows_are_tracked_in_their_own_map() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn an_ipv4_mapped_entry_in_the_ipv6_map_vouches_for_nothing() {
+    require_root();
     // What an older version wrote: the programs look IPv4 flows up in
     // pal_ct4 only, so the enforcer moves such entries (and until then
     // they grant nothing).
@@ -977,7 +1054,9 @@ fn forge_then_connect(h: &mut Harness, b: u32, c: u32, spoof_verdict: u32) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn forged_replies_cannot_open_a_denied_port() {
+    require_root();
     with_two_pods(|b, c| {
         let mut h = Harness::new();
         victim_and_attacker(&mut h, b, c, &[POD_C]);
@@ -997,7 +1076,9 @@ fn forged_replies_cannot_open_a_denied_port() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn forged_replies_cannot_open_a_denied_port_even_past_the_spoof_check() {
+    require_root();
     // Should c be allowed to send from b's address (a misconfigured address
     // list), the entries its frames create are c's and vouch for nothing
     // at b's hooks.
@@ -1021,7 +1102,9 @@ fn forged_replies_cannot_open_a_denied_port_even_past_the_spoof_check() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn spoofed_sources_are_dropped_and_counted() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 0);
     assert_eq!(h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80)), ALLOW);
@@ -1047,7 +1130,9 @@ fn spoofed_sources_are_dropped_and_counted() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn no_pod_addresses_drops_everything_the_pod_sends() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint_at(LO, 0, 0, &[]);
     for frame in [
@@ -1070,7 +1155,9 @@ fn no_pod_addresses_drops_everything_the_pod_sends() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn neighbour_discovery_passes_before_the_spoof_check() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(1, 1);
     // Duplicate address detection sends from the unspecified address, and
@@ -1088,7 +1175,9 @@ fn neighbour_discovery_passes_before_the_spoof_check() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn an_entry_of_one_pod_does_not_pass_another() {
+    require_root();
     // Pod a is deleted and pod b reuses its address: a's entries must not
     // let anything through b's hooks.
     with_two_pods(|a, b| {
@@ -1142,7 +1231,9 @@ fn an_entry_of_one_pod_does_not_pass_another() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn allowed_flows_get_their_replies_between_two_isolated_pods() {
+    require_root();
     // Client c: egress allows the server's TCP 80, ingress allows nothing.
     // Server s: ingress allows the client on TCP 80, egress allows nothing.
     with_two_pods(|c, s| {
@@ -1179,7 +1270,9 @@ fn allowed_flows_get_their_replies_between_two_isolated_pods() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn server_with_default_deny_egress_answers_its_clients() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(1, 2); // egress policy 2 has no entries
     h.cidr(1, "0.0.0.0/0", 1);
@@ -1196,7 +1289,9 @@ fn server_with_default_deny_egress_answers_its_clients() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn malformed_ip_drops_on_both_hooks_whatever_the_policy() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 0);
     let good = ipv4_with_frag(POD4, "10.0.1.5", PROTO_UDP, 0, &udp_hdr(1, 2));
@@ -1220,7 +1315,9 @@ fn malformed_ip_drops_on_both_hooks_whatever_the_policy() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn verdicts_are_tcx_return_codes() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 1);
     // TCX_NEXT (-1): later programs on the hook run; TCX_PASS (0) would
@@ -1237,7 +1334,9 @@ fn verdicts_are_tcx_return_codes() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn deny_all_policy_id_drops_both_ways() {
+    require_root();
     let mut h = Harness::new();
     // Tables full of rules for other ids, including ones allowing anything.
     h.cidr(1, "0.0.0.0/0", 1);
@@ -1276,7 +1375,9 @@ fn with_ip_options(mut frame: Vec<u8>, extra: usize) -> Vec<u8> {
 /// header must judge every kind of frame as the in-place build does:
 /// same verdicts, same counters, same conntrack entries.
 #[test]
+#[ignore = "needs root"]
 fn headers_read_by_copy_judge_like_headers_read_in_place() {
+    require_root();
     assert_ne!(OBJECT, HEADERS_BY_COPY_OBJECT, "two different builds");
     let peer4 = "10.0.1.5";
     let peer6 = "fd00:1::5";
@@ -1366,12 +1467,16 @@ fn forge_entry(h: &mut Harness, key: CtKey) {
 /// still judge it: a pod that lost an address cannot keep using the flows
 /// it made from it, a header with options or a stale entry is judged in full.
 #[test]
+#[ignore = "needs root"]
 fn the_ipv4_fast_path_passes_only_what_the_full_path_would() {
+    require_root();
     fast_path_cases(Harness::new());
 }
 
 #[test]
+#[ignore = "needs root"]
 fn the_ipv4_fast_path_judges_alike_for_an_endpoint_found_through_the_index() {
+    require_root();
     fast_path_cases(Harness::new().off_home());
 }
 
@@ -1428,7 +1533,9 @@ fn fast_path_cases(mut h: Harness) {
 /// index names only while it names the interface; one that names another
 /// drops the packet under its own counter, whatever that slot allows.
 #[test]
+#[ignore = "needs root"]
 fn an_endpoint_slot_counts_only_where_it_names_the_interface() {
+    require_root();
     let mut h = Harness::new();
     h.endpoint(0, 0);
     let fwd = tcp(POD4, 40000, "10.0.1.5", 80);
@@ -1501,7 +1608,9 @@ fn an_endpoint_slot_counts_only_where_it_names_the_interface() {
 /// the flows it holds keep passing, the other hook keeps its own share,
 /// and every entry removed (by the programs or anyone) frees its place.
 #[test]
+#[ignore = "needs root"]
 fn a_hook_holding_its_conntrack_share_drops_new_flows_and_keeps_the_flows_it_has() {
+    require_root();
     let mut h = Harness::new();
     h.set_ct_share(2);
     h.endpoint(0, 0);

@@ -2,6 +2,7 @@
 //! Service VIP on both of its pods (seed 001): the original tuple holds the
 //! VIP, the reply tuple the backend. Real nftables DNAT, real UDP. Root.
 
+use palisade_test_support::require_root;
 use std::net::UdpSocket;
 use std::process::Command;
 
@@ -134,7 +135,9 @@ fn ping_loopback() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_flow_through_a_vip_is_explained_on_both_sides() {
+    require_root();
     let result = through_a_vip("a", |cport| {
         let mut explained = Explained::default();
         let mut seen = Vec::new();
@@ -179,7 +182,9 @@ fn vip_flows(cport: u16) -> [Tuple; 3] {
 /// A dump of one protocol gets that protocol's entries only (the kernel
 /// filters), and the whole dump gets them all.
 #[test]
+#[ignore = "needs root"]
 fn a_dump_of_one_protocol_holds_only_it() {
+    require_root();
     let (icmp, udp, all) = through_a_vip("p", |_| {
         ping_loopback();
         let protos = |v6, p| {
@@ -202,7 +207,9 @@ fn a_dump_of_one_protocol_holds_only_it() {
 /// kfunc) instead of the dump: both sides of the flow are found, a flow the
 /// kernel lacks is absent, and what the kfunc cannot take is not asked.
 #[test]
+#[ignore = "needs root"]
 fn the_kernel_lookup_finds_a_flow_through_a_vip_on_both_sides() {
+    require_root();
     use node_enforcer::conntrack::lookup::{Answer, KernelLookup};
     let mut lookup = KernelLookup::load().unwrap();
     let (answers, cport, mut lookup) = through_a_vip("l", move |cport| {
@@ -257,7 +264,9 @@ fn the_kernel_lookup_finds_a_flow_through_a_vip_on_both_sides() {
 /// Both ways of asking the kernel: lookups (with a dump for the ICMP entry
 /// the lookup cannot take) and the dump alone.
 #[test]
+#[ignore = "needs root"]
 fn a_sweep_keeps_live_flows_through_a_vip_and_removes_the_rest() {
+    require_root();
     let report = sweep_case("b", sweep::Asking::best);
     assert_eq!(
         report.asked_by,
@@ -273,7 +282,9 @@ fn a_sweep_keeps_live_flows_through_a_vip_and_removes_the_rest() {
 /// by a lookup pass (no dump of the kernel's table for it); the dump, which
 /// judges it, removes it, since the kernel has no such flow.
 #[test]
+#[ignore = "needs root"]
 fn a_ping_idle_a_moment_is_kept_without_a_dump() {
+    require_root();
     for (tag, asking, kept) in [
         ("r", sweep::Asking::best as fn() -> sweep::Asking, true),
         ("s", || sweep::Asking::with(sweep::AskWith::Dump), false),

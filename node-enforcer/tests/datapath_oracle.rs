@@ -3,6 +3,7 @@
 //! equal the table's model (`PolicySet::allows`), for random policies with
 //! CIDRs, excepts, port ranges and all three protocols. Needs root and bpffs.
 
+use palisade_test_support::require_root;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -136,10 +137,7 @@ fn write(dp: &mut BpfDatapath, id: u32, set: &PolicySet, portsets: &mut BTreeMap
 }
 
 fn pin_root(name: &str) -> PinRoot {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "needs root to load eBPF programs"
-    );
+    require_root();
     PinRoot(std::path::PathBuf::from(format!(
         "/sys/fs/bpf/palisade-test-{name}-{}",
         std::process::id()
@@ -197,7 +195,9 @@ fn pinned_hash<K: aya::Pod, V: aya::Pod>(
 /// taken over by a new process: the exact lookup is filled in, the
 /// leftovers go, IPv4 entries move, and every verdict matches the model.
 #[test]
+#[ignore = "needs root"]
 fn tables_of_an_older_version_are_adopted_into_the_exact_lookup() {
+    require_root();
     use palisade_ebpf::{
         Ct4Key, CtKey, CtValue, PolicyExactKey, PolicyLens, PolicyValue, MAP_CONNTRACK, MAP_CT4,
         MAP_POLICY, MAP_POLICY_EXACT, MAP_POLICY_LENS, OWNER_TO_POD,
@@ -296,7 +296,9 @@ fn tables_of_an_older_version_are_adopted_into_the_exact_lookup() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn programs_agree_with_the_compiled_tables() {
+    require_root();
     let root = pin_root("oracle");
     let mut dp = BpfDatapath::load(&root.0).expect("load the programs");
     let mut rng = Rng(0x5eed_1234_abcd_0001);
@@ -318,7 +320,9 @@ fn programs_agree_with_the_compiled_tables() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn endpoint_addresses_are_written_whole_and_read_back() {
+    require_root();
     let root = pin_root("endpoint-addrs");
     let mut dp = BpfDatapath::load(&root.0).expect("load the programs");
     let v6: std::net::Ipv6Addr = "fd00:9::1".parse().unwrap();
@@ -391,7 +395,9 @@ fn in_netns_with_veth(test: impl FnOnce() + Send) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn programs_attach_at_the_head_of_the_tcx_chain() {
+    require_root();
     use aya::programs::{SchedClassifier, TcAttachType};
     let root = pin_root("tcx-order");
     let bystander_pins = pin_root("tcx-bystander");
@@ -453,7 +459,9 @@ fn endpoint_in_map(root: &std::path::Path, ifindex: u32) -> InMap {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_policy_change_stops_established_flows_it_no_longer_allows() {
+    require_root();
     let root = pin_root("epochs");
     let mut dp = BpfDatapath::load(&root.0).expect("load the programs");
     let allow_80 = compile(

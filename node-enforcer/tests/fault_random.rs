@@ -15,6 +15,7 @@
 //! A failure prints its seed and a shrunk step list. More seeds:
 //! `PALISADE_FAULT_SEEDS=200 cargo test -p node-enforcer --test fault_random`.
 
+use palisade_test_support::require_root;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -725,7 +726,9 @@ fn shrink(seed: u64, mode: Mode, mut steps: Vec<Step>) -> Vec<Step> {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn random_faults_never_leave_a_pod_open() {
+    require_root();
     let seeds: u64 = std::env::var("PALISADE_FAULT_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -2,6 +2,7 @@
 //! of the container interface, even when a bridge sits in front of it (the
 //! `bridge` plugin's prevResult lists the bridge too). Needs root.
 
+use palisade_test_support::require_root;
 use std::process::Command;
 
 use node_enforcer::cni_plugin::host_veth::{HostVeth, Kernel};
@@ -25,7 +26,9 @@ impl Drop for Cleanup {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn the_pods_host_interface_is_the_containers_peer_not_the_bridge() {
+    require_root();
     let id = std::process::id() % 100_000;
     let (ns, host, br) = (format!("phv{id}"), format!("phv{id}h"), format!("phv{id}b"));
     // In the test's own netns so the host side does not touch the machine's.

@@ -5,6 +5,7 @@
 //! (which is why the reconciler renews them after every narrowing edit).
 //! Needs root and bpffs.
 
+use palisade_test_support::require_root;
 use std::net::Ipv4Addr;
 
 use node_enforcer::compile::{PortEntry, PortSet, Prefix};
@@ -50,11 +51,9 @@ fn epochs(root: &std::path::Path) -> (u32, u32) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn host_peers_edited_in_place_take_effect_and_renewal_stops_revoked_flows() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "needs root to load eBPF programs"
-    );
+    require_root();
     let root = PinRoot(std::path::PathBuf::from(format!(
         "/sys/fs/bpf/palisade-test-in-place-{}",
         std::process::id()

@@ -17,6 +17,7 @@
 #[allow(dead_code)]
 mod api_double;
 
+use palisade_test_support::require_root;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -246,26 +247,10 @@ fn pod(name: &str, node: &str, ip: &str) -> serde_json::Value {
     })
 }
 
-fn is_root() -> bool {
-    // /proc/self belongs to the process's effective user.
-    use std::os::unix::fs::MetadataExt;
-    if std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0) {
-        return true;
-    }
-    assert!(
-        std::env::var("PALISADE_SKIP_ROOT_TESTS").as_deref() == Ok("1"),
-        "this test needs root (the enforcers load eBPF); run as root or set \
-         PALISADE_SKIP_ROOT_TESTS=1 to skip it"
-    );
-    eprintln!("skipping: real enforcers need root (PALISADE_SKIP_ROOT_TESTS=1)");
-    false
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root"]
 async fn enforcers_follow_a_new_leader_after_the_old_one_is_killed() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let double = ApiDouble::start().await;
     double.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "prod"}}));
     double.apply(pod("web-1", "node-a", "10.1.0.11"));

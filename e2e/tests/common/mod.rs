@@ -61,20 +61,9 @@ pub fn policies(yaml: &str) -> Vec<Object> {
         .collect()
 }
 
-/// The lab needs root. A test run without it fails rather than passing
-/// vacuously, unless PALISADE_SKIP_ROOT_TESTS=1 says skipping is intended.
-pub fn is_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var("PALISADE_SKIP_ROOT_TESTS").as_deref() == Ok("1"),
-        "this test needs root (the lab makes network namespaces and loads eBPF); \
-         run as root or set PALISADE_SKIP_ROOT_TESTS=1 to skip it"
-    );
-    eprintln!("skipping: the lab needs root (PALISADE_SKIP_ROOT_TESTS=1)");
-    false
-}
+/// Every lab test starts with this and is marked `#[ignore = "needs root"]`
+/// (the workspace's one convention: `palisade-test-support`).
+pub use palisade_test_support::require_root;
 
 /// A lab with pods a, b, c in namespace x, realized.
 pub fn lab_with_pods() -> Lab {

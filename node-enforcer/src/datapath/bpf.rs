@@ -677,10 +677,7 @@ mod tests {
     }
 
     fn pin_root(what: &str) -> PinRoot {
-        assert!(
-            nix::unistd::Uid::effective().is_root(),
-            "needs root to load eBPF programs"
-        );
+        palisade_test_support::require_root();
         PinRoot(PathBuf::from(format!(
             "/sys/fs/bpf/palisade-unit-{what}-{}",
             std::process::id()
@@ -710,6 +707,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root"]
     fn endpoint_slots_follow_every_change_and_survive_a_reload() {
         let root = pin_root("ep-slots");
         let v6 = "fd00::2".parse::<std::net::Ipv6Addr>().unwrap().octets();
@@ -778,6 +776,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root"]
     fn an_older_versions_endpoints_are_taken_over_and_its_maps_unpinned() {
         use palisade_ebpf::legacy;
         let root = pin_root("ep-legacy");
