@@ -27,11 +27,19 @@
 #            for one row), each in its own process so peaks do not mix:
 #            bench=compile rules= peers= ms= map_ops= peak_mb=
 #
-#   scripts/bench-datapath.sh [verdict|cleanup|churn|compile] [ARGS...]   (no argument: all)
+#   attach   one pod's two programs attached to its host veth, 20 pods one
+#            after another: the enforcer's TCX links beside legacy
+#            clsact/cls_bpf filters, each with the kernel's rcu_expedited
+#            off and on (node-enforcer/benches/attach.rs; ARGS: pods=N):
+#            bench=attach hook= rcu_expedited= pods= per_pod_p50_ms=
+#            per_pod_p99_ms= total_ms=
+#
+#   scripts/bench-datapath.sh [verdict|cleanup|churn|compile|attach] [ARGS...]   (no argument: all)
 #
 # Root (BPF, bpffs, conntrack). Installs nothing beyond what scripts/setup.sh
 # does. The cleanup part raises net.netfilter.nf_conntrack_max for its run
-# and puts it back.
+# and puts it back; the attach part sets /sys/kernel/rcu_expedited and
+# puts it back.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -39,7 +47,7 @@ source scripts/setup.sh >/dev/null
 
 what="${1:-all}"
 case "$what" in
-  verdict|cleanup|churn|compile) shift ;;
+  verdict|cleanup|churn|compile|attach) shift ;;
   all) ;;
   *) what=verdict ;; # bare flags go to the verdict bench, as before
 esac
@@ -51,6 +59,9 @@ if [[ "$what" == cleanup || "$what" == all ]]; then
 fi
 if [[ "$what" == churn || "$what" == all ]]; then
   cargo bench --quiet -p node-enforcer --bench churn -- "$@"
+fi
+if [[ "$what" == attach || "$what" == all ]]; then
+  cargo bench --quiet -p node-enforcer --bench attach -- "$@"
 fi
 if [[ "$what" == compile || "$what" == all ]]; then
   if [[ $# -gt 0 ]]; then

@@ -16,6 +16,12 @@
 #
 #   scripts/bench-podup.sh --runtime containerd [--rounds ROUNDS] [--bursts 20,100]
 #
+# With --rcu-expedited 0|1 the kernel's /sys/kernel/rcu_expedited is set
+# for the run and put back after; every line then ends in `rcu_expedited=N`.
+# Each pod's two TCX attaches wait out an RCU grace period holding RTNL, so
+# a burst queues on them (node-enforcer/benches/attach.rs measures it);
+# expedited grace periods are the node-wide knob that shortens them.
+#
 # Release binaries by default; PALISADE_BENCH_PROFILE=debug skips that build.
 #
 # An enforcer that does not accept --mode yet is benchmarked once, in its
@@ -31,10 +37,24 @@ while (($#)); do
     --runtime) runtime="$2"; shift 2 ;;
     --rounds) rounds="$2"; shift 2 ;;
     --bursts) bursts="$2"; shift 2 ;;
+    --rcu-expedited) expedited="$2"; shift 2 ;;
     *) positional+=("$1"); shift ;;
   esac
 done
 pods="${positional[0]:-1000}"
+expedited="${expedited:-}"
+suffix=""
+if [ -n "$expedited" ]; then
+  case "$expedited" in
+    0|1) ;;
+    *) echo "bench-podup.sh: --rcu-expedited 0 or 1, not $expedited" >&2; exit 2 ;;
+  esac
+  knob=/sys/kernel/rcu_expedited
+  was="$(cat "$knob")"
+  trap 'echo "$was" > "$knob"' EXIT
+  echo "$expedited" > "$knob"
+  suffix=" rcu_expedited=$expedited"
+fi
 parallel="${positional[1]:-20}"
 source scripts/setup.sh >/dev/null
 profile="${PALISADE_BENCH_PROFILE:-release}"
@@ -47,7 +67,11 @@ else
 fi
 
 if [ "$runtime" = containerd ]; then
-  exec "$lab" bench-podup --runtime containerd --bursts "$bursts" --rounds "$rounds"
+  "$lab" bench-podup --runtime containerd --bursts "$bursts" --rounds "$rounds" |
+    while IFS= read -r line; do
+      case "$line" in runtime=*) echo "$line$suffix" ;; *) echo "$line" ;; esac
+    done
+  exit "${PIPESTATUS[0]}"
 elif [ "$runtime" != lab ]; then
   echo "bench-podup.sh: --runtime lab or containerd, not $runtime" >&2
   exit 2
@@ -57,6 +81,7 @@ results=()
 for mode in standard strict; do
   log="$(mktemp)"
   if line="$("$lab" bench-podup --pods "$pods" --parallel "$parallel" --mode "$mode" 2>"$log")"; then
+    line="$line$suffix"
     echo "$line"
     results+=("$line")
   elif grep -q -- "unexpected argument '--mode'" "$log"; then
