@@ -525,3 +525,20 @@ fn a_policy_change_stops_established_flows_it_no_longer_allows() {
     assert_eq!(judge(&dp), VERDICT_NEXT);
     dp.remove_endpoint(IFINDEX).unwrap();
 }
+
+/// The reconciler's look at its interfaces after link events: the ones
+/// that exist with their index, the missing ones absent, the same answer
+/// the whole-node listing gives.
+#[test]
+#[ignore = "needs root"]
+fn interfaces_are_looked_up_by_name() {
+    let root = pin_root("names");
+    let mut dp = BpfDatapath::load(&root.0).unwrap();
+    let too_long = "x".repeat(40);
+    let names = ["lo", "palisade-none0", too_long.as_str()];
+    let named = dp.interfaces_named(&names).unwrap();
+    let all = dp.interfaces().unwrap();
+    assert_eq!(named.len(), 1, "{named:?}");
+    assert_eq!(named.get("lo"), all.get("lo"));
+    assert!(named["lo"] > 0);
+}

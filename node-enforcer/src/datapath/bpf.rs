@@ -447,6 +447,24 @@ impl Datapath for BpfDatapath {
             .collect())
     }
 
+    fn interfaces_named(&mut self, names: &[&str]) -> Result<BTreeMap<String, u32>> {
+        // One lookup by name each (SIOCGIFINDEX): a dump of every link with
+        // its statistics costs a node with many pods far more.
+        let mut out = BTreeMap::new();
+        for name in names {
+            match nix::net::if_::if_nametoindex(*name) {
+                Ok(i) => {
+                    out.insert(name.to_string(), i);
+                }
+                Err(nix::errno::Errno::ENODEV) => {}
+                // Not an answer about the interface: the caller keeps what
+                // it knew rather than forget a pod's interface.
+                Err(e) => return Err(err(format!("looking up interface {name:?}"), e)),
+            }
+        }
+        Ok(out)
+    }
+
     fn attach(&mut self, ifname: &str, _ifindex: u32) -> Result<()> {
         if self.links.contains_key(ifname) {
             return Ok(());
@@ -526,23 +544,9 @@ impl Datapath for BpfDatapath {
     }
 
     fn node_addresses(&mut self) -> Result<Vec<std::net::IpAddr>> {
-        let mut out = Vec::new();
-        for ifa in nix::ifaddrs::getifaddrs().map_err(|e| err("listing the node's addresses", e))? {
-            let Some(addr) = ifa.address else { continue };
-            if let Some(v4) = addr.as_sockaddr_in() {
-                out.push(std::net::IpAddr::V4(v4.ip()));
-            } else if let Some(v6) = addr.as_sockaddr_in6() {
-                // Link-local addresses exist per interface (one more with
-                // every pod veth) and never source a connection to a pod;
-                // counting them would rewrite every table on each pod add.
-                if !v6.ip().is_unicast_link_local() {
-                    out.push(std::net::IpAddr::V6(v6.ip()));
-                }
-            }
-        }
-        out.sort();
-        out.dedup();
-        Ok(out)
+        // One address dump, not getifaddrs' dump of every link first (see
+        // `addresses`); IPv6 link-local addresses are left out there.
+        super::addresses::node_addresses().map_err(|e| err("listing the node's addresses", e))
     }
 
     fn describe(&self) -> String {

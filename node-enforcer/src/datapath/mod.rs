@@ -3,6 +3,7 @@
 //! `fake` records them in memory so the reconciler's ordering guarantees can
 //! be tested exhaustively without a kernel.
 
+pub mod addresses;
 pub mod bpf;
 pub mod fake;
 pub mod inspect;
@@ -100,6 +101,17 @@ pub trait Datapath: Send {
     fn ifindex(&mut self, ifname: &str) -> Result<u32>;
     /// Every interface of the node, by name, with its index.
     fn interfaces(&mut self) -> Result<BTreeMap<String, u32>>;
+    /// The indexes of those of `names` that exist now (a name missing from
+    /// the answer is gone). The reconciler asks this on every burst of link
+    /// events, only about the interfaces it knows; a datapath that can look
+    /// up one name at a time avoids listing the whole node.
+    fn interfaces_named(&mut self, names: &[&str]) -> Result<BTreeMap<String, u32>> {
+        let all = self.interfaces()?;
+        Ok(names
+            .iter()
+            .filter_map(|n| all.get(*n).map(|i| (n.to_string(), *i)))
+            .collect())
+    }
     /// Attaches both programs to the interface; attaching twice is a no-op.
     fn attach(&mut self, ifname: &str, ifindex: u32) -> Result<()>;
     /// Detaches both programs; an interface that is already gone is fine.

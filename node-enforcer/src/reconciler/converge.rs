@@ -36,16 +36,16 @@ impl<D: Datapath> Reconciler<D> {
     /// Re-reads the index of every interface any pod or realized endpoint
     /// names (after link events and on ticks; pod-up looks its own up).
     pub(super) fn refresh_links(&mut self) {
-        let names: BTreeSet<&String> = self
+        let names: BTreeSet<&str> = self
             .pods
             .values()
             .flat_map(|p| p.host_interfaces.iter())
             .chain(self.realized.endpoints.keys())
+            .map(String::as_str)
             .collect();
-        match self.datapath.interfaces() {
-            Ok(all) => {
-                self.ifindexes = all.into_iter().filter(|(n, _)| names.contains(n)).collect();
-            }
+        let names: Vec<&str> = names.into_iter().collect();
+        match self.datapath.interfaces_named(&names) {
+            Ok(live) => self.ifindexes = live,
             // Keep what was known: forgetting interfaces would detach pods.
             Err(e) => tracing::warn!("{e}"),
         }
