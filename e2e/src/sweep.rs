@@ -80,7 +80,11 @@ pub fn sweep(run_root: &Path) -> Result<Swept> {
         swept.removed.extend(removed);
         swept.errors.extend(errors);
     }
-    let is_live = |id: &str| live_ids.iter().any(|l| l == id);
+    // Asked again at each removal, not only from the first listing: a lab
+    // that started since holds a live run dir before it makes namespaces or
+    // pin roots, and its pin root must not go (a concurrent `clean` took a
+    // starting enforcer's pin root from under it: BPF_OBJ_PIN ENOENT).
+    let is_live = |id: &str| live_ids.iter().any(|l| l == id) || in_use(&run_root.join(id));
     // Image mode: the dead lab's containers, then its nodes' bpffs mounts
     // (the run dir cannot be removed under them).
     if crate::kubelet::podman::available() {
