@@ -14,6 +14,9 @@ pub mod rpc {
 
 pub use palisade::v1;
 
+/// A node's plan held as pods, and applying a delta to it.
+pub mod plan;
+
 /// Encoded `FileDescriptorSet` of every Palisade service, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/palisade_descriptor.bin"));
