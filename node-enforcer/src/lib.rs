@@ -14,7 +14,6 @@ pub mod incarnation;
 pub mod links;
 pub mod lock;
 pub mod metrics;
-pub mod metrics_http;
 pub mod metrics_maps;
 pub mod plan_client;
 pub mod private;

@@ -9,8 +9,8 @@ use node_enforcer::desired::Mode;
 use node_enforcer::handle::Handle;
 use node_enforcer::reconciler::{Event, Reconciler};
 use node_enforcer::{plan_client, server, telemetry};
-use palisade_proto::transport::{serve_on, Address, Listener};
 use palisade_proto::v1::NodeState;
+use palisade_runtime::transport::{serve_on, Address, Listener};
 use tokio::sync::{mpsc, watch};
 
 #[derive(Parser, Debug)]
@@ -156,7 +156,10 @@ async fn main() {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let args = Args::parse();
-    let telemetry = start_telemetry(args.otlp_endpoint.clone(), &args.node_name);
+    let telemetry = palisade_runtime::telemetry::start(
+        args.otlp_endpoint.clone(),
+        telemetry::export_config(&args.node_name),
+    );
     let result = run(args).await;
     if let Some(t) = telemetry {
         t.shutdown().await;
@@ -189,23 +192,6 @@ impl Stop {
         tokio::select! {
             _ = self.term.recv() => {}
             _ = self.int.recv() => {}
-        }
-    }
-}
-
-/// Traces are for operators, not for enforcing: a bad endpoint is reported
-/// and leaves tracing off rather than the node's enforcer down.
-fn start_telemetry(flag: Option<String>, node: &str) -> Option<telemetry::Telemetry> {
-    let otel_env = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok();
-    let endpoint = telemetry::endpoint(flag, otel_env)?;
-    match telemetry::init(&endpoint, node) {
-        Ok(t) => {
-            tracing::info!(otlp_endpoint = %endpoint, "exporting traces");
-            Some(t)
-        }
-        Err(e) => {
-            tracing::error!("traces are off: {e}");
-            None
         }
     }
 }
@@ -259,12 +245,12 @@ async fn run(args: Args) -> Result<(), String> {
     }
     let controllers = plan_client::Controllers::new(
         args.controller.clone(),
-        palisade_proto::transport::ClientOptions {
+        palisade_runtime::transport::ClientOptions {
             keepalive: Some(std::time::Duration::from_millis(
                 args.controller_keepalive_ms,
             )),
             tls: match &args.tls_ca {
-                Some(ca) => Some(palisade_proto::transport::client_tls(
+                Some(ca) => Some(palisade_runtime::transport::client_tls(
                     ca,
                     args.tls_cert.as_deref().zip(args.tls_key.as_deref()),
                     args.tls_server_name.as_deref(),
@@ -311,10 +297,10 @@ async fn run(args: Args) -> Result<(), String> {
     );
     node_enforcer::links::watch(tx.clone(), links_pending)?;
     if let Some(addr) = args.metrics_addr {
-        let listener = node_enforcer::metrics_http::bind(addr).await?;
+        let listener = palisade_runtime::metrics_http::bind(addr).await?;
         tracing::info!(metrics_addr = %listener.local_addr().map_err(|e| e.to_string())?, "serving metrics");
         let scrape = node_enforcer::metrics::scraper(handle.clone(), args.pin_root.clone());
-        tokio::spawn(node_enforcer::metrics_http::serve(listener, scrape));
+        tokio::spawn(palisade_runtime::metrics_http::serve(listener, scrape));
     }
     node_enforcer::flow_log::start(
         node_enforcer::flow_log::Options {

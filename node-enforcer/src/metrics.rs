@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::handle::Handle;
 use crate::metrics_maps::{DatapathReading, DIRECTION_LABELS, STAT_LABELS};
 use crate::reconciler::Dump;
-use palisade_proto::exposition::{Exposition, Histogram};
+use palisade_runtime::exposition::{Exposition, Histogram};
 
 /// Pod up, from the CNI ADD call to the pod's policy in the datapath: well
 /// under the AWS VPC CNI's 2 s budget when healthy.
@@ -31,11 +31,7 @@ pub fn observe_pod_up(took: Duration) {
 pub fn scraper(
     handle: Handle,
     pin_root: PathBuf,
-) -> impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send>>
-       + Clone
-       + Send
-       + Sync
-       + 'static {
+) -> impl Fn() -> palisade_runtime::metrics_http::Rendering + Clone + Send + Sync + 'static {
     move || {
         let (handle, pin_root) = (handle.clone(), pin_root.clone());
         let audit_pins = pin_root.clone();
@@ -268,7 +264,7 @@ pub mod audit {
         FLOW_STAT_WOULD_ALLOW_EGRESS, FLOW_STAT_WOULD_ALLOW_INGRESS, FLOW_STAT_WOULD_DENY_EGRESS,
         FLOW_STAT_WOULD_DENY_INGRESS,
     };
-    use palisade_proto::exposition::Exposition;
+    use palisade_runtime::exposition::Exposition;
 
     /// Each counter slot as (direction, would) labels.
     pub const LABELS: [(u32, &str, &str); 4] = [

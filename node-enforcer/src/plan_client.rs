@@ -7,16 +7,17 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_proto::transport::{connect_with, source_chain, Address, ClientOptions};
 use palisade_proto::v1::{
     plan_service_client::PlanServiceClient, subscribe_response::Update, NodeState,
     ReportStateRequest, SubscribeRequest,
 };
+use palisade_runtime::transport::{connect_with, source_chain, Address, ClientOptions};
 use tokio::sync::watch;
 
 use crate::handle::Handle;
 use crate::reconciler::PlanMessage;
-use crate::telemetry::{Fetch, Realize, RealizeInfo, ReportParent};
+use crate::telemetry::{Fetch, Realize, ReportParent};
+use palisade_runtime::telemetry::PlanMessageInfo;
 
 /// Delay before reconnect attempt `n` (0-based): doubling from 100 ms, capped.
 pub fn backoff(attempt: u32, cap: Duration) -> Duration {
@@ -166,7 +167,7 @@ async fn stream_once(
         };
         let (msg, term, span) = match msg.update {
             Some(Update::Snapshot(mut s)) => {
-                let info = RealizeInfo {
+                let info = PlanMessageInfo {
                     node,
                     kind: "snapshot",
                     version: s.version,
@@ -179,7 +180,7 @@ async fn stream_once(
                 (PlanMessage::Snapshot(s), t, span)
             }
             Some(Update::Delta(mut d)) => {
-                let info = RealizeInfo {
+                let info = PlanMessageInfo {
                     node,
                     kind: "delta",
                     version: d.version,

@@ -17,14 +17,15 @@
 //! up) and are sent from its own thread.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::{SdkTracer, Span};
-use palisade_proto::otlp_export::{Export, ExportConfig};
-use palisade_proto::trace_context;
+use palisade_runtime::otlp_export::ExportConfig;
+use palisade_runtime::telemetry::{tracer, PlanMessageInfo};
+use palisade_runtime::trace_context;
 use tonic::metadata::MetadataMap;
 
 pub const SERVICE_NAME: &str = "palisade-enforcer";
@@ -39,62 +40,16 @@ const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
 /// What a shutdown waits for the last spans to leave.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(2);
 
-static TRACER: OnceLock<SdkTracer> = OnceLock::new();
-
-fn tracer() -> Option<&'static SdkTracer> {
-    TRACER.get()
-}
-
-pub use palisade_proto::otlp_export::endpoint;
-
-/// Exports this process's spans; keep it until the process ends and then
-/// [`Telemetry::shutdown`] it, which sends what is still queued.
-pub struct Telemetry {
-    export: Export,
-}
-
-/// Starts exporting to `endpoint` (`http://HOST:PORT` or `https://...`)
-/// as node `node`. Must run inside the tokio runtime, which carries the
-/// exporter's connection. Nothing is contacted here: an unreachable
-/// collector only fails exports later.
-pub fn init(endpoint: &str, node: &str) -> Result<Telemetry, String> {
-    let export = Export::start(
-        endpoint,
-        ExportConfig {
-            service: SERVICE_NAME,
-            attributes: vec![KeyValue::new(NODE_ATTRIBUTE, node.to_string())],
-            max_queue: MAX_QUEUE,
-            export_timeout: EXPORT_TIMEOUT,
-            shutdown_timeout: SHUTDOWN_TIMEOUT,
-        },
-    )?;
-    if TRACER.set(export.tracer("palisade-enforcer")).is_err() {
-        return Err("tracing is already set up in this process".into());
+/// How node `node`'s enforcer exports, for
+/// [`palisade_runtime::telemetry::start`].
+pub fn export_config(node: &str) -> ExportConfig {
+    ExportConfig {
+        service: SERVICE_NAME,
+        attributes: vec![KeyValue::new(NODE_ATTRIBUTE, node.to_string())],
+        max_queue: MAX_QUEUE,
+        export_timeout: EXPORT_TIMEOUT,
+        shutdown_timeout: SHUTDOWN_TIMEOUT,
     }
-    Ok(Telemetry { export })
-}
-
-impl Telemetry {
-    /// Sends what is queued, waiting at most a few seconds: a dead
-    /// collector does not hold up the exit.
-    pub async fn shutdown(self) {
-        if let Err(e) = self.export.shutdown().await {
-            tracing::warn!("flushing traces at shutdown: {e}");
-        }
-    }
-}
-
-/// What a plan message holds, for the `realize plan` span's attributes.
-pub struct RealizeInfo<'a> {
-    pub node: &'a str,
-    /// "snapshot" or "delta".
-    pub kind: &'static str,
-    pub version: u64,
-    /// The version a delta applies to; 0 for a snapshot.
-    pub base_version: u64,
-    pub term: u64,
-    /// Pods listed (snapshot) or upserted and removed (delta).
-    pub pods: usize,
 }
 
 /// A `realize plan` span. Inert when tracing is off or the message names
@@ -103,14 +58,14 @@ pub struct Realize(Option<Span>);
 
 impl Realize {
     /// `trace_context`: the message's, naming the controller's send span.
-    pub fn start(trace_context: &HashMap<String, String>, info: RealizeInfo<'_>) -> Realize {
+    pub fn start(trace_context: &HashMap<String, String>, info: PlanMessageInfo<'_>) -> Realize {
         Realize::start_in(tracer(), trace_context, info)
     }
 
     fn start_in(
         tracer: Option<&'static SdkTracer>,
         trace_context: &HashMap<String, String>,
-        info: RealizeInfo<'_>,
+        info: PlanMessageInfo<'_>,
     ) -> Realize {
         let Some(t) = tracer else {
             return Realize(None);
@@ -121,14 +76,7 @@ impl Realize {
         Realize(Some(
             t.span_builder("realize plan")
                 .with_kind(SpanKind::Consumer)
-                .with_attributes([
-                    KeyValue::new("palisade.node", info.node.to_string()),
-                    KeyValue::new("palisade.plan.kind", info.kind),
-                    KeyValue::new("palisade.plan.version", info.version as i64),
-                    KeyValue::new("palisade.plan.base_version", info.base_version as i64),
-                    KeyValue::new("palisade.plan.term", info.term as i64),
-                    KeyValue::new("palisade.plan.pods", info.pods as i64),
-                ])
+                .with_attributes(info.attributes())
                 .start_with_context(t, &parent),
         ))
     }
@@ -242,8 +190,8 @@ mod tests {
         )
     }
 
-    fn info() -> RealizeInfo<'static> {
-        RealizeInfo {
+    fn info() -> PlanMessageInfo<'static> {
+        PlanMessageInfo {
             node: "n1",
             kind: "delta",
             version: 8,

@@ -9,12 +9,12 @@ use node_enforcer::handle::Handle;
 use node_enforcer::reconciler::{PlanMessage, Reconciler};
 use node_enforcer::server::{self, npbackend::aws_host_interface};
 use palisade_proto::rpc::{np_backend_client::NpBackendClient, DeleteNpRequest, EnforceNpRequest};
-use palisade_proto::transport::{connect, serve, Address};
 use palisade_proto::v1::{
     cni_service_client::CniServiceClient, debug_service_client::DebugServiceClient,
     DirectionPolicy, GetEnforcerStateRequest, IpPrefix, NodeState, PlanSnapshot, PodDownRequest,
     PodPolicy, PodRef, PodUpRequest,
 };
+use palisade_runtime::transport::{connect, serve, Address};
 use tokio::sync::{mpsc, watch};
 
 struct Enforcer {

@@ -20,12 +20,13 @@ use node_enforcer::datapath::fake::FakeDatapath;
 use node_enforcer::datapath::{Datapath, EndpointEntry};
 use node_enforcer::handle::Handle;
 use node_enforcer::reconciler::{PlanMessage, Reconciler};
-use node_enforcer::{metrics, metrics_http, server};
-use palisade_proto::transport::{connect, serve, Address};
+use node_enforcer::{metrics, server};
 use palisade_proto::v1::{
     cni_service_client::CniServiceClient, DirectionPolicy, IpPrefix, NodeState, PlanSnapshot,
     PodPolicy, PodRef, PodUpRequest,
 };
+use palisade_runtime::metrics_http;
+use palisade_runtime::transport::{connect, serve, Address};
 use tokio::sync::{mpsc, watch};
 
 const DEADLINE: Duration = Duration::from_secs(20);

@@ -13,7 +13,7 @@ use crate::cluster::ClusterState;
 use crate::debug::connection::ConnectionHistory;
 use crate::engine::{Change, Engine, Outcome};
 use crate::plan::Plan;
-use crate::resolve::{NodePlan, PodKey};
+use crate::resolve::PodKey;
 use crate::telemetry::{PlanTrace, PolicyChange};
 
 /// A node's plan at one version.
@@ -80,19 +80,6 @@ pub fn delta(old: &VersionedPlan, new: &VersionedPlan) -> Option<PlanDelta> {
         term: 0,
         trace_context: Default::default(),
     })
-}
-
-/// Applies a delta to a plan; the enforcer does the same on its side.
-pub fn apply_delta(plan: &mut NodePlan, delta: &PlanDelta) {
-    for r in &delta.removed {
-        plan.pods.remove(&(r.namespace.clone(), r.name.clone()));
-    }
-    for p in &delta.upserted {
-        if let Some(r) = &p.pod {
-            plan.pods
-                .insert((r.namespace.clone(), r.name.clone()), Arc::new(p.clone()));
-        }
-    }
 }
 
 /// Pods upserted and removed between two plans, for a trace.
@@ -499,6 +486,7 @@ impl Drop for Subscription {
 mod tests {
     use super::*;
     use crate::cluster::Object;
+    use palisade_proto::plan::apply_delta;
 
     fn cluster(policies: bool, marker: &str) -> ClusterState {
         let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
@@ -603,7 +591,7 @@ mod tests {
         let d = delta(&empty, &full).expect("plans differ");
         assert_eq!((d.base_version, d.version), (1, 2));
         let mut plan = empty.plan.decode();
-        apply_delta(&mut plan, &d);
+        apply_delta(&mut plan.pods, d.clone());
         assert_eq!(plan, full.plan.decode());
         hub.update(&cluster(false, "2"));
         let open = sub.rx.borrow().clone();
@@ -613,13 +601,13 @@ mod tests {
             (1, 0),
             "un-isolated, still listed"
         );
-        apply_delta(&mut plan, &d);
+        apply_delta(&mut plan.pods, d.clone());
         assert_eq!(plan, open.plan.decode());
         hub.update(&ClusterState::default());
         let gone = sub.rx.borrow().clone();
         let d = delta(&open, &gone).unwrap();
         assert_eq!(d.removed.len(), 1);
-        apply_delta(&mut plan, &d);
+        apply_delta(&mut plan.pods, d.clone());
         assert_eq!(plan, gone.plan.decode());
         assert!(delta(&gone, &gone).is_none());
     }

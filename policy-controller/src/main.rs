@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Parser;
-use palisade_proto::transport::{serve, serve_on, shutdown_signal, Address, Listener};
+use palisade_runtime::transport::{serve, serve_on, shutdown_signal, Address, Listener};
 use policy_controller::leader::{self, Elector, Leadership, Timings};
 use policy_controller::{cluster::ClusterState, feed, hub::Hub, server, source, telemetry};
 use tokio::sync::watch;
@@ -123,7 +123,8 @@ async fn main() {
         .init();
     let args = Args::parse();
     policy_controller::limits::set_rules_per_policy(args.max_rules_per_policy);
-    let telemetry = start_telemetry(args.otlp_endpoint.clone());
+    let telemetry =
+        palisade_runtime::telemetry::start(args.otlp_endpoint.clone(), telemetry::export_config());
     let result = run(args).await;
     if let Some(t) = telemetry {
         t.shutdown().await;
@@ -132,23 +133,6 @@ async fn main() {
         tracing::error!("{e}");
         eprintln!("palisade-controller: {e}");
         std::process::exit(1);
-    }
-}
-
-/// Traces are for operators, not for serving plans: a bad endpoint is
-/// reported and leaves tracing off rather than the controller down.
-fn start_telemetry(flag: Option<String>) -> Option<telemetry::Telemetry> {
-    let otel_env = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok();
-    let endpoint = telemetry::endpoint(flag, otel_env)?;
-    match telemetry::init(&endpoint) {
-        Ok(t) => {
-            tracing::info!(otlp_endpoint = %endpoint, "exporting traces");
-            Some(t)
-        }
-        Err(e) => {
-            tracing::error!("traces are off: {e}");
-            None
-        }
     }
 }
 
@@ -206,12 +190,15 @@ async fn run(args: Args) -> Result<(), String> {
     // Counted by the servers, read by the metrics and the debug service.
     let refusals = std::sync::Arc::new(policy_controller::tls::Refusals::default());
     if let Some(addr) = args.metrics_addr {
-        let listener = policy_controller::metrics::http::bind(addr).await?;
+        let listener = palisade_runtime::metrics_http::bind(addr).await?;
         tracing::info!(metrics_addr = %listener.local_addr().map_err(|e| e.to_string())?, "serving metrics");
         let hub = hub.clone();
         let refusals = refusals.clone();
         let render = move || policy_controller::metrics::controller::render(&hub.view(), &refusals);
-        tokio::spawn(policy_controller::metrics::http::serve(listener, render));
+        tokio::spawn(palisade_runtime::metrics_http::serve(
+            listener,
+            palisade_runtime::metrics_http::blocking(render),
+        ));
     }
     let (leadership, elector_task) = if args.leader_elect {
         let namespace = args

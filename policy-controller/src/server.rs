@@ -17,9 +17,10 @@ use tonic::{Request, Response, Status};
 
 use crate::hub::{delta, Hub};
 use crate::leader::{Leadership, NotLeader};
-use crate::telemetry::{CallSpan, PlanSend, SendInfo};
+use crate::telemetry::{CallSpan, PlanSend};
 use crate::tls::Authz;
 use opentelemetry::KeyValue;
+use palisade_runtime::telemetry::PlanMessageInfo;
 
 pub struct PlanServer {
     hub: Hub,
@@ -69,7 +70,7 @@ impl PlanService for PlanServer {
             snapshot.term = term;
             let span = PlanSend::start(
                 &sent.trace,
-                SendInfo {
+                PlanMessageInfo {
                     node: &node,
                     kind: "snapshot",
                     version: snapshot.version,
@@ -111,7 +112,7 @@ impl PlanService for PlanServer {
                     }
                     let span = PlanSend::start(
                         &next.trace,
-                        SendInfo {
+                        PlanMessageInfo {
                             node: &node,
                             kind: "delta",
                             version: d.version,
@@ -444,7 +445,7 @@ pub async fn router_with(
     if let Some(tls) = tls {
         builder = builder
             .tls_config(tls)
-            .map_err(|e| format!("TLS: {}", palisade_proto::transport::source_chain(&e)))?;
+            .map_err(|e| format!("TLS: {}", palisade_runtime::transport::source_chain(&e)))?;
     }
     // The debug service shows every node's plan: operators only.
     let operator_only = {

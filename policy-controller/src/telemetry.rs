@@ -19,7 +19,6 @@
 
 use std::cell::OnceCell;
 use std::collections::HashMap;
-use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use opentelemetry::trace::{
@@ -27,8 +26,9 @@ use opentelemetry::trace::{
 };
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::{SdkTracer, Span};
-use palisade_proto::otlp_export::{Export, ExportConfig};
-use palisade_proto::trace_context;
+use palisade_runtime::otlp_export::ExportConfig;
+use palisade_runtime::telemetry::{tracer, PlanMessageInfo};
+use palisade_runtime::trace_context;
 
 pub const SERVICE_NAME: &str = "palisade-controller";
 
@@ -39,48 +39,14 @@ const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
 /// What a shutdown waits for the last spans to leave.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3);
 
-static TRACER: OnceLock<SdkTracer> = OnceLock::new();
-
-fn tracer() -> Option<&'static SdkTracer> {
-    TRACER.get()
-}
-
-pub use palisade_proto::otlp_export::endpoint;
-
-/// Exports this process's spans; keep it until the process ends and then
-/// [`Telemetry::shutdown`] it, which sends what is still queued.
-pub struct Telemetry {
-    export: Export,
-}
-
-/// Starts exporting to `endpoint` (`http://HOST:PORT` or `https://...`).
-/// Must run inside the tokio runtime, which carries the exporter's
-/// connection. Nothing is contacted here: an unreachable collector only
-/// fails exports later.
-pub fn init(endpoint: &str) -> Result<Telemetry, String> {
-    let export = Export::start(
-        endpoint,
-        ExportConfig {
-            service: SERVICE_NAME,
-            attributes: Vec::new(),
-            max_queue: MAX_QUEUE,
-            export_timeout: EXPORT_TIMEOUT,
-            shutdown_timeout: SHUTDOWN_TIMEOUT,
-        },
-    )?;
-    if TRACER.set(export.tracer("palisade-controller")).is_err() {
-        return Err("tracing is already set up in this process".into());
-    }
-    Ok(Telemetry { export })
-}
-
-impl Telemetry {
-    /// Sends what is queued, waiting at most a few seconds: a dead
-    /// collector does not hold up the exit.
-    pub async fn shutdown(self) {
-        if let Err(e) = self.export.shutdown().await {
-            tracing::warn!("flushing traces at shutdown: {e}");
-        }
+/// How the controller exports, for [`palisade_runtime::telemetry::start`].
+pub fn export_config() -> ExportConfig {
+    ExportConfig {
+        service: SERVICE_NAME,
+        attributes: Vec::new(),
+        max_queue: MAX_QUEUE,
+        export_timeout: EXPORT_TIMEOUT,
+        shutdown_timeout: SHUTDOWN_TIMEOUT,
     }
 }
 
@@ -202,30 +168,17 @@ impl PolicyChange {
 /// stream. Inert when tracing is off.
 pub struct PlanSend(Option<Span>);
 
-/// What a send carries, for its span's attributes.
-pub struct SendInfo<'a> {
-    pub node: &'a str,
-    /// "snapshot" or "delta".
-    pub kind: &'static str,
-    pub version: u64,
-    /// The version a delta applies to; 0 for a snapshot.
-    pub base_version: u64,
-    pub term: u64,
-    /// Pods listed (snapshot) or upserted and removed (delta).
-    pub pods: usize,
-}
-
 impl PlanSend {
     /// Starts the span as a child of the span that published the version
     /// (a root when none did, e.g. a node's empty first plan).
-    pub fn start(parent: &PlanTrace, info: SendInfo<'_>) -> PlanSend {
+    pub fn start(parent: &PlanTrace, info: PlanMessageInfo<'_>) -> PlanSend {
         PlanSend::start_in(tracer(), parent, info)
     }
 
     fn start_in(
         tracer: Option<&'static SdkTracer>,
         parent: &PlanTrace,
-        info: SendInfo<'_>,
+        info: PlanMessageInfo<'_>,
     ) -> PlanSend {
         PlanSend(tracer.map(|t| {
             let parent = match &parent.0 {
@@ -234,14 +187,7 @@ impl PlanSend {
             };
             t.span_builder("send plan")
                 .with_kind(SpanKind::Producer)
-                .with_attributes([
-                    KeyValue::new("palisade.node", info.node.to_string()),
-                    KeyValue::new("palisade.plan.kind", info.kind),
-                    KeyValue::new("palisade.plan.version", info.version as i64),
-                    KeyValue::new("palisade.plan.base_version", info.base_version as i64),
-                    KeyValue::new("palisade.plan.term", info.term as i64),
-                    KeyValue::new("palisade.plan.pods", info.pods as i64),
-                ])
+                .with_attributes(info.attributes())
                 .start_with_context(t, &parent)
         }))
     }
@@ -338,7 +284,7 @@ mod tests {
         change.finish(1, 1);
         let send = PlanSend::start(
             &trace,
-            SendInfo {
+            PlanMessageInfo {
                 node: "n1",
                 kind: "delta",
                 version: 7,
@@ -389,7 +335,7 @@ mod tests {
         let send = PlanSend::start_in(
             Some(t),
             &trace,
-            SendInfo {
+            PlanMessageInfo {
                 node: "n1",
                 kind: "delta",
                 version: 7,

@@ -6,12 +6,12 @@
 use std::path::Path;
 use std::time::Duration;
 
-use palisade_proto::transport::{connect, serve, Address};
 use palisade_proto::v1::{
     debug_service_client::DebugServiceClient, plan_service_client::PlanServiceClient,
     GetRealizationRequest, GetRealizationResponse, NodeState, PodRef, PodState, ReportStateRequest,
     SubscribeRequest,
 };
+use palisade_runtime::transport::{connect, serve, Address};
 use policy_controller::{feed, hub::Hub, server, source::manifest};
 use tokio::sync::watch;
 use tonic::transport::Channel;

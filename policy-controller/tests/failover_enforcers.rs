@@ -23,11 +23,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use api_double::{ApiDouble, Kind};
-use palisade_proto::transport::{connect, Address};
 use palisade_proto::v1::{
     debug_service_client::DebugServiceClient, GetControllerStateRequest, GetEnforcerStateRequest,
     GetEnforcerStateResponse, GetRealizationRequest,
 };
+use palisade_runtime::transport::{connect, Address};
 use serde_json::json;
 use tokio::time::Instant;
 

@@ -26,10 +26,11 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use palisade_proto::plan::apply_delta;
 use palisade_proto::v1::{IpPrefix, PodPolicy, Protocol};
 use policy_controller::cluster::{ClusterState, Object};
 use policy_controller::engine::Change;
-use policy_controller::hub::{apply_delta, delta, Hub, VersionedPlan};
+use policy_controller::hub::{delta, Hub, VersionedPlan};
 use policy_controller::model::{egress_to_service_allowed, Endpoint};
 use policy_controller::resolve::{resolve_with_errors, NodePlan, Resolution};
 use serde_json::{json, Value};
@@ -552,7 +553,7 @@ fn check(seed: u64, steps: usize) {
             let now = r.sub.rx.borrow_and_update().clone();
             if let Some(d) = delta(&r.seen, &now) {
                 assert_eq!(d.base_version, r.seen.version, "{what}");
-                apply_delta(&mut r.plan, &d);
+                apply_delta(&mut r.plan.pods, d);
             }
             assert_eq!(r.plan, want, "{what}: node {node} rebuilt from deltas");
             assert_eq!(

@@ -15,10 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use api_double::{ApiDouble, Kind};
-use palisade_proto::transport::{connect_with, Address, ClientOptions};
 use palisade_proto::v1::{
     plan_service_client::PlanServiceClient, subscribe_response::Update, SubscribeRequest,
 };
+use palisade_runtime::transport::{connect_with, Address, ClientOptions};
 use serde_json::json;
 use tokio::time::Instant;
 

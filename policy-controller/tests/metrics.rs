@@ -13,11 +13,11 @@ use std::time::Duration;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
-use palisade_proto::transport::{connect, Address};
 use palisade_proto::v1::{
     plan_service_client::PlanServiceClient, subscribe_response::Update, NodeState,
     ReportStateRequest, SubscribeRequest,
 };
+use palisade_runtime::transport::{connect, Address};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const DEADLINE: Duration = Duration::from_secs(30);

@@ -6,13 +6,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use palisade_proto::transport::{client_tls, connect_with, serve, Address, ClientOptions};
 use palisade_proto::v1::debug_service_client::DebugServiceClient;
 use palisade_proto::v1::plan_service_client::PlanServiceClient;
 use palisade_proto::v1::{
     subscribe_response::Update, GetControllerStateRequest, GetPodPlanRequest, NodeState, PodRef,
     ReportStateRequest, SubscribeRequest,
 };
+use palisade_runtime::transport::{client_tls, connect_with, serve, Address, ClientOptions};
 use policy_controller::cluster::ClusterState;
 use policy_controller::hub::Hub;
 use policy_controller::server::{router_with, ServeOptions};

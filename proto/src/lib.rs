@@ -14,9 +14,8 @@ pub mod rpc {
 
 pub use palisade::v1;
 
-/// The Prometheus text format both processes serve their metrics in: shared
-/// here, where both already depend, rather than written twice.
-pub mod exposition;
+/// A node's plan held as pods, and applying a delta to it.
+pub mod plan;
 
 /// Encoded `FileDescriptorSet` of every Palisade service, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
@@ -36,9 +35,3 @@ pub mod service_names {
     pub const DEBUG: &str = "palisade.v1.DebugService";
     pub const NP_BACKEND: &str = "rpc.NPBackend";
 }
-
-/// W3C trace context in gRPC metadata and in plan messages.
-pub mod otlp_export;
-pub mod trace_context;
-
-pub mod transport;

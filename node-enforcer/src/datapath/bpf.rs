@@ -122,7 +122,7 @@ impl BpfDatapath {
             .map_err(|e| {
                 err(
                     "loading the eBPF object",
-                    palisade_proto::transport::source_chain(&e),
+                    palisade_runtime::transport::source_chain(&e),
                 )
             })?;
         for name in [PROG_FROM_POD, PROG_TO_POD] {

@@ -596,8 +596,7 @@ impl<D: Datapath> Reconciler<D> {
 }
 
 fn key(r: Option<&PodRef>) -> Option<PodKey> {
-    let r = r?;
-    Some((r.namespace.clone(), r.name.clone()))
+    r.map(palisade_proto::plan::pod_key)
 }
 
 pub fn to_ip_prefix(p: &Prefix) -> palisade_proto::v1::IpPrefix {

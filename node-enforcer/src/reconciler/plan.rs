@@ -73,20 +73,9 @@ impl<D: Datapath> Reconciler<D> {
                         held: self.plan_version,
                     });
                 }
-                let mut touched = BTreeSet::new();
-                for r in &d.removed {
-                    let k = key(Some(r)).unwrap_or_default();
-                    self.plan.remove(&k);
-                    touched.insert(k);
-                }
-                for p in d.upserted {
-                    if let Some(k) = key(p.pod.as_ref()) {
-                        self.plan.insert(k.clone(), p);
-                        touched.insert(k);
-                    }
-                }
-                changed = Some(touched);
-                self.plan_version = d.version;
+                let version = d.version;
+                changed = Some(palisade_proto::plan::apply_delta(&mut self.plan, d));
+                self.plan_version = version;
             }
         }
         let plan = &self.plan;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::debug::realization::realization;
 use crate::hub::HubView;
 use crate::tls::Refusals;
-use palisade_proto::exposition::{Exposition, Histogram};
+use palisade_runtime::exposition::{Exposition, Histogram};
 
 /// Resolution passes from 1 ms to 1 min: a small cluster's pass takes
 /// microseconds, a large cluster's first full pass seconds.

@@ -4,4 +4,3 @@
 //! accumulated as resolutions happen.
 
 pub mod controller;
-pub mod http;

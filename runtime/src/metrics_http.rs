@@ -1,5 +1,7 @@
-//! The `/metrics` endpoint: plain HTTP on its own TCP address, apart from
-//! the CNI socket, so that a scraper reaches it over the pod network.
+//! The `/metrics` endpoint of both processes: plain HTTP on its own TCP
+//! address, apart from the controller's gRPC plan port and the enforcer's
+//! CNI socket, so that a scraper needs no gRPC and reaches it over the pod
+//! network.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -12,6 +14,9 @@ use tokio::net::TcpListener;
 /// What Prometheus expects for the text format.
 pub const CONTENT_TYPE_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
+/// One scrape's text, being rendered.
+pub type Rendering = Pin<Box<dyn Future<Output = String> + Send>>;
+
 /// Binds first, so that a taken or bad address fails the process at start
 /// instead of leaving it running without metrics.
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
@@ -23,7 +28,7 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, String> {
 /// Serves `render()` at `/metrics` until the process ends.
 pub async fn serve<F>(listener: TcpListener, render: F)
 where
-    F: Fn() -> Pin<Box<dyn Future<Output = String> + Send>> + Clone + Send + Sync + 'static,
+    F: Fn() -> Rendering + Clone + Send + Sync + 'static,
 {
     let app = axum::Router::new().route(
         "/metrics",
@@ -34,5 +39,21 @@ where
     );
     if let Err(e) = axum::serve(listener, app).await {
         tracing::error!(error = %e, "metrics server stopped");
+    }
+}
+
+/// A render that blocks (the controller's reads the hub under its lock for
+/// a moment), run off the async runtime all the same.
+pub fn blocking<F>(render: F) -> impl Fn() -> Rendering + Clone + Send + Sync + 'static
+where
+    F: Fn() -> String + Clone + Send + Sync + 'static,
+{
+    move || {
+        let render = render.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(render)
+                .await
+                .unwrap_or_else(|e| format!("# rendering failed: {e}\n"))
+        })
     }
 }

@@ -94,19 +94,22 @@ impl Export {
     }
 }
 
+/// A small, quick configuration for this crate's tests.
+#[cfg(test)]
+pub(crate) fn test_config() -> ExportConfig {
+    ExportConfig {
+        service: "test",
+        attributes: Vec::new(),
+        max_queue: 16,
+        export_timeout: Duration::from_millis(100),
+        shutdown_timeout: Duration::from_millis(100),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_config as config;
     use super::*;
-
-    fn config() -> ExportConfig {
-        ExportConfig {
-            service: "test",
-            attributes: Vec::new(),
-            max_queue: 16,
-            export_timeout: Duration::from_millis(100),
-            shutdown_timeout: Duration::from_millis(100),
-        }
-    }
 
     #[test]
     fn the_flag_wins_then_the_standard_variable_and_blank_is_off() {
