@@ -8,13 +8,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const SOURCES: &[&str] = &[
-    "c/palisade.bpf.c",
-    "c/palisade.h",
-    "c/fragments.h",
-    "c/bench.bpf.c",
-    "c/ct_explain.bpf.c",
-];
+/// Everything the objects are compiled from: the programs in `c/` and the
+/// headers in `c/lib/`. Cargo scans a directory for any change, so a header
+/// added later reruns the build without being listed here.
+const SOURCE_DIR: &str = "c";
 /// (source, object in `$OUT_DIR`, extra clang flags) of every object.
 const OBJECTS: &[(&str, &str, &[&str])] = &[
     ("c/palisade.bpf.c", "palisade.bpf.o", &[]),
@@ -32,9 +29,7 @@ const INSTALL_HINT: &str = "install them with `apt-get install clang libbpf-dev`
      (or point the CLANG environment variable at a clang that can target bpf)";
 
 fn main() {
-    for src in SOURCES {
-        println!("cargo:rerun-if-changed={src}");
-    }
+    println!("cargo:rerun-if-changed={SOURCE_DIR}");
     println!("cargo:rerun-if-env-changed=CLANG");
 
     let clang = env::var("CLANG").unwrap_or_else(|_| "clang".to_owned());

@@ -16,14 +16,7 @@
  *                    own cost (counter, port write, tail call), which the
  *                    benchmark subtracts.
  */
-#include <linux/bpf.h>
-#include <linux/if_ether.h>
-#include <linux/ip.h>
-#include <linux/ipv6.h>
-#include <linux/in.h>
-#include <linux/pkt_cls.h>
-#include <bpf/bpf_helpers.h>
-#include <bpf/bpf_endian.h>
+#include "lib/common.h"
 
 char LICENSE[] SEC("license") = "Apache-2.0";
 

@@ -28,7 +28,7 @@
 #define STAT_DENIED_MALFORMED 6 /* truncated or impossible IP header */
 #define STAT_ALLOWED_ESTABLISHED 7 /* forward packet of a flow allowed under the current epoch */
 #define STAT_ALLOWED_FRAGMENT 8    /* later fragment of a datagram whose first fragment passed */
-#define STAT_DENIED_FRAGMENT 9     /* fragment that cannot be judged safely (see fragments.h) */
+#define STAT_DENIED_FRAGMENT 9     /* fragment that cannot be judged safely (see lib/fragments.h) */
 #define STAT_DENIED_EXT_HEADERS 10 /* IPv6: more extension headers than IPV6_EXT_HEADERS_MAX */
 /* The endpoint entry found was not the interface's own (its slot was being
  * retired or reused under the lookup): dropped, never judged by another
@@ -191,7 +191,7 @@ struct ct_value {
 
 /* ---- IP fragments (pal_frags4, pal_frags6) ----
  * A later fragment carries no L4 header: it is judged by the record its
- * datagram's first fragment left (see fragments.h). */
+ * datagram's first fragment left (see lib/fragments.h). */
 
 /* Records each of pal_frags4 and pal_frags6 holds; the least recently used
  * goes first. */

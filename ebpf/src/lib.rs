@@ -1,8 +1,9 @@
 //! Palisade's TC programs and the Rust view of the maps they share with the
 //! node-enforcer.
 //!
-//! The programs live in `c/palisade.bpf.c` and are compiled by clang at build
-//! time; [`OBJECT`] is the resulting ELF, ready for `aya::EbpfLoader::load`.
+//! The programs live in `c/palisade.bpf.c` (their parts in `c/lib/`) and are
+//! compiled by clang at build time; [`OBJECT`] is the resulting ELF, ready
+//! for `aya::EbpfLoader::load`.
 //! Every map is pinned by name, so loading with
 //! `EbpfLoader::default_map_pin_directory(dir)` shares one copy of each map
 //! at `dir/<map name>` across all loads.
@@ -146,7 +147,7 @@ pub mod legacy {
     unsafe impl aya::Pod for AuditPolicy {}
 }
 /// `LruHashMap<Frag4Key, FragValue>`: the verdicts IPv4 first fragments
-/// got, for their datagrams' later fragments (`c/fragments.h`).
+/// got, for their datagrams' later fragments (`c/lib/fragments.h`).
 pub const MAP_FRAGS4: &str = "pal_frags4";
 /// `LruHashMap<Frag6Key, FragValue>`: the same for IPv6.
 pub const MAP_FRAGS6: &str = "pal_frags6";

@@ -32,11 +32,18 @@
  * arrive before their first fragment are dropped: veths keep order, and
  * fail closed is the stance.
  *
- * Included by palisade.bpf.c ahead of its verdict, whose struct flow,
- * struct ep_view (the slot it read), account and flow_event it uses.
+ * Used by palisade.bpf.c's verdict, with struct flow, struct ep_view (the
+ * slot it read), account and flow_event.
  */
-#ifndef PALISADE_FRAGMENTS_H
-#define PALISADE_FRAGMENTS_H
+#ifndef PALISADE_LIB_FRAGMENTS_H
+#define PALISADE_LIB_FRAGMENTS_H
+
+#include "common.h"
+#include "../palisade.h"
+#include "parse.h"
+#include "endpoint.h"
+#include "flow_events.h"
+#include "counters.h"
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
