@@ -1,7 +1,9 @@
 //! Compiles the TC programs in `c/` with clang into `$OUT_DIR`: the
 //! enforcer's `palisade.bpf.o`, a test build of it that reads headers by
 //! copy, the verdict benchmark's `bench.bpf.o`, and the conntrack cleanup's
-//! `ct_explain.bpf.o`.
+//! `ct_explain.bpf.o`; and turns the sizes the programs share with user
+//! space (`c/lib/sizes.h`, and `c/ct_explain.bpf.c`'s own) into Rust
+//! constants (`$OUT_DIR/sizes.rs`).
 
 use std::env;
 use std::io::Write;
@@ -25,6 +27,13 @@ const OBJECTS: &[(&str, &str, &[&str])] = &[
     ("c/bench.bpf.c", "bench.bpf.o", &[]),
     ("c/ct_explain.bpf.c", "ct_explain.bpf.o", &[]),
 ];
+/// Where the sizes shared with Rust live: every one in `c/lib/sizes.h` but
+/// the conntrack cleanup's batch, which stays with its program (whose
+/// licence differs); and the Rust file generated from them.
+const SIZES_SOURCES: &[&str] = &["c/lib/sizes.h", "c/ct_explain.bpf.c"];
+const SIZES_RS: &str = "sizes.rs";
+/// Only these defines are shared: the rest of a header is the programs'.
+const SHARED_PREFIX: &str = "PAL_";
 const INSTALL_HINT: &str = "install them with `apt-get install clang libbpf-dev` \
      (or point the CLANG environment variable at a clang that can target bpf)";
 
@@ -34,6 +43,11 @@ fn main() {
 
     let clang = env::var("CLANG").unwrap_or_else(|_| "clang".to_owned());
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let sizes: Vec<Shared> = SIZES_SOURCES
+        .iter()
+        .flat_map(|s| shared_defines(s))
+        .collect();
+    write_rust(&SIZES_SOURCES.join(" and "), &sizes, &out.join(SIZES_RS));
     let flags = common_flags();
 
     check_toolchain(&clang, &flags);
@@ -115,6 +129,185 @@ fn check_toolchain(clang: &str, flags: &[String]) {
             String::from_utf8_lossy(&probe.stderr)
         ));
     }
+}
+
+/// A constant shared with Rust: its Rust name, its value (an expression C
+/// and Rust read alike) and its doc, the C comment that goes with it.
+struct Shared {
+    name: String,
+    value: String,
+    doc: Vec<String>,
+}
+
+/// Every `#define PAL_<NAME> <value>` of `header`, with the comment right
+/// above it (no blank line between) or after it on its line as its doc.
+/// A value may use decimal literals, PAL_ names defined before it,
+/// parentheses, `+`, `*` and `<<`: what means the same in C and in Rust.
+fn shared_defines(header: &str) -> Vec<Shared> {
+    let text = std::fs::read_to_string(header)
+        .unwrap_or_else(|e| fail(&format!("could not read {header}: {e}")));
+    let mut shared: Vec<Shared> = Vec::new();
+    let mut doc: Vec<String> = Vec::new();
+    let mut lines = text.lines().enumerate();
+    while let Some((n, line)) = lines.next() {
+        let trimmed = line.trim();
+        if trimmed.starts_with("/*") {
+            let mut comment = vec![trimmed.to_owned()];
+            while !comment.last().is_some_and(|l| l.contains("*/")) {
+                match lines.next() {
+                    Some((_, l)) => comment.push(l.trim().to_owned()),
+                    None => fail(&format!("{header}: a comment is not closed")),
+                }
+            }
+            doc = comment_text(&comment);
+            continue;
+        }
+        let Some(rest) = trimmed.strip_prefix("#define ") else {
+            doc.clear();
+            continue;
+        };
+        let rest = rest.trim_start();
+        let Some(name) = rest.strip_prefix(SHARED_PREFIX) else {
+            doc.clear();
+            continue;
+        };
+        let (definition, trailing) = match name.find("/*") {
+            Some(at) => (&name[..at], Some(&name[at..])),
+            None => (name, None),
+        };
+        let (name, value) = definition
+            .trim()
+            .split_once(char::is_whitespace)
+            .unwrap_or_else(|| {
+                fail(&format!(
+                    "{header}:{}: {SHARED_PREFIX}{name} has no value",
+                    n + 1
+                ))
+            });
+        if let Some(t) = trailing {
+            if !t.contains("*/") {
+                fail(&format!(
+                    "{header}:{}: a trailing comment must end on its line",
+                    n + 1
+                ));
+            }
+            doc = comment_text(&[t.to_owned()]);
+        }
+        let value = rust_value(value.trim(), &shared)
+            .unwrap_or_else(|e| fail(&format!("{header}:{}: {SHARED_PREFIX}{name}: {e}", n + 1)));
+        shared.push(Shared {
+            name: name.to_owned(),
+            value,
+            doc: std::mem::take(&mut doc),
+        });
+    }
+    shared
+}
+
+/// The text of a C block comment, one entry a line.
+fn comment_text(lines: &[String]) -> Vec<String> {
+    let mut text: Vec<String> = lines
+        .iter()
+        .map(|l| {
+            let l = l.trim();
+            let l = l.strip_prefix("/*").unwrap_or(l);
+            let l = l.strip_suffix("*/").unwrap_or(l);
+            let l = l.trim();
+            l.strip_prefix('*').unwrap_or(l).trim().to_owned()
+        })
+        .collect();
+    while text.first().is_some_and(|l| l.is_empty()) {
+        text.remove(0);
+    }
+    while text.last().is_some_and(|l| l.is_empty()) {
+        text.pop();
+    }
+    text
+}
+
+/// The C expression `value` in Rust: the same tokens, each PAL_ name
+/// without its prefix; an error for any token outside the common subset.
+fn rust_value(value: &str, known: &[Shared]) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = value;
+    while let Some(c) = rest.chars().next() {
+        if c.is_ascii_digit() {
+            let end = rest
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len());
+            if rest[end..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(format!("`{value}`: only plain decimal literals"));
+            }
+            out.push_str(&rest[..end]);
+            rest = &rest[end..];
+        } else if c.is_ascii_alphabetic() || c == '_' {
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            let ident = &rest[..end];
+            let name = ident
+                .strip_prefix(SHARED_PREFIX)
+                .filter(|n| known.iter().any(|k| k.name == *n))
+                .ok_or_else(|| format!("`{ident}` is not a {SHARED_PREFIX} name defined above"))?;
+            out.push_str(name);
+            rest = &rest[end..];
+        } else if let Some(r) = rest.strip_prefix("<<") {
+            out.push_str("<<");
+            rest = r;
+        } else if "()+* ".contains(c) {
+            out.push(c);
+            rest = &rest[1..];
+        } else {
+            return Err(format!("`{value}`: `{c}` may mean another thing in Rust"));
+        }
+    }
+    if out.trim().is_empty() {
+        return Err("no value".to_owned());
+    }
+    Ok(without_outer_parens(&out).to_owned())
+}
+
+/// `(a * b)` as `a * b`: C wants the parentheses around a macro's value,
+/// Rust warns of them around a constant's.
+fn without_outer_parens(value: &str) -> &str {
+    let Some(inner) = value.strip_prefix('(').and_then(|v| v.strip_suffix(')')) else {
+        return value;
+    };
+    let mut depth = 0i32;
+    for c in inner.chars() {
+        depth += match c {
+            '(' => 1,
+            ')' => -1,
+            _ => 0,
+        };
+        if depth < 0 {
+            return value; // `(a) * (b)`: the parentheses are not one pair
+        }
+    }
+    inner
+}
+
+/// Writes `shared` as `pub const NAME: u32 = value;` lines, each with its
+/// doc, into `path`; left alone when unchanged, so nothing downstream
+/// rebuilds for nothing.
+fn write_rust(sources: &str, shared: &[Shared], path: &Path) {
+    let mut rs = format!("// Generated by palisade-ebpf's build.rs from {sources}: edit those.\n");
+    for s in shared {
+        rs.push('\n');
+        for line in &s.doc {
+            if line.is_empty() {
+                rs.push_str("///\n");
+            } else {
+                rs.push_str(&format!("/// {line}\n"));
+            }
+        }
+        rs.push_str(&format!("pub const {}: u32 = {};\n", s.name, s.value));
+    }
+    if std::fs::read_to_string(path).ok().as_deref() == Some(rs.as_str()) {
+        return;
+    }
+    std::fs::write(path, rs)
+        .unwrap_or_else(|e| fail(&format!("could not write {}: {e}", path.display())));
 }
 
 fn fail(msg: &str) -> ! {

@@ -38,7 +38,7 @@ enum ep_found {
  * the rest of it first. */
 static __always_inline int ep_find(__u32 ifindex, struct ep_view *ep)
 {
-	__u32 slot = ifindex & (EP_SLOTS - 1);
+	__u32 slot = ifindex & (PAL_EP_SLOTS - 1);
 	const struct ep_slot *s;
 	const __u32 *index;
 	__u32 seen;
@@ -86,7 +86,7 @@ static __always_inline bool addr_eq(const __u8 a[16], const __u8 b[16])
 static __always_inline bool pod_owns_source(const struct ep_view *ep, const __u8 src[16])
 {
 #pragma unroll
-	for (int i = 0; i < MAX_POD_ADDRS; i++) {
+	for (int i = 0; i < PAL_MAX_POD_ADDRS; i++) {
 		if (i >= ep->s->addr_count)
 			return false;
 		if (addr_eq(ep->s->addrs[i], src))
@@ -99,7 +99,7 @@ static __always_inline bool pod_owns_source(const struct ep_view *ep, const __u8
 static __always_inline bool pod_owns_v4(const struct ep_view *ep, __be32 saddr)
 {
 #pragma unroll
-	for (int i = 0; i < MAX_POD_ADDRS; i++) {
+	for (int i = 0; i < PAL_MAX_POD_ADDRS; i++) {
 		if (i >= ep->s->v4_count)
 			return false;
 		if (ep->s->v4[i] == saddr)

@@ -47,7 +47,7 @@
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, FRAG_TRACK_ENTRIES);
+	__uint(max_entries, PAL_MAX_FRAG_ENTRIES);
 	__type(key, struct frag4_key);
 	__type(value, struct frag_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -55,7 +55,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, FRAG_TRACK_ENTRIES);
+	__uint(max_entries, PAL_MAX_FRAG_ENTRIES);
 	__type(key, struct frag6_key);
 	__type(value, struct frag_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);

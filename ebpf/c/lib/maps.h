@@ -17,7 +17,7 @@
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
-	__uint(max_entries, EP_SLOTS);
+	__uint(max_entries, PAL_EP_SLOTS);
 	__type(key, __u32);
 	__type(value, struct ep_slot);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -27,7 +27,7 @@ struct {
  * its home slot. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, EP_SLOTS);
+	__uint(max_entries, PAL_EP_SLOTS);
 	__type(key, __u32);
 	__type(value, __u32);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -38,7 +38,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
-	__uint(max_entries, EP_SLOTS);
+	__uint(max_entries, PAL_EP_SLOTS);
 	__type(key, __u32);
 	__type(value, struct ct_share);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -55,7 +55,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, 262144);
+	__uint(max_entries, PAL_MAX_POLICY_ENTRIES);
 	__type(key, struct policy_key);
 	__type(value, struct policy_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -69,7 +69,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, 262144);
+	__uint(max_entries, PAL_MAX_POLICY_ENTRIES);
 	__type(key, struct policy_key);
 	__type(value, struct policy_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -77,7 +77,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, PAL_MAX_POLICY_LENS_ENTRIES);
 	__type(key, __u32);
 	__type(value, struct policy_lens);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -86,7 +86,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, 262144);
+	__uint(max_entries, PAL_MAX_PORT_ENTRIES);
 	__type(key, struct port_key);
 	__type(value, struct port_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -94,7 +94,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, PAL_MAX_CONNTRACK_ENTRIES);
 	__type(key, struct ct_key);
 	__type(value, struct ct_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -102,20 +102,20 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, PAL_MAX_CONNTRACK_ENTRIES);
 	__type(key, struct ct4_key);
 	__type(value, struct ct_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pal_ct4 SEC(".maps");
 
-/* Verdict counters by direction (STAT_SLOT), with room for STAT_CAPACITY
+/* Verdict counters by direction (STAT_SLOT), with room for PAL_STAT_CAPACITY
  * kinds.  A pinned map keeps its size across upgrades, so the maps of
  * older versions, which had no room for later kinds, are left behind under
  * their own names (pal_stats: one slot per kind; pal_dir_stats: exactly
  * STAT_MAX kinds). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, STAT_CAPACITY * STAT_DIRECTIONS);
+	__uint(max_entries, PAL_STAT_MAP_ENTRIES);
 	__type(key, __u32);
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -126,7 +126,7 @@ struct {
  * packet's verdict never waits for user space. */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1 << 20);
+	__uint(max_entries, PAL_FLOW_EVENTS_BYTES);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pal_flow_events SEC(".maps");
 

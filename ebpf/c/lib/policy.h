@@ -45,7 +45,7 @@ static __always_inline struct policy_value *policy_entry(__u32 policy_id, const 
 	}
 	__builtin_memcpy(addr, peer, 16);
 #pragma unroll
-	for (int i = 0; i < MAX_POLICY_LENS; i++) {
+	for (int i = 0; i < PAL_MAX_POLICY_LENS; i++) {
 		__u32 len, masked;
 
 		if (i >= lens->count)
