@@ -129,7 +129,7 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 	struct flow f = {};
 	int found, parsed, fast, judged;
 	bool allowed;
-	__u32 stat;
+	enum pal_stat stat;
 	int later;
 
 	found = ep_find(ifindex, &ep);

@@ -11,38 +11,14 @@
 #include <linux/types.h>
 
 #include "lib/sizes.h"
+#include "lib/reasons.h"
 
 /* Which hook wrote a conntrack entry.  A reply is only trusted when the
  * forward packet was allowed by the *other* hook of the same pod. */
 #define OWNER_FROM_POD 0 /* the pod's egress policy (TC ingress of host veth) */
 #define OWNER_TO_POD 1   /* the pod's ingress policy (TC egress of host veth) */
 
-/* Verdict kinds.  pal_verdicts counts each per direction: the slot of
- * (owner, stat) is STAT_SLOT(owner, stat), so a kind added later takes new
- * slots and never moves an existing one.  The map has room for
- * PAL_STAT_CAPACITY kinds: a pinned map keeps its size across upgrades, so
- * a new kind must fit in it. */
-#define STAT_ALLOWED_POLICY 0
-#define STAT_ALLOWED_REPLY 1
-#define STAT_ALLOWED_UNISOLATED 2
-#define STAT_DENIED 3 /* by policy */
-#define STAT_ALLOWED_NDP 4
-#define STAT_DENIED_SPOOF 5     /* pod sent from an address not its own */
-#define STAT_DENIED_MALFORMED 6 /* truncated or impossible IP header */
-#define STAT_ALLOWED_ESTABLISHED 7 /* forward packet of a flow allowed under the current epoch */
-#define STAT_ALLOWED_FRAGMENT 8    /* later fragment of a datagram whose first fragment passed */
-#define STAT_DENIED_FRAGMENT 9     /* fragment that cannot be judged safely (see lib/fragments.h) */
-#define STAT_DENIED_EXT_HEADERS 10 /* IPv6: more extension headers than IPV6_EXT_HEADERS_MAX */
-/* The endpoint entry found was not the interface's own (its slot was being
- * retired or reused under the lookup): dropped, never judged by another
- * endpoint's policy. */
-#define STAT_DENIED_ENDPOINT_UNSURE 11
-/* A new flow the hook would allow, but the endpoint's hook already holds
- * its share of the conntrack table (struct ct_share): dropped. */
-#define STAT_DENIED_CT_SHARE 12
-#define STAT_MAX 13
-#define STAT_SLOT(owner, stat) ((stat) * PAL_STAT_DIRECTIONS + (owner))
-_Static_assert(STAT_MAX <= PAL_STAT_CAPACITY, "pal_verdicts has a slot for every kind");
+/* Verdict kinds (STAT_*, STAT_SLOT) are in lib/reasons.h. */
 
 /* LPM prefix lengths of a full (host) lookup. */
 #define POLICY_ID_BITS 32

@@ -19,7 +19,7 @@
  * counted under.  The staged ids are one word of the endpoint's slot,
  * read once. */
 static __always_inline void audit_check(const struct flow *f, const struct ep_view *ep,
-					__u32 ifindex, __u8 owner, bool allowed, __u32 stat)
+					__u32 ifindex, __u8 owner, bool allowed, enum pal_stat stat)
 {
 	__u64 staged = READ_ONCE_U64(&ep->s->audit);
 	const __u8 *peer = owner == OWNER_FROM_POD ? f->dst : f->src;

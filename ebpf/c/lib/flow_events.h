@@ -66,7 +66,7 @@ static __always_inline bool flow_admit(const struct flow_config *cfg, __u64 now)
  * policies' FLOW_WOULD_* events are sent in every mode (staging a policy
  * is the opt-in), under the same rate limit. */
 static __always_inline void flow_event(const struct flow *f, __u32 ifindex, __u8 owner,
-				       __u8 kind, __u32 policy_id, __u8 stat)
+				       __u8 kind, __u32 policy_id, enum pal_stat stat)
 {
 	__u32 zero = 0;
 	struct flow_config *cfg = bpf_map_lookup_elem(&pal_flow_config, &zero);

@@ -203,7 +203,7 @@ static __always_inline bool frag_later_settled(struct flow *f, const struct ep_v
 /* Counts the verdict on the parsed packet f (account), first recording it
  * for the later fragments when f is a first fragment. */
 static __always_inline int settle(const struct flow *f, const struct ep_view *ep, __u32 ifindex,
-				  __u8 owner, __u32 stat, int verdict)
+				  __u8 owner, enum pal_stat stat, int verdict)
 {
 	if (f->frag == FRAG_FIRST)
 		frag_remember(f, ep, ifindex, owner, verdict == VERDICT_NEXT);

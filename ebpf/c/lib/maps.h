@@ -112,7 +112,7 @@ struct {
  * kinds.  A pinned map keeps its size across upgrades, so the maps of
  * older versions, which had no room for later kinds, are left behind under
  * their own names (pal_stats: one slot per kind; pal_dir_stats: exactly
- * STAT_MAX kinds). */
+ * STAT_COUNT kinds of its day). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, PAL_STAT_MAP_ENTRIES);
