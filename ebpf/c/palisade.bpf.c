@@ -172,18 +172,9 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 		 * the packet (opens_connection): straight to policy. */
 		ct_key(&own_key, &f, false, ifindex, owner);
 		own = NULL;
-	} else if (likely_forward(&f)) {
-		own = ct_own_entry(&own_key, &f, ifindex, owner);
-		if (ct_established(own, &ep, owner))
-			return settle(&f, &ep, ifindex, owner, STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
-		if (ct_is_reply(&f, &ep, ifindex, owner))
-			return settle(&f, &ep, ifindex, owner, STAT_ALLOWED_REPLY, VERDICT_NEXT);
-	} else {
-		if (ct_is_reply(&f, &ep, ifindex, owner))
-			return settle(&f, &ep, ifindex, owner, STAT_ALLOWED_REPLY, VERDICT_NEXT);
-		own = ct_own_entry(&own_key, &f, ifindex, owner);
-		if (ct_established(own, &ep, owner))
-			return settle(&f, &ep, ifindex, owner, STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
+	} else if (ct_vouches(&f, &ep, ifindex, owner, &own_key, &own, &stat)) {
+		/* Steps 6 and 7, the likelier first (likely_forward). */
+		return settle(&f, &ep, ifindex, owner, stat, VERDICT_NEXT);
 	}
 
 	judged = ct_policy_allows(&f, &ep, owner, &own_key, own);

@@ -257,4 +257,26 @@ static __always_inline bool likely_forward(const struct flow *f)
 	return bpf_ntohs(f->dport) < bpf_ntohs(f->sport);
 }
 
+/* Does an entry vouch for f before policy: its own hook's, of the current
+ * epoch (a forward packet: *stat = STAT_ALLOWED_ESTABLISHED), or the other
+ * hook's (a reply: STAT_ALLOWED_REPLY)?  The reply entry is tried first
+ * unless f is likely forward.  When none does, r holds the key of f's own
+ * entry and *own that entry (or NULL), for policy to keep in step. */
+static __always_inline bool ct_vouches(const struct flow *f, const struct ep_view *ep,
+				       __u32 ifindex, __u8 owner, struct ct_ref *r,
+				       struct ct_value **own, enum pal_stat *stat)
+{
+	bool forward = likely_forward(f);
+
+	*stat = STAT_ALLOWED_REPLY;
+	if (!forward && ct_is_reply(f, ep, ifindex, owner))
+		return true;
+	*own = ct_own_entry(r, f, ifindex, owner);
+	if (ct_established(*own, ep, owner)) {
+		*stat = STAT_ALLOWED_ESTABLISHED;
+		return true;
+	}
+	return forward && ct_is_reply(f, ep, ifindex, owner);
+}
+
 #endif
