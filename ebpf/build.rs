@@ -4,7 +4,7 @@
 //! `ct_explain.bpf.o`; and turns the sizes the programs share with user
 //! space (`c/lib/sizes.h`, and `c/ct_explain.bpf.c`'s own) into Rust
 //! constants (`$OUT_DIR/sizes.rs`), and the verdict kinds
-//! (`c/lib/reasons.h`) likewise (`$OUT_DIR/reasons.rs`).
+//! (`c/lib/reasons.h`) and flow log counters likewise (`ENUMS`).
 
 use std::env;
 use std::io::Write;
@@ -33,11 +33,13 @@ const OBJECTS: &[(&str, &str, &[&str])] = &[
 /// licence differs); and the Rust file generated from them.
 const SIZES_SOURCES: &[&str] = &["c/lib/sizes.h", "c/ct_explain.bpf.c"];
 const SIZES_RS: &str = "sizes.rs";
-/// The verdict kinds (why a packet passed or dropped): the enum's header,
-/// its name, and the Rust file generated from it.
-const REASONS_HEADER: &str = "c/lib/reasons.h";
-const REASONS_ENUM: &str = "pal_stat";
-const REASONS_RS: &str = "reasons.rs";
+/// The enums shared with Rust, as (header, enum, Rust file generated from
+/// it): the verdict kinds (why a packet passed or dropped) and the flow
+/// log's counters.
+const ENUMS: &[(&str, &str, &str)] = &[
+    ("c/lib/reasons.h", "pal_stat", "reasons.rs"),
+    ("c/palisade.h", "pal_flow_stat", "flow_stats.rs"),
+];
 /// Only these defines are shared: the rest of a header is the programs'.
 const SHARED_PREFIX: &str = "PAL_";
 const INSTALL_HINT: &str = "install them with `apt-get install clang libbpf-dev` \
@@ -54,8 +56,9 @@ fn main() {
         .flat_map(|s| shared_defines(s))
         .collect();
     write_rust(&SIZES_SOURCES.join(" and "), &sizes, &out.join(SIZES_RS));
-    let reasons = shared_enum(REASONS_HEADER, REASONS_ENUM);
-    write_rust(REASONS_HEADER, &reasons, &out.join(REASONS_RS));
+    for (header, name, rs) in ENUMS {
+        write_rust(header, &shared_enum(header, name), &out.join(rs));
+    }
     let flags = common_flags();
 
     check_toolchain(&clang, &flags);

@@ -230,15 +230,19 @@ struct flow_config {
 	__u32 pad;
 };
 
-/* Indices into pal_flow_stats (per-CPU counters). */
-#define FLOW_STAT_EMITTED 0      /* events written to the ring buffer */
-#define FLOW_STAT_RATE_LIMITED 1 /* events dropped by the per-node rate limit */
-#define FLOW_STAT_OVERFLOW 2     /* events dropped because the ring buffer was full */
-#define FLOW_STAT_WOULD_DENY_EGRESS 3
-#define FLOW_STAT_WOULD_DENY_INGRESS 4
-#define FLOW_STAT_WOULD_ALLOW_EGRESS 5
-#define FLOW_STAT_WOULD_ALLOW_INGRESS 6
-#define FLOW_STAT_MAX 7
+/* Indices into pal_flow_stats (per-CPU counters).  build.rs turns each
+ * into palisade_ebpf's FLOW_STAT_* (as lib/reasons.h's kinds), so the
+ * enforcer reads these numbers, not copies. */
+enum pal_flow_stat {
+	FLOW_STAT_EMITTED = 0,             /* events written to the ring buffer */
+	FLOW_STAT_RATE_LIMITED = 1,        /* events dropped by the per-node rate limit */
+	FLOW_STAT_OVERFLOW = 2,            /* events dropped because the ring buffer was full */
+	FLOW_STAT_WOULD_DENY_EGRESS = 3,   /* FLOW_WOULD_DENY of the pod's egress */
+	FLOW_STAT_WOULD_DENY_INGRESS = 4,  /* FLOW_WOULD_DENY of the pod's ingress */
+	FLOW_STAT_WOULD_ALLOW_EGRESS = 5,  /* FLOW_WOULD_ALLOW of the pod's egress */
+	FLOW_STAT_WOULD_ALLOW_INGRESS = 6, /* FLOW_WOULD_ALLOW of the pod's ingress */
+	FLOW_STAT_COUNT                    /* entries of pal_flow_stats (not a counter) */
+};
 
 _Static_assert(sizeof(struct flow_event) == 56, "flow_event layout");
 _Static_assert(sizeof(struct flow_config) == 16, "flow_config layout");

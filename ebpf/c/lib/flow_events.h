@@ -10,7 +10,7 @@
 #include "maps.h"
 #include "parse.h"
 
-static __always_inline void flow_count(__u32 stat)
+static __always_inline void flow_count(enum pal_flow_stat stat)
 {
 	__u64 *count = bpf_map_lookup_elem(&pal_flow_stats, &stat);
 
