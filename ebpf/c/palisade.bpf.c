@@ -101,8 +101,10 @@
  *
  * The parts live in lib/, one concern a header (maps.h, parse.h,
  * endpoint.h, policy.h, conntrack.h, fast_path.h, flow_events.h, audit.h,
- * counters.h, fragments.h; the layouts shared with user space are in
- * palisade.h): this file keeps the verdict and the programs.
+ * counters.h, fragments.h): this file keeps the verdict and the programs.
+ * What user space shares: the layouts in palisade.h, the sizes in
+ * lib/sizes.h and the verdict kinds in lib/reasons.h (the last two, and
+ * palisade.h's flow log counters, generated into Rust by build.rs).
  */
 #include "lib/common.h"
 #include "lib/maps.h"
