@@ -193,6 +193,8 @@ pub use sizes::{
     EP_SLOTS, FLOW_EVENTS_BYTES, MAX_CONNTRACK_ENTRIES, MAX_FRAG_ENTRIES, MAX_POLICY_ENTRIES,
     MAX_POLICY_LENS_ENTRIES, MAX_PORT_ENTRIES, STAT_CAPACITY, STAT_DIRECTIONS, STAT_MAP_ENTRIES,
 };
+// ep_home masks the ifindex, as the programs do.
+const _: () = assert!(EP_SLOTS.is_power_of_two());
 /// The most endpoints [`MAP_EP_INDEX`] holds: one a slot of [`MAP_EP_SLOTS`].
 pub const MAX_ENDPOINTS: u32 = EP_SLOTS;
 /// Most prefix lengths a [`PolicyLens`] lists.
