@@ -3,7 +3,7 @@
 //! enforcer's account of them.
 //!
 //! The layout is the datapath's `struct ct_key` / `struct ct_value`
-//! (ebpf/c/palisade.bpf.c): addresses as 16 bytes (IPv4-mapped), ports in
+//! (ebpf/c/palisade.h): addresses as 16 bytes (IPv4-mapped), ports in
 //! network order, the interface and hook that wrote the entry; the value's
 //! last-seen time and epoch. The map's key and value sizes are checked
 //! against it before anything is decoded.

@@ -16,20 +16,14 @@
  *                    own cost (counter, port write, tail call), which the
  *                    benchmark subtracts.
  */
-#include <linux/bpf.h>
-#include <linux/if_ether.h>
-#include <linux/ip.h>
-#include <linux/ipv6.h>
-#include <linux/in.h>
-#include <linux/pkt_cls.h>
-#include <bpf/bpf_helpers.h>
-#include <bpf/bpf_endian.h>
+#include "lib/common.h"
+#include "lib/sizes.h"
 
 char LICENSE[] SEC("license") = "Apache-2.0";
 
-/* First port the wrapper hands out; it cycles through NEW_FLOW_PORTS. */
+/* First port the wrapper hands out; it cycles through
+ * PAL_BENCH_NEW_FLOW_PORTS (lib/sizes.h). */
 #define NEW_FLOW_PORT_BASE 1024
-#define NEW_FLOW_PORTS 32768
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
@@ -101,7 +95,7 @@ int bench_new_flow(struct __sk_buff *skb)
 	sport = data + off;
 	if ((void *)(sport + 1) > data_end)
 		return TC_ACT_SHOT;
-	*sport = bpf_htons(NEW_FLOW_PORT_BASE + __sync_fetch_and_add(counter, 1) % NEW_FLOW_PORTS);
+	*sport = bpf_htons(NEW_FLOW_PORT_BASE + __sync_fetch_and_add(counter, 1) % PAL_BENCH_NEW_FLOW_PORTS);
 	bpf_tail_call(skb, &bench_targets, 0);
 	/* Slot 0 empty: a measurement of nothing must not look like a verdict. */
 	return TC_ACT_SHOT;

@@ -10,8 +10,8 @@
  * 500,000 entries, on every pass.  A lookup through the bpf_skb_ct_lookup
  * kfunc costs one hash probe and touches only the entries asked about.
  *
- * Input (the test packet): a struct batch_head, then up to BATCH_MAX
- * struct ask records.  Each run of the program answers the record at
+ * Input (the test packet): a struct batch_head, then up to
+ * PAL_CT_EXPLAIN_BATCH_MAX struct ask records.  Each run of the program answers the record at
  * head.next and advances it, so one BPF_PROG_TEST_RUN with repeat = count
  * answers the batch; the kernel copies the packet back with the answers.
  *
@@ -29,7 +29,9 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-#define BATCH_MAX 90 /* 16 + 90 * 40 bytes fits a test packet (< 3.7 KB) */
+/* Records one test run answers: 16 + 90 * 40 bytes fits a test packet
+ * (< 3.7 KB).  Shared with the enforcer (build.rs generates its constant). */
+#define PAL_CT_EXPLAIN_BATCH_MAX 90
 
 /* Answers written into struct ask.answer. */
 #define ANSWER_NONE 0      /* no kernel entry holds the flow */
@@ -122,7 +124,7 @@ int palisade_ct_explain(struct __sk_buff *skb)
 	if ((void *)(head + 1) > end)
 		return TC_ACT_SHOT;
 	i = head->next;
-	if (i >= head->count || i >= BATCH_MAX)
+	if (i >= head->count || i >= PAL_CT_EXPLAIN_BATCH_MAX)
 		return TC_ACT_SHOT;
 	head->next = i + 1;
 	a = data + sizeof(*head) + i * sizeof(*a);

@@ -2,60 +2,32 @@
 /*
  * Layout of every map Palisade shares with user space.  The Rust mirrors in
  * ebpf/src/lib.rs assert the same sizes at compile time; change both or
- * neither.
+ * neither.  The sizes (PAL_*) are in lib/sizes.h, which Rust's constants
+ * are generated from.
  */
 #ifndef PALISADE_H
 #define PALISADE_H
 
 #include <linux/types.h>
 
+#include "lib/sizes.h"
+#include "lib/reasons.h"
+
 /* Which hook wrote a conntrack entry.  A reply is only trusted when the
  * forward packet was allowed by the *other* hook of the same pod. */
 #define OWNER_FROM_POD 0 /* the pod's egress policy (TC ingress of host veth) */
 #define OWNER_TO_POD 1   /* the pod's ingress policy (TC egress of host veth) */
 
-/* Verdict kinds.  pal_verdicts counts each per direction: the slot of
- * (owner, stat) is STAT_SLOT(owner, stat), so a kind added later takes new
- * slots and never moves an existing one.  The map has room for
- * STAT_CAPACITY kinds: a pinned map keeps its size across upgrades, so a
- * new kind must fit in it. */
-#define STAT_ALLOWED_POLICY 0
-#define STAT_ALLOWED_REPLY 1
-#define STAT_ALLOWED_UNISOLATED 2
-#define STAT_DENIED 3 /* by policy */
-#define STAT_ALLOWED_NDP 4
-#define STAT_DENIED_SPOOF 5     /* pod sent from an address not its own */
-#define STAT_DENIED_MALFORMED 6 /* truncated or impossible IP header */
-#define STAT_ALLOWED_ESTABLISHED 7 /* forward packet of a flow allowed under the current epoch */
-#define STAT_ALLOWED_FRAGMENT 8    /* later fragment of a datagram whose first fragment passed */
-#define STAT_DENIED_FRAGMENT 9     /* fragment that cannot be judged safely (see fragments.h) */
-#define STAT_DENIED_EXT_HEADERS 10 /* IPv6: more extension headers than IPV6_EXT_HEADERS_MAX */
-/* The endpoint entry found was not the interface's own (its slot was being
- * retired or reused under the lookup): dropped, never judged by another
- * endpoint's policy. */
-#define STAT_DENIED_ENDPOINT_UNSURE 11
-/* A new flow the hook would allow, but the endpoint's hook already holds
- * its share of the conntrack table (struct ct_share): dropped. */
-#define STAT_DENIED_CT_SHARE 12
-#define STAT_MAX 13
-/* Kinds pal_verdicts has room for, so that a kind added later takes free
- * slots of the pinned map instead of a new pin name. */
-#define STAT_CAPACITY 32
-#define STAT_DIRECTIONS 2 /* OWNER_FROM_POD (the pod's egress), OWNER_TO_POD (its ingress) */
-#define STAT_SLOT(owner, stat) ((stat) * STAT_DIRECTIONS + (owner))
-_Static_assert(STAT_MAX <= STAT_CAPACITY, "pal_verdicts has a slot for every kind");
+/* Verdict kinds (STAT_*, STAT_SLOT) are in lib/reasons.h. */
 
 /* LPM prefix lengths of a full (host) lookup. */
 #define POLICY_ID_BITS 32
 #define POLICY_FULL_PREFIX (POLICY_ID_BITS + 128)
 #define PORT_FULL_PREFIX (32 + 8 + 16)
 
-/* Most addresses one pod may send from (one per family is usual). */
-#define MAX_POD_ADDRS 4
-
 /* Endpoints.  Each endpoint (a pod's host veth) has a slot of pal_ep_slots,
  * a memory-mapped array the enforcer writes in place, found either at its
- * home (slot ifindex % EP_SLOTS) or through pal_ep_index (ifindex -> slot
+ * home (slot ifindex % PAL_EP_SLOTS) or through pal_ep_index (ifindex -> slot
  * number, a hash written only when an endpoint comes, goes or moves).
  * A hash element may be reused under a reader (the kernel hands a deleted
  * or replaced element to the next insert without waiting), so the slot
@@ -74,8 +46,6 @@ _Static_assert(STAT_MAX <= STAT_CAPACITY, "pal_verdicts has a slot for every kin
  *    in the low half, epoch in the high half) and the audit word, each
  *    written with one atomic store and read with one load, so a packet
  *    sees a direction's old or new pair, never a mix. */
-#define EP_SLOTS 16384 /* a power of two; also the most endpoints a node holds */
-
 #define EP_WORD_POLICY(w) ((__u32)(w))
 #define EP_WORD_EPOCH(w) ((__u32)((w) >> 32))
 
@@ -89,12 +59,12 @@ struct ep_slot {
 	__u64 egress;
 	__u64 audit; /* staged ingress policy id (low half), egress (high); 0: none */
 	__u32 v4_count;   /* the pod's IPv4 addresses in v4, for the fast path */
-	__u32 addr_count; /* the pod's own addresses in addrs, at most MAX_POD_ADDRS */
-	__be32 v4[MAX_POD_ADDRS];
+	__u32 addr_count; /* the pod's own addresses in addrs, at most PAL_MAX_POD_ADDRS */
+	__be32 v4[PAL_MAX_POD_ADDRS];
 	__u32 pad[2];
 	/* The pod's own addresses (IPv6 or IPv4-mapped), the only sources it
 	 * may send from.  0 addresses: every IP packet from the pod drops. */
-	__u8 addrs[MAX_POD_ADDRS][16];
+	__u8 addrs[PAL_MAX_POD_ADDRS][16];
 };
 
 /* Value of pal_ct_share, by endpoint slot: the conntrack entries each hook
@@ -105,8 +75,8 @@ struct ep_slot {
  * removes entries no one counts; the enforcer's conntrack pass recounts
  * them (node-enforcer/src/conntrack/share.rs). */
 struct ct_share {
-	__u64 created[STAT_DIRECTIONS]; /* by OWNER_* */
-	__u64 removed[STAT_DIRECTIONS];
+	__u64 created[PAL_STAT_DIRECTIONS]; /* by OWNER_* */
+	__u64 removed[PAL_STAT_DIRECTIONS];
 };
 
 /* Value of pal_ct_config (key 0), written by the enforcer at start. */
@@ -127,18 +97,12 @@ struct policy_value {
 	__u32 portset_id;
 };
 
-/* Most prefix lengths one policy may have for its entries to be found by
- * exact lookups in pal_policy_exact, one per length, longest first; a
- * policy with more (or none recorded) is looked up in the pal_policy trie,
- * which always holds every entry too. */
-#define MAX_POLICY_LENS 6
-
 /* Value of pal_policy_lens (key: policy id): the trie prefix lengths
  * (struct policy_key.prefixlen) of the policy's entries, longest first.
  * May list lengths no entry has (a wasted lookup), never miss one. */
 struct policy_lens {
 	__u32 count;
-	__u32 prefixlen[MAX_POLICY_LENS];
+	__u32 prefixlen[PAL_MAX_POLICY_LENS];
 };
 
 /* Port in network order so that an aligned port range is a bit prefix. */
@@ -191,11 +155,7 @@ struct ct_value {
 
 /* ---- IP fragments (pal_frags4, pal_frags6) ----
  * A later fragment carries no L4 header: it is judged by the record its
- * datagram's first fragment left (see fragments.h). */
-
-/* Records each of pal_frags4 and pal_frags6 holds; the least recently used
- * goes first. */
-#define FRAG_TRACK_ENTRIES 8192
+ * datagram's first fragment left (see lib/fragments.h). */
 
 /* One IPv4 datagram as one hook of one pod sees its fragments: what the
  * receiver reassembles by (addresses, protocol, identification), and the
@@ -270,15 +230,19 @@ struct flow_config {
 	__u32 pad;
 };
 
-/* Indices into pal_flow_stats (per-CPU counters). */
-#define FLOW_STAT_EMITTED 0      /* events written to the ring buffer */
-#define FLOW_STAT_RATE_LIMITED 1 /* events dropped by the per-node rate limit */
-#define FLOW_STAT_OVERFLOW 2     /* events dropped because the ring buffer was full */
-#define FLOW_STAT_WOULD_DENY_EGRESS 3
-#define FLOW_STAT_WOULD_DENY_INGRESS 4
-#define FLOW_STAT_WOULD_ALLOW_EGRESS 5
-#define FLOW_STAT_WOULD_ALLOW_INGRESS 6
-#define FLOW_STAT_MAX 7
+/* Indices into pal_flow_stats (per-CPU counters).  build.rs turns each
+ * into palisade_ebpf's FLOW_STAT_* (as lib/reasons.h's kinds), so the
+ * enforcer reads these numbers, not copies. */
+enum pal_flow_stat {
+	FLOW_STAT_EMITTED = 0,             /* events written to the ring buffer */
+	FLOW_STAT_RATE_LIMITED = 1,        /* events dropped by the per-node rate limit */
+	FLOW_STAT_OVERFLOW = 2,            /* events dropped because the ring buffer was full */
+	FLOW_STAT_WOULD_DENY_EGRESS = 3,   /* FLOW_WOULD_DENY of the pod's egress */
+	FLOW_STAT_WOULD_DENY_INGRESS = 4,  /* FLOW_WOULD_DENY of the pod's ingress */
+	FLOW_STAT_WOULD_ALLOW_EGRESS = 5,  /* FLOW_WOULD_ALLOW of the pod's egress */
+	FLOW_STAT_WOULD_ALLOW_INGRESS = 6, /* FLOW_WOULD_ALLOW of the pod's ingress */
+	FLOW_STAT_COUNT                    /* entries of pal_flow_stats (not a counter) */
+};
 
 _Static_assert(sizeof(struct flow_event) == 56, "flow_event layout");
 _Static_assert(sizeof(struct flow_config) == 16, "flow_config layout");
@@ -290,7 +254,7 @@ _Static_assert(sizeof(struct port_key) == 12, "port_key layout");
 _Static_assert(sizeof(struct ct_key) == 44, "ct_key layout");
 _Static_assert(sizeof(struct ct_value) == 16, "ct_value layout");
 _Static_assert(sizeof(struct ct4_key) == 20, "ct4_key layout");
-_Static_assert(sizeof(struct policy_lens) == 4 + MAX_POLICY_LENS * 4, "policy_lens layout");
+_Static_assert(sizeof(struct policy_lens) == 4 + PAL_MAX_POLICY_LENS * 4, "policy_lens layout");
 _Static_assert(sizeof(struct frag4_key) == 16, "frag4_key layout");
 _Static_assert(sizeof(struct frag6_key) == 44, "frag6_key layout");
 _Static_assert(sizeof(struct frag_value) == 16, "frag_value layout");

@@ -2,7 +2,7 @@
 //! (BPF_PROG_TEST_RUN), forged as an attacker would forge them: a later
 //! fragment claiming another flow, overlapping offsets, a first fragment
 //! too short for its L4 header, long chains of extension headers, later
-//! fragments without a first. The stance (c/fragments.h): no fragment ever
+//! fragments without a first. The stance (c/lib/fragments.h): no fragment ever
 //! opens a port policy denies, and every fragment of an allowed datagram
 //! passes. Needs root and bpffs, as tests/verdict.rs.
 

@@ -755,6 +755,33 @@ fn maps_are_pinned_by_name() {
     }
 }
 
+/// The sizes Rust reads (generated from c/lib/sizes.h and the enums) are
+/// the ones the object was compiled with: a map sized by a literal instead
+/// of its PAL_ name would show here.
+#[test]
+fn maps_have_the_sizes_rust_shares() {
+    let h = Harness::new();
+    for (name, entries) in [
+        (MAP_EP_SLOTS, EP_SLOTS),
+        (MAP_EP_INDEX, MAX_ENDPOINTS),
+        (MAP_CT_SHARE, EP_SLOTS),
+        (MAP_POLICY, MAX_POLICY_ENTRIES),
+        (MAP_POLICY_EXACT, MAX_POLICY_ENTRIES),
+        (MAP_POLICY_LENS, MAX_POLICY_LENS_ENTRIES),
+        (MAP_PORTS, MAX_PORT_ENTRIES),
+        (MAP_CONNTRACK, MAX_CONNTRACK_ENTRIES),
+        (MAP_CT4, MAX_CONNTRACK_ENTRIES),
+        (MAP_STATS, STAT_MAP_ENTRIES),
+        (MAP_FLOW_EVENTS, FLOW_EVENTS_BYTES),
+        (MAP_FLOW_STATS, FLOW_STAT_COUNT),
+        (MAP_FRAGS4, MAX_FRAG_ENTRIES),
+        (MAP_FRAGS6, MAX_FRAG_ENTRIES),
+    ] {
+        let map = aya::maps::MapData::from_pin(h.pins().join(name)).unwrap();
+        assert_eq!(map.info().unwrap().max_entries(), entries, "{name}");
+    }
+}
+
 #[test]
 #[ignore = "needs root"]
 fn a_second_load_shares_the_pinned_maps() {

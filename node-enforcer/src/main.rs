@@ -93,7 +93,11 @@ struct Args {
     #[arg(long, env = "PALISADE_LOCK_TIMEOUT_SECS", default_value_t = 0)]
     lock_timeout_secs: u64,
     /// Size of each of the eBPF conntrack maps (IPv4 and IPv6), applied when they are first created.
-    #[arg(long, env = "PALISADE_CONNTRACK_MAX_ENTRIES", default_value_t = 65536)]
+    #[arg(
+        long,
+        env = "PALISADE_CONNTRACK_MAX_ENTRIES",
+        default_value_t = palisade_ebpf::MAX_CONNTRACK_ENTRIES
+    )]
     conntrack_max_entries: u32,
     /// Most eBPF conntrack entries one hook (egress or ingress) of one pod
     /// may hold; a new flow past it is dropped. 0: a quarter of the IPv4

@@ -41,6 +41,6 @@ pub const PROG_BENCH_NEW_FLOW: &str = "bench_new_flow";
 pub const PROG_BENCH_RETURN: &str = "bench_return";
 /// `ProgramArray` of one slot: the program [`PROG_BENCH_NEW_FLOW`] runs.
 pub const MAP_BENCH_TARGETS: &str = "bench_targets";
-/// Source ports [`PROG_BENCH_NEW_FLOW`] cycles through (`NEW_FLOW_PORTS`
-/// in the C file): a run of at most this many repeats never repeats a flow.
-pub const BENCH_NEW_FLOW_PORTS: u32 = 32768;
+/// Source ports [`PROG_BENCH_NEW_FLOW`] cycles through: a run of at most
+/// this many repeats never repeats a flow.
+pub use crate::sizes::BENCH_NEW_FLOW_PORTS;

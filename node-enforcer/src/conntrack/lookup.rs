@@ -32,8 +32,8 @@ const KFUNCS: [&str; 2] = ["bpf_skb_ct_lookup", "bpf_ct_release"];
 /// The program's batch layout (struct batch_head, struct ask).
 const HEAD: usize = 16;
 const ASK: usize = 40;
-/// Records per test run (BATCH_MAX in the C source).
-pub const BATCH_MAX: usize = 90;
+/// Records per test run.
+pub const BATCH_MAX: usize = palisade_ebpf::sizes::CT_EXPLAIN_BATCH_MAX as usize;
 
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;

@@ -341,7 +341,6 @@ fn default_conntrack_share(size: u32) -> u32 {
 /// would drop the pod's traffic from the rest, writing none would drop
 /// everything).
 fn endpoint_value(ifindex: u32, entry: &EndpointEntry, epochs: (u32, u32)) -> Result<EpSlot> {
-    const _: () = assert!(super::MAX_POD_ADDRS == palisade_ebpf::MAX_POD_ADDRS);
     let dir = |policy, epoch| Direction { policy, epoch };
     EpSlot::new(
         ifindex,

@@ -24,8 +24,8 @@ pub struct Adopted {
 }
 
 /// Most addresses one pod may have (one per family is usual); a pod with
-/// more is refused rather than partly protected.
-pub const MAX_POD_ADDRS: usize = 4;
+/// more is refused rather than partly protected. The datapath's own limit.
+pub use palisade_ebpf::MAX_POD_ADDRS;
 
 /// A host interface's entry in the endpoint table. Written with one map
 /// update, so a packet sees the whole old entry or the whole new one.

@@ -14,7 +14,7 @@
 //!   (and counts) lines instead of stalling the reader.
 //! - `counters` and `stats`: what metrics export.
 //!
-//! The rate limit lives in the datapath (`flow_admit` in palisade.bpf.c):
+//! The rate limit lives in the datapath (`flow_admit` in ebpf/c/lib/flow_events.h):
 //! events over it never reach the ring buffer, so a flood costs user space
 //! nothing.
 

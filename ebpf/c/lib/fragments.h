@@ -32,15 +32,22 @@
  * arrive before their first fragment are dropped: veths keep order, and
  * fail closed is the stance.
  *
- * Included by palisade.bpf.c ahead of its verdict, whose struct flow,
- * struct ep_view (the slot it read), account and flow_event it uses.
+ * Used by palisade.bpf.c's verdict, with struct flow, struct ep_view (the
+ * slot it read), account and flow_event.
  */
-#ifndef PALISADE_FRAGMENTS_H
-#define PALISADE_FRAGMENTS_H
+#ifndef PALISADE_LIB_FRAGMENTS_H
+#define PALISADE_LIB_FRAGMENTS_H
+
+#include "common.h"
+#include "../palisade.h"
+#include "parse.h"
+#include "endpoint.h"
+#include "flow_events.h"
+#include "counters.h"
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, FRAG_TRACK_ENTRIES);
+	__uint(max_entries, PAL_MAX_FRAG_ENTRIES);
 	__type(key, struct frag4_key);
 	__type(value, struct frag_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -48,7 +55,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, FRAG_TRACK_ENTRIES);
+	__uint(max_entries, PAL_MAX_FRAG_ENTRIES);
 	__type(key, struct frag6_key);
 	__type(value, struct frag_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -196,7 +203,7 @@ static __always_inline bool frag_later_settled(struct flow *f, const struct ep_v
 /* Counts the verdict on the parsed packet f (account), first recording it
  * for the later fragments when f is a first fragment. */
 static __always_inline int settle(const struct flow *f, const struct ep_view *ep, __u32 ifindex,
-				  __u8 owner, __u32 stat, int verdict)
+				  __u8 owner, enum pal_stat stat, int verdict)
 {
 	if (f->frag == FRAG_FIRST)
 		frag_remember(f, ep, ifindex, owner, verdict == VERDICT_NEXT);
