@@ -52,7 +52,7 @@ case "$what" in
   *) what=verdict ;; # bare flags go to the verdict bench, as before
 esac
 if [[ "$what" == verdict || "$what" == all ]]; then
-  cargo run --release --quiet -p palisade-ebpf --bin bench-verdict -- "$@"
+  cargo run --release --quiet -p palisade-ebpf --features testkit --bin bench-verdict -- "$@"
 fi
 if [[ "$what" == cleanup || "$what" == all ]]; then
   cargo bench --quiet -p node-enforcer --bench conntrack_cleanup -- "$@"

@@ -16,6 +16,7 @@ use std::net::{IpAddr, Ipv6Addr};
 use aya::maps::lpm_trie::Key;
 
 pub mod policy_lens;
+#[cfg(feature = "testkit")]
 pub mod testkit;
 
 #[repr(C, align(8))]

@@ -759,7 +759,9 @@ fn maps_are_pinned_by_name() {
 /// the ones the object was compiled with: a map sized by a literal instead
 /// of its PAL_ name would show here.
 #[test]
+#[ignore = "needs root"]
 fn maps_have_the_sizes_rust_shares() {
+    require_root();
     let h = Harness::new();
     for (name, entries) in [
         (MAP_EP_SLOTS, EP_SLOTS),
