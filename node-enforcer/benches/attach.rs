@@ -20,8 +20,9 @@
 //! (default 20). Prints a table and
 //! `bench=attach hook= rcu_expedited= pods= per_pod_p50_ms= per_pod_p99_ms= total_ms=`.
 
-use std::path::Path;
-use std::process::Command;
+mod support;
+use support::sh;
+
 use std::time::Instant;
 
 use aya::programs::tc::{self, NlOptions, TcAttachOptions};
@@ -67,100 +68,73 @@ impl Drop for Expedited {
     }
 }
 
-fn sh(args: &[&str], stdin: Option<&str>) {
-    use std::io::Write;
-    let mut c = Command::new(args[0]);
-    c.args(&args[1..]);
-    if stdin.is_some() {
-        c.stdin(std::process::Stdio::piped());
-    }
-    let mut child = c.spawn().unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    if let Some(s) = stdin {
-        child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
-    }
-    let status = child.wait().unwrap();
-    assert!(status.success(), "{args:?}: {status}");
-}
-
 /// Per-pod attach times in ms, for `pods` fresh veths in a namespace of
 /// their own.
 fn run(hook: Hook, pods: usize) -> Vec<f64> {
     let tag = format!("pattach{}{}", std::process::id(), hook.name());
-    sh(&["ip", "netns", "add", &tag], None);
-    let pins = Path::new("/sys/fs/bpf").join(format!("palisade-bench-{tag}"));
-    let path = format!("/run/netns/{tag}");
-    let out = std::thread::spawn({
-        let pins = pins.clone();
-        move || {
-            let netns = std::fs::File::open(&path).unwrap();
-            nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            let batch: String = (0..pods)
+    support::in_scratch_node(&tag, move |pins| {
+        let batch: String = (0..pods)
                 .map(|i| format!("link add pat{i} type veth peer name pat{i}p\nlink set pat{i} up\nlink set pat{i}p up\n"))
                 .collect();
-            sh(&["ip", "-batch", "-"], Some(&batch));
-            let names: Vec<String> = (0..pods).map(|i| format!("pat{i}")).collect();
-            match hook {
-                Hook::Tcx => {
-                    let mut dp = BpfDatapath::load(&pins).unwrap();
-                    names
-                        .iter()
-                        .map(|n| {
-                            let ifindex = dp.ifindex(n).unwrap();
-                            let t = Instant::now();
-                            dp.attach(n, ifindex).unwrap();
-                            t.elapsed().as_secs_f64() * 1e3
-                        })
-                        .collect::<Vec<f64>>()
+        sh(&["ip", "-batch", "-"], Some(&batch));
+        let names: Vec<String> = (0..pods).map(|i| format!("pat{i}")).collect();
+        match hook {
+            Hook::Tcx => {
+                let mut dp = BpfDatapath::load(&pins).unwrap();
+                names
+                    .iter()
+                    .map(|n| {
+                        let ifindex = dp.ifindex(n).unwrap();
+                        let t = Instant::now();
+                        dp.attach(n, ifindex).unwrap();
+                        t.elapsed().as_secs_f64() * 1e3
+                    })
+                    .collect::<Vec<f64>>()
+            }
+            Hook::Clsact => {
+                std::fs::create_dir_all(&pins).unwrap();
+                let mut ebpf = EbpfLoader::new()
+                    .default_map_pin_directory(&pins)
+                    .load(palisade_ebpf::OBJECT)
+                    .unwrap();
+                for name in [PROG_FROM_POD, PROG_TO_POD] {
+                    let p: &mut SchedClassifier =
+                        ebpf.program_mut(name).unwrap().try_into().unwrap();
+                    p.load().unwrap();
                 }
-                Hook::Clsact => {
-                    std::fs::create_dir_all(&pins).unwrap();
-                    let mut ebpf = EbpfLoader::new()
-                        .default_map_pin_directory(&pins)
-                        .load(palisade_ebpf::OBJECT)
-                        .unwrap();
-                    for name in [PROG_FROM_POD, PROG_TO_POD] {
-                        let p: &mut SchedClassifier =
-                            ebpf.program_mut(name).unwrap().try_into().unwrap();
-                        p.load().unwrap();
-                    }
-                    names
-                        .iter()
-                        .map(|n| {
-                            let t = Instant::now();
-                            // What a legacy attach is: the qdisc, then one
-                            // filter per direction.
-                            tc::qdisc_add_clsact(n).unwrap();
-                            for (name, at) in [
-                                (PROG_FROM_POD, TcAttachType::Ingress),
-                                (PROG_TO_POD, TcAttachType::Egress),
-                            ] {
-                                let p: &mut SchedClassifier =
-                                    ebpf.program_mut(name).unwrap().try_into().unwrap();
-                                let id = p
-                                    .attach_with_options(
-                                        n,
-                                        at,
-                                        TcAttachOptions::Netlink(NlOptions {
-                                            priority: 1,
-                                            handle: 1.into(),
-                                            ..NlOptions::default()
-                                        }),
-                                    )
-                                    .unwrap();
-                                // Kept attached until the namespace goes.
-                                std::mem::forget(p.take_link(id).unwrap());
-                            }
-                            t.elapsed().as_secs_f64() * 1e3
-                        })
-                        .collect::<Vec<f64>>()
-                }
+                names
+                    .iter()
+                    .map(|n| {
+                        let t = Instant::now();
+                        // What a legacy attach is: the qdisc, then one
+                        // filter per direction.
+                        tc::qdisc_add_clsact(n).unwrap();
+                        for (name, at) in [
+                            (PROG_FROM_POD, TcAttachType::Ingress),
+                            (PROG_TO_POD, TcAttachType::Egress),
+                        ] {
+                            let p: &mut SchedClassifier =
+                                ebpf.program_mut(name).unwrap().try_into().unwrap();
+                            let id = p
+                                .attach_with_options(
+                                    n,
+                                    at,
+                                    TcAttachOptions::Netlink(NlOptions {
+                                        priority: 1,
+                                        handle: 1.into(),
+                                        ..NlOptions::default()
+                                    }),
+                                )
+                                .unwrap();
+                            // Kept attached until the namespace goes.
+                            std::mem::forget(p.take_link(id).unwrap());
+                        }
+                        t.elapsed().as_secs_f64() * 1e3
+                    })
+                    .collect::<Vec<f64>>()
             }
         }
     })
-    .join();
-    let _ = Command::new("ip").args(["netns", "del", &tag]).status();
-    let _ = std::fs::remove_dir_all(&pins);
-    out.expect("bench run")
 }
 
 fn quantile(sorted: &[f64], q: f64) -> f64 {

@@ -13,8 +13,10 @@
 //! groups=N reps=N]`. Prints a table and
 //! `bench=churn change=join|leave path=in_place|rewrite map_ops=N ms=X`.
 
+mod support;
+use support::sh;
+
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use node_enforcer::compile::{PortSet, Prefix};
@@ -172,25 +174,6 @@ fn peer_blocks(s: Shape, with_joiner: bool) -> Vec<PeerBlock> {
         .collect()
 }
 
-fn sh(args: &[&str], stdin: Option<&str>) {
-    use std::io::Write;
-    let mut c = Command::new(args[0]);
-    c.args(&args[1..]);
-    if stdin.is_some() {
-        c.stdin(std::process::Stdio::piped());
-    }
-    let mut child = c.spawn().unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    if let Some(text) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-    }
-    assert!(child.wait().unwrap().success(), "{args:?} failed");
-}
-
 struct Measurement {
     change: &'static str,
     path: &'static str,
@@ -216,124 +199,112 @@ fn thread_cpu_ms() -> f64 {
 /// then `reps` join/leave pairs.
 fn run(s: Shape, in_place: bool) -> Vec<Measurement> {
     let tag = format!("pchurn{}{}", std::process::id(), u8::from(in_place));
-    sh(&["ip", "netns", "add", &tag], None);
-    let pins = std::path::Path::new("/sys/fs/bpf").join(format!("palisade-bench-{tag}"));
-    let path = format!("/run/netns/{tag}");
-    let out = std::thread::spawn({
-        let pins = pins.clone();
-        move || {
-            let netns = std::fs::File::open(&path).unwrap();
-            nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            let batch: String = (0..s.pods)
-                .map(|i| format!("link add pch{i} type veth peer name pch{i}p\n"))
-                .collect();
-            sh(&["ip", "-batch", "-"], Some(&batch));
-            let dp = Counting {
-                inner: BpfDatapath::load(&pins).unwrap(),
-                writes: 0,
-                deletes: 0,
-                spent: Duration::ZERO,
-            };
-            let mut r = Reconciler::new("n".into(), "e".into(), dp).with_in_place_edits(in_place);
-            let peers = peer_blocks(s, false);
-            let plan: Vec<PodPolicy> = (0..s.pods).map(|i| pod_policy(i, s, &peers)).collect();
-            r.apply_plan(PlanMessage::Snapshot(PlanSnapshot {
-                term: 0,
-                version: 1,
-                pods: plan,
-                source_synced: true,
-                trace_context: Default::default(),
-            }))
-            .unwrap();
-            for i in 0..s.pods {
-                let (tx, mut rx) = tokio::sync::oneshot::channel();
-                r.pod_up(
-                    PodUp {
-                        pod: ("x".into(), format!("p{i}")),
-                        runtime: PodRuntime {
-                            container_id: format!("c{i}"),
-                            netns: String::new(),
-                            host_interfaces: vec![format!("pch{i}")],
-                            ips: vec![Prefix::from_ip(
-                                format!("10.244.{}.{}", i / 250, i % 250 + 1)
-                                    .parse()
-                                    .unwrap(),
-                                32,
-                            )],
-                            ifindexes: Default::default(),
-                            mode: None,
-                        },
+    support::in_scratch_node(&tag, move |pins| {
+        let batch: String = (0..s.pods)
+            .map(|i| format!("link add pch{i} type veth peer name pch{i}p\n"))
+            .collect();
+        sh(&["ip", "-batch", "-"], Some(&batch));
+        let dp = Counting {
+            inner: BpfDatapath::load(&pins).unwrap(),
+            writes: 0,
+            deletes: 0,
+            spent: Duration::ZERO,
+        };
+        let mut r = Reconciler::new("n".into(), "e".into(), dp).with_in_place_edits(in_place);
+        let peers = peer_blocks(s, false);
+        let plan: Vec<PodPolicy> = (0..s.pods).map(|i| pod_policy(i, s, &peers)).collect();
+        r.apply_plan(PlanMessage::Snapshot(PlanSnapshot {
+            term: 0,
+            version: 1,
+            pods: plan,
+            source_synced: true,
+            trace_context: Default::default(),
+        }))
+        .unwrap();
+        for i in 0..s.pods {
+            let (tx, mut rx) = tokio::sync::oneshot::channel();
+            r.pod_up(
+                PodUp {
+                    pod: ("x".into(), format!("p{i}")),
+                    runtime: PodRuntime {
+                        container_id: format!("c{i}"),
+                        netns: String::new(),
+                        host_interfaces: vec![format!("pch{i}")],
+                        ips: vec![Prefix::from_ip(
+                            format!("10.244.{}.{}", i / 250, i % 250 + 1)
+                                .parse()
+                                .unwrap(),
+                            32,
+                        )],
+                        ifindexes: Default::default(),
+                        mode: None,
                     },
-                    tx,
-                );
-                rx.try_recv().expect("answered").expect("pod up");
-            }
-            assert!(
-                r.node_state().errors.is_empty(),
-                "{:?}",
-                r.node_state().errors
+                },
+                tx,
             );
-            let path = if in_place { "in_place" } else { "rewrite" };
-            let mut version = 1;
-            let mut out = Vec::new();
-            for rep in 0..s.reps {
-                for (change, joined) in [("join", true), ("leave", false)] {
-                    // Built before the clock starts: the delta as it arrives.
-                    let peers = peer_blocks(s, joined);
-                    let upserted: Vec<PodPolicy> =
-                        (0..s.pods).map(|i| pod_policy(i, s, &peers)).collect();
-                    drop(peers);
-                    let delta = PlanMessage::Delta(PlanDelta {
-                        term: 0,
-                        base_version: version,
-                        version: version + 1,
-                        upserted,
-                        removed: vec![],
-                        trace_context: Default::default(),
+            rx.try_recv().expect("answered").expect("pod up");
+        }
+        assert!(
+            r.node_state().errors.is_empty(),
+            "{:?}",
+            r.node_state().errors
+        );
+        let path = if in_place { "in_place" } else { "rewrite" };
+        let mut version = 1;
+        let mut out = Vec::new();
+        for rep in 0..s.reps {
+            for (change, joined) in [("join", true), ("leave", false)] {
+                // Built before the clock starts: the delta as it arrives.
+                let peers = peer_blocks(s, joined);
+                let upserted: Vec<PodPolicy> =
+                    (0..s.pods).map(|i| pod_policy(i, s, &peers)).collect();
+                drop(peers);
+                let delta = PlanMessage::Delta(PlanDelta {
+                    term: 0,
+                    base_version: version,
+                    version: version + 1,
+                    upserted,
+                    removed: vec![],
+                    trace_context: Default::default(),
+                });
+                version += 1;
+                let (w0, d0) = (r.datapath.writes, r.datapath.deletes);
+                r.datapath.spent = Duration::ZERO;
+                let (cpu0, t) = (thread_cpu_ms(), Instant::now());
+                r.apply_plan(delta).unwrap();
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                let cpu_ms = thread_cpu_ms() - cpu0;
+                let (writes, deletes) = (r.datapath.writes - w0, r.datapath.deletes - d0);
+                // The first round warms caches (compiled policies, maps).
+                if rep > 0 || s.reps == 1 {
+                    out.push(Measurement {
+                        change,
+                        path,
+                        map_ops: writes + deletes,
+                        writes,
+                        deletes,
+                        ms,
+                        cpu_ms,
+                        dp_ms: r.datapath.spent.as_secs_f64() * 1e3,
                     });
-                    version += 1;
-                    let (w0, d0) = (r.datapath.writes, r.datapath.deletes);
-                    r.datapath.spent = Duration::ZERO;
-                    let (cpu0, t) = (thread_cpu_ms(), Instant::now());
-                    r.apply_plan(delta).unwrap();
-                    let ms = t.elapsed().as_secs_f64() * 1e3;
-                    let cpu_ms = thread_cpu_ms() - cpu0;
-                    let (writes, deletes) = (r.datapath.writes - w0, r.datapath.deletes - d0);
-                    // The first round warms caches (compiled policies, maps).
-                    if rep > 0 || s.reps == 1 {
-                        out.push(Measurement {
-                            change,
-                            path,
-                            map_ops: writes + deletes,
-                            writes,
-                            deletes,
-                            ms,
-                            cpu_ms,
-                            dp_ms: r.datapath.spent.as_secs_f64() * 1e3,
-                        });
-                    }
                 }
             }
-            // Every change was realized without an error (checked once:
-            // the state report names every pod's tables, which is not free).
-            let t = Instant::now();
-            let state = r.node_state();
-            let state_ms = t.elapsed().as_secs_f64() * 1e3;
-            assert!(state.errors.is_empty(), "{:?}", state.errors);
-            assert_eq!(state.realized_version, version);
-            println!("({path}: the state report after an event takes {state_ms:.1} ms)");
-            // Every table is gone with the pods.
-            for i in 0..s.pods {
-                r.pod_down(Some(("x".into(), format!("p{i}"))), &format!("c{i}"))
-                    .unwrap();
-            }
-            out
         }
+        // Every change was realized without an error (checked once:
+        // the state report names every pod's tables, which is not free).
+        let t = Instant::now();
+        let state = r.node_state();
+        let state_ms = t.elapsed().as_secs_f64() * 1e3;
+        assert!(state.errors.is_empty(), "{:?}", state.errors);
+        assert_eq!(state.realized_version, version);
+        println!("({path}: the state report after an event takes {state_ms:.1} ms)");
+        // Every table is gone with the pods.
+        for i in 0..s.pods {
+            r.pod_down(Some(("x".into(), format!("p{i}"))), &format!("c{i}"))
+                .unwrap();
+        }
+        out
     })
-    .join();
-    let _ = Command::new("ip").args(["netns", "del", &tag]).status();
-    let _ = std::fs::remove_dir_all(&pins);
-    out.expect("bench run")
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

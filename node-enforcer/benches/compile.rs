@@ -10,8 +10,10 @@
 //! Root. `cargo bench -p node-enforcer --bench compile [-- rules=N peers=N]`.
 //! Prints `bench=compile rules=N peers=N ms=X map_ops=N peak_mb=X`.
 
+mod support;
+use support::sh;
+
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -154,15 +156,6 @@ fn peak_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-fn sh(args: &[&str]) {
-    let ok = Command::new(args[0])
-        .args(&args[1..])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "{args:?} failed");
-}
-
 /// Sends an event and waits for its answer.
 fn ask<T>(
     tx: &tokio::sync::mpsc::Sender<Event>,
@@ -175,77 +168,68 @@ fn ask<T>(
 
 fn run(rules: usize, peers: usize) -> (f64, usize) {
     let tag = format!("pcomp{}", std::process::id());
-    sh(&["ip", "netns", "add", &tag]);
-    let pins = std::path::Path::new("/sys/fs/bpf").join(format!("palisade-bench-{tag}"));
-    let path = format!("/run/netns/{tag}");
-    let out = std::thread::spawn({
-        let pins = pins.clone();
-        move || {
-            let netns = std::fs::File::open(&path).unwrap();
-            nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            sh(&[
+    support::in_scratch_node(&tag, move |pins| {
+        sh(
+            &[
                 "ip", "link", "add", "pcomp0", "type", "veth", "peer", "name", "pcomp0p",
-            ]);
-            let ops = Arc::new(AtomicUsize::new(0));
-            let dp = Counting {
-                inner: BpfDatapath::load(&pins).unwrap(),
-                ops: ops.clone(),
-            };
-            let (tx, rx) = tokio::sync::mpsc::channel(256);
-            let (state_tx, mut state) = tokio::sync::watch::channel(NodeState::default());
-            let r = Reconciler::new("n".into(), "e".into(), dp)
-                .with_background_compile(tx.clone(), BACKGROUND_PEERS)
-                .unwrap();
-            let reconciler = std::thread::spawn(move || r.run(rx, state_tx));
-            ask(&tx, |reply| Event::Plan(snapshot(1, pod(None)), reply)).unwrap();
-            let up = PodUp {
-                pod: ("x".into(), "p".into()),
-                runtime: PodRuntime {
-                    container_id: "c".into(),
-                    netns: String::new(),
-                    host_interfaces: vec!["pcomp0".into()],
-                    ips: vec![Prefix::from_ip("10.244.0.2".parse().unwrap(), 32)],
-                    ifindexes: Default::default(),
-                    mode: None,
-                },
-            };
-            ask(&tx, |reply| Event::PodUp(up, reply)).expect("pod up");
-            // Built before the clock starts: the plan as it arrives.
-            let plan = snapshot(2, pod(Some(policy(rules, peers))));
-            let before = ops.load(Relaxed);
-            let t = Instant::now();
-            ask(&tx, |reply| Event::Plan(plan, reply)).unwrap();
-            let realized = |s: &NodeState| s.realized_version == 2;
-            let deadline = Duration::from_secs(600);
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                tokio::time::timeout(deadline, state.wait_for(realized))
-                    .await
-                    .expect("realized in time")
-                    .expect("the reconciler runs");
-            });
-            let ms = t.elapsed().as_secs_f64() * 1e3;
-            let map_ops = ops.load(Relaxed) - before;
-            let errors = ask(&tx, Event::Dump).state.errors;
-            assert!(errors.is_empty(), "{errors:?}");
-            ask(&tx, |reply| Event::PodDown {
-                pod: Some(("x".into(), "p".into())),
-                container_id: "c".into(),
-                reply,
-            })
+            ],
+            None,
+        );
+        let ops = Arc::new(AtomicUsize::new(0));
+        let dp = Counting {
+            inner: BpfDatapath::load(&pins).unwrap(),
+            ops: ops.clone(),
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        let (state_tx, mut state) = tokio::sync::watch::channel(NodeState::default());
+        let r = Reconciler::new("n".into(), "e".into(), dp)
+            .with_background_compile(tx.clone(), BACKGROUND_PEERS)
             .unwrap();
-            drop(tx);
-            reconciler.join().unwrap();
-            (ms, map_ops)
-        }
+        let reconciler = std::thread::spawn(move || r.run(rx, state_tx));
+        ask(&tx, |reply| Event::Plan(snapshot(1, pod(None)), reply)).unwrap();
+        let up = PodUp {
+            pod: ("x".into(), "p".into()),
+            runtime: PodRuntime {
+                container_id: "c".into(),
+                netns: String::new(),
+                host_interfaces: vec!["pcomp0".into()],
+                ips: vec![Prefix::from_ip("10.244.0.2".parse().unwrap(), 32)],
+                ifindexes: Default::default(),
+                mode: None,
+            },
+        };
+        ask(&tx, |reply| Event::PodUp(up, reply)).expect("pod up");
+        // Built before the clock starts: the plan as it arrives.
+        let plan = snapshot(2, pod(Some(policy(rules, peers))));
+        let before = ops.load(Relaxed);
+        let t = Instant::now();
+        ask(&tx, |reply| Event::Plan(plan, reply)).unwrap();
+        let realized = |s: &NodeState| s.realized_version == 2;
+        let deadline = Duration::from_secs(600);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            tokio::time::timeout(deadline, state.wait_for(realized))
+                .await
+                .expect("realized in time")
+                .expect("the reconciler runs");
+        });
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let map_ops = ops.load(Relaxed) - before;
+        let errors = ask(&tx, Event::Dump).state.errors;
+        assert!(errors.is_empty(), "{errors:?}");
+        ask(&tx, |reply| Event::PodDown {
+            pod: Some(("x".into(), "p".into())),
+            container_id: "c".into(),
+            reply,
+        })
+        .unwrap();
+        drop(tx);
+        reconciler.join().unwrap();
+        (ms, map_ops)
     })
-    .join();
-    let _ = Command::new("ip").args(["netns", "del", &tag]).status();
-    let _ = std::fs::remove_dir_all(&pins);
-    out.expect("bench run")
 }
 
 fn main() {
