@@ -12,7 +12,7 @@
 //! another allows.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv6Addr};
 
 use palisade_proto::v1::{DirectionPolicy, IpPrefix, PortRange, Protocol};
 
@@ -44,6 +44,31 @@ impl Prefix {
 
     pub fn contains(&self, other: &Prefix) -> bool {
         self.len <= other.len && mask(other.addr, self.len) == self.addr
+    }
+
+    /// A wire prefix, checked: an address of 4 or 16 bytes and a length
+    /// that fits it.
+    pub fn from_wire(p: &IpPrefix) -> Result<Prefix, CompileError> {
+        let ip = p
+            .ip()
+            .ok_or_else(|| CompileError::AddressLength(p.addr.clone()))?;
+        let max = if ip.is_ipv4() { 32 } else { 128 };
+        if p.prefix_len > max {
+            return Err(CompileError::PrefixLength {
+                addr: ip.to_string(),
+                len: p.prefix_len,
+            });
+        }
+        Ok(Prefix::from_ip(ip, p.prefix_len as u8))
+    }
+
+    /// The wire's form: an IPv4-mapped prefix as IPv4.
+    pub fn to_wire(&self) -> IpPrefix {
+        let v6 = Ipv6Addr::from(self.addr);
+        match v6.to_ipv4_mapped() {
+            Some(v4) if self.len >= 96 => IpPrefix::new(IpAddr::V4(v4), self.len - 96),
+            _ => IpPrefix::new(IpAddr::V6(v6), self.len),
+        }
     }
 
     /// The address and prefix length as operators write them.
@@ -113,27 +138,6 @@ pub fn compile_limited(
         });
     }
     Ok(set)
-}
-
-pub fn prefix_of(p: &IpPrefix) -> Result<Prefix, CompileError> {
-    let (ip, max) = match p.addr.len() {
-        4 => {
-            let a: [u8; 4] = p.addr.as_slice().try_into().expect("length checked");
-            (IpAddr::V4(Ipv4Addr::from(a)), 32)
-        }
-        16 => {
-            let a: [u8; 16] = p.addr.as_slice().try_into().expect("length checked");
-            (IpAddr::V6(Ipv6Addr::from(a)), 128)
-        }
-        _ => return Err(CompileError::AddressLength(p.addr.clone())),
-    };
-    if p.prefix_len > max {
-        return Err(CompileError::PrefixLength {
-            addr: ip.to_string(),
-            len: p.prefix_len,
-        });
-    }
-    Ok(Prefix::from_ip(ip, p.prefix_len as u8))
 }
 
 /// One entry of a port table: protocol `proto` (unless `any_proto`) and the
@@ -421,11 +425,11 @@ pub fn compile(
         }
         let index = intern(ports);
         for peer in &rule.peers {
-            let cidr = prefix_of(peer.cidr.as_ref().ok_or(CompileError::MissingCidr)?)?;
+            let cidr = Prefix::from_wire(peer.cidr.as_ref().ok_or(CompileError::MissingCidr)?)?;
             let except = peer
                 .except
                 .iter()
-                .map(prefix_of)
+                .map(Prefix::from_wire)
                 .collect::<Result<Vec<_>, _>>()?;
             mentioned.push(cidr);
             mentioned.extend(except.iter().copied());

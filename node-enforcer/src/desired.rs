@@ -283,7 +283,7 @@ pub fn desired_pod(
         addrs = p
             .pod_ips
             .iter()
-            .filter_map(|ip| crate::compile::prefix_of(ip).ok().map(|p| p.addr))
+            .filter_map(|ip| Prefix::from_wire(ip).ok().map(|p| p.addr))
             .take(crate::datapath::MAX_POD_ADDRS)
             .collect();
     }

@@ -653,7 +653,7 @@ fn between_two(allowed: &[Option<u8>], table: &Option<PolicySet>, node: &[Prefix
 }
 
 fn palisade_proto_ip(p: &Prefix) -> IpPrefix {
-    node_enforcer::reconciler::to_ip_prefix(p)
+    p.to_wire()
 }
 
 fn table_of(k: &Adopted, id: PolicyId) -> PolicySet {

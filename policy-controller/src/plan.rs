@@ -24,7 +24,7 @@ use std::net::IpAddr;
 use palisade_proto::v1::{PodPolicy, PodRef};
 use prost::Message;
 
-use crate::resolve::{host_prefix, NodePlan, PodKey};
+use crate::resolve::{NodePlan, PodKey};
 
 /// One pod's entry.
 #[derive(Clone, Debug)]
@@ -66,7 +66,10 @@ impl Entry {
                 namespace: namespace.to_string(),
                 name: name.to_string(),
             }),
-            pod_ips: ips.iter().map(|ip| host_prefix(*ip)).collect(),
+            pod_ips: ips
+                .iter()
+                .map(|ip| palisade_proto::v1::IpPrefix::host(*ip))
+                .collect(),
             ..Default::default()
         };
         Entry {

@@ -255,7 +255,7 @@ pub(crate) fn resolve_target<'p>(
             namespace: target.namespace.clone(),
             name: target.name.clone(),
         }),
-        pod_ips: target.ips.iter().map(|ip| host_prefix(*ip)).collect(),
+        pod_ips: target.ips.iter().map(|ip| IpPrefix::host(*ip)).collect(),
         ingress,
         egress,
         policies: names,
@@ -324,7 +324,7 @@ impl Selected {
     pub fn new(pods: Vec<Arc<PodInfo>>) -> Self {
         let blocks = pods
             .iter()
-            .flat_map(|p| p.ips.iter().map(|ip| block(host_prefix(*ip), vec![])))
+            .flat_map(|p| p.ips.iter().map(|ip| block(IpPrefix::host(*ip), vec![])))
             .collect();
         Selected { pods, blocks }
     }
@@ -698,7 +698,7 @@ impl RuleContext<'_> {
                 rules.push(Rule {
                     peers: ips
                         .iter()
-                        .map(|ip| block(host_prefix(*ip), vec![]))
+                        .map(|ip| block(IpPrefix::host(*ip), vec![]))
                         .collect(),
                     ports,
                     ..Default::default()
@@ -962,17 +962,7 @@ fn parse_cidr(s: &str) -> Result<IpNet, String> {
 }
 
 pub fn prefix(net: IpNet) -> IpPrefix {
-    IpPrefix {
-        addr: match net.addr() {
-            IpAddr::V4(a) => a.octets().to_vec(),
-            IpAddr::V6(a) => a.octets().to_vec(),
-        },
-        prefix_len: u32::from(net.prefix_len()),
-    }
-}
-
-pub fn host_prefix(ip: IpAddr) -> IpPrefix {
-    prefix(IpNet::from(ip))
+    IpPrefix::new(net.addr(), net.prefix_len())
 }
 
 #[cfg(test)]

@@ -17,6 +17,9 @@ pub use palisade::v1;
 /// A node's plan held as pods, and applying a delta to it.
 pub mod plan;
 
+/// `IpPrefix` to and from the standard library's addresses.
+mod prefix;
+
 /// Encoded `FileDescriptorSet` of every Palisade service, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/palisade_descriptor.bin"));

@@ -1,5 +1,6 @@
 use super::*;
 use palisade_proto::v1::{PeerBlock, Rule};
+use std::net::Ipv4Addr;
 
 fn p(s: &str) -> IpPrefix {
     let net: ipnet::IpNet = s.parse().unwrap();
@@ -237,11 +238,13 @@ fn lpm_table_equals_rule_union_for_every_address() {
             let host = Prefix::from_ip(addr, 32);
             let expected = rules.iter().any(|r| {
                 let in_peer = r.peers.iter().any(|b| {
-                    prefix_of(b.cidr.as_ref().unwrap()).unwrap().contains(&host)
+                    Prefix::from_wire(b.cidr.as_ref().unwrap())
+                        .unwrap()
+                        .contains(&host)
                         && !b
                             .except
                             .iter()
-                            .any(|e| prefix_of(e).unwrap().contains(&host))
+                            .any(|e| Prefix::from_wire(e).unwrap().contains(&host))
                 });
                 let in_ports = r.ports.is_empty()
                     || r.ports.iter().any(|pr| {
@@ -306,8 +309,12 @@ fn compile_by_scan(policy: &DirectionPolicy, always: &[Prefix]) -> PolicySet {
         }
         let mut blocks = Vec::new();
         for peer in &rule.peers {
-            let cidr = prefix_of(peer.cidr.as_ref().unwrap()).unwrap();
-            let except: Vec<Prefix> = peer.except.iter().map(|e| prefix_of(e).unwrap()).collect();
+            let cidr = Prefix::from_wire(peer.cidr.as_ref().unwrap()).unwrap();
+            let except: Vec<Prefix> = peer
+                .except
+                .iter()
+                .map(|e| Prefix::from_wire(e).unwrap())
+                .collect();
             mentioned.insert(cidr);
             mentioned.extend(except.iter().copied());
             blocks.push((cidr, except));
@@ -382,7 +389,7 @@ fn indexed_compilation_equals_the_scan_on_random_policies() {
             })
             .collect();
         let always: Vec<Prefix> = (0..below(2))
-            .map(|_| prefix_of(&random_prefix(&mut below)).unwrap())
+            .map(|_| Prefix::from_wire(&random_prefix(&mut below)).unwrap())
             .collect();
         let policy = DirectionPolicy { rules };
         assert_eq!(

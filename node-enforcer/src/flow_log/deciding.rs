@@ -8,7 +8,7 @@ use std::net::IpAddr;
 
 use palisade_proto::v1::{DirectionPolicy, PortRange, Protocol, Rule};
 
-use crate::compile::{prefix_of, Prefix};
+use crate::compile::Prefix;
 
 /// The first rule of `policy` that allows `peer` on `proto`/`port`, with
 /// its position in the plan.
@@ -27,14 +27,14 @@ pub fn first_matching_rule(
 
 fn peers_match(rule: &Rule, peer: &Prefix) -> bool {
     rule.peers.iter().any(|block| {
-        let Some(cidr) = block.cidr.as_ref().and_then(|c| prefix_of(c).ok()) else {
+        let Some(cidr) = block.cidr.as_ref().and_then(|c| Prefix::from_wire(c).ok()) else {
             return false;
         };
         cidr.contains(peer)
             && !block
                 .except
                 .iter()
-                .filter_map(|e| prefix_of(e).ok())
+                .filter_map(|e| Prefix::from_wire(e).ok())
                 .any(|e| e.contains(peer))
     })
 }

@@ -8,7 +8,7 @@
 //! interface (at most a few times a second), or when it is old.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -30,18 +30,6 @@ pub struct Knowledge {
     pub node_addresses: Vec<Prefix>,
 }
 
-pub fn ip_of(p: &IpPrefix) -> Option<IpAddr> {
-    match p.addr.len() {
-        4 => Some(IpAddr::V4(Ipv4Addr::from(
-            <[u8; 4]>::try_from(p.addr.as_slice()).ok()?,
-        ))),
-        16 => Some(IpAddr::V6(Ipv6Addr::from(
-            <[u8; 16]>::try_from(p.addr.as_slice()).ok()?,
-        ))),
-        _ => None,
-    }
-}
-
 impl Knowledge {
     pub fn from_dump(node: &str, dump: &Dump, plan: Option<&PlanSnapshot>) -> Self {
         let key = |r: &palisade_proto::v1::PodRef| (r.namespace.clone(), r.name.clone());
@@ -57,7 +45,7 @@ impl Knowledge {
         }
         for p in &dump.state.pods {
             let Some(pod) = p.pod.as_ref() else { continue };
-            for ip in p.pod_ips.iter().filter_map(ip_of) {
+            for ip in p.pod_ips.iter().filter_map(IpPrefix::ip) {
                 k.by_ip.insert(ip, key(pod));
             }
         }
@@ -203,7 +191,11 @@ mod tests {
                             prefix_len: 32,
                         },
                         IpPrefix {
-                            addr: "fd00::5".parse::<Ipv6Addr>().unwrap().octets().to_vec(),
+                            addr: "fd00::5"
+                                .parse::<std::net::Ipv6Addr>()
+                                .unwrap()
+                                .octets()
+                                .to_vec(),
                             prefix_len: 128,
                         },
                         IpPrefix {

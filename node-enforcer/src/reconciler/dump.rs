@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use palisade_proto::v1::{NodeState, PodRef, PodState};
 
-use super::{to_ip_prefix, Reconciler};
+use super::Reconciler;
 use crate::compile::Prefix;
 use crate::datapath::{Datapath, PolicyId};
 use crate::desired::{Mode, Owner, PodKey, PodRuntime, Verdict};
@@ -151,7 +151,7 @@ impl<D: Datapath> Reconciler<D> {
             }),
             container_id: rt.container_id.clone(),
             host_interfaces: rt.host_interfaces.clone(),
-            pod_ips: rt.ips.iter().map(to_ip_prefix).collect(),
+            pod_ips: rt.ips.iter().map(Prefix::to_wire).collect(),
             ingress_isolated: policy.is_some_and(|p| p.ingress.is_some()),
             egress_isolated: policy.is_some_and(|p| p.egress.is_some()),
             ingress_policy_set: ep.map(|e| names.describe(&e.ingress)).unwrap_or_default(),

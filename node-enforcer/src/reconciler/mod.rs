@@ -29,7 +29,7 @@ use palisade_proto::v1::{NodeState, PlanDelta, PlanSnapshot, PodPolicy, PodRef, 
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::checkpoint::Checkpoint;
-use crate::compile::{prefix_of, PolicySet, PortSet, Prefix};
+use crate::compile::{PolicySet, PortSet, Prefix};
 use crate::datapath::{Datapath, EndpointEntry, PolicyId, PortSetId};
 use crate::desired::{Mode, Owner, PodKey, PodRuntime, Verdict};
 
@@ -599,20 +599,6 @@ fn key(r: Option<&PodRef>) -> Option<PodKey> {
     r.map(palisade_proto::plan::pod_key)
 }
 
-pub fn to_ip_prefix(p: &Prefix) -> palisade_proto::v1::IpPrefix {
-    let v6 = std::net::Ipv6Addr::from(p.addr);
-    match v6.to_ipv4_mapped() {
-        Some(v4) if p.len >= 96 => palisade_proto::v1::IpPrefix {
-            addr: v4.octets().to_vec(),
-            prefix_len: u32::from(p.len - 96),
-        },
-        _ => palisade_proto::v1::IpPrefix {
-            addr: p.addr.to_vec(),
-            prefix_len: u32::from(p.len),
-        },
-    }
-}
-
 /// Checks a pod-up request before it can touch anything.
 fn validate_pod(up: &PodUp) -> Result<(), String> {
     let (ns, name) = &up.pod;
@@ -642,7 +628,7 @@ fn validate_pod(up: &PodUp) -> Result<(), String> {
 /// Converts request prefixes, naming the bad one.
 pub fn prefixes(list: &[palisade_proto::v1::IpPrefix]) -> Result<Vec<Prefix>, String> {
     list.iter()
-        .map(|p| prefix_of(p).map_err(|e| format!("pod IP: {e}")))
+        .map(|p| Prefix::from_wire(p).map_err(|e| format!("pod IP: {e}")))
         .collect()
 }
 

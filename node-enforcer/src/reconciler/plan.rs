@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use palisade_proto::v1::PodPolicy;
 
 use super::{key, PlanError, PlanMessage, Reconciler};
-use crate::compile::{prefix_of, Prefix};
+use crate::compile::Prefix;
 use crate::datapath::Datapath;
 use crate::desired::{Owner, PodKey, PodRuntime};
 
@@ -127,7 +127,7 @@ impl<D: Datapath> Reconciler<D> {
             let addrs: Option<BTreeSet<[u8; 16]>> = p
                 .pod_ips
                 .iter()
-                .map(|ip| prefix_of(ip).ok().map(|p| p.addr))
+                .map(|ip| Prefix::from_wire(ip).ok().map(|p| p.addr))
                 .collect();
             if let Some(a) = addrs {
                 by_addrs.entry(a).or_default().push(k);

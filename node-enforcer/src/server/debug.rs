@@ -78,7 +78,7 @@ impl DebugService for DebugServer {
             node_addresses: d
                 .node_addresses
                 .iter()
-                .map(crate::reconciler::to_ip_prefix)
+                .map(crate::compile::Prefix::to_wire)
                 .collect(),
             policy_sets: d
                 .policy_sets

@@ -51,8 +51,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use palisade_proto::v1::{Protocol, Rule};
 
 use super::{
-    block, block_contains, host_prefix, named, namespace_of, parse_protocol, range, PeerSelection,
-    PeerSpec, PodInfo, PodKey, PortSpec,
+    block, block_contains, named, namespace_of, parse_protocol, range, PeerSelection, PeerSpec,
+    PodInfo, PodKey, PortSpec,
 };
 
 /// The label that ties an EndpointSlice to its Service.
@@ -337,7 +337,7 @@ pub(super) fn service_rules(
             peers: svc
                 .cluster_ips
                 .iter()
-                .map(|ip| block(host_prefix(*ip), vec![]))
+                .map(|ip| block(palisade_proto::v1::IpPrefix::host(*ip), vec![]))
                 .collect(),
             ports: allowed
                 .into_iter()

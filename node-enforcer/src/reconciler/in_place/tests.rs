@@ -18,7 +18,7 @@ fn v4(a: [u8; 4], len: u8) -> Prefix {
 }
 
 fn proto_prefix(p: &Prefix) -> IpPrefix {
-    to_ip_prefix(p)
+    p.to_wire()
 }
 
 /// One rule allowing TCP `port` from each of `peers`.
