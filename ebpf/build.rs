@@ -4,7 +4,8 @@
 //! `ct_explain.bpf.o`; and turns the sizes the programs share with user
 //! space (`c/lib/sizes.h`, and `c/ct_explain.bpf.c`'s own) into Rust
 //! constants (`$OUT_DIR/sizes.rs`), and the verdict kinds
-//! (`c/lib/reasons.h`) and flow log counters likewise (`ENUMS`).
+//! (`c/lib/reasons.h`), the flow log's counters, kinds and modes, and the
+//! conntrack cleanup's answers likewise (`ENUMS`).
 
 use std::env;
 use std::io::Write;
@@ -34,11 +35,21 @@ const OBJECTS: &[(&str, &str, &[&str])] = &[
 const SIZES_SOURCES: &[&str] = &["c/lib/sizes.h", "c/ct_explain.bpf.c"];
 const SIZES_RS: &str = "sizes.rs";
 /// The enums shared with Rust, as (header, enum, Rust file generated from
-/// it): the verdict kinds (why a packet passed or dropped) and the flow
-/// log's counters.
-const ENUMS: &[(&str, &str, &str)] = &[
-    ("c/lib/reasons.h", "pal_stat", "reasons.rs"),
-    ("c/palisade.h", "pal_flow_stat", "flow_stats.rs"),
+/// it, the Rust type of its constants: the width of the field that carries
+/// them): the verdict kinds (why a packet passed or dropped), the flow
+/// log's counters, its event kinds and modes, and the conntrack cleanup's
+/// answers.
+const ENUMS: &[(&str, &str, &str, &str)] = &[
+    ("c/lib/reasons.h", "pal_stat", "reasons.rs", "u32"),
+    ("c/palisade.h", "pal_flow_stat", "flow_stats.rs", "u32"),
+    ("c/palisade.h", "pal_flow_kind", "flow_kinds.rs", "u8"),
+    (
+        "c/palisade.h",
+        "pal_flow_log_mode",
+        "flow_log_modes.rs",
+        "u32",
+    ),
+    ("c/ct_explain.bpf.c", "pal_ct_answer", "ct_answers.rs", "u8"),
 ];
 /// Only these defines are shared: the rest of a header is the programs'.
 const SHARED_PREFIX: &str = "PAL_";
@@ -55,9 +66,14 @@ fn main() {
         .iter()
         .flat_map(|s| shared_defines(s))
         .collect();
-    write_rust(&SIZES_SOURCES.join(" and "), &sizes, &out.join(SIZES_RS));
-    for (header, name, rs) in ENUMS {
-        write_rust(header, &shared_enum(header, name), &out.join(rs));
+    write_rust(
+        &SIZES_SOURCES.join(" and "),
+        &sizes,
+        "u32",
+        &out.join(SIZES_RS),
+    );
+    for (header, name, rs, ty) in ENUMS {
+        write_rust(header, &shared_enum(header, name), ty, &out.join(rs));
     }
     let flags = common_flags();
 
@@ -163,14 +179,7 @@ fn shared_defines(header: &str) -> Vec<Shared> {
     while let Some((n, line)) = lines.next() {
         let trimmed = line.trim();
         if trimmed.starts_with("/*") {
-            let mut comment = vec![trimmed.to_owned()];
-            while !comment.last().is_some_and(|l| l.contains("*/")) {
-                match lines.next() {
-                    Some((_, l)) => comment.push(l.trim().to_owned()),
-                    None => fail(&format!("{header}: a comment is not closed")),
-                }
-            }
-            doc = comment_text(&comment);
+            doc = block_comment(header, trimmed, &mut lines);
             continue;
         }
         let Some(rest) = trimmed.strip_prefix("#define ") else {
@@ -239,14 +248,7 @@ fn shared_enum(header: &str, name: &str) -> Vec<Shared> {
             continue;
         }
         if trimmed.starts_with("/*") {
-            let mut comment = vec![trimmed.to_owned()];
-            while !comment.last().is_some_and(|l| l.contains("*/")) {
-                match lines.next() {
-                    Some((_, l)) => comment.push(l.trim().to_owned()),
-                    None => fail(&format!("{header}: a comment is not closed")),
-                }
-            }
-            doc = comment_text(&comment);
+            doc = block_comment(header, trimmed, &mut lines);
             continue;
         }
         let at = |what: &str| -> ! { fail(&format!("{header}:{}: {what}", n + 1)) };
@@ -287,6 +289,23 @@ fn shared_enum(header: &str, name: &str) -> Vec<Shared> {
         });
     }
     fail(&format!("{header}: `{opening}` is not closed"))
+}
+
+/// The text of the block comment that opens on `first` and closes on it
+/// or on a later line of `lines` (which it consumes), one entry a line.
+fn block_comment<'a>(
+    header: &str,
+    first: &str,
+    lines: &mut impl Iterator<Item = (usize, &'a str)>,
+) -> Vec<String> {
+    let mut comment = vec![first.to_owned()];
+    while !comment.last().is_some_and(|l| l.contains("*/")) {
+        match lines.next() {
+            Some((_, l)) => comment.push(l.trim().to_owned()),
+            None => fail(&format!("{header}: a comment is not closed")),
+        }
+    }
+    comment_text(&comment)
 }
 
 /// The text of a C block comment, one entry a line.
@@ -372,10 +391,10 @@ fn without_outer_parens(value: &str) -> &str {
     inner
 }
 
-/// Writes `shared` as `pub const NAME: u32 = value;` lines, each with its
+/// Writes `shared` as `pub const NAME: <ty> = value;` lines, each with its
 /// doc, into `path`; left alone when unchanged, so nothing downstream
 /// rebuilds for nothing.
-fn write_rust(sources: &str, shared: &[Shared], path: &Path) {
+fn write_rust(sources: &str, shared: &[Shared], ty: &str, path: &Path) {
     let mut rs =
         format!("// Generated by palisade-ebpf's build.rs from {sources}: edit the C, not this.\n");
     for s in shared {
@@ -387,7 +406,7 @@ fn write_rust(sources: &str, shared: &[Shared], path: &Path) {
                 rs.push_str(&format!("/// {line}\n"));
             }
         }
-        rs.push_str(&format!("pub const {}: u32 = {};\n", s.name, s.value));
+        rs.push_str(&format!("pub const {}: {ty} = {};\n", s.name, s.value));
     }
     if std::fs::read_to_string(path).ok().as_deref() == Some(rs.as_str()) {
         return;

@@ -33,10 +33,13 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
  * (< 3.7 KB).  Shared with the enforcer (build.rs generates its constant). */
 #define PAL_CT_EXPLAIN_BATCH_MAX 90
 
-/* Answers written into struct ask.answer. */
-#define ANSWER_NONE 0      /* no kernel entry holds the flow */
-#define ANSWER_FOUND 1     /* a kernel entry holds it */
-#define ANSWER_ERROR 2     /* the kernel refused the question (see .error) */
+/* Answers written into struct ask.answer; build.rs turns these into
+ * palisade_ebpf's ANSWER_* (u8) for the enforcer. */
+enum pal_ct_answer {
+	ANSWER_NONE = 0,  /* no kernel entry holds the flow */
+	ANSWER_FOUND = 1, /* a kernel entry holds it */
+	ANSWER_ERROR = 2, /* the kernel refused the question (see .error) */
+};
 
 /* The kfunc's options, in the 12-byte form every kernel with it accepts
  * (the default zone; newer kernels also take a 16-byte form with a zone). */
@@ -64,8 +67,22 @@ struct ask {
 	__u8 error;  /* -opts.error of the failing lookup, for ANSWER_ERROR */
 };
 
-_Static_assert(sizeof(struct batch_head) == 16, "batch_head layout");
-_Static_assert(sizeof(struct ask) == 40, "ask layout");
+/* The batch's layout, shared with the enforcer, which writes the questions
+ * and reads the answers at these offsets (build.rs generates its constants);
+ * the asserts hold the structs above to them. */
+#define PAL_CT_EXPLAIN_HEAD_BYTES 16 /* struct batch_head */
+#define PAL_CT_EXPLAIN_ASK_BYTES 40  /* struct ask */
+#define PAL_CT_ASK_PROTO_AT 36       /* struct ask.proto */
+#define PAL_CT_ASK_FAMILY_AT 37      /* struct ask.family */
+#define PAL_CT_ASK_ANSWER_AT 38      /* struct ask.answer */
+#define PAL_CT_ASK_ERROR_AT 39       /* struct ask.error */
+
+_Static_assert(sizeof(struct batch_head) == PAL_CT_EXPLAIN_HEAD_BYTES, "batch_head layout");
+_Static_assert(sizeof(struct ask) == PAL_CT_EXPLAIN_ASK_BYTES, "ask layout");
+_Static_assert(__builtin_offsetof(struct ask, proto) == PAL_CT_ASK_PROTO_AT, "ask.proto");
+_Static_assert(__builtin_offsetof(struct ask, family) == PAL_CT_ASK_FAMILY_AT, "ask.family");
+_Static_assert(__builtin_offsetof(struct ask, answer) == PAL_CT_ASK_ANSWER_AT, "ask.answer");
+_Static_assert(__builtin_offsetof(struct ask, error) == PAL_CT_ASK_ERROR_AT, "ask.error");
 
 struct nf_conn;
 extern struct nf_conn *bpf_skb_ct_lookup(struct __sk_buff *skb, struct bpf_sock_tuple *tuple,

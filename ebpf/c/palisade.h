@@ -200,10 +200,13 @@ struct frag_value {
  * New flows and dropped packets, for flow logs and staged (audit) policies.
  * The enforcer reads them and writes JSON lines; see node-enforcer's
  * flow log module. */
-#define FLOW_ALLOWED 0     /* a new flow policy let through (or not isolated) */
-#define FLOW_DENIED 1      /* a packet dropped (stat says why) */
-#define FLOW_WOULD_DENY 2  /* allowed, but staged policies would deny it */
-#define FLOW_WOULD_ALLOW 3 /* denied, but staged policies would allow it */
+/* flow_event.kind; build.rs turns these into palisade_ebpf's FLOW_* (u8). */
+enum pal_flow_kind {
+	FLOW_ALLOWED = 0,     /* a new flow policy let through (or not isolated) */
+	FLOW_DENIED = 1,      /* a packet dropped (stat says why) */
+	FLOW_WOULD_DENY = 2,  /* allowed, but staged policies would deny it */
+	FLOW_WOULD_ALLOW = 3, /* denied, but staged policies would allow it */
+};
 
 struct flow_event {
 	__u64 ts_ns;     /* CLOCK_MONOTONIC (bpf_ktime_get_ns) */
@@ -219,10 +222,15 @@ struct flow_event {
 	__u8 stat;  /* the STAT_* slot the packet was counted under */
 };
 
+/* flow_config.mode: which events besides FLOW_WOULD_* are sent; build.rs
+ * turns these into palisade_ebpf's FLOW_LOG_* (u32). */
+enum pal_flow_log_mode {
+	FLOW_LOG_OFF = 0,  /* only FLOW_WOULD_* (staged policies) */
+	FLOW_LOG_DENY = 1, /* and FLOW_DENIED */
+	FLOW_LOG_ALL = 2,  /* and FLOW_ALLOWED */
+};
+
 /* Value of pal_flow_config (array, key 0), written by the enforcer. */
-#define FLOW_LOG_OFF 0  /* only FLOW_WOULD_* (staged policies) */
-#define FLOW_LOG_DENY 1 /* and FLOW_DENIED */
-#define FLOW_LOG_ALL 2  /* and FLOW_ALLOWED */
 struct flow_config {
 	__u32 mode;         /* FLOW_LOG_* */
 	__u32 rate_per_sec; /* events per second per node; 0: no events at all */

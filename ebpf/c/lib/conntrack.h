@@ -13,9 +13,8 @@
 #include "endpoint.h"
 #include "policy.h"
 
-/* How far CLOCK_MONOTONIC_COARSE may lag CLOCK_MONOTONIC: one tick, 10 ms
- * at the slowest HZ (100), doubled for safety. */
-#define COARSE_CLOCK_LAG_NS (20ULL * 1000 * 1000)
+/* PAL_COARSE_CLOCK_LAG_NS (lib/sizes.h), as the 64-bit clock's type. */
+#define COARSE_CLOCK_LAG_NS ((__u64)PAL_COARSE_CLOCK_LAG_NS)
 
 /* The last_seen_ns of a packet seen now: CLOCK_MONOTONIC nanoseconds, never
  * earlier than the true time (the enforcer's sweep keeps every entry seen

@@ -61,4 +61,10 @@
  * most this many repeats never repeats a flow. */
 #define PAL_BENCH_NEW_FLOW_PORTS 32768
 
+/* How far CLOCK_MONOTONIC_COARSE may lag CLOCK_MONOTONIC: one tick, 10 ms
+ * at the slowest HZ (100), doubled for safety.  The conntrack entries'
+ * last_seen_ns is stamped this far ahead (lib/conntrack.h), which the
+ * enforcer's sweep allows for. */
+#define PAL_COARSE_CLOCK_LAG_NS (20 * 1000 * 1000)
+
 #endif

@@ -19,7 +19,8 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget};
-use palisade_ebpf::{CT_EXPLAIN_OBJECT, PROG_CT_EXPLAIN};
+use palisade_ebpf::ct_answers::{ANSWER_ERROR, ANSWER_FOUND, ANSWER_NONE};
+use palisade_ebpf::{sizes, CT_EXPLAIN_OBJECT, PROG_CT_EXPLAIN};
 
 use super::{btf, Tuple};
 
@@ -29,11 +30,16 @@ const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
 const BPF_PSEUDO_KFUNC_CALL: u8 = 2;
 const KFUNCS: [&str; 2] = ["bpf_skb_ct_lookup", "bpf_ct_release"];
 
-/// The program's batch layout (struct batch_head, struct ask).
-const HEAD: usize = 16;
-const ASK: usize = 40;
+/// The program's batch layout (struct batch_head, struct ask), as its C
+/// defines it.
+const HEAD: usize = sizes::CT_EXPLAIN_HEAD_BYTES as usize;
+const ASK: usize = sizes::CT_EXPLAIN_ASK_BYTES as usize;
+const PROTO_AT: usize = sizes::CT_ASK_PROTO_AT as usize;
+const FAMILY_AT: usize = sizes::CT_ASK_FAMILY_AT as usize;
+const ANSWER_AT: usize = sizes::CT_ASK_ANSWER_AT as usize;
+const ERROR_AT: usize = sizes::CT_ASK_ERROR_AT as usize;
 /// Records per test run.
-pub const BATCH_MAX: usize = palisade_ebpf::sizes::CT_EXPLAIN_BATCH_MAX as usize;
+pub const BATCH_MAX: usize = sizes::CT_EXPLAIN_BATCH_MAX as usize;
 
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
@@ -84,21 +90,21 @@ fn encode(t: &Tuple, fam: u8, rec: &mut [u8]) {
         rec[32..34].copy_from_slice(&t.sport.to_be_bytes());
         rec[34..36].copy_from_slice(&t.dport.to_be_bytes());
     }
-    rec[36] = t.proto;
-    rec[37] = fam;
+    rec[PROTO_AT] = t.proto;
+    rec[FAMILY_AT] = fam;
     // Overwritten by the program; left as is, it fails the pass rather
     // than read as "absent" (which would remove the entry).
-    rec[38] = UNANSWERED;
+    rec[ANSWER_AT] = UNANSWERED;
 }
 
 /// What `struct ask.answer` holds until the program answers.
 const UNANSWERED: u8 = 0xff;
 
 fn decode(rec: &[u8]) -> Result<Answer, String> {
-    match rec[38] {
-        0 => Ok(Answer::Absent),
-        1 => Ok(Answer::Found),
-        2 => Ok(Answer::Refused(rec[39])),
+    match rec[ANSWER_AT] {
+        ANSWER_NONE => Ok(Answer::Absent),
+        ANSWER_FOUND => Ok(Answer::Found),
+        ANSWER_ERROR => Ok(Answer::Refused(rec[ERROR_AT])),
         UNANSWERED => Err(format!("{PROG_CT_EXPLAIN} left a question unanswered")),
         other => Err(format!(
             "{PROG_CT_EXPLAIN} wrote answer {other}, which no version of it writes"
