@@ -6,14 +6,12 @@
 //! fill levels, and its verdict counters after packets judged by the real
 //! programs (BPF_PROG_TEST_RUN). Needs root and bpffs.
 
+use palisade_test_support::metrics::{get, scrape};
 use palisade_test_support::require_root;
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Empty};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
 use node_enforcer::compile::{PortEntry, PortSet, Prefix};
 use node_enforcer::datapath::bpf::BpfDatapath;
 use node_enforcer::datapath::fake::FakeDatapath;
@@ -58,37 +56,6 @@ fn segment(src: Ipv4Addr, port: u16) -> Vec<u8> {
     f
 }
 
-/// One scrape, parsed: `name{labels}` -> value.
-async fn scrape(addr: &str) -> BTreeMap<String, f64> {
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let req = hyper::Request::get("/metrics")
-        .header("host", addr)
-        .body(Empty::<Bytes>::new())
-        .unwrap();
-    let resp = sender.send_request(req).await.unwrap();
-    assert_eq!(resp.status(), 200);
-    assert_eq!(
-        resp.headers()["content-type"],
-        "text/plain; version=0.0.4; charset=utf-8"
-    );
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    let text = String::from_utf8(body.to_vec()).unwrap();
-    let mut out = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let (key, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("{line:?}"));
-        let value = match value {
-            "+Inf" => f64::INFINITY,
-            v => v.parse().unwrap_or_else(|_| panic!("{line:?}")),
-        };
-        assert!(out.insert(key.to_string(), value).is_none(), "{key} twice");
-    }
-    out
-}
-
 async fn scrape_until(
     addr: &str,
     what: &str,
@@ -103,11 +70,6 @@ async fn scrape_until(
         assert!(tokio::time::Instant::now() < deadline, "{what}: {m:#?}");
         tokio::time::sleep(Duration::from_millis(20)).await; // poll: the reconciler applies on its own thread
     }
-}
-
-fn get(m: &BTreeMap<String, f64>, key: &str) -> f64 {
-    *m.get(key)
-        .unwrap_or_else(|| panic!("{key} not scraped: {m:#?}"))
 }
 
 #[tokio::test]

@@ -10,14 +10,12 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Empty};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
 use palisade_proto::v1::{
     plan_service_client::PlanServiceClient, subscribe_response::Update, NodeState,
     ReportStateRequest, SubscribeRequest,
 };
 use palisade_runtime::transport::{connect, Address};
+use palisade_test_support::metrics::scrape;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -73,56 +71,6 @@ fn strip_ansi(s: &str) -> String {
         }
     }
     out
-}
-
-/// One scrape, parsed: `name{labels}` -> value. Fails on any line that is
-/// not a comment or a sample.
-async fn scrape(addr: &str) -> BTreeMap<String, f64> {
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let req = hyper::Request::get("/metrics")
-        .header("host", addr)
-        .body(Empty::<Bytes>::new())
-        .unwrap();
-    let resp = sender.send_request(req).await.unwrap();
-    assert_eq!(resp.status(), 200);
-    assert_eq!(
-        resp.headers()["content-type"],
-        "text/plain; version=0.0.4; charset=utf-8"
-    );
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    let text = String::from_utf8(body.to_vec()).unwrap();
-    let mut samples = BTreeMap::new();
-    let mut typed = std::collections::BTreeSet::new();
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let (name, kind) = rest.split_once(' ').unwrap();
-            assert!(["gauge", "counter", "histogram"].contains(&kind), "{line}");
-            assert!(typed.insert(name.to_string()), "family {name} twice");
-            continue;
-        }
-        if line.starts_with("# HELP ") {
-            continue;
-        }
-        let (key, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("{line:?}"));
-        let family = key.split('{').next().unwrap();
-        let base = family
-            .strip_suffix("_bucket")
-            .or_else(|| family.strip_suffix("_sum"))
-            .or_else(|| family.strip_suffix("_count"))
-            .filter(|b| typed.contains(*b))
-            .unwrap_or(family);
-        assert!(typed.contains(base), "sample before its TYPE: {line}");
-        let value: f64 = match value {
-            "+Inf" => f64::INFINITY,
-            v => v.parse().unwrap_or_else(|_| panic!("{line:?}")),
-        };
-        samples.insert(key.to_string(), value);
-    }
-    samples
 }
 
 async fn scrape_until(

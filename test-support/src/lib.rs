@@ -1,4 +1,5 @@
-//! How a test that needs root says so, in one place for the workspace.
+//! What the workspace's tests share: how a test that needs root says so,
+//! and how a test scrapes a metrics endpoint ([`metrics`]).
 //!
 //! Tests come in two tiers:
 //! - pure tests run everywhere, with a plain `cargo test`;
@@ -8,6 +9,8 @@
 //!   `cargo test -- --include-ignored` (what `scripts/test.sh` runs) runs
 //!   them, and there a missing root fails the test. A root test never
 //!   passes by returning early.
+
+pub mod metrics;
 
 use std::os::unix::fs::MetadataExt;
 

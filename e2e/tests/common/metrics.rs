@@ -6,9 +6,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Empty};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
+pub use palisade_test_support::metrics::get;
+use palisade_test_support::metrics::scrape_blocking;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -45,48 +44,8 @@ pub fn metrics_addr(log: &Path) -> String {
 pub fn scrape(ns: Option<&str>, addr: &str) -> BTreeMap<String, f64> {
     match ns {
         Some(ns) => palisade_e2e::netns::NetNs::from_existing(ns)
-            .run(|| scrape_here(addr))
+            .run(|| scrape_blocking(addr))
             .expect("entering the process's namespace"),
-        None => scrape_here(addr),
+        None => scrape_blocking(addr),
     }
-}
-
-fn scrape_here(addr: &str) -> BTreeMap<String, f64> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let text = rt.block_on(async {
-        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        let req = hyper::Request::get("/metrics")
-            .header("host", addr)
-            .body(Empty::<Bytes>::new())
-            .unwrap();
-        let resp = sender.send_request(req).await.unwrap();
-        assert_eq!(resp.status(), 200);
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        String::from_utf8(body.to_vec()).unwrap()
-    });
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| {
-            let (k, v) = l.rsplit_once(' ').unwrap();
-            let v = if v == "+Inf" {
-                f64::INFINITY
-            } else {
-                v.parse().unwrap()
-            };
-            (k.to_string(), v)
-        })
-        .collect()
-}
-
-/// One sample of a scrape; a missing one fails with what was scraped.
-pub fn get(m: &BTreeMap<String, f64>, key: &str) -> f64 {
-    *m.get(key)
-        .unwrap_or_else(|| panic!("{key} not scraped: {m:#?}"))
 }
