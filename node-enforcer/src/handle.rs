@@ -98,4 +98,10 @@ impl Handle {
     pub async fn dump(&self) -> Result<Dump, String> {
         self.ask(Event::Dump).await
     }
+
+    /// Promotes every fast-attached interface to links (before exiting);
+    /// how many are left on filters.
+    pub async fn promote_all(&self) -> Result<usize, String> {
+        self.ask(Event::PromoteAll).await
+    }
 }

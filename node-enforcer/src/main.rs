@@ -146,7 +146,26 @@ struct Args {
     /// Where flow log lines (JSON) go: `-` for stdout, else a file appended to.
     #[arg(long, env = "PALISADE_FLOW_LOG_PATH", default_value = "-")]
     flow_log_path: String,
+    /// How a pod-up attaches the programs: fast (clsact filters, which cost
+    /// the kernel no RCU grace period, promoted to TCX links at the head of
+    /// the interface's chains once the node is quiet) or tcx (the links at
+    /// once: two grace periods under RTNL per pod, so bursts queue).
+    #[arg(long, env = "PALISADE_ATTACH", default_value = "fast")]
+    attach: node_enforcer::datapath::AttachMode,
+    /// With --attach fast: promote once no pod-up or pod-down came for
+    /// this long.
+    #[arg(long, env = "PALISADE_PROMOTE_QUIET_MS", default_value_t = node_enforcer::reconciler::PROMOTE_QUIET.as_millis() as u64)]
+    promote_quiet_ms: u64,
+    /// With --attach fast: the longest an interface stays on filters while
+    /// pod-ups keep coming.
+    #[arg(long, env = "PALISADE_PROMOTE_MAX_WAIT_MS", default_value_t = node_enforcer::reconciler::PROMOTE_MAX_WAIT.as_millis() as u64)]
+    promote_max_wait_ms: u64,
 }
+
+/// The longest the enforcer spends promoting interfaces before it exits
+/// (two grace periods each: 400 interfaces here), well inside the pod's
+/// termination grace period.
+const PROMOTE_ON_EXIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[tokio::main]
 async fn main() {
@@ -237,7 +256,8 @@ async fn run(args: Args) -> Result<(), String> {
         return Err("--conntrack-cleanup-secs must be at least 1".into());
     }
     let mut datapath = BpfDatapath::load_with(&args.pin_root, Some(args.conntrack_max_entries))
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?
+        .with_attach_mode(args.attach);
     let share = datapath
         .set_conntrack_share((args.conntrack_share > 0).then_some(args.conntrack_share))
         .map_err(|e| format!("--conntrack-share: {e}"))?;
@@ -280,6 +300,10 @@ async fn run(args: Args) -> Result<(), String> {
         .with_mode(args.mode)
         .with_fetcher(fetch_tx)
         .with_max_table_entries(args.max_table_entries)
+        .with_promotion(
+            std::time::Duration::from_millis(args.promote_quiet_ms),
+            std::time::Duration::from_millis(args.promote_max_wait_ms),
+        )
         .with_background_compile(tx.clone(), args.background_compile_peers)
         .map_err(|e| format!("starting the compile thread: {e}"))?;
     let busy_since = reconciler.busy_since();
@@ -384,6 +408,7 @@ async fn run(args: Args) -> Result<(), String> {
         reachable,
     ));
 
+    let on_exit = handle.clone();
     let (router, health) = server::router(handle, args.aws_interface_prefix.clone()).await?;
     tokio::spawn(node_enforcer::stall::watch(
         busy_since,
@@ -421,6 +446,18 @@ async fn run(args: Args) -> Result<(), String> {
     // the next enforcer takes them over.
     if reconciler_died {
         return Err("the reconciler thread died".into());
+    }
+    // An interface still on filters would be unknown to an older version
+    // taking over (a rollback): give every one its links first.
+    match tokio::time::timeout(PROMOTE_ON_EXIT, on_exit.promote_all()).await {
+        Ok(Ok(0)) => {}
+        Ok(Ok(left)) => {
+            tracing::warn!(left, "interfaces left on filters at exit; the next enforcer promotes them")
+        }
+        Ok(Err(e)) => tracing::warn!("promoting interfaces at exit: {e}"),
+        Err(_) => tracing::warn!(
+            "promoting interfaces at exit took over {PROMOTE_ON_EXIT:?}; the next enforcer promotes the rest"
+        ),
     }
     result
 }

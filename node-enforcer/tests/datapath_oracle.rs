@@ -422,6 +422,10 @@ fn programs_attach_at_the_head_of_the_tcx_chain() {
         let mut dp = BpfDatapath::load(&root.0).expect("load the programs");
         let ifindex = dp.ifindex("pal-a").unwrap();
         dp.attach("pal-a", ifindex).unwrap();
+        // A pod-up attaches by filters; the links come with the promotion.
+        assert_eq!(dp.unpromoted().len(), 1);
+        dp.promote("pal-a").unwrap();
+        assert!(dp.unpromoted().is_empty());
 
         for (hook, bystander) in [TcAttachType::Ingress, TcAttachType::Egress]
             .into_iter()
@@ -436,6 +440,139 @@ fn programs_attach_at_the_head_of_the_tcx_chain() {
             );
         }
         dp.detach("pal-a", ifindex).unwrap();
+    });
+}
+
+/// The programs' filters on `dev`'s hook, as `tc` lists them.
+fn our_filters(dev: &str, hook: &str) -> Vec<String> {
+    let out = std::process::Command::new("tc")
+        .args(["filter", "show", "dev", dev, hook])
+        .output()
+        .expect("run tc");
+    assert!(out.status.success(), "tc filter show: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("palisade_"))
+        .map(str::to_string)
+        .collect()
+}
+
+fn tcx_chain(dev: &str, hook: aya::programs::TcAttachType) -> Vec<u32> {
+    let (_, chain) = aya::programs::SchedClassifier::query_tcx(dev, hook).unwrap();
+    chain.iter().map(|p| p.id()).collect()
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_fast_attach_judges_by_filters_until_promoted_to_links() {
+    require_root();
+    use aya::programs::TcAttachType::{Egress, Ingress};
+    let root = pin_root("fast-attach");
+    in_netns_with_veth(|| {
+        let mut dp = BpfDatapath::load(&root.0).expect("load the programs");
+        let ifindex = dp.ifindex("pal-a").unwrap();
+        dp.set_endpoint(ifindex, &EndpointEntry::default()).unwrap();
+        dp.attach("pal-a", ifindex).unwrap();
+        // Direct-action filters of the clsact qdisc, named for the programs.
+        let ingress = our_filters("pal-a", "ingress");
+        let egress = our_filters("pal-a", "egress");
+        assert_eq!(ingress.len(), 1, "{ingress:?}");
+        assert!(ingress[0].contains("palisade_from_pod") && ingress[0].contains("direct-action"));
+        assert_eq!(egress.len(), 1, "{egress:?}");
+        assert!(egress[0].contains("palisade_to_pod"));
+        assert!(tcx_chain("pal-a", Ingress).is_empty());
+        let waiting = dp.unpromoted();
+        assert_eq!(waiting.len(), 1);
+        assert_eq!((waiting[0].0.as_str(), waiting[0].1), ("pal-a", ifindex));
+        // Attaching again changes nothing.
+        dp.attach("pal-a", ifindex).unwrap();
+        assert_eq!(our_filters("pal-a", "ingress").len(), 1);
+
+        dp.promote("pal-a").unwrap();
+        assert!(dp.unpromoted().is_empty());
+        assert_eq!(tcx_chain("pal-a", Ingress).len(), 1);
+        assert_eq!(tcx_chain("pal-a", Egress).len(), 1);
+        assert!(our_filters("pal-a", "ingress").is_empty());
+        assert!(our_filters("pal-a", "egress").is_empty());
+        // Promoting again is a no-op.
+        dp.promote("pal-a").unwrap();
+        dp.detach("pal-a", ifindex).unwrap();
+        assert!(tcx_chain("pal-a", Ingress).is_empty());
+        dp.remove_endpoint(ifindex).unwrap();
+    });
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_detach_before_the_promotion_removes_the_filters() {
+    require_root();
+    let root = pin_root("fast-detach");
+    in_netns_with_veth(|| {
+        let mut dp = BpfDatapath::load(&root.0).expect("load the programs");
+        let ifindex = dp.ifindex("pal-a").unwrap();
+        dp.set_endpoint(ifindex, &EndpointEntry::default()).unwrap();
+        dp.attach("pal-a", ifindex).unwrap();
+        dp.detach("pal-a", ifindex).unwrap();
+        assert!(our_filters("pal-a", "ingress").is_empty());
+        assert!(our_filters("pal-a", "egress").is_empty());
+        assert!(dp.unpromoted().is_empty());
+        dp.remove_endpoint(ifindex).unwrap();
+    });
+}
+
+#[test]
+#[ignore = "needs root"]
+fn tcx_mode_attaches_links_at_once() {
+    require_root();
+    use aya::programs::TcAttachType::Ingress;
+    let root = pin_root("tcx-attach");
+    in_netns_with_veth(|| {
+        let mut dp = BpfDatapath::load(&root.0)
+            .expect("load the programs")
+            .with_attach_mode(node_enforcer::datapath::AttachMode::Tcx);
+        let ifindex = dp.ifindex("pal-a").unwrap();
+        dp.set_endpoint(ifindex, &EndpointEntry::default()).unwrap();
+        dp.attach("pal-a", ifindex).unwrap();
+        assert!(dp.unpromoted().is_empty());
+        assert_eq!(tcx_chain("pal-a", Ingress).len(), 1);
+        assert!(our_filters("pal-a", "ingress").is_empty());
+        dp.detach("pal-a", ifindex).unwrap();
+        dp.remove_endpoint(ifindex).unwrap();
+    });
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_new_process_promotes_the_filters_a_stopped_one_left() {
+    require_root();
+    use aya::programs::TcAttachType::{Egress, Ingress};
+    let root = pin_root("fast-adopt");
+    in_netns_with_veth(|| {
+        let entry = EndpointEntry {
+            ingress: 7,
+            egress: 8,
+            pod_addrs: vec![Ipv4Addr::new(10, 0, 0, 9).to_ipv6_mapped().octets()],
+        };
+        let ifindex = {
+            let mut dp = BpfDatapath::load(&root.0).expect("load the programs");
+            let ifindex = dp.ifindex("pal-a").unwrap();
+            dp.set_endpoint(ifindex, &entry).unwrap();
+            dp.attach("pal-a", ifindex).unwrap();
+            ifindex
+            // The process stops before promoting: its filters stay.
+        };
+        assert_eq!(our_filters("pal-a", "ingress").len(), 1);
+        let mut next = BpfDatapath::load(&root.0).expect("load the programs again");
+        let adopted = next.adopt().unwrap();
+        assert!(adopted.attached.contains("pal-a"), "{:?}", adopted.attached);
+        assert_eq!(adopted.endpoints.get(&ifindex), Some(&entry));
+        assert!(next.unpromoted().is_empty());
+        assert_eq!(tcx_chain("pal-a", Ingress).len(), 1);
+        assert_eq!(tcx_chain("pal-a", Egress).len(), 1);
+        assert!(our_filters("pal-a", "ingress").is_empty());
+        assert!(our_filters("pal-a", "egress").is_empty());
+        next.detach("pal-a", ifindex).unwrap();
+        next.remove_endpoint(ifindex).unwrap();
     });
 }
 

@@ -68,6 +68,8 @@ enum Step {
     Policy(usize, Option<u8>),
     Unsynced,
     Vanish(usize),
+    /// The node is quiet: interfaces attached fast get their links.
+    Promote,
     /// The enforcer dies (after `ops` datapath operations of the next
     /// change, or between events), its checkpoint is damaged, and a new one
     /// takes over; `replan`: the controller's stream is back at once.
@@ -137,7 +139,10 @@ fn random_steps(rng: &mut Rng, n: usize) -> Vec<Step> {
                 9 => Step::Steal(p, rng.below(PODS as u64) as usize),
                 10..=13 => Step::Policy(p, (rng.below(5) > 0).then(|| rng.below(5) as u8)),
                 14 => Step::Unsynced,
-                15 => Step::Vanish(p),
+                15 => match rng.below(2) {
+                    0 => Step::Vanish(p),
+                    _ => Step::Promote,
+                },
                 _ => Step::Crash {
                     ops: (rng.below(2) == 0).then(|| rng.below(6) as usize),
                     damage: match rng.below(4) {
@@ -179,6 +184,13 @@ impl Mortal {
 impl Datapath for Mortal {
     fn adopt(&mut self) -> DpResult<Adopted> {
         self.inner.adopt()
+    }
+    fn unpromoted(&self) -> Vec<(String, u32, std::time::Instant)> {
+        self.inner.unpromoted()
+    }
+    fn promote(&mut self, ifname: &str) -> DpResult<()> {
+        self.spend("promote")?;
+        self.inner.promote(ifname)
     }
     fn add_portset(
         &mut self,
@@ -495,6 +507,9 @@ impl World {
                 let _ = sh(&["ip", "link", "del", &iface(*p)]);
                 self.up.remove(p);
                 self.r().handle(Event::Links);
+            }
+            Step::Promote => {
+                self.r().promote_all();
             }
             Step::Crash {
                 ops,

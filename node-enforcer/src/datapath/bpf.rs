@@ -38,12 +38,14 @@
 
 mod conntrack_maps;
 mod endpoint_slots;
+pub(crate) mod filters;
 pub(crate) mod grace;
 mod legacy;
 pub(crate) mod mapped;
 mod policy_tables;
 
 use std::collections::BTreeMap;
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -61,7 +63,9 @@ use palisade_ebpf::{
 };
 use policy_tables::PolicyTables;
 
-use super::{Adopted, Datapath, DatapathError, EndpointEntry, PolicyId, PortSetId, Result};
+use super::{
+    Adopted, AttachMode, Datapath, DatapathError, EndpointEntry, PolicyId, PortSetId, Result,
+};
 use crate::compile::{PortEntry, PortSet, Prefix};
 
 pub struct BpfDatapath {
@@ -77,8 +81,19 @@ pub struct BpfDatapath {
     /// Pinned links per interface: (from_pod at TC ingress, to_pod at TC
     /// egress). Holding the fds is not what keeps them attached; the pins are.
     links: BTreeMap<String, [FdLink; 2]>,
+    /// How a pod-up attaches: see [`AttachMode`].
+    attach_mode: AttachMode,
+    /// Interfaces attached by filters (`filters`), not yet promoted to
+    /// links.
+    fast: BTreeMap<String, FastAttached>,
     /// Last: the threads above wait on it.
     grace: Arc<Grace>,
+}
+
+#[derive(Clone, Copy)]
+struct FastAttached {
+    ifindex: u32,
+    since: std::time::Instant,
 }
 
 /// The two hooks of an interface, with the suffix of their pin files.
@@ -158,6 +173,8 @@ impl BpfDatapath {
             ports,
             next_epoch,
             links: BTreeMap::new(),
+            attach_mode: AttachMode::Fast,
+            fast: BTreeMap::new(),
             grace,
         };
         dp.set_conntrack_share(None)?;
@@ -200,6 +217,101 @@ impl BpfDatapath {
             static ONCE: std::sync::Once = std::sync::Once::new();
             ONCE.call_once(|| tracing::warn!(error = %e, "tables are removed without waiting for packets that named them"));
         }
+    }
+
+    /// How pod-ups attach from now on (`AttachMode::Fast` unless set).
+    pub fn with_attach_mode(mut self, mode: AttachMode) -> Self {
+        self.attach_mode = mode;
+        self
+    }
+
+    /// The fast attachment (see `filters`): both programs as filters.
+    fn attach_filters(&mut self, ifindex: u32) -> Result<()> {
+        let mut fds = Vec::with_capacity(2);
+        for (prog_name, attach_type, _) in HOOKS {
+            let prog = self.program(prog_name)?;
+            let fd = prog.fd().map_err(|e| err(prog_name, e))?;
+            fds.push((attach_type, prog_name, fd.as_fd().as_raw_fd()));
+        }
+        let programs: Vec<filters::Program<'_>> = fds
+            .iter()
+            .map(|&(hook, name, fd)| filters::Program { hook, fd, name })
+            .collect();
+        filters::attach(ifindex, &programs)
+            .map_err(|e| err(format!("attaching filters to ifindex {ifindex}"), e))
+    }
+
+    /// Removes our filters from interface `ifindex` (none if it is gone).
+    fn remove_filters(&self, ifindex: u32) -> Result<usize> {
+        filters::remove(ifindex, &filters::OURS)
+            .map_err(|e| err(format!("removing the filters of ifindex {ifindex}"), e))
+    }
+
+    /// The links at the head of both hooks, pinned: the steady state.
+    fn attach_tcx(&mut self, ifname: &str) -> Result<()> {
+        let mut made: Vec<FdLink> = Vec::with_capacity(2);
+        for (prog_name, attach_type, hook) in HOOKS {
+            let path = self.link_pin(ifname, hook);
+            let result = (|| {
+                let prog = self.program(prog_name)?;
+                // Head of the chain: see the module comment.
+                let id = prog
+                    .attach_with_options(
+                        ifname,
+                        attach_type,
+                        TcAttachOptions::TcxOrder(LinkOrder::first()),
+                    )
+                    .map_err(|e| err(format!("attaching {prog_name} to {ifname}"), e))?;
+                let link = prog.take_link(id).map_err(|e| err(prog_name, e))?;
+                let fd = FdLink::try_from(link).map_err(|e| err(prog_name, e))?;
+                let pinned = fd
+                    .pin(&path)
+                    .map_err(|e| err(format!("pinning {}", path.display()), e))?;
+                Ok(FdLink::from(pinned))
+            })();
+            match result {
+                Ok(fd) => made.push(fd),
+                Err(e) => {
+                    // Undo the first hook if the second failed: both or none.
+                    for (_, _, hook) in HOOKS {
+                        let _ = std::fs::remove_file(self.link_pin(ifname, hook));
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let to = made.pop().expect("two hooks");
+        let from = made.pop().expect("two hooks");
+        self.links.insert(ifname.to_string(), [from, to]);
+        Ok(())
+    }
+
+    /// Interfaces a previous process attached by filters and did not
+    /// promote (it stopped first): found by the endpoint slots no link
+    /// covers, and promoted now, so every adopted interface runs this
+    /// process's programs at the head of its chains.
+    fn adopt_filters(
+        &mut self,
+        linked: &std::collections::BTreeSet<String>,
+    ) -> Result<Vec<String>> {
+        let covered: std::collections::BTreeSet<u32> = linked
+            .iter()
+            .filter_map(|n| nix::net::if_::if_nametoindex(n.as_str()).ok())
+            .collect();
+        let candidates = self
+            .slots
+            .all()
+            .into_keys()
+            .filter(|i| !covered.contains(i));
+        let found = filters::with_ours(candidates)
+            .map_err(|e| err("listing the filters of endpoints without links", e))?;
+        let mut promoted = Vec::new();
+        for (ifindex, ifname) in found {
+            self.attach_tcx(&ifname)?;
+            self.remove_filters(ifindex)?;
+            promoted.push(ifname);
+        }
+        Ok(promoted)
     }
 
     fn link_pin(&self, ifname: &str, hook: &str) -> PathBuf {
@@ -381,7 +493,12 @@ fn port_keys(id: PortSetId, set: &PortSet) -> Vec<Key<PortKey>> {
 
 impl Datapath for BpfDatapath {
     fn adopt(&mut self) -> Result<Adopted> {
-        let attached = self.adopt_links()?;
+        let mut attached = self.adopt_links()?;
+        let promoted = self.adopt_filters(&attached)?;
+        if !promoted.is_empty() {
+            tracing::info!(interfaces = ?promoted, "promoted to links the interfaces a previous process had attached by filters");
+        }
+        attached.extend(promoted);
         let mut adopted = Adopted {
             attached,
             ..Adopted::default()
@@ -464,48 +581,46 @@ impl Datapath for BpfDatapath {
         Ok(out)
     }
 
-    fn attach(&mut self, ifname: &str, _ifindex: u32) -> Result<()> {
+    fn attach(&mut self, ifname: &str, ifindex: u32) -> Result<()> {
         if self.links.contains_key(ifname) {
             return Ok(());
         }
-        let mut made: Vec<FdLink> = Vec::with_capacity(2);
-        for (prog_name, attach_type, hook) in HOOKS {
-            let path = self.link_pin(ifname, hook);
-            let result = (|| {
-                let prog = self.program(prog_name)?;
-                // Head of the chain: see the module comment.
-                let id = prog
-                    .attach_with_options(
-                        ifname,
-                        attach_type,
-                        TcAttachOptions::TcxOrder(LinkOrder::first()),
-                    )
-                    .map_err(|e| err(format!("attaching {prog_name} to {ifname}"), e))?;
-                let link = prog.take_link(id).map_err(|e| err(prog_name, e))?;
-                let fd = FdLink::try_from(link).map_err(|e| err(prog_name, e))?;
-                let pinned = fd
-                    .pin(&path)
-                    .map_err(|e| err(format!("pinning {}", path.display()), e))?;
-                Ok(FdLink::from(pinned))
-            })();
-            match result {
-                Ok(fd) => made.push(fd),
-                Err(e) => {
-                    // Undo the first hook if the second failed: both or none.
-                    for (_, _, hook) in HOOKS {
-                        let _ = std::fs::remove_file(self.link_pin(ifname, hook));
-                    }
-                    return Err(e);
+        if self.fast.get(ifname).is_some_and(|f| f.ifindex == ifindex) {
+            return Ok(());
+        }
+        // A recorded fast attachment of another index: that interface is
+        // gone, and its filters with it.
+        self.fast.remove(ifname);
+        if self.attach_mode == AttachMode::Fast {
+            match self.attach_filters(ifindex) {
+                Ok(()) => {
+                    let since = std::time::Instant::now();
+                    self.fast
+                        .insert(ifname.to_string(), FastAttached { ifindex, since });
+                    return Ok(());
                 }
+                // Another filter in our place, or no clsact qdisc to be
+                // had: the links do not depend on either.
+                Err(e) => tracing::info!(%ifname, "attaching by links: {e}"),
             }
         }
-        let to = made.pop().expect("two hooks");
-        let from = made.pop().expect("two hooks");
-        self.links.insert(ifname.to_string(), [from, to]);
+        self.attach_tcx(ifname)?;
+        if self.attach_mode == AttachMode::Fast {
+            // Our own filters from an earlier process may be what stood
+            // in the way; behind the links they only judge twice.
+            if let Err(e) = self.remove_filters(ifindex) {
+                tracing::warn!(%ifname, "{e}");
+            }
+        }
         Ok(())
     }
 
     fn detach(&mut self, ifname: &str, _ifindex: u32) -> Result<()> {
+        if let Some(f) = self.fast.get(ifname).copied() {
+            // By index: a newer interface of the same name is not touched.
+            self.remove_filters(f.ifindex)?;
+            self.fast.remove(ifname);
+        }
         // Unpinning and closing the last fd releases a link, which detaches
         // it; a link whose interface is already gone was released already.
         for (_, _, hook) in HOOKS {
@@ -517,6 +632,34 @@ impl Datapath for BpfDatapath {
             }
         }
         self.links.remove(ifname);
+        Ok(())
+    }
+
+    fn unpromoted(&self) -> Vec<(String, u32, std::time::Instant)> {
+        let mut out: Vec<_> = self
+            .fast
+            .iter()
+            .map(|(n, f)| (n.clone(), f.ifindex, f.since))
+            .collect();
+        out.sort_by_key(|(_, _, since)| *since);
+        out
+    }
+
+    fn promote(&mut self, ifname: &str) -> Result<()> {
+        let Some(f) = self.fast.get(ifname).copied() else {
+            return Ok(());
+        };
+        if nix::net::if_::if_nametoindex(ifname).ok() != Some(f.ifindex) {
+            // Gone (a newer interface may have its name): so are its filters.
+            self.fast.remove(ifname);
+            return Ok(());
+        }
+        if !self.links.contains_key(ifname) {
+            self.attach_tcx(ifname)?;
+        }
+        // The links judge first from here on; the filters only twice.
+        self.remove_filters(f.ifindex)?;
+        self.fast.remove(ifname);
         Ok(())
     }
 

@@ -38,6 +38,11 @@ pub struct FakeDatapath {
     pub stale_flows: BTreeSet<(u32, bool)>,
     /// The audit table (each endpoint slot's staged word), by ifindex.
     pub audit: BTreeMap<u32, AuditEntry>,
+    /// Attach fast, as the real datapath's `AttachMode::Fast`: attached
+    /// interfaces are listed unpromoted until `promote`.
+    pub fast_attach: bool,
+    /// Attached fast and not promoted yet, by name: (ifindex, since).
+    pub unpromoted: BTreeMap<String, (u32, std::time::Instant)>,
 }
 
 impl FakeDatapath {
@@ -321,6 +326,11 @@ impl Datapath for FakeDatapath {
             )));
         }
         self.injected(&format!("attach {ifname}"))?;
+        if self.fast_attach && !self.attached.contains(ifname) {
+            let index = self.interfaces.get(ifname).copied().unwrap_or(0);
+            self.unpromoted
+                .insert(ifname.to_string(), (index, std::time::Instant::now()));
+        }
         self.attached.insert(ifname.to_string());
         self.check(&format!("attach {ifname}"));
         Ok(())
@@ -328,7 +338,23 @@ impl Datapath for FakeDatapath {
     fn detach(&mut self, ifname: &str, _: u32) -> Result<()> {
         self.injected(&format!("detach {ifname}"))?;
         self.attached.remove(ifname);
+        self.unpromoted.remove(ifname);
         self.check(&format!("detach {ifname}"));
+        Ok(())
+    }
+    fn unpromoted(&self) -> Vec<(String, u32, std::time::Instant)> {
+        let mut out: Vec<_> = self
+            .unpromoted
+            .iter()
+            .map(|(n, (i, t))| (n.clone(), *i, *t))
+            .collect();
+        out.sort_by_key(|(_, _, t)| *t);
+        out
+    }
+    fn promote(&mut self, ifname: &str) -> Result<()> {
+        self.injected(&format!("promote {ifname}"))?;
+        self.unpromoted.remove(ifname);
+        self.check(&format!("promote {ifname}"));
         Ok(())
     }
     fn set_endpoint(&mut self, ifindex: u32, entry: &EndpointEntry) -> Result<()> {

@@ -124,8 +124,18 @@ pub fn inspect(pin_root: &Path) -> Result<Adopted> {
     let endpoints = endpoints(pin_root)?;
     let policy = LpmTrie::try_from(open(pin_root, MAP_POLICY)?).map_err(|e| err(MAP_POLICY, e))?;
     let ports = LpmTrie::try_from(open(pin_root, MAP_PORTS)?).map_err(|e| err(MAP_PORTS, e))?;
+    let mut attached = linked_interfaces(pin_root)?;
+    // Endpoints attached fast (filters, not yet promoted to links).
+    let linked: BTreeSet<u32> = attached
+        .iter()
+        .filter_map(|n| nix::net::if_::if_nametoindex(n.as_str()).ok())
+        .collect();
+    let filtered =
+        super::bpf::filters::with_ours(endpoints.keys().copied().filter(|i| !linked.contains(i)))
+            .map_err(|e| err("listing filters", e))?;
+    attached.extend(filtered.into_values());
     let mut out = Adopted {
-        attached: linked_interfaces(pin_root)?,
+        attached,
         ..Adopted::default()
     };
     read_tables(&endpoints, &policy, &ports, &mut out)?;

@@ -7,6 +7,7 @@ pub mod addresses;
 pub mod bpf;
 pub mod fake;
 pub mod inspect;
+pub mod rtnetlink;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -72,6 +73,44 @@ impl DatapathError {
 
 pub type Result<T> = std::result::Result<T, DatapathError>;
 
+/// How a pod-up attaches the programs to the pod's host interface.
+///
+/// `Tcx`: two TCX links at the head of its chains, pinned. The kernel
+/// creates each holding RTNL through an RCU grace period, so a burst of
+/// pod-ups queues on the node's grace periods.
+///
+/// `Fast` (the default): cls_bpf filters of the clsact qdisc, which need
+/// no grace period, promoted to the links once no pod-up has come for a
+/// while (`--promote-quiet-ms`) or the oldest waits too long. Until then a
+/// TCX program that ran before ours could pass a packet around policy: on
+/// a new pod veth, only one an earlier plugin of the chain attached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttachMode {
+    #[default]
+    Fast,
+    Tcx,
+}
+
+impl std::str::FromStr for AttachMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "fast" => Ok(AttachMode::Fast),
+            "tcx" => Ok(AttachMode::Tcx),
+            other => Err(format!("attach mode {other:?}: fast or tcx")),
+        }
+    }
+}
+
+impl std::fmt::Display for AttachMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AttachMode::Fast => "fast",
+            AttachMode::Tcx => "tcx",
+        })
+    }
+}
+
 pub trait Datapath: Send {
     /// Reads back everything already in the datapath, so a new process can
     /// take it over without a moment of unenforced traffic.
@@ -113,9 +152,21 @@ pub trait Datapath: Send {
             .collect())
     }
     /// Attaches both programs to the interface; attaching twice is a no-op.
+    /// Once it returns, the interface's packets are judged by our programs:
+    /// by filters first where the datapath attaches fast, to be promoted.
     fn attach(&mut self, ifname: &str, ifindex: u32) -> Result<()>;
     /// Detaches both programs; an interface that is already gone is fine.
     fn detach(&mut self, ifname: &str, ifindex: u32) -> Result<()>;
+    /// Interfaces attached fast and not yet promoted, with their index
+    /// and since when, oldest first.
+    fn unpromoted(&self) -> Vec<(String, u32, std::time::Instant)> {
+        Vec::new()
+    }
+    /// Moves an interface from the fast attachment to links at the head of
+    /// its chains (no-op when it has them, or is gone).
+    fn promote(&mut self, _ifname: &str) -> Result<()> {
+        Ok(())
+    }
     fn set_endpoint(&mut self, ifindex: u32, entry: &EndpointEntry) -> Result<()>;
     fn remove_endpoint(&mut self, ifindex: u32) -> Result<()>;
     /// The node's own addresses (every address in the node's network

@@ -84,6 +84,9 @@ pub struct InterfaceDump {
     /// staged policy applies (or audit failed: see the node's errors).
     pub audit_ingress: String,
     pub audit_egress: String,
+    /// How the programs are attached: "links" (TCX, the head of the
+    /// chains), or "filters" until promoted (see `promote`).
+    pub attachment: &'static str,
 }
 
 /// Names of policy sets, each computed once per report: a name reads the
@@ -194,6 +197,12 @@ impl<D: Datapath> Reconciler<D> {
 
     pub fn dump(&self) -> Dump {
         let mut names = Names::default();
+        let on_filters: std::collections::BTreeSet<String> = self
+            .datapath
+            .unpromoted()
+            .into_iter()
+            .map(|(name, _, _)| name)
+            .collect();
         let mut references: BTreeMap<PolicyId, usize> = BTreeMap::new();
         for e in self.realized.endpoints.values() {
             for id in [e.entry.ingress, e.entry.egress] {
@@ -220,6 +229,7 @@ impl<D: Datapath> Reconciler<D> {
                 .iter()
                 .cloned()
                 .chain(self.background.describe())
+                .chain(self.promotion.error.clone())
                 .collect(),
             policy_sets: self
                 .realized
@@ -237,6 +247,11 @@ impl<D: Datapath> Reconciler<D> {
                 .endpoints
                 .iter()
                 .map(|(name, e)| {
+                    let attachment = if on_filters.contains(name) {
+                        "filters"
+                    } else {
+                        "links"
+                    };
                     let audit = self.realized.audit.get(name);
                     let audit_ingress =
                         names.describe_audit(audit.and_then(|a| a.ingress.as_ref()));
@@ -249,6 +264,7 @@ impl<D: Datapath> Reconciler<D> {
                         egress: names.describe(&e.egress),
                         audit_ingress,
                         audit_egress,
+                        attachment,
                     }
                 })
                 .collect(),

@@ -20,6 +20,7 @@ mod dump;
 mod in_place;
 mod plan;
 mod pods;
+mod promote;
 mod recover;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -35,6 +36,7 @@ use crate::desired::{Mode, Owner, PodKey, PodRuntime, Verdict};
 
 pub use background::{peers, slices, BACKGROUND_PEERS, SLICE_ENTRIES};
 pub use dump::{ConntrackDump, Dump, InterfaceDump, PolicySetDump};
+pub use promote::{MAX_WAIT as PROMOTE_MAX_WAIT, QUIET as PROMOTE_QUIET};
 
 /// The policy id an endpoint gets when its policy could not be written: no
 /// table entry ever has it, so every lookup misses and the pod is denied
@@ -122,6 +124,9 @@ pub enum Event {
     /// Periodic: re-reads inputs that change without telling us (the node's
     /// addresses, interfaces if a link event was lost) and converges.
     Tick,
+    /// Promote every fast-attached interface now (shutdown): answered with
+    /// how many are left on filters.
+    PromoteAll(oneshot::Sender<usize>),
     /// A big policy compiled off the reconciler's thread (see `background`),
     /// by its encoding.
     Compiled {
@@ -292,6 +297,8 @@ pub struct Reconciler<D: Datapath> {
     in_place_edits: bool,
     /// Big policies compiled off this thread and written in slices.
     background: background::Background,
+    /// Fast-attached interfaces' way to links (see `promote`).
+    promotion: promote::Promotion,
     /// When the event being handled began (ms since the Unix epoch; 0:
     /// idle), for the stall watchdog (`crate::stall`).
     busy_since: Arc<std::sync::atomic::AtomicU64>,
@@ -334,6 +341,7 @@ impl<D: Datapath> Reconciler<D> {
             links_pending: Default::default(),
             in_place_edits: true,
             background: Default::default(),
+            promotion: Default::default(),
             busy_since: Default::default(),
             datapath,
         }
@@ -425,8 +433,23 @@ impl<D: Datapath> Reconciler<D> {
     /// pays for it once.
     ///
     /// A big table is written a slice per turn, between events (see
-    /// `background`): an event waits at most one slice behind it.
+    /// `background`): an event waits at most one slice behind it. So is
+    /// an interface promoted from filters to links, once the node is quiet
+    /// (see `promote`).
     pub fn run(mut self, mut events: mpsc::Receiver<Event>, state: watch::Sender<NodeState>) {
+        // Only to wait for an event with a deadline (the next promotion).
+        let timer = match tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+        {
+            Ok(rt) => Some(rt),
+            Err(e) => {
+                tracing::warn!(
+                    "no timer for promotions ({e}); interfaces are promoted on later events"
+                );
+                None
+            }
+        };
         loop {
             if self.background.has_writes() {
                 let event = match events.try_recv() {
@@ -456,9 +479,28 @@ impl<D: Datapath> Reconciler<D> {
                             false
                         }
                     });
-                    match events.blocking_recv() {
-                        Some(e) => e,
-                        None => break,
+                    let due = self.promotion_due_in(std::time::Instant::now());
+                    match (due, &timer) {
+                        (Some(d), _) if d.is_zero() => {
+                            self.busy(true);
+                            self.promote_next();
+                            self.busy(false);
+                            continue;
+                        }
+                        (Some(d), Some(rt)) => {
+                            match rt
+                                .block_on(async { tokio::time::timeout(d, events.recv()).await })
+                            {
+                                Ok(Some(e)) => e,
+                                Ok(None) => break,
+                                // The promotion is due.
+                                Err(_) => continue,
+                            }
+                        }
+                        _ => match events.blocking_recv() {
+                            Some(e) => e,
+                            None => break,
+                        },
                     }
                 }
             };
@@ -506,7 +548,10 @@ impl<D: Datapath> Reconciler<D> {
                 }
             }
             Event::PlanStreamError(e) => self.plan_stream_error = e,
-            Event::PodUp(up, reply) => self.pod_up(up, reply),
+            Event::PodUp(up, reply) => {
+                self.pod_event();
+                self.pod_up(up, reply);
+            }
             Event::PodUpDeadline { pod, container_id } => self.pod_up_deadline(&pod, &container_id),
             Event::PodPlanFetched { pod, policy } => self.pod_plan_fetched(pod, policy),
             Event::PodDown {
@@ -514,6 +559,7 @@ impl<D: Datapath> Reconciler<D> {
                 container_id,
                 reply,
             } => {
+                self.pod_event();
                 let _ = reply.send(self.pod_down(pod, &container_id));
             }
             Event::PodCheck {
@@ -525,6 +571,9 @@ impl<D: Datapath> Reconciler<D> {
             }
             Event::Dump(reply) => {
                 let _ = reply.send(self.dump());
+            }
+            Event::PromoteAll(reply) => {
+                let _ = reply.send(self.promote_all());
             }
             Event::ConntrackCleaned(r) => self.conntrack.record(r),
             Event::Compiled {

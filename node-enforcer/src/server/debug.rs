@@ -104,6 +104,7 @@ impl DebugService for DebugServer {
                     egress_policy_set: i.egress,
                     audit_ingress_policy_set: i.audit_ingress,
                     audit_egress_policy_set: i.audit_egress,
+                    attachment: i.attachment.to_string(),
                 })
                 .collect(),
         }))
