@@ -24,7 +24,7 @@ use node_enforcer::checkpoint::Checkpoint;
 use node_enforcer::compile::{compile, PolicySet, Prefix};
 use node_enforcer::datapath::bpf::BpfDatapath;
 use node_enforcer::datapath::{inspect, Adopted, Datapath, EndpointEntry, PolicyId, PortSetId};
-use node_enforcer::datapath::{DatapathError, Result as DpResult};
+use node_enforcer::datapath::{DatapathError, DatapathErrorKind, Result as DpResult};
 use node_enforcer::desired::{Mode, PodRuntime};
 use node_enforcer::reconciler::{Event, PlanError, PlanMessage, PodUp, Reconciler, DENY_ALL};
 use palisade_proto::v1::{
@@ -166,7 +166,10 @@ static EDITS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::n
 impl Mortal {
     fn spend(&mut self, op: &str) -> DpResult<()> {
         match &mut self.budget {
-            Some(0) => Err(DatapathError::new(format!("{op}: the process is dead"))),
+            Some(0) => Err(DatapathError::new(
+                DatapathErrorKind::Kernel,
+                format!("{op}: the process is dead"),
+            )),
             Some(n) => {
                 *n -= 1;
                 Ok(())
@@ -226,6 +229,7 @@ impl Datapath for Mortal {
         }
         if allowed < writes {
             return Err(DatapathError::new(
+                DatapathErrorKind::Kernel,
                 "update_policy: the process died part-way",
             ));
         }
