@@ -203,18 +203,15 @@ async fn stream_once(
         // The reconciler refuses a plan of an older term too (and keeps the
         // highest across restarts); this is its mirror for fetched pods.
         let applied = handle.plan(msg).await;
-        span.finish(&match &applied {
-            Ok(Ok(v)) => Ok(*v),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(e) => Err(e.clone()),
-        });
-        match applied? {
+        span.finish(&applied.as_ref().copied().map_err(|e| e.to_string()));
+        match applied {
             Ok(version) => {
                 *attempt = 0;
                 controllers.applied(term);
                 tracing::info!(version, term, "plan applied");
             }
-            // Out of sequence: a fresh subscription starts with a snapshot.
+            // Refused (out of sequence: a fresh subscription starts with a
+            // snapshot), or no reconciler to apply it.
             Err(e) => return Err(e.to_string()),
         }
     }
