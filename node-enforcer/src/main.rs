@@ -200,7 +200,11 @@ impl Stop {
     }
 }
 
-async fn run(args: Args) -> Result<(), String> {
+/// Whatever stopped the enforcer, told once by `main` (each part's own
+/// error, typed or text).
+type RunError = Box<dyn std::error::Error + Send + Sync>;
+
+async fn run(args: Args) -> Result<(), RunError> {
     if args.node_name.is_empty() {
         return Err("--node-name must not be empty".into());
     }
@@ -208,7 +212,8 @@ async fn run(args: Args) -> Result<(), String> {
         return Err(format!(
             "--pod-up-deadline-ms {} is out of range 1..=600000",
             args.pod_up_deadline_ms
-        ));
+        )
+        .into());
     }
     // Listened for from here on: as a container's PID 1 the enforcer has no
     // default action for SIGTERM, so one that came before a listener (while
@@ -422,5 +427,5 @@ async fn run(args: Args) -> Result<(), String> {
     if reconciler_died {
         return Err("the reconciler thread died".into());
     }
-    result
+    Ok(result?)
 }

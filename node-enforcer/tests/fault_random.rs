@@ -361,8 +361,8 @@ impl World {
 
     fn start(&mut self) -> Result<(), String> {
         let inner = BpfDatapath::load(&self.pin_root).map_err(|e| e.to_string())?;
-        let cp = Checkpoint::open(self.state.path())?;
-        let saved = cp.load()?;
+        let cp = Checkpoint::open(self.state.path()).map_err(|e| e.to_string())?;
+        let saved = cp.load().map_err(|e| e.to_string())?;
         let mut r = Reconciler::new(
             "n".into(),
             format!("e{}", self.generation),
