@@ -347,6 +347,8 @@ async fn run(args: Args) -> Result<(), RunError> {
                 Err(_) => return,
             };
             conntrack = map;
+            // The reconciler keeps the text for its dump and metrics.
+            let report = report.map_err(|e| e.to_string());
             if cleanup_tx
                 .send(Event::ConntrackCleaned(report))
                 .await
