@@ -49,6 +49,64 @@ struct SavedPod {
     runtime: PodRuntime,
 }
 
+/// What is wrong with a framed file's bytes.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FrameError {
+    #[error("empty")]
+    Empty,
+    #[error("{0} bytes, shorter than its header")]
+    ShorterThanHeader(usize),
+    /// Not written by this code (or before framing existed).
+    #[error("not a Palisade checkpoint (bad magic)")]
+    BadMagic,
+    /// Cut short or grown: the length in the header is not the payload's.
+    #[error("truncated or padded: {payload} payload bytes, header says {header}")]
+    Length { payload: usize, header: u64 },
+    /// The payload is not what was written (a flipped bit).
+    #[error("checksum mismatch")]
+    ChecksumMismatch,
+}
+
+/// Why a checkpoint file that is there cannot be used. `load` names the
+/// file and treats it as missing; never an empty plan.
+#[derive(Debug, thiserror::Error)]
+pub enum Damage {
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    /// A whole frame whose payload does not decode as a plan.
+    #[error("not a plan snapshot: {0}")]
+    Plan(#[source] prost::DecodeError),
+    /// A whole frame whose payload does not decode as the pods.
+    #[error("{0}")]
+    Pods(#[source] serde_json::Error),
+}
+
+/// Why the checkpoint could not be opened, read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// The directory or a file of it: `action` ("reading", "writing",
+    /// "restricting", "creating state directory") on `path`.
+    #[error("{action} {}: {source}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("encoding pods: {0}")]
+    EncodePods(#[source] serde_json::Error),
+}
+
+impl CheckpointError {
+    fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Self + 'a {
+        move |source| CheckpointError::Io {
+            action,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
 /// Frames a payload so that any truncation or corruption is detected.
 pub fn frame(payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER + payload.len());
@@ -60,26 +118,26 @@ pub fn frame(payload: &[u8]) -> Vec<u8> {
 }
 
 /// The payload of a framed file, or what is wrong with it.
-pub fn unframe(bytes: &[u8]) -> Result<&[u8], String> {
+pub fn unframe(bytes: &[u8]) -> Result<&[u8], FrameError> {
     if bytes.is_empty() {
-        return Err("empty".into());
+        return Err(FrameError::Empty);
     }
     if bytes.len() < HEADER {
-        return Err(format!("{} bytes, shorter than its header", bytes.len()));
+        return Err(FrameError::ShorterThanHeader(bytes.len()));
     }
     if &bytes[..8] != MAGIC {
-        return Err("not a Palisade checkpoint (bad magic)".into());
+        return Err(FrameError::BadMagic);
     }
     let len = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
     let payload = &bytes[HEADER..];
     if payload.len() as u64 != len {
-        return Err(format!(
-            "truncated or padded: {} payload bytes, header says {len}",
-            payload.len()
-        ));
+        return Err(FrameError::Length {
+            payload: payload.len(),
+            header: len,
+        });
     }
     if Sha1::digest(payload).as_slice() != &bytes[16..HEADER] {
-        return Err("checksum mismatch".into());
+        return Err(FrameError::ChecksumMismatch);
     }
     Ok(payload)
 }
@@ -108,14 +166,14 @@ fn encode_plan(version: u64, term: u64, plan: &BTreeMap<PodKey, PodPolicy>) -> V
 impl Checkpoint {
     /// Creates the directory (0700), or tightens it and the files in it to
     /// 0700 and 0600 if an older version left them wider, saying so.
-    pub fn open(dir: &Path) -> Result<Self, String> {
+    pub fn open(dir: &Path) -> Result<Self, CheckpointError> {
         let had = crate::private::dir(dir)
-            .map_err(|e| format!("creating state directory {}: {e}", dir.display()))?;
+            .map_err(CheckpointError::io("creating state directory", dir))?;
         crate::private::log_tightened("the state directory", dir, had);
         for name in [PLAN_FILE, PODS_FILE] {
             let path = dir.join(name);
             let had = crate::private::tighten_file(&path)
-                .map_err(|e| format!("restricting {}: {e}", path.display()))?;
+                .map_err(CheckpointError::io("restricting", &path))?;
             crate::private::log_tightened("a checkpoint file", &path, had);
         }
         Ok(Checkpoint {
@@ -134,11 +192,11 @@ impl Checkpoint {
         version: u64,
         term: u64,
         plan: &BTreeMap<PodKey, PodPolicy>,
-    ) -> Result<(), String> {
+    ) -> Result<(), CheckpointError> {
         self.write(PLAN_FILE, &encode_plan(version, term, plan))
     }
 
-    pub fn save_pods(&self, pods: &BTreeMap<PodKey, PodRuntime>) -> Result<(), String> {
+    pub fn save_pods(&self, pods: &BTreeMap<PodKey, PodRuntime>) -> Result<(), CheckpointError> {
         let list: Vec<SavedPod> = pods
             .iter()
             .map(|((namespace, name), runtime)| SavedPod {
@@ -147,19 +205,17 @@ impl Checkpoint {
                 runtime: runtime.clone(),
             })
             .collect();
-        let text = serde_json::to_vec_pretty(&list).map_err(|e| format!("encoding pods: {e}"))?;
+        let text = serde_json::to_vec_pretty(&list).map_err(CheckpointError::EncodePods)?;
         self.write(PODS_FILE, &text)
     }
 
     /// Reads what was saved. Missing files mean nothing was saved; damaged
     /// ones are listed in `damage` and treated as missing. Only an I/O error
     /// on the directory itself is an error.
-    pub fn load(&self) -> Result<Saved, String> {
+    pub fn load(&self) -> Result<Saved, CheckpointError> {
         let mut saved = Saved::default();
         if let Some(bytes) = self.read(PLAN_FILE)? {
-            match unframe(&bytes).and_then(|p| {
-                PlanSnapshot::decode(p).map_err(|e| format!("not a plan snapshot: {e}"))
-            }) {
+            match decode_plan(&bytes) {
                 Ok(plan) => saved.plan = Some(plan),
                 Err(e) => saved.damage.push(format!(
                     "checkpoint {} is damaged ({e}); starting without a plan and keeping what the datapath enforces",
@@ -168,9 +224,7 @@ impl Checkpoint {
             }
         }
         if let Some(bytes) = self.read(PODS_FILE)? {
-            match unframe(&bytes)
-                .and_then(|p| serde_json::from_slice::<Vec<SavedPod>>(p).map_err(|e| e.to_string()))
-            {
+            match decode_pods(&bytes) {
                 Ok(list) => {
                     for p in list {
                         saved.pods.insert((p.namespace, p.name), p.runtime);
@@ -189,15 +243,15 @@ impl Checkpoint {
         self.dir.join(name)
     }
 
-    fn read(&self, name: &str) -> Result<Option<Vec<u8>>, String> {
+    fn read(&self, name: &str) -> Result<Option<Vec<u8>>, CheckpointError> {
         match std::fs::read(self.path(name)) {
             Ok(b) => Ok(Some(b)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(format!("reading {}: {e}", self.path(name).display())),
+            Err(e) => Err(CheckpointError::io("reading", &self.path(name))(e)),
         }
     }
 
-    fn write(&self, name: &str, payload: &[u8]) -> Result<(), String> {
+    fn write(&self, name: &str, payload: &[u8]) -> Result<(), CheckpointError> {
         let path = self.path(name);
         let tmp = self.dir.join(format!(".{name}.{}.tmp", std::process::id()));
         let result = (|| {
@@ -211,8 +265,16 @@ impl Checkpoint {
         if result.is_err() {
             let _ = std::fs::remove_file(&tmp);
         }
-        result.map_err(|e| format!("writing {}: {e}", path.display()))
+        result.map_err(CheckpointError::io("writing", &path))
     }
+}
+
+fn decode_plan(bytes: &[u8]) -> Result<PlanSnapshot, Damage> {
+    PlanSnapshot::decode(unframe(bytes)?).map_err(Damage::Plan)
+}
+
+fn decode_pods(bytes: &[u8]) -> Result<Vec<SavedPod>, Damage> {
+    serde_json::from_slice(unframe(bytes)?).map_err(Damage::Pods)
 }
 
 #[cfg(test)]
@@ -338,6 +400,70 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
+    }
+
+    #[test]
+    fn each_damage_is_told_by_its_kind_with_the_text_it_had() {
+        let whole = frame(b"payload");
+        let mut flipped = whole.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        let cases: [(&[u8], FrameError, &str); 4] = [
+            (b"", FrameError::Empty, "empty"),
+            (
+                &whole[..10],
+                FrameError::ShorterThanHeader(10),
+                "10 bytes, shorter than its header",
+            ),
+            (
+                &whole[..whole.len() - 1],
+                FrameError::Length {
+                    payload: 6,
+                    header: 7,
+                },
+                "truncated or padded: 6 payload bytes, header says 7",
+            ),
+            (&flipped, FrameError::ChecksumMismatch, "checksum mismatch"),
+        ];
+        for (bytes, kind, text) in cases {
+            let e = unframe(bytes).unwrap_err();
+            assert_eq!((&e, e.to_string().as_str()), (&kind, text));
+        }
+        let mut foreign = whole.clone();
+        foreign[0] = b'X';
+        assert_eq!(unframe(&foreign), Err(FrameError::BadMagic));
+        assert_eq!(
+            FrameError::BadMagic.to_string(),
+            "not a Palisade checkpoint (bad magic)"
+        );
+
+        // A whole frame that is not a plan keeps the decoder's error.
+        let e = decode_plan(&frame(b"\xff")).unwrap_err();
+        assert!(matches!(e, Damage::Plan(_)), "{e:?}");
+        assert!(e.to_string().starts_with("not a plan snapshot: "), "{e}");
+        assert!(std::error::Error::source(&e).is_some());
+    }
+
+    #[test]
+    fn an_io_failure_names_the_action_and_path_and_keeps_the_cause() {
+        let root = tempfile::tempdir().unwrap();
+        let file = root.path().join("f");
+        std::fs::write(&file, "").unwrap();
+        let dir = file.join("state");
+        let e = Checkpoint::open(&dir).err().expect("a file is in the way");
+        let CheckpointError::Io {
+            action,
+            path,
+            source,
+        } = &e
+        else {
+            panic!("{e:?}")
+        };
+        assert_eq!((*action, path), ("creating state directory", &dir));
+        assert_eq!(
+            e.to_string(),
+            format!("creating state directory {}: {source}", dir.display())
+        );
+        assert!(std::error::Error::source(&e).is_some());
     }
 
     fn mode(p: &Path) -> u32 {

@@ -13,7 +13,33 @@ pub struct Handle {
     pod_up_deadline: std::time::Duration,
 }
 
-const GONE: &str = "the enforcer's reconciler has stopped";
+/// Why the reconciler did not do what it was asked.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum HandleError {
+    /// The reconciler has stopped: nothing that goes through it works
+    /// (health says NOT_SERVING).
+    #[error("the enforcer's reconciler has stopped")]
+    ReconcilerGone,
+    /// It refused a plan message (out of sequence, an older term, an
+    /// unsynced source): the node keeps its current plan.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// Its answer about a pod: the pod-up, delete or check was refused or
+    /// failed, and the text says why.
+    #[error("{0}")]
+    Pod(String),
+}
+
+impl HandleError {
+    /// A short, stable label for metrics and structured logs.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            HandleError::ReconcilerGone => "reconciler_gone",
+            HandleError::Plan(_) => "plan_refused",
+            HandleError::Pod(_) => "pod",
+        }
+    }
+}
 
 impl Handle {
     /// `pod_up_deadline`: how long a pod-up waits for the pod's policy
@@ -30,17 +56,21 @@ impl Handle {
         self.tx.clone()
     }
 
-    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Event) -> Result<T, String> {
+    async fn ask<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<T>) -> Event,
+    ) -> Result<T, HandleError> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(make(reply))
             .await
-            .map_err(|_| GONE.to_string())?;
-        rx.await.map_err(|_| GONE.to_string())
+            .map_err(|_| HandleError::ReconcilerGone)?;
+        rx.await.map_err(|_| HandleError::ReconcilerGone)
     }
 
-    pub async fn plan(&self, msg: PlanMessage) -> Result<Result<u64, PlanError>, String> {
-        self.ask(|r| Event::Plan(msg, r)).await
+    /// The plan version applied.
+    pub async fn plan(&self, msg: PlanMessage) -> Result<u64, HandleError> {
+        Ok(self.ask(|r| Event::Plan(msg, r)).await??)
     }
 
     pub async fn plan_connected(&self, connected: bool) {
@@ -51,7 +81,7 @@ impl Handle {
         let _ = self.tx.send(Event::PlanStreamError(error)).await;
     }
 
-    pub async fn pod_up(&self, up: PodUp) -> Result<PodUpOutcome, String> {
+    pub async fn pod_up(&self, up: PodUp) -> Result<PodUpOutcome, HandleError> {
         let deadline = Event::PodUpDeadline {
             pod: up.pod.clone(),
             container_id: up.runtime.container_id.clone(),
@@ -66,7 +96,7 @@ impl Handle {
         let answer = self.ask(|r| Event::PodUp(up, r)).await;
         crate::metrics::observe_pod_up(started.elapsed());
         timer.abort();
-        answer?
+        answer?.map_err(HandleError::Pod)
     }
 
     pub async fn pod_plan_fetched(
@@ -77,31 +107,85 @@ impl Handle {
         let _ = self.tx.send(Event::PodPlanFetched { pod, policy }).await;
     }
 
-    pub async fn pod_down(&self, pod: Option<PodKey>, container_id: String) -> Result<(), String> {
+    pub async fn pod_down(
+        &self,
+        pod: Option<PodKey>,
+        container_id: String,
+    ) -> Result<(), HandleError> {
         self.ask(|reply| Event::PodDown {
             pod,
             container_id,
             reply,
         })
         .await?
+        .map_err(HandleError::Pod)
     }
 
-    pub async fn pod_check(&self, pod: PodKey, container_id: String) -> Result<PodState, String> {
+    pub async fn pod_check(
+        &self,
+        pod: PodKey,
+        container_id: String,
+    ) -> Result<PodState, HandleError> {
         self.ask(|reply| Event::PodCheck {
             pod,
             container_id,
             reply,
         })
         .await?
+        .map_err(HandleError::Pod)
     }
 
-    pub async fn dump(&self) -> Result<Dump, String> {
+    pub async fn dump(&self) -> Result<Dump, HandleError> {
         self.ask(Event::Dump).await
     }
 
     /// Promotes every fast-attached interface to links (before exiting);
     /// how many are left on filters.
-    pub async fn promote_all(&self) -> Result<usize, String> {
+    pub async fn promote_all(&self) -> Result<usize, HandleError> {
         self.ask(Event::PromoteAll).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handle() -> (Handle, mpsc::Receiver<Event>) {
+        let (tx, rx) = mpsc::channel(1);
+        (Handle::new(tx, std::time::Duration::from_secs(60)), rx)
+    }
+
+    #[tokio::test]
+    async fn a_stopped_reconciler_and_its_refusals_are_told_apart() {
+        let (h, rx) = handle();
+        drop(rx);
+        let gone = h.dump().await.unwrap_err();
+        assert_eq!(gone, HandleError::ReconcilerGone);
+        assert_eq!(gone.to_string(), "the enforcer's reconciler has stopped");
+
+        let (h, mut rx) = handle();
+        let reconciler = tokio::spawn(async move {
+            while let Some(event) = rx.recv().await {
+                match event {
+                    Event::PodDown { reply, .. } => {
+                        let _ = reply.send(Err("pod x/a: busy".into()));
+                    }
+                    Event::Plan(_, reply) => {
+                        let _ = reply.send(Err(PlanError::NotSynced(4)));
+                    }
+                    _ => {}
+                }
+            }
+        });
+        let refused = h.pod_down(None, "c".into()).await.unwrap_err();
+        assert_eq!(refused, HandleError::Pod("pod x/a: busy".into()));
+        assert_eq!(refused.to_string(), "pod x/a: busy");
+        assert_eq!(refused.metric_label(), "pod");
+        let snapshot = palisade_proto::v1::PlanSnapshot::default();
+        let plan = h.plan(PlanMessage::Snapshot(snapshot)).await.unwrap_err();
+        assert_eq!(plan, HandleError::Plan(PlanError::NotSynced(4)));
+        assert_eq!(plan.to_string(), PlanError::NotSynced(4).to_string());
+        drop(h);
+        reconciler.await.unwrap();
     }
 }

@@ -61,9 +61,19 @@ fn open() -> std::io::Result<OwnedFd> {
     }
 }
 
+/// Why interface events could not be watched.
+#[derive(Debug, thiserror::Error)]
+pub enum LinksError {
+    /// The netlink socket could not be opened or bound.
+    #[error("subscribing to interface events: {0}")]
+    Subscribe(#[source] std::io::Error),
+    #[error("starting the interface event thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
 /// Watches link events on a thread of its own until the reconciler is gone.
-pub fn watch(events: mpsc::Sender<Event>, pending: Pending) -> Result<(), String> {
-    let fd = open().map_err(|e| format!("subscribing to interface events: {e}"))?;
+pub fn watch(events: mpsc::Sender<Event>, pending: Pending) -> Result<(), LinksError> {
+    let fd = open().map_err(LinksError::Subscribe)?;
     std::thread::Builder::new()
         .name("link-events".into())
         .spawn(move || {
@@ -87,6 +97,6 @@ pub fn watch(events: mpsc::Sender<Event>, pending: Pending) -> Result<(), String
                 }
             }
         })
-        .map_err(|e| format!("starting the interface event thread: {e}"))?;
+        .map_err(LinksError::Thread)?;
     Ok(())
 }

@@ -7,12 +7,40 @@
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 pub struct Lock {
     _files: Vec<File>,
+}
+
+/// Why the node's lock was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// `action` ("creating state directory", "creating pin root",
+    /// "opening", "locking") failed on `path`.
+    #[error("{action} {}: {source}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another enforcer still held `path` when the timeout ran out.
+    #[error("another enforcer still holds {} after {waited:?}; only one enforcer may own a node", path.display())]
+    Held { path: PathBuf, waited: Duration },
+    /// The process was asked to exit while it waited.
+    #[error("asked to stop while waiting for {}", path.display())]
+    Stopped { path: PathBuf },
+}
+
+fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> LockError + 'a {
+    move |source| LockError::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 fn try_lock(f: &File) -> std::io::Result<bool> {
@@ -37,12 +65,10 @@ pub fn acquire(
     pin_root: &Path,
     timeout: Option<Duration>,
     stop: &AtomicBool,
-) -> Result<Lock, String> {
-    let had = crate::private::dir(state_dir)
-        .map_err(|e| format!("creating state directory {}: {e}", state_dir.display()))?;
+) -> Result<Lock, LockError> {
+    let had = crate::private::dir(state_dir).map_err(io("creating state directory", state_dir))?;
     crate::private::log_tightened("the state directory", state_dir, had);
-    std::fs::create_dir_all(pin_root)
-        .map_err(|e| format!("creating pin root {}: {e}", pin_root.display()))?;
+    std::fs::create_dir_all(pin_root).map_err(io("creating pin root", pin_root))?;
     let lock_file = state_dir.join("enforcer.lock");
     let files = [
         (
@@ -51,23 +77,24 @@ pub fn acquire(
                 .truncate(false)
                 .write(true)
                 .open(&lock_file)
-                .map_err(|e| format!("opening {}: {e}", lock_file.display()))?,
-            lock_file.display().to_string(),
+                .map_err(io("opening", &lock_file))?,
+            lock_file.clone(),
         ),
         (
-            File::open(pin_root).map_err(|e| format!("opening {}: {e}", pin_root.display()))?,
-            pin_root.display().to_string(),
+            File::open(pin_root).map_err(io("opening", pin_root))?,
+            pin_root.to_path_buf(),
         ),
     ];
     let started = Instant::now();
     let mut said = false;
     let mut held = Vec::new();
-    for (f, what) in files {
+    for (f, path) in files {
+        let what = path.display();
         loop {
             match try_lock(&f) {
                 Ok(true) => break,
                 Ok(false) => {}
-                Err(e) => return Err(format!("locking {what}: {e}")),
+                Err(e) => return Err(io("locking", &path)(e)),
             }
             if !said {
                 tracing::warn!(lock = %what, "another enforcer holds this node's lock; waiting for it to exit");
@@ -77,13 +104,13 @@ pub fn acquire(
                 said = true;
             }
             if stop.load(Ordering::Relaxed) {
-                return Err(format!("asked to stop while waiting for {what}"));
+                return Err(LockError::Stopped { path });
             }
             if timeout.is_some_and(|t| started.elapsed() >= t) {
-                return Err(format!(
-                    "another enforcer still holds {what} after {:?}; only one enforcer may own a node",
-                    started.elapsed()
-                ));
+                return Err(LockError::Held {
+                    path,
+                    waited: started.elapsed(),
+                });
             }
             std::thread::sleep(Duration::from_millis(100)); // poll: flock has no timed wait
         }
@@ -113,7 +140,8 @@ mod tests {
         )
         .err()
         .expect("a second enforcer must not get the lock");
-        assert!(err.contains("another enforcer"), "{err}");
+        assert!(matches!(err, LockError::Held { .. }), "{err:?}");
+        assert!(err.to_string().contains("another enforcer"), "{err}");
         drop(first);
         acquire(state.path(), pins.path(), Some(Duration::ZERO), &go)
             .expect("free once the first is gone");
@@ -171,7 +199,8 @@ mod tests {
                 .err()
                 .expect("no lock while the first holds it")
         });
-        assert!(err.contains("asked to stop"), "{err}");
+        assert!(matches!(err, LockError::Stopped { .. }), "{err:?}");
+        assert!(err.to_string().contains("asked to stop"), "{err}");
         assert!(started.elapsed() < Duration::from_secs(2));
     }
 }

@@ -219,7 +219,11 @@ impl Stop {
     }
 }
 
-async fn run(args: Args) -> Result<(), String> {
+/// Whatever stopped the enforcer, told once by `main` (each part's own
+/// error, typed or text).
+type RunError = Box<dyn std::error::Error + Send + Sync>;
+
+async fn run(args: Args) -> Result<(), RunError> {
     if args.node_name.is_empty() {
         return Err("--node-name must not be empty".into());
     }
@@ -227,7 +231,8 @@ async fn run(args: Args) -> Result<(), String> {
         return Err(format!(
             "--pod-up-deadline-ms {} is out of range 1..=600000",
             args.pod_up_deadline_ms
-        ));
+        )
+        .into());
     }
     // Listened for from here on: as a container's PID 1 the enforcer has no
     // default action for SIGTERM, so one that came before a listener (while
@@ -366,6 +371,8 @@ async fn run(args: Args) -> Result<(), String> {
                 Err(_) => return,
             };
             conntrack = map;
+            // The reconciler keeps the text for its dump and metrics.
+            let report = report.map_err(|e| e.to_string());
             if cleanup_tx
                 .send(Event::ConntrackCleaned(report))
                 .await
@@ -459,5 +466,5 @@ async fn run(args: Args) -> Result<(), String> {
             "promoting interfaces at exit took over {PROMOTE_ON_EXIT:?}; the next enforcer promotes the rest"
         ),
     }
-    result
+    Ok(result?)
 }

@@ -278,7 +278,7 @@ pub mod audit {
     pub type Reading = [u64; 4];
 
     pub fn read(pin_root: &Path) -> Result<Reading, String> {
-        let stats = crate::flow_log::stats::read(pin_root)?;
+        let stats = crate::flow_log::stats::read(pin_root).map_err(|e| e.to_string())?;
         Ok(LABELS.map(|(slot, _, _)| stats.slots[slot as usize]))
     }
 
@@ -335,7 +335,8 @@ pub mod audit {
 async fn flow_log_reading(pin_root: PathBuf) -> Option<crate::flow_log::stats::FlowStats> {
     let read = tokio::task::spawn_blocking(move || crate::flow_log::stats::read(&pin_root))
         .await
-        .unwrap_or_else(|e| Err(e.to_string()));
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()));
     read.map_err(|e| tracing::warn!(error = %e, "metrics: reading the flow log counters"))
         .ok()
 }

@@ -14,10 +14,38 @@ use palisade_proto::v1::{
 use palisade_runtime::transport::{connect_with, source_chain, Address, ClientOptions};
 use tokio::sync::watch;
 
-use crate::handle::Handle;
+use crate::handle::{Handle, HandleError};
 use crate::reconciler::PlanMessage;
 use crate::telemetry::{Fetch, Realize, ReportParent};
 use palisade_runtime::telemetry::PlanMessageInfo;
+
+/// Why the plan stream ended, or a pod's plan could not be fetched.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanClientError {
+    #[error("at least one controller address is required")]
+    NoController,
+    /// No connection to the controller (the transport's text says why).
+    #[error("{0}")]
+    Connect(String),
+    /// The controller refused the subscription (a standby names the
+    /// leader).
+    #[error("subscribe: {}", .0.message())]
+    Subscribe(#[source] tonic::Status),
+    /// The stream broke.
+    #[error("receive: {} ({})", .0.message(), source_chain(.0))]
+    Receive(#[source] tonic::Status),
+    /// The reconciler refused a plan message, or is gone.
+    #[error(transparent)]
+    Apply(#[from] HandleError),
+    /// The controller did not answer for a pod's plan.
+    #[error("{}", .0.message())]
+    Fetch(#[source] tonic::Status),
+    /// A fetched answer came from a deposed controller.
+    #[error(
+        "answer from leadership term {answer}, older than term {applied} already applied: refused"
+    )]
+    StaleTerm { answer: u64, applied: u64 },
+}
 
 /// Delay before reconnect attempt `n` (0-based): doubling from 100 ms, capped.
 pub fn backoff(attempt: u32, cap: Duration) -> Duration {
@@ -39,9 +67,13 @@ pub struct Controllers {
 
 impl Controllers {
     /// `term`: the highest term already applied (from the checkpoint).
-    pub fn new(addrs: Vec<Address>, options: ClientOptions, term: u64) -> Result<Self, String> {
+    pub fn new(
+        addrs: Vec<Address>,
+        options: ClientOptions,
+        term: u64,
+    ) -> Result<Self, PlanClientError> {
         if addrs.is_empty() {
-            return Err("at least one controller address is required".into());
+            return Err(PlanClientError::NoController);
         }
         Ok(Controllers {
             addrs: Arc::new(addrs),
@@ -74,13 +106,13 @@ impl Controllers {
         self.addrs.is_empty()
     }
 
-    async fn connect(&self, timeout: Duration) -> Result<(usize, Channel), String> {
+    async fn connect(&self, timeout: Duration) -> Result<(usize, Channel), PlanClientError> {
         let (i, addr) = self.current();
         match connect_with(addr, timeout, &self.options).await {
             Ok(c) => Ok((i, c)),
             Err(e) => {
                 self.failed(i);
-                Err(e)
+                Err(PlanClientError::Connect(e))
             }
         }
     }
@@ -115,7 +147,7 @@ pub async fn run(
         let why = match stream_once(&controllers, &node, &enforcer_id, &handle, &mut attempt).await
         {
             Ok(()) => "the plan stream ended".to_string(),
-            Err(e) => e,
+            Err(e) => e.to_string(),
         };
         // Whatever ended it (a standby's refusal, a lost leadership, a dead
         // peer), the next address may be the leader now.
@@ -145,7 +177,7 @@ async fn stream_once(
     enforcer_id: &str,
     handle: &Handle,
     attempt: &mut u32,
-) -> Result<(), String> {
+) -> Result<(), PlanClientError> {
     let (_, channel) = controllers.connect(Duration::from_secs(5)).await?;
     let controller = controllers.current().1.clone();
     let mut client = plan_service(channel);
@@ -155,7 +187,7 @@ async fn stream_once(
             enforcer_id: enforcer_id.to_string(),
         })
         .await
-        .map_err(|s| format!("subscribe: {}", s.message()))?
+        .map_err(PlanClientError::Subscribe)?
         .into_inner();
     handle.plan_connected(true).await;
     tracing::info!(%controller, "plan stream connected");
@@ -163,7 +195,7 @@ async fn stream_once(
         let msg = match stream.message().await {
             Ok(Some(m)) => m,
             Ok(None) => return Ok(()),
-            Err(s) => return Err(format!("receive: {} ({})", s.message(), source_chain(&s))),
+            Err(s) => return Err(PlanClientError::Receive(s)),
         };
         let (msg, term, span) = match msg.update {
             Some(Update::Snapshot(mut s)) => {
@@ -203,19 +235,16 @@ async fn stream_once(
         // The reconciler refuses a plan of an older term too (and keeps the
         // highest across restarts); this is its mirror for fetched pods.
         let applied = handle.plan(msg).await;
-        span.finish(&match &applied {
-            Ok(Ok(v)) => Ok(*v),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(e) => Err(e.clone()),
-        });
-        match applied? {
+        span.finish(&applied);
+        match applied {
             Ok(version) => {
                 *attempt = 0;
                 controllers.applied(term);
                 tracing::info!(version, term, "plan applied");
             }
-            // Out of sequence: a fresh subscription starts with a snapshot.
-            Err(e) => return Err(e.to_string()),
+            // Refused (out of sequence: a fresh subscription starts with a
+            // snapshot), or no reconciler to apply it.
+            Err(e) => return Err(e.into()),
         }
     }
 }
@@ -265,7 +294,7 @@ async fn fetch_one(
     node: &str,
     pod: &crate::desired::PodKey,
     client: &mut Option<PlanServiceClient<tonic::transport::Channel>>,
-) -> Result<Option<palisade_proto::v1::PodPolicy>, String> {
+) -> Result<Option<palisade_proto::v1::PodPolicy>, PlanClientError> {
     let mut c = match client.take() {
         Some(c) => c,
         None => plan_service(controllers.connect(Duration::from_secs(1)).await?.1),
@@ -283,16 +312,15 @@ async fn fetch_one(
     let r = c
         .get_pod_plan(request)
         .await
-        .map_err(|s| s.message().to_string());
+        .map_err(PlanClientError::Fetch);
     span.finish(&r);
     let r = r?.into_inner();
     *client = Some(c);
     if r.term < controllers.term() {
-        return Err(format!(
-            "answer from leadership term {}, older than term {} already applied: refused",
-            r.term,
-            controllers.term()
-        ));
+        return Err(PlanClientError::StaleTerm {
+            answer: r.term,
+            applied: controllers.term(),
+        });
     }
     Ok(r.pod.filter(|_| r.known))
 }
@@ -380,5 +408,31 @@ mod tests {
         assert_eq!(backoff(3, cap), Duration::from_millis(800));
         assert_eq!(backoff(10, cap), cap);
         assert_eq!(backoff(u32::MAX, cap), cap);
+    }
+
+    #[test]
+    fn errors_read_as_before_and_keep_the_status() {
+        let none = Controllers::new(vec![], ClientOptions::default(), 0).err();
+        assert!(matches!(none, Some(PlanClientError::NoController)));
+        let stale = PlanClientError::StaleTerm {
+            answer: 2,
+            applied: 3,
+        };
+        assert_eq!(
+            stale.to_string(),
+            "answer from leadership term 2, older than term 3 already applied: refused"
+        );
+        let refused =
+            PlanClientError::Subscribe(tonic::Status::unavailable("standby; leader is b"));
+        assert_eq!(refused.to_string(), "subscribe: standby; leader is b");
+        let source = std::error::Error::source(&refused).unwrap();
+        assert_eq!(
+            source.downcast_ref::<tonic::Status>().unwrap().code(),
+            tonic::Code::Unavailable
+        );
+        let fetch = PlanClientError::Fetch(tonic::Status::not_found("no pod"));
+        assert_eq!(fetch.to_string(), "no pod");
+        let gone = PlanClientError::from(HandleError::ReconcilerGone);
+        assert_eq!(gone.to_string(), HandleError::ReconcilerGone.to_string());
     }
 }

@@ -88,7 +88,7 @@ impl Realize {
     }
 
     /// Ends the span: `Ok(version)` applied, or why it was refused.
-    pub fn finish(self, result: &Result<u64, String>) {
+    pub fn finish(self, result: &Result<u64, impl std::fmt::Display>) {
         if let Some(mut span) = self.0 {
             match result {
                 Ok(_) => {
@@ -97,7 +97,7 @@ impl Realize {
                 }
                 Err(e) => {
                     span.set_attribute(KeyValue::new("palisade.result", "error"));
-                    span.set_status(Status::error(e.clone()));
+                    span.set_status(Status::error(e.to_string()));
                 }
             }
             span.end();
@@ -164,11 +164,11 @@ impl Fetch {
         }
     }
 
-    pub fn finish<T>(self, result: &Result<T, String>) {
+    pub fn finish<T>(self, result: &Result<T, impl std::fmt::Display>) {
         if let Some(mut span) = self.0 {
             match result {
                 Ok(_) => span.set_status(Status::Ok),
-                Err(e) => span.set_status(Status::error(e.clone())),
+                Err(e) => span.set_status(Status::error(e.to_string())),
             }
             span.end();
         }
@@ -211,7 +211,7 @@ mod tests {
         assert!(realize.context().is_none());
         let parent = ReportParent::default();
         parent.realizing(8, realize.context());
-        realize.finish(&Ok(8));
+        realize.finish(&Ok::<_, String>(8));
         assert!(parent.0.lock().unwrap().is_none());
         let mut md = MetadataMap::new();
         parent.inject(8, &mut md);
@@ -242,7 +242,7 @@ mod tests {
         let realize = Realize::start_in(Some(t), &map, info());
         let parent = ReportParent::default();
         parent.realizing(8, realize.context());
-        realize.finish(&Err("out of sequence".into()));
+        realize.finish(&Err::<u64, _>("out of sequence"));
 
         let mut md = MetadataMap::new();
         parent.inject_traced(7, &mut md);

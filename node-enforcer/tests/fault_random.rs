@@ -24,7 +24,7 @@ use node_enforcer::checkpoint::Checkpoint;
 use node_enforcer::compile::{compile, PolicySet, Prefix};
 use node_enforcer::datapath::bpf::BpfDatapath;
 use node_enforcer::datapath::{inspect, Adopted, Datapath, EndpointEntry, PolicyId, PortSetId};
-use node_enforcer::datapath::{DatapathError, Result as DpResult};
+use node_enforcer::datapath::{DatapathError, DatapathErrorKind, Result as DpResult};
 use node_enforcer::desired::{Mode, PodRuntime};
 use node_enforcer::reconciler::{Event, PlanError, PlanMessage, PodUp, Reconciler, DENY_ALL};
 use palisade_proto::v1::{
@@ -171,7 +171,10 @@ static EDITS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::n
 impl Mortal {
     fn spend(&mut self, op: &str) -> DpResult<()> {
         match &mut self.budget {
-            Some(0) => Err(DatapathError::new(format!("{op}: the process is dead"))),
+            Some(0) => Err(DatapathError::new(
+                DatapathErrorKind::Kernel,
+                format!("{op}: the process is dead"),
+            )),
             Some(n) => {
                 *n -= 1;
                 Ok(())
@@ -238,6 +241,7 @@ impl Datapath for Mortal {
         }
         if allowed < writes {
             return Err(DatapathError::new(
+                DatapathErrorKind::Kernel,
                 "update_policy: the process died part-way",
             ));
         }
@@ -369,8 +373,8 @@ impl World {
 
     fn start(&mut self) -> Result<(), String> {
         let inner = BpfDatapath::load(&self.pin_root).map_err(|e| e.to_string())?;
-        let cp = Checkpoint::open(self.state.path())?;
-        let saved = cp.load()?;
+        let cp = Checkpoint::open(self.state.path()).map_err(|e| e.to_string())?;
+        let saved = cp.load().map_err(|e| e.to_string())?;
         let mut r = Reconciler::new(
             "n".into(),
             format!("e{}", self.generation),

@@ -103,7 +103,6 @@ async fn npbackend_enforces_on_the_vpc_cni_interface_and_deletes() {
             source_synced: true,
         }))
         .await
-        .unwrap()
         .unwrap();
     let channel = e.channel().await;
     let mut np = NpBackendClient::new(channel.clone());
@@ -197,7 +196,6 @@ async fn cni_service_validates_and_reports_per_pod_state() {
             source_synced: true,
         }))
         .await
-        .unwrap()
         .unwrap();
     let mut cni = CniServiceClient::new(e.channel().await);
     let pod = Some(PodRef {

@@ -47,5 +47,12 @@ fn the_kernels_kfuncs_are_found() {
         kernel_btf_fd("nf_conntrack").unwrap();
     }
     let e = kernel_btf_fd("no_such_module").unwrap_err();
-    assert!(e.contains("no BTF object named no_such_module"), "{e}");
+    assert!(
+        matches!(&e, node_enforcer::conntrack::btf::BtfError::NoObject(n) if n == "no_such_module"),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string().contains("no BTF object named no_such_module"),
+        "{e}"
+    );
 }

@@ -164,7 +164,6 @@ async fn metrics_follow_plans_pod_up_and_datapath_verdicts() {
             ..Default::default()
         }))
         .await
-        .unwrap()
         .unwrap();
     let m = scrape_until(&addr, "plan 7 realized", |m| {
         m.get("palisade_enforcer_realized_version") == Some(&7.0)

@@ -53,8 +53,21 @@ fn unsupported(errno: i32) -> bool {
     errno == libc::EINVAL || errno == libc::ENOTSUP || errno == 524 /* ENOTSUPP */
 }
 
-fn io(what: &str, errno: i32) -> String {
-    format!("{what}: {}", std::io::Error::from_raw_os_error(errno))
+/// A bpf() call on a conntrack map failed: what was being done, and the
+/// errno.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+pub struct BatchError {
+    pub what: &'static str,
+    #[source]
+    pub source: std::io::Error,
+}
+
+fn io(what: &'static str, errno: i32) -> BatchError {
+    BatchError {
+        what,
+        source: std::io::Error::from_raw_os_error(errno),
+    }
 }
 
 /// Calls `each` with every (key, value) of the map, a chunk at a time.
@@ -62,7 +75,7 @@ fn io(what: &str, errno: i32) -> String {
 pub fn read_all<K: aya::Pod + Default, V: aya::Pod + Default>(
     fd: RawFd,
     mut each: impl FnMut(&[K], &[V]),
-) -> Result<(), String> {
+) -> Result<(), BatchError> {
     let mut keys = vec![K::default(); CHUNK];
     let mut values = vec![V::default(); CHUNK];
     // The resume token is opaque (a bucket index for hash maps); a key's
@@ -105,7 +118,7 @@ pub fn read_all<K: aya::Pod + Default, V: aya::Pod + Default>(
 fn read_one_by_one<K: aya::Pod + Default, V: aya::Pod + Default>(
     fd: RawFd,
     mut each: impl FnMut(&[K], &[V]),
-) -> Result<(), String> {
+) -> Result<(), BatchError> {
     let mut key = K::default();
     let mut next = K::default();
     let mut value = V::default();
@@ -152,7 +165,7 @@ fn read_one_by_one<K: aya::Pod + Default, V: aya::Pod + Default>(
 
 /// Deletes `keys` from the map; keys already gone are not errors. Returns
 /// how many were deleted.
-pub fn delete_all<K: aya::Pod>(fd: RawFd, keys: &[K]) -> Result<usize, String> {
+pub fn delete_all<K: aya::Pod>(fd: RawFd, keys: &[K]) -> Result<usize, BatchError> {
     let mut deleted = 0;
     let mut rest = keys;
     while !rest.is_empty() {
@@ -190,7 +203,7 @@ pub fn delete_all<K: aya::Pod>(fd: RawFd, keys: &[K]) -> Result<usize, String> {
     Ok(deleted)
 }
 
-fn delete_one_by_one<K: aya::Pod>(fd: RawFd, keys: &[K]) -> Result<usize, String> {
+fn delete_one_by_one<K: aya::Pod>(fd: RawFd, keys: &[K]) -> Result<usize, BatchError> {
     let mut deleted = 0;
     for key in keys {
         let mut attr = ElemAttr {

@@ -23,24 +23,73 @@ pub struct Types {
     first_str: u32,
 }
 
-fn u32_at(b: &[u8], at: usize) -> Result<u32, String> {
+/// What is wrong with a BTF blob (for this reader).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BtfParseError {
+    #[error("not little-endian BTF (bad magic)")]
+    BadMagic,
+    #[error("BTF truncated at byte {0}")]
+    Truncated(usize),
+    #[error("BTF section out of bounds")]
+    SectionOutOfBounds,
+    /// A newer kernel's kind: its size is unknown, so nothing after it can
+    /// be read.
+    #[error("BTF type kind {0} unknown to this reader")]
+    UnknownKind(u32),
+    #[error("BTF type {0} runs past the type section")]
+    TypePastSection(usize),
+}
+
+/// Why the kfuncs could not be found.
+#[derive(Debug, thiserror::Error)]
+pub enum BtfError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Damaged {
+        path: String,
+        #[source]
+        source: BtfParseError,
+    },
+    /// Not in vmlinux, and the module has no BTF file (not loaded, or
+    /// built without BTF).
+    #[error("the kernel's BTF has no kfunc {names} (reading {path}: {source})")]
+    NoModuleBtf {
+        names: String,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("neither vmlinux's nor {module}'s BTF has kfunc {name}")]
+    NoKfunc { module: String, name: String },
+    #[error("the kernel has no BTF object named {0}")]
+    NoObject(String),
+    #[error("listing the kernel's BTF objects: {0}")]
+    List(#[source] std::io::Error),
+}
+
+fn u32_at(b: &[u8], at: usize) -> Result<u32, BtfParseError> {
     b.get(at..at + 4)
         .map(|s| u32::from_le_bytes(s.try_into().expect("4 bytes")))
-        .ok_or_else(|| format!("BTF truncated at byte {at}"))
+        .ok_or(BtfParseError::Truncated(at))
 }
 
 impl Types {
     /// Parses vmlinux's BTF (`base` None) or a module's, split on `base`.
-    pub fn parse(data: &[u8], base: Option<&Types>) -> Result<Types, String> {
+    pub fn parse(data: &[u8], base: Option<&Types>) -> Result<Types, BtfParseError> {
         if data.len() < 24 || u16::from_le_bytes([data[0], data[1]]) != MAGIC {
-            return Err("not little-endian BTF (bad magic)".to_string());
+            return Err(BtfParseError::BadMagic);
         }
         let hdr_len = u32_at(data, 4)? as usize;
         let (type_off, type_len) = (u32_at(data, 8)? as usize, u32_at(data, 12)? as usize);
         let (str_off, str_len) = (u32_at(data, 16)? as usize, u32_at(data, 20)? as usize);
         let section = |off: usize, len: usize| {
             data.get(hdr_len + off..hdr_len + off + len)
-                .ok_or_else(|| "BTF section out of bounds".to_string())
+                .ok_or(BtfParseError::SectionOutOfBounds)
         };
         let raw = section(type_off, type_len)?;
         let strings = section(str_off, str_len)?.to_vec();
@@ -57,13 +106,10 @@ impl Types {
                 6 | 13 => 8 * vlen,        // enum, func proto
                 19 => 12 * vlen,           // enum64
                 2 | 7..=12 | 16 | 18 => 0, // ptr, fwd, modifiers, func, float, type tag
-                other => return Err(format!("BTF type kind {other} unknown to this reader")),
+                other => return Err(BtfParseError::UnknownKind(other)),
             };
             if at + 12 + extra > raw.len() {
-                return Err(format!(
-                    "BTF type {} runs past the type section",
-                    types.len() + 1
-                ));
+                return Err(BtfParseError::TypePastSection(types.len() + 1));
             }
             types.push((kind, name));
             at += 12 + extra;
@@ -112,25 +158,38 @@ pub struct Kfuncs {
 }
 
 /// Finds `names` in vmlinux, or else in `module`'s BTF.
-pub fn find(names: &[&str], module: &str) -> Result<Kfuncs, String> {
-    let read = |path: &str| std::fs::read(path).map_err(|e| format!("reading {path}: {e}"));
-    let vmlinux = Types::parse(&read("/sys/kernel/btf/vmlinux")?, None)
-        .map_err(|e| format!("/sys/kernel/btf/vmlinux: {e}"))?;
+pub fn find(names: &[&str], module: &str) -> Result<Kfuncs, BtfError> {
+    let damaged = |path: &str| {
+        let path = path.to_string();
+        move |source| BtfError::Damaged { path, source }
+    };
+    const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+    let data = std::fs::read(VMLINUX).map_err(|source| BtfError::Read {
+        path: VMLINUX.to_string(),
+        source,
+    })?;
+    let vmlinux = Types::parse(&data, None).map_err(damaged(VMLINUX))?;
     if let Some(ids) = names.iter().map(|n| vmlinux.func(n, None)).collect() {
         return Ok(Kfuncs { ids, module: None });
     }
     let path = format!("/sys/kernel/btf/{module}");
-    let data = read(&path)
-        .map_err(|e| format!("the kernel's BTF has no kfunc {} ({e})", names.join(", ")))?;
-    let types = Types::parse(&data, Some(&vmlinux)).map_err(|e| format!("{path}: {e}"))?;
+    let data = std::fs::read(&path).map_err(|source| BtfError::NoModuleBtf {
+        names: names.join(", "),
+        path: path.clone(),
+        source,
+    })?;
+    let types = Types::parse(&data, Some(&vmlinux)).map_err(damaged(&path))?;
     let ids = names
         .iter()
         .map(|n| {
             types
                 .func(n, Some(&vmlinux))
-                .ok_or_else(|| format!("neither vmlinux's nor {module}'s BTF has kfunc {n}"))
+                .ok_or_else(|| BtfError::NoKfunc {
+                    module: module.to_string(),
+                    name: n.to_string(),
+                })
         })
-        .collect::<Result<Vec<u32>, String>>()?;
+        .collect::<Result<Vec<u32>, BtfError>>()?;
     Ok(Kfuncs {
         ids,
         module: Some(kernel_btf_fd(module)?),
@@ -148,7 +207,7 @@ fn sys_bpf(cmd: libc::c_long, attr: &mut [u32]) -> libc::c_long {
 }
 
 /// A descriptor of the kernel's BTF object `name` (`vmlinux` or a module).
-pub fn kernel_btf_fd(name: &str) -> Result<OwnedFd, String> {
+pub fn kernel_btf_fd(name: &str) -> Result<OwnedFd, BtfError> {
     let mut id = 0u32;
     loop {
         // start_id, next_id, open_flags
@@ -156,8 +215,8 @@ pub fn kernel_btf_fd(name: &str) -> Result<OwnedFd, String> {
         if sys_bpf(BPF_BTF_GET_NEXT_ID, &mut attr) < 0 {
             let e = std::io::Error::last_os_error();
             return Err(match e.raw_os_error() {
-                Some(libc::ENOENT) => format!("the kernel has no BTF object named {name}"),
-                _ => format!("listing the kernel's BTF objects: {e}"),
+                Some(libc::ENOENT) => BtfError::NoObject(name.to_string()),
+                _ => BtfError::List(e),
             });
         }
         id = attr[1];
@@ -251,14 +310,24 @@ mod tests {
 
     #[test]
     fn damaged_btf_is_an_error() {
-        assert!(Types::parse(b"\x9f\xeb", None).is_err(), "too short");
+        let parse = |b: &[u8]| Types::parse(b, None).err();
+        assert_eq!(
+            parse(b"\x9f\xeb"),
+            Some(BtfParseError::BadMagic),
+            "too short"
+        );
         let mut b = blob(&ty(0, 1, 0, 4), b"\0");
         b[0] = 0;
-        assert!(Types::parse(&b, None).is_err(), "bad magic");
+        assert_eq!(parse(&b), Some(BtfParseError::BadMagic));
         let b = blob(&ty(0, 31, 0, 0), b"\0");
-        let e = Types::parse(&b, None).err().unwrap();
-        assert!(e.contains("kind 31"), "{e}");
+        let e = parse(&b).unwrap();
+        assert_eq!(e, BtfParseError::UnknownKind(31));
+        assert!(e.to_string().contains("kind 31"), "{e}");
         let b = blob(&ty(0, 4, 3, 12), b"\0");
-        assert!(Types::parse(&b, None).is_err(), "members past the end");
+        assert_eq!(
+            parse(&b),
+            Some(BtfParseError::TypePastSection(1)),
+            "members past the end"
+        );
     }
 }

@@ -27,13 +27,34 @@ const CTA_PROTO_NUM: u16 = 1;
 const CTA_PROTO_SRC_PORT: u16 = 2;
 const CTA_PROTO_DST_PORT: u16 = 3;
 
-fn io(what: &str) -> String {
-    format!("{what}: {}", std::io::Error::last_os_error())
+/// Why the kernel's conntrack table could not be read or written over
+/// netlink.
+#[derive(Debug, thiserror::Error)]
+pub enum NetlinkError {
+    /// A socket call failed: what was being done, and the errno.
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The kernel answered the dump with an error.
+    #[error("conntrack dump: {0}")]
+    Refused(#[source] std::io::Error),
+    #[error("malformed netlink message of {0} bytes")]
+    Malformed(usize),
+}
+
+fn io(what: &'static str) -> NetlinkError {
+    NetlinkError::Io {
+        what,
+        source: std::io::Error::last_os_error(),
+    }
 }
 
 /// Calls `each(original, reply)` for every entry of the kernel's table.
 /// Returns how many entries were read.
-pub fn dump(each: impl FnMut(&Tuple, &Tuple)) -> Result<usize, String> {
+pub fn dump(each: impl FnMut(&Tuple, &Tuple)) -> Result<usize, NetlinkError> {
     dump_where(0, None, each)
 }
 
@@ -47,7 +68,7 @@ pub fn dump_protocol(
     v6: bool,
     proto: u8,
     each: impl FnMut(&Tuple, &Tuple),
-) -> Result<usize, String> {
+) -> Result<usize, NetlinkError> {
     let family = if v6 { libc::AF_INET6 } else { libc::AF_INET } as u8;
     dump_where(family, Some(proto), each)
 }
@@ -90,7 +111,7 @@ fn dump_where(
     family: u8,
     proto: Option<u8>,
     mut each: impl FnMut(&Tuple, &Tuple),
-) -> Result<usize, String> {
+) -> Result<usize, NetlinkError> {
     // SAFETY: a netlink socket owned at once; buffers below are owned and
     // their lengths passed exactly.
     let fd = unsafe {
@@ -120,17 +141,16 @@ fn dump_where(
             let len = u32::from_ne_bytes(msgs[0..4].try_into().expect("4")) as usize;
             let kind = u16::from_ne_bytes([msgs[4], msgs[5]]);
             if len < 16 || len > msgs.len() {
-                return Err(format!("malformed netlink message of {len} bytes"));
+                return Err(NetlinkError::Malformed(len));
             }
             match kind {
                 NLMSG_DONE => return Ok(count),
                 NLMSG_ERROR => {
                     let errno = i32::from_ne_bytes(msgs[16..20].try_into().expect("4"));
                     if errno != 0 {
-                        return Err(format!(
-                            "conntrack dump: {}",
-                            std::io::Error::from_raw_os_error(-errno)
-                        ));
+                        return Err(NetlinkError::Refused(std::io::Error::from_raw_os_error(
+                            -errno,
+                        )));
                     }
                 }
                 _ => {
@@ -265,7 +285,7 @@ fn put_tuple(buf: &mut Vec<u8>, kind: u16, t: &Tuple) {
 /// Creates IPv4 entries in the kernel's table of the current namespace, as
 /// `conntrack -I` does, many per send. For benchmarks and tests that need a
 /// large table; errors for single entries (an existing one) are ignored.
-pub fn insert_v4(entries: &[(Tuple, Tuple)], timeout_secs: u32) -> Result<(), String> {
+pub fn insert_v4(entries: &[(Tuple, Tuple)], timeout_secs: u32) -> Result<(), NetlinkError> {
     // SAFETY: as in `dump`.
     let fd = unsafe {
         let fd = libc::socket(

@@ -100,15 +100,49 @@ fn encode(t: &Tuple, fam: u8, rec: &mut [u8]) {
 /// What `struct ask.answer` holds until the program answers.
 const UNANSWERED: u8 = 0xff;
 
-fn decode(rec: &[u8]) -> Result<Answer, String> {
+/// Why the lookup program cannot be loaded (the sweep then dumps the
+/// kernel's table instead), or failed while asking (the pass fails).
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    /// The kernel's BTF lacks the kfuncs, or cannot be read.
+    #[error(transparent)]
+    Btf(#[from] btf::BtfError),
+    /// The embedded object does not parse (no `std` error of `object`'s
+    /// to carry as a source).
+    #[error("the {PROG_CT_EXPLAIN} object: {0}")]
+    Object(object::read::Error),
+    /// The embedded object is not the one program this loader patches.
+    #[error("the {PROG_CT_EXPLAIN} object: {0}")]
+    ObjectShape(String),
+    /// BPF_PROG_LOAD refused it: the errno and the verifier log's last
+    /// lines.
+    #[error("loading {PROG_CT_EXPLAIN}: {source}: {log}")]
+    Load {
+        #[source]
+        source: std::io::Error,
+        log: String,
+    },
+    #[error("running {PROG_CT_EXPLAIN}: {0}")]
+    Run(#[source] std::io::Error),
+    #[error("{PROG_CT_EXPLAIN} answered {answered} of {asked} questions (last verdict {verdict})")]
+    Incomplete {
+        answered: u32,
+        asked: usize,
+        verdict: u32,
+    },
+    #[error("{PROG_CT_EXPLAIN} left a question unanswered")]
+    Unanswered,
+    #[error("{PROG_CT_EXPLAIN} wrote answer {0}, which no version of it writes")]
+    UnknownAnswer(u8),
+}
+
+fn decode(rec: &[u8]) -> Result<Answer, LookupError> {
     match rec[ANSWER_AT] {
         ANSWER_NONE => Ok(Answer::Absent),
         ANSWER_FOUND => Ok(Answer::Found),
         ANSWER_ERROR => Ok(Answer::Refused(rec[ERROR_AT])),
-        UNANSWERED => Err(format!("{PROG_CT_EXPLAIN} left a question unanswered")),
-        other => Err(format!(
-            "{PROG_CT_EXPLAIN} wrote answer {other}, which no version of it writes"
-        )),
+        UNANSWERED => Err(LookupError::Unanswered),
+        other => Err(LookupError::UnknownAnswer(other)),
     }
 }
 
@@ -121,7 +155,7 @@ pub struct KernelLookup {
 impl KernelLookup {
     /// Loads the program, or says why it cannot be (no BTF, no kfuncs in
     /// vmlinux, no permission, a verifier refusal).
-    pub fn load() -> Result<Self, String> {
+    pub fn load() -> Result<Self, LookupError> {
         let kfuncs = btf::find(&KFUNCS, "nf_conntrack")?;
         // A module's kfunc names its BTF by an index into fd_array; 0
         // means vmlinux, so the module's descriptor goes at 1.
@@ -143,7 +177,7 @@ impl KernelLookup {
     }
 
     /// Answers for each of `tuples`, in order, into `out` (cleared first).
-    pub fn ask(&mut self, tuples: &[Tuple], out: &mut Vec<Answer>) -> Result<(), String> {
+    pub fn ask(&mut self, tuples: &[Tuple], out: &mut Vec<Answer>) -> Result<(), LookupError> {
         out.clear();
         out.resize(tuples.len(), Answer::NotAsked);
         // Indices of the tuples in the batch being filled.
@@ -166,7 +200,7 @@ impl KernelLookup {
         Ok(())
     }
 
-    fn run(&mut self, batch: &[usize], out: &mut [Answer]) -> Result<(), String> {
+    fn run(&mut self, batch: &[usize], out: &mut [Answer]) -> Result<(), LookupError> {
         let n = batch.len();
         self.buf[..HEAD].fill(0);
         self.buf[4..8].copy_from_slice(&(n as u32).to_ne_bytes());
@@ -174,9 +208,11 @@ impl KernelLookup {
         let retval = test_run(&self.prog, &mut self.buf[..len], n as u32)?;
         let answered = u32::from_ne_bytes(self.buf[0..4].try_into().expect("4 bytes"));
         if retval != 0 || answered as usize != n {
-            return Err(format!(
-                "{PROG_CT_EXPLAIN} answered {answered} of {n} questions (last verdict {retval})"
-            ));
+            return Err(LookupError::Incomplete {
+                answered,
+                asked: n,
+                verdict: retval,
+            });
         }
         for (k, &i) in batch.iter().enumerate() {
             let at = HEAD + k * ASK;
@@ -193,31 +229,31 @@ fn patched_program(
     elf: &[u8],
     off: u16,
     btf_id: impl Fn(&str) -> Option<u32>,
-) -> Result<Vec<u8>, String> {
-    let bad = |e: &dyn std::fmt::Display| format!("the {PROG_CT_EXPLAIN} object: {e}");
-    let file = object::File::parse(elf).map_err(|e| bad(&e))?;
+) -> Result<Vec<u8>, LookupError> {
+    let shape = |what: &str| LookupError::ObjectShape(what.to_string());
+    let file = object::File::parse(elf).map_err(LookupError::Object)?;
     let sym = file
         .symbols()
         .find(|s| s.name() == Ok(PROG_CT_EXPLAIN))
-        .ok_or_else(|| bad(&"no such symbol"))?;
+        .ok_or_else(|| shape("no such symbol"))?;
     let section = sym
         .section_index()
         .and_then(|i| file.section_by_index(i).ok())
-        .ok_or_else(|| bad(&"the symbol has no section"))?;
-    let mut insns = section.data().map_err(|e| bad(&e))?.to_vec();
+        .ok_or_else(|| shape("the symbol has no section"))?;
+    let mut insns = section.data().map_err(LookupError::Object)?.to_vec();
     if sym.address() != 0 || insns.len() as u64 != sym.size() || !insns.len().is_multiple_of(8) {
-        return Err(bad(&"the program is not alone in its section"));
+        return Err(shape("the program is not alone in its section"));
     }
     for (offset, reloc) in section.relocations() {
         let target = match reloc.target() {
-            RelocationTarget::Symbol(i) => file.symbol_by_index(i).map_err(|e| bad(&e))?,
-            _ => return Err(bad(&"a relocation not against a symbol")),
+            RelocationTarget::Symbol(i) => file.symbol_by_index(i).map_err(LookupError::Object)?,
+            _ => return Err(shape("a relocation not against a symbol")),
         };
-        let name = target.name().map_err(|e| bad(&e))?;
-        let id = btf_id(name).ok_or_else(|| bad(&format!("unexpected relocation to {name}")))?;
+        let name = target.name().map_err(LookupError::Object)?;
+        let id = btf_id(name).ok_or_else(|| shape(&format!("unexpected relocation to {name}")))?;
         let at = offset as usize;
         if !at.is_multiple_of(8) || at + 8 > insns.len() || insns[at] != 0x85 {
-            return Err(bad(&format!("the relocation to {name} is not a call")));
+            return Err(shape(&format!("the relocation to {name} is not a call")));
         }
         // dst_reg 0, src_reg BPF_PSEUDO_KFUNC_CALL, off: whose BTF.
         insns[at + 1] = BPF_PSEUDO_KFUNC_CALL << 4;
@@ -262,7 +298,7 @@ struct ProgLoadAttr {
     fd_array: u64,
 }
 
-fn prog_load(insns: &[u8], fd_array: &[i32]) -> Result<OwnedFd, String> {
+fn prog_load(insns: &[u8], fd_array: &[i32]) -> Result<OwnedFd, LookupError> {
     let license = c"Dual BSD/GPL";
     let mut name = [0u8; 16];
     name[..15].copy_from_slice(&PROG_CT_EXPLAIN.as_bytes()[..15]);
@@ -309,7 +345,10 @@ fn prog_load(insns: &[u8], fd_array: &[i32]) -> Result<OwnedFd, String> {
         .rev()
         .collect::<Vec<_>>()
         .join(" / ");
-    Err(format!("loading {PROG_CT_EXPLAIN}: {err}: {text}"))
+    Err(LookupError::Load {
+        source: err,
+        log: text,
+    })
 }
 
 /// The `test` member of `union bpf_attr`, as far as used.
@@ -328,7 +367,7 @@ struct TestRunAttr {
 
 /// Runs the program `repeat` times over `data`, which receives the packet
 /// as the last run left it. Returns the last run's verdict.
-fn test_run(prog: &OwnedFd, data: &mut [u8], repeat: u32) -> Result<u32, String> {
+fn test_run(prog: &OwnedFd, data: &mut [u8], repeat: u32) -> Result<u32, LookupError> {
     let mut attr = TestRunAttr {
         prog_fd: prog.as_raw_fd() as u32,
         data_size_in: data.len() as u32,
@@ -344,10 +383,7 @@ fn test_run(prog: &OwnedFd, data: &mut [u8], repeat: u32) -> Result<u32, String>
         std::mem::size_of::<TestRunAttr>(),
     );
     if rc < 0 {
-        return Err(format!(
-            "running {PROG_CT_EXPLAIN}: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(LookupError::Run(std::io::Error::last_os_error()));
     }
     Ok(attr.retval)
 }
@@ -371,7 +407,10 @@ mod tests {
         assert_eq!(&rec[0..12], &[10, 0, 0, 1, 10, 0, 0, 2, 0x9c, 0x40, 0, 80]);
         assert!(rec[12..36].iter().all(|b| *b == 0));
         assert_eq!((rec[36], rec[37], rec[38], rec[39]), (6, 4, UNANSWERED, 0));
-        assert!(decode(&rec).is_err(), "an unanswered question is no answer");
+        assert!(
+            matches!(decode(&rec), Err(LookupError::Unanswered)),
+            "an unanswered question is no answer"
+        );
 
         let mut six = t;
         six.src = [0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
@@ -407,7 +446,12 @@ mod tests {
     fn an_unknown_answer_is_an_error_not_a_verdict() {
         let mut rec = [0u8; ASK];
         rec[38] = 7;
-        assert!(decode(&rec).is_err());
+        let e = decode(&rec).unwrap_err();
+        assert!(matches!(e, LookupError::UnknownAnswer(7)), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            format!("{PROG_CT_EXPLAIN} wrote answer 7, which no version of it writes")
+        );
         rec[38] = 2;
         rec[39] = 22;
         assert_eq!(decode(&rec).unwrap(), Answer::Refused(22));
@@ -441,6 +485,10 @@ mod tests {
             "every call is a kfunc call into fd_array[1]: {calls:?}"
         );
         let refuse = patched_program(CT_EXPLAIN_OBJECT, 0, |_| None).unwrap_err();
-        assert!(refuse.contains("unexpected relocation"), "{refuse}");
+        assert!(matches!(refuse, LookupError::ObjectShape(_)), "{refuse:?}");
+        assert!(
+            refuse.to_string().contains("unexpected relocation"),
+            "{refuse}"
+        );
     }
 }

@@ -29,6 +29,46 @@ pub mod sweep;
 
 use digest_set::DigestSet;
 
+/// Why the conntrack maps could not be opened, or a cleanup pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConntrackError {
+    /// A pinned map could not be opened as the map it should be.
+    #[error("{}: {source}", path.display())]
+    Pin {
+        path: std::path::PathBuf,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    /// An endpoint map could not be memory-mapped.
+    #[error("memory-mapping {map}: {source}")]
+    Mmap {
+        map: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing one entry (tests, benchmarks).
+    #[error("writing a conntrack entry: {0}")]
+    Write(#[source] aya::maps::MapError),
+    /// Reading or deleting the eBPF maps' entries.
+    #[error(transparent)]
+    Batch(#[from] batch::BatchError),
+    /// Reading the kernel's table.
+    #[error(transparent)]
+    Kernel(#[from] kernel::NetlinkError),
+    /// Asking the kernel about single flows.
+    #[error(transparent)]
+    Lookup(#[from] lookup::LookupError),
+}
+
+impl ConntrackError {
+    fn pin(path: &std::path::Path) -> impl Fn(aya::maps::MapError) -> Self + '_ {
+        move |source| ConntrackError::Pin {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
 /// A flow's 5-tuple; addresses IPv6 or IPv4-mapped, ports host order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Tuple {
@@ -201,6 +241,31 @@ pub fn monotonic_ns() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_pin_is_named_with_aya_s_error_as_the_cause() {
+        let dir = tempfile::tempdir().unwrap();
+        let asking = sweep::Asking::Dump { why: "test".into() };
+        let e = sweep::open(dir.path(), asking)
+            .err()
+            .expect("nothing pinned");
+        let ConntrackError::Pin { path, source } = &e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(path, &dir.path().join(palisade_ebpf::MAP_CT4));
+        assert_eq!(e.to_string(), format!("{}: {source}", path.display()));
+        let batch = ConntrackError::from(batch::BatchError {
+            what: "reading a conntrack map",
+            source: std::io::Error::from_raw_os_error(libc::EPERM),
+        });
+        assert_eq!(
+            batch.to_string(),
+            format!(
+                "reading a conntrack map: {}",
+                std::io::Error::from_raw_os_error(libc::EPERM)
+            )
+        );
+    }
 
     /// An IPv4 address as the maps hold it (IPv4-mapped).
     pub(crate) fn v4(a: [u8; 4]) -> [u8; 16] {

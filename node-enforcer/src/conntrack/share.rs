@@ -24,6 +24,7 @@ use std::path::Path;
 use aya::maps::MapData;
 use palisade_ebpf::{CtShare, EpSlot, EP_SLOTS, MAP_CT_SHARE, MAP_EP_SLOTS};
 
+use super::ConntrackError;
 use crate::datapath::bpf::mapped::Mapped;
 
 /// What a counter should be told, given what it says (`counted`: created
@@ -64,20 +65,22 @@ pub struct Before {
 const CREATED: usize = offset_of!(CtShare, created);
 const REMOVED: usize = offset_of!(CtShare, removed);
 
-fn map(pin_root: &Path, name: &str) -> Result<MapData, String> {
+fn map(pin_root: &Path, name: &str) -> Result<MapData, ConntrackError> {
     let path = pin_root.join(name);
-    MapData::from_pin(&path).map_err(|e| format!("{}: {e}", path.display()))
+    MapData::from_pin(&path).map_err(ConntrackError::pin(&path))
+}
+
+fn mmap(map: &'static str) -> impl FnOnce(std::io::Error) -> ConntrackError {
+    move |source| ConntrackError::Mmap { map, source }
 }
 
 impl Shares {
-    pub fn open(pin_root: &Path) -> Result<Self, String> {
+    pub fn open(pin_root: &Path) -> Result<Self, ConntrackError> {
         let slots = map(pin_root, MAP_EP_SLOTS)?;
         let shares = map(pin_root, MAP_CT_SHARE)?;
         Ok(Shares {
-            slots: Mapped::new(slots.fd().as_fd(), EP_SLOTS, false)
-                .map_err(|e| format!("memory-mapping {MAP_EP_SLOTS}: {e}"))?,
-            shares: Mapped::new(shares.fd().as_fd(), EP_SLOTS, true)
-                .map_err(|e| format!("memory-mapping {MAP_CT_SHARE}: {e}"))?,
+            slots: Mapped::new(slots.fd().as_fd(), EP_SLOTS, false).map_err(mmap(MAP_EP_SLOTS))?,
+            shares: Mapped::new(shares.fd().as_fd(), EP_SLOTS, true).map_err(mmap(MAP_CT_SHARE))?,
         })
     }
 

@@ -24,7 +24,7 @@ use palisade_ebpf::{Ct4Key, CtKey, CtValue, MAP_CONNTRACK, MAP_CT4};
 use super::listing::{EntryView, Listing};
 use super::lookup::{Answer, KernelLookup};
 use super::share::Shares;
-use super::{batch, idle_and_unexplained, kernel, monotonic_ns, Explained, Tuple};
+use super::{batch, idle_and_unexplained, kernel, monotonic_ns, ConntrackError, Explained, Tuple};
 
 /// What one pass did, for the state dump and metrics.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -123,7 +123,9 @@ impl Asking {
     pub fn best() -> Asking {
         match KernelLookup::load() {
             Ok(l) => Asking::Lookup(l),
-            Err(why) => Asking::Dump { why },
+            Err(why) => Asking::Dump {
+                why: why.to_string(),
+            },
         }
     }
 
@@ -150,16 +152,16 @@ pub struct Conntrack {
 
 impl Conntrack {
     /// Writes an entry into the map of its family (tests, benchmarks).
-    pub fn insert(&mut self, key: CtKey, value: CtValue) -> Result<(), String> {
+    pub fn insert(&mut self, key: CtKey, value: CtValue) -> Result<(), ConntrackError> {
         match Ct4Key::of(&key) {
             Some(k4) => self.v4.insert(k4, value, 0),
             None => self.v6.insert(key, value, 0),
         }
-        .map_err(|e| format!("writing a conntrack entry: {e}"))
+        .map_err(ConntrackError::Write)
     }
 
     /// Every entry's key, IPv4 ones widened to [`CtKey`].
-    pub fn keys(&self) -> Result<Vec<CtKey>, String> {
+    pub fn keys(&self) -> Result<Vec<CtKey>, ConntrackError> {
         let mut out = Vec::new();
         let (fd4, fd6) = self.fds();
         batch::read_all::<Ct4Key, CtValue>(fd4, |keys, _| {
@@ -180,15 +182,16 @@ impl Conntrack {
 fn open_map<K: aya::Pod>(
     pin_root: &Path,
     name: &str,
-) -> Result<HashMap<MapData, K, CtValue>, String> {
+) -> Result<HashMap<MapData, K, CtValue>, ConntrackError> {
     let path = pin_root.join(name);
-    let data = MapData::from_pin(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let map = Map::from_map_data(data).map_err(|e| format!("{}: {e}", path.display()))?;
-    HashMap::try_from(map).map_err(|e| format!("{}: {e}", path.display()))
+    let failed = ConntrackError::pin(&path);
+    let data = MapData::from_pin(&path).map_err(&failed)?;
+    let map = Map::from_map_data(data).map_err(&failed)?;
+    HashMap::try_from(map).map_err(&failed)
 }
 
 /// Opens the pinned maps; passes will ask the kernel by `asking`.
-pub fn open(pin_root: &Path, asking: Asking) -> Result<Conntrack, String> {
+pub fn open(pin_root: &Path, asking: Asking) -> Result<Conntrack, ConntrackError> {
     Ok(Conntrack {
         v4: open_map(pin_root, MAP_CT4)?,
         v6: open_map(pin_root, MAP_CONNTRACK)?,
@@ -241,7 +244,7 @@ struct Judge<'a> {
     /// Entries kept unjudged for that reason.
     held: usize,
     deferred: Vec<Deferred>,
-    error: Option<String>,
+    error: Option<ConntrackError>,
     /// False: judge and list, remove nothing (see [`SKIPPED_KERNEL_TRACKS_NOTHING`]).
     remove: bool,
     /// Entries the pass leaves, by (ifindex, owner).
@@ -292,7 +295,7 @@ impl Judge<'_> {
                 }
                 if let Err(e) = lookup.ask(questions, answers) {
                     // Unanswered: keep the chunk, report the pass failed.
-                    self.error.get_or_insert(e);
+                    self.error.get_or_insert(e.into());
                     answers.clear();
                     answers.resize(questions.len(), Answer::Refused(0));
                 }
@@ -347,7 +350,7 @@ impl Judge<'_> {
         }
         match batch::delete_all(fd, stale_keys) {
             Ok(n) => self.removed += n,
-            Err(e) => self.error = Some(e),
+            Err(e) => self.error = Some(e.into()),
         }
     }
 
@@ -422,7 +425,7 @@ fn unasked_min_idle_ns() -> u64 {
 const MAX_FILTERED_DUMPS: usize = 2;
 
 /// Reads the kernel's whole table into a set of explained flows.
-fn dump_explained() -> Result<(Explained, usize), String> {
+fn dump_explained() -> Result<(Explained, usize), ConntrackError> {
     let hint = kernel_count_hint();
     let mut collecting = Explained::collect(hint + hint / 8);
     let n = kernel::dump(|orig, reply| collecting.add(orig, reply))?;
@@ -431,7 +434,7 @@ fn dump_explained() -> Result<(Explained, usize), String> {
 
 /// Runs one pass. The kernel is asked in the caller's network namespace
 /// (the node's).
-pub fn sweep(maps: &mut Conntrack) -> Result<Report, String> {
+pub fn sweep(maps: &mut Conntrack) -> Result<Report, ConntrackError> {
     let begun = Instant::now();
     // Taken before anything is read: an entry refreshed after this instant
     // belongs to a live (or reused) flow and survives.

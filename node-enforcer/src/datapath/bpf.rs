@@ -102,8 +102,13 @@ const HOOKS: [(&str, TcAttachType, &str); 2] = [
     (PROG_TO_POD, TcAttachType::Egress, "to_pod"),
 ];
 
-pub(super) fn err(what: impl std::fmt::Display, e: impl std::fmt::Display) -> DatapathError {
-    DatapathError::new(format!("{what}: {e}"))
+/// `what` failed because of `e`; the kind is the cause's (see
+/// `DatapathErrorKind::of`).
+pub(super) fn err(
+    what: impl std::fmt::Display,
+    e: impl Into<super::error::Cause>,
+) -> DatapathError {
+    DatapathError::caused(what, e)
 }
 
 impl BpfDatapath {
@@ -123,7 +128,7 @@ impl BpfDatapath {
         loader.default_map_pin_directory(pin_root);
         if let Some(n) = conntrack_entries {
             if n == 0 {
-                return Err(DatapathError::new(
+                return Err(DatapathError::invariant(
                     "the conntrack map needs at least one entry",
                 ));
             }
@@ -134,23 +139,20 @@ impl BpfDatapath {
             .load(palisade_ebpf::OBJECT)
             // With its causes: "failed to create map" alone does not say
             // whether seccomp, a capability or memory refused it.
-            .map_err(|e| {
-                err(
-                    "loading the eBPF object",
-                    palisade_runtime::transport::source_chain(&e),
-                )
-            })?;
+            .map_err(|e| DatapathError::chained("loading the eBPF object", e))?;
         for name in [PROG_FROM_POD, PROG_TO_POD] {
             let prog: &mut SchedClassifier = ebpf
                 .program_mut(name)
-                .ok_or_else(|| DatapathError::new(format!("program {name} missing from object")))?
+                .ok_or_else(|| {
+                    DatapathError::invariant(format!("program {name} missing from object"))
+                })?
                 .try_into()
                 .map_err(|e| err(name, e))?;
             prog.load().map_err(|e| err(format!("loading {name}"), e))?;
         }
         let take = |ebpf: &mut Ebpf, name: &str| {
             ebpf.take_map(name)
-                .ok_or_else(|| DatapathError::new(format!("map {name} missing from object")))
+                .ok_or_else(|| DatapathError::invariant(format!("map {name} missing from object")))
         };
         let grace = Grace::start()?;
         let slots = EndpointSlots::take(&mut ebpf, grace.clone())?;
@@ -189,7 +191,7 @@ impl BpfDatapath {
         let size = conntrack_maps::entries(&self.ebpf, MAP_CT4)?;
         let share = match share {
             Some(0) => {
-                return Err(DatapathError::new(
+                return Err(DatapathError::invariant(
                     "the conntrack share must allow at least one entry",
                 ))
             }
@@ -197,7 +199,7 @@ impl BpfDatapath {
             None => default_conntrack_share(size),
         };
         let map = self.ebpf.map_mut(MAP_CT_CONFIG).ok_or_else(|| {
-            DatapathError::new(format!("map {MAP_CT_CONFIG} missing from object"))
+            DatapathError::invariant(format!("map {MAP_CT_CONFIG} missing from object"))
         })?;
         let mut config: Array<&mut MapData, CtConfig> =
             Array::try_from(map).map_err(|e| err(MAP_CT_CONFIG, e))?;
@@ -380,7 +382,7 @@ impl BpfDatapath {
         let prog: &SchedClassifier = self
             .ebpf
             .program(program)
-            .ok_or_else(|| DatapathError::new(format!("program {program} missing")))?
+            .ok_or_else(|| DatapathError::invariant(format!("program {program} missing")))?
             .try_into()
             .map_err(|e| err(program, e))?;
         // struct __sk_buff up to and including ifindex (offset 40).
@@ -401,7 +403,7 @@ impl BpfDatapath {
     fn program(&mut self, name: &str) -> Result<&mut SchedClassifier> {
         self.ebpf
             .program_mut(name)
-            .ok_or_else(|| DatapathError::new(format!("program {name} missing")))?
+            .ok_or_else(|| DatapathError::invariant(format!("program {name} missing")))?
             .try_into()
             .map_err(|e| err(name, e))
     }
@@ -461,7 +463,7 @@ fn endpoint_value(ifindex: u32, entry: &EndpointEntry, epochs: (u32, u32)) -> Re
         &entry.pod_addrs,
     )
     .ok_or_else(|| {
-        DatapathError::new(format!(
+        DatapathError::invariant(format!(
             "pod has {} addresses, the datapath holds at most {}",
             entry.pod_addrs.len(),
             palisade_ebpf::MAX_POD_ADDRS
@@ -734,7 +736,7 @@ impl Datapath for BpfDatapath {
 
     fn renew_epochs(&mut self, ifindex: u32, ingress: bool, egress: bool) -> Result<()> {
         let old = self.slots.get(ifindex).ok_or_else(|| {
-            DatapathError::new(format!(
+            DatapathError::invariant(format!(
                 "renewing the epochs of ifindex {ifindex}: no endpoint"
             ))
         })?;

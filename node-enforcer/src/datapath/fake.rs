@@ -8,7 +8,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
-    Adopted, AuditEntry, Datapath, DatapathError, EndpointEntry, PolicyId, PortSetId, Result,
+    Adopted, AuditEntry, Datapath, DatapathError, DatapathErrorKind, EndpointEntry, PolicyId,
+    PortSetId, Result,
 };
 use crate::compile::{PortSet, Prefix};
 
@@ -57,7 +58,11 @@ impl FakeDatapath {
     /// Fails `op` if a test asked for it, before it changes anything.
     fn injected(&self, op: &str) -> Result<()> {
         match self.fail.iter().find(|f| op.starts_with(f.as_str())) {
-            Some(f) => Err(DatapathError::new(format!("{op}: injected failure ({f})"))),
+            // Stands in for a kernel that refuses.
+            Some(f) => Err(DatapathError::new(
+                DatapathErrorKind::Kernel,
+                format!("{op}: injected failure ({f})"),
+            )),
             None => Ok(()),
         }
     }
@@ -233,11 +238,9 @@ impl Datapath for FakeDatapath {
         removals: &[Prefix],
     ) -> Result<()> {
         self.injected(&format!("update_policy {id}"))?;
-        let before = self
-            .policies
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| DatapathError::new(format!("update_policy {id}: no such table")))?;
+        let before = self.policies.get(&id).cloned().ok_or_else(|| {
+            DatapathError::invariant(format!("update_policy {id}: no such table"))
+        })?;
         let mut after: BTreeMap<Prefix, PortSetId> = before.iter().copied().collect();
         after.extend(upserts.iter().copied());
         for p in removals {
@@ -293,7 +296,7 @@ impl Datapath for FakeDatapath {
     fn renew_epochs(&mut self, ifindex: u32, ingress: bool, egress: bool) -> Result<()> {
         self.injected(&format!("renew_epochs {ifindex}"))?;
         if !self.endpoints.contains_key(&ifindex) {
-            return Err(DatapathError::new(format!(
+            return Err(DatapathError::invariant(format!(
                 "renew_epochs {ifindex}: no such endpoint"
             )));
         }
@@ -311,19 +314,22 @@ impl Datapath for FakeDatapath {
         Ok(())
     }
     fn ifindex(&mut self, ifname: &str) -> Result<u32> {
-        self.interfaces
-            .get(ifname)
-            .copied()
-            .ok_or_else(|| DatapathError::new(format!("interface {ifname:?} does not exist")))
+        self.interfaces.get(ifname).copied().ok_or_else(|| {
+            DatapathError::new(
+                DatapathErrorKind::InterfaceGone,
+                format!("interface {ifname:?} does not exist"),
+            )
+        })
     }
     fn interfaces(&mut self) -> Result<BTreeMap<String, u32>> {
         Ok(self.interfaces.clone())
     }
     fn attach(&mut self, ifname: &str, _: u32) -> Result<()> {
         if self.fail_attach.contains(ifname) {
-            return Err(DatapathError::new(format!(
-                "attach to {ifname}: injected failure"
-            )));
+            return Err(DatapathError::new(
+                DatapathErrorKind::Kernel,
+                format!("attach to {ifname}: injected failure"),
+            ));
         }
         self.injected(&format!("attach {ifname}"))?;
         if self.fast_attach && !self.attached.contains(ifname) {

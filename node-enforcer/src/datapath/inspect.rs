@@ -16,8 +16,8 @@ use palisade_ebpf::{
 use super::{Adopted, DatapathError, EndpointEntry, Result};
 use crate::compile::{PortEntry, Prefix};
 
-fn err(what: impl std::fmt::Display, e: impl std::fmt::Display) -> DatapathError {
-    DatapathError::new(format!("{what}: {e}"))
+fn err(what: impl std::fmt::Display, e: impl Into<super::error::Cause>) -> DatapathError {
+    DatapathError::caused(what, e)
 }
 
 fn open(pin_root: &Path, name: &str) -> Result<Map> {

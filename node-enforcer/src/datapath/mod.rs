@@ -5,6 +5,7 @@
 
 pub mod addresses;
 pub mod bpf;
+mod error;
 pub mod fake;
 pub mod inspect;
 pub mod rtnetlink;
@@ -61,17 +62,7 @@ pub type PolicyId = u32;
 /// Identifies a port set in the tables; 0 is the empty set (no entries).
 pub type PortSetId = u32;
 
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct DatapathError(pub String);
-
-impl DatapathError {
-    pub fn new(msg: impl Into<String>) -> Self {
-        DatapathError(msg.into())
-    }
-}
-
-pub type Result<T> = std::result::Result<T, DatapathError>;
+pub use error::{DatapathError, DatapathErrorKind, Result};
 
 /// How a pod-up attaches the programs to the pod's host interface.
 ///
@@ -194,7 +185,7 @@ pub trait Datapath: Send {
 }
 
 fn no_audit_table(ifindex: u32) -> DatapathError {
-    DatapathError::new(format!(
+    DatapathError::invariant(format!(
         "audit entry for ifindex {ifindex}: this datapath has no audit table"
     ))
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 use aya::maps::{Array, Map, MapData};
 use palisade_ebpf::{FlowConfig, MAP_FLOW_CONFIG};
 
-use super::FlowLogMode;
+use super::{FlowLogError, FlowLogMode};
 
 /// What the datapath is told: the burst equals the rate, so a quiet node
 /// may log one second's worth of events at once.
@@ -18,15 +18,15 @@ pub fn datapath_config(mode: FlowLogMode, rate_per_sec: u32) -> FlowConfig {
     }
 }
 
-pub fn write(pin_root: &Path, mode: FlowLogMode, rate_per_sec: u32) -> Result<(), String> {
+pub fn write(pin_root: &Path, mode: FlowLogMode, rate_per_sec: u32) -> Result<(), FlowLogError> {
     let path = super::pin(pin_root, MAP_FLOW_CONFIG);
-    let what = |e: &dyn std::fmt::Display| format!("flow log config {}: {e}", path.display());
-    let data = MapData::from_pin(&path).map_err(|e| what(&e))?;
-    let map = Map::from_map_data(data).map_err(|e| what(&e))?;
-    let mut config: Array<MapData, FlowConfig> = Array::try_from(map).map_err(|e| what(&e))?;
+    let what = FlowLogError::map("flow log config ", &path);
+    let data = MapData::from_pin(&path).map_err(&what)?;
+    let map = Map::from_map_data(data).map_err(&what)?;
+    let mut config: Array<MapData, FlowConfig> = Array::try_from(map).map_err(&what)?;
     config
         .set(0, datapath_config(mode, rate_per_sec), 0)
-        .map_err(|e| what(&e))
+        .map_err(&what)
 }
 
 #[cfg(test)]

@@ -19,15 +19,16 @@ const BATCH: usize = 4096;
 
 pub type Ring = AsyncFd<RingBuf<MapData>>;
 
-pub fn open(pin_root: &Path) -> Result<Ring, String> {
+pub fn open(pin_root: &Path) -> Result<Ring, super::FlowLogError> {
     let path = super::pin(pin_root, MAP_FLOW_EVENTS);
-    let what = |e: &dyn std::fmt::Display| format!("flow events {}: {e}", path.display());
-    let data = MapData::from_pin(&path).map_err(|e| what(&e))?;
-    let map = Map::from_map_data(data).map_err(|e| what(&e))?;
-    let ring = RingBuf::try_from(map).map_err(|e| what(&e))?;
+    let what = super::FlowLogError::map("flow events ", &path);
+    let data = MapData::from_pin(&path).map_err(&what)?;
+    let map = Map::from_map_data(data).map_err(&what)?;
+    let ring = RingBuf::try_from(map).map_err(&what)?;
     // SAFETY: the RingBuf owns its map fd and keeps it open, unreplaced,
-    // for as long as the AsyncFd holds it.
-    unsafe { AsyncFd::register(ring) }.map_err(|e| what(&e))
+    // for as long as the AsyncFd holds it. Its io::Error is carried as
+    // aya's MapError::IoError, whose text is the io::Error's.
+    unsafe { AsyncFd::register(ring) }.map_err(|e| what(aya::maps::MapError::IoError(e.into())))
 }
 
 /// A record as the datapath wrote it; None for a record of another size

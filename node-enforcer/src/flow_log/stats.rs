@@ -21,15 +21,15 @@ pub struct FlowStats {
     pub slots: [u64; FLOW_STAT_COUNT as usize],
 }
 
-pub fn read(pin_root: &Path) -> Result<FlowStats, String> {
+pub fn read(pin_root: &Path) -> Result<FlowStats, super::FlowLogError> {
     let path = super::pin(pin_root, MAP_FLOW_STATS);
-    let what = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-    let data = MapData::from_pin(&path).map_err(|e| what(&e))?;
-    let map = Map::from_map_data(data).map_err(|e| what(&e))?;
-    let stats: PerCpuArray<MapData, u64> = PerCpuArray::try_from(map).map_err(|e| what(&e))?;
+    let what = super::FlowLogError::map("", &path);
+    let data = MapData::from_pin(&path).map_err(&what)?;
+    let map = Map::from_map_data(data).map_err(&what)?;
+    let stats: PerCpuArray<MapData, u64> = PerCpuArray::try_from(map).map_err(&what)?;
     let mut slots = [0u64; FLOW_STAT_COUNT as usize];
     for (i, slot) in slots.iter_mut().enumerate() {
-        let per_cpu = stats.get(&(i as u32), 0).map_err(|e| what(&e))?;
+        let per_cpu = stats.get(&(i as u32), 0).map_err(&what)?;
         *slot = per_cpu.iter().copied().fold(0, u64::wrapping_add);
     }
     let at = |i: u32| slots[i as usize];

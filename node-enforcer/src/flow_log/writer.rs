@@ -18,17 +18,20 @@ pub type Output = Box<dyn AsyncWrite + Unpin + Send>;
 /// `-`: stdout (the enforcer's own logs go to stderr); else the file,
 /// created 0600 if missing (its lines name pods, addresses and policies)
 /// and appended to; an existing file readable by others is tightened.
-pub async fn open(path: &str) -> Result<Output, String> {
+pub async fn open(path: &str) -> Result<Output, super::FlowLogError> {
     if path == "-" {
         return Ok(Box::new(tokio::io::stdout()));
     }
+    let failed = |source| super::FlowLogError::Output {
+        path: path.to_string(),
+        source,
+    };
     let file = crate::private::options()
         .create(true)
         .append(true)
         .open(path)
-        .map_err(|e| format!("--flow-log-path {path}: {e}"))?;
-    let had = crate::private::tighten_file(std::path::Path::new(path))
-        .map_err(|e| format!("--flow-log-path {path}: {e}"))?;
+        .map_err(failed)?;
+    let had = crate::private::tighten_file(std::path::Path::new(path)).map_err(failed)?;
     crate::private::log_tightened("the flow log", std::path::Path::new(path), had);
     Ok(Box::new(tokio::fs::File::from_std(file)))
 }

@@ -54,7 +54,7 @@ impl CniService for CniServer {
             .handle
             .pod_up(up)
             .await
-            .map_err(Status::failed_precondition)?;
+            .map_err(|e| Status::failed_precondition(e.to_string()))?;
         Ok(Response::new(PodUpResponse {
             plan_version: out.plan_version,
             ingress_isolated: out.ingress_isolated,
@@ -76,7 +76,7 @@ impl CniService for CniServer {
         self.handle
             .pod_down(pod, req.container_id)
             .await
-            .map_err(Status::internal)?;
+            .map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(PodDownResponse {}))
     }
 
@@ -90,7 +90,7 @@ impl CniService for CniServer {
             .handle
             .pod_check(pod, req.container_id)
             .await
-            .map_err(Status::failed_precondition)?;
+            .map_err(|e| Status::failed_precondition(e.to_string()))?;
         Ok(Response::new(PodCheckResponse { state: Some(state) }))
     }
 }

@@ -52,7 +52,11 @@ impl DebugService for DebugServer {
         &self,
         _: Request<GetEnforcerStateRequest>,
     ) -> Result<Response<GetEnforcerStateResponse>, Status> {
-        let d = self.handle.dump().await.map_err(Status::unavailable)?;
+        let d = self
+            .handle
+            .dump()
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
         Ok(Response::new(GetEnforcerStateResponse {
             state: Some(d.state),
             plan_version: d.plan_version,

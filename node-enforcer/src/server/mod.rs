@@ -14,12 +14,20 @@ use tonic_health::ServingStatus;
 
 use crate::handle::Handle;
 
+/// Why the services could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The reflection service refused the descriptor set.
+    #[error("reflection: {0}")]
+    Reflection(#[source] tonic_reflection::server::Error),
+}
+
 /// Every service of the enforcer, and the health reporter so that health
 /// can follow the reconciler rather than just the server.
 pub async fn router(
     handle: Handle,
     aws_interface_prefix: String,
-) -> Result<(tonic::transport::server::Router, HealthReporter), String> {
+) -> Result<(tonic::transport::server::Router, HealthReporter), ServerError> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<CniServiceServer<cni::CniServer>>()
@@ -53,12 +61,8 @@ pub async fn router(
     }
     let router = tonic::transport::Server::builder()
         .add_service(health_service)
-        .add_service(v1.build_v1().map_err(|e| format!("reflection: {e}"))?)
-        .add_service(
-            v1alpha
-                .build_v1alpha()
-                .map_err(|e| format!("reflection: {e}"))?,
-        )
+        .add_service(v1.build_v1().map_err(ServerError::Reflection)?)
+        .add_service(v1alpha.build_v1alpha().map_err(ServerError::Reflection)?)
         .add_service(CniServiceServer::new(cni::CniServer::new(handle.clone())))
         .add_service(NpBackendServer::new(npbackend::NpBackend::new(
             handle.clone(),

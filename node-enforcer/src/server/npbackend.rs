@@ -72,7 +72,7 @@ impl NpBackendService for NpBackend {
         self.handle
             .pod_up(up)
             .await
-            .map_err(Status::failed_precondition)?;
+            .map_err(|e| Status::failed_precondition(e.to_string()))?;
         Ok(Response::new(EnforceNpReply { success: true }))
     }
 
@@ -85,7 +85,7 @@ impl NpBackendService for NpBackend {
         self.handle
             .pod_down(Some(pod), String::new())
             .await
-            .map_err(Status::internal)?;
+            .map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(DeleteNpReply { success: true }))
     }
 }

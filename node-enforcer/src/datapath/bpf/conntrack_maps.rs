@@ -15,10 +15,14 @@ use crate::datapath::{DatapathError, Result};
 fn fd(ebpf: &Ebpf, name: &str) -> Result<RawFd> {
     let map = ebpf
         .map(name)
-        .ok_or_else(|| DatapathError::new(format!("map {name} missing from object")))?;
+        .ok_or_else(|| DatapathError::invariant(format!("map {name} missing from object")))?;
     let data: &MapData = match map {
         aya::maps::Map::LruHashMap(d) | aya::maps::Map::HashMap(d) => d,
-        _ => return Err(DatapathError::new(format!("map {name} is not a hash map"))),
+        _ => {
+            return Err(DatapathError::invariant(format!(
+                "map {name} is not a hash map"
+            )))
+        }
     };
     Ok(data.fd().as_fd().as_raw_fd())
 }
@@ -60,11 +64,11 @@ pub(super) fn move_v4_entries(ebpf: &mut Ebpf) -> Result<usize> {
     if found.is_empty() {
         return Ok(0);
     }
-    let mut ct4: HashMap<&mut MapData, Ct4Key, CtValue> = HashMap::try_from(
-        ebpf.map_mut(MAP_CT4)
-            .ok_or_else(|| DatapathError::new(format!("map {MAP_CT4} missing from object")))?,
-    )
-    .map_err(|e| err(MAP_CT4, e))?;
+    let mut ct4: HashMap<&mut MapData, Ct4Key, CtValue> =
+        HashMap::try_from(ebpf.map_mut(MAP_CT4).ok_or_else(|| {
+            DatapathError::invariant(format!("map {MAP_CT4} missing from object"))
+        })?)
+        .map_err(|e| err(MAP_CT4, e))?;
     const BPF_NOEXIST: u64 = 1;
     let mut moved = 0;
     for (_, k4, v) in &found {
@@ -85,10 +89,14 @@ pub(super) fn move_v4_entries(ebpf: &mut Ebpf) -> Result<usize> {
 pub(super) fn entries(ebpf: &Ebpf, name: &str) -> Result<u32> {
     let map = ebpf
         .map(name)
-        .ok_or_else(|| DatapathError::new(format!("map {name} missing from object")))?;
+        .ok_or_else(|| DatapathError::invariant(format!("map {name} missing from object")))?;
     let data: &MapData = match map {
         aya::maps::Map::LruHashMap(d) | aya::maps::Map::HashMap(d) => d,
-        _ => return Err(DatapathError::new(format!("map {name} is not a hash map"))),
+        _ => {
+            return Err(DatapathError::invariant(format!(
+                "map {name} is not a hash map"
+            )))
+        }
     };
     Ok(data.info().map_err(|e| err(name, e))?.max_entries())
 }

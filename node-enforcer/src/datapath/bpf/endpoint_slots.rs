@@ -45,7 +45,7 @@ use palisade_ebpf::{
 use super::err;
 use super::grace::Grace;
 use super::mapped::Mapped;
-use crate::datapath::{DatapathError, Result};
+use crate::datapath::{DatapathError, DatapathErrorKind, Result};
 
 const IFINDEX: usize = offset_of!(EpSlot, ifindex);
 const HOME: usize = offset_of!(EpSlot, home);
@@ -101,10 +101,10 @@ pub(super) struct EndpointSlots {
 fn take(ebpf: &mut Ebpf, name: &str) -> Result<MapData> {
     match ebpf.take_map(name) {
         Some(aya::maps::Map::Array(d)) | Some(aya::maps::Map::HashMap(d)) => Ok(d),
-        Some(_) => Err(DatapathError::new(format!(
+        Some(_) => Err(DatapathError::invariant(format!(
             "{name} is not of the expected type"
         ))),
-        None => Err(DatapathError::new(format!(
+        None => Err(DatapathError::invariant(format!(
             "map {name} missing from object"
         ))),
     }
@@ -113,7 +113,7 @@ fn take(ebpf: &mut Ebpf, name: &str) -> Result<MapData> {
 fn mapped<T: Copy>(data: &MapData, name: &str) -> Result<Mapped<T>> {
     let info = data.info().map_err(|e| err(name, e))?;
     if info.max_entries() != EP_SLOTS {
-        return Err(DatapathError::new(format!(
+        return Err(DatapathError::invariant(format!(
             "{name} has {} slots, this version needs {EP_SLOTS}",
             info.max_entries()
         )));
@@ -202,7 +202,7 @@ impl EndpointSlots {
         addrs: &[[u8; 16]],
     ) -> Result<()> {
         let value = EpSlot::new(ifindex, ingress, egress, addrs).ok_or_else(|| {
-            DatapathError::new(format!(
+            DatapathError::invariant(format!(
                 "endpoint {ifindex}: {} addresses, the datapath holds at most {}",
                 addrs.len(),
                 palisade_ebpf::MAX_POD_ADDRS
@@ -227,7 +227,7 @@ impl EndpointSlots {
     pub(super) fn set_audit(&self, ifindex: u32, word: u64) -> Result<()> {
         let mut state = self.shared.lock();
         let slot = *state.at.get(&ifindex).ok_or_else(|| {
-            DatapathError::new(format!(
+            DatapathError::invariant(format!(
                 "staged policies for ifindex {ifindex}: it has no endpoint entry"
             ))
         })?;
@@ -348,17 +348,21 @@ impl State {
             _ => None,
         });
         let Some(token) = oldest.min() else {
-            return Err(DatapathError::new(format!(
-                "endpoint {ifindex}: all {EP_SLOTS} endpoint slots are in use"
-            )));
+            return Err(DatapathError::new(
+                DatapathErrorKind::Full,
+                format!("endpoint {ifindex}: all {EP_SLOTS} endpoint slots are in use"),
+            ));
         };
         grace.wait_past(token).map_err(|e| {
-            DatapathError::new(format!(
-                "endpoint {ifindex}: every free endpoint slot waits for a grace period: {e}"
-            ))
+            err(
+                format!("endpoint {ifindex}: every free endpoint slot waits for a grace period"),
+                e,
+            )
         })?;
         self.free_retired(grace);
-        pick(&self.uses).ok_or_else(|| DatapathError::new("no endpoint slot came free"))
+        pick(&self.uses).ok_or_else(|| {
+            DatapathError::new(DatapathErrorKind::Full, "no endpoint slot came free")
+        })
     }
 
     /// Puts `value` (of `value.ifindex`) in a fresh slot and points the

@@ -14,7 +14,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use super::err;
-use crate::datapath::{DatapathError, Result};
+use crate::datapath::{DatapathError, DatapathErrorKind, Result};
 
 const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
 const MEMBARRIER_CMD_GLOBAL: libc::c_int = 1;
@@ -126,9 +126,11 @@ impl Grace {
         }
         while s.completed <= token {
             if let Some(why) = &s.unavailable {
-                return Err(DatapathError::new(format!(
-                    "waiting for an RCU grace period: {why}"
-                )));
+                // The kernel has none to give (nohz_full).
+                return Err(DatapathError::new(
+                    DatapathErrorKind::Kernel,
+                    format!("waiting for an RCU grace period: {why}"),
+                ));
             }
             s = self
                 .shared

@@ -66,7 +66,7 @@ impl PolicyTables {
     pub(super) fn take(ebpf: &mut Ebpf, grace: Arc<Grace>) -> Result<Self> {
         let mut take = |name: &str| {
             ebpf.take_map(name)
-                .ok_or_else(|| DatapathError::new(format!("map {name} missing from object")))
+                .ok_or_else(|| DatapathError::invariant(format!("map {name} missing from object")))
         };
         Ok(PolicyTables {
             trie: LpmTrie::try_from(take(MAP_POLICY)?).map_err(|e| err(MAP_POLICY, e))?,
