@@ -1,5 +1,7 @@
 //! The real datapath: Palisade's TC programs loaded with aya, their maps
-//! pinned under the enforcer's pin root, attached with TCX to pod host veths.
+//! pinned under the enforcer's pin root, attached with TCX to pod host veths
+//! (a pod-up attaches them as clsact filters first, promoted to TCX links
+//! when the node is quiet: see `filters` and DESIGN.md, "Attaching fast").
 //!
 //! Maps and links are pinned, so they outlive the process: when the enforcer
 //! stops or crashes, every pod stays enforced by the programs already
