@@ -1,5 +1,7 @@
+use super::ports::range;
 use super::*;
-use crate::cluster::Object;
+use crate::cluster::{ClusterState, Object};
+use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PodPolicy, Protocol, Rule};
 
 fn state(yaml: &str) -> ClusterState {
     let mut objects = Vec::new();
