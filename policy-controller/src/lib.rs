@@ -3,6 +3,7 @@
 
 pub use palisade_model::cluster;
 pub mod budget;
+pub mod cidr;
 pub mod debug;
 pub mod engine;
 pub mod feed;

@@ -182,7 +182,7 @@ fn counts(state: &ClusterState) -> (usize, usize, usize, usize, usize) {
 
 /// Whether `client-1`'s egress names the `ext` Service's ClusterIP on 8443.
 fn client_reaches_ext_service(plans: &BTreeMap<String, NodePlan>) -> bool {
-    let vip = policy_controller::resolve::prefix("10.96.0.20/32".parse().unwrap());
+    let vip = policy_controller::cidr::prefix("10.96.0.20/32".parse().unwrap());
     let pod = &plans["node-b"].pods[&("dev".to_string(), "client-1".to_string())];
     pod.egress.as_ref().is_some_and(|e| {
         e.rules.iter().any(|r| {

@@ -4,8 +4,9 @@
 use std::net::IpAddr;
 
 use palisade_proto::v1::{IpPrefix, PortRange, Protocol, Rule};
+use policy_controller::cidr::prefix;
 use policy_controller::cluster::ClusterState;
-use policy_controller::resolve::{prefix, resolve_with_errors, Resolution};
+use policy_controller::resolve::{resolve_with_errors, Resolution};
 use policy_controller::source::parse_objects;
 
 const PODS: &str = r#"

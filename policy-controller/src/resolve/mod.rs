@@ -38,7 +38,7 @@ pub use node_plan::{NodePlan, PodKey, Resolution};
 pub(crate) use objects::{default_ns_labels, namespace_of, ns_labels, pod_info, PodInfo};
 pub use oracle::{resolve, resolve_with_errors};
 pub(crate) use peers::{block, PeerSelection, Selected};
-pub use peers::{parse_block, prefix};
+pub use peers::{parse_block, BlockError};
 pub use selectors::{selector_matches, validate_selector};
 pub(crate) use services::{is_selectorless, selector_of, service_info, slice_service, ServiceInfo};
 pub use staging::{is_staged, AUDIT_ANNOTATION};

@@ -14,6 +14,7 @@ use super::objects::PodInfo;
 use super::rules::RuleContext;
 use super::selectors::validate_selector;
 use super::services::ServiceInfo;
+use crate::cidr::{self, prefix, CidrError};
 
 /// A peer of a rule: an address block, or pods (which named ports need).
 pub(super) enum PeerSpec {
@@ -148,34 +149,31 @@ pub(crate) fn block(cidr: IpPrefix, except: Vec<IpPrefix>) -> PeerBlock {
     }
 }
 
+/// Why an ipBlock was left out of its rule.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum BlockError {
+    #[error(transparent)]
+    Cidr(#[from] CidrError),
+    #[error("except: {0}")]
+    Except(#[source] CidrError),
+    #[error("except {except:?} is not inside cidr {cidr:?}")]
+    ExceptOutside { except: String, cidr: String },
+}
+
 /// Parses an ipBlock. Host bits set in a CIDR are an error, as the API server
 /// would reject them; an except must lie inside the CIDR.
-pub fn parse_block(cidr: &str, except: &[String]) -> Result<PeerBlock, String> {
-    let net = parse_cidr(cidr)?;
+pub fn parse_block(cidr: &str, except: &[String]) -> Result<PeerBlock, BlockError> {
+    let net = cidr::parse_strict(cidr)?;
     let mut out = Vec::new();
     for e in except {
-        let ex = parse_cidr(e).map_err(|m| format!("except: {m}"))?;
+        let ex = cidr::parse_strict(e).map_err(BlockError::Except)?;
         if !net.contains(&ex) {
-            return Err(format!("except {e:?} is not inside cidr {cidr:?}"));
+            return Err(BlockError::ExceptOutside {
+                except: e.clone(),
+                cidr: cidr.to_string(),
+            });
         }
         out.push(prefix(ex));
     }
     Ok(block(prefix(net), out))
-}
-
-fn parse_cidr(s: &str) -> Result<IpNet, String> {
-    let net: IpNet = s
-        .parse()
-        .map_err(|_| format!("{s:?} is not a CIDR (want e.g. 10.0.0.0/8 or fd00::/64)"))?;
-    if net.trunc() != net {
-        return Err(format!(
-            "{s:?} has host bits set (did you mean {}?)",
-            net.trunc()
-        ));
-    }
-    Ok(net)
-}
-
-pub fn prefix(net: IpNet) -> IpPrefix {
-    IpPrefix::new(net.addr(), net.prefix_len())
 }

@@ -1,5 +1,6 @@
 use super::ports::range;
 use super::*;
+use crate::cidr::prefix;
 use crate::cluster::{ClusterState, Object};
 use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PodPolicy, Protocol, Rule};
 

@@ -17,14 +17,13 @@
 //! start, with the rules the policy gives every pod it selects.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
 
-use ipnet::IpNet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use palisade_proto::v1::{PeerBlock, PortRange, Protocol, Rule};
 
 use super::{display_name, EndpointInfo, PolicyEndpointSpec, Port};
-use crate::resolve::{block, prefix, selector_matches, validate_selector, PodKey};
+use crate::cidr::{self, prefix};
+use crate::resolve::{block, selector_matches, validate_selector, PodKey};
 
 /// One policy as its slices define it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -263,10 +262,10 @@ fn parse_entry(entry: &EndpointInfo) -> Result<(PeerBlock, Vec<PortRange>), Stri
             ".domainName: {name:?}: FQDN rules cannot be enforced by address"
         ));
     }
-    let cidr = parse_net(&entry.cidr).map_err(|e| format!(".cidr: {e}"))?;
+    let cidr = cidr::parse_strict_or_address(&entry.cidr).map_err(|e| format!(".cidr: {e}"))?;
     let mut except = Vec::new();
     for (i, e) in entry.except.iter().flatten().enumerate() {
-        let net = parse_net(e).map_err(|m| format!(".except[{i}]: {m}"))?;
+        let net = cidr::parse_strict_or_address(e).map_err(|m| format!(".except[{i}]: {m}"))?;
         if !cidr.contains(&net) {
             return Err(format!(
                 ".except[{i}]: {e:?} is not inside cidr {:?}",
@@ -280,28 +279,6 @@ fn parse_entry(entry: &EndpointInfo) -> Result<(PeerBlock, Vec<PortRange>), Stri
         ports.push(parse_port(p).map_err(|e| format!(".ports[{i}]{e}"))?);
     }
     Ok((block(prefix(cidr), except), ports))
-}
-
-/// A CIDR, or a bare address (the AWS controller writes pod peers and
-/// ClusterIPs that way) as its host prefix. Host bits set are refused, as
-/// for an ipBlock: what was meant is not clear.
-fn parse_net(s: &str) -> Result<IpNet, String> {
-    if !s.contains('/') {
-        return s
-            .parse::<IpAddr>()
-            .map(IpNet::from)
-            .map_err(|_| format!("{s:?} is not an address or a CIDR"));
-    }
-    let net: IpNet = s
-        .parse()
-        .map_err(|_| format!("{s:?} is not a CIDR (want e.g. 10.0.0.0/8 or fd00::/64)"))?;
-    if net.trunc() != net {
-        return Err(format!(
-            "{s:?} has host bits set (did you mean {}?)",
-            net.trunc()
-        ));
-    }
-    Ok(net)
 }
 
 fn parse_port(p: &Port) -> Result<PortRange, String> {
