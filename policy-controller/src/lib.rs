@@ -8,6 +8,7 @@ pub mod debug;
 pub mod engine;
 pub mod feed;
 pub mod hub;
+pub mod keys;
 pub mod leader;
 pub mod limits;
 pub mod metrics;

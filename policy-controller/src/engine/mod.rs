@@ -30,10 +30,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::cluster::{ClusterState, Object};
+use crate::keys::{ObjectKey, PodKey};
 use crate::plan::{Entry, Plan};
 use crate::resolve::{
     is_selectorless, namespace_of, ns_labels, pod_info, resolve_target, selector_matches,
-    slice_service, PodInfo, PodKey, Resolution, AUDIT_ANNOTATION,
+    slice_service, PodInfo, Resolution, AUDIT_ANNOTATION,
 };
 use crate::source::policy_endpoint::resolve::EndpointPolicy;
 use crate::source::policy_endpoint::PolicyEndpoint;
@@ -56,14 +57,14 @@ pub enum Change {
     ApplyPod(Pod),
     DeletePod(PodKey),
     ApplyPolicy(NetworkPolicy),
-    DeletePolicy(PodKey),
+    DeletePolicy(ObjectKey),
     ApplyService(Service),
-    DeleteService(PodKey),
+    DeleteService(ObjectKey),
     ApplyEndpointSlice(EndpointSlice),
-    DeleteEndpointSlice(PodKey),
+    DeleteEndpointSlice(ObjectKey),
     /// A slice of a policy resolved by the AWS network policy controller.
     ApplyPolicyEndpoint(PolicyEndpoint),
-    DeletePolicyEndpoint(PodKey),
+    DeletePolicyEndpoint(ObjectKey),
 }
 
 /// Pods that resolve alike: resolution reads of its target only the
@@ -400,7 +401,7 @@ impl Engine {
 
     fn set_slice(
         &mut self,
-        key: &PodKey,
+        key: &ObjectKey,
         slice: Option<Arc<EndpointSlice>>,
         dirty: &mut HashSet<PodKey>,
     ) {
@@ -687,7 +688,7 @@ fn bare_meta(ns: &str, name: &str) -> k8s_openapi::apimachinery::pkg::apis::meta
     }
 }
 
-fn object_key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> PodKey {
+fn object_key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ObjectKey {
     (namespace_of(meta), meta.name.clone().unwrap_or_default())
 }
 

@@ -15,7 +15,8 @@ use std::sync::Arc;
 use palisade_proto::v1::{DirectionPolicy, PodPolicy};
 
 use super::objects::Objects;
-use crate::resolve::{namespace_of, PodInfo, PodKey};
+use crate::keys::{ObjectKey, PodKey};
+use crate::resolve::{namespace_of, PodInfo};
 use crate::source::policy_endpoint::resolve::{resolve_policy, EndpointPolicy};
 use crate::source::policy_endpoint::{
     display_name, parse_spec, PolicyEndpoint, PolicyEndpointSpec,
@@ -26,13 +27,13 @@ pub struct EndpointPolicies {
     /// The last spec of each slice that could be used (a slice that stops
     /// parsing keeps it: nothing in force is withdrawn by bad input), with
     /// the policy it refers to.
-    slices: HashMap<PodKey, (PodKey, Arc<PolicyEndpointSpec>)>,
+    slices: HashMap<ObjectKey, (ObjectKey, Arc<PolicyEndpointSpec>)>,
     /// Problems with a slice as a whole (it does not parse, or refers to a
     /// policy of another namespace).
-    slice_errors: BTreeMap<PodKey, String>,
+    slice_errors: BTreeMap<ObjectKey, String>,
     /// Slice names by policy.
-    by_policy: HashMap<PodKey, BTreeSet<String>>,
-    resolved: HashMap<PodKey, Arc<EndpointPolicy>>,
+    by_policy: HashMap<ObjectKey, BTreeSet<String>>,
+    resolved: HashMap<ObjectKey, Arc<EndpointPolicy>>,
     /// Resolved policies by namespace.
     by_namespace: HashMap<String, BTreeSet<String>>,
 }
@@ -93,7 +94,7 @@ impl EndpointPolicies {
         }
     }
 
-    pub fn delete(&mut self, key: &PodKey, objects: &Objects, dirty: &mut HashSet<PodKey>) {
+    pub fn delete(&mut self, key: &ObjectKey, objects: &Objects, dirty: &mut HashSet<PodKey>) {
         self.slice_errors.remove(key);
         if let Some((policy, _)) = self.slices.remove(key) {
             self.unlink(&policy, &key.1);
@@ -128,7 +129,7 @@ impl EndpointPolicies {
         out
     }
 
-    fn unlink(&mut self, policy: &PodKey, slice: &str) {
+    fn unlink(&mut self, policy: &ObjectKey, slice: &str) {
         if let Some(names) = self.by_policy.get_mut(policy) {
             names.remove(slice);
             if names.is_empty() {
@@ -137,7 +138,7 @@ impl EndpointPolicies {
         }
     }
 
-    fn reresolve(&mut self, policy: &PodKey, objects: &Objects, dirty: &mut HashSet<PodKey>) {
+    fn reresolve(&mut self, policy: &ObjectKey, objects: &Objects, dirty: &mut HashSet<PodKey>) {
         let new = self.by_policy.get(policy).map(|names| {
             let specs: Vec<(&str, &PolicyEndpointSpec)> = names
                 .iter()

@@ -11,7 +11,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::objects::{Labels, Objects};
 use super::services::ServiceCache;
-use crate::resolve::{selector_matches, PeerSelection, PodInfo, PodKey, Selected, ServiceInfo};
+use crate::keys::PodKey;
+use crate::resolve::{selector_matches, PeerSelection, PodInfo, Selected, ServiceInfo};
 
 /// Hashes values that are spread already: an address (a [`Target`]) or a
 /// hash computed with a per-process seed (a [`SelKey`]). Running SipHash

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use palisade_proto::v1::{PlanDelta, PlanSnapshot, PodPolicy, PodRef};
 
+use crate::keys::PodKey;
 use crate::plan::Plan;
-use crate::resolve::PodKey;
 use crate::telemetry::PlanTrace;
 
 /// A node's plan at one version.

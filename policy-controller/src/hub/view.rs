@@ -9,7 +9,7 @@ use palisade_proto::v1::{NodeState, PodPolicy};
 use super::versions::VersionedPlan;
 use super::{Hub, NotSynced};
 use crate::debug::connection::ConnectionHistory;
-use crate::resolve::PodKey;
+use crate::keys::PodKey;
 
 /// What the debug service shows of one node.
 #[derive(Clone, Debug)]

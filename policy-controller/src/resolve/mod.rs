@@ -34,7 +34,7 @@ mod services;
 mod staging;
 mod target;
 
-pub use node_plan::{NodePlan, PodKey, Resolution};
+pub use node_plan::{NodePlan, Resolution};
 pub(crate) use objects::{default_ns_labels, namespace_of, ns_labels, pod_info, PodInfo};
 pub use oracle::{resolve, resolve_with_errors};
 pub(crate) use peers::{block, PeerSelection, Selected};

@@ -5,8 +5,7 @@ use std::sync::Arc;
 
 use palisade_proto::v1::PodPolicy;
 
-/// Namespace and name of a pod.
-pub type PodKey = (String, String);
+use crate::keys::PodKey;
 
 /// Everything one node must enforce.
 #[derive(Clone, Debug, Default, PartialEq)]

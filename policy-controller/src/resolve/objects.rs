@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use palisade_proto::v1::Protocol;
 
-use super::PodKey;
+use crate::keys::PodKey;
 
 /// The label Kubernetes puts on every namespace; manifests often omit it.
 const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";

@@ -13,7 +13,8 @@ use palisade_proto::v1::{IpPrefix, PortRange, Rule};
 use super::objects::PodInfo;
 use super::peers::{block, block_contains, peer_blocks, PeerSelection, PeerSpec};
 use super::ports::{named, PortSpec};
-use super::{services, PodKey};
+use super::services;
+use crate::keys::PodKey;
 
 pub(super) struct RuleContext<'a> {
     pub selection: &'a mut dyn PeerSelection,

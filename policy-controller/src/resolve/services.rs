@@ -53,7 +53,7 @@ use palisade_proto::v1::{Protocol, Rule};
 use super::objects::{namespace_of, parse_protocol, PodInfo};
 use super::peers::{block, block_contains, PeerSelection, PeerSpec, Selected};
 use super::ports::{named, range, PortSpec};
-use super::PodKey;
+use crate::keys::ObjectKey;
 
 /// The label that ties an EndpointSlice to its Service.
 pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -83,7 +83,7 @@ pub(crate) enum Backend {
 }
 
 impl ServiceInfo {
-    pub fn key(&self) -> PodKey {
+    pub fn key(&self) -> ObjectKey {
         (self.namespace.clone(), self.name.clone())
     }
 }

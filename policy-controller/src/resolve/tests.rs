@@ -2,6 +2,7 @@ use super::ports::range;
 use super::*;
 use crate::cidr::prefix;
 use crate::cluster::{ClusterState, Object};
+use crate::keys::PodKey;
 use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PodPolicy, Protocol, Rule};
 
 fn state(yaml: &str) -> ClusterState {

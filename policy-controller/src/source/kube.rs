@@ -47,7 +47,7 @@ use super::policy_endpoint::{PolicyEndpoint, PolicySource};
 use super::tracker::Tracker;
 use crate::engine::Change;
 use crate::feed::Update;
-use crate::resolve::PodKey;
+use crate::keys::ObjectKey;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
@@ -212,7 +212,7 @@ fn watch_kind<K>(
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let key = move |obj: &K| -> PodKey {
+    let key = move |obj: &K| -> ObjectKey {
         let ns = obj.namespace().unwrap_or_default();
         let ns = if namespaced && ns.is_empty() {
             // As resolution files an object without a namespace.
@@ -222,7 +222,7 @@ where
         };
         (ns, obj.name_any())
     };
-    let delete = move |(ns, name): PodKey| -> Change {
+    let delete = move |(ns, name): ObjectKey| -> Change {
         match kind {
             Kind::Namespaces => Change::DeleteNamespace(name),
             Kind::Pods => Change::DeletePod((ns, name)),
@@ -232,7 +232,7 @@ where
             Kind::PolicyEndpoints => Change::DeletePolicyEndpoint((ns, name)),
         }
     };
-    let mut tracker: Tracker<PodKey> = Tracker::default();
+    let mut tracker: Tracker<ObjectKey> = Tracker::default();
     watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         // managedFields are often the larger part of an object and policy

@@ -23,7 +23,8 @@ use palisade_proto::v1::{PeerBlock, PortRange, Protocol, Rule};
 
 use super::{display_name, EndpointInfo, PolicyEndpointSpec, Port};
 use crate::cidr::{self, prefix};
-use crate::resolve::{block, selector_matches, validate_selector, PodKey};
+use crate::keys::{ObjectKey, PodKey};
+use crate::resolve::{block, selector_matches, validate_selector};
 
 /// One policy as its slices define it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -57,7 +58,7 @@ pub type Slice<'a> = (&'a str, &'a PolicyEndpointSpec);
 
 /// Unions the slices of the policy `policy` (namespace, name). The slices
 /// must all refer to it; which slice holds what does not matter.
-pub fn resolve_policy(policy: &PodKey, slices: &[Slice<'_>]) -> EndpointPolicy {
+pub fn resolve_policy(policy: &ObjectKey, slices: &[Slice<'_>]) -> EndpointPolicy {
     let (ns, name) = policy;
     let mut out = EndpointPolicy {
         name: format!("{ns}/{name}"),
@@ -320,7 +321,7 @@ mod tests {
         parse_spec("ns", "s", &v).unwrap()
     }
 
-    fn key() -> PodKey {
+    fn key() -> ObjectKey {
         ("ns".into(), "p".into())
     }
 
