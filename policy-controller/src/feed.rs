@@ -41,7 +41,7 @@ pub async fn run(
             let hub = hub.clone();
             let started = std::time::Instant::now();
             let work = tokio::task::spawn_blocking(move || hub.update(&state)).await;
-            crate::metrics::controller::observe_resolve(started.elapsed());
+            crate::metrics::controller::observe_pass(started.elapsed());
             if let Err(e) = work {
                 // A panic in resolution leaves the last plans in force.
                 tracing::error!(error = %e, "resolution failed");
@@ -84,7 +84,7 @@ pub async fn run_changes(
         });
         let work = work.await;
         if synced {
-            crate::metrics::controller::observe_resolve(started.elapsed());
+            crate::metrics::controller::observe_pass(started.elapsed());
         }
         if let Err(e) = work {
             // A panic in resolution leaves the last plans in force.

@@ -11,14 +11,14 @@ use palisade_runtime::exposition::{Exposition, Histogram};
 
 /// Resolution passes from 1 ms to 1 min: a small cluster's pass takes
 /// microseconds, a large cluster's first full pass seconds.
-static RESOLVE_SECONDS: Histogram = Histogram::new(&[
+static PASS_SECONDS: Histogram = Histogram::new(&[
     0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ]);
 
 /// Records one resolution pass (a view diffed, or a batch of changes
 /// applied), from taking its input to publishing its plans.
-pub fn observe_resolve(took: Duration) {
-    RESOLVE_SECONDS.observe(took);
+pub fn observe_pass(took: Duration) {
+    PASS_SECONDS.observe(took);
 }
 
 /// The exposition of the hub's view and of the callers refused so far.
@@ -158,7 +158,7 @@ pub fn render(view: &HubView, refusals: &Refusals) -> String {
     e.histogram(
         "palisade_controller_resolve_duration_seconds",
         "Duration of a resolution pass: a view or a batch of changes, resolved and published.",
-        &RESOLVE_SECONDS,
+        &PASS_SECONDS,
     );
     e.finish()
 }

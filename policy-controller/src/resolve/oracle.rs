@@ -1,7 +1,7 @@
-//! The full computation, by scanning: every selector is evaluated against
-//! every pod. Deliberately simple, it is the oracle the incremental engine
+//! The full computation, by scanning ([`resolve_cluster`]): every selector
+//! is evaluated against every pod. Deliberately simple, it is the oracle the incremental engine
 //! (`crate::engine`) is checked against; both compute each pod by
-//! [`resolve_target`](super::resolve_target), and differ only in how peers
+//! [`resolve_pod`](super::resolve_pod), and differ only in how peers
 //! are found ([`PeerSelection`]).
 
 use std::collections::BTreeMap;
@@ -13,17 +13,12 @@ use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use super::objects::{default_ns_labels, namespace_of, ns_labels, pod_info, PodInfo};
 use super::peers::{PeerSelection, Selected};
 use super::services::{is_selectorless, service_info, ServiceInfo};
-use super::target::resolve_target;
+use super::target::resolve_pod;
 use super::{selector_matches, NodePlan, Resolution};
 use crate::cluster::ClusterState;
 
-/// Every node's plan.
-pub fn resolve(state: &ClusterState) -> BTreeMap<String, NodePlan> {
-    resolve_with_errors(state).plans
-}
-
 /// Every node's plan, and the problems found in the input.
-pub fn resolve_with_errors(state: &ClusterState) -> Resolution {
+pub fn resolve_cluster(state: &ClusterState) -> Resolution {
     let mut index = Scan::new(state);
     let mut errors = Vec::new();
     let mut plans: BTreeMap<String, NodePlan> = BTreeMap::new();
@@ -40,7 +35,7 @@ pub fn resolve_with_errors(state: &ClusterState) -> Resolution {
             .policies
             .iter()
             .filter(|p| namespace_of(&p.metadata) == target.namespace);
-        let pod = resolve_target(target, policies, &mut index, &mut errors);
+        let pod = resolve_pod(target, policies, &mut index, &mut errors);
         plans.entry(node.clone()).or_default().pods.insert(
             (target.namespace.clone(), target.name.clone()),
             Arc::new(pod),

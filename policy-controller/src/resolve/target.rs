@@ -20,7 +20,7 @@ use super::staging::{is_staged, DirectionRules};
 /// Problems found are appended to `errors`. Staged policies resolve exactly
 /// like enforced ones (so removing the annotation enforces the same rules)
 /// but land in `staged_policies` and the audit directions instead.
-pub(crate) fn resolve_target<'p>(
+pub(crate) fn resolve_pod<'p>(
     target: &PodInfo,
     policies: impl IntoIterator<Item = &'p NetworkPolicy>,
     selection: &mut dyn PeerSelection,

@@ -9,15 +9,15 @@
 //! pods a policy selects (`podSelectorEndpoints`) and its peers (`ingress`,
 //! `egress`: CIDRs with excepts and ports) are spread over several objects
 //! that all name the policy in `spec.policyRef`. Only the union of the
-//! slices of a policy means anything; [`resolve`] turns that union into the
-//! engine's resolved form of the policy.
+//! slices of a policy means anything; [`merge`] turns that union into the
+//! policy the engine enforces.
 //!
 //! The object is watched with its spec left as JSON and parsed here, field
 //! by field: a malformed PolicyEndpoint is an error naming the object and the
 //! field, never a watch that fails to decode (which would stall every
 //! PolicyEndpoint, and the controller's sync, on one bad object).
 
-pub mod resolve;
+pub mod merge;
 
 use std::borrow::Cow;
 

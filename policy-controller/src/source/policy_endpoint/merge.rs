@@ -58,7 +58,7 @@ pub type Slice<'a> = (&'a str, &'a PolicyEndpointSpec);
 
 /// Unions the slices of the policy `policy` (namespace, name). The slices
 /// must all refer to it; which slice holds what does not matter.
-pub fn resolve_policy(policy: &ObjectKey, slices: &[Slice<'_>]) -> EndpointPolicy {
+pub fn merge_slices(policy: &ObjectKey, slices: &[Slice<'_>]) -> EndpointPolicy {
     let (ns, name) = policy;
     let mut out = EndpointPolicy {
         name: format!("{ns}/{name}"),
@@ -350,7 +350,7 @@ mod tests {
             ],
             "egress": [{"cidr": "0.0.0.0/0"}],
         }));
-        let p = resolve_policy(&key(), &[("a", &a), ("b", &b)]);
+        let p = merge_slices(&key(), &[("a", &a), ("b", &b)]);
         assert!(p.errors.is_empty(), "{:?}", p.errors);
         assert_eq!(p.name, "ns/p");
         assert_eq!(
@@ -395,7 +395,7 @@ mod tests {
             ],
             "egress": [{"cidr": "10.0.0.7", "ports": [{"port": 53, "protocol": "UDP"}]}],
         }));
-        let p = resolve_policy(&key(), &[("s", &s)]);
+        let p = merge_slices(&key(), &[("s", &s)]);
         let want = [
             "spec.egress",
             "spec.ingress[0].cidr: \"10.0.0.300\" is not an address",
@@ -436,7 +436,7 @@ mod tests {
             "podIsolation": ["Egress", "Ingress"],
             "egress": [{"cidr": "::/0"}],
         }));
-        let p = resolve_policy(&key(), &[("a", &a), ("b", &b)]);
+        let p = merge_slices(&key(), &[("a", &a), ("b", &b)]);
         assert_eq!(p.ingress, Some(vec![]));
         assert_eq!(p.egress.as_ref().unwrap().len(), 1);
         assert_eq!(p.errors.len(), 1);
@@ -451,20 +451,20 @@ mod tests {
     #[test]
     fn without_pod_isolation_directions_default_as_policy_types_do() {
         let bare = spec(json!({"policyRef": {"name": "p", "namespace": "ns"}}));
-        let p = resolve_policy(&key(), &[("a", &bare)]);
+        let p = merge_slices(&key(), &[("a", &bare)]);
         assert_eq!((p.ingress, p.egress), (Some(vec![]), None));
         let with_egress = spec(json!({
             "policyRef": {"name": "p", "namespace": "ns"},
             "egress": [{"cidr": "10.0.0.0/8"}],
         }));
-        let p = resolve_policy(&key(), &[("a", &with_egress)]);
+        let p = merge_slices(&key(), &[("a", &with_egress)]);
         assert_eq!(p.ingress, Some(vec![]));
         assert_eq!(p.egress.unwrap().len(), 1);
         let unknown = spec(json!({
             "policyRef": {"name": "p", "namespace": "ns"},
             "podIsolation": ["Sideways"],
         }));
-        let p = resolve_policy(&key(), &[("a", &unknown)]);
+        let p = merge_slices(&key(), &[("a", &unknown)]);
         assert_eq!((p.ingress, p.egress), (Some(vec![]), Some(vec![])));
         assert!(p.errors[0].contains("spec.podIsolation[0]: unknown policy type"));
     }
