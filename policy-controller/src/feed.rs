@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, watch};
 use crate::cluster::ClusterState;
 use crate::engine::Change;
 use crate::hub::Hub;
+use crate::source::SourceProblem;
 
 /// Changes from a source that watches events.
 #[derive(Debug)]
@@ -31,7 +32,7 @@ pub struct Update {
 pub async fn run(
     hub: Hub,
     mut states: watch::Receiver<Option<ClusterState>>,
-    errors: watch::Receiver<Vec<String>>,
+    errors: watch::Receiver<Vec<SourceProblem>>,
 ) {
     let errors_task = tokio::spawn(forward_errors(hub.clone(), errors));
     // A source may have published before this task first looked.
@@ -61,7 +62,7 @@ pub async fn run(
 pub async fn run_changes(
     hub: Hub,
     mut updates: mpsc::UnboundedReceiver<Update>,
-    errors: watch::Receiver<Vec<String>>,
+    errors: watch::Receiver<Vec<SourceProblem>>,
 ) {
     let errors_task = tokio::spawn(forward_errors(hub.clone(), errors));
     while let Some(first) = updates.recv().await {
@@ -94,7 +95,7 @@ pub async fn run_changes(
     let _ = errors_task.await;
 }
 
-async fn forward_errors(hub: Hub, mut errors: watch::Receiver<Vec<String>>) {
+async fn forward_errors(hub: Hub, mut errors: watch::Receiver<Vec<SourceProblem>>) {
     while errors.changed().await.is_ok() {
         let list = errors.borrow_and_update().clone();
         for e in &list {

@@ -145,7 +145,7 @@ async fn run(args: Args) -> Result<(), String> {
         return Err(e);
     }
     let hub = Hub::new(start_micros).with_plan_budget(args.max_plan_bytes_per_node);
-    let (err_tx, err_rx) = watch::channel::<Vec<String>>(Vec::new());
+    let (err_tx, err_rx) = watch::channel::<Vec<source::SourceProblem>>(Vec::new());
     let timings = Timings {
         lease_duration: std::time::Duration::from_millis(args.lease_duration_ms),
         renew_deadline: std::time::Duration::from_millis(args.renew_deadline_ms),

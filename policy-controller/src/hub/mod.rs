@@ -31,6 +31,7 @@ use tokio::sync::watch;
 
 use crate::debug::connection::ConnectionHistory;
 use crate::engine::Engine;
+use crate::source::SourceProblem;
 
 pub use publish::Counters;
 pub use subscribers::Subscription;
@@ -64,7 +65,7 @@ struct HubState {
     errors: Vec<String>,
     /// Problems reading the source (a manifest that does not parse); the
     /// last good view stays in force meanwhile.
-    source_errors: Vec<String>,
+    source_errors: Vec<SourceProblem>,
     nodes: BTreeMap<String, NodeEntry>,
     counters: Counters,
 }
@@ -120,7 +121,7 @@ impl Hub {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn set_source_errors(&self, errors: Vec<String>) {
+    pub fn set_source_errors(&self, errors: Vec<SourceProblem>) {
         self.lock().source_errors = errors;
     }
 
@@ -140,7 +141,12 @@ impl HubState {
         let reason = if self.source_errors.is_empty() {
             "no complete view of the cluster has been read yet".to_string()
         } else {
-            self.source_errors.join("; ")
+            let messages: Vec<&str> = self
+                .source_errors
+                .iter()
+                .map(|p| p.message.as_str())
+                .collect();
+            messages.join("; ")
         };
         Err(NotSynced(reason))
     }
@@ -180,7 +186,10 @@ pub(crate) mod tests {
     #[test]
     fn unsynced_hub_refuses_plans_and_says_why() {
         let hub = Hub::new(1);
-        hub.set_source_errors(vec!["bad.yaml: document 1: nope".into()]);
+        hub.set_source_errors(vec![SourceProblem::new(
+            "parse",
+            "bad.yaml: document 1: nope",
+        )]);
         let err = hub.subscribe("n1").err().expect("refused before sync");
         assert_eq!(
             err.to_string(),

@@ -2,6 +2,7 @@
 //! connection for the debug service and the metrics, and one pod's entry
 //! for an enforcer that asks.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use palisade_proto::v1::{NodeState, PodPolicy};
@@ -31,6 +32,8 @@ pub struct HubView {
     /// How many of `errors` are the source's (a refused manifest, a failing
     /// watch): while there are any, the view in force may be stale.
     pub source_errors: usize,
+    /// The same, by kind ([`SourceError::metric_label`](crate::source::SourceError::metric_label)).
+    pub source_errors_by_kind: BTreeMap<&'static str, usize>,
     pub nodes: Vec<NodeView>,
     /// When the view was taken: "connected for" is counted to it.
     pub taken_at: std::time::SystemTime,
@@ -53,11 +56,19 @@ impl Hub {
             errors: st
                 .source_errors
                 .iter()
+                .map(|p| &p.message)
                 .chain(st.errors.iter())
                 .chain(st.nodes.values().flat_map(|n| n.budget_errors.iter()))
                 .cloned()
                 .collect(),
             source_errors: st.source_errors.len(),
+            source_errors_by_kind: st.source_errors.iter().fold(
+                BTreeMap::new(),
+                |mut by_kind, p| {
+                    *by_kind.entry(p.kind).or_default() += 1;
+                    by_kind
+                },
+            ),
             nodes: st
                 .nodes
                 .iter()
@@ -95,16 +106,35 @@ impl Hub {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use crate::hub::Hub;
+    use crate::source::SourceProblem;
 
     #[test]
     fn source_errors_are_shown_beside_resolution_errors() {
         let hub = Hub::new(1);
-        hub.set_source_errors(vec!["bad.yaml: document 1: nope".into()]);
-        assert_eq!(hub.view().errors, vec!["bad.yaml: document 1: nope"]);
-        assert_eq!(hub.view().source_errors, 1);
+        hub.set_source_errors(vec![
+            SourceProblem::new("parse", "bad.yaml: document 1: nope"),
+            SourceProblem::new("watch", "watching Pods: gone"),
+            SourceProblem::new("watch", "watching Services: gone"),
+        ]);
+        assert_eq!(
+            hub.view().errors,
+            vec![
+                "bad.yaml: document 1: nope",
+                "watching Pods: gone",
+                "watching Services: gone"
+            ]
+        );
+        assert_eq!(hub.view().source_errors, 3);
+        assert_eq!(
+            hub.view().source_errors_by_kind,
+            BTreeMap::from([("parse", 1), ("watch", 2)])
+        );
         hub.set_source_errors(vec![]);
         assert!(hub.view().errors.is_empty());
         assert_eq!(hub.view().source_errors, 0);
+        assert!(hub.view().source_errors_by_kind.is_empty());
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::debug::realization::realization;
 use crate::hub::HubView;
+use crate::source::SourceError;
 use crate::tls::Refusals;
 use palisade_runtime::exposition::{Exposition, Histogram};
 
@@ -43,12 +44,16 @@ pub fn render(view: &HubView, refusals: &Refusals) -> String {
         "Problems in the objects or in reading the source (GetControllerState lists them).",
         view.errors.len() as u64,
     );
-    e.single(
-        "palisade_controller_source_errors",
+    let name = "palisade_controller_source_errors";
+    e.family(
+        name,
         "gauge",
-        "Of those, problems reading the source: manifests refused (the last accepted view stays in force) or failing watches.",
-        view.source_errors as u64,
+        "Of those, problems reading the source, by kind: parse, malformed, unknown_kind and invalid (manifests refused; the last accepted view stays in force), io and reader (the manifest directory unread), watch (failing watches).",
     );
+    for kind in SourceError::METRIC_LABELS {
+        let count = view.source_errors_by_kind.get(kind).copied().unwrap_or(0);
+        e.sample_u64(name, &[("kind", kind)], count as u64);
+    }
     e.single(
         "palisade_controller_nodes",
         "gauge",
