@@ -19,7 +19,7 @@ use crate::keys::{ObjectKey, PodKey};
 use crate::resolve::{namespace_of, PodInfo};
 use crate::source::policy_endpoint::merge::{merge_slices, EndpointPolicy};
 use crate::source::policy_endpoint::{
-    display_name, parse_spec, PolicyEndpoint, PolicyEndpointSpec,
+    display_name, parse_spec, PolicyEndpoint, PolicyEndpointSpec, SliceError,
 };
 
 #[derive(Default)]
@@ -50,17 +50,17 @@ impl EndpointPolicies {
             } else {
                 spec.policy_ref.namespace.clone()
             };
-            let display = display_name(&key.0, &key.1);
+            let object = display_name(&key.0, &key.1);
             if spec.policy_ref.name.is_empty() {
-                Err(format!("{display}: spec.policyRef.name: missing"))
+                Err(SliceError::NoPolicyName { object })
             } else if ref_ns != key.0 {
                 // Only the policy's own namespace holds its slices; a slice
                 // elsewhere could grant traffic to pods its writer does not
                 // own.
-                Err(format!(
-                    "{display}: spec.policyRef.namespace: {ref_ns:?} is not the object's \
-                     namespace; slice ignored"
-                ))
+                Err(SliceError::ForeignPolicy {
+                    object,
+                    namespace: ref_ns,
+                })
             } else {
                 Ok(((ref_ns, spec.policy_ref.name.clone()), spec))
             }

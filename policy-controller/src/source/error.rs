@@ -7,7 +7,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use super::validate::{FieldError, KindError};
+use super::validate::{joined, FieldError, KindError};
 
 /// A problem reading the source; while there is one, the last good view
 /// stays in force.
@@ -86,17 +86,12 @@ pub enum ObjectError {
         cause: KindError,
     },
     /// An object the API server would refuse: every bad field.
-    #[error("{at}{object}: {}", join(.errors))]
+    #[error("{at}{object}: {}", joined(.errors))]
     Invalid {
         at: String,
         object: String,
         errors: Vec<FieldError>,
     },
-}
-
-fn join(errors: &[FieldError]) -> String {
-    let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
-    errors.join("; ")
 }
 
 impl SourceError {

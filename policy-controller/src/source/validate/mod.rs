@@ -30,7 +30,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use crate::cluster::Object;
-pub use field::{Errors, FieldError, Path, Problem};
+pub use field::{joined, Errors, FieldError, Path, Problem};
 
 /// The kinds the manifest source reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
