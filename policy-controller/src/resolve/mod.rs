@@ -35,11 +35,14 @@ mod staging;
 mod target;
 
 pub use node_plan::{NodePlan, Resolution};
-pub(crate) use objects::{default_ns_labels, namespace_of, ns_labels, pod_info, PodInfo};
+pub use objects::UnknownProtocol;
+pub(crate) use objects::{
+    default_ns_labels, namespace_of, ns_labels, parse_protocol, pod_info, PodInfo,
+};
 pub use oracle::resolve_cluster;
 pub(crate) use peers::{block, PeerSelection, Selected};
 pub use peers::{parse_block, BlockError};
-pub use selectors::{selector_matches, validate_selector};
+pub use selectors::{selector_matches, validate_selector, SelectorError, UnknownOperator};
 pub(crate) use services::{is_selectorless, selector_of, service_info, slice_service, ServiceInfo};
 pub use staging::{is_staged, AUDIT_ANNOTATION};
 pub(crate) use target::resolve_pod;

@@ -97,13 +97,17 @@ pub(crate) fn pod_info(pod: &Pod) -> Option<PodInfo> {
     })
 }
 
-pub(crate) fn parse_protocol(p: Option<&str>) -> Result<Protocol, String> {
+/// A port's protocol that is none of TCP, UDP and SCTP.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown protocol {0:?} (want TCP, UDP or SCTP)")]
+pub struct UnknownProtocol(pub String);
+
+/// A port's protocol; TCP when absent, as the API server defaults it.
+pub(crate) fn parse_protocol(p: Option<&str>) -> Result<Protocol, UnknownProtocol> {
     match p.unwrap_or("TCP") {
         "TCP" => Ok(Protocol::Tcp),
         "UDP" => Ok(Protocol::Udp),
         "SCTP" => Ok(Protocol::Sctp),
-        other => Err(format!(
-            "unknown protocol {other:?} (want TCP, UDP or SCTP)"
-        )),
+        other => Err(UnknownProtocol(other.to_string())),
     }
 }

@@ -14,7 +14,7 @@ use super::objects::{default_ns_labels, namespace_of, ns_labels, pod_info, PodIn
 use super::peers::{PeerSelection, Selected};
 use super::services::{is_selectorless, service_info, ServiceInfo};
 use super::target::resolve_pod;
-use super::{selector_matches, NodePlan, Resolution};
+use super::{selector_matches, NodePlan, Resolution, SelectorError};
 use crate::cluster::ClusterState;
 
 /// Every node's plan, and the problems found in the input.
@@ -119,7 +119,7 @@ impl PeerSelection for Scan {
         &mut self,
         policy_ns: &str,
         peer: &NetworkPolicyPeer,
-    ) -> Result<Arc<Selected>, String> {
+    ) -> Result<Arc<Selected>, SelectorError> {
         let mut out = Vec::new();
         for pod in &self.pods {
             let ns_ok = match &peer.namespace_selector {
@@ -131,7 +131,8 @@ impl PeerSelection for Scan {
                         .get(&pod.namespace)
                         .cloned()
                         .unwrap_or_default();
-                    selector_matches(sel, &labels).map_err(|e| format!("namespaceSelector: {e}"))?
+                    selector_matches(sel, &labels)
+                        .map_err(|e| SelectorError::new("namespaceSelector", e))?
                 }
             };
             if !ns_ok {
@@ -139,9 +140,8 @@ impl PeerSelection for Scan {
             }
             let pod_ok = match &peer.pod_selector {
                 None => true,
-                Some(sel) => {
-                    selector_matches(sel, &pod.labels).map_err(|e| format!("podSelector: {e}"))?
-                }
+                Some(sel) => selector_matches(sel, &pod.labels)
+                    .map_err(|e| SelectorError::new("podSelector", e))?,
             };
             if pod_ok && !pod.host_network {
                 out.push(pod.clone());

@@ -12,7 +12,7 @@ use palisade_proto::v1::{IpPrefix, PeerBlock};
 
 use super::objects::PodInfo;
 use super::rules::RuleContext;
-use super::selectors::validate_selector;
+use super::selectors::{validate_selector, SelectorError};
 use super::services::ServiceInfo;
 use crate::cidr::{self, prefix, CidrError};
 
@@ -49,7 +49,7 @@ pub(crate) trait PeerSelection {
         &mut self,
         policy_ns: &str,
         peer: &NetworkPolicyPeer,
-    ) -> Result<Arc<Selected>, String>;
+    ) -> Result<Arc<Selected>, SelectorError>;
     /// Every pod (not host-network) with a container port named `name`,
     /// sorted by namespace and name.
     fn with_port_name(&mut self, name: &str) -> Vec<Arc<PodInfo>>;
@@ -99,11 +99,11 @@ impl RuleContext<'_> {
             // Checked here, whatever pods exist, so that an invalid selector
             // is reported the same way by every selection strategy.
             if let Some(Err(e)) = peer.namespace_selector.as_ref().map(validate_selector) {
-                self.error(&f, format!("namespaceSelector: {e}"));
+                self.error(&f, SelectorError::new("namespaceSelector", e));
                 continue;
             }
             if let Some(Err(e)) = peer.pod_selector.as_ref().map(validate_selector) {
-                self.error(&f, format!("podSelector: {e}"));
+                self.error(&f, SelectorError::new("podSelector", e));
                 continue;
             }
             match self.selection.select(self.policy_ns, peer) {

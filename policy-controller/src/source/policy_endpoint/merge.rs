@@ -19,12 +19,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use palisade_proto::v1::{PeerBlock, PortRange, Protocol, Rule};
+use palisade_proto::v1::{PeerBlock, PortRange, Rule};
 
 use super::{display_name, EndpointInfo, PolicyEndpointSpec, Port};
 use crate::cidr::{self, prefix};
 use crate::keys::{ObjectKey, PodKey};
-use crate::resolve::{block, selector_matches, validate_selector};
+use crate::resolve::{block, parse_protocol, selector_matches, validate_selector};
 
 /// One policy as its slices define it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -283,16 +283,7 @@ fn parse_entry(entry: &EndpointInfo) -> Result<(PeerBlock, Vec<PortRange>), Stri
 }
 
 fn parse_port(p: &Port) -> Result<PortRange, String> {
-    let protocol = match p.protocol.as_deref().unwrap_or("TCP") {
-        "TCP" => Protocol::Tcp,
-        "UDP" => Protocol::Udp,
-        "SCTP" => Protocol::Sctp,
-        other => {
-            return Err(format!(
-                ".protocol: unknown protocol {other:?} (want TCP, UDP or SCTP)"
-            ))
-        }
-    };
+    let protocol = parse_protocol(p.protocol.as_deref()).map_err(|e| format!(".protocol: {e}"))?;
     let in_range = |n: i64| (1..=65535).contains(&n);
     let (port, end_port) = match (p.port, p.end_port) {
         (None, None) => (0, 0),
