@@ -273,8 +273,19 @@ pub async fn report_leadership(
 
 /// Every service of the controller, with health and reflection, always
 /// leading (no leader election), without TLS.
-pub async fn router(hub: Hub) -> Result<tonic::transport::server::Router, String> {
+pub async fn router(hub: Hub) -> Result<tonic::transport::server::Router, ServeError> {
     Ok(router_with(hub, ServeOptions::default()).await?.0)
+}
+
+/// Why the controller's services could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("reflection: {0}")]
+    Reflection(#[source] tonic_reflection::server::Error),
+    /// The TLS settings were refused; the message says every cause, as
+    /// tonic's own says only "transport error".
+    #[error("TLS: {}", palisade_runtime::transport::source_chain(.0))]
+    Tls(#[source] tonic::transport::Error),
 }
 
 /// How the controller serves: under which leadership, over which TLS.
@@ -306,7 +317,7 @@ pub async fn router_with(
         tonic::transport::server::Router,
         tonic::transport::server::Router,
     ),
-    String,
+    ServeError,
 > {
     let ServeOptions {
         leadership,
@@ -338,15 +349,11 @@ pub async fn router_with(
         v1 = v1.with_service_name(n);
         v1alpha = v1alpha.with_service_name(n);
     }
-    let reflection = v1.build_v1().map_err(|e| format!("reflection: {e}"))?;
-    let reflection_alpha = v1alpha
-        .build_v1alpha()
-        .map_err(|e| format!("reflection: {e}"))?;
+    let reflection = v1.build_v1().map_err(ServeError::Reflection)?;
+    let reflection_alpha = v1alpha.build_v1alpha().map_err(ServeError::Reflection)?;
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = tls {
-        builder = builder
-            .tls_config(tls)
-            .map_err(|e| format!("TLS: {}", palisade_runtime::transport::source_chain(&e)))?;
+        builder = builder.tls_config(tls).map_err(ServeError::Tls)?;
     }
     // The debug service shows every node's plan: operators only.
     let operator_only = {
