@@ -16,6 +16,8 @@ use super::ports::{named, PortSpec};
 use super::services;
 use crate::keys::PodKey;
 
+/// What evaluating one policy's rules for one target needs: how peers are
+/// found, the policy (errors name it), and where errors go.
 pub(super) struct RuleContext<'a> {
     pub selection: &'a mut dyn PeerSelection,
     pub policy_ns: &'a str,
