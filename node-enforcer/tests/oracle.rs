@@ -11,7 +11,7 @@ use node_enforcer::compile::compile;
 use palisade_proto::v1::PodPolicy;
 use policy_controller::cluster::{ClusterState, Object};
 use policy_controller::model::{allowed, Endpoint};
-use policy_controller::resolve::resolve_with_errors;
+use policy_controller::resolve::resolve_cluster;
 use serde_json::{json, Value};
 
 /// xorshift64*: deterministic, so a failure names a seed that reproduces it.
@@ -213,7 +213,7 @@ fn resolution_and_compilation_agree_with_the_model() {
         ] {
             *features.entry(f).or_default() += usize::from(text.contains(f));
         }
-        let resolution = resolve_with_errors(&c);
+        let resolution = resolve_cluster(&c);
         assert!(
             resolution.errors.is_empty(),
             "seed {seed}: {:?}",

@@ -141,7 +141,7 @@ fn directions_mut(pod: &mut PodPolicy) -> impl Iterator<Item = &mut DirectionPol
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resolve::PodKey;
+    use crate::keys::PodKey;
     use palisade_proto::v1::{IpPrefix, PeerBlock, PodRef, Rule};
 
     fn rule(policy: &str, i: u32) -> Rule {

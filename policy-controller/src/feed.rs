@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, watch};
 use crate::cluster::ClusterState;
 use crate::engine::Change;
 use crate::hub::Hub;
+use crate::source::SourceProblem;
 
 /// Changes from a source that watches events.
 #[derive(Debug)]
@@ -31,7 +32,7 @@ pub struct Update {
 pub async fn run(
     hub: Hub,
     mut states: watch::Receiver<Option<ClusterState>>,
-    errors: watch::Receiver<Vec<String>>,
+    errors: watch::Receiver<Vec<SourceProblem>>,
 ) {
     let errors_task = tokio::spawn(forward_errors(hub.clone(), errors));
     // A source may have published before this task first looked.
@@ -41,7 +42,7 @@ pub async fn run(
             let hub = hub.clone();
             let started = std::time::Instant::now();
             let work = tokio::task::spawn_blocking(move || hub.update(&state)).await;
-            crate::metrics::controller::observe_resolve(started.elapsed());
+            crate::metrics::controller::observe_pass(started.elapsed());
             if let Err(e) = work {
                 // A panic in resolution leaves the last plans in force.
                 tracing::error!(error = %e, "resolution failed");
@@ -61,7 +62,7 @@ pub async fn run(
 pub async fn run_changes(
     hub: Hub,
     mut updates: mpsc::UnboundedReceiver<Update>,
-    errors: watch::Receiver<Vec<String>>,
+    errors: watch::Receiver<Vec<SourceProblem>>,
 ) {
     let errors_task = tokio::spawn(forward_errors(hub.clone(), errors));
     while let Some(first) = updates.recv().await {
@@ -84,7 +85,7 @@ pub async fn run_changes(
         });
         let work = work.await;
         if synced {
-            crate::metrics::controller::observe_resolve(started.elapsed());
+            crate::metrics::controller::observe_pass(started.elapsed());
         }
         if let Err(e) = work {
             // A panic in resolution leaves the last plans in force.
@@ -94,7 +95,7 @@ pub async fn run_changes(
     let _ = errors_task.await;
 }
 
-async fn forward_errors(hub: Hub, mut errors: watch::Receiver<Vec<String>>) {
+async fn forward_errors(hub: Hub, mut errors: watch::Receiver<Vec<SourceProblem>>) {
     while errors.changed().await.is_ok() {
         let list = errors.borrow_and_update().clone();
         for e in &list {

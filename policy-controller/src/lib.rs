@@ -3,10 +3,12 @@
 
 pub use palisade_model::cluster;
 pub mod budget;
+pub mod cidr;
 pub mod debug;
 pub mod engine;
 pub mod feed;
 pub mod hub;
+pub mod keys;
 pub mod leader;
 pub mod limits;
 pub mod metrics;

@@ -136,16 +136,19 @@ async fn main() {
     }
 }
 
-async fn run(args: Args) -> Result<(), String> {
+/// What stops the controller, as its last log line and stderr say it.
+type RunError = Box<dyn std::error::Error + Send + Sync>;
+
+async fn run(args: Args) -> Result<(), RunError> {
     let start_micros = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
         .unwrap_or(1);
     if let Some(e) = policy_controller::limits::check_plan_budget(args.max_plan_bytes_per_node) {
-        return Err(e);
+        return Err(e.into());
     }
     let hub = Hub::new(start_micros).with_plan_budget(args.max_plan_bytes_per_node);
-    let (err_tx, err_rx) = watch::channel::<Vec<String>>(Vec::new());
+    let (err_tx, err_rx) = watch::channel::<Vec<source::SourceProblem>>(Vec::new());
     let timings = Timings {
         lease_duration: std::time::Duration::from_millis(args.lease_duration_ms),
         renew_deadline: std::time::Duration::from_millis(args.renew_deadline_ms),
@@ -329,5 +332,5 @@ async fn run(args: Args) -> Result<(), String> {
             let _ = std::fs::remove_file(p);
         }
     }
-    result
+    result.map_err(Into::into)
 }

@@ -24,7 +24,8 @@ use std::net::IpAddr;
 use palisade_proto::v1::{PodPolicy, PodRef};
 use prost::Message;
 
-use crate::resolve::{NodePlan, PodKey};
+use crate::keys::PodKey;
+use crate::resolve::NodePlan;
 
 /// One pod's entry.
 #[derive(Clone, Debug)]

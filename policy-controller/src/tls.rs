@@ -139,7 +139,7 @@ impl Authz {
 /// The subject Common Name of a DER certificate: exactly one, as a string.
 /// The certificate has already been verified against the CA by rustls, so
 /// this only has to read it, not to judge it.
-pub fn common_name(cert: &[u8]) -> Result<String, String> {
+pub fn common_name(cert: &[u8]) -> Result<String, CertError> {
     let (tag, certificate, _) = tlv(cert)?;
     expect(tag, 0x30, "certificate")?;
     let (tag, tbs, _) = tlv(certificate)?;
@@ -151,7 +151,10 @@ pub fn common_name(cert: &[u8]) -> Result<String, String> {
         rest = after;
     }
     for what in ["serialNumber", "signature", "issuer", "validity"] {
-        let (_, _, after) = tlv(rest).map_err(|e| format!("{what}: {e}"))?;
+        let (_, _, after) = tlv(rest).map_err(|e| CertError::In {
+            what,
+            cause: Box::new(e),
+        })?;
         rest = after;
     }
     let (tag, mut names, _) = tlv(rest)?;
@@ -172,53 +175,86 @@ pub fn common_name(cert: &[u8]) -> Result<String, String> {
                 let (tag, text, _) = tlv(value)?;
                 // UTF8String, PrintableString, IA5String.
                 if ![0x0C, 0x13, 0x16].contains(&tag) {
-                    return Err(format!(
-                        "common name of unsupported string type 0x{tag:02x}"
-                    ));
+                    return Err(CertError::StringType(tag));
                 }
-                let text = std::str::from_utf8(text)
-                    .map_err(|_| "common name is not UTF-8".to_string())?;
+                let text = std::str::from_utf8(text).map_err(CertError::NotUtf8)?;
                 found.push(text.to_string());
             }
         }
     }
     match found.as_slice() {
         [one] => Ok(one.clone()),
-        [] => Err("no common name".into()),
-        _ => Err(format!(
-            "{} common names; exactly one is required",
-            found.len()
-        )),
+        [] => Err(CertError::NoCommonName),
+        _ => Err(CertError::CommonNames(found.len())),
     }
 }
 
-fn expect(tag: u8, want: u8, what: &str) -> Result<(), String> {
+/// Why a certificate's Common Name could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    #[error("truncated")]
+    Truncated,
+    #[error("bad length")]
+    BadLength,
+    #[error("{what}: tag 0x{tag:02x}, expected 0x{want:02x}")]
+    Tag {
+        what: &'static str,
+        tag: u8,
+        want: u8,
+    },
+    /// A problem inside one of the certificate's fields.
+    #[error("{what}: {cause}")]
+    In {
+        what: &'static str,
+        #[source]
+        cause: Box<CertError>,
+    },
+    #[error("common name of unsupported string type 0x{0:02x}")]
+    StringType(u8),
+    #[error("common name is not UTF-8")]
+    NotUtf8(#[source] std::str::Utf8Error),
+    #[error("no common name")]
+    NoCommonName,
+    #[error("{0} common names; exactly one is required")]
+    CommonNames(usize),
+}
+
+fn expect(tag: u8, want: u8, what: &'static str) -> Result<(), CertError> {
     if tag == want {
         Ok(())
     } else {
-        Err(format!("{what}: tag 0x{tag:02x}, expected 0x{want:02x}"))
+        Err(CertError::Tag { what, tag, want })
     }
 }
 
 /// One DER element: its tag, content and what follows it.
-fn tlv(input: &[u8]) -> Result<(u8, &[u8], &[u8]), String> {
+fn tlv(input: &[u8]) -> Result<(u8, &[u8], &[u8]), CertError> {
     let [tag, first, rest @ ..] = input else {
-        return Err("truncated".into());
+        return Err(CertError::Truncated);
     };
     let (len, rest) = if *first < 0x80 {
         (*first as usize, rest)
     } else {
         let n = (*first & 0x7F) as usize;
         if n == 0 || n > 4 || rest.len() < n {
-            return Err("bad length".into());
+            return Err(CertError::BadLength);
         }
         let len = rest[..n].iter().fold(0usize, |a, b| (a << 8) | *b as usize);
         (len, &rest[n..])
     };
     if rest.len() < len {
-        return Err("truncated".into());
+        return Err(CertError::Truncated);
     }
     Ok((*tag, &rest[..len], &rest[len..]))
+}
+
+/// A PEM file that could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("reading {}: {cause}", path.display())]
+pub struct ReadPemError {
+    pub path: std::path::PathBuf,
+    #[source]
+    pub cause: std::io::Error,
 }
 
 /// The server side's TLS settings from PEM files.
@@ -226,9 +262,13 @@ pub fn server_config(
     cert: &std::path::Path,
     key: &std::path::Path,
     client_ca: Option<&std::path::Path>,
-) -> Result<tonic::transport::ServerTlsConfig, String> {
-    let read =
-        |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("reading {}: {e}", p.display()));
+) -> Result<tonic::transport::ServerTlsConfig, ReadPemError> {
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).map_err(|cause| ReadPemError {
+            path: p.to_path_buf(),
+            cause,
+        })
+    };
     let mut cfg = tonic::transport::ServerTlsConfig::new().identity(
         tonic::transport::Identity::from_pem(read(cert)?, read(key)?),
     );
@@ -259,5 +299,11 @@ mod tests {
         ] {
             assert!(common_name(bad).is_err(), "{bad:?}");
         }
+        // A serial number and nothing after it: the field that is missing
+        // is named, its problem kept as the cause.
+        let e = common_name(&[0x30, 0x05, 0x30, 0x03, 0x02, 0x01, 0x01]).unwrap_err();
+        assert_eq!(e.to_string(), "signature: truncated");
+        let cause = std::error::Error::source(&e).expect("the cause");
+        assert_eq!(cause.to_string(), "truncated");
     }
 }

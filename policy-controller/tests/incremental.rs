@@ -5,7 +5,7 @@
 //! EndpointSlices added, edited, deleted — pod relabels change which pods
 //! back a Service). After every change the
 //! engine's plans and errors must equal the full computation
-//! (`resolve_with_errors`, the oracle), and every node's plan as rebuilt
+//! (`resolve_cluster`, the oracle), and every node's plan as rebuilt
 //! from the deltas it received must equal its full plan, with a new version
 //! exactly when its full plan changed.
 //!
@@ -32,7 +32,7 @@ use policy_controller::cluster::{ClusterState, Object};
 use policy_controller::engine::Change;
 use policy_controller::hub::{delta, Hub, VersionedPlan};
 use policy_controller::model::{egress_to_service_allowed, Endpoint};
-use policy_controller::resolve::{resolve_with_errors, NodePlan, Resolution};
+use policy_controller::resolve::{resolve_cluster, NodePlan, Resolution};
 use serde_json::{json, Value};
 
 /// xorshift64*: deterministic, so a failing seed replays.
@@ -522,7 +522,7 @@ fn check(seed: u64, steps: usize) {
     let hub = Hub::new(1);
     let state = model.state("0".into());
     hub.update(&state);
-    let mut full = resolve_with_errors(&state);
+    let mut full = resolve_cluster(&state);
     let mut nodes: BTreeMap<&str, Receiver> = NODES
         .iter()
         .map(|n| {
@@ -541,7 +541,7 @@ fn check(seed: u64, steps: usize) {
         } else {
             hub.apply(vec![change], step.to_string());
         }
-        let before = std::mem::replace(&mut full, resolve_with_errors(&state));
+        let before = std::mem::replace(&mut full, resolve_cluster(&state));
         check_services_against_model(&state, &full, &what);
         let engine = hub.with_engine(|e| e.unwrap().resolution());
         assert_eq!(engine.errors, full.errors, "{what}");

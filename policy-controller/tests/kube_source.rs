@@ -13,7 +13,7 @@ use api_double::{yaml_documents, ApiDouble, Kind};
 use policy_controller::cluster::ClusterState;
 use policy_controller::feed;
 use policy_controller::hub::Hub;
-use policy_controller::resolve::{resolve_with_errors, NodePlan, Resolution};
+use policy_controller::resolve::{resolve_cluster, NodePlan, Resolution};
 use policy_controller::source::{kube as kube_source, manifest};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
@@ -182,7 +182,7 @@ fn counts(state: &ClusterState) -> (usize, usize, usize, usize, usize) {
 
 /// Whether `client-1`'s egress names the `ext` Service's ClusterIP on 8443.
 fn client_reaches_ext_service(plans: &BTreeMap<String, NodePlan>) -> bool {
-    let vip = policy_controller::resolve::prefix("10.96.0.20/32".parse().unwrap());
+    let vip = policy_controller::cidr::prefix("10.96.0.20/32".parse().unwrap());
     let pod = &plans["node-b"].pods[&("dev".to_string(), "client-1".to_string())];
     pod.egress.as_ref().is_some_and(|e| {
         e.rules.iter().any(|r| {
@@ -207,7 +207,7 @@ fn start_controller(url: &str) -> (Hub, tokio::task::JoinHandle<()>) {
 /// Waits until the hub's engine holds exactly what a full computation of
 /// `want` gives, and returns that.
 async fn wait_for_plans(hub: &Hub, want: &ClusterState, what: &str) -> Resolution {
-    let want = resolve_with_errors(want);
+    let want = resolve_cluster(want);
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
         let synced = hub.view().source_synced;

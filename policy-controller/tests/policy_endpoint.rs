@@ -19,7 +19,7 @@
 //! rules are grouped differently. For every pod with an address, every
 //! peer address (every pod's, and addresses outside the pods) and every
 //! protocol/port of interest, the PolicyEndpoint plan's ingress and egress
-//! must allow exactly what the NetworkPolicy plan (`resolve_with_errors`)
+//! must allow exactly what the NetworkPolicy plan (`resolve_cluster`)
 //! allows. Where the AWS controller's own merging of same-CIDR entries lost
 //! information (see `aws::combine`), the plan may only allow less, never
 //! more; the clusters where that happened are counted and the rest are
@@ -40,7 +40,7 @@ use palisade_proto::v1::{DirectionPolicy, IpPrefix, Protocol};
 use policy_controller::cluster::{ClusterState, Object};
 use policy_controller::feed;
 use policy_controller::hub::Hub;
-use policy_controller::resolve::{resolve_with_errors, Resolution};
+use policy_controller::resolve::{resolve_cluster, Resolution};
 use policy_controller::source::kube as kube_source;
 use policy_controller::source::policy_endpoint::PolicySource;
 use serde_json::{json, Value};
@@ -1116,7 +1116,7 @@ async fn check(
 ) {
     served.sync(cluster, aws);
     let pe = plans_once_caught_up(hub, served, what).await;
-    let np = resolve_with_errors(&cluster.state());
+    let np = resolve_cluster(&cluster.state());
     compare(&np, &pe, !aws.lossy, what, tally);
 }
 

@@ -4,8 +4,9 @@
 use std::net::IpAddr;
 
 use palisade_proto::v1::{IpPrefix, PortRange, Protocol, Rule};
+use policy_controller::cidr::prefix;
 use policy_controller::cluster::ClusterState;
-use policy_controller::resolve::{prefix, resolve_with_errors, Resolution};
+use policy_controller::resolve::{resolve_cluster, Resolution};
 use policy_controller::source::parse_objects;
 
 const PODS: &str = r#"
@@ -62,7 +63,7 @@ fn resolve(docs: &[&str]) -> Resolution {
         .collect::<Vec<_>>()
         .join("\n---\n");
     let objects = parse_objects(&text).expect("manifests parse");
-    let r = resolve_with_errors(&ClusterState::from_objects(objects, String::new()));
+    let r = resolve_cluster(&ClusterState::from_objects(objects, String::new()));
     assert!(r.errors.is_empty(), "{:?}", r.errors);
     r
 }

@@ -157,6 +157,7 @@ mod tests {
             source_marker: "1".into(),
             errors: vec![],
             source_errors: 0,
+            source_errors_by_kind: Default::default(),
             nodes: vec![node("a", steady, 1), node("b", flapping, 0)],
             taken_at: t(1_800) + Duration::from_millis(999),
         };

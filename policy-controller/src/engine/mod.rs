@@ -16,7 +16,7 @@
 //!   that read those (see `services`).
 //!
 //! Each target is computed by the same code as the full computation
-//! (`resolve::resolve_target`); only how peers are found differs. The full
+//! (`resolve::resolve_pod`); only how peers are found differs. The full
 //! computation stays the oracle: the property tests check that after any
 //! sequence of changes the plans and errors here equal a full recompute.
 
@@ -30,12 +30,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::cluster::{ClusterState, Object};
+use crate::keys::{ObjectKey, PodKey};
 use crate::plan::{Entry, Plan};
 use crate::resolve::{
-    is_selectorless, namespace_of, ns_labels, pod_info, resolve_target, selector_matches,
-    slice_service, PodInfo, PodKey, Resolution, AUDIT_ANNOTATION,
+    is_selectorless, namespace_of, ns_labels, pod_info, resolve_pod, selector_matches,
+    slice_service, PodInfo, Resolution, AUDIT_ANNOTATION,
 };
-use crate::source::policy_endpoint::resolve::EndpointPolicy;
+use crate::source::policy_endpoint::merge::EndpointPolicy;
 use crate::source::policy_endpoint::PolicyEndpoint;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -56,14 +57,14 @@ pub enum Change {
     ApplyPod(Pod),
     DeletePod(PodKey),
     ApplyPolicy(NetworkPolicy),
-    DeletePolicy(PodKey),
+    DeletePolicy(ObjectKey),
     ApplyService(Service),
-    DeleteService(PodKey),
+    DeleteService(ObjectKey),
     ApplyEndpointSlice(EndpointSlice),
-    DeleteEndpointSlice(PodKey),
+    DeleteEndpointSlice(ObjectKey),
     /// A slice of a policy resolved by the AWS network policy controller.
     ApplyPolicyEndpoint(PolicyEndpoint),
-    DeletePolicyEndpoint(PodKey),
+    DeletePolicyEndpoint(ObjectKey),
 }
 
 /// Pods that resolve alike: resolution reads of its target only the
@@ -96,8 +97,8 @@ impl std::hash::Hash for Class {
     }
 }
 
-/// One class's resolution.
-struct Resolved {
+/// What computing one class gave, shared by its pods.
+struct ClassResult {
     entry: Entry,
     /// Shared by the pods of a class.
     used: Arc<Used>,
@@ -400,7 +401,7 @@ impl Engine {
 
     fn set_slice(
         &mut self,
-        key: &PodKey,
+        key: &ObjectKey,
         slice: Option<Arc<EndpointSlice>>,
         dirty: &mut HashSet<PodKey>,
     ) {
@@ -513,7 +514,7 @@ impl Engine {
         let mut changed_nodes = BTreeSet::new();
         // Pods that resolve alike are resolved once per pass: the objects do
         // not change during a pass, so neither does what a class resolves to.
-        let mut memo: HashMap<Class, Resolved> = HashMap::new();
+        let mut memo: HashMap<Class, ClassResult> = HashMap::new();
         // In namespace order: pods of one namespace share their policies,
         // selections and Services, which then stay in cache from one target
         // to the next (a hash set's order jumps across the whole cluster).
@@ -533,7 +534,7 @@ impl Engine {
     fn recompute_target(
         &mut self,
         key: &PodKey,
-        memo: &mut HashMap<Class, Resolved>,
+        memo: &mut HashMap<Class, ClassResult>,
         changed: &mut BTreeSet<String>,
     ) {
         let (shared, old) = match self.targets.remove_entry(key) {
@@ -550,17 +551,17 @@ impl Engine {
             Some(pod) => {
                 let node = pod.node.clone().expect("filtered above");
                 let class = Class(pod.clone(), self.endpoint_policies.selecting(&pod));
-                let resolved = match memo.get(&class) {
-                    Some(r) => Resolved {
+                let computed = match memo.get(&class) {
+                    Some(r) => ClassResult {
                         entry: r.entry.sibling(&pod.namespace, &pod.name, &pod.ips),
                         used: r.used.clone(),
                         errors: r.errors.clone(),
                     },
                     None => {
-                        let r = self.resolve(&pod, &class.1);
+                        let r = self.compute_class(&pod, &class.1);
                         memo.insert(
                             class,
-                            Resolved {
+                            ClassResult {
                                 entry: r.entry.clone(),
                                 used: r.used.clone(),
                                 errors: r.errors.clone(),
@@ -571,10 +572,10 @@ impl Engine {
                 };
                 let target = Target {
                     node,
-                    used: resolved.used,
-                    errors: resolved.errors,
+                    used: computed.used,
+                    errors: computed.errors,
                 };
-                (Some(target), Some(resolved.entry))
+                (Some(target), Some(computed.entry))
             }
         };
         let empty = Used::default();
@@ -614,7 +615,11 @@ impl Engine {
 
     /// One pod's policy, through the indexes and the selection cache, with
     /// what the PolicyEndpoint policies that select it add.
-    fn resolve(&mut self, pod: &PodInfo, endpoint_policies: &[Arc<EndpointPolicy>]) -> Resolved {
+    fn compute_class(
+        &mut self,
+        pod: &PodInfo,
+        endpoint_policies: &[Arc<EndpointPolicy>],
+    ) -> ClassResult {
         let mut selector = Selector {
             objects: &self.objects,
             cache: &mut self.selections,
@@ -624,7 +629,7 @@ impl Engine {
         let mut errors = Vec::new();
         let policies: Vec<Arc<NetworkPolicy>> =
             self.objects.policies_in(&pod.namespace).cloned().collect();
-        let mut policy = resolve_target(
+        let mut policy = resolve_pod(
             pod,
             policies.iter().map(|p| &**p),
             &mut selector,
@@ -633,7 +638,7 @@ impl Engine {
         policy_endpoints::add_to(&mut policy, endpoint_policies);
         errors.sort();
         errors.dedup();
-        Resolved {
+        ClassResult {
             entry: Entry::new(policy),
             used: Arc::new(selector.used),
             errors,
@@ -687,7 +692,7 @@ fn bare_meta(ns: &str, name: &str) -> k8s_openapi::apimachinery::pkg::apis::meta
     }
 }
 
-fn object_key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> PodKey {
+fn object_key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ObjectKey {
     (namespace_of(meta), meta.name.clone().unwrap_or_default())
 }
 

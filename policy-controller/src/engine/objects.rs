@@ -9,7 +9,8 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
-use crate::resolve::{default_ns_labels, is_selectorless, slice_service, PodInfo, PodKey};
+use crate::keys::{ObjectKey, PodKey};
+use crate::resolve::{default_ns_labels, is_selectorless, slice_service, PodInfo};
 
 pub type Labels = BTreeMap<String, String>;
 type LabelPair = (String, String);
@@ -30,10 +31,10 @@ pub struct Objects {
     /// Services by namespace, then name.
     services: HashMap<String, BTreeMap<String, Arc<Service>>>,
     /// Services without a selector, which EndpointSlices back.
-    selectorless: BTreeSet<PodKey>,
-    slices: HashMap<PodKey, Arc<EndpointSlice>>,
+    selectorless: BTreeSet<ObjectKey>,
+    slices: HashMap<ObjectKey, Arc<EndpointSlice>>,
     /// Slice names by the (namespace, Service name) they belong to.
-    slices_by_service: HashMap<PodKey, BTreeSet<String>>,
+    slices_by_service: HashMap<ObjectKey, BTreeSet<String>>,
 }
 
 impl Objects {
@@ -114,7 +115,7 @@ impl Objects {
         self.policies.get(ns).into_iter().flat_map(|m| m.values())
     }
 
-    pub fn policy_keys(&self) -> impl Iterator<Item = PodKey> + '_ {
+    pub fn policy_keys(&self) -> impl Iterator<Item = ObjectKey> + '_ {
         self.policies
             .iter()
             .flat_map(|(ns, m)| m.keys().map(move |n| (ns.clone(), n.clone())))
@@ -231,7 +232,7 @@ impl Objects {
         self.services.get(ns).into_iter().flat_map(|m| m.values())
     }
 
-    pub fn service_keys(&self) -> impl Iterator<Item = PodKey> + '_ {
+    pub fn service_keys(&self) -> impl Iterator<Item = ObjectKey> + '_ {
         self.services
             .iter()
             .flat_map(|(ns, m)| m.keys().map(move |n| (ns.clone(), n.clone())))
@@ -274,11 +275,11 @@ impl Objects {
         }
     }
 
-    pub fn slice(&self, key: &PodKey) -> Option<&Arc<EndpointSlice>> {
+    pub fn slice(&self, key: &ObjectKey) -> Option<&Arc<EndpointSlice>> {
         self.slices.get(key)
     }
 
-    pub fn slice_keys(&self) -> impl Iterator<Item = &PodKey> {
+    pub fn slice_keys(&self) -> impl Iterator<Item = &ObjectKey> {
         self.slices.keys()
     }
 
@@ -296,7 +297,7 @@ impl Objects {
     /// Sets (or with None removes) an EndpointSlice; returns the previous one.
     pub fn set_slice(
         &mut self,
-        key: &PodKey,
+        key: &ObjectKey,
         slice: Option<Arc<EndpointSlice>>,
     ) -> Option<Arc<EndpointSlice>> {
         let old = match &slice {

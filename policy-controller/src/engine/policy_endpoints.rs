@@ -1,8 +1,8 @@
 //! PolicyEndpoint slices held by the policy they belong to, each policy
-//! resolved from the union of its slices (`source::policy_endpoint::resolve`)
+//! merged from the union of its slices (`source::policy_endpoint::merge`)
 //! and indexed by its namespace.
 //!
-//! A slice changed or deleted re-resolves its policy; the targets that
+//! A slice changed or deleted re-merges its policy; the targets that
 //! change can affect are the pods of its namespace the policy selected
 //! before or selects now. Peers are addresses, so no other pod depends on a
 //! policy; a pod that appears, is relabelled, moves or goes is recomputed by
@@ -15,10 +15,11 @@ use std::sync::Arc;
 use palisade_proto::v1::{DirectionPolicy, PodPolicy};
 
 use super::objects::Objects;
-use crate::resolve::{namespace_of, PodInfo, PodKey};
-use crate::source::policy_endpoint::resolve::{resolve_policy, EndpointPolicy};
+use crate::keys::{ObjectKey, PodKey};
+use crate::resolve::{namespace_of, PodInfo};
+use crate::source::policy_endpoint::merge::{merge_slices, EndpointPolicy};
 use crate::source::policy_endpoint::{
-    display_name, parse_spec, PolicyEndpoint, PolicyEndpointSpec,
+    display_name, parse_spec, PolicyEndpoint, PolicyEndpointSpec, SliceError,
 };
 
 #[derive(Default)]
@@ -26,14 +27,14 @@ pub struct EndpointPolicies {
     /// The last spec of each slice that could be used (a slice that stops
     /// parsing keeps it: nothing in force is withdrawn by bad input), with
     /// the policy it refers to.
-    slices: HashMap<PodKey, (PodKey, Arc<PolicyEndpointSpec>)>,
+    slices: HashMap<ObjectKey, (ObjectKey, Arc<PolicyEndpointSpec>)>,
     /// Problems with a slice as a whole (it does not parse, or refers to a
     /// policy of another namespace).
-    slice_errors: BTreeMap<PodKey, String>,
+    slice_errors: BTreeMap<ObjectKey, String>,
     /// Slice names by policy.
-    by_policy: HashMap<PodKey, BTreeSet<String>>,
-    resolved: HashMap<PodKey, Arc<EndpointPolicy>>,
-    /// Resolved policies by namespace.
+    by_policy: HashMap<ObjectKey, BTreeSet<String>>,
+    merged: HashMap<ObjectKey, Arc<EndpointPolicy>>,
+    /// Merged policies by namespace.
     by_namespace: HashMap<String, BTreeSet<String>>,
 }
 
@@ -49,17 +50,17 @@ impl EndpointPolicies {
             } else {
                 spec.policy_ref.namespace.clone()
             };
-            let display = display_name(&key.0, &key.1);
+            let object = display_name(&key.0, &key.1);
             if spec.policy_ref.name.is_empty() {
-                Err(format!("{display}: spec.policyRef.name: missing"))
+                Err(SliceError::NoPolicyName { object })
             } else if ref_ns != key.0 {
                 // Only the policy's own namespace holds its slices; a slice
                 // elsewhere could grant traffic to pods its writer does not
                 // own.
-                Err(format!(
-                    "{display}: spec.policyRef.namespace: {ref_ns:?} is not the object's \
-                     namespace; slice ignored"
-                ))
+                Err(SliceError::ForeignPolicy {
+                    object,
+                    namespace: ref_ns,
+                })
             } else {
                 Ok(((ref_ns, spec.policy_ref.name.clone()), spec))
             }
@@ -73,14 +74,14 @@ impl EndpointPolicies {
                 if let Some((old_policy, _)) = old {
                     if old_policy != policy {
                         self.unlink(&old_policy, &key.1);
-                        self.reresolve(&old_policy, objects, dirty);
+                        self.remerge(&old_policy, objects, dirty);
                     }
                 }
                 self.by_policy
                     .entry(policy.clone())
                     .or_default()
                     .insert(key.1.clone());
-                self.reresolve(&policy, objects, dirty);
+                self.remerge(&policy, objects, dirty);
             }
             Err(e) => {
                 let kept = if self.slices.contains_key(&key) {
@@ -93,11 +94,11 @@ impl EndpointPolicies {
         }
     }
 
-    pub fn delete(&mut self, key: &PodKey, objects: &Objects, dirty: &mut HashSet<PodKey>) {
+    pub fn delete(&mut self, key: &ObjectKey, objects: &Objects, dirty: &mut HashSet<PodKey>) {
         self.slice_errors.remove(key);
         if let Some((policy, _)) = self.slices.remove(key) {
             self.unlink(&policy, &key.1);
-            self.reresolve(&policy, objects, dirty);
+            self.remerge(&policy, objects, dirty);
         }
     }
 
@@ -109,7 +110,7 @@ impl EndpointPolicies {
         let key = pod.key();
         names
             .iter()
-            .filter_map(|name| self.resolved.get(&(pod.namespace.clone(), name.clone())))
+            .filter_map(|name| self.merged.get(&(pod.namespace.clone(), name.clone())))
             .filter(|p| p.selects(&key, &pod.labels))
             .cloned()
             .collect()
@@ -118,17 +119,13 @@ impl EndpointPolicies {
     /// Every problem with the slices, sorted.
     pub fn errors(&self) -> Vec<String> {
         let mut out: Vec<String> = self.slice_errors.values().cloned().collect();
-        out.extend(
-            self.resolved
-                .values()
-                .flat_map(|p| p.errors.iter().cloned()),
-        );
+        out.extend(self.merged.values().flat_map(|p| p.errors.iter().cloned()));
         out.sort();
         out.dedup();
         out
     }
 
-    fn unlink(&mut self, policy: &PodKey, slice: &str) {
+    fn unlink(&mut self, policy: &ObjectKey, slice: &str) {
         if let Some(names) = self.by_policy.get_mut(policy) {
             names.remove(slice);
             if names.is_empty() {
@@ -137,7 +134,7 @@ impl EndpointPolicies {
         }
     }
 
-    fn reresolve(&mut self, policy: &PodKey, objects: &Objects, dirty: &mut HashSet<PodKey>) {
+    fn remerge(&mut self, policy: &ObjectKey, objects: &Objects, dirty: &mut HashSet<PodKey>) {
         let new = self.by_policy.get(policy).map(|names| {
             let specs: Vec<(&str, &PolicyEndpointSpec)> = names
                 .iter()
@@ -147,11 +144,11 @@ impl EndpointPolicies {
                         .map(|(_, s)| (n.as_str(), &**s))
                 })
                 .collect();
-            Arc::new(resolve_policy(policy, &specs))
+            Arc::new(merge_slices(policy, &specs))
         });
         let old = match &new {
-            Some(p) => self.resolved.insert(policy.clone(), p.clone()),
-            None => self.resolved.remove(policy),
+            Some(p) => self.merged.insert(policy.clone(), p.clone()),
+            None => self.merged.remove(policy),
         };
         if old.as_deref() == new.as_deref() {
             return;

@@ -11,7 +11,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::objects::{Labels, Objects};
 use super::services::ServiceCache;
-use crate::resolve::{selector_matches, PeerSelection, PodInfo, PodKey, Selected, ServiceInfo};
+use crate::keys::PodKey;
+use crate::resolve::{
+    selector_matches, PeerSelection, PodInfo, Selected, SelectorError, ServiceInfo,
+};
 
 /// Hashes values that are spread already: an address (a [`Target`]) or a
 /// hash computed with a per-process seed (a [`SelKey`]). Running SipHash
@@ -395,7 +398,7 @@ impl PeerSelection for Selector<'_> {
         &mut self,
         policy_ns: &str,
         peer: &NetworkPolicyPeer,
-    ) -> Result<Arc<Selected>, String> {
+    ) -> Result<Arc<Selected>, SelectorError> {
         let address = peer as *const NetworkPolicyPeer as usize;
         let key = match self.cache.peer_keys.get(&address) {
             Some(key) => key.clone(),

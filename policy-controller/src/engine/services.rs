@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use super::objects::Objects;
 use super::selection::{SpreadSet, Target, Used};
-use crate::resolve::{service_info, PodInfo, PodKey, ServiceInfo};
+use crate::keys::PodKey;
+use crate::resolve::{service_info, PodInfo, ServiceInfo};
 
 type Infos = Arc<Vec<Arc<ServiceInfo>>>;
 

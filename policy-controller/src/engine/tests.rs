@@ -1,6 +1,6 @@
 use super::*;
 use crate::cluster::Object;
-use crate::resolve::resolve_with_errors;
+use crate::resolve::resolve_cluster;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
@@ -47,7 +47,7 @@ fn cluster() -> ClusterState {
 fn full_build_equals_the_oracle_and_shares_selections() {
     let state = cluster();
     let (engine, outcome) = Engine::from_state(&state);
-    assert_eq!(engine.resolution(), resolve_with_errors(&state));
+    assert_eq!(engine.resolution(), resolve_cluster(&state));
     assert_eq!(outcome.recomputed, 12);
     // One selection per (namespace, app), used by two targets each.
     assert_eq!(engine.stats().selections, 6);
@@ -71,7 +71,7 @@ fn a_relabel_recomputes_only_its_namespace_peers_and_reaches_their_nodes() {
         })
         .unwrap();
     state.pods[i] = moved;
-    assert_eq!(engine.resolution(), resolve_with_errors(&state));
+    assert_eq!(engine.resolution(), resolve_cluster(&state));
 }
 
 #[test]
@@ -148,7 +148,7 @@ fn service_changes_recompute_only_the_targets_that_read_them() {
     assert_eq!(outcome.recomputed, 1);
     assert_eq!(client_rules(&engine), 2, "the pods and the ClusterIP");
     state.services.push(svc);
-    assert_eq!(engine.resolution(), resolve_with_errors(&state));
+    assert_eq!(engine.resolution(), resolve_cluster(&state));
 
     // A Service where no egress rule looks: nothing to recompute.
     let other = service("b", "one", Some("one"), "10.96.0.2");
@@ -211,7 +211,7 @@ fn service_changes_recompute_only_the_targets_that_read_them() {
         .as_mut()
         .unwrap()
         .insert("tier".into(), "x".into());
-    assert_eq!(engine.resolution(), resolve_with_errors(&state));
+    assert_eq!(engine.resolution(), resolve_cluster(&state));
 
     // A backend relabelled out of the client's peers and out of the
     // Services of "a": the client is recomputed; a/one keeps a0 alone,
@@ -258,7 +258,7 @@ fn only_the_audit_annotation_changing_moves_the_policy_between_staged_and_enforc
         })
         .unwrap();
     state.policies[i] = np;
-    assert_eq!(engine.resolution(), resolve_with_errors(&state));
+    assert_eq!(engine.resolution(), resolve_cluster(&state));
     // sync sees the annotation as a change too, and nothing else.
     assert_eq!(engine.sync(&state).recomputed, 0);
 
@@ -268,7 +268,7 @@ fn only_the_audit_annotation_changing_moves_the_policy_between_staged_and_enforc
     let outcome = engine.sync(&state);
     assert_eq!(outcome.recomputed, 2);
     assert_eq!(a_p0(&engine), enforced);
-    assert_eq!(engine.resolution(), resolve_with_errors(&state));
+    assert_eq!(engine.resolution(), resolve_cluster(&state));
 
     // Other annotations are not kept and change nothing.
     let mut np = allow_from_same_app("a", "one", "one");

@@ -37,33 +37,46 @@ impl Default for Timings {
     }
 }
 
+/// Timings refused by [`Timings::check`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TimingsError {
+    #[error("lease duration {0:?} is shorter than a second (the Lease holds whole seconds)")]
+    UnderASecond(Duration),
+    #[error("lease duration {0:?} is not whole seconds (the Lease holds whole seconds)")]
+    NotWholeSeconds(Duration),
+    #[error("renew deadline {renew_deadline:?} must be shorter than the lease duration {lease_duration:?}, or a deposed leader could still serve when another acquires")]
+    RenewDeadline {
+        renew_deadline: Duration,
+        lease_duration: Duration,
+    },
+    #[error("retry period {retry_period:?} must be positive and shorter than the renew deadline {renew_deadline:?}, or the leader could not renew in time")]
+    RetryPeriod {
+        retry_period: Duration,
+        renew_deadline: Duration,
+    },
+}
+
 impl Timings {
     /// Refuses timings under which two leaders could serve at once, or a
     /// leader could not renew before its own deadline.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), TimingsError> {
         if self.lease_duration < Duration::from_secs(1) {
-            return Err(format!(
-                "lease duration {:?} is shorter than a second (the Lease holds whole seconds)",
-                self.lease_duration
-            ));
+            return Err(TimingsError::UnderASecond(self.lease_duration));
         }
         if self.lease_duration.subsec_nanos() != 0 {
-            return Err(format!(
-                "lease duration {:?} is not whole seconds (the Lease holds whole seconds)",
-                self.lease_duration
-            ));
+            return Err(TimingsError::NotWholeSeconds(self.lease_duration));
         }
         if self.renew_deadline >= self.lease_duration {
-            return Err(format!(
-                "renew deadline {:?} must be shorter than the lease duration {:?}, or a deposed leader could still serve when another acquires",
-                self.renew_deadline, self.lease_duration
-            ));
+            return Err(TimingsError::RenewDeadline {
+                renew_deadline: self.renew_deadline,
+                lease_duration: self.lease_duration,
+            });
         }
         if self.retry_period.is_zero() || self.retry_period >= self.renew_deadline {
-            return Err(format!(
-                "retry period {:?} must be positive and shorter than the renew deadline {:?}, or the leader could not renew in time",
-                self.retry_period, self.renew_deadline
-            ));
+            return Err(TimingsError::RetryPeriod {
+                retry_period: self.retry_period,
+                renew_deadline: self.renew_deadline,
+            });
         }
         Ok(())
     }

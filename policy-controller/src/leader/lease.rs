@@ -185,12 +185,8 @@ fn lease_for(
 /// update then costs a retry period, not a lease duration). Call only once
 /// this process has stopped serving. The replace is conditional on the
 /// version read: a lease someone else took meanwhile is left alone.
-pub async fn release(api: &Api<Lease>, name: &str, identity: &str) -> Result<bool, String> {
-    let Some(mut lease) = api
-        .get_opt(name)
-        .await
-        .map_err(|e| format!("reading the lease: {e}"))?
-    else {
+pub async fn release(api: &Api<Lease>, name: &str, identity: &str) -> Result<bool, ReleaseError> {
+    let Some(mut lease) = api.get_opt(name).await.map_err(ReleaseError::Read)? else {
         return Ok(false);
     };
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
@@ -200,6 +196,15 @@ pub async fn release(api: &Api<Lease>, name: &str, identity: &str) -> Result<boo
     spec.holder_identity = None;
     api.replace(name, &PostParams::default(), &lease)
         .await
-        .map_err(|e| format!("releasing the lease: {e}"))?;
+        .map_err(ReleaseError::Replace)?;
     Ok(true)
+}
+
+/// Why [`release`] could not give the lease up.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    #[error("reading the lease: {0}")]
+    Read(#[source] kube::Error),
+    #[error("releasing the lease: {0}")]
+    Replace(#[source] kube::Error),
 }

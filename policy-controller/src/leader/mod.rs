@@ -5,5 +5,5 @@ pub mod decide;
 pub mod lease;
 pub mod role;
 
-pub use decide::{Elector, Timings};
+pub use decide::{Elector, Timings, TimingsError};
 pub use role::{Leadership, NotLeader, Role, Serving};

@@ -6,19 +6,20 @@ use std::time::Duration;
 
 use crate::debug::realization::realization;
 use crate::hub::HubView;
+use crate::source::SourceError;
 use crate::tls::Refusals;
 use palisade_runtime::exposition::{Exposition, Histogram};
 
 /// Resolution passes from 1 ms to 1 min: a small cluster's pass takes
 /// microseconds, a large cluster's first full pass seconds.
-static RESOLVE_SECONDS: Histogram = Histogram::new(&[
+static PASS_SECONDS: Histogram = Histogram::new(&[
     0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ]);
 
 /// Records one resolution pass (a view diffed, or a batch of changes
 /// applied), from taking its input to publishing its plans.
-pub fn observe_resolve(took: Duration) {
-    RESOLVE_SECONDS.observe(took);
+pub fn observe_pass(took: Duration) {
+    PASS_SECONDS.observe(took);
 }
 
 /// The exposition of the hub's view and of the callers refused so far.
@@ -43,12 +44,16 @@ pub fn render(view: &HubView, refusals: &Refusals) -> String {
         "Problems in the objects or in reading the source (GetControllerState lists them).",
         view.errors.len() as u64,
     );
-    e.single(
-        "palisade_controller_source_errors",
+    let name = "palisade_controller_source_errors";
+    e.family(
+        name,
         "gauge",
-        "Of those, problems reading the source: manifests refused (the last accepted view stays in force) or failing watches.",
-        view.source_errors as u64,
+        "Of those, problems reading the source, by kind: parse, malformed, unknown_kind and invalid (manifests refused; the last accepted view stays in force), io and reader (the manifest directory unread), watch (failing watches).",
     );
+    for kind in SourceError::METRIC_LABELS {
+        let count = view.source_errors_by_kind.get(kind).copied().unwrap_or(0);
+        e.sample_u64(name, &[("kind", kind)], count as u64);
+    }
     e.single(
         "palisade_controller_nodes",
         "gauge",
@@ -158,7 +163,7 @@ pub fn render(view: &HubView, refusals: &Refusals) -> String {
     e.histogram(
         "palisade_controller_resolve_duration_seconds",
         "Duration of a resolution pass: a view or a batch of changes, resolved and published.",
-        &RESOLVE_SECONDS,
+        &PASS_SECONDS,
     );
     e.finish()
 }

@@ -50,10 +50,10 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use palisade_proto::v1::{Protocol, Rule};
 
-use super::{
-    block, block_contains, named, namespace_of, parse_protocol, range, PeerSelection, PeerSpec,
-    PodInfo, PodKey, PortSpec,
-};
+use super::objects::{namespace_of, parse_protocol, PodInfo};
+use super::peers::{block, block_contains, PeerSelection, PeerSpec, Selected};
+use super::ports::{named, range, PortSpec};
+use crate::keys::ObjectKey;
 
 /// The label that ties an EndpointSlice to its Service.
 pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -83,7 +83,7 @@ pub(crate) enum Backend {
 }
 
 impl ServiceInfo {
-    pub fn key(&self) -> PodKey {
+    pub fn key(&self) -> ObjectKey {
         (self.namespace.clone(), self.name.clone())
     }
 }
@@ -245,7 +245,7 @@ pub(super) fn service_rules(
     peers: &[PeerSpec],
     ports: &[PortSpec],
 ) -> Vec<Rule> {
-    let pod_sets: Vec<&Arc<super::Selected>> = peers
+    let pod_sets: Vec<&Arc<Selected>> = peers
         .iter()
         .filter_map(|p| match p {
             PeerSpec::Pods(s) => Some(s),

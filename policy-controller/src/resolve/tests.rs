@@ -1,5 +1,9 @@
+use super::ports::range;
 use super::*;
-use crate::cluster::Object;
+use crate::cidr::prefix;
+use crate::cluster::{ClusterState, Object};
+use crate::keys::PodKey;
+use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PodPolicy, Protocol, Rule};
 
 fn state(yaml: &str) -> ClusterState {
     let mut objects = Vec::new();
@@ -52,7 +56,7 @@ status: {podIP: 10.0.1.4}
 "#;
 
 fn with(policies: &str) -> Resolution {
-    resolve_with_errors(&state(&format!("{PODS}\n---\n{policies}")))
+    resolve_cluster(&state(&format!("{PODS}\n---\n{policies}")))
 }
 
 fn pod<'a>(r: &'a Resolution, node: &str, ns: &str, name: &str) -> Option<&'a PodPolicy> {
@@ -73,7 +77,7 @@ fn peer_cidrs(rule: &Rule) -> Vec<IpPrefix> {
 
 #[test]
 fn no_policy_lists_every_pod_unisolated() {
-    let r = resolve_with_errors(&state(PODS));
+    let r = resolve_cluster(&state(PODS));
     assert!(r.errors.is_empty());
     let listed: Vec<(&str, &PodKey)> = r
         .plans
@@ -99,7 +103,7 @@ fn no_policy_lists_every_pod_unisolated() {
 
 #[test]
 fn pods_without_an_address_or_a_node() {
-    let r = resolve_with_errors(&state(
+    let r = resolve_cluster(&state(
         r#"apiVersion: v1
 kind: Pod
 metadata: {name: starting, namespace: x}
@@ -359,7 +363,7 @@ spec:
 
 #[test]
 fn finished_and_host_network_pods_are_not_peers() {
-    let r = resolve_with_errors(&state(&format!(
+    let r = resolve_cluster(&state(&format!(
         "{PODS}\n---\n{}",
         r#"apiVersion: v1
 kind: Pod
@@ -397,9 +401,9 @@ fn resolution_does_not_depend_on_object_order() {
         "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p, namespace: x}\nspec: {podSelector: {}, ingress: [{from: [{podSelector: {}}]}]}"
     );
     let mut docs: Vec<&str> = text.split("\n---\n").collect();
-    let forward = resolve_with_errors(&state(&docs.join("\n---\n")));
+    let forward = resolve_cluster(&state(&docs.join("\n---\n")));
     docs.reverse();
-    let backward = resolve_with_errors(&state(&docs.join("\n---\n")));
+    let backward = resolve_cluster(&state(&docs.join("\n---\n")));
     assert_eq!(forward, backward);
 }
 
@@ -556,7 +560,7 @@ spec:
         crate::limits::MAX_RULES_PER_POLICY + 1
     ]);
     s.policies.push(huge);
-    let r = resolve_with_errors(&s);
+    let r = resolve_cluster(&s);
     let a = pod(&r, "n1", "x", "a").unwrap();
     let ingress = a.ingress.as_ref().expect("still isolated");
     assert_eq!(ingress.rules.len(), 1, "only the small policy's rule");

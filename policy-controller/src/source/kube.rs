@@ -45,9 +45,10 @@ use tokio::sync::{mpsc, watch};
 
 use super::policy_endpoint::{PolicyEndpoint, PolicySource};
 use super::tracker::Tracker;
+use super::{SourceError, SourceProblem};
 use crate::engine::Change;
 use crate::feed::Update;
-use crate::resolve::PodKey;
+use crate::keys::ObjectKey;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
@@ -59,6 +60,20 @@ enum Kind {
     PolicyEndpoints,
 }
 
+impl Kind {
+    /// As watch errors name it.
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Namespaces => "Namespaces",
+            Kind::Pods => "Pods",
+            Kind::NetworkPolicies => "NetworkPolicies",
+            Kind::Services => "Services",
+            Kind::EndpointSlices => "EndpointSlices",
+            Kind::PolicyEndpoints => "PolicyEndpoints",
+        }
+    }
+}
+
 /// What one watch reported.
 struct Notice {
     kind: Kind,
@@ -67,28 +82,34 @@ struct Notice {
     /// This kind has completed a list (now or before).
     listed: bool,
     /// The watch failed (and will be retried).
-    error: Option<String>,
+    error: Option<watcher::Error>,
 }
 
 /// The latest watch failure of each kind, cleared by that kind's next event;
 /// published so that operators (and a refused Subscribe) can say why the
 /// controller has not synced.
 #[derive(Default)]
-struct WatchErrors(std::collections::BTreeMap<Kind, String>);
+struct WatchErrors(std::collections::BTreeMap<Kind, SourceProblem>);
 
 impl WatchErrors {
-    fn note(&mut self, notice: &Notice, tx: &watch::Sender<Vec<String>>) {
-        let changed = match &notice.error {
-            Some(e) => self.0.insert(notice.kind, e.clone()).as_ref() != Some(e),
-            None => self.0.remove(&notice.kind).is_some(),
+    fn note(
+        &mut self,
+        kind: Kind,
+        error: Option<watcher::Error>,
+        tx: &watch::Sender<Vec<SourceProblem>>,
+    ) {
+        let changed = match error {
+            Some(cause) => {
+                let problem = SourceProblem::from(&SourceError::Watch {
+                    kind: kind.name(),
+                    cause,
+                });
+                self.0.insert(kind, problem.clone()) != Some(problem)
+            }
+            None => self.0.remove(&kind).is_some(),
         };
         if changed {
-            tx.send_replace(
-                self.0
-                    .iter()
-                    .map(|(kind, e)| format!("watching {kind:?}: {e}"))
-                    .collect(),
-            );
+            tx.send_replace(self.0.values().cloned().collect());
         }
     }
 }
@@ -100,7 +121,7 @@ impl WatchErrors {
 pub async fn run(
     client: Client,
     tx: mpsc::UnboundedSender<Update>,
-    errors: watch::Sender<Vec<String>>,
+    errors: watch::Sender<Vec<SourceProblem>>,
 ) {
     run_with(client, tx, errors, PolicySource::NetworkPolicy).await
 }
@@ -109,7 +130,7 @@ pub async fn run(
 pub async fn run_with(
     client: Client,
     tx: mpsc::UnboundedSender<Update>,
-    errors: watch::Sender<Vec<String>>,
+    errors: watch::Sender<Vec<SourceProblem>>,
     source: PolicySource,
 ) {
     let watches = match source {
@@ -130,12 +151,12 @@ pub async fn run_with(
             notice = notices.next() => notice,
             _ = tx.closed() => return,
         };
-        let Some(notice) = notice else {
+        let Some(mut notice) = notice else {
             tracing::error!("all watch streams ended");
             return;
         };
         versions.note(&notice);
-        watch_errors.note(&notice, &errors);
+        watch_errors.note(notice.kind, notice.error.take(), &errors);
         if notice.listed {
             listed.insert(notice.kind);
         }
@@ -212,7 +233,7 @@ fn watch_kind<K>(
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let key = move |obj: &K| -> PodKey {
+    let key = move |obj: &K| -> ObjectKey {
         let ns = obj.namespace().unwrap_or_default();
         let ns = if namespaced && ns.is_empty() {
             // As resolution files an object without a namespace.
@@ -222,7 +243,7 @@ where
         };
         (ns, obj.name_any())
     };
-    let delete = move |(ns, name): PodKey| -> Change {
+    let delete = move |(ns, name): ObjectKey| -> Change {
         match kind {
             Kind::Namespaces => Change::DeleteNamespace(name),
             Kind::Pods => Change::DeletePod((ns, name)),
@@ -232,7 +253,7 @@ where
             Kind::PolicyEndpoints => Change::DeletePolicyEndpoint((ns, name)),
         }
     };
-    let mut tracker: Tracker<PodKey> = Tracker::default();
+    let mut tracker: Tracker<ObjectKey> = Tracker::default();
     watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         // managedFields are often the larger part of an object and policy
@@ -280,7 +301,7 @@ where
                         resource_version: None,
                         changes,
                         listed: tracker.listed(),
-                        error: Some(e.to_string()),
+                        error: Some(e),
                     };
                 }
             }

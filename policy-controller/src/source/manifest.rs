@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::{parse_objects, SourceError};
+use super::{parse_objects, SourceError, SourceProblem};
 use crate::cluster::ClusterState;
 
 /// Written last by the writer; its trimmed content becomes the state's marker.
@@ -44,7 +44,7 @@ pub fn load_dir(dir: &Path) -> Result<ClusterState, SourceError> {
 pub async fn run(
     dir: PathBuf,
     tx: watch::Sender<Option<ClusterState>>,
-    errors: watch::Sender<Vec<String>>,
+    errors: watch::Sender<Vec<SourceProblem>>,
 ) {
     run_with_interval(dir, POLL_INTERVAL, tx, errors).await
 }
@@ -54,12 +54,12 @@ pub async fn run_with_interval(
     dir: PathBuf,
     interval: Duration,
     tx: watch::Sender<Option<ClusterState>>,
-    errors: watch::Sender<Vec<String>>,
+    errors: watch::Sender<Vec<SourceProblem>>,
 ) {
     let mut last: Option<Snapshot> = None;
     // Problems of the last snapshot that was read; shown again once a
     // transient read failure clears and the contents turn out unchanged.
-    let mut build_errors: Vec<String> = Vec::new();
+    let mut build_errors: Vec<SourceProblem> = Vec::new();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -73,14 +73,17 @@ pub async fn run_with_interval(
             Ok(Ok(snapshot)) => snapshot,
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "reading the manifest directory");
-                set_errors(&errors, vec![e.to_string()]);
+                set_errors(&errors, vec![SourceProblem::from(&e)]);
                 continue;
             }
             Err(join) => {
                 // Only a panic in the reader gets here; keep serving the old
                 // state rather than taking the controller down.
                 tracing::error!(error = %join, "manifest reader failed");
-                set_errors(&errors, vec![format!("manifest reader failed: {join}")]);
+                set_errors(
+                    &errors,
+                    vec![SourceProblem::from(&SourceError::Reader(join))],
+                );
                 continue;
             }
         };
@@ -100,7 +103,7 @@ pub async fn run_with_interval(
                     tx.send_replace(Some(state));
                 }
                 Err(problems) => {
-                    build_errors = problems.iter().map(ToString::to_string).collect();
+                    build_errors = problems.iter().map(SourceProblem::from).collect();
                     for problem in &build_errors {
                         tracing::warn!(%problem, "manifests rejected; keeping the previous state");
                     }
@@ -112,7 +115,7 @@ pub async fn run_with_interval(
     }
 }
 
-fn set_errors(errors: &watch::Sender<Vec<String>>, new: Vec<String>) {
+fn set_errors(errors: &watch::Sender<Vec<SourceProblem>>, new: Vec<SourceProblem>) {
     errors.send_if_modified(|current| {
         if *current == new {
             false
@@ -269,9 +272,9 @@ mod tests {
     }
 
     async fn wait_errors(
-        rx: &mut watch::Receiver<Vec<String>>,
-        done: impl Fn(&[String]) -> bool,
-    ) -> Vec<String> {
+        rx: &mut watch::Receiver<Vec<SourceProblem>>,
+        done: impl Fn(&[SourceProblem]) -> bool,
+    ) -> Vec<SourceProblem> {
         let got = tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|e| done(e)))
             .await
             .expect("errors did not reach the expected value in time")
@@ -306,8 +309,11 @@ mod tests {
         write(&path, REVISION_FILE, "2");
         let errors = wait_errors(&mut erx, |e| !e.is_empty()).await;
         assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].kind, "invalid");
         assert!(
-            errors[0].contains("pods.yaml: document 1: Pod a/q: spec: "),
+            errors[0]
+                .message
+                .contains("pods.yaml: document 1: Pod a/q: spec: "),
             "{errors:?}"
         );
         // The scan that reported the error is the one that saw the bad file,

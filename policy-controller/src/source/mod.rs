@@ -14,35 +14,17 @@
 //! never a silently dropped object or field (a dropped NetworkPolicy, or a
 //! rule that lost a misspelt field, would open traffic).
 
+mod error;
 pub mod kube;
 pub mod manifest;
 pub mod policy_endpoint;
 mod tracker;
 pub mod validate;
 
-use std::path::PathBuf;
-
 use serde_json::Value;
 
 use crate::cluster::Object;
-
-#[derive(Debug, thiserror::Error)]
-pub enum SourceError {
-    /// One document (1-based, in the order of the text) could not be used.
-    #[error("document {document}: {problem}")]
-    Document { document: usize, problem: String },
-    /// A file's content could not be used.
-    #[error("{}: {problem}", path.display())]
-    File {
-        path: PathBuf,
-        problem: Box<SourceError>,
-    },
-    #[error("{}: {error}", path.display())]
-    Io {
-        path: PathBuf,
-        error: std::io::Error,
-    },
-}
+pub use error::{DocumentError, ObjectError, SourceError, SourceProblem};
 
 /// Parses manifests: YAML (several documents separated by `---`) or JSON (one
 /// or more concatenated values, or a top-level array). `List` objects (and
@@ -64,7 +46,7 @@ pub fn parse_objects(text: &str) -> Result<Vec<Object>, SourceError> {
             let document = i + 1;
             let value = value.map_err(|e| SourceError::Document {
                 document,
-                problem: format!("invalid JSON: {e}"),
+                problem: Box::new(DocumentError::Json(e)),
             })?;
             decode_document(value, document, &mut objects)?;
         }
@@ -73,7 +55,7 @@ pub fn parse_objects(text: &str) -> Result<Vec<Object>, SourceError> {
             let document = i + 1;
             let value = validate::strict::yaml_value(doc).map_err(|e| SourceError::Document {
                 document,
-                problem: format!("invalid YAML: {e}"),
+                problem: Box::new(DocumentError::Yaml(e)),
             })?;
             decode_document(value, document, &mut objects)?;
         }
@@ -86,7 +68,10 @@ fn decode_document(
     document: usize,
     out: &mut Vec<Object>,
 ) -> Result<(), SourceError> {
-    let err = |problem: String| SourceError::Document { document, problem };
+    let err = |problem: ObjectError| SourceError::Document {
+        document,
+        problem: Box::new(problem.into()),
+    };
     match value {
         // `---` at the start or end of a file, or an empty document.
         Value::Null => Ok(()),
@@ -107,40 +92,42 @@ fn decode_object(
     at: &str,
     inherited: Option<(&str, &str)>,
     out: &mut Vec<Object>,
-) -> Result<(), String> {
+) -> Result<(), ObjectError> {
+    let at_ = || at.to_string();
     let mut map = match value {
         Value::Object(map) => map,
         other => {
-            return Err(format!(
-                "{at}expected an object, found {}",
-                json_type(&other)
-            ))
+            return Err(ObjectError::NotAnObject {
+                at: at_(),
+                found: json_type(&other),
+            })
         }
     };
-    let field = |name: &str| -> Result<Option<String>, String> {
+    let field = |name: &str| -> Result<Option<String>, ObjectError> {
         match map.get(name) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(other) => Err(format!(
-                "{at}{name}: expected a string, found {}",
-                json_type(other)
-            )),
+            Some(other) => Err(ObjectError::NotAString {
+                at: at_(),
+                field: name.to_string(),
+                found: json_type(other),
+            }),
         }
     };
     let (api_version, kind) = match (field("apiVersion")?, field("kind")?, inherited) {
         (Some(a), Some(k), _) => (a, k),
         (None, None, Some((a, k))) => (a.to_string(), k.to_string()),
-        (None, _, _) => return Err(format!("{at}apiVersion is missing")),
-        (_, None, _) => return Err(format!("{at}kind is missing")),
+        (None, _, _) => return Err(ObjectError::NoApiVersion { at: at_() }),
+        (_, None, _) => return Err(ObjectError::NoKind { at: at_() }),
     };
 
     if let Some(item_kind) = kind.strip_suffix("List") {
         if let Some(items) = map.remove("items") {
             let Value::Array(items) = items else {
-                return Err(format!(
-                    "{at}items: expected a sequence, found {}",
-                    json_type(&items)
-                ));
+                return Err(ObjectError::ItemsNotASequence {
+                    at: at_(),
+                    found: json_type(&items),
+                });
             };
             // A generic `List` carries fully typed items; `PodList` and the
             // like may carry bare ones whose type the list implies.
@@ -172,13 +159,20 @@ fn decode_object(
             tracing::debug!(%api_version, %kind, "skipping object of a kind policy does not read");
             return Ok(());
         }
-        Err(e) => return Err(format!("{at}{display}: {e}")),
+        Err(cause) => {
+            return Err(ObjectError::Kind {
+                at: at_(),
+                object: display,
+                cause,
+            })
+        }
     };
     // Typed objects from a typed list may lack apiVersion/kind; k8s-openapi
     // checks them only when present, so the value can be used as it is.
-    let object = validate::object(kind, value).map_err(|errors| {
-        let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
-        format!("{at}{display}: {}", errors.join("; "))
+    let object = validate::object(kind, value).map_err(|errors| ObjectError::Invalid {
+        at: at_(),
+        object: display,
+        errors,
     })?;
     out.push(object);
     Ok(())

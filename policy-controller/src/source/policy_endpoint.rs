@@ -9,15 +9,15 @@
 //! pods a policy selects (`podSelectorEndpoints`) and its peers (`ingress`,
 //! `egress`: CIDRs with excepts and ports) are spread over several objects
 //! that all name the policy in `spec.policyRef`. Only the union of the
-//! slices of a policy means anything; [`resolve`] turns that union into the
-//! engine's resolved form of the policy.
+//! slices of a policy means anything; [`merge`] turns that union into the
+//! policy the engine enforces.
 //!
 //! The object is watched with its spec left as JSON and parsed here, field
 //! by field: a malformed PolicyEndpoint is an error naming the object and the
 //! field, never a watch that fails to decode (which would stall every
 //! PolicyEndpoint, and the controller's sync, on one bad object).
 
-pub mod resolve;
+pub mod merge;
 
 use std::borrow::Cow;
 
@@ -25,6 +25,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::core::NamespaceResourceScope;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use super::validate::{joined, FieldError};
 
 /// Which objects the controller takes policy from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -150,26 +152,59 @@ pub fn display_name(ns: &str, name: &str) -> String {
     format!("PolicyEndpoint {ns}/{name}")
 }
 
+/// Why a slice cannot be used; each names the object (`object`, as
+/// [`display_name`] gives it) and the field.
+#[derive(Debug, thiserror::Error)]
+pub enum SliceError {
+    #[error("{object}: spec is missing")]
+    NoSpec { object: String },
+    /// Refused as the API server would refuse it: every bad field.
+    #[error("{object}: {}", joined(.errors))]
+    Invalid {
+        object: String,
+        errors: Vec<FieldError>,
+    },
+    /// Valid by the schema, but not what Palisade reads.
+    #[error("{object}: {field}: {cause}")]
+    Decode {
+        object: String,
+        field: String,
+        #[source]
+        cause: serde_json::Error,
+    },
+    #[error("{object}: spec.policyRef.name: missing")]
+    NoPolicyName { object: String },
+    /// Only the policy's own namespace holds its slices.
+    #[error(
+        "{object}: spec.policyRef.namespace: {namespace:?} is not the object's namespace; slice ignored"
+    )]
+    ForeignPolicy { object: String, namespace: String },
+}
+
 /// Parses a slice's spec, checked first as the API server checks it
 /// against the CRD's schema (`validate::policy_endpoint`); the error names
 /// the object and every bad field.
-pub fn parse_spec(ns: &str, name: &str, spec: &Value) -> Result<PolicyEndpointSpec, String> {
-    let display = display_name(ns, name);
+pub fn parse_spec(ns: &str, name: &str, spec: &Value) -> Result<PolicyEndpointSpec, SliceError> {
+    let object = display_name(ns, name);
     if spec.is_null() {
-        return Err(format!("{display}: spec is missing"));
+        return Err(SliceError::NoSpec { object });
     }
     let mut errs = super::validate::Errors::default();
     super::validate::policy_endpoint::spec(spec, &mut errs);
     if let Err(errors) = errs.into_result() {
-        let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
-        return Err(format!("{display}: {}", errors.join("; ")));
+        return Err(SliceError::Invalid { object, errors });
     }
     serde_path_to_error::deserialize::<_, PolicyEndpointSpec>(spec).map_err(|e| {
         let path = e.path().to_string();
-        if path == "." || path.is_empty() {
-            format!("{display}: spec: {}", e.inner())
+        let field = if path == "." || path.is_empty() {
+            "spec".to_string()
         } else {
-            format!("{display}: spec.{path}: {}", e.inner())
+            format!("spec.{path}")
+        };
+        SliceError::Decode {
+            object,
+            field,
+            cause: e.into_inner(),
         }
     })
 }
@@ -212,7 +247,7 @@ mod tests {
             "policyRef": {"name": "p", "namespace": "ns"},
             "ingress": [{"cidr": "10.0.0.1", "ports": [{"port": "http"}]}],
         });
-        let err = parse_spec("ns", "p-1", &spec).unwrap_err();
+        let err = parse_spec("ns", "p-1", &spec).unwrap_err().to_string();
         assert!(
             err.starts_with(
                 "PolicyEndpoint ns/p-1: spec.ingress[0].ports[0].port: Invalid value: \"string\""
@@ -222,13 +257,17 @@ mod tests {
         // A typo is refused, not skipped (strict field validation).
         let typo = json!({"policyRef": {"name": "p", "namespace": "ns"}, "ingres": []});
         assert_eq!(
-            parse_spec("ns", "p-4", &typo).unwrap_err(),
+            parse_spec("ns", "p-4", &typo).unwrap_err().to_string(),
             "PolicyEndpoint ns/p-4: spec.ingres: unknown field"
         );
-        let err = parse_spec("ns", "p-2", &json!({"ingress": []})).unwrap_err();
+        let err = parse_spec("ns", "p-2", &json!({"ingress": []}))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("policyRef"), "{err}");
         assert_eq!(
-            parse_spec("ns", "p-3", &Value::Null).unwrap_err(),
+            parse_spec("ns", "p-3", &Value::Null)
+                .unwrap_err()
+                .to_string(),
             "PolicyEndpoint ns/p-3: spec is missing"
         );
     }

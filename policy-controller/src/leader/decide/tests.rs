@@ -53,21 +53,29 @@ fn default_timings_are_client_gos_and_valid() {
 fn timings_that_could_overlap_two_leaders_are_refused() {
     let mut t = timings();
     t.renew_deadline = 15 * S;
-    assert!(t.check().unwrap_err().contains("renew deadline"));
+    assert!(t
+        .check()
+        .unwrap_err()
+        .to_string()
+        .contains("renew deadline"));
     let mut t = timings();
     t.retry_period = 10 * S;
-    assert!(t.check().unwrap_err().contains("retry period"));
+    assert!(t.check().unwrap_err().to_string().contains("retry period"));
     let mut t = timings();
     t.retry_period = Duration::ZERO;
     assert!(t.check().is_err());
     let mut t = timings();
     t.lease_duration = 1500 * MS;
-    assert!(t.check().unwrap_err().contains("whole seconds"));
+    assert!(t.check().unwrap_err().to_string().contains("whole seconds"));
     let mut t = timings();
     t.lease_duration = 500 * MS;
     t.renew_deadline = 200 * MS;
     t.retry_period = 100 * MS;
-    assert!(t.check().unwrap_err().contains("shorter than a second"));
+    assert!(t
+        .check()
+        .unwrap_err()
+        .to_string()
+        .contains("shorter than a second"));
 }
 
 #[test]

@@ -372,7 +372,7 @@ fn cluster_ips(ip: Option<&str>, ips: Option<&[String]>, path: &Path, errs: &mut
         }
         let msgs = meta::ip_legacy(value);
         if msgs.is_empty() {
-            let family = meta::parse_ip_sloppy(value).is_some_and(|ip| ip.is_ipv4());
+            let family = crate::cidr::parse_ip_sloppy(value).is_some_and(|ip| ip.is_ipv4());
             if families.contains(&family) {
                 errs.invalid(
                     &path.child("clusterIPs"),

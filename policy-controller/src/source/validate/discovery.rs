@@ -113,7 +113,7 @@ fn address(ty: &str, a: &str, path: &Path, errs: &mut Errors) {
         // An unknown type is reported once, above.
         _ => return,
     };
-    let Some(ip) = meta::parse_ip_sloppy(a) else {
+    let Some(ip) = crate::cidr::parse_ip_sloppy(a) else {
         errs.invalid_each(path, a, meta::ip_legacy(a));
         return;
     };

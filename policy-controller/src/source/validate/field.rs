@@ -115,6 +115,12 @@ impl fmt::Display for FieldError {
     }
 }
 
+/// Every error of an object on one line, as errors name them.
+pub fn joined(errors: &[FieldError]) -> String {
+    let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    errors.join("; ")
+}
+
 /// Collects the errors of one object, in the order the checks find them.
 #[derive(Debug, Default)]
 pub struct Errors(pub Vec<FieldError>);

@@ -30,7 +30,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use crate::cluster::Object;
-pub use field::{Errors, FieldError, Path, Problem};
+pub use field::{joined, Errors, FieldError, Path, Problem};
 
 /// The kinds the manifest source reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,9 +125,29 @@ const CHECKED_GROUPS: [&str; 5] = [
     "extensions",
 ];
 
+/// Why an (apiVersion, kind) in a group Palisade reads is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KindError {
+    /// A kind Palisade reads, under another version.
+    #[error("{kind} is not served as {api_version:?}: use apiVersion {want}")]
+    WrongVersion {
+        kind: String,
+        api_version: String,
+        want: &'static str,
+    },
+    #[error("kind {kind:?} is not served by {api_version} (it serves {})", .serves.join(", "))]
+    NotServed {
+        kind: String,
+        api_version: String,
+        serves: &'static [&'static str],
+    },
+    #[error("apiVersion {api_version:?} is not served")]
+    NoSuchVersion { api_version: String },
+}
+
 /// What the manifest source does with an (apiVersion, kind): read it
 /// (`Some`), skip it (`None`: another controller's object), or refuse it.
-pub fn kind_of(api_version: &str, kind: &str) -> Result<Option<Kind>, String> {
+pub fn kind_of(api_version: &str, kind: &str) -> Result<Option<Kind>, KindError> {
     if let Some(k) = READ
         .iter()
         .find(|k| k.name() == kind && k.api_version() == api_version)
@@ -139,18 +159,22 @@ pub fn kind_of(api_version: &str, kind: &str) -> Result<Option<Kind>, String> {
         return Ok(None);
     }
     if let Some(k) = READ.iter().find(|k| k.name() == kind) {
-        return Err(format!(
-            "{kind} is not served as {api_version:?}: use apiVersion {}",
-            k.api_version()
-        ));
+        return Err(KindError::WrongVersion {
+            kind: kind.to_string(),
+            api_version: api_version.to_string(),
+            want: k.api_version(),
+        });
     }
     match SERVED.iter().find(|(v, _)| *v == api_version) {
         Some((_, kinds)) if kinds.contains(&kind) => Ok(None),
-        Some((_, kinds)) => Err(format!(
-            "kind {kind:?} is not served by {api_version} (it serves {})",
-            kinds.join(", ")
-        )),
-        None => Err(format!("apiVersion {api_version:?} is not served")),
+        Some((_, kinds)) => Err(KindError::NotServed {
+            kind: kind.to_string(),
+            api_version: api_version.to_string(),
+            serves: kinds,
+        }),
+        None => Err(KindError::NoSuchVersion {
+            api_version: api_version.to_string(),
+        }),
     }
 }
 
@@ -237,7 +261,7 @@ mod tests {
             ("v2", "Widget", "apiVersion \"v2\" is not served"),
         ];
         for (v, k, want) in refused {
-            let got = kind_of(v, k).unwrap_err();
+            let got = kind_of(v, k).unwrap_err().to_string();
             assert!(got.starts_with(want), "{v} {k}: {got}");
         }
     }

@@ -145,13 +145,13 @@ fn ip_block(b: &IPBlock, path: &Path, errs: &mut Errors) {
         b.cidr.as_str(),
         meta::cidr_legacy(&b.cidr),
     );
-    let Some(cidr) = meta::parse_cidr_sloppy(&b.cidr) else {
+    let Some(cidr) = crate::cidr::parse_sloppy(&b.cidr) else {
         return;
     };
     for (i, e) in b.except.iter().flatten().enumerate() {
         let at = path.child("except").index(i);
         errs.invalid_each(&at, e.as_str(), meta::cidr_legacy(e));
-        let Some(except) = meta::parse_cidr_sloppy(e) else {
+        let Some(except) = crate::cidr::parse_sloppy(e) else {
             continue;
         };
         // Upstream compares the masked networks: a strict subset, and of

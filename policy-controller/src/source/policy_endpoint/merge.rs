@@ -17,14 +17,14 @@
 //! start, with the rules the policy gives every pod it selects.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
 
-use ipnet::IpNet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use palisade_proto::v1::{PeerBlock, PortRange, Protocol, Rule};
+use palisade_proto::v1::{PeerBlock, PortRange, Rule};
 
 use super::{display_name, EndpointInfo, PolicyEndpointSpec, Port};
-use crate::resolve::{block, prefix, selector_matches, validate_selector, PodKey};
+use crate::cidr::{self, prefix};
+use crate::keys::{ObjectKey, PodKey};
+use crate::resolve::{block, parse_protocol, selector_matches, validate_selector};
 
 /// One policy as its slices define it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -58,7 +58,7 @@ pub type Slice<'a> = (&'a str, &'a PolicyEndpointSpec);
 
 /// Unions the slices of the policy `policy` (namespace, name). The slices
 /// must all refer to it; which slice holds what does not matter.
-pub fn resolve_policy(policy: &PodKey, slices: &[Slice<'_>]) -> EndpointPolicy {
+pub fn merge_slices(policy: &ObjectKey, slices: &[Slice<'_>]) -> EndpointPolicy {
     let (ns, name) = policy;
     let mut out = EndpointPolicy {
         name: format!("{ns}/{name}"),
@@ -263,10 +263,10 @@ fn parse_entry(entry: &EndpointInfo) -> Result<(PeerBlock, Vec<PortRange>), Stri
             ".domainName: {name:?}: FQDN rules cannot be enforced by address"
         ));
     }
-    let cidr = parse_net(&entry.cidr).map_err(|e| format!(".cidr: {e}"))?;
+    let cidr = cidr::parse_strict_or_address(&entry.cidr).map_err(|e| format!(".cidr: {e}"))?;
     let mut except = Vec::new();
     for (i, e) in entry.except.iter().flatten().enumerate() {
-        let net = parse_net(e).map_err(|m| format!(".except[{i}]: {m}"))?;
+        let net = cidr::parse_strict_or_address(e).map_err(|m| format!(".except[{i}]: {m}"))?;
         if !cidr.contains(&net) {
             return Err(format!(
                 ".except[{i}]: {e:?} is not inside cidr {:?}",
@@ -282,39 +282,8 @@ fn parse_entry(entry: &EndpointInfo) -> Result<(PeerBlock, Vec<PortRange>), Stri
     Ok((block(prefix(cidr), except), ports))
 }
 
-/// A CIDR, or a bare address (the AWS controller writes pod peers and
-/// ClusterIPs that way) as its host prefix. Host bits set are refused, as
-/// for an ipBlock: what was meant is not clear.
-fn parse_net(s: &str) -> Result<IpNet, String> {
-    if !s.contains('/') {
-        return s
-            .parse::<IpAddr>()
-            .map(IpNet::from)
-            .map_err(|_| format!("{s:?} is not an address or a CIDR"));
-    }
-    let net: IpNet = s
-        .parse()
-        .map_err(|_| format!("{s:?} is not a CIDR (want e.g. 10.0.0.0/8 or fd00::/64)"))?;
-    if net.trunc() != net {
-        return Err(format!(
-            "{s:?} has host bits set (did you mean {}?)",
-            net.trunc()
-        ));
-    }
-    Ok(net)
-}
-
 fn parse_port(p: &Port) -> Result<PortRange, String> {
-    let protocol = match p.protocol.as_deref().unwrap_or("TCP") {
-        "TCP" => Protocol::Tcp,
-        "UDP" => Protocol::Udp,
-        "SCTP" => Protocol::Sctp,
-        other => {
-            return Err(format!(
-                ".protocol: unknown protocol {other:?} (want TCP, UDP or SCTP)"
-            ))
-        }
-    };
+    let protocol = parse_protocol(p.protocol.as_deref()).map_err(|e| format!(".protocol: {e}"))?;
     let in_range = |n: i64| (1..=65535).contains(&n);
     let (port, end_port) = match (p.port, p.end_port) {
         (None, None) => (0, 0),
@@ -343,7 +312,7 @@ mod tests {
         parse_spec("ns", "s", &v).unwrap()
     }
 
-    fn key() -> PodKey {
+    fn key() -> ObjectKey {
         ("ns".into(), "p".into())
     }
 
@@ -372,7 +341,7 @@ mod tests {
             ],
             "egress": [{"cidr": "0.0.0.0/0"}],
         }));
-        let p = resolve_policy(&key(), &[("a", &a), ("b", &b)]);
+        let p = merge_slices(&key(), &[("a", &a), ("b", &b)]);
         assert!(p.errors.is_empty(), "{:?}", p.errors);
         assert_eq!(p.name, "ns/p");
         assert_eq!(
@@ -417,7 +386,7 @@ mod tests {
             ],
             "egress": [{"cidr": "10.0.0.7", "ports": [{"port": 53, "protocol": "UDP"}]}],
         }));
-        let p = resolve_policy(&key(), &[("s", &s)]);
+        let p = merge_slices(&key(), &[("s", &s)]);
         let want = [
             "spec.egress",
             "spec.ingress[0].cidr: \"10.0.0.300\" is not an address",
@@ -458,7 +427,7 @@ mod tests {
             "podIsolation": ["Egress", "Ingress"],
             "egress": [{"cidr": "::/0"}],
         }));
-        let p = resolve_policy(&key(), &[("a", &a), ("b", &b)]);
+        let p = merge_slices(&key(), &[("a", &a), ("b", &b)]);
         assert_eq!(p.ingress, Some(vec![]));
         assert_eq!(p.egress.as_ref().unwrap().len(), 1);
         assert_eq!(p.errors.len(), 1);
@@ -473,20 +442,20 @@ mod tests {
     #[test]
     fn without_pod_isolation_directions_default_as_policy_types_do() {
         let bare = spec(json!({"policyRef": {"name": "p", "namespace": "ns"}}));
-        let p = resolve_policy(&key(), &[("a", &bare)]);
+        let p = merge_slices(&key(), &[("a", &bare)]);
         assert_eq!((p.ingress, p.egress), (Some(vec![]), None));
         let with_egress = spec(json!({
             "policyRef": {"name": "p", "namespace": "ns"},
             "egress": [{"cidr": "10.0.0.0/8"}],
         }));
-        let p = resolve_policy(&key(), &[("a", &with_egress)]);
+        let p = merge_slices(&key(), &[("a", &with_egress)]);
         assert_eq!(p.ingress, Some(vec![]));
         assert_eq!(p.egress.unwrap().len(), 1);
         let unknown = spec(json!({
             "policyRef": {"name": "p", "namespace": "ns"},
             "podIsolation": ["Sideways"],
         }));
-        let p = resolve_policy(&key(), &[("a", &unknown)]);
+        let p = merge_slices(&key(), &[("a", &unknown)]);
         assert_eq!((p.ingress, p.egress), (Some(vec![]), Some(vec![])));
         assert!(p.errors[0].contains("spec.podIsolation[0]: unknown policy type"));
     }

@@ -1,26 +1,24 @@
 //! The controller's gRPC services: the plan stream (one per node), state
 //! reports, and the debug dump. Handlers only read and write the hub.
 
-use std::pin::Pin;
+mod plan_stream;
 
-use futures::Stream;
 use palisade_proto::v1::{
     debug_service_server::{DebugService, DebugServiceServer},
     plan_service_server::{PlanService, PlanServiceServer},
-    subscribe_response::Update,
     ExplainRequest, ExplainResponse, GetControllerStateRequest, GetControllerStateResponse,
     GetEnforcerStateRequest, GetEnforcerStateResponse, GetPodPlanRequest, GetPodPlanResponse,
     GetRealizationRequest, GetRealizationResponse, NodeView, ReportStateRequest,
-    ReportStateResponse, SubscribeRequest, SubscribeResponse,
+    ReportStateResponse, SubscribeRequest,
 };
 use tonic::{Request, Response, Status};
 
-use crate::hub::{delta, Hub};
+use crate::hub::Hub;
 use crate::leader::{Leadership, NotLeader};
-use crate::telemetry::{CallSpan, PlanSend};
+use crate::telemetry::CallSpan;
 use crate::tls::Authz;
 use opentelemetry::KeyValue;
-use palisade_runtime::telemetry::PlanMessageInfo;
+use plan_stream::TermGate;
 
 pub struct PlanServer {
     hub: Hub,
@@ -32,11 +30,9 @@ fn not_leader(e: NotLeader) -> Status {
     Status::unavailable(e.to_string())
 }
 
-type PlanStream = Pin<Box<dyn Stream<Item = Result<SubscribeResponse, Status>> + Send>>;
-
 #[tonic::async_trait]
 impl PlanService for PlanServer {
-    type SubscribeStream = PlanStream;
+    type SubscribeStream = plan_stream::PlanStream;
 
     async fn subscribe(
         &self,
@@ -54,96 +50,13 @@ impl PlanService for PlanServer {
         let term = serving.term;
         // Refusing (rather than holding the stream open) tells the enforcer
         // why at once; it keeps what it enforces and retries.
-        let mut sub = self
+        let sub = self
             .hub
             .subscribe(&req.node_name)
             .map_err(|e| Status::unavailable(e.to_string()))?;
         tracing::info!(node = %req.node_name, enforcer = %req.enforcer_id, term, "enforcer subscribed");
-        let node = req.node_name.clone();
-        let leadership = self.leadership.clone();
-        let stream = async_stream(move |tx| async move {
-            // Checked right before every send: what leaves this process is
-            // sent by the leader of `term`, or not at all.
-            let still_leading = || leadership.serving().ok().filter(|s| s.term == term);
-            let mut sent = sub.rx.borrow_and_update().clone();
-            let mut snapshot = sent.snapshot();
-            snapshot.term = term;
-            let span = PlanSend::start(
-                &sent.trace,
-                PlanMessageInfo {
-                    node: &node,
-                    kind: "snapshot",
-                    version: snapshot.version,
-                    base_version: 0,
-                    term,
-                    pods: snapshot.pods.len(),
-                },
-            );
-            snapshot.trace_context = span.context_map();
-            let first = SubscribeResponse {
-                update: Some(Update::Snapshot(snapshot)),
-            };
-            let mut lost = still_leading().is_none();
-            if !lost {
-                let ok = tx.send(Ok(first)).await.is_ok();
-                span.finish(ok);
-                if !ok {
-                    return;
-                }
-            }
-            while !lost {
-                let Some(serving) = still_leading() else {
-                    lost = true;
-                    break;
-                };
-                tokio::select! {
-                    changed = sub.rx.changed() => if changed.is_err() { break },
-                    _ = leadership.may_have_ended(serving) => continue,
-                    // A gone enforcer ends its subscription now, not at the
-                    // next plan change: "connected" must mean connected.
-                    _ = tx.closed() => break,
-                }
-                let next = sub.rx.borrow_and_update().clone();
-                if let Some(mut d) = delta(&sent, &next) {
-                    d.term = term;
-                    if still_leading().is_none() {
-                        lost = true;
-                        break;
-                    }
-                    let span = PlanSend::start(
-                        &next.trace,
-                        PlanMessageInfo {
-                            node: &node,
-                            kind: "delta",
-                            version: d.version,
-                            base_version: d.base_version,
-                            term,
-                            pods: d.upserted.len() + d.removed.len(),
-                        },
-                    );
-                    d.trace_context = span.context_map();
-                    let msg = SubscribeResponse {
-                        update: Some(Update::Delta(d)),
-                    };
-                    let ok = tx.send(Ok(msg)).await.is_ok();
-                    span.finish(ok);
-                    if !ok {
-                        break;
-                    }
-                }
-                sent = next;
-            }
-            if lost {
-                let why = match leadership.serving() {
-                    Ok(_) => format!("leadership term {term} ended"),
-                    Err(e) => format!("leadership term {term} ended: {e}"),
-                };
-                tracing::warn!(%node, "ending the plan stream: {why}");
-                let _ = tx.send(Err(Status::unavailable(why))).await;
-            }
-            tracing::info!(%node, "enforcer stream ended");
-        });
-        Ok(Response::new(stream))
+        let gate = TermGate::new(self.leadership.clone(), term);
+        Ok(Response::new(plan_stream::spawn(req.node_name, sub, gate)))
     }
 
     async fn get_pod_plan(
@@ -241,18 +154,6 @@ impl PlanServer {
         self.hub.report(state);
         Ok(Response::new(ReportStateResponse {}))
     }
-}
-
-/// Runs a producer task feeding a channel-backed stream; the task stops when
-/// the client goes away and the channel closes.
-fn async_stream<F, Fut>(f: F) -> PlanStream
-where
-    F: FnOnce(tokio::sync::mpsc::Sender<Result<SubscribeResponse, Status>>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tokio::spawn(f(tx));
-    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
 pub struct DebugServer {
@@ -372,8 +273,19 @@ pub async fn report_leadership(
 
 /// Every service of the controller, with health and reflection, always
 /// leading (no leader election), without TLS.
-pub async fn router(hub: Hub) -> Result<tonic::transport::server::Router, String> {
+pub async fn router(hub: Hub) -> Result<tonic::transport::server::Router, ServeError> {
     Ok(router_with(hub, ServeOptions::default()).await?.0)
+}
+
+/// Why the controller's services could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("reflection: {0}")]
+    Reflection(#[source] tonic_reflection::server::Error),
+    /// The TLS settings were refused; the message says every cause, as
+    /// tonic's own says only "transport error".
+    #[error("TLS: {}", palisade_runtime::transport::source_chain(.0))]
+    Tls(#[source] tonic::transport::Error),
 }
 
 /// How the controller serves: under which leadership, over which TLS.
@@ -405,7 +317,7 @@ pub async fn router_with(
         tonic::transport::server::Router,
         tonic::transport::server::Router,
     ),
-    String,
+    ServeError,
 > {
     let ServeOptions {
         leadership,
@@ -437,15 +349,11 @@ pub async fn router_with(
         v1 = v1.with_service_name(n);
         v1alpha = v1alpha.with_service_name(n);
     }
-    let reflection = v1.build_v1().map_err(|e| format!("reflection: {e}"))?;
-    let reflection_alpha = v1alpha
-        .build_v1alpha()
-        .map_err(|e| format!("reflection: {e}"))?;
+    let reflection = v1.build_v1().map_err(ServeError::Reflection)?;
+    let reflection_alpha = v1alpha.build_v1alpha().map_err(ServeError::Reflection)?;
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = tls {
-        builder = builder
-            .tls_config(tls)
-            .map_err(|e| format!("TLS: {}", palisade_runtime::transport::source_chain(&e)))?;
+        builder = builder.tls_config(tls).map_err(ServeError::Tls)?;
     }
     // The debug service shows every node's plan: operators only.
     let operator_only = {
