@@ -28,9 +28,10 @@
 #            bench=compile rules= peers= ms= map_ops= peak_mb=
 #
 #   attach   one pod's two programs attached to its host veth, 20 pods one
-#            after another: the enforcer's TCX links beside legacy
-#            clsact/cls_bpf filters, each with the kernel's rcu_expedited
-#            off and on (node-enforcer/benches/attach.rs; ARGS: pods=N):
+#            after another by the enforcer's own attach: fast (filters),
+#            their promotion to TCX links, and TCX links at once, each with
+#            the kernel's rcu_expedited off and on
+#            (node-enforcer/benches/attach.rs; ARGS: pods=N):
 #            bench=attach hook= rcu_expedited= pods= per_pod_p50_ms=
 #            per_pod_p99_ms= total_ms=
 #

@@ -1,17 +1,19 @@
-//! What one pod's attach costs the node, and why a burst of pod-ups queues
-//! (issue 19.6). The enforcer attaches its two programs to every pod's host
-//! veth with TCX links (`BpfDatapath::attach`, the head of each chain: see
-//! the datapath's module comment). The kernel creates a TCX link holding
-//! RTNL and waits out an RCU grace period before it returns
-//! (`tcx_entry_sync()`), so every attach on the node, ours and every other
-//! link or address change, queues behind it: a burst of N pod-ups costs N
-//! times two grace periods, whatever the enforcer does around them.
+//! What one pod's attach costs the node, and why a burst of pod-ups
+//! queued before pod-ups attached fast (issue 19.6). The kernel creates a
+//! TCX link holding RTNL and waits out an RCU grace period before it
+//! returns (`tcx_entry_sync()`), so every TCX attach on the node, ours and
+//! every other link or address change, queues behind it: N pods attached
+//! by links cost N times two grace periods, whatever the enforcer does
+//! around them. A pod-up now attaches by clsact filters (no grace period)
+//! and the interface is promoted to links when the node is quiet.
 //!
 //! Measured on real veths in a namespace of the bench's own, N pods
-//! attached one after another as the reconciler does, with:
-//! - `hook=tcx`: the enforcer's own `BpfDatapath::attach`;
-//! - `hook=clsact`: the same two programs as legacy clsact/cls_bpf filters
-//!   (no grace period on that path; what TCX's ordering guarantee costs);
+//! attached one after another as the reconciler does, by the enforcer's
+//! own `BpfDatapath::attach`:
+//! - `hook=fast`: `AttachMode::Fast`, what a pod-up does (filters);
+//! - `hook=promote`: then each interface's promotion to links, as the
+//!   reconciler does once the node is quiet (off the pod-up path);
+//! - `hook=tcx`: `AttachMode::Tcx`, links at once;
 //! - each with the kernel's `rcu_expedited` off and on (the node-wide knob
 //!   that turns every grace period into an expedited one; the bench puts
 //!   the value it found back).
@@ -25,26 +27,24 @@ use support::sh;
 
 use std::time::Instant;
 
-use aya::programs::tc::{self, NlOptions, TcAttachOptions};
-use aya::programs::{SchedClassifier, TcAttachType};
-use aya::EbpfLoader;
 use node_enforcer::datapath::bpf::BpfDatapath;
-use node_enforcer::datapath::Datapath;
-use palisade_ebpf::{PROG_FROM_POD, PROG_TO_POD};
+use node_enforcer::datapath::{AttachMode, Datapath};
 
 const RCU_EXPEDITED: &str = "/sys/kernel/rcu_expedited";
 
 #[derive(Clone, Copy, PartialEq)]
 enum Hook {
+    Fast,
+    Promote,
     Tcx,
-    Clsact,
 }
 
 impl Hook {
     fn name(self) -> &'static str {
         match self {
+            Hook::Fast => "fast",
+            Hook::Promote => "promote",
             Hook::Tcx => "tcx",
-            Hook::Clsact => "clsact",
         }
     }
 }
@@ -68,7 +68,7 @@ impl Drop for Expedited {
     }
 }
 
-/// Per-pod attach times in ms, for `pods` fresh veths in a namespace of
+/// Per-pod times in ms of `hook` for `pods` fresh veths in a namespace of
 /// their own.
 fn run(hook: Hook, pods: usize) -> Vec<f64> {
     let tag = format!("pattach{}{}", std::process::id(), hook.name());
@@ -78,62 +78,31 @@ fn run(hook: Hook, pods: usize) -> Vec<f64> {
                 .collect();
         sh(&["ip", "-batch", "-"], Some(&batch));
         let names: Vec<String> = (0..pods).map(|i| format!("pat{i}")).collect();
-        match hook {
-            Hook::Tcx => {
-                let mut dp = BpfDatapath::load(&pins).unwrap();
-                names
-                    .iter()
-                    .map(|n| {
-                        let ifindex = dp.ifindex(n).unwrap();
-                        let t = Instant::now();
-                        dp.attach(n, ifindex).unwrap();
-                        t.elapsed().as_secs_f64() * 1e3
-                    })
-                    .collect::<Vec<f64>>()
-            }
-            Hook::Clsact => {
-                std::fs::create_dir_all(&pins).unwrap();
-                let mut ebpf = EbpfLoader::new()
-                    .default_map_pin_directory(&pins)
-                    .load(palisade_ebpf::OBJECT)
-                    .unwrap();
-                for name in [PROG_FROM_POD, PROG_TO_POD] {
-                    let p: &mut SchedClassifier =
-                        ebpf.program_mut(name).unwrap().try_into().unwrap();
-                    p.load().unwrap();
-                }
-                names
-                    .iter()
-                    .map(|n| {
-                        let t = Instant::now();
-                        // What a legacy attach is: the qdisc, then one
-                        // filter per direction.
-                        tc::qdisc_add_clsact(n).unwrap();
-                        for (name, at) in [
-                            (PROG_FROM_POD, TcAttachType::Ingress),
-                            (PROG_TO_POD, TcAttachType::Egress),
-                        ] {
-                            let p: &mut SchedClassifier =
-                                ebpf.program_mut(name).unwrap().try_into().unwrap();
-                            let id = p
-                                .attach_with_options(
-                                    n,
-                                    at,
-                                    TcAttachOptions::Netlink(NlOptions {
-                                        priority: 1,
-                                        handle: 1.into(),
-                                        ..NlOptions::default()
-                                    }),
-                                )
-                                .unwrap();
-                            // Kept attached until the namespace goes.
-                            std::mem::forget(p.take_link(id).unwrap());
-                        }
-                        t.elapsed().as_secs_f64() * 1e3
-                    })
-                    .collect::<Vec<f64>>()
-            }
+        let mode = match hook {
+            Hook::Tcx => AttachMode::Tcx,
+            Hook::Fast | Hook::Promote => AttachMode::Fast,
+        };
+        let mut dp = BpfDatapath::load(&pins).unwrap().with_attach_mode(mode);
+        let attach: Vec<f64> = names
+            .iter()
+            .map(|n| {
+                let ifindex = dp.ifindex(n).unwrap();
+                let t = Instant::now();
+                dp.attach(n, ifindex).unwrap();
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        if hook != Hook::Promote {
+            return attach;
         }
+        names
+            .iter()
+            .map(|n| {
+                let t = Instant::now();
+                dp.promote(n).unwrap();
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect()
     })
 }
 
@@ -148,13 +117,13 @@ fn main() {
             pods = v.parse::<usize>().expect("pods=N").max(1);
         }
     }
-    println!("attach: {pods} pods' two programs attached one after another on fresh veths");
+    println!("attach: {pods} pods' two programs attached one after another on fresh veths (promote: then moved to links)");
     println!(
         "{:>7} {:>14} {:>15} {:>15} {:>9}",
         "hook", "rcu_expedited", "per_pod_p50_ms", "per_pod_p99_ms", "total_ms"
     );
     let mut lines = Vec::new();
-    for hook in [Hook::Tcx, Hook::Clsact] {
+    for hook in [Hook::Fast, Hook::Promote, Hook::Tcx] {
         for expedited in [false, true] {
             let knob = Expedited::set(expedited);
             let mut ms = run(hook, pods);
