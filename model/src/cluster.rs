@@ -2,9 +2,10 @@
 //! Every source (kube-rs watchers, manifest files) produces this one type, so
 //! everything after parsing is one code path.
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use palisade_apis::ClusterNetworkPolicy;
 
 #[derive(Clone, Debug, Default)]
 pub struct ClusterState {
@@ -16,6 +17,13 @@ pub struct ClusterState {
     /// hook sees before the kernel translates it.
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
+    /// Cluster-wide tiered policies of both API groups, read (see
+    /// `palisade_apis`), in no particular order: precedence is
+    /// [`ClusterNetworkPolicy::precedence`].
+    pub cluster_policies: Vec<ClusterNetworkPolicy>,
+    /// Nodes, for the `nodes` peer of ClusterNetworkPolicy egress rules
+    /// (their `status.addresses`).
+    pub nodes: Vec<Node>,
     /// The source's own marker of this view: the lab's manifest revision, or
     /// the Kubernetes resourceVersions it reflects. Shown to operators.
     pub marker: String,
@@ -32,6 +40,8 @@ pub enum Object {
     NetworkPolicy(NetworkPolicy),
     Service(Service),
     EndpointSlice(EndpointSlice),
+    ClusterNetworkPolicy(ClusterNetworkPolicy),
+    Node(Node),
 }
 
 impl ClusterState {
@@ -45,6 +55,8 @@ impl ClusterState {
         let mut policies = BTreeMap::new();
         let mut services = BTreeMap::new();
         let mut slices = BTreeMap::new();
+        let mut cluster_policies = BTreeMap::new();
+        let mut nodes = BTreeMap::new();
         for object in objects {
             match object {
                 Object::Namespace(ns) => {
@@ -62,6 +74,12 @@ impl ClusterState {
                 Object::EndpointSlice(slice) => {
                     slices.insert(key(&slice.metadata), slice);
                 }
+                Object::ClusterNetworkPolicy(cnp) => {
+                    cluster_policies.insert((cnp.group, cnp.name.clone()), cnp);
+                }
+                Object::Node(node) => {
+                    nodes.insert(node.metadata.name.clone().unwrap_or_default(), node);
+                }
             }
         }
         ClusterState {
@@ -70,6 +88,8 @@ impl ClusterState {
             policies: policies.into_values().collect(),
             services: services.into_values().collect(),
             endpoint_slices: slices.into_values().collect(),
+            cluster_policies: cluster_policies.into_values().collect(),
+            nodes: nodes.into_values().collect(),
             marker,
         }
     }

@@ -157,6 +157,7 @@ fn pod_policy(i: usize, s: Shape, peers: &[PeerBlock]) -> PodPolicy {
                 }],
                 ..Default::default()
             }],
+            ..Default::default()
         }),
         policies: vec![format!("x/np{}", i % s.groups)],
         ..Default::default()

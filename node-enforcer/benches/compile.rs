@@ -120,6 +120,7 @@ fn policy(rules: usize, peers: usize) -> DirectionPolicy {
                 rule_index: r as u32,
             })
             .collect(),
+        ..Default::default()
     }
 }
 

@@ -39,7 +39,10 @@ fn policy(i: usize) -> PodPolicy {
             addr: vec![10, 244, (i / 250) as u8, (i % 250) as u8 + 1],
             prefix_len: 32,
         }],
-        ingress: Some(DirectionPolicy { rules: vec![rule] }),
+        ingress: Some(DirectionPolicy {
+            rules: vec![rule],
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }

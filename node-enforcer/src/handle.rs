@@ -104,7 +104,13 @@ impl Handle {
         pod: PodKey,
         policy: Option<palisade_proto::v1::PodPolicy>,
     ) {
-        let _ = self.tx.send(Event::PodPlanFetched { pod, policy }).await;
+        let _ = self
+            .tx
+            .send(Event::PodPlanFetched {
+                pod,
+                policy: policy.map(Box::new),
+            })
+            .await;
     }
 
     pub async fn pod_down(

@@ -94,7 +94,10 @@ fn random_policy(rng: &mut Rng) -> DirectionPolicy {
             ..Default::default()
         });
     }
-    DirectionPolicy { rules }
+    DirectionPolicy {
+        rules,
+        ..Default::default()
+    }
 }
 
 /// Ethernet + IPv4 + the first 8 bytes of TCP/UDP/SCTP (ports first in all three).
@@ -615,11 +618,12 @@ fn a_policy_change_stops_established_flows_it_no_longer_allows() {
                 }],
                 ..Default::default()
             }],
+            ..Default::default()
         },
         &[],
     )
     .unwrap();
-    let deny_all = compile(&DirectionPolicy { rules: vec![] }, &[]).unwrap();
+    let deny_all = compile(&DirectionPolicy::default(), &[]).unwrap();
     let mut portsets = BTreeMap::new();
     write(&mut dp, 1, &allow_80, &mut portsets);
     write(&mut dp, 2, &deny_all, &mut portsets);

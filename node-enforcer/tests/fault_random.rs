@@ -114,6 +114,7 @@ fn policy(shape: Option<u8>) -> Option<DirectionPolicy> {
                 rule([10, 3, 0, 7], 32, 22, 0),
             ],
         },
+        ..Default::default()
     })
 }
 

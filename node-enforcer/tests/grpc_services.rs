@@ -83,7 +83,7 @@ fn isolate(ns: &str, name: &str) -> PodPolicy {
             name: name.into(),
         }),
         pod_ips: vec![],
-        ingress: Some(DirectionPolicy { rules: vec![] }),
+        ingress: Some(DirectionPolicy::default()),
         egress: None,
         policies: vec![format!("{ns}/deny")],
         ..Default::default()

@@ -150,7 +150,7 @@ async fn metrics_follow_plans_pod_up_and_datapath_verdicts() {
             name: "a".into(),
         }),
         pod_ips: vec![],
-        ingress: Some(DirectionPolicy { rules: vec![] }),
+        ingress: Some(DirectionPolicy::default()),
         egress: None,
         policies: vec!["x/deny".into()],
         ..Default::default()

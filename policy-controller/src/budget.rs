@@ -171,7 +171,10 @@ mod tests {
                 name: name.into(),
             }),
             pod_ips: vec![],
-            ingress: Some(DirectionPolicy { rules }),
+            ingress: Some(DirectionPolicy {
+                rules,
+                ..Default::default()
+            }),
             policies: policies.iter().map(|(p, _)| p.to_string()).collect(),
             ..Default::default()
         };

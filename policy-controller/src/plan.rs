@@ -148,6 +148,7 @@ mod tests {
                     ports: vec![],
                     ..Default::default()
                 }],
+                ..Default::default()
             }),
             egress: None,
             policies: vec!["ns/a".into()],

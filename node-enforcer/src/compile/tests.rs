@@ -38,7 +38,7 @@ fn ip(s: &str) -> IpAddr {
 
 #[test]
 fn no_rules_denies_everything() {
-    let set = compile_(&DirectionPolicy { rules: vec![] }).unwrap();
+    let set = compile_(&DirectionPolicy::default()).unwrap();
     assert!(set.entries.is_empty());
     assert!(!set.allows(ip("10.0.0.1"), 6, 80));
 }
@@ -51,6 +51,7 @@ fn cidr_and_port_range() {
             ports: vec![tcp(1000, 1999)],
             ..Default::default()
         }],
+        ..Default::default()
     })
     .unwrap();
     assert!(set.allows(ip("10.0.0.7"), 6, 1000));
@@ -76,6 +77,7 @@ fn except_in_one_rule_never_blocks_what_another_allows() {
                 ..Default::default()
             },
         ],
+        ..Default::default()
     })
     .unwrap();
     assert!(
@@ -102,6 +104,7 @@ fn more_than_24_ports_per_cidr() {
             ports,
             ..Default::default()
         }],
+        ..Default::default()
     })
     .unwrap();
     for i in 0..100 {
@@ -118,6 +121,7 @@ fn ipv6_and_ipv4_do_not_mix() {
             ports: vec![],
             ..Default::default()
         }],
+        ..Default::default()
     })
     .unwrap();
     assert!(set.allows(ip("fd00::1"), 6, 1));
@@ -128,6 +132,7 @@ fn ipv6_and_ipv4_do_not_mix() {
             ports: vec![],
             ..Default::default()
         }],
+        ..Default::default()
     })
     .unwrap();
     assert!(set.allows(ip("10.0.0.1"), 6, 1));
@@ -148,9 +153,14 @@ fn equal_policies_compile_equal_whatever_the_rule_order() {
     };
     let one = compile_(&DirectionPolicy {
         rules: vec![a.clone(), b.clone()],
+        ..Default::default()
     })
     .unwrap();
-    let two = compile_(&DirectionPolicy { rules: vec![b, a] }).unwrap();
+    let two = compile_(&DirectionPolicy {
+        rules: vec![b, a],
+        ..Default::default()
+    })
+    .unwrap();
     assert_eq!(one, two);
     assert_eq!(one.id(), two.id());
 }
@@ -169,6 +179,7 @@ fn bad_input_is_an_error() {
             ports: vec![],
             ..Default::default()
         }],
+        ..Default::default()
     };
     assert!(matches!(
         compile_(&bad_addr),
@@ -186,6 +197,7 @@ fn bad_input_is_an_error() {
             ports: vec![],
             ..Default::default()
         }],
+        ..Default::default()
     };
     assert!(matches!(
         compile_(&bad_len),
@@ -197,6 +209,7 @@ fn bad_input_is_an_error() {
             ports: vec![tcp(90, 80)],
             ..Default::default()
         }],
+        ..Default::default()
     };
     assert!(matches!(
         compile_(&bad_port),
@@ -230,6 +243,7 @@ fn lpm_table_equals_rule_union_for_every_address() {
     ];
     let set = compile_(&DirectionPolicy {
         rules: rules.clone(),
+        ..Default::default()
     })
     .unwrap();
     for last in 0u8..=70 {
@@ -265,7 +279,7 @@ fn lpm_table_equals_rule_union_for_every_address() {
 #[test]
 fn the_node_is_always_allowed_even_inside_an_except() {
     let node = [Prefix::from_ip(ip("10.1.0.1"), 32)];
-    let deny_all = compile(&DirectionPolicy { rules: vec![] }, &node).unwrap();
+    let deny_all = compile(&DirectionPolicy::default(), &node).unwrap();
     assert!(deny_all.allows(ip("10.1.0.1"), 6, 10250));
     assert!(deny_all.allows(ip("10.1.0.1"), 1, 0), "ICMP too");
     assert!(!deny_all.allows(ip("10.1.0.2"), 6, 10250));
@@ -276,6 +290,7 @@ fn the_node_is_always_allowed_even_inside_an_except() {
                 ports: vec![tcp(80, 0)],
                 ..Default::default()
             }],
+            ..Default::default()
         },
         &node,
     )
@@ -391,7 +406,10 @@ fn indexed_compilation_equals_the_scan_on_random_policies() {
         let always: Vec<Prefix> = (0..below(2))
             .map(|_| Prefix::from_wire(&random_prefix(&mut below)).unwrap())
             .collect();
-        let policy = DirectionPolicy { rules };
+        let policy = DirectionPolicy {
+            rules,
+            ..Default::default()
+        };
         assert_eq!(
             compile(&policy, &always).unwrap(),
             compile_by_scan(&policy, &always),
@@ -415,6 +433,7 @@ fn a_table_over_the_limit_is_refused_naming_its_policies() {
     };
     let d = DirectionPolicy {
         rules: vec![rule(1, "x/b"), rule(2, "x/a"), rule(3, "x/b")],
+        ..Default::default()
     };
     assert_eq!(compile_limited(&d, &[], 3).unwrap().entries.len(), 3);
     let e = compile_limited(&d, &[], 2).unwrap_err();

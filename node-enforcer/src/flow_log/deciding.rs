@@ -121,6 +121,7 @@ pub(crate) mod tests {
                 rule("ns/dns", 0, "0.0.0.0/0", &[], &[(UDP, 0, 0)]),
                 rule("ns/any", 2, "10.0.1.0/24", &[], &[]),
             ],
+            ..Default::default()
         };
         assert_eq!(decided(&p, "10.0.1.5", 6, 80), Some(("ns/web".into(), 0)));
         // The except leaves it to a later rule.
@@ -142,6 +143,7 @@ pub(crate) mod tests {
         no_peers.peers.clear();
         let p = DirectionPolicy {
             rules: vec![no_peers, rule("ns/y", 3, "fd00::/8", &[], &[(TCP, 443, 0)])],
+            ..Default::default()
         };
         assert_eq!(decided(&p, "10.0.0.1", 6, 443), None);
         assert_eq!(decided(&p, "fd00::5", 6, 443), Some(("ns/y".into(), 3)));

@@ -24,12 +24,14 @@ fn allow_from(peer: [u8; 4], port: u32) -> DirectionPolicy {
             }],
             ..Default::default()
         }],
+        ..Default::default()
     }
 }
 
 fn union(a: DirectionPolicy, b: DirectionPolicy) -> DirectionPolicy {
     DirectionPolicy {
         rules: a.rules.into_iter().chain(b.rules).collect(),
+        ..Default::default()
     }
 }
 
@@ -321,6 +323,7 @@ fn an_audit_policy_that_does_not_compile_is_skipped_and_named() {
             }],
             ..Default::default()
         }],
+        ..Default::default()
     };
     start(
         &mut r,

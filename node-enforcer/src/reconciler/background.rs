@@ -396,6 +396,7 @@ mod tests {
                 },
                 Rule::default(),
             ],
+            ..Default::default()
         };
         assert_eq!(peers(&d), 4);
         assert_eq!(peers(&DirectionPolicy::default()), 0);

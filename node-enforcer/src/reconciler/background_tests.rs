@@ -28,6 +28,7 @@ fn big(n: usize) -> DirectionPolicy {
                 rule_index: i as u32,
             })
             .collect(),
+        ..Default::default()
     }
 }
 

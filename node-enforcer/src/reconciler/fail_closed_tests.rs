@@ -19,7 +19,7 @@ fn pod_policy(name: &str, ingress: Option<DirectionPolicy>) -> PodPolicy {
 }
 
 fn deny_all() -> Option<DirectionPolicy> {
-    Some(DirectionPolicy { rules: vec![] })
+    Some(DirectionPolicy::default())
 }
 
 fn up(name: &str, iface: &str) -> PodUp {
@@ -195,7 +195,7 @@ fn a_fetched_pod_plan_answers_the_wait() {
     let mut answer = start_up(&mut r, up("a", "veth-a"));
     r.handle(Event::PodPlanFetched {
         pod: ("x".into(), "a".into()),
-        policy: Some(pod_policy("a", deny_all())),
+        policy: Some(Box::new(pod_policy("a", deny_all()))),
     });
     assert!(now(&mut answer).unwrap().ingress_isolated);
     // The stream catching up replaces it, without a window.
@@ -300,6 +300,7 @@ fn an_uncompilable_or_unwritable_policy_denies() {
             ports: vec![],
             ..Default::default()
         }],
+        ..Default::default()
     };
     let mut r = reconciler(Mode::Standard);
     r.apply_plan(snapshot(1, true, vec![pod_policy("a", None)]))

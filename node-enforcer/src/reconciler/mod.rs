@@ -102,7 +102,8 @@ pub enum Event {
     /// The controller's answer to an on-demand request for one pod's plan.
     PodPlanFetched {
         pod: PodKey,
-        policy: Option<PodPolicy>,
+        /// Boxed: a pod's policy is most of an event's size otherwise.
+        policy: Option<Box<PodPolicy>>,
     },
     PodDown {
         /// None when the runtime could not tell (a DEL may carry only the
@@ -553,7 +554,7 @@ impl<D: Datapath> Reconciler<D> {
                 self.pod_up(up, reply);
             }
             Event::PodUpDeadline { pod, container_id } => self.pod_up_deadline(&pod, &container_id),
-            Event::PodPlanFetched { pod, policy } => self.pod_plan_fetched(pod, policy),
+            Event::PodPlanFetched { pod, policy } => self.pod_plan_fetched(pod, policy.map(|p| *p)),
             Event::PodDown {
                 pod,
                 container_id,

@@ -26,6 +26,7 @@ fn allow_from(peer: [u8; 4], port: u32) -> DirectionPolicy {
             }],
             ..Default::default()
         }],
+        ..Default::default()
     }
 }
 
@@ -241,6 +242,7 @@ fn uncompilable_policy_denies_instead_of_opening() {
             ports: vec![],
             ..Default::default()
         }],
+        ..Default::default()
     };
     r.apply_plan(snapshot(1, vec![pod_policy("a", Some(broken))]))
         .unwrap();
@@ -566,7 +568,7 @@ fn node_addresses_are_always_allowed_and_followed_on_tick() {
     r.datapath.node_addresses = vec!["10.1.0.1".parse().unwrap()];
     r.apply_plan(snapshot(
         1,
-        vec![pod_policy("a", Some(DirectionPolicy { rules: vec![] }))],
+        vec![pod_policy("a", Some(DirectionPolicy::default()))],
     ))
     .unwrap();
     up_now(&mut r, up("a", "veth-a")).unwrap();

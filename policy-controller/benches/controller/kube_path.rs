@@ -28,6 +28,11 @@ fn value(object: Object) -> Value {
         Object::NetworkPolicy(o) => serde_json::to_value(o),
         Object::Service(o) => serde_json::to_value(o),
         Object::EndpointSlice(o) => serde_json::to_value(o),
+        Object::Node(o) => serde_json::to_value(o),
+        Object::ClusterNetworkPolicy(p) => panic!(
+            "{}: the shapes write no ClusterNetworkPolicy through the kube path",
+            p.id()
+        ),
     };
     v.expect("objects serialize")
 }

@@ -9,6 +9,11 @@
 //!   selector that now decides differently for it;
 //! - a policy added, edited or deleted: the pods of its namespace that the
 //!   old or the new version selects;
+//! - a ClusterNetworkPolicy added, edited or deleted: the pods the old or
+//!   the new version's subject selects; a namespace relabelled while any
+//!   exists: the pods of that namespace too (a subject may select by
+//!   namespace labels); a node added, changed or deleted: the pods of the
+//!   policies with a `nodes` peer;
 //! - a Service added, edited or deleted, or a pod that starts or stops
 //!   backing one (or backs it with other addresses or named ports): the
 //!   targets whose egress rules read the Services of its namespace; a
@@ -33,15 +38,16 @@ use crate::cluster::{ClusterState, Object};
 use crate::keys::{ObjectKey, PodKey};
 use crate::plan::{Entry, Plan};
 use crate::resolve::{
-    is_selectorless, namespace_of, ns_labels, pod_info, resolve_pod, selector_matches,
-    slice_service, PodInfo, Resolution, AUDIT_ANNOTATION,
+    is_selectorless, namespace_of, node_ips, ns_labels, pod_info, resolve_pod, selector_matches,
+    slice_service, PodInfo, Resolution, TieredPolicy, AUDIT_ANNOTATION,
 };
 use crate::source::policy_endpoint::merge::EndpointPolicy;
 use crate::source::policy_endpoint::PolicyEndpoint;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use objects::{Labels, Objects};
+use palisade_apis::{ApiGroup, ClusterNetworkPolicy};
 use policy_endpoints::EndpointPolicies;
 use selection::{Selections, Selector, Used};
 use services::ServiceCache;
@@ -65,6 +71,11 @@ pub enum Change {
     /// A slice of a policy resolved by the AWS network policy controller.
     ApplyPolicyEndpoint(PolicyEndpoint),
     DeletePolicyEndpoint(ObjectKey),
+    /// A ClusterNetworkPolicy of either API group, read.
+    ApplyClusterPolicy(ClusterNetworkPolicy),
+    DeleteClusterPolicy(ApiGroup, String),
+    ApplyNode(Node),
+    DeleteNode(String),
 }
 
 /// Pods that resolve alike: resolution reads of its target only the
@@ -114,6 +125,8 @@ impl From<Object> for Change {
             Object::NetworkPolicy(np) => Change::ApplyPolicy(np),
             Object::Service(svc) => Change::ApplyService(svc),
             Object::EndpointSlice(slice) => Change::ApplyEndpointSlice(slice),
+            Object::ClusterNetworkPolicy(p) => Change::ApplyClusterPolicy(p),
+            Object::Node(n) => Change::ApplyNode(n),
         }
     }
 }
@@ -167,7 +180,15 @@ impl Engine {
                     .iter()
                     .cloned()
                     .map(Object::EndpointSlice),
-            );
+            )
+            .chain(
+                state
+                    .cluster_policies
+                    .iter()
+                    .cloned()
+                    .map(Object::ClusterNetworkPolicy),
+            )
+            .chain(state.nodes.iter().cloned().map(Object::Node));
         engine.stage(objects.map(Change::from));
         let outcome = engine.apply([]);
         (engine, outcome)
@@ -325,6 +346,38 @@ impl Engine {
                 changes.push(Change::DeleteEndpointSlice(key.clone()));
             }
         }
+        let mut seen_tiered = HashSet::new();
+        for p in &state.cluster_policies {
+            let key = (p.group, p.name.clone());
+            if self.objects.tiered_policy(&key).map(|t| &t.policy) != Some(p) {
+                changes.push(Change::ApplyClusterPolicy(p.clone()));
+            }
+            seen_tiered.insert(key);
+        }
+        for t in self.objects.tiered() {
+            let key = (t.policy.group, t.policy.name.clone());
+            if !seen_tiered.contains(&key) {
+                changes.push(Change::DeleteClusterPolicy(key.0, key.1));
+            }
+        }
+        let mut seen_nodes = HashSet::new();
+        for n in &state.nodes {
+            let name = n.metadata.name.clone().unwrap_or_default();
+            let known = self
+                .objects
+                .node(&name)
+                .map(|k| (k.metadata.labels.clone(), node_ips(k)));
+            if known != Some((n.metadata.labels.clone(), node_ips(n))) {
+                changes.push(Change::ApplyNode(n.clone()));
+            }
+            seen_nodes.insert(name);
+        }
+        for n in self.objects.nodes() {
+            let name = n.metadata.name.clone().unwrap_or_default();
+            if !seen_nodes.contains(&name) {
+                changes.push(Change::DeleteNode(name));
+            }
+        }
         changes
     }
 
@@ -375,6 +428,64 @@ impl Engine {
             Change::DeletePolicyEndpoint(key) => {
                 self.endpoint_policies.delete(&key, &self.objects, dirty)
             }
+            Change::ApplyClusterPolicy(p) => {
+                let key = (p.group, p.name.clone());
+                self.set_tiered(key, Some(Arc::new(TieredPolicy::new(p))), dirty);
+            }
+            Change::DeleteClusterPolicy(group, name) => self.set_tiered((group, name), None, dirty),
+            Change::ApplyNode(mut node) => {
+                let name = node.metadata.name.clone().unwrap_or_default();
+                // Only what a `nodes` peer reads: labels and addresses.
+                node.metadata = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                    name: Some(name.clone()),
+                    labels: node.metadata.labels.take(),
+                    ..Default::default()
+                };
+                node.spec = None;
+                node.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+                    addresses: node.status.and_then(|s| s.addresses),
+                    ..Default::default()
+                });
+                self.set_node(&name, Some(Arc::new(node)), dirty);
+            }
+            Change::DeleteNode(name) => self.set_node(&name, None, dirty),
+        }
+    }
+
+    fn set_tiered(
+        &mut self,
+        key: objects::TieredKey,
+        policy: Option<Arc<TieredPolicy>>,
+        dirty: &mut HashSet<PodKey>,
+    ) {
+        if let Some(new) = &policy {
+            dirty.extend(self.objects.subject_pods(new));
+        }
+        if let Some(old) = self.objects.set_tiered(key, policy) {
+            dirty.extend(self.objects.subject_pods(&old));
+        }
+    }
+
+    fn set_node(&mut self, name: &str, node: Option<Arc<Node>>, dirty: &mut HashSet<PodKey>) {
+        let before = self
+            .objects
+            .node(name)
+            .map(|n| (n.metadata.labels.clone(), node_ips(n)));
+        let after = node
+            .as_ref()
+            .map(|n| (n.metadata.labels.clone(), node_ips(n)));
+        self.objects.set_node(name, node);
+        if before == after {
+            return;
+        }
+        let readers: Vec<Arc<TieredPolicy>> = self
+            .objects
+            .tiered()
+            .filter(|t| t.reads_nodes())
+            .cloned()
+            .collect();
+        for t in readers {
+            dirty.extend(self.objects.subject_pods(&t));
         }
     }
 
@@ -432,6 +543,10 @@ impl Engine {
         if before != after {
             self.selections
                 .namespace_changed(ns, before.as_ref(), after.as_ref(), dirty);
+            // A ClusterNetworkPolicy's subject may select by namespace labels.
+            if self.objects.tiered().next().is_some() {
+                dirty.extend(self.objects.pods_in(ns).map(|p| p.key()));
+            }
         }
     }
 
@@ -629,9 +744,20 @@ impl Engine {
         let mut errors = Vec::new();
         let policies: Vec<Arc<NetworkPolicy>> =
             self.objects.policies_in(&pod.namespace).cloned().collect();
+        let ns_labels = self.objects.ns_labels(&pod.namespace).unwrap_or_default();
+        let mut tiered: Vec<Arc<TieredPolicy>> = Vec::new();
+        for t in self.objects.tiered() {
+            match t.selects(pod, &ns_labels) {
+                Ok(true) => tiered.push(t.clone()),
+                Ok(false) => {}
+                Err(e) => errors.push(format!("{}: {e}", t.id)),
+            }
+        }
+        tiered.sort_by(|a, b| a.policy.precedence().cmp(&b.policy.precedence()));
         let mut policy = resolve_pod(
             pod,
             policies.iter().map(|p| &**p),
+            tiered.iter().map(|t| &**t),
             &mut selector,
             &mut errors,
         );

@@ -5,12 +5,15 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use palisade_apis::ApiGroup;
 
 use crate::keys::{ObjectKey, PodKey};
-use crate::resolve::{default_ns_labels, is_selectorless, slice_service, PodInfo};
+use crate::resolve::{
+    default_ns_labels, is_selectorless, node_ips, slice_service, PodInfo, TieredPolicy,
+};
 
 pub type Labels = BTreeMap<String, String>;
 type LabelPair = (String, String);
@@ -35,7 +38,14 @@ pub struct Objects {
     slices: HashMap<ObjectKey, Arc<EndpointSlice>>,
     /// Slice names by the (namespace, Service name) they belong to.
     slices_by_service: HashMap<ObjectKey, BTreeSet<String>>,
+    /// ClusterNetworkPolicies of both groups, by group and name.
+    tiered: BTreeMap<TieredKey, Arc<TieredPolicy>>,
+    /// Nodes, for `nodes` peers: by name.
+    nodes: BTreeMap<String, Arc<Node>>,
 }
+
+/// A ClusterNetworkPolicy's API group and name.
+pub type TieredKey = (ApiGroup, String);
 
 impl Objects {
     /// The labels a namespace selector sees: the object's, or only the name
@@ -123,6 +133,78 @@ impl Objects {
 
     pub fn policy(&self, ns: &str, name: &str) -> Option<&Arc<NetworkPolicy>> {
         self.policies.get(ns)?.get(name)
+    }
+
+    /// Sets (or with None removes) a ClusterNetworkPolicy; returns the
+    /// previous one.
+    pub fn set_tiered(
+        &mut self,
+        key: TieredKey,
+        policy: Option<Arc<TieredPolicy>>,
+    ) -> Option<Arc<TieredPolicy>> {
+        match policy {
+            Some(p) => self.tiered.insert(key, p),
+            None => self.tiered.remove(&key),
+        }
+    }
+
+    pub fn tiered(&self) -> impl Iterator<Item = &Arc<TieredPolicy>> {
+        self.tiered.values()
+    }
+
+    pub fn tiered_policy(&self, key: &TieredKey) -> Option<&Arc<TieredPolicy>> {
+        self.tiered.get(key)
+    }
+
+    /// The pods a ClusterNetworkPolicy's subject selects (host-network pods
+    /// never are; a selector that cannot be evaluated selects none, as in
+    /// resolution).
+    pub fn subject_pods(&self, policy: &TieredPolicy) -> Vec<PodKey> {
+        let mut out = Vec::new();
+        for ns in self.namespaces() {
+            let Some(labels) = self.ns_labels_ref(ns) else {
+                continue;
+            };
+            for pod in self.pods_in(ns) {
+                if policy.selects(pod, &labels).unwrap_or(false) {
+                    out.push(pod.key());
+                }
+            }
+        }
+        out
+    }
+
+    /// Sets (or with None removes) a node; returns the previous one.
+    pub fn set_node(&mut self, name: &str, node: Option<Arc<Node>>) -> Option<Arc<Node>> {
+        match node {
+            Some(n) => self.nodes.insert(name.to_string(), n),
+            None => self.nodes.remove(name),
+        }
+    }
+
+    pub fn nodes(&self) -> impl Iterator<Item = &Arc<Node>> {
+        self.nodes.values()
+    }
+
+    pub fn node(&self, name: &str) -> Option<&Arc<Node>> {
+        self.nodes.get(name)
+    }
+
+    /// The addresses of the nodes `selector` selects, sorted.
+    pub fn node_addresses(
+        &self,
+        selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    ) -> Result<Vec<std::net::IpAddr>, String> {
+        let mut out = Vec::new();
+        for node in self.nodes.values() {
+            let labels = node.metadata.labels.clone().unwrap_or_default();
+            if crate::resolve::selector_matches(selector, &labels)? {
+                out.extend(node_ips(node));
+            }
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
     }
 
     /// Sets (or with None removes) a namespace object.

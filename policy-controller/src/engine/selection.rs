@@ -469,6 +469,17 @@ impl PeerSelection for Selector<'_> {
         self.used.selectorless = true;
         self.services.selectorless(self.objects)
     }
+
+    /// Not recorded in `used`: a node change recomputes the pods of every
+    /// policy with a `nodes` peer (`Engine::set_node`).
+    fn node_addresses(
+        &mut self,
+        selector: &LabelSelector,
+    ) -> Result<Vec<std::net::IpAddr>, SelectorError> {
+        self.objects
+            .node_addresses(selector)
+            .map_err(|e| SelectorError::new("nodes", e))
+    }
 }
 
 /// The pods a selection holds, sorted by namespace and name, looking only at

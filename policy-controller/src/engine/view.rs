@@ -55,12 +55,16 @@ impl Engine {
             .iter()
             .filter_map(|k| o.slice(k).map(|s| (**s).clone()))
             .collect();
+        let cluster_policies = o.tiered().map(|t| t.policy.clone()).collect();
+        let nodes = o.nodes().map(|n| (**n).clone()).collect();
         ClusterState {
             namespaces,
             pods,
             policies,
             services,
             endpoint_slices,
+            cluster_policies,
+            nodes,
             marker,
         }
     }

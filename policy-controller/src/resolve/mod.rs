@@ -15,6 +15,8 @@
 //!   tested against;
 //! - `target.rs`: one pod's policy from the policies that select it (where
 //!   policy tiers meet);
+//! - `tiers.rs`: ClusterNetworkPolicy (Admin and Baseline tiers): which
+//!   apply to a pod, their rules as tier rules;
 //! - `staging.rs`: staged (audit) policies;
 //! - `rules.rs`: one policy rule as plan rules, with `peers.rs` (address
 //!   blocks and selected pods), `ports.rs` (numbered and named ports) and
@@ -33,6 +35,7 @@ mod selectors;
 mod services;
 mod staging;
 mod target;
+mod tiers;
 
 pub use node_plan::{NodePlan, Resolution};
 pub use objects::UnknownProtocol;
@@ -46,6 +49,7 @@ pub use selectors::{selector_matches, validate_selector, SelectorError, UnknownO
 pub(crate) use services::{is_selectorless, selector_of, service_info, slice_service, ServiceInfo};
 pub use staging::{is_staged, AUDIT_ANNOTATION};
 pub(crate) use target::resolve_pod;
+pub(crate) use tiers::{node_ips, TieredPolicy};
 
 #[cfg(test)]
 mod tests;

@@ -14,6 +14,7 @@ use super::objects::{default_ns_labels, namespace_of, ns_labels, pod_info, PodIn
 use super::peers::{PeerSelection, Selected};
 use super::services::{is_selectorless, service_info, ServiceInfo};
 use super::target::resolve_pod;
+use super::tiers::{node_ips, TieredPolicy};
 use super::{selector_matches, NodePlan, Resolution, SelectorError};
 use crate::cluster::ClusterState;
 
@@ -21,6 +22,14 @@ use crate::cluster::ClusterState;
 pub fn resolve_cluster(state: &ClusterState) -> Resolution {
     let mut index = Scan::new(state);
     let mut errors = Vec::new();
+    // In precedence order: each pod's tier rules are in this order.
+    let mut tiered: Vec<TieredPolicy> = state
+        .cluster_policies
+        .iter()
+        .cloned()
+        .map(TieredPolicy::new)
+        .collect();
+    tiered.sort_by(|a, b| a.policy.precedence().cmp(&b.policy.precedence()));
     let mut plans: BTreeMap<String, NodePlan> = BTreeMap::new();
     let targets = index.pods.clone();
     for target in &targets {
@@ -35,7 +44,22 @@ pub fn resolve_cluster(state: &ClusterState) -> Resolution {
             .policies
             .iter()
             .filter(|p| namespace_of(&p.metadata) == target.namespace);
-        let pod = resolve_pod(target, policies, &mut index, &mut errors);
+        let ns_labels = index
+            .namespace_labels
+            .get(&target.namespace)
+            .cloned()
+            .unwrap_or_default();
+        let tiered: Vec<&TieredPolicy> = tiered
+            .iter()
+            .filter(|t| match t.selects(target, &ns_labels) {
+                Ok(selects) => selects,
+                Err(e) => {
+                    errors.push(format!("{}: {e}", t.id));
+                    false
+                }
+            })
+            .collect();
+        let pod = resolve_pod(target, policies, tiered, &mut index, &mut errors);
         plans.entry(node.clone()).or_default().pods.insert(
             (target.namespace.clone(), target.name.clone()),
             Arc::new(pod),
@@ -52,6 +76,8 @@ struct Scan {
     namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
     services: BTreeMap<String, Arc<Vec<Arc<ServiceInfo>>>>,
     selectorless: Arc<Vec<Arc<ServiceInfo>>>,
+    /// Each node's labels and addresses.
+    nodes: Vec<(BTreeMap<String, String>, Vec<std::net::IpAddr>)>,
 }
 
 impl Scan {
@@ -110,6 +136,11 @@ impl Scan {
                 })
                 .collect(),
             selectorless: Arc::new(selectorless),
+            nodes: state
+                .nodes
+                .iter()
+                .map(|n| (n.metadata.labels.clone().unwrap_or_default(), node_ips(n)))
+                .collect(),
         }
     }
 }
@@ -164,5 +195,20 @@ impl PeerSelection for Scan {
 
     fn selectorless_services(&mut self) -> Arc<Vec<Arc<ServiceInfo>>> {
         self.selectorless.clone()
+    }
+
+    fn node_addresses(
+        &mut self,
+        selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    ) -> Result<Vec<std::net::IpAddr>, SelectorError> {
+        let mut out = Vec::new();
+        for (labels, ips) in &self.nodes {
+            if selector_matches(selector, labels).map_err(|e| SelectorError::new("nodes", e))? {
+                out.extend_from_slice(ips);
+            }
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
     }
 }

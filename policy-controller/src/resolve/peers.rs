@@ -59,6 +59,12 @@ pub(crate) trait PeerSelection {
     /// Every Service without a selector that has a ClusterIP, sorted by
     /// namespace and name.
     fn selectorless_services(&mut self) -> Arc<Vec<Arc<ServiceInfo>>>;
+    /// The addresses of the nodes `selector` selects (a ClusterNetworkPolicy
+    /// `nodes` peer), sorted.
+    fn node_addresses(
+        &mut self,
+        selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    ) -> Result<Vec<IpAddr>, SelectorError>;
 }
 
 impl RuleContext<'_> {

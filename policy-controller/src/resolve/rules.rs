@@ -21,16 +21,27 @@ use crate::keys::PodKey;
 pub(super) struct RuleContext<'a> {
     pub selection: &'a mut dyn PeerSelection,
     pub policy_ns: &'a str,
-    pub policy_name: &'a str,
+    /// How errors name the policy: `NetworkPolicy ns/name`,
+    /// `ClusterNetworkPolicy/name`.
+    pub label: &'a str,
     pub errors: &'a mut Vec<String>,
+    /// When an egress rule matches a Service's ClusterIP (see `services`).
+    pub services: ServiceCoverage,
+}
+
+/// When an egress rule that matches a Service's backends matches its
+/// ClusterIP too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ServiceCoverage {
+    /// When it matches every backend: what allows (narrower, never wider).
+    Every,
+    /// When it matches one: what denies (the kernel may pick that one).
+    Any,
 }
 
 impl RuleContext<'_> {
     pub(super) fn error(&mut self, field: &str, msg: impl std::fmt::Display) {
-        self.errors.push(format!(
-            "NetworkPolicy {}: {field}: {msg}",
-            self.policy_name
-        ));
+        self.errors.push(format!("{}: {field}: {msg}", self.label));
     }
 
     pub(super) fn ingress_rule(
@@ -108,6 +119,7 @@ impl RuleContext<'_> {
             &mut *self.selection,
             &peers,
             &port_specs,
+            self.services,
         ));
         rules
     }

@@ -244,6 +244,7 @@ pub(super) fn service_rules(
     selection: &mut dyn PeerSelection,
     peers: &[PeerSpec],
     ports: &[PortSpec],
+    coverage: super::rules::ServiceCoverage,
 ) -> Vec<Rule> {
     let pod_sets: Vec<&Arc<Selected>> = peers
         .iter()
@@ -327,7 +328,14 @@ pub(super) fn service_rules(
             .ports
             .iter()
             .filter(|sp| !sp.backends.is_empty())
-            .filter(|sp| sp.backends.iter().all(|b| covered(sp.protocol, b)))
+            .filter(|sp| match coverage {
+                super::rules::ServiceCoverage::Every => {
+                    sp.backends.iter().all(|b| covered(sp.protocol, b))
+                }
+                super::rules::ServiceCoverage::Any => {
+                    sp.backends.iter().any(|b| covered(sp.protocol, b))
+                }
+            })
             .map(|sp| (sp.protocol as i32, u32::from(sp.port)))
             .collect();
         if allowed.is_empty() {

@@ -3,7 +3,8 @@
 //! resolves exactly like an enforced one, into the audit directions.
 
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use palisade_proto::v1::{DirectionPolicy, Rule};
+use palisade_apis::Tier;
+use palisade_proto::v1::{DirectionPolicy, Rule, TierRule};
 
 /// The annotation that stages a NetworkPolicy: evaluated against real
 /// traffic, never enforced.
@@ -15,17 +16,29 @@ pub const AUDIT_ANNOTATION: &str = "palisade.io/audit";
 /// guessing could leave a policy unenforced that its author expects to
 /// enforce, so it is enforced and named as an error.
 pub fn is_staged(policy: &NetworkPolicy, policy_name: &str, errors: &mut Vec<String>) -> bool {
-    let value = policy
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(AUDIT_ANNOTATION));
-    match value.map(String::as_str) {
+    staged_by(
+        policy.metadata.annotations.as_ref(),
+        &format!("NetworkPolicy {policy_name}"),
+        errors,
+    )
+}
+
+/// [`is_staged`] for any policy's annotations; `label` names it in the
+/// error (`NetworkPolicy ns/name`, `ClusterNetworkPolicy/name`).
+pub(super) fn staged_by(
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+    label: &str,
+    errors: &mut Vec<String>,
+) -> bool {
+    match annotations
+        .and_then(|a| a.get(AUDIT_ANNOTATION))
+        .map(String::as_str)
+    {
         None | Some("false") => false,
         Some("true") => true,
         Some(other) => {
             errors.push(format!(
-                "NetworkPolicy {policy_name}: annotation {AUDIT_ANNOTATION}: {other:?} is neither \"true\" nor \"false\"; the policy is enforced"
+                "{label}: annotation {AUDIT_ANNOTATION}: {other:?} is neither \"true\" nor \"false\"; the policy is enforced"
             ));
             false
         }
@@ -37,29 +50,80 @@ pub fn is_staged(policy: &NetworkPolicy, policy_name: &str, errors: &mut Vec<Str
 /// order enforcement would see them once the staged policies are enforced.
 #[derive(Default)]
 pub(super) struct DirectionRules {
-    enforced: Option<DirectionPolicy>,
-    all: DirectionPolicy,
+    enforced: Collected,
+    all: Collected,
     staged: bool,
 }
 
+/// A direction's NetworkPolicy rules (and whether one isolates it) and
+/// tier rules.
+#[derive(Default)]
+struct Collected {
+    isolated: bool,
+    policy: DirectionPolicy,
+}
+
+impl Collected {
+    fn add_rules(&mut self, rules: &[Rule]) {
+        self.isolated = true;
+        self.policy.rules.extend_from_slice(rules);
+    }
+
+    fn add_tier(&mut self, tier: Tier, rules: &[TierRule]) {
+        match tier {
+            Tier::Admin => self.policy.admin.extend_from_slice(rules),
+            Tier::Baseline => self.policy.baseline.extend_from_slice(rules),
+        }
+    }
+
+    /// None: nothing decides this direction (not isolated, no tier rule).
+    fn finish(mut self) -> Option<DirectionPolicy> {
+        let tiers = !self.policy.admin.is_empty() || !self.policy.baseline.is_empty();
+        if !self.isolated && !tiers {
+            return None;
+        }
+        self.policy.not_isolated = !self.isolated;
+        Some(self.policy)
+    }
+}
+
 impl DirectionRules {
+    /// A NetworkPolicy that applies in this direction (isolating it, even
+    /// without rules) and its rules.
     pub(super) fn add(&mut self, staged: bool, rules: impl Iterator<Item = Rule>) {
         let rules: Vec<Rule> = rules.collect();
         if staged {
             self.staged = true;
         } else {
-            self.enforced
-                .get_or_insert_with(DirectionPolicy::default)
-                .rules
-                .extend(rules.iter().cloned());
+            self.enforced.add_rules(&rules);
         }
-        self.all.rules.extend(rules);
+        self.all.add_rules(&rules);
+    }
+
+    /// A ClusterNetworkPolicy's rules for this direction, in order (called
+    /// in precedence order).
+    pub(super) fn add_tier(&mut self, tier: Tier, staged: bool, rules: &[TierRule]) {
+        if staged {
+            self.staged = true;
+        } else {
+            self.enforced.add_tier(tier, rules);
+        }
+        self.all.add_tier(tier, rules);
     }
 
     /// (enforced, audit): the audit policy exists only where a staged policy
     /// applies; it is what removing every staged annotation would enforce.
     pub(super) fn finish(self) -> (Option<DirectionPolicy>, Option<DirectionPolicy>) {
-        let audit = self.staged.then_some(self.all);
-        (self.enforced, audit)
+        let audit = if self.staged {
+            // A staged policy applies, so the audit direction is always
+            // there (deciding nothing, when that is what it would do).
+            Some(self.all.finish().unwrap_or_else(|| DirectionPolicy {
+                not_isolated: true,
+                ..Default::default()
+            }))
+        } else {
+            None
+        };
+        (self.enforced.finish(), audit)
     }
 }

@@ -1,28 +1,33 @@
 //! One pod's policy: the NetworkPolicies of its namespace that select it,
-//! their rules unioned per direction, staged ones apart.
+//! their rules unioned per direction, and the ClusterNetworkPolicies that
+//! select it, their rules in precedence order in their tiers (`tiers.rs`);
+//! staged ones apart.
 //!
-//! This is where every kind of policy meets: a tier evaluated before or
-//! after NetworkPolicy (cluster-wide admin and baseline policies) belongs
-//! here, around the NetworkPolicy rules collected below.
+//! This is where every kind of policy meets.
 
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
 use palisade_proto::v1::{IpPrefix, PodPolicy, PodRef, Rule};
 
 use super::objects::{namespace_of, PodInfo};
 use super::peers::PeerSelection;
-use super::rules::RuleContext;
+use super::rules::{RuleContext, ServiceCoverage};
 use super::selector_matches;
 use super::selectors::EMPTY_SELECTOR;
 use super::staging::{is_staged, DirectionRules};
+use super::tiers::{placement, TieredPolicy};
 
 /// The policy of one pod, from the policies of its namespace (in any order
 /// that is the same every time: their names are sorted in the output).
 /// Problems found are appended to `errors`. Staged policies resolve exactly
 /// like enforced ones (so removing the annotation enforces the same rules)
 /// but land in `staged_policies` and the audit directions instead.
-pub(crate) fn resolve_pod<'p>(
+///
+/// `tiered` are the ClusterNetworkPolicies that select the pod, in
+/// precedence order ([`palisade_apis::ClusterNetworkPolicy::precedence`]).
+pub(crate) fn resolve_pod<'p, 't>(
     target: &PodInfo,
     policies: impl IntoIterator<Item = &'p NetworkPolicy>,
+    tiered: impl IntoIterator<Item = &'t TieredPolicy>,
     selection: &mut dyn PeerSelection,
     errors: &mut Vec<String>,
 ) -> PodPolicy {
@@ -78,11 +83,13 @@ pub(crate) fn resolve_pod<'p>(
             }
             continue;
         }
+        let label = format!("NetworkPolicy {policy_name}");
         let mut ctx = RuleContext {
             selection: &mut *selection,
             policy_ns: &policy_ns,
-            policy_name: &policy_name,
+            label: &label,
             errors: &mut *errors,
+            services: ServiceCoverage::Every,
         };
         if applies_ingress {
             // A policy without rules still isolates: add() marks it.
@@ -104,6 +111,18 @@ pub(crate) fn resolve_pod<'p>(
     }
     names.sort();
     staged_names.sort();
+    for t in tiered {
+        let place = placement(t, errors);
+        if place.staged {
+            staged_names.push(t.id.clone());
+        } else {
+            names.push(t.id.clone());
+        }
+        let rules = t.tier_rules(true, target, &mut *selection, &mut *errors);
+        ingress.add_tier(place.tier, place.staged, &rules);
+        let rules = t.tier_rules(false, target, &mut *selection, &mut *errors);
+        egress.add_tier(place.tier, place.staged, &rules);
+    }
     let (ingress, audit_ingress) = ingress.finish();
     let (egress, audit_egress) = egress.finish();
     PodPolicy {

@@ -125,7 +125,7 @@ fn default_deny_ingress_isolates_only_selected_pods_on_their_node() {
         "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny, namespace: x}\nspec: {podSelector: {matchLabels: {app: b}}}",
     );
     let b = pod(&r, "n1", "x", "b").expect("b is in n1's plan");
-    assert_eq!(b.ingress, Some(DirectionPolicy { rules: vec![] }));
+    assert_eq!(b.ingress, Some(DirectionPolicy::default()));
     assert_eq!(b.egress, None, "policyTypes defaults to Ingress only");
     assert_eq!(b.policies, vec!["x/deny"]);
     assert_eq!(b.pod_ips, vec![v4("10.0.0.2/32")]);
@@ -303,7 +303,7 @@ spec:
   ingress: [{ports: [{port: metrics}]}]"#,
     );
     let a = pod(&r, "n1", "x", "a").unwrap();
-    assert_eq!(a.ingress, Some(DirectionPolicy { rules: vec![] }));
+    assert_eq!(a.ingress, Some(DirectionPolicy::default()));
 }
 
 #[test]
@@ -323,7 +323,7 @@ spec:
     let a = pod(&r, "n1", "x", "a").unwrap();
     assert_eq!(
         a.ingress,
-        Some(DirectionPolicy { rules: vec![] }),
+        Some(DirectionPolicy::default()),
         "the policy still isolates"
     );
     let all = r.errors.join("\n");
@@ -463,7 +463,7 @@ fn a_staged_deny_on_an_unisolated_pod_isolates_only_its_audit_direction() {
     assert_eq!((&b.ingress, &b.egress), (&None, &None), "nothing enforced");
     assert!(b.policies.is_empty());
     assert_eq!(b.staged_policies, vec!["x/deny"]);
-    assert_eq!(b.audit_ingress, Some(DirectionPolicy { rules: vec![] }));
+    assert_eq!(b.audit_ingress, Some(DirectionPolicy::default()));
     assert_eq!(b.audit_egress, None, "no staged policy applies to egress");
     let a = pod(&r, "n1", "x", "a").unwrap();
     assert!(a.staged_policies.is_empty() && a.audit_ingress.is_none());
@@ -516,7 +516,7 @@ fn an_audit_value_other_than_true_or_false_is_an_error_and_enforced() {
         let b = pod(&r, "n1", "x", "b").unwrap();
         assert_eq!(
             b.ingress,
-            Some(DirectionPolicy { rules: vec![] }),
+            Some(DirectionPolicy::default()),
             "{value} enforces"
         );
         assert!(b.staged_policies.is_empty() && b.audit_ingress.is_none());

@@ -226,6 +226,8 @@ mod tests {
                     s.metadata.namespace.as_deref().unwrap(),
                     s.metadata.name.as_deref().unwrap()
                 ),
+                Object::ClusterNetworkPolicy(p) => p.id(),
+                Object::Node(n) => format!("node {}", n.metadata.name.as_deref().unwrap()),
             })
             .collect()
     }

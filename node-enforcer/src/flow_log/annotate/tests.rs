@@ -47,9 +47,11 @@ fn knowledge() -> Knowledge {
                 &[],
                 &[(TCP, 80, 0)],
             )],
+            ..Default::default()
         }),
         egress: Some(DirectionPolicy {
             rules: vec![rule("ns/dns", 0, "0.0.0.0/0", &[], &[(UDP, 53, 0)])],
+            ..Default::default()
         }),
         policies: vec![
             "ns/allow-web".into(),
@@ -59,6 +61,7 @@ fn knowledge() -> Knowledge {
         staged_policies: vec!["ns/lockdown".into()],
         audit_ingress: Some(DirectionPolicy {
             rules: vec![rule("ns/lockdown", 4, "10.9.0.0/16", &[], &[])],
+            ..Default::default()
         }),
         ..Default::default()
     };

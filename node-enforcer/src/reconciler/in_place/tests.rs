@@ -41,7 +41,10 @@ fn rule(peers: &[Prefix], port: u32) -> Rule {
 }
 
 fn direction(rules: Vec<Rule>) -> Option<DirectionPolicy> {
-    Some(DirectionPolicy { rules })
+    Some(DirectionPolicy {
+        rules,
+        ..Default::default()
+    })
 }
 
 fn pod(name: &str, ingress: Option<DirectionPolicy>, egress: Option<DirectionPolicy>) -> PodPolicy {
@@ -620,7 +623,10 @@ fn random_direction(rng: &mut Rng) -> Option<DirectionPolicy> {
             }
         })
         .collect();
-    Some(DirectionPolicy { rules })
+    Some(DirectionPolicy {
+        rules,
+        ..Default::default()
+    })
 }
 
 /// Every pod that is up points at tables equal to its policy compiled from
