@@ -13,10 +13,26 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::{RealizedPolicy, Reconciler};
+use super::realized::RealizedPolicy;
+use super::Reconciler;
 use crate::compile::PolicySet;
 use crate::datapath::{AuditEntry, Datapath, PolicyId};
 use crate::desired::{Compiler, Desired, Knowledge, Owner, PodKey};
+
+/// Staged (audit) policies as this node realizes them, apart from the
+/// realized tables and entries (`Realized::audit`).
+#[derive(Default)]
+pub(super) struct Audit {
+    /// The staged (audit) tables each interface wants, recomputed on every
+    /// convergence (few pods have any).
+    pub want: BTreeMap<String, AuditWant>,
+    /// Why a pod (or an interface) is not audited as its plan says, by
+    /// "namespace/name" (or interface name); never affects enforcement.
+    pub errors: BTreeMap<String, String>,
+    /// A staged (audit) entry could not be written or removed: retried on
+    /// ticks like failed enforcement writes (compile errors are not).
+    pub retry: bool,
+}
 
 /// The audit tables an interface wants, per direction; None: no staged
 /// policy applies there.
@@ -99,8 +115,8 @@ impl<D: Datapath> Reconciler<D> {
     /// every attached interface's staged word name the tables it
     /// wants (tables first), and removes the entries nothing wants.
     pub(super) fn apply_audit(&mut self) {
-        let wants = std::mem::take(&mut self.want_audit);
-        self.audit_retry = false;
+        let wants = std::mem::take(&mut self.audit.want);
+        self.audit.retry = false;
         // Stale entries go first: an interface gone may have left its index
         // to a new one, whose entry is written below.
         let stale: Vec<String> = self
@@ -127,15 +143,15 @@ impl<D: Datapath> Reconciler<D> {
             };
             let (ifindex, pod) = (re.ifindex, re.owner.pod().cloned());
             if let Err(e) = self.realize_audit(ifname, ifindex, aw) {
-                self.audit_retry = true;
+                self.audit.retry = true;
                 let who = pod.map_or_else(|| ifname.clone(), |p| format!("{}/{}", p.0, p.1));
-                self.audit_errors.insert(
+                self.audit.errors.insert(
                     who.clone(),
                     format!("{who}: staged (audit) policies not audited on {ifname} (enforcement is unaffected): {e}"),
                 );
             }
         }
-        self.want_audit = wants;
+        self.audit.want = wants;
     }
 
     fn realize_audit(&mut self, ifname: &str, ifindex: u32, aw: &AuditWant) -> Result<(), String> {
@@ -190,8 +206,8 @@ impl<D: Datapath> Reconciler<D> {
                 true
             }
             Err(e) => {
-                self.audit_retry = true;
-                self.audit_errors.insert(
+                self.audit.retry = true;
+                self.audit.errors.insert(
                     ifname.to_string(),
                     format!("{ifname}: removing its staged (audit) entry: {e}; retrying"),
                 );
@@ -207,7 +223,7 @@ impl<D: Datapath> Reconciler<D> {
         let entries = match self.datapath.audit_entries() {
             Ok(e) => e,
             Err(e) => {
-                self.warn(format!(
+                self.health.warn(format!(
                     "reading the staged (audit) entries left behind: {e}"
                 ));
                 return;
@@ -215,7 +231,7 @@ impl<D: Datapath> Reconciler<D> {
         };
         for ifindex in entries.keys() {
             if let Err(e) = self.datapath.remove_audit(*ifindex) {
-                self.warn(format!(
+                self.health.warn(format!(
                     "removing the staged (audit) entry of ifindex {ifindex} left behind: {e}"
                 ));
             }
@@ -224,6 +240,6 @@ impl<D: Datapath> Reconciler<D> {
 
     /// Errors of staged policies, one per pod (or interface), for the state.
     pub(super) fn audit_error_lines(&self) -> impl Iterator<Item = &String> {
-        self.audit_errors.values()
+        self.audit.errors.values()
     }
 }

@@ -5,7 +5,10 @@ use super::*;
 use crate::checkpoint::Checkpoint;
 use crate::datapath::fake::FakeDatapath;
 use crate::datapath::AuditEntry;
+use crate::desired::PodRuntime;
 use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PortRange, Protocol, Rule};
+use palisade_proto::v1::{PlanSnapshot, PodRef};
+use std::collections::BTreeMap;
 
 fn allow_from(peer: [u8; 4], port: u32) -> DirectionPolicy {
     DirectionPolicy {

@@ -17,7 +17,8 @@ use std::sync::Arc;
 use palisade_proto::v1::DirectionPolicy;
 use tokio::sync::mpsc;
 
-use super::{Event, RealizedPolicy, Reconciler};
+use super::realized::RealizedPolicy;
+use super::{Event, Reconciler};
 use crate::compile::{compile_limited, PolicySet, Prefix};
 use crate::datapath::{Datapath, PolicyId, PortSetId};
 use crate::desired::NoTable;
@@ -236,7 +237,7 @@ impl<D: Datapath> Reconciler<D> {
         let set = match result {
             Ok(set) => set,
             Err(e) => {
-                self.compiled.insert(key, Err(e));
+                self.target.compiled.insert(key, Err(e));
                 self.converge_pending();
                 return;
             }
@@ -244,7 +245,7 @@ impl<D: Datapath> Reconciler<D> {
         // Another policy may have compiled to the same content already.
         if let Some((existing, _)) = self.realized.policies.get_key_value(&set) {
             let existing = existing.clone();
-            self.compiled.insert(key, Ok(existing));
+            self.target.compiled.insert(key, Ok(existing));
             self.converge_pending();
             return;
         }
@@ -253,8 +254,8 @@ impl<D: Datapath> Reconciler<D> {
             Err(e) => {
                 // Counted like any failed table write: the pods are denied
                 // with the error, and ticks retry.
-                self.warn(format!("policy set {}: {e}", set.id()));
-                self.compiled.insert(key, Ok(set));
+                self.health.warn(format!("policy set {}: {e}", set.id()));
+                self.target.compiled.insert(key, Ok(set));
                 self.converge_pending();
             }
         }
@@ -315,11 +316,11 @@ impl<D: Datapath> Reconciler<D> {
                 let w = self.background.writes.pop_front().expect("front");
                 // Leave no half-written table behind.
                 let _ = self.datapath.remove_policy(w.id, &w.entries[..range.end]);
-                self.warn(format!("policy set {}: {e}", w.set.id()));
+                self.health.warn(format!("policy set {}: {e}", w.set.id()));
                 // The pods' next convergence writes it in place, or denies
                 // them with the error (retried on ticks).
                 if w.generation == self.background.generation {
-                    self.compiled.insert(w.key, Ok(w.set));
+                    self.target.compiled.insert(w.key, Ok(w.set));
                 }
                 self.converge_pending();
             }
@@ -329,7 +330,7 @@ impl<D: Datapath> Reconciler<D> {
     fn finish_write(&mut self) {
         let w = self.background.writes.pop_front().expect("front");
         if w.generation == self.background.generation {
-            self.compiled.insert(w.key, Ok(w.set.clone()));
+            self.target.compiled.insert(w.key, Ok(w.set.clone()));
         }
         // Realized either way: a table nothing points at is collected by
         // the next convergence, like any other.
@@ -346,11 +347,12 @@ impl<D: Datapath> Reconciler<D> {
     /// The pods waiting for a table converge again, and those now complete
     /// get their pod-up answered.
     fn converge_pending(&mut self) {
-        let pods: Vec<_> = self.want.pending.iter().cloned().collect();
+        let pods: Vec<_> = self.target.desired.pending.iter().cloned().collect();
         self.converge_pods(&pods);
         self.settle_pending();
-        if self.want.pending.is_empty() && self.realized_version != self.plan_version {
-            self.realized_version = self.plan_version;
+        if self.target.desired.pending.is_empty() && self.plan.realized_version != self.plan.version
+        {
+            self.plan.realized_version = self.plan.version;
         }
     }
 }

@@ -5,7 +5,9 @@
 
 use super::*;
 use crate::datapath::fake::FakeDatapath;
+use crate::desired::PodRuntime;
 use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PortRange, Protocol, Rule};
+use palisade_proto::v1::{PlanSnapshot, PodRef};
 
 /// `n` rules, each one /32 peer in 172.16.0.0/16 on TCP 80, from x/big.
 fn big(n: usize) -> DirectionPolicy {
@@ -154,7 +156,7 @@ fn other_pods_start_while_a_big_policy_compiles_and_its_pod_waits_denied() {
     let (id, _) = r.datapath.endpoint_of("veth-a").unwrap();
     assert_ne!(id, DENY_ALL);
     assert!(r.datapath.policies[&id].len() >= 5000);
-    assert_eq!(r.realized_version, 1);
+    assert_eq!(r.plan.realized_version, 1);
     assert!(
         r.node_state().errors.is_empty(),
         "{:?}",
@@ -176,7 +178,7 @@ fn a_pod_keeps_its_old_table_until_the_big_one_is_complete() {
     r.apply_plan(snapshot(2, vec![pod("a", Some(big(3000)))]))
         .unwrap();
     assert_eq!(
-        r.realized_version, 1,
+        r.plan.realized_version, 1,
         "not realized while a table is missing"
     );
     finish(&mut r, &mut rx, |r| {
@@ -189,7 +191,7 @@ fn a_pod_keeps_its_old_table_until_the_big_one_is_complete() {
         !r.datapath.policies.contains_key(&old),
         "old table goes last"
     );
-    assert_eq!(r.realized_version, 2);
+    assert_eq!(r.plan.realized_version, 2);
     r.datapath.assert_no_violations();
 }
 

@@ -5,8 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use super::{RealizedEndpoint, RealizedPolicy, Reconciler, DENY_ALL};
-use crate::compile::{compile_limited, PolicySet, PortSet};
+use super::realized::{RealizedEndpoint, RealizedPolicy};
+use super::{Reconciler, DENY_ALL};
+use crate::compile::{compile_limited, PolicySet, PortSet, Prefix};
 use crate::datapath::{Datapath, EndpointEntry, PolicyId, PortSetId};
 use crate::desired::{
     desired_pod, desired_unexplained, desired_with, Desired, Held, Inputs, Knowledge, NoTable,
@@ -15,19 +16,61 @@ use crate::desired::{
 use palisade_proto::v1::DirectionPolicy;
 use prost::Message;
 
+/// What `converge` aims at: the desired datapath as last computed, and the
+/// inputs it is computed from besides the plan and the pods.
+#[derive(Default)]
+pub(super) struct Target {
+    /// The desired datapath as last computed; pods are recomputed when
+    /// their inputs change, everything when shared inputs do.
+    pub desired: Desired,
+    /// Compiled policies by the encoded direction policy; cleared when the
+    /// node's addresses change (they are part of every compiled table).
+    pub compiled: std::collections::HashMap<Vec<u8>, Result<Arc<PolicySet>, String>>,
+    pub node_addresses: Vec<Prefix>,
+}
+
 impl<D: Datapath> Reconciler<D> {
+    /// Reads the node's addresses; true when they changed.
+    pub(super) fn refresh_node_addresses(&mut self) -> bool {
+        match self.datapath.node_addresses() {
+            Ok(addrs) => {
+                let mut prefixes: Vec<Prefix> = addrs
+                    .into_iter()
+                    .map(|ip| Prefix::from_ip(ip, if ip.is_ipv4() { 32 } else { 128 }))
+                    .collect();
+                prefixes.sort();
+                prefixes.dedup();
+                let changed = prefixes != self.target.node_addresses;
+                self.target.node_addresses = prefixes;
+                changed
+            }
+            Err(e) => {
+                // Keep the last known addresses: forgetting them would cut
+                // the node off from its pods.
+                tracing::warn!("{e}");
+                false
+            }
+        }
+    }
+
+    /// Forgets every compiled table (the node's addresses are in each).
+    pub(super) fn forget_compiled(&mut self) {
+        self.target.compiled.clear();
+        self.background.forget();
+    }
+
     /// What the enforcer knows about a pod's policy (see [`Knowledge`]).
     pub(super) fn knowledge(&self, key: &PodKey) -> Knowledge<'_> {
-        if let Some(p) = self.plan.get(key).filter(|_| self.has_plan) {
+        if let Some(p) = self.plan.entries.get(key).filter(|_| self.plan.received) {
             return Knowledge::Known(p);
         }
-        if let Some(p) = self.fetched.get(key) {
+        if let Some(p) = self.plan.fetched.get(key) {
             return Knowledge::Known(p);
         }
-        if self.pending.contains_key(key) {
+        if self.pods.waiting.contains_key(key) {
             return Knowledge::Pending;
         }
-        if self.unprotected.contains(key) {
+        if self.pods.unprotected.contains(key) {
             return Knowledge::Unprotected;
         }
         Knowledge::Hold
@@ -38,6 +81,7 @@ impl<D: Datapath> Reconciler<D> {
     pub(super) fn refresh_links(&mut self) {
         let names: BTreeSet<&str> = self
             .pods
+            .runtime
             .values()
             .flat_map(|p| p.host_interfaces.iter())
             .chain(self.realized.endpoints.keys())
@@ -45,7 +89,7 @@ impl<D: Datapath> Reconciler<D> {
             .collect();
         let names: Vec<&str> = names.into_iter().collect();
         match self.datapath.interfaces_named(&names) {
-            Ok(live) => self.ifindexes = live,
+            Ok(live) => self.pods.live = live,
             // Keep what was known: forgetting interfaces would detach pods.
             Err(e) => tracing::warn!("{e}"),
         }
@@ -53,7 +97,7 @@ impl<D: Datapath> Reconciler<D> {
 
     /// The interfaces that exist, as last read.
     pub(super) fn live_interfaces(&self) -> &BTreeMap<String, u32> {
-        &self.ifindexes
+        &self.pods.live
     }
 
     /// What each interface no pod explains enforces now.
@@ -85,14 +129,14 @@ impl<D: Datapath> Reconciler<D> {
 
     fn converge_scope(&mut self, scope: Option<BTreeSet<PodKey>>) {
         let unexplained = self.unexplained();
-        let mut compiled = std::mem::take(&mut self.compiled);
+        let mut compiled = std::mem::take(&mut self.target.compiled);
         let mut background = std::mem::take(&mut self.background);
-        let mut want = std::mem::take(&mut self.want);
+        let mut want = std::mem::take(&mut self.target.desired);
         // The interfaces a scoped change can touch; None: all of them.
         let mut affected: Option<BTreeSet<String>> = None;
         let audit;
         {
-            let node_addresses = &self.node_addresses;
+            let node_addresses = &self.target.node_addresses;
             let mut compile_set = |d: &DirectionPolicy| -> Result<Arc<PolicySet>, NoTable> {
                 let key = d.encode_to_vec();
                 if let Some(r) = compiled.get(&key) {
@@ -112,10 +156,10 @@ impl<D: Datapath> Reconciler<D> {
             let held = |n: &str| realized.get(n).map(RealizedEndpoint::enforced);
             let knowledge = |k: &PodKey| self.knowledge(k);
             let inputs = Inputs {
-                mode: self.mode,
-                pods: &self.pods,
+                mode: self.ctx.mode,
+                pods: &self.pods.runtime,
                 knowledge: &knowledge,
-                live: &self.ifindexes,
+                live: &self.pods.live,
                 unexplained: &unexplained,
                 held: &held,
                 node_addresses,
@@ -140,7 +184,7 @@ impl<D: Datapath> Reconciler<D> {
                         }
                     }
                     for k in pods {
-                        if let Some(rt) = self.pods.get(k) {
+                        if let Some(rt) = self.pods.runtime.get(k) {
                             names.extend(rt.host_interfaces.iter().cloned());
                         }
                     }
@@ -148,7 +192,9 @@ impl<D: Datapath> Reconciler<D> {
                     for k in pods {
                         want.errors.remove(k);
                         want.pending.remove(k);
-                        let Some(rt) = self.pods.get(k) else { continue };
+                        let Some(rt) = self.pods.runtime.get(k) else {
+                            continue;
+                        };
                         let d = desired_pod(&inputs, k, rt, &mut compile_set);
                         want.endpoints.extend(d.endpoints);
                         if let Some(e) = d.error {
@@ -173,31 +219,31 @@ impl<D: Datapath> Reconciler<D> {
             audit = super::audit::desired_audit(&want, &knowledge, &mut compile_set);
         }
         self.background = background;
-        (self.want_audit, self.audit_errors) = audit;
+        (self.audit.want, self.audit.errors) = audit;
         self.apply(&want, affected.as_ref());
-        self.want = want;
+        self.target.desired = want;
         // Forget compiled tables nothing wants or holds any more: under peer
         // churn every change compiles new ones, which would pile up.
         compiled.retain(|_, r| r.as_ref().map_or(true, |s| Arc::strong_count(s) > 1));
-        self.compiled = compiled;
+        self.target.compiled = compiled;
     }
 
     /// Where the incrementally kept desired state differs from a full
     /// recomputation (None: nowhere). Tests call it after every step.
     pub fn desired_drift(&self) -> Option<String> {
-        let kept = self.want.clone();
+        let kept = self.target.desired.clone();
         let unexplained = self.unexplained();
         let realized = &self.realized.endpoints;
         let held = |n: &str| realized.get(n).map(RealizedEndpoint::enforced);
         let knowledge = |k: &PodKey| self.knowledge(k);
         let full = crate::desired::desired(&Inputs {
-            mode: self.mode,
-            pods: &self.pods,
+            mode: self.ctx.mode,
+            pods: &self.pods.runtime,
             knowledge: &knowledge,
-            live: &self.ifindexes,
+            live: &self.pods.live,
             unexplained: &unexplained,
             held: &held,
-            node_addresses: &self.node_addresses,
+            node_addresses: &self.target.node_addresses,
         });
         (full != kept).then(|| format!("incremental {kept:?}\nfull {full:?}"))
     }
@@ -210,8 +256,8 @@ impl<D: Datapath> Reconciler<D> {
         let in_scope = |n: &str| affected.is_none_or(|a| a.contains(n));
         match affected {
             None => {
-                self.failures.clear();
-                self.errors.clear();
+                self.health.failures.clear();
+                self.health.errors.clear();
             }
             Some(_) => {
                 let owners = |e: &Owner| e.pod().cloned();
@@ -228,7 +274,7 @@ impl<D: Datapath> Reconciler<D> {
                             .filter_map(|(_, e)| owners(&e.owner)),
                     )
                     .collect();
-                self.failures.retain(|k, _| !pods.contains(k));
+                self.health.failures.retain(|k, _| !pods.contains(k));
             }
         }
         let endpoints: Vec<(&String, &crate::desired::DesiredEndpoint)> = match affected {
@@ -371,9 +417,9 @@ impl<D: Datapath> Reconciler<D> {
     pub(super) fn fail(&mut self, pod: Option<&PodKey>, e: String) {
         match pod {
             Some(p) => {
-                self.failures.insert(p.clone(), e);
+                self.health.failures.insert(p.clone(), e);
             }
-            None => self.errors.push(e),
+            None => self.health.errors.push(e),
         }
     }
 
@@ -410,6 +456,7 @@ impl<D: Datapath> Reconciler<D> {
                     self.realized.policies.remove(&set);
                 }
                 Err(e) => self
+                    .health
                     .errors
                     .push(format!("removing policy set {}: {e}", set.id())),
             }
@@ -433,7 +480,8 @@ impl<D: Datapath> Reconciler<D> {
                 continue;
             }
             if let Err(e) = self.datapath.remove_policy(id, &entries) {
-                self.errors
+                self.health
+                    .errors
                     .push(format!("removing duplicate policy table {id}: {e}"));
                 self.realized.garbage_policies.push((id, entries));
             }
@@ -457,7 +505,8 @@ impl<D: Datapath> Reconciler<D> {
                 continue;
             }
             if let Err(e) = self.datapath.remove_portset(id, &set) {
-                self.errors
+                self.health
+                    .errors
                     .push(format!("removing duplicate port set {id}: {e}"));
                 self.realized.garbage_portsets.push((id, set));
             }
@@ -474,7 +523,10 @@ impl<D: Datapath> Reconciler<D> {
                 Ok(()) => {
                     self.realized.portsets.remove(&set);
                 }
-                Err(e) => self.errors.push(format!("removing port set {id}: {e}")),
+                Err(e) => self
+                    .health
+                    .errors
+                    .push(format!("removing port set {id}: {e}")),
             }
         }
     }
@@ -535,14 +587,16 @@ impl<D: Datapath> Reconciler<D> {
             return true;
         };
         if let Err(e) = self.datapath.detach(ifname, re.ifindex) {
-            self.errors.push(format!(
+            self.health.errors.push(format!(
                 "detaching {ifname}: {e}; its policy stays in force"
             ));
             return false;
         }
         self.realized.endpoints.remove(ifname);
         if let Err(e) = self.datapath.remove_endpoint(re.ifindex) {
-            self.errors.push(format!("removing endpoint {ifname}: {e}"));
+            self.health
+                .errors
+                .push(format!("removing endpoint {ifname}: {e}"));
         }
         true
     }

@@ -3,7 +3,7 @@
 //! a pod's `error` is set whenever it is denied for lack of knowledge, held,
 //! unprotected, or its policy could not be written.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use palisade_proto::v1::{NodeState, PodRef, PodState};
 
@@ -11,6 +11,38 @@ use super::Reconciler;
 use crate::compile::Prefix;
 use crate::datapath::{Datapath, PolicyId};
 use crate::desired::{Mode, Owner, PodKey, PodRuntime, Verdict};
+
+/// How many warnings the dump keeps (oldest dropped first).
+const MAX_WARNINGS: usize = 32;
+
+/// What went wrong, as operators see it in the node state and the dump.
+#[derive(Default)]
+pub(super) struct Health {
+    /// Operations that failed in the last convergence.
+    pub errors: Vec<String>,
+    /// Pods whose datapath writes failed in the last convergence (a refused
+    /// pod-up), as opposed to pods merely denied or held.
+    pub failures: BTreeMap<PodKey, String>,
+    /// Things an operator must see that outlive one convergence.
+    pub warnings: VecDeque<String>,
+    pub conntrack: ConntrackDump,
+}
+
+impl Health {
+    pub fn warn(&mut self, w: String) {
+        tracing::warn!("{w}");
+        if self.warnings.len() == MAX_WARNINGS {
+            self.warnings.pop_front();
+        }
+        self.warnings.push_back(w);
+    }
+
+    /// Whether the last convergence left failed operations (retried on
+    /// ticks until they succeed).
+    pub fn has_failures(&self) -> bool {
+        !self.errors.is_empty() || !self.failures.is_empty()
+    }
+}
 
 /// Everything the debug service shows.
 #[derive(Clone, Debug, Default)]
@@ -121,7 +153,7 @@ impl<D: Datapath> Reconciler<D> {
     }
 
     fn pod_state_named(&self, key: &PodKey, rt: &PodRuntime, names: &mut Names) -> PodState {
-        let policy = self.plan.get(key).or_else(|| self.fetched.get(key));
+        let policy = self.plan.listed_or_fetched(key);
         let ep = rt.host_interfaces.iter().find_map(|i| {
             self.realized
                 .endpoints
@@ -129,9 +161,10 @@ impl<D: Datapath> Reconciler<D> {
                 .filter(|e| e.owner.pod() == Some(key))
         });
         let mut error = self
+            .health
             .failures
             .get(key)
-            .or_else(|| self.want.errors.get(key))
+            .or_else(|| self.target.desired.errors.get(key))
             .cloned()
             .unwrap_or_default();
         if error.is_empty() {
@@ -144,7 +177,7 @@ impl<D: Datapath> Reconciler<D> {
                 error = format!("{missing} is not attached");
             }
         }
-        if error.is_empty() && self.deleting.contains(key) {
+        if error.is_empty() && self.pods.deleting.contains(key) {
             error = "deleted; enforced until its interface goes away".into();
         }
         PodState {
@@ -165,13 +198,13 @@ impl<D: Datapath> Reconciler<D> {
     }
 
     pub fn node_state(&self) -> NodeState {
-        let mut errors = self.errors.clone();
-        for (k, e) in &self.want.errors {
-            if !self.failures.contains_key(k) {
+        let mut errors = self.health.errors.clone();
+        for (k, e) in &self.target.desired.errors {
+            if !self.health.failures.contains_key(k) {
                 errors.push(e.clone());
             }
         }
-        errors.extend(self.failures.values().cloned());
+        errors.extend(self.health.failures.values().cloned());
         errors.extend(self.audit_error_lines().cloned());
         for (name, e) in &self.realized.endpoints {
             if e.owner == Owner::Unexplained {
@@ -183,11 +216,12 @@ impl<D: Datapath> Reconciler<D> {
         }
         let mut names = Names::default();
         NodeState {
-            node_name: self.node.clone(),
-            enforcer_id: self.enforcer_id.clone(),
-            realized_version: self.realized_version,
+            node_name: self.ctx.node.clone(),
+            enforcer_id: self.ctx.enforcer_id.clone(),
+            realized_version: self.plan.realized_version,
             pods: self
                 .pods
+                .runtime
                 .iter()
                 .map(|(k, rt)| self.pod_state_named(k, rt, &mut names))
                 .collect(),
@@ -216,15 +250,16 @@ impl<D: Datapath> Reconciler<D> {
         }
         Dump {
             state: self.node_state(),
-            node_addresses: self.node_addresses.clone(),
-            plan_version: self.plan_version,
-            plan_connected: self.plan_connected,
-            plan_stream_error: self.plan_stream_error.clone(),
+            node_addresses: self.target.node_addresses.clone(),
+            plan_version: self.plan.version,
+            plan_connected: self.plan.connected,
+            plan_stream_error: self.plan.stream_error.clone(),
             datapath: self.datapath.describe(),
-            mode: self.mode,
+            mode: self.ctx.mode,
             // Big tables in flight are shown beside the warnings: the pods
             // waiting for them name them in their errors.
             warnings: self
+                .health
                 .warnings
                 .iter()
                 .cloned()
@@ -268,7 +303,7 @@ impl<D: Datapath> Reconciler<D> {
                     }
                 })
                 .collect(),
-            conntrack: self.conntrack.clone(),
+            conntrack: self.health.conntrack.clone(),
         }
     }
 }

@@ -2,9 +2,12 @@
 //! reconciler the way the bug was reproduced and checks the verdict the
 //! datapath would give (the endpoint entry), not just an error string.
 
+use super::realized::Realized;
 use super::*;
 use crate::datapath::fake::FakeDatapath;
+use crate::desired::PodRuntime;
 use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, Rule};
+use palisade_proto::v1::{PlanSnapshot, PodRef};
 use tokio::sync::oneshot;
 
 fn pod_policy(name: &str, ingress: Option<DirectionPolicy>) -> PodPolicy {
@@ -201,7 +204,7 @@ fn a_fetched_pod_plan_answers_the_wait() {
     // The stream catching up replaces it, without a window.
     r.apply_plan(snapshot(2, true, vec![pod_policy("a", deny_all())]))
         .unwrap();
-    assert!(r.fetched.is_empty());
+    assert!(r.plan.fetched.is_empty());
     r.datapath.assert_no_violations();
 }
 

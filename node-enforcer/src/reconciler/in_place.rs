@@ -32,7 +32,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::{RealizedPolicy, Reconciler};
+use super::realized::RealizedPolicy;
+use super::Reconciler;
 use crate::compile::{PolicySet, PortSet, Prefix};
 use crate::datapath::{Datapath, PolicyId, PortSetId};
 use crate::desired::{Desired, Verdict};
@@ -160,7 +161,7 @@ impl<D: Datapath> Reconciler<D> {
     /// (unsafe diff, failed write) is left to the new-id path that follows.
     pub(super) fn edit_tables_in_place(&mut self, want: &Desired, in_scope: &dyn Fn(&str) -> bool) {
         self.retry_owed_renewals();
-        if !self.in_place_edits {
+        if !self.ctx.in_place_edits {
             return;
         }
         for c in self.in_place_candidates(want, in_scope) {
@@ -218,7 +219,8 @@ impl<D: Datapath> Reconciler<D> {
         // table is edited only when they move to the same content too.
         for (name, ra) in &self.realized.audit {
             let wanted = self
-                .want_audit
+                .audit
+                .want
                 .get(name)
                 .filter(|_| want.endpoints.get(name).map(|de| de.ifindex) == Some(ra.ifindex));
             for (id, now, next_want) in [
@@ -268,7 +270,7 @@ impl<D: Datapath> Reconciler<D> {
                 out.retain(|c| Arc::ptr_eq(s, &c.new) || !(Arc::ptr_eq(s, &c.old) || *s == c.old));
             }
         }
-        for aw in self.want_audit.values() {
+        for aw in self.audit.want.values() {
             for s in [&aw.ingress, &aw.egress].into_iter().flatten() {
                 out.retain(|c| Arc::ptr_eq(s, &c.new) || !(Arc::ptr_eq(s, &c.old) || *s == c.old));
             }
@@ -290,7 +292,8 @@ impl<D: Datapath> Reconciler<D> {
             match self.portset_for(ports) {
                 Ok(ps) => upserts.push((*prefix, ps)),
                 Err(e) => {
-                    self.errors
+                    self.health
+                        .errors
                         .push(format!("editing policy table {} in place: {e}", c.id));
                     return false;
                 }
@@ -308,7 +311,7 @@ impl<D: Datapath> Reconciler<D> {
             let mut keys = realized.entries;
             keys.extend(upserts.iter().copied());
             self.realized.garbage_policies.push((c.id, keys));
-            self.errors.push(format!(
+            self.health.errors.push(format!(
                 "editing policy table {} in place failed, writing it anew: {e}",
                 c.id
             ));

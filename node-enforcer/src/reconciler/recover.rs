@@ -11,7 +11,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use super::{key, RealizedEndpoint, RealizedPolicy, Reconciler, DENY_ALL};
+use super::plan::key;
+use super::realized::{RealizedEndpoint, RealizedPolicy};
+use super::{Reconciler, DENY_ALL};
 use crate::checkpoint::Saved;
 use crate::compile::PolicySet;
 use crate::datapath::{Datapath, EndpointEntry, PolicyId};
@@ -24,21 +26,21 @@ impl<D: Datapath> Reconciler<D> {
             .adopt()
             .map_err(|e| format!("reading the datapath left by the previous enforcer: {e}"))?;
         for w in saved.damage {
-            self.warn(w);
+            self.health.warn(w);
         }
         self.forget_adopted_audit();
         if let Some(plan) = saved.plan {
-            self.plan = plan
+            self.plan.entries = plan
                 .pods
                 .into_iter()
                 .filter_map(|p| Some((key(p.pod.as_ref())?, p)))
                 .collect();
-            self.plan_version = plan.version;
-            self.term = plan.term;
-            self.realized_version = plan.version;
-            self.has_plan = true;
+            self.plan.version = plan.version;
+            self.plan.term = plan.term;
+            self.plan.realized_version = plan.version;
+            self.plan.received = true;
         }
-        self.pods = saved.pods;
+        self.pods.runtime = saved.pods;
 
         let r = &mut self.realized;
         for (id, set) in &adopted.portsets {
@@ -104,7 +106,8 @@ impl<D: Datapath> Reconciler<D> {
             let Ok(ifindex) = self.datapath.ifindex(ifname) else {
                 // The interface is gone, and its link with it: unpin.
                 if let Err(e) = self.datapath.detach(ifname, 0) {
-                    self.warn(format!("unpinning the link of vanished {ifname}: {e}"));
+                    self.health
+                        .warn(format!("unpinning the link of vanished {ifname}: {e}"));
                 }
                 continue;
             };
@@ -120,15 +123,15 @@ impl<D: Datapath> Reconciler<D> {
                         pod_addrs: Vec::new(),
                     };
                     if let Err(e) = self.datapath.set_endpoint(ifindex, &deny) {
-                        self.warn(format!("{ifname}: attached without an endpoint entry, and denying it failed: {e}"));
+                        self.health.warn(format!("{ifname}: attached without an endpoint entry, and denying it failed: {e}"));
                     }
                     deny
                 }
             };
-            let owner = match owner_of(ifname, ifindex, &self.pods) {
+            let owner = match owner_of(ifname, ifindex, &self.pods.runtime) {
                 Some(k) => Owner::Pod(k),
                 None => {
-                    self.warn(format!(
+                    self.health.warn(format!(
                         "{ifname} (index {ifindex}) has our programs but no saved pod explains it; it keeps its policy until the plan explains it or it goes away"
                     ));
                     Owner::Unexplained
@@ -156,17 +159,17 @@ impl<D: Datapath> Reconciler<D> {
         self.refresh_node_addresses();
         self.refresh_links();
         let live = self.live_interfaces().clone();
-        self.pods.retain(|_, rt| {
+        self.pods.runtime.retain(|_, rt| {
             rt.host_interfaces.iter().any(|i| {
                 live.get(i)
                     .is_some_and(|idx| rt.ifindexes.get(i).is_none_or(|w| w == idx))
             })
         });
         tracing::info!(
-            pods = self.pods.len(),
+            pods = self.pods.runtime.len(),
             interfaces = self.realized.endpoints.len(),
             policy_sets = self.realized.policies.len(),
-            plan_version = self.plan_version,
+            plan_version = self.plan.version,
             "recovered the previous enforcer's state"
         );
         self.explain_after_recovery();
@@ -176,7 +179,7 @@ impl<D: Datapath> Reconciler<D> {
     }
 
     fn explain_after_recovery(&mut self) {
-        if self.has_plan {
+        if self.plan.received {
             self.explain();
         }
     }

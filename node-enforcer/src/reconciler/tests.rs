@@ -2,7 +2,9 @@ use super::*;
 use crate::checkpoint::Checkpoint;
 use crate::datapath::fake::FakeDatapath;
 use crate::datapath::EndpointEntry;
+use crate::desired::PodRuntime;
 use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PortRange, Protocol, Rule};
+use palisade_proto::v1::{PlanDelta, PlanSnapshot, PodRef};
 use std::collections::BTreeSet;
 
 fn ip4(a: [u8; 4], len: u32) -> IpPrefix {

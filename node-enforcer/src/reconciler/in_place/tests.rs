@@ -10,6 +10,7 @@ use super::host_only_diff;
 use crate::compile::{compile, PortEntry, PortSet, Prefix};
 use crate::datapath::fake::FakeDatapath;
 use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PlanDelta, PortRange, Rule};
+use palisade_proto::v1::{PlanSnapshot, PodRef};
 
 // ---- helpers ----
 
@@ -829,15 +830,15 @@ fn a_restart_renews_what_a_dead_predecessor_may_have_owed() {
 fn compiled_tables_do_not_pile_up_under_churn() {
     let mut r = reconciler();
     shared_setup(&mut r, &hosts(1..11));
-    let before = r.compiled.len();
+    let before = r.target.compiled.len();
     for v in 2..40u64 {
         let last = 11 + (v % 2) as u8;
         r.apply_plan(peer_change(v, &hosts(1..last))).unwrap();
     }
     assert!(
-        r.compiled.len() <= before,
+        r.target.compiled.len() <= before,
         "{} > {before}",
-        r.compiled.len()
+        r.target.compiled.len()
     );
     r.datapath.assert_no_violations();
 }
