@@ -34,6 +34,15 @@ pub enum DatapathErrorKind {
 }
 
 impl DatapathErrorKind {
+    /// Every kind, so a counter by kind can show each, zeros included.
+    pub const ALL: [DatapathErrorKind; 5] = [
+        DatapathErrorKind::InterfaceGone,
+        DatapathErrorKind::Full,
+        DatapathErrorKind::Kernel,
+        DatapathErrorKind::Io,
+        DatapathErrorKind::Invariant,
+    ];
+
     /// A short, stable label for metrics and structured logs.
     pub fn metric_label(self) -> &'static str {
         match self {

@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::dump::Counted;
 use super::realized::RealizedPolicy;
 use super::Reconciler;
 use crate::compile::PolicySet;
@@ -181,6 +182,7 @@ impl<D: Datapath> Reconciler<D> {
         }
         self.datapath
             .set_audit(ifindex, &entry)
+            .counted(&mut self.health)
             .map_err(|e| e.to_string())?;
         self.realized.audit.insert(
             ifname.to_string(),
@@ -200,7 +202,11 @@ impl<D: Datapath> Reconciler<D> {
         let Some(ra) = self.realized.audit.get(ifname) else {
             return true;
         };
-        match self.datapath.remove_audit(ra.ifindex) {
+        match self
+            .datapath
+            .remove_audit(ra.ifindex)
+            .counted(&mut self.health)
+        {
             Ok(()) => {
                 self.realized.audit.remove(ifname);
                 true
@@ -220,7 +226,7 @@ impl<D: Datapath> Reconciler<D> {
     /// or renumber: they go before anything else is done, and the first
     /// convergence writes what the plan stages. Only reporting pauses.
     pub(super) fn forget_adopted_audit(&mut self) {
-        let entries = match self.datapath.audit_entries() {
+        let entries = match self.datapath.audit_entries().counted(&mut self.health) {
             Ok(e) => e,
             Err(e) => {
                 self.health.warn(format!(
@@ -230,7 +236,11 @@ impl<D: Datapath> Reconciler<D> {
             }
         };
         for ifindex in entries.keys() {
-            if let Err(e) = self.datapath.remove_audit(*ifindex) {
+            if let Err(e) = self
+                .datapath
+                .remove_audit(*ifindex)
+                .counted(&mut self.health)
+            {
                 self.health.warn(format!(
                     "removing the staged (audit) entry of ifindex {ifindex} left behind: {e}"
                 ));

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use palisade_proto::v1::DirectionPolicy;
 use tokio::sync::mpsc;
 
+use super::dump::Counted;
 use super::realized::RealizedPolicy;
 use super::{Event, Reconciler};
 use crate::compile::{compile_limited, PolicySet, Prefix};
@@ -277,6 +278,7 @@ impl<D: Datapath> Reconciler<D> {
                 let id = self.realized.alloc_portset()?;
                 self.datapath
                     .add_portset(id, ports)
+                    .counted(&mut self.health)
                     .map_err(|e| format!("port set: {e}"))?;
                 self.realized.portsets.insert(ports.clone(), id);
                 id
@@ -305,7 +307,11 @@ impl<D: Datapath> Reconciler<D> {
             return self.finish_write();
         };
         let range = w.written + range.start..w.written + range.end;
-        match self.datapath.add_policy(w.id, &w.entries[range.clone()]) {
+        match self
+            .datapath
+            .add_policy(w.id, &w.entries[range.clone()])
+            .counted(&mut self.health)
+        {
             Ok(()) => {
                 w.written = range.end;
                 if w.written == w.entries.len() {

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use super::dump::Counted;
 use super::realized::{RealizedEndpoint, RealizedPolicy};
 use super::{Reconciler, DENY_ALL};
 use crate::compile::{compile_limited, PolicySet, PortSet, Prefix};
@@ -32,7 +33,7 @@ pub(super) struct Target {
 impl<D: Datapath> Reconciler<D> {
     /// Reads the node's addresses; true when they changed.
     pub(super) fn refresh_node_addresses(&mut self) -> bool {
-        match self.datapath.node_addresses() {
+        match self.datapath.node_addresses().counted(&mut self.health) {
             Ok(addrs) => {
                 let mut prefixes: Vec<Prefix> = addrs
                     .into_iter()
@@ -88,7 +89,11 @@ impl<D: Datapath> Reconciler<D> {
             .map(String::as_str)
             .collect();
         let names: Vec<&str> = names.into_iter().collect();
-        match self.datapath.interfaces_named(&names) {
+        match self
+            .datapath
+            .interfaces_named(&names)
+            .counted(&mut self.health)
+        {
             Ok(live) => self.pods.live = live,
             // Keep what was known: forgetting interfaces would detach pods.
             Err(e) => tracing::warn!("{e}"),
@@ -367,7 +372,11 @@ impl<D: Datapath> Reconciler<D> {
             if let Some(re) = self.realized.endpoints.get(ifname) {
                 if re.ifindex == de.ifindex {
                     if re.entry != entry {
-                        if let Err(e) = self.datapath.set_endpoint(de.ifindex, &entry) {
+                        if let Err(e) = self
+                            .datapath
+                            .set_endpoint(de.ifindex, &entry)
+                            .counted(&mut self.health)
+                        {
                             // The old entry stays: the pod keeps its last
                             // policy, and the error says so.
                             self.fail(
@@ -451,7 +460,11 @@ impl<D: Datapath> Reconciler<D> {
             .collect();
         for set in unused {
             let p = &self.realized.policies[&set];
-            match self.datapath.remove_policy(p.id, &p.entries) {
+            match self
+                .datapath
+                .remove_policy(p.id, &p.entries)
+                .counted(&mut self.health)
+            {
                 Ok(()) => {
                     self.realized.policies.remove(&set);
                 }
@@ -479,7 +492,11 @@ impl<D: Datapath> Reconciler<D> {
                 self.realized.garbage_policies.push((id, entries));
                 continue;
             }
-            if let Err(e) = self.datapath.remove_policy(id, &entries) {
+            if let Err(e) = self
+                .datapath
+                .remove_policy(id, &entries)
+                .counted(&mut self.health)
+            {
                 self.health
                     .errors
                     .push(format!("removing duplicate policy table {id}: {e}"));
@@ -504,7 +521,11 @@ impl<D: Datapath> Reconciler<D> {
                 self.realized.garbage_portsets.push((id, set));
                 continue;
             }
-            if let Err(e) = self.datapath.remove_portset(id, &set) {
+            if let Err(e) = self
+                .datapath
+                .remove_portset(id, &set)
+                .counted(&mut self.health)
+            {
                 self.health
                     .errors
                     .push(format!("removing duplicate port set {id}: {e}"));
@@ -519,7 +540,11 @@ impl<D: Datapath> Reconciler<D> {
             .map(|(s, id)| (s.clone(), *id))
             .collect();
         for (set, id) in unused {
-            match self.datapath.remove_portset(id, &set) {
+            match self
+                .datapath
+                .remove_portset(id, &set)
+                .counted(&mut self.health)
+            {
                 Ok(()) => {
                     self.realized.portsets.remove(&set);
                 }
@@ -542,6 +567,7 @@ impl<D: Datapath> Reconciler<D> {
                 let id = self.realized.alloc_portset()?;
                 self.datapath
                     .add_portset(id, ports)
+                    .counted(&mut self.health)
                     .map_err(|e| format!("port set: {e}"))?;
                 self.realized.portsets.insert(ports.clone(), id);
                 id
@@ -549,7 +575,11 @@ impl<D: Datapath> Reconciler<D> {
             entries.push((*prefix, ps));
         }
         let id = self.alloc_policy()?;
-        if let Err(e) = self.datapath.add_policy(id, &entries) {
+        if let Err(e) = self
+            .datapath
+            .add_policy(id, &entries)
+            .counted(&mut self.health)
+        {
             // Leave no half-written table behind; unused port sets go at the
             // end of this step.
             let _ = self.datapath.remove_policy(id, &entries);
@@ -571,8 +601,13 @@ impl<D: Datapath> Reconciler<D> {
         // entry would let everything through.
         self.datapath
             .set_endpoint(ifindex, entry)
+            .counted(&mut self.health)
             .map_err(|e| format!("{ifname}: {e}"))?;
-        if let Err(e) = self.datapath.attach(ifname, ifindex) {
+        if let Err(e) = self
+            .datapath
+            .attach(ifname, ifindex)
+            .counted(&mut self.health)
+        {
             let _ = self.datapath.remove_endpoint(ifindex);
             return Err(format!("{ifname}: {e}"));
         }
@@ -586,14 +621,22 @@ impl<D: Datapath> Reconciler<D> {
         let Some(re) = self.realized.endpoints.get(ifname).cloned() else {
             return true;
         };
-        if let Err(e) = self.datapath.detach(ifname, re.ifindex) {
+        if let Err(e) = self
+            .datapath
+            .detach(ifname, re.ifindex)
+            .counted(&mut self.health)
+        {
             self.health.errors.push(format!(
                 "detaching {ifname}: {e}; its policy stays in force"
             ));
             return false;
         }
         self.realized.endpoints.remove(ifname);
-        if let Err(e) = self.datapath.remove_endpoint(re.ifindex) {
+        if let Err(e) = self
+            .datapath
+            .remove_endpoint(re.ifindex)
+            .counted(&mut self.health)
+        {
             self.health
                 .errors
                 .push(format!("removing endpoint {ifname}: {e}"));

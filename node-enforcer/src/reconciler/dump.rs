@@ -9,7 +9,7 @@ use palisade_proto::v1::{NodeState, PodRef, PodState};
 
 use super::Reconciler;
 use crate::compile::Prefix;
-use crate::datapath::{Datapath, PolicyId};
+use crate::datapath::{Datapath, DatapathError, DatapathErrorKind, PolicyId};
 use crate::desired::{Mode, Owner, PodKey, PodRuntime, Verdict};
 
 /// How many warnings the dump keeps (oldest dropped first).
@@ -26,6 +26,25 @@ pub(super) struct Health {
     /// Things an operator must see that outlive one convergence.
     pub warnings: VecDeque<String>,
     pub conntrack: ConntrackDump,
+    /// Datapath calls that failed, by [`DatapathError::metric_label`].
+    pub datapath_errors: BTreeMap<&'static str, u64>,
+}
+
+/// A datapath call's result, its failure counted in [`Health`] on the way
+/// through: every failure the reconciler reports (as an error, a failed
+/// pod, a warning, a refused request or a log line) is counted once, where
+/// the call returns. Failures of best-effort cleanups it ignores are not.
+pub(super) trait Counted {
+    fn counted(self, health: &mut Health) -> Self;
+}
+
+impl<T> Counted for crate::datapath::Result<T> {
+    fn counted(self, health: &mut Health) -> Self {
+        if let Err(e) = &self {
+            health.count(e);
+        }
+        self
+    }
 }
 
 impl Health {
@@ -35,6 +54,11 @@ impl Health {
             self.warnings.pop_front();
         }
         self.warnings.push_back(w);
+    }
+
+    /// Counts a failed datapath call by its kind.
+    pub fn count(&mut self, e: &DatapathError) {
+        *self.datapath_errors.entry(e.metric_label()).or_default() += 1;
     }
 
     /// Whether the last convergence left failed operations (retried on
@@ -58,6 +82,9 @@ pub struct Dump {
     pub policy_sets: Vec<PolicySetDump>,
     pub interfaces: Vec<InterfaceDump>,
     pub conntrack: ConntrackDump,
+    /// Failed datapath calls since start, by kind's metric label (every
+    /// kind listed, zeros included).
+    pub datapath_errors: Vec<(&'static str, u64)>,
 }
 
 /// The conntrack cleanups so far. `last.listed` holds the first
@@ -304,6 +331,16 @@ impl<D: Datapath> Reconciler<D> {
                 })
                 .collect(),
             conntrack: self.health.conntrack.clone(),
+            datapath_errors: DatapathErrorKind::ALL
+                .iter()
+                .map(|k| {
+                    let label = k.metric_label();
+                    (
+                        label,
+                        self.health.datapath_errors.get(label).copied().unwrap_or(0),
+                    )
+                })
+                .collect(),
         }
     }
 }
@@ -313,6 +350,57 @@ mod tests {
     use super::*;
     use crate::conntrack::listing::EntryView;
     use crate::conntrack::Tuple;
+
+    #[test]
+    fn failed_datapath_calls_are_counted_by_kind() {
+        use crate::datapath::fake::FakeDatapath;
+        use crate::reconciler::{PlanMessage, PodUp};
+        use palisade_proto::v1::PlanSnapshot;
+
+        let mut r = super::Reconciler::new(
+            "n1".into(),
+            "e1".into(),
+            FakeDatapath::with_interfaces(&["veth-a"]),
+        );
+        r.apply_plan(PlanMessage::Snapshot(PlanSnapshot {
+            version: 1,
+            source_synced: true,
+            ..Default::default()
+        }))
+        .unwrap();
+        let up = |r: &mut super::Reconciler<FakeDatapath>, name: &str, iface: &str| {
+            let (tx, mut rx) = tokio::sync::oneshot::channel();
+            r.pod_up(
+                PodUp {
+                    pod: ("x".into(), name.into()),
+                    runtime: PodRuntime {
+                        container_id: format!("c-{name}"),
+                        netns: String::new(),
+                        host_interfaces: vec![iface.into()],
+                        ips: vec![],
+                        ifindexes: Default::default(),
+                        mode: None,
+                    },
+                },
+                tx,
+            );
+            rx.try_recv().expect("answered at once")
+        };
+        // The kernel refuses the attach; the other pod's interface is gone.
+        r.datapath.fail.insert("attach veth-a".into());
+        assert!(up(&mut r, "a", "veth-a").is_err());
+        assert!(up(&mut r, "b", "veth-gone").is_err());
+        assert_eq!(
+            r.dump().datapath_errors,
+            [
+                ("interface_gone", 1),
+                ("full", 0),
+                ("kernel", 1),
+                ("io", 0),
+                ("invariant", 0)
+            ]
+        );
+    }
 
     #[test]
     fn the_dump_lists_the_last_cleanups_entries_with_the_total() {

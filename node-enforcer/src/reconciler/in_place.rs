@@ -32,6 +32,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::dump::Counted;
 use super::realized::RealizedPolicy;
 use super::Reconciler;
 use crate::compile::{PolicySet, PortSet, Prefix};
@@ -302,7 +303,11 @@ impl<D: Datapath> Reconciler<D> {
         let Some(realized) = self.realized.policies.remove(&c.old) else {
             return false;
         };
-        if let Err(e) = self.datapath.update_policy(c.id, &upserts, &diff.removals) {
+        if let Err(e) = self
+            .datapath
+            .update_policy(c.id, &upserts, &diff.removals)
+            .counted(&mut self.health)
+        {
             // Each address now holds its old or new value, but which is
             // unknown: retire the table (removed once no endpoint points at
             // it, with every key it may hold) and let the new-id path give
@@ -371,6 +376,7 @@ impl<D: Datapath> Reconciler<D> {
         let id = self.realized.alloc_portset()?;
         self.datapath
             .add_portset(id, ports)
+            .counted(&mut self.health)
             .map_err(|e| format!("port set: {e}"))?;
         self.realized.portsets.insert(ports.clone(), id);
         Ok(id)
@@ -382,6 +388,7 @@ impl<D: Datapath> Reconciler<D> {
         match self
             .datapath
             .renew_epochs(owed.ifindex, owed.ingress, owed.egress)
+            .counted(&mut self.health)
         {
             Ok(()) => {
                 self.realized.owed_renewals.remove(&ifname);

@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use palisade_proto::v1::PodState;
 use tokio::sync::oneshot;
 
+use super::dump::Counted;
 use super::Reconciler;
 use crate::datapath::Datapath;
 use crate::desired::{Knowledge, Mode, Owner, PodKey, PodRuntime};
@@ -110,7 +111,7 @@ impl<D: Datapath> Reconciler<D> {
         // be reused by a recreated veth.
         let mut ifindexes = BTreeMap::new();
         for ifname in &up.runtime.host_interfaces {
-            match self.datapath.ifindex(ifname) {
+            match self.datapath.ifindex(ifname).counted(&mut self.health) {
                 Ok(i) => {
                     ifindexes.insert(ifname.clone(), i);
                 }

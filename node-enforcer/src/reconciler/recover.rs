@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use super::dump::Counted;
 use super::plan::key;
 use super::realized::{RealizedEndpoint, RealizedPolicy};
 use super::{Reconciler, DENY_ALL};
@@ -24,6 +25,7 @@ impl<D: Datapath> Reconciler<D> {
         let adopted = self
             .datapath
             .adopt()
+            .counted(&mut self.health)
             .map_err(|e| format!("reading the datapath left by the previous enforcer: {e}"))?;
         for w in saved.damage {
             self.health.warn(w);
@@ -105,7 +107,7 @@ impl<D: Datapath> Reconciler<D> {
         for ifname in &adopted.attached {
             let Ok(ifindex) = self.datapath.ifindex(ifname) else {
                 // The interface is gone, and its link with it: unpin.
-                if let Err(e) = self.datapath.detach(ifname, 0) {
+                if let Err(e) = self.datapath.detach(ifname, 0).counted(&mut self.health) {
                     self.health
                         .warn(format!("unpinning the link of vanished {ifname}: {e}"));
                 }
@@ -122,7 +124,11 @@ impl<D: Datapath> Reconciler<D> {
                         egress: DENY_ALL,
                         pod_addrs: Vec::new(),
                     };
-                    if let Err(e) = self.datapath.set_endpoint(ifindex, &deny) {
+                    if let Err(e) = self
+                        .datapath
+                        .set_endpoint(ifindex, &deny)
+                        .counted(&mut self.health)
+                    {
                         self.health.warn(format!("{ifname}: attached without an endpoint entry, and denying it failed: {e}"));
                     }
                     deny
