@@ -213,9 +213,9 @@ fn datapath_metrics(e: &mut Exposition, r: &DatapathReading) {
         "counter",
         "Packets judged by the datapath, by the pod's direction (egress: packets it sends; ingress: packets to it), verdict and reason, summed over every pod.",
     );
-    for (owner, direction) in DIRECTION_LABELS {
+    for (hook, direction) in DIRECTION_LABELS {
         for (stat, verdict, reason) in STAT_LABELS {
-            let slot = palisade_ebpf::stat_slot(owner, stat);
+            let slot = palisade_ebpf::stat_slot(hook, stat);
             if let Some(n) = r.verdicts.get(slot as usize) {
                 e.sample_u64(
                     "palisade_enforcer_verdicts_total",

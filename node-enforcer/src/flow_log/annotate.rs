@@ -4,7 +4,7 @@
 use std::net::{IpAddr, Ipv6Addr};
 
 use palisade_ebpf::{
-    FlowEvent, FLOW_ALLOWED, FLOW_DENIED, FLOW_WOULD_ALLOW, FLOW_WOULD_DENY, OWNER_FROM_POD,
+    FlowEvent, FLOW_ALLOWED, FLOW_DENIED, FLOW_WOULD_ALLOW, FLOW_WOULD_DENY, HOOK_FROM_POD,
     STAT_ALLOWED_UNISOLATED, STAT_DENIED, STAT_DENIED_CT_SHARE, STAT_DENIED_FRAGMENT,
     STAT_DENIED_MALFORMED, STAT_DENIED_SPOOF,
 };
@@ -64,7 +64,7 @@ impl Decision {
 
 /// `realtime_offset_ns`: CLOCK_REALTIME - CLOCK_MONOTONIC when read.
 pub fn annotate(e: &FlowEvent, k: &Knowledge, realtime_offset_ns: i128) -> FlowRecord {
-    let egress = e.owner == OWNER_FROM_POD;
+    let egress = e.hook == HOOK_FROM_POD;
     let (src, dst) = (address(e.src), address(e.dst));
     let peer = if egress { dst } else { src };
     let (sport, dport) = (u16::from_be(e.sport), u16::from_be(e.dport));

@@ -1,6 +1,6 @@
 use super::*;
 use crate::flow_log::deciding::tests::rule;
-use palisade_ebpf::{mapped_addr, OWNER_TO_POD, STAT_ALLOWED_POLICY};
+use palisade_ebpf::{mapped_addr, HOOK_TO_POD, STAT_ALLOWED_POLICY};
 use palisade_proto::v1::{PodRef, Protocol};
 
 const TCP: i32 = Protocol::Tcp as i32;
@@ -11,7 +11,7 @@ fn bytes(ip: &str) -> [u8; 16] {
 }
 
 /// `flow`: (source, source port, destination, destination port, protocol).
-fn event(kind: u8, stat: u32, owner: u8, flow: (&str, u16, &str, u16, u8)) -> FlowEvent {
+fn event(kind: u8, stat: u32, hook: u8, flow: (&str, u16, &str, u16, u8)) -> FlowEvent {
     let (src, sport, dst, dport, proto) = flow;
     FlowEvent {
         ts_ns: 5_000_000_000,
@@ -22,7 +22,7 @@ fn event(kind: u8, stat: u32, owner: u8, flow: (&str, u16, &str, u16, u8)) -> Fl
         sport: sport.to_be(),
         dport: dport.to_be(),
         proto,
-        owner,
+        hook,
         kind,
         stat: stat as u8,
     }
@@ -80,7 +80,7 @@ fn an_allowed_flow_names_its_deciding_rule_and_peer_pod() {
     let e = event(
         FLOW_ALLOWED,
         STAT_ALLOWED_POLICY,
-        OWNER_TO_POD,
+        HOOK_TO_POD,
         ("10.244.0.6", 41000, "10.244.0.5", 80, 6),
     );
     let r = annotate(&e, &knowledge(), 1_700_000_000_000_000_000);
@@ -122,7 +122,7 @@ fn a_denied_flow_lists_the_pods_policies() {
     let e = event(
         FLOW_DENIED,
         STAT_DENIED,
-        OWNER_FROM_POD,
+        HOOK_FROM_POD,
         ("10.244.0.5", 41000, "192.0.2.9", 443, 6),
     );
     let r = annotate(&e, &knowledge(), 0);
@@ -146,7 +146,7 @@ fn reasons_without_a_policy() {
     let open = event(
         FLOW_ALLOWED,
         STAT_ALLOWED_UNISOLATED,
-        OWNER_FROM_POD,
+        HOOK_FROM_POD,
         ("10.244.0.5", 1, "10.1.1.1", 2, 17),
     );
     let r = annotate(&open, &k, 0);
@@ -157,7 +157,7 @@ fn reasons_without_a_policy() {
     let spoof = event(
         FLOW_DENIED,
         STAT_DENIED_SPOOF,
-        OWNER_FROM_POD,
+        HOOK_FROM_POD,
         ("10.6.6.6", 1, "10.1.1.1", 2, 17),
     );
     let r = annotate(&spoof, &k, 0);
@@ -168,7 +168,7 @@ fn reasons_without_a_policy() {
     let over_share = event(
         FLOW_DENIED,
         STAT_DENIED_CT_SHARE,
-        OWNER_FROM_POD,
+        HOOK_FROM_POD,
         ("10.1.1.1", 1, "10.1.1.2", 2, 17),
     );
     let r = annotate(&over_share, &k, 0);
@@ -179,7 +179,7 @@ fn reasons_without_a_policy() {
     let kubelet = event(
         FLOW_ALLOWED,
         STAT_ALLOWED_POLICY,
-        OWNER_TO_POD,
+        HOOK_TO_POD,
         ("10.244.0.1", 5000, "10.244.0.5", 8080, 6),
     );
     let r = annotate(&kubelet, &k, 0);
@@ -191,7 +191,7 @@ fn reasons_without_a_policy() {
     let mut failed = event(
         FLOW_DENIED,
         STAT_DENIED,
-        OWNER_TO_POD,
+        HOOK_TO_POD,
         ("10.1.1.1", 1, "10.244.0.5", 80, 6),
     );
     failed.policy_id = DENY_ALL;
@@ -202,7 +202,7 @@ fn reasons_without_a_policy() {
     let fragment = event(
         FLOW_DENIED,
         palisade_ebpf::STAT_DENIED_FRAGMENT,
-        OWNER_FROM_POD,
+        HOOK_FROM_POD,
         ("10.244.0.5", 1000, "10.1.1.1", 53, 17),
     );
     let r = annotate(&fragment, &k, 0);
@@ -218,7 +218,7 @@ fn staged_policy_events_name_the_staged_policies() {
     let would_allow = event(
         FLOW_WOULD_ALLOW,
         STAT_DENIED,
-        OWNER_TO_POD,
+        HOOK_TO_POD,
         ("10.9.1.1", 1, "10.244.0.5", 22, 6),
     );
     let r = annotate(&would_allow, &k, 0);
@@ -230,7 +230,7 @@ fn staged_policy_events_name_the_staged_policies() {
     let would_deny = event(
         FLOW_WOULD_DENY,
         STAT_ALLOWED_POLICY,
-        OWNER_TO_POD,
+        HOOK_TO_POD,
         ("10.244.0.6", 1, "10.244.0.5", 80, 6),
     );
     let r = annotate(&would_deny, &k, 0);
@@ -243,7 +243,7 @@ fn unknown_interfaces_ipv6_and_unknown_protocols_still_log() {
     let mut e = event(
         FLOW_DENIED,
         STAT_DENIED,
-        OWNER_FROM_POD,
+        HOOK_FROM_POD,
         ("fd00::5", 0, "fd00::9", 0, 47),
     );
     e.ifindex = 99;
