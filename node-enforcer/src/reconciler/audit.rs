@@ -18,7 +18,7 @@ use super::realized::RealizedPolicy;
 use super::Reconciler;
 use crate::compile::PolicySet;
 use crate::datapath::{AuditEntry, Datapath, PolicyId};
-use crate::desired::{Compiler, Desired, Knowledge, Owner, PodKey};
+use crate::desired::{Claim, Compiler, Desired, Knowledge, PodKey};
 
 /// Staged (audit) policies as this node realizes them, apart from the
 /// realized tables and entries (`Realized::audit`).
@@ -76,7 +76,7 @@ pub(super) fn desired_audit<'a>(
     let mut out = BTreeMap::new();
     let mut errors = BTreeMap::new();
     for (ifname, de) in &want.endpoints {
-        let Owner::Pod(key) = &de.owner else { continue };
+        let Claim::Pod(key) = &de.claim else { continue };
         let Knowledge::Known(policy) = knowledge(key) else {
             continue;
         };
@@ -142,7 +142,7 @@ impl<D: Datapath> Reconciler<D> {
                 // Its endpoint could not be written: nothing to audit.
                 continue;
             };
-            let (ifindex, pod) = (re.ifindex, re.owner.pod().cloned());
+            let (ifindex, pod) = (re.ifindex, re.claim.pod().cloned());
             if let Err(e) = self.realize_audit(ifname, ifindex, aw) {
                 self.audit.retry = true;
                 let who = pod.map_or_else(|| ifname.clone(), |p| format!("{}/{}", p.0, p.1));

@@ -9,7 +9,7 @@
 //! Make before break and fail closed hold as for any table: until a table
 //! is complete no endpoint points at it. The pods it is for keep what they
 //! enforce now, or are denied, and their pod-ups wait for it
-//! ([`NoTable::Pending`]); the dump names them.
+//! ([`NoTable::InFlight`]); the dump names them.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -142,7 +142,7 @@ impl Background {
         self.compiling.contains_key(key) || self.writes.iter().any(|w| w.key == key)
     }
 
-    /// For the compiler closure: Some(pending) when `d` is (now) being
+    /// For the compiler closure: Some(in_flight) when `d` is (now) being
     /// compiled or written off the event; None: compile it in place.
     pub(super) fn defer(
         &mut self,
@@ -157,7 +157,7 @@ impl Background {
         }
         let why = format!("{size} peers");
         if self.in_flight(key) {
-            return Some(NoTable::Pending(why));
+            return Some(NoTable::InFlight(why));
         }
         let job = CompileJob {
             key: key.to_vec(),
@@ -171,7 +171,7 @@ impl Background {
             return None;
         }
         self.compiling.insert(key.to_vec(), size);
-        Some(NoTable::Pending(why))
+        Some(NoTable::InFlight(why))
     }
 
     /// Policies at the worker.
@@ -232,14 +232,14 @@ impl<D: Datapath> Reconciler<D> {
         if generation != self.background.generation {
             // Compiled for addresses the node no longer has: the pods'
             // next convergence asks again.
-            self.converge_pending();
+            self.converge_awaiting_tables();
             return;
         }
         let set = match result {
             Ok(set) => set,
             Err(e) => {
                 self.target.compiled.insert(key, Err(e));
-                self.converge_pending();
+                self.converge_awaiting_tables();
                 return;
             }
         };
@@ -247,7 +247,7 @@ impl<D: Datapath> Reconciler<D> {
         if let Some((existing, _)) = self.realized.policies.get_key_value(&set) {
             let existing = existing.clone();
             self.target.compiled.insert(key, Ok(existing));
-            self.converge_pending();
+            self.converge_awaiting_tables();
             return;
         }
         match self.start_write(key.clone(), generation, set.clone()) {
@@ -257,7 +257,7 @@ impl<D: Datapath> Reconciler<D> {
                 // with the error, and ticks retry.
                 self.health.warn(format!("policy set {}: {e}", set.id()));
                 self.target.compiled.insert(key, Ok(set));
-                self.converge_pending();
+                self.converge_awaiting_tables();
             }
         }
     }
@@ -328,7 +328,7 @@ impl<D: Datapath> Reconciler<D> {
                 if w.generation == self.background.generation {
                     self.target.compiled.insert(w.key, Ok(w.set));
                 }
-                self.converge_pending();
+                self.converge_awaiting_tables();
             }
         }
     }
@@ -347,16 +347,23 @@ impl<D: Datapath> Reconciler<D> {
                 entries: w.entries,
             },
         );
-        self.converge_pending();
+        self.converge_awaiting_tables();
     }
 
     /// The pods waiting for a table converge again, and those now complete
     /// get their pod-up answered.
-    fn converge_pending(&mut self) {
-        let pods: Vec<_> = self.target.desired.pending.iter().cloned().collect();
+    fn converge_awaiting_tables(&mut self) {
+        let pods: Vec<_> = self
+            .target
+            .desired
+            .awaiting_tables
+            .iter()
+            .cloned()
+            .collect();
         self.converge_pods(&pods);
-        self.settle_pending();
-        if self.target.desired.pending.is_empty() && self.plan.realized_version != self.plan.version
+        self.answer_waiting_ups();
+        if self.target.desired.awaiting_tables.is_empty()
+            && self.plan.realized_version != self.plan.version
         {
             self.plan.realized_version = self.plan.version;
         }

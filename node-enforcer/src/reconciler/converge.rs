@@ -11,8 +11,8 @@ use super::{Reconciler, DENY_ALL};
 use crate::compile::{compile_limited, PolicySet, PortSet, Prefix};
 use crate::datapath::{Datapath, EndpointEntry, PolicyId, PortSetId};
 use crate::desired::{
-    desired_pod, desired_unexplained, desired_with, Desired, Held, Inputs, Knowledge, NoTable,
-    Owner, PodKey, Verdict,
+    desired_pod, desired_unexplained, desired_with, Claim, Desired, Held, Inputs, Knowledge,
+    NoTable, PodKey, Verdict,
 };
 use palisade_proto::v1::DirectionPolicy;
 use prost::Message;
@@ -69,7 +69,7 @@ impl<D: Datapath> Reconciler<D> {
             return Knowledge::Known(p);
         }
         if self.pods.waiting.contains_key(key) {
-            return Knowledge::Pending;
+            return Knowledge::Waiting;
         }
         if self.pods.unprotected.contains(key) {
             return Knowledge::Unprotected;
@@ -110,7 +110,7 @@ impl<D: Datapath> Reconciler<D> {
         self.realized
             .endpoints
             .iter()
-            .filter(|(_, e)| e.owner == Owner::Unexplained)
+            .filter(|(_, e)| e.claim == Claim::Unexplained)
             .map(|(n, e)| (n.clone(), e.enforced()))
             .collect()
     }
@@ -148,8 +148,8 @@ impl<D: Datapath> Reconciler<D> {
                     return r.clone().map_err(NoTable::Failed);
                 }
                 // A big policy compiles off this thread; its pods wait.
-                if let Some(pending) = background.defer(&key, d, node_addresses) {
-                    return Err(pending);
+                if let Some(in_flight) = background.defer(&key, d, node_addresses) {
+                    return Err(in_flight);
                 }
                 let r = compile_limited(d, node_addresses, background.max_entries)
                     .map(Arc::new)
@@ -174,9 +174,9 @@ impl<D: Datapath> Reconciler<D> {
                 Some(pods) => {
                     let mut names = BTreeSet::new();
                     want.endpoints.retain(|n, e| {
-                        let keep = match &e.owner {
-                            Owner::Pod(k) => !pods.contains(k),
-                            Owner::Unexplained => false,
+                        let keep = match &e.claim {
+                            Claim::Pod(k) => !pods.contains(k),
+                            Claim::Unexplained => false,
                         };
                         if !keep {
                             names.insert(n.clone());
@@ -184,7 +184,7 @@ impl<D: Datapath> Reconciler<D> {
                         keep
                     });
                     for (n, e) in &self.realized.endpoints {
-                        if e.owner.pod().is_none_or(|k| pods.contains(k)) {
+                        if e.claim.pod().is_none_or(|k| pods.contains(k)) {
                             names.insert(n.clone());
                         }
                     }
@@ -196,7 +196,7 @@ impl<D: Datapath> Reconciler<D> {
                     affected = Some(names);
                     for k in pods {
                         want.errors.remove(k);
-                        want.pending.remove(k);
+                        want.awaiting_tables.remove(k);
                         let Some(rt) = self.pods.runtime.get(k) else {
                             continue;
                         };
@@ -205,8 +205,8 @@ impl<D: Datapath> Reconciler<D> {
                         if let Some(e) = d.error {
                             want.errors.insert(k.clone(), e);
                         }
-                        if d.pending {
-                            want.pending.insert(k.clone());
+                        if d.awaiting_table {
+                            want.awaiting_tables.insert(k.clone());
                         }
                     }
                     for ifname in unexplained.keys() {
@@ -265,18 +265,18 @@ impl<D: Datapath> Reconciler<D> {
                 self.health.errors.clear();
             }
             Some(_) => {
-                let owners = |e: &Owner| e.pod().cloned();
+                let claimed_pod = |e: &Claim| e.pod().cloned();
                 let pods: BTreeSet<PodKey> = want
                     .endpoints
                     .iter()
                     .filter(|(n, _)| in_scope(n))
-                    .filter_map(|(_, e)| owners(&e.owner))
+                    .filter_map(|(_, e)| claimed_pod(&e.claim))
                     .chain(
                         self.realized
                             .endpoints
                             .iter()
                             .filter(|(n, _)| in_scope(n))
-                            .filter_map(|(_, e)| owners(&e.owner)),
+                            .filter_map(|(_, e)| claimed_pod(&e.claim)),
                     )
                     .collect();
                 self.health.failures.retain(|k, _| !pods.contains(k));
@@ -348,7 +348,7 @@ impl<D: Datapath> Reconciler<D> {
                 egress: id_of(&de.egress),
                 pod_addrs: de.pod_addrs.clone(),
             };
-            let pod = de.owner.pod().cloned();
+            let pod = de.claim.pod().cloned();
             for v in [&de.ingress, &de.egress] {
                 if let Verdict::Policy(s) = v {
                     if let (Some(e), Some(p)) = (failed_sets.get(s), &pod) {
@@ -364,7 +364,7 @@ impl<D: Datapath> Reconciler<D> {
             }
             let realized = RealizedEndpoint {
                 ifindex: de.ifindex,
-                owner: de.owner.clone(),
+                claim: de.claim.clone(),
                 ingress: de.ingress.clone(),
                 egress: de.egress.clone(),
                 entry: entry.clone(),

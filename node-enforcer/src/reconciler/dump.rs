@@ -10,7 +10,7 @@ use palisade_proto::v1::{NodeState, PodRef, PodState};
 use super::Reconciler;
 use crate::compile::Prefix;
 use crate::datapath::{Datapath, DatapathError, DatapathErrorKind, PolicyId};
-use crate::desired::{Mode, Owner, PodKey, PodRuntime, Verdict};
+use crate::desired::{Claim, Mode, PodKey, PodRuntime, Verdict};
 
 /// How many warnings the dump keeps (oldest dropped first).
 const MAX_WARNINGS: usize = 32;
@@ -185,7 +185,7 @@ impl<D: Datapath> Reconciler<D> {
             self.realized
                 .endpoints
                 .get(i)
-                .filter(|e| e.owner.pod() == Some(key))
+                .filter(|e| e.claim.pod() == Some(key))
         });
         let mut error = self
             .health
@@ -199,7 +199,7 @@ impl<D: Datapath> Reconciler<D> {
                 self.realized
                     .endpoints
                     .get(*i)
-                    .is_none_or(|e| e.owner.pod() != Some(key))
+                    .is_none_or(|e| e.claim.pod() != Some(key))
             }) {
                 error = format!("{missing} is not attached");
             }
@@ -234,7 +234,7 @@ impl<D: Datapath> Reconciler<D> {
         errors.extend(self.health.failures.values().cloned());
         errors.extend(self.audit_error_lines().cloned());
         for (name, e) in &self.realized.endpoints {
-            if e.owner == Owner::Unexplained {
+            if e.claim == Claim::Unexplained {
                 errors.push(format!(
                     "{name} (index {}) is enforced with the policy it had, but no pod explains it",
                     e.ifindex
@@ -321,7 +321,7 @@ impl<D: Datapath> Reconciler<D> {
                     InterfaceDump {
                         name: name.clone(),
                         ifindex: e.ifindex,
-                        pod: e.owner.pod().cloned(),
+                        pod: e.claim.pod().cloned(),
                         ingress: names.describe(&e.ingress),
                         egress: names.describe(&e.egress),
                         audit_ingress,

@@ -398,7 +398,7 @@ impl<D: Datapath> Reconciler<D> {
                     .realized
                     .endpoints
                     .get(&ifname)
-                    .and_then(|re| re.owner.pod().cloned());
+                    .and_then(|re| re.claim.pod().cloned());
                 self.fail(
                     pod.as_ref(),
                     format!("{ifname}: its policy was narrowed but established flows were not re-judged: {e}; retrying"),

@@ -8,7 +8,7 @@ use palisade_proto::v1::{PlanDelta, PlanSnapshot, PodPolicy, PodRef};
 use super::Reconciler;
 use crate::compile::Prefix;
 use crate::datapath::Datapath;
-use crate::desired::{Owner, PodKey, PodRuntime};
+use crate::desired::{Claim, PodKey, PodRuntime};
 
 /// A message from the controller's plan stream.
 #[derive(Clone, Debug)]
@@ -139,7 +139,7 @@ impl<D: Datapath> Reconciler<D> {
         }
         let plan = &self.plan.entries;
         self.plan.fetched.retain(|k, _| !plan.contains_key(k));
-        if self.explain() {
+        if self.adopt_unexplained_interfaces() {
             changed = None;
         }
         // Saved before the datapath changes: a crash in between restarts
@@ -149,10 +149,10 @@ impl<D: Datapath> Reconciler<D> {
             None => self.converge(),
             Some(pods) => self.converge_pods(pods),
         }
-        self.settle_pending();
+        self.answer_waiting_ups();
         // A plan is realized once every table it needs is complete (big
         // ones finish in `background`).
-        if self.target.desired.pending.is_empty() {
+        if self.target.desired.awaiting_tables.is_empty() {
             self.plan.realized_version = self.plan.version;
         }
         Ok(self.plan.version)
@@ -178,15 +178,15 @@ impl<D: Datapath> Reconciler<D> {
         }
         self.plan.fetched.insert(pod.clone(), policy);
         self.converge_pods([&pod]);
-        self.settle_pending();
+        self.answer_waiting_ups();
     }
 
-    /// Interfaces with our programs that no known pod claims (their
-    /// checkpoint was lost) are matched to plan pods by the addresses their
-    /// endpoint entry holds, so pod→interface knowledge comes back from the
-    /// kernel instead of being detached.
-    /// True when it explained any.
-    pub(super) fn explain(&mut self) -> bool {
+    /// Plan pods adopt the interfaces with our programs that no known pod
+    /// claims (their checkpoint was lost), matched by the addresses the
+    /// interface's endpoint entry holds: pod→interface knowledge comes back
+    /// from the kernel instead of the interface being detached.
+    /// True when any was adopted.
+    pub(super) fn adopt_unexplained_interfaces(&mut self) -> bool {
         let claimed: BTreeSet<&PodKey> = self.pods.runtime.keys().collect();
         let mut by_addrs: BTreeMap<BTreeSet<[u8; 16]>, Vec<&PodKey>> = BTreeMap::new();
         for (k, p) in &self.plan.entries {
@@ -204,7 +204,7 @@ impl<D: Datapath> Reconciler<D> {
         }
         let mut found: Vec<(PodKey, String, u32, Vec<[u8; 16]>)> = Vec::new();
         for (ifname, e) in &self.realized.endpoints {
-            if e.owner != Owner::Unexplained || e.entry.pod_addrs.is_empty() {
+            if e.claim != Claim::Unexplained || e.entry.pod_addrs.is_empty() {
                 continue;
             }
             let addrs: BTreeSet<[u8; 16]> = e.entry.pod_addrs.iter().copied().collect();
@@ -217,7 +217,7 @@ impl<D: Datapath> Reconciler<D> {
                 ));
             }
         }
-        let explained = !found.is_empty();
+        let adopted = !found.is_empty();
         for (pod, ifname, ifindex, addrs) in found {
             tracing::info!(pod = %format!("{}/{}", pod.0, pod.1), %ifname, "interface explained by the pod's addresses");
             self.pods.runtime.insert(
@@ -232,10 +232,10 @@ impl<D: Datapath> Reconciler<D> {
                 },
             );
         }
-        if explained {
+        if adopted {
             self.save_pods();
         }
-        explained
+        adopted
     }
 }
 

@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 use super::dump::Counted;
 use super::Reconciler;
 use crate::datapath::Datapath;
-use crate::desired::{Knowledge, Mode, Owner, PodKey, PodRuntime};
+use crate::desired::{Claim, Knowledge, Mode, PodKey, PodRuntime};
 
 #[derive(Clone, Debug)]
 pub struct PodUp {
@@ -146,7 +146,7 @@ impl<D: Datapath> Reconciler<D> {
                 freed.push((other.clone(), ifname.clone()));
             }
         }
-        // An interface kept for an owner nobody knows (a lost checkpoint)
+        // An interface kept for a pod nobody knows (a lost checkpoint)
         // still says whose it is: the addresses in its entry.
         let wanted: std::collections::BTreeSet<[u8; 16]> =
             up.runtime.ips.iter().map(|p| p.addr).collect();
@@ -154,7 +154,7 @@ impl<D: Datapath> Reconciler<D> {
             if let Some(e) = self.realized.endpoints.get(ifname) {
                 let theirs: std::collections::BTreeSet<[u8; 16]> =
                     e.entry.pod_addrs.iter().copied().collect();
-                if e.owner == Owner::Unexplained
+                if e.claim == Claim::Unexplained
                     && e.ifindex == index
                     && !theirs.is_empty()
                     && !wanted.is_empty()
@@ -226,7 +226,7 @@ impl<D: Datapath> Reconciler<D> {
             return;
         }
         self.save_pods();
-        if self.target.desired.pending.contains(&key) {
+        if self.target.desired.awaiting_tables.contains(&key) {
             // A big table of its policy is being compiled or written: the
             // pod is attached held or denied, and the answer waits for it.
             self.pods.waiting.insert(
@@ -250,7 +250,7 @@ impl<D: Datapath> Reconciler<D> {
             self.realized
                 .endpoints
                 .get(i)
-                .is_some_and(|e| e.owner.pod() == Some(key))
+                .is_some_and(|e| e.claim.pod() == Some(key))
         });
         if attached && !self.health.failures.contains_key(key) {
             return None;
@@ -294,14 +294,14 @@ impl<D: Datapath> Reconciler<D> {
     }
 
     /// Answers every waiting pod-up whose policy is now known and realized.
-    pub(super) fn settle_pending(&mut self) {
+    pub(super) fn answer_waiting_ups(&mut self) {
         let ready: Vec<PodKey> = self
             .pods
             .waiting
             .keys()
             .filter(|k| {
                 matches!(self.knowledge(k), Knowledge::Known(_))
-                    && !self.target.desired.pending.contains(*k)
+                    && !self.target.desired.awaiting_tables.contains(*k)
             })
             .cloned()
             .collect();
@@ -345,7 +345,7 @@ impl<D: Datapath> Reconciler<D> {
             .get(key)
             .and_then(|p| p.mode)
             .unwrap_or(self.ctx.mode);
-        if self.target.desired.pending.contains(key) {
+        if self.target.desired.awaiting_tables.contains(key) {
             // Its policy is known, its table not complete: the pod stays
             // held or denied, never open, in either mode.
             let why = self

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::{Reconciler, DENY_ALL};
 use crate::compile::{PolicySet, PortSet, Prefix};
 use crate::datapath::{Datapath, EndpointEntry, PolicyId, PortSetId};
-use crate::desired::{Owner, Verdict};
+use crate::desired::{Claim, Verdict};
 
 pub(super) struct RealizedPolicy {
     pub id: PolicyId,
@@ -19,7 +19,7 @@ pub(super) struct RealizedPolicy {
 #[derive(Clone)]
 pub(super) struct RealizedEndpoint {
     pub ifindex: u32,
-    pub owner: Owner,
+    pub claim: Claim,
     pub ingress: Verdict,
     pub egress: Verdict,
     pub entry: EndpointEntry,

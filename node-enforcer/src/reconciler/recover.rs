@@ -18,7 +18,7 @@ use super::{Reconciler, DENY_ALL};
 use crate::checkpoint::Saved;
 use crate::compile::PolicySet;
 use crate::datapath::{Datapath, EndpointEntry, PolicyId};
-use crate::desired::{Owner, PodKey, Verdict};
+use crate::desired::{Claim, PodKey, Verdict};
 
 impl<D: Datapath> Reconciler<D> {
     pub fn recover(&mut self, saved: Saved) -> Result<(), String> {
@@ -94,7 +94,7 @@ impl<D: Datapath> Reconciler<D> {
             }
         };
 
-        let owner_of =
+        let claimant =
             |ifname: &str, ifindex: u32, pods: &BTreeMap<PodKey, crate::desired::PodRuntime>| {
                 pods.iter()
                     .find(|(_, rt)| {
@@ -134,20 +134,20 @@ impl<D: Datapath> Reconciler<D> {
                     deny
                 }
             };
-            let owner = match owner_of(ifname, ifindex, &self.pods.runtime) {
-                Some(k) => Owner::Pod(k),
+            let claim = match claimant(ifname, ifindex, &self.pods.runtime) {
+                Some(k) => Claim::Pod(k),
                 None => {
                     self.health.warn(format!(
                         "{ifname} (index {ifindex}) has our programs but no saved pod explains it; it keeps its policy until the plan explains it or it goes away"
                     ));
-                    Owner::Unexplained
+                    Claim::Unexplained
                 }
             };
             self.realized.endpoints.insert(
                 ifname.clone(),
                 RealizedEndpoint {
                     ifindex,
-                    owner,
+                    claim,
                     ingress: verdict(entry.ingress),
                     egress: verdict(entry.egress),
                     entry,
@@ -178,15 +178,15 @@ impl<D: Datapath> Reconciler<D> {
             plan_version = self.plan.version,
             "recovered the previous enforcer's state"
         );
-        self.explain_after_recovery();
+        self.adopt_unexplained_after_recovery();
         self.converge();
         self.save_pods();
         Ok(())
     }
 
-    fn explain_after_recovery(&mut self) {
+    fn adopt_unexplained_after_recovery(&mut self) {
         if self.plan.received {
-            self.explain();
+            self.adopt_unexplained_interfaces();
         }
     }
 }
