@@ -240,7 +240,7 @@ impl<D: Datapath> Reconciler<D> {
 }
 
 #[cfg(test)]
-mod term_tests {
+mod tests {
     use super::*;
     use crate::checkpoint::Checkpoint;
     use crate::datapath::fake::FakeDatapath;
