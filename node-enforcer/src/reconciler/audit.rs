@@ -67,7 +67,7 @@ impl RealizedAudit {
 
 /// What each wanted interface must audit, and why a pod is not audited as
 /// its plan says. Pure: only pods whose policy is known are audited (a
-/// pending, held or unprotected pod has no plan to stage against).
+/// waiting, held or unprotected pod has no plan to stage against).
 pub(super) fn desired_audit<'a>(
     want: &Desired,
     knowledge: &dyn Fn(&PodKey) -> Knowledge<'a>,

@@ -130,17 +130,24 @@ struct Context {
     busy_since: Arc<AtomicU64>,
 }
 
+/// The node's one reconciler: each part is kept by the file of its name.
 pub struct Reconciler<D: Datapath> {
     ctx: Context,
+    /// The controller's plan for this node.
     plan: plan::Plan,
+    /// The pods the CNI plugin reported, and their pod-ups waiting.
     pods: pods::Pods,
+    /// The desired datapath and the node-wide inputs it is computed from.
     target: converge::Target,
+    /// What is in the datapath now.
     realized: realized::Realized,
+    /// Staged (audit) policies wanted, and why some are not audited.
     audit: audit::Audit,
     /// Big policies compiled off this thread and written in slices.
     background: background::Background,
     /// Fast-attached interfaces' way to links (see `promote`).
     promotion: promote::Promotion,
+    /// What went wrong, as operators see it.
     health: dump::Health,
     pub datapath: D,
 }
