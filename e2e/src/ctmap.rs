@@ -26,7 +26,7 @@ const VALUE_SIZE: usize = 16;
 
 /// Which hook of the interface wrote the entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Owner {
+pub enum Hook {
     /// Traffic leaving the pod (its egress).
     FromPod,
     /// Traffic entering the pod (its ingress).
@@ -42,14 +42,14 @@ pub struct Entry {
     pub dport: u16,
     pub proto: u8,
     pub ifindex: u32,
-    pub owner: Owner,
+    pub hook: Hook,
     pub last_seen_ns: u64,
     pub epoch: u32,
 }
 
 impl Entry {
     /// The flow and the hook, without what changes as packets pass.
-    pub fn identity(&self) -> (IpAddr, u16, IpAddr, u16, u8, u32, Owner) {
+    pub fn identity(&self) -> (IpAddr, u16, IpAddr, u16, u8, u32, Hook) {
         (
             self.src,
             self.sport,
@@ -57,7 +57,7 @@ impl Entry {
             self.dport,
             self.proto,
             self.ifindex,
-            self.owner,
+            self.hook,
         )
     }
 
@@ -76,10 +76,10 @@ impl Entry {
             dport: u16be(&k[10..12]),
             ifindex: u32::from_ne_bytes(k[12..16].try_into().expect("4 bytes")),
             proto: k[16],
-            owner: match k[17] {
-                0 => Owner::FromPod,
-                1 => Owner::ToPod,
-                o => Owner::Other(o),
+            hook: match k[17] {
+                0 => Hook::FromPod,
+                1 => Hook::ToPod,
+                o => Hook::Other(o),
             },
             last_seen_ns: u64::from_ne_bytes(v[0..8].try_into().expect("8 bytes")),
             epoch: u32::from_ne_bytes(v[8..12].try_into().expect("4 bytes")),
@@ -99,10 +99,10 @@ impl Entry {
             dport: u16be(&k[34..36]),
             ifindex: u32::from_ne_bytes(k[36..40].try_into().expect("4 bytes")),
             proto: k[40],
-            owner: match k[41] {
-                0 => Owner::FromPod,
-                1 => Owner::ToPod,
-                o => Owner::Other(o),
+            hook: match k[41] {
+                0 => Hook::FromPod,
+                1 => Hook::ToPod,
+                o => Hook::Other(o),
             },
             last_seen_ns: u64::from_ne_bytes(v[0..8].try_into().expect("8 bytes")),
             epoch: u32::from_ne_bytes(v[8..12].try_into().expect("4 bytes")),
@@ -246,7 +246,7 @@ mod tests {
         assert_eq!(e.src, IpAddr::from([10, 244, 0, 2]));
         assert_eq!(e.dst, IpAddr::from([10, 96, 0, 10]));
         assert_eq!((e.sport, e.dport, e.proto, e.ifindex), (40000, 80, 6, 7));
-        assert_eq!((e.owner, e.last_seen_ns, e.epoch), (Owner::ToPod, 123, 5));
+        assert_eq!((e.hook, e.last_seen_ns, e.epoch), (Hook::ToPod, 123, 5));
         assert!(e.involves(IpAddr::from([10, 244, 0, 2]), 40000));
     }
 
@@ -269,6 +269,6 @@ mod tests {
             (e.sport, e.dport, e.ifindex, e.proto, e.epoch),
             (40000, 80, 7, 6, 3)
         );
-        assert_eq!(e.owner, Owner::ToPod);
+        assert_eq!(e.hook, Hook::ToPod);
     }
 }

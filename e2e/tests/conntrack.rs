@@ -19,7 +19,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use common::*;
-use palisade_e2e::ctmap::{Entry, Owner};
+use palisade_e2e::ctmap::{Entry, Hook};
 use palisade_e2e::netns::NetNs;
 use palisade_e2e::probe::{abort, echo, udp_echo};
 use palisade_e2e::scenario::{Kind, ObjectKey, Target};
@@ -162,10 +162,10 @@ fn assert_sides(
     let vip = IpAddr::from(CLUSTER_IP);
     let client_side = client_entries
         .iter()
-        .any(|e| e.owner == Owner::FromPod && e.dst == vip && e.dport == service_port);
+        .any(|e| e.hook == Hook::FromPod && e.dst == vip && e.dport == service_port);
     let server_side = server_entries
         .iter()
-        .any(|e| e.owner == Owner::ToPod && e.dst == server && e.dport == target);
+        .any(|e| e.hook == Hook::ToPod && e.dst == server && e.dport == target);
     assert!(
         client_side && server_side,
         "expected the client's entry to {vip}:{service_port} and the server's to {server}:{target}, got {client_entries:#?} and {server_entries:#?}\nkernel: {:#?}",

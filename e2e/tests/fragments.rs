@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use common::metrics::{get, metrics_addr, scrape};
 use common::*;
-use palisade_e2e::ctmap::Owner;
+use palisade_e2e::ctmap::Hook;
 use palisade_e2e::netns::{links_json, NetNs};
 use palisade_e2e::{Lab, LabConfig, PodName};
 
@@ -347,10 +347,10 @@ fn a_large_reply_through_an_established_flow_arrives_whole() {
             .collect();
         assert!(
             flow.iter()
-                .any(|e| e.owner == Owner::FromPod && e.dport == ALLOWED)
+                .any(|e| e.hook == Hook::FromPod && e.dport == ALLOWED)
                 && flow
                     .iter()
-                    .any(|e| e.owner == Owner::ToPod && e.dport == ALLOWED),
+                    .any(|e| e.hook == Hook::ToPod && e.dport == ALLOWED),
             "{client}:{port} -> {server}:{ALLOWED} on both hooks: {entries:#?}"
         );
         assert!(

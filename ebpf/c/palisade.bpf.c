@@ -122,7 +122,7 @@ char LICENSE[] SEC("license") = "Apache-2.0";
 
 /* ---- verdict ---- */
 
-static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
+static __always_inline int verdict(struct __sk_buff *skb, __u8 hook)
 {
 	__u32 ifindex = skb->ifindex;
 	struct ct_ref own_key;
@@ -138,72 +138,72 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 owner)
 	if (found == EP_NONE)
 		return VERDICT_NEXT;
 	if (found == EP_UNSURE)
-		return account(owner, STAT_DENIED_ENDPOINT_UNSURE, VERDICT_DROP);
+		return account(hook, STAT_DENIED_ENDPOINT_UNSURE, VERDICT_DROP);
 
-	fast = fast_path_v4(skb, &ep, ifindex, owner);
+	fast = fast_path_v4(skb, &ep, ifindex, hook);
 	if (fast == FAST_ESTABLISHED)
-		return account(owner, STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
+		return account(hook, STAT_ALLOWED_ESTABLISHED, VERDICT_NEXT);
 	if (fast == FAST_REPLY)
-		return account(owner, STAT_ALLOWED_REPLY, VERDICT_NEXT);
+		return account(hook, STAT_ALLOWED_REPLY, VERDICT_NEXT);
 
 	parsed = parse_flow(skb, &f);
 	if (parsed == PARSE_NOT_IP)
 		return VERDICT_NEXT;
 	if (parsed == PARSE_MALFORMED)
-		return account(owner, STAT_DENIED_MALFORMED, VERDICT_DROP);
+		return account(hook, STAT_DENIED_MALFORMED, VERDICT_DROP);
 	if (parsed == PARSE_FRAGMENT)
-		return account(owner, STAT_DENIED_FRAGMENT, VERDICT_DROP);
+		return account(hook, STAT_DENIED_FRAGMENT, VERDICT_DROP);
 	if (parsed == PARSE_EXT_LIMIT)
-		return account(owner, STAT_DENIED_EXT_HEADERS, VERDICT_DROP);
+		return account(hook, STAT_DENIED_EXT_HEADERS, VERDICT_DROP);
 
 	if (f.ndp)
-		return account(owner, STAT_ALLOWED_NDP, VERDICT_NEXT);
+		return account(hook, STAT_ALLOWED_NDP, VERDICT_NEXT);
 
-	if (owner == OWNER_FROM_POD && !pod_owns_source(&ep, f.src)) {
+	if (hook == HOOK_FROM_POD && !pod_owns_source(&ep, f.src)) {
 		/* Logged like a policy denial (mode deny or all), under the rate
 		 * limit; malformed packets above are not (no trustworthy flow). */
-		flow_event(&f, ifindex, owner, FLOW_DENIED, 0, STAT_DENIED_SPOOF);
-		return account(owner, STAT_DENIED_SPOOF, VERDICT_DROP);
+		flow_event(&f, ifindex, hook, FLOW_DENIED, 0, STAT_DENIED_SPOOF);
+		return account(hook, STAT_DENIED_SPOOF, VERDICT_DROP);
 	}
 
-	if (f.frag == FRAG_LATER && frag_later_settled(&f, &ep, ifindex, owner, &later))
+	if (f.frag == FRAG_LATER && frag_later_settled(&f, &ep, ifindex, hook, &later))
 		return later;
 
 	if (fast == FAST_CT_ABSENT || f.tcp_open) {
 		/* Neither entry exists (the fast path looked) or may vouch for
 		 * the packet (opens_connection): straight to policy. */
-		ct_key(&own_key, &f, false, ifindex, owner);
+		ct_key(&own_key, &f, false, ifindex, hook);
 		own = NULL;
-	} else if (ct_vouches(&f, &ep, ifindex, owner, &own_key, &own, &stat)) {
+	} else if (ct_vouches(&f, &ep, ifindex, hook, &own_key, &own, &stat)) {
 		/* Steps 6 and 7, the likelier first (likely_forward). */
-		return settle(&f, &ep, ifindex, owner, stat, VERDICT_NEXT);
+		return settle(&f, &ep, ifindex, hook, stat, VERDICT_NEXT);
 	}
 
-	judged = ct_policy_allows(&f, &ep, owner, &own_key, own);
+	judged = ct_policy_allows(&f, &ep, hook, &own_key, own);
 	if (judged == JUDGED_OVER_SHARE) {
-		flow_event(&f, ifindex, owner, FLOW_DENIED, hook_policy(&ep, owner),
+		flow_event(&f, ifindex, hook, FLOW_DENIED, hook_policy(&ep, hook),
 			   STAT_DENIED_CT_SHARE);
-		return settle(&f, &ep, ifindex, owner, STAT_DENIED_CT_SHARE, VERDICT_DROP);
+		return settle(&f, &ep, ifindex, hook, STAT_DENIED_CT_SHARE, VERDICT_DROP);
 	}
 	allowed = judged == JUDGED_ALLOWED;
-	stat = hook_policy(&ep, owner) ? STAT_ALLOWED_POLICY : STAT_ALLOWED_UNISOLATED;
-	audit_check(&f, &ep, ifindex, owner, allowed, allowed ? stat : STAT_DENIED);
+	stat = hook_policy(&ep, hook) ? STAT_ALLOWED_POLICY : STAT_ALLOWED_UNISOLATED;
+	audit_check(&f, &ep, ifindex, hook, allowed, allowed ? stat : STAT_DENIED);
 	if (!allowed) {
-		flow_event(&f, ifindex, owner, FLOW_DENIED, hook_policy(&ep, owner), STAT_DENIED);
-		return settle(&f, &ep, ifindex, owner, STAT_DENIED, VERDICT_DROP);
+		flow_event(&f, ifindex, hook, FLOW_DENIED, hook_policy(&ep, hook), STAT_DENIED);
+		return settle(&f, &ep, ifindex, hook, STAT_DENIED, VERDICT_DROP);
 	}
-	flow_event(&f, ifindex, owner, FLOW_ALLOWED, hook_policy(&ep, owner), stat);
-	return settle(&f, &ep, ifindex, owner, stat, VERDICT_NEXT);
+	flow_event(&f, ifindex, hook, FLOW_ALLOWED, hook_policy(&ep, hook), stat);
+	return settle(&f, &ep, ifindex, hook, stat, VERDICT_NEXT);
 }
 
 SEC("classifier")
 int palisade_from_pod(struct __sk_buff *skb)
 {
-	return verdict(skb, OWNER_FROM_POD);
+	return verdict(skb, HOOK_FROM_POD);
 }
 
 SEC("classifier")
 int palisade_to_pod(struct __sk_buff *skb)
 {
-	return verdict(skb, OWNER_TO_POD);
+	return verdict(skb, HOOK_TO_POD);
 }

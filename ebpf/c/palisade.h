@@ -15,8 +15,8 @@
 
 /* Which hook wrote a conntrack entry.  A reply is only trusted when the
  * forward packet was allowed by the *other* hook of the same pod. */
-#define OWNER_FROM_POD 0 /* the pod's egress policy (TC ingress of host veth) */
-#define OWNER_TO_POD 1   /* the pod's ingress policy (TC egress of host veth) */
+#define HOOK_FROM_POD 0 /* the pod's egress policy (TC ingress of host veth) */
+#define HOOK_TO_POD 1   /* the pod's ingress policy (TC egress of host veth) */
 
 /* Verdict kinds (STAT_*, STAT_SLOT) are in lib/reasons.h. */
 
@@ -75,7 +75,7 @@ struct ep_slot {
  * removes entries no one counts; the enforcer's conntrack pass recounts
  * them (node-enforcer/src/conntrack/share.rs). */
 struct ct_share {
-	__u64 created[PAL_STAT_DIRECTIONS]; /* by OWNER_* */
+	__u64 created[PAL_STAT_DIRECTIONS]; /* by HOOK_* */
 	__u64 removed[PAL_STAT_DIRECTIONS];
 };
 
@@ -118,7 +118,7 @@ struct port_value {
 	__u32 allow;
 };
 
-/* A flow as seen by the hook that allowed it: (ifindex, owner) name that
+/* A flow as seen by the hook that allowed it: (ifindex, hook) name that
  * hook, so an entry vouches for one direction of one pod and nothing else.
  * IPv6 flows only (pal_conntrack); IPv4 flows use struct ct4_key. */
 struct ct_key {
@@ -128,7 +128,7 @@ struct ct_key {
 	__u16 dport;   /* network order */
 	__u32 ifindex; /* host veth whose hook allowed the forward packet */
 	__u8 proto;
-	__u8 owner; /* OWNER_FROM_POD or OWNER_TO_POD */
+	__u8 hook; /* HOOK_FROM_POD or HOOK_TO_POD */
 	__u8 pad[2];
 };
 
@@ -141,7 +141,7 @@ struct ct4_key {
 	__u16 dport;   /* network order */
 	__u32 ifindex;
 	__u8 proto;
-	__u8 owner;
+	__u8 hook;
 	__u8 pad[2];
 };
 
@@ -167,7 +167,7 @@ struct frag4_key {
 	__u32 ifindex;
 	__be16 id;
 	__u8 proto;
-	__u8 owner;
+	__u8 hook;
 };
 
 /* The same for IPv6, which reassembles by addresses and identification
@@ -177,7 +177,7 @@ struct frag6_key {
 	__u8 dst[16];
 	__be32 id; /* the fragment header's */
 	__u32 ifindex;
-	__u8 owner;
+	__u8 hook;
 	__u8 pad[3];
 };
 
@@ -217,7 +217,7 @@ struct flow_event {
 	__u16 sport; /* network order, 0 without ports */
 	__u16 dport;
 	__u8 proto;
-	__u8 owner; /* OWNER_*: the pod's egress (from pod) or ingress (to pod) */
+	__u8 hook; /* HOOK_*: the pod's egress (from pod) or ingress (to pod) */
 	__u8 kind;  /* FLOW_* */
 	__u8 stat;  /* the STAT_* slot the packet was counted under */
 };

@@ -217,11 +217,11 @@ pub use reasons::*;
 pub const STAT_SLOTS: u32 = STAT_COUNT * STAT_DIRECTIONS;
 const _: () = assert!(STAT_COUNT <= STAT_CAPACITY);
 
-/// The [`MAP_STATS`] slot counting kind `stat` judged by hook `owner`
+/// The [`MAP_STATS`] slot counting kind `stat` judged by `hook`
 /// (`STAT_SLOT` in the C header): kind-major, so a kind added later takes
 /// new slots and moves none.
-pub const fn stat_slot(owner: u8, stat: u32) -> u32 {
-    stat * STAT_DIRECTIONS + owner as u32
+pub const fn stat_slot(hook: u8, stat: u32) -> u32 {
+    stat * STAT_DIRECTIONS + hook as u32
 }
 
 /// What an allowed packet returns: `TC_ACT_UNSPEC`, which TCX reads as
@@ -233,10 +233,10 @@ pub const VERDICT_DROP: i32 = 2;
 /// Most addresses an [`EpSlot`] holds.
 pub const MAX_POD_ADDRS: usize = sizes::MAX_POD_ADDRS as usize;
 
-/// [`CtKey::owner`] of an entry created by the source pod's egress hook.
-pub const OWNER_FROM_POD: u8 = 0;
-/// [`CtKey::owner`] of an entry created by the destination pod's ingress hook.
-pub const OWNER_TO_POD: u8 = 1;
+/// [`CtKey::hook`] of an entry created by the source pod's egress hook.
+pub const HOOK_FROM_POD: u8 = 0;
+/// [`CtKey::hook`] of an entry created by the destination pod's ingress hook.
+pub const HOOK_TO_POD: u8 = 1;
 
 /// IP protocol numbers as the programs put them in [`PortKey::proto`].
 pub const PROTO_ICMP: u8 = 1;
@@ -385,7 +385,7 @@ impl EpSlot {
 }
 
 /// Value of [`MAP_CT_SHARE`] (`struct ct_share`): conntrack entries hook
-/// `owner` ([`OWNER_FROM_POD`], [`OWNER_TO_POD`]) of the slot's endpoint
+/// `hook` ([`HOOK_FROM_POD`], [`HOOK_TO_POD`]) of the slot's endpoint
 /// created and removed, both counting up; it holds the difference.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -538,7 +538,7 @@ impl PortValue {
 }
 
 /// Key of [`MAP_CONNTRACK`]: a flow as seen by the hook that allowed it,
-/// named by the host veth `ifindex` and `owner` (which of its two hooks).
+/// named by the host veth `ifindex` and `hook` (which of its two hooks).
 /// `sport`/`dport` hold the network-order bytes (use [`CtKey::new`] and
 /// [`CtKey::sport`]/[`CtKey::dport`] to stay in host order).
 #[repr(C)]
@@ -550,7 +550,7 @@ pub struct CtKey {
     pub dport: u16,
     pub ifindex: u32,
     pub proto: u8,
-    pub owner: u8,
+    pub hook: u8,
     pub pad: [u8; 2],
 }
 
@@ -565,7 +565,7 @@ pub struct Ct4Key {
     pub dport: u16,
     pub ifindex: u32,
     pub proto: u8,
-    pub owner: u8,
+    pub hook: u8,
     pub pad: [u8; 2],
 }
 
@@ -581,7 +581,7 @@ impl Ct4Key {
             dport: k.dport,
             ifindex: k.ifindex,
             proto: k.proto,
-            owner: k.owner,
+            hook: k.hook,
             pad: [0; 2],
         })
     }
@@ -596,7 +596,7 @@ impl Ct4Key {
             dport: self.dport,
             ifindex: self.ifindex,
             proto: self.proto,
-            owner: self.owner,
+            hook: self.hook,
             pad: [0; 2],
         }
     }
@@ -613,9 +613,9 @@ pub struct Tuple {
 }
 
 impl CtKey {
-    /// The entry hook `owner` ([`OWNER_FROM_POD`] or [`OWNER_TO_POD`]) of
+    /// The entry `hook` ([`HOOK_FROM_POD`] or [`HOOK_TO_POD`]) of
     /// interface `ifindex` writes when it allows `flow`.
-    pub fn new(flow: Tuple, ifindex: u32, owner: u8) -> Self {
+    pub fn new(flow: Tuple, ifindex: u32, hook: u8) -> Self {
         CtKey {
             src: mapped_addr(flow.src),
             dst: mapped_addr(flow.dst),
@@ -623,7 +623,7 @@ impl CtKey {
             dport: flow.dport.to_be(),
             ifindex,
             proto: flow.proto,
-            owner,
+            hook,
             pad: [0; 2],
         }
     }
@@ -671,7 +671,7 @@ pub struct Frag4Key {
     pub ifindex: u32,
     pub id: [u8; 2],
     pub proto: u8,
-    pub owner: u8,
+    pub hook: u8,
 }
 
 /// Key of [`MAP_FRAGS6`] (`struct frag6_key`): the same for IPv6, whose
@@ -684,7 +684,7 @@ pub struct Frag6Key {
     pub dst: [u8; 16],
     pub id: [u8; 4],
     pub ifindex: u32,
-    pub owner: u8,
+    pub hook: u8,
     pub pad: [u8; 3],
 }
 
@@ -748,8 +748,8 @@ pub struct FlowEvent {
     pub sport: u16,
     pub dport: u16,
     pub proto: u8,
-    /// `OWNER_*`.
-    pub owner: u8,
+    /// `HOOK_*`.
+    pub hook: u8,
     /// `FLOW_*`.
     pub kind: u8,
     /// `STAT_*`.
@@ -1016,14 +1016,14 @@ mod tests {
                 proto: PROTO_TCP,
             },
             7,
-            OWNER_TO_POD,
+            HOOK_TO_POD,
         );
         let bytes = aya_bytes(&key);
         assert_eq!(&bytes[32..34], &40000u16.to_be_bytes());
         assert_eq!(&bytes[34..36], &80u16.to_be_bytes());
         assert_eq!(&bytes[36..40], &7u32.to_ne_bytes());
         assert_eq!(bytes[40], PROTO_TCP);
-        assert_eq!(bytes[41], OWNER_TO_POD);
+        assert_eq!(bytes[41], HOOK_TO_POD);
         assert_eq!(key.sport(), 40000);
         assert_eq!(key.dport(), 80);
         assert_eq!(key.src_ip(), "10.0.0.1".parse::<IpAddr>().unwrap());
@@ -1045,7 +1045,7 @@ mod tests {
                 proto: PROTO_TCP,
             },
             7,
-            OWNER_TO_POD,
+            HOOK_TO_POD,
         );
         let k4 = Ct4Key::of(&key).unwrap();
         assert_eq!((k4.src, k4.dst), ([10, 0, 0, 1], [10, 0, 0, 2]));
@@ -1105,11 +1105,11 @@ mod tests {
 
     #[test]
     fn stat_slots_are_kind_major_and_cover_the_map() {
-        assert_eq!(stat_slot(OWNER_FROM_POD, STAT_ALLOWED_POLICY), 0);
-        assert_eq!(stat_slot(OWNER_TO_POD, STAT_ALLOWED_POLICY), 1);
-        assert_eq!(stat_slot(OWNER_FROM_POD, STAT_DENIED), 6);
+        assert_eq!(stat_slot(HOOK_FROM_POD, STAT_ALLOWED_POLICY), 0);
+        assert_eq!(stat_slot(HOOK_TO_POD, STAT_ALLOWED_POLICY), 1);
+        assert_eq!(stat_slot(HOOK_FROM_POD, STAT_DENIED), 6);
         let mut seen: Vec<u32> = (0..STAT_COUNT)
-            .flat_map(|s| [stat_slot(OWNER_FROM_POD, s), stat_slot(OWNER_TO_POD, s)])
+            .flat_map(|s| [stat_slot(HOOK_FROM_POD, s), stat_slot(HOOK_TO_POD, s)])
             .collect();
         seen.sort_unstable();
         assert_eq!(seen, (0..STAT_SLOTS).collect::<Vec<_>>());

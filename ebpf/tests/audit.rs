@@ -107,7 +107,7 @@ fn a_staged_deny_counts_and_reports_would_deny_while_the_flow_passes() {
     assert_eq!(e.kind, FLOW_WOULD_DENY);
     assert_eq!(e.policy_id, 2, "named by the audit table");
     assert_eq!(e.ifindex, LO);
-    assert_eq!(e.owner, OWNER_TO_POD);
+    assert_eq!(e.hook, HOOK_TO_POD);
     assert_eq!(e.stat as u32, STAT_ALLOWED_POLICY);
     assert_eq!(e.src, v4_mapped("10.0.1.5"));
     assert_eq!(e.dst, v4_mapped(POD4));
@@ -178,7 +178,7 @@ fn the_audit_table_judges_egress_by_the_destination() {
     assert_eq!(m.would(), [1, 0, 0, 0], "only the flow outside the table");
     let events = m.drain();
     assert_eq!(events.len(), 1);
-    assert_eq!(events[0].owner, OWNER_FROM_POD);
+    assert_eq!(events[0].hook, HOOK_FROM_POD);
     assert_eq!(events[0].dst, v4_mapped("10.0.2.9"));
     assert_eq!(events[0].stat as u32, STAT_ALLOWED_UNISOLATED);
     // An audit direction of 0 is no audit: ingress is not judged.

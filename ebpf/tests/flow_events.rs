@@ -97,7 +97,7 @@ fn deny_mode_logs_each_denied_packet_with_its_fields_and_no_allowed_flow() {
     let e = events[0];
     assert_eq!(e.kind, FLOW_DENIED);
     assert_eq!(e.stat, STAT_DENIED as u8);
-    assert_eq!(e.owner, OWNER_FROM_POD);
+    assert_eq!(e.hook, HOOK_FROM_POD);
     assert_eq!(e.ifindex, LO);
     assert_eq!(e.policy_id, 5);
     assert_eq!(e.src, addr(POD4));
@@ -132,7 +132,7 @@ fn all_mode_logs_a_new_flow_once_and_never_its_established_or_reply_packets() {
     assert_eq!(e.kind, FLOW_ALLOWED);
     assert_eq!(e.stat, STAT_ALLOWED_POLICY as u8);
     assert_eq!(e.policy_id, 5);
-    assert_eq!(e.owner, OWNER_FROM_POD);
+    assert_eq!(e.hook, HOOK_FROM_POD);
     assert_eq!(u16::from_be(e.dport), 80);
     assert_eq!(e.proto, PROTO_TCP);
 }
@@ -151,10 +151,10 @@ fn all_mode_logs_unisolated_ingress_and_denials_in_both_directions() {
     assert_eq!(events[0].kind, FLOW_ALLOWED);
     assert_eq!(events[0].stat, STAT_ALLOWED_UNISOLATED as u8);
     assert_eq!(events[0].policy_id, 0);
-    assert_eq!(events[0].owner, OWNER_TO_POD);
+    assert_eq!(events[0].hook, HOOK_TO_POD);
     assert_eq!(events[0].src, addr("10.0.3.3"));
     assert_eq!(events[1].kind, FLOW_DENIED);
-    assert_eq!(events[1].owner, OWNER_FROM_POD);
+    assert_eq!(events[1].hook, HOOK_FROM_POD);
     assert_eq!(events[1].policy_id, 7);
     assert_eq!(events[1].dst, addr("fd00::9"), "IPv6 as it is");
 }

@@ -115,7 +115,7 @@ fn every_fragment_of_an_allowed_datagram_passes() {
     // Conntrack knows the datagram's flow by its real ports, and nothing
     // else: no entry of port 0.
     for (me, peer) in FAMILIES {
-        assert!(h.ct_has(&ct(me, 1000, peer, 53, PROTO_UDP, OWNER_FROM_POD)));
+        assert!(h.ct_has(&ct(me, 1000, peer, 53, PROTO_UDP, HOOK_FROM_POD)));
     }
     assert_eq!(h.ct_len(), 2, "{:?}", h.ct_keys());
 }
@@ -265,7 +265,7 @@ fn one_hooks_record_does_not_pass_another_pods_fragments() {
         assert_eq!(h.sends_at(a, &tcp[1]), ALLOW);
         assert_eq!(h.receives_at(b, &tcp[0]), DROP, "b's ingress denies TCP");
         assert_eq!(h.receives_at(b, &tcp[1]), DROP, "and so the rest of it");
-        assert_eq!(h.stat_dir(OWNER_TO_POD, STAT_DENIED_FRAGMENT), 2);
+        assert_eq!(h.stat_dir(HOOK_TO_POD, STAT_DENIED_FRAGMENT), 2);
     });
 }
 
@@ -457,8 +457,8 @@ fn ipv6_extension_headers_are_walked_to_the_ports() {
     );
     // Judged by the real ports, so conntrack knows the flows and their
     // replies come back.
-    assert!(h.ct_has(&ct(POD6, 1000, PEER6, 53, PROTO_UDP, OWNER_FROM_POD)));
-    assert!(h.ct_has(&ct(POD6, 40000, PEER6, 80, PROTO_TCP, OWNER_FROM_POD)));
+    assert!(h.ct_has(&ct(POD6, 1000, PEER6, 53, PROTO_UDP, HOOK_FROM_POD)));
+    assert!(h.ct_has(&ct(POD6, 40000, PEER6, 80, PROTO_TCP, HOOK_FROM_POD)));
     let reply = ipv6_with_exts(
         PEER6,
         POD6,
@@ -598,7 +598,7 @@ fn fragments_of_a_reply_pass_as_the_reply_does() {
         [2, 4, 2, 4]
     );
     for (me, peer) in FAMILIES {
-        assert!(h.ct_has(&ct(me, 5000, peer, 53, PROTO_UDP, OWNER_FROM_POD)));
+        assert!(h.ct_has(&ct(me, 5000, peer, 53, PROTO_UDP, HOOK_FROM_POD)));
     }
     assert_eq!(h.ct_len(), 2, "replies make no entries: {:?}", h.ct_keys());
 }

@@ -38,9 +38,9 @@ fn not_isolated_passes_and_tracks_the_flow() {
     let mut h = Harness::new();
     h.endpoint(0, 0);
     assert_eq!(h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80)), ALLOW);
-    assert!(h.ct_has(&ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD)));
+    assert!(h.ct_has(&ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, HOOK_FROM_POD)));
     assert_eq!(h.pod_receives(&udp("10.0.1.7", 5353, POD4, 53)), ALLOW);
-    assert!(h.ct_has(&ct("10.0.1.7", 5353, POD4, 53, PROTO_UDP, OWNER_TO_POD)));
+    assert!(h.ct_has(&ct("10.0.1.7", 5353, POD4, 53, PROTO_UDP, HOOK_TO_POD)));
     assert_eq!(h.stat(STAT_ALLOWED_UNISOLATED), 2);
 }
 
@@ -50,7 +50,7 @@ fn refresh_keeps_one_entry_and_moves_the_timestamp() {
     require_root();
     let mut h = Harness::new();
     h.endpoint(0, 0);
-    let key = ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD);
+    let key = ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, HOOK_FROM_POD);
     h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80));
     let first = h.ct_get(&key).unwrap().last_seen_ns;
     // The stamp comes from the coarse clock, which moves once a tick.
@@ -76,7 +76,7 @@ fn last_seen_is_never_earlier_than_the_packet() {
     require_root();
     let mut h = Harness::new();
     h.endpoint(0, 0);
-    let key = ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD);
+    let key = ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, HOOK_FROM_POD);
     for _ in 0..200 {
         let before = monotonic_ns();
         h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80));
@@ -132,7 +132,7 @@ fn cidr_and_port_allow() {
     h.ports(9, PROTO_TCP, 80, 80);
 
     assert_eq!(h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80)), ALLOW);
-    assert!(h.ct_has(&ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD)));
+    assert!(h.ct_has(&ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, HOOK_FROM_POD)));
     assert_eq!(h.pod_sends(&tcp(POD4, 40000, "10.0.1.255", 80)), ALLOW);
     assert_eq!(
         h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 81)),
@@ -176,7 +176,7 @@ fn ingress_policy_judges_the_source() {
         POD4,
         8080,
         PROTO_TCP,
-        OWNER_TO_POD
+        HOOK_TO_POD
     )));
     assert_eq!(h.pod_receives(&tcp("192.169.3.4", 50000, POD4, 8080)), DROP);
     assert_eq!(h.pod_receives(&tcp("192.168.3.4", 50000, POD4, 8081)), DROP);
@@ -286,7 +286,7 @@ fn verdicts_are_counted_by_the_direction_that_judged_them() {
     h.cidr(1, "10.0.1.0/24", 1);
     h.cidr(1, "fd00:1::/64", 1);
     h.ports(1, PROTO_TCP, 80, 80);
-    let (egress, ingress) = (OWNER_FROM_POD, OWNER_TO_POD);
+    let (egress, ingress) = (HOOK_FROM_POD, HOOK_TO_POD);
 
     // An ingress flow, IPv4 (fast path) and IPv6 (full path): its forward
     // packets are the pod's ingress, its replies the pod's egress.
@@ -386,13 +386,13 @@ fn reply_needs_the_other_hooks_entry() {
                       // An entry with the right tuple but written by an egress hook (say of
                       // the peer, were it a local pod) is no proof that this pod's ingress
                       // allowed the flow.
-    let key = ct("10.0.1.5", 40000, POD4, 80, PROTO_TCP, OWNER_FROM_POD);
+    let key = ct("10.0.1.5", 40000, POD4, 80, PROTO_TCP, HOOK_FROM_POD);
     forge_entry(&mut h, key);
     assert_eq!(h.pod_sends(&tcp(POD4, 80, "10.0.1.5", 40000)), DROP);
 
     // The right hook, but of another interface: proof about another pod.
     let elsewhere = CtKey {
-        owner: OWNER_TO_POD,
+        hook: HOOK_TO_POD,
         ifindex: LO + 1,
         ..key
     };
@@ -400,7 +400,7 @@ fn reply_needs_the_other_hooks_entry() {
     assert_eq!(h.pod_sends(&tcp(POD4, 80, "10.0.1.5", 40000)), DROP);
 
     let key = CtKey {
-        owner: OWNER_TO_POD,
+        hook: HOOK_TO_POD,
         ..key
     };
     forge_entry(&mut h, key);
@@ -560,7 +560,7 @@ fn an_epoch_change_that_still_allows_refreshes_the_entry() {
     h.cidr(3, "10.0.0.0/16", 1);
     h.ports(1, PROTO_TCP, 80, 80);
     let syn = tcp(POD4, 40000, "10.0.1.5", 80);
-    let key = ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD);
+    let key = ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, HOOK_FROM_POD);
     assert_eq!(h.pod_sends(&syn), ALLOW);
     assert_eq!(h.ct_get(&key).unwrap().epoch, 0);
     h.switch(0, 3, 0, 5);
@@ -587,7 +587,7 @@ fn replies_are_rejudged_when_the_writing_direction_moves() {
     h.ports(1, PROTO_TCP, 80, 80);
     let request = tcp("10.0.1.5", 40000, POD4, 80);
     let reply = tcp(POD4, 80, "10.0.1.5", 40000);
-    let key = ct("10.0.1.5", 40000, POD4, 80, PROTO_TCP, OWNER_TO_POD);
+    let key = ct("10.0.1.5", 40000, POD4, 80, PROTO_TCP, HOOK_TO_POD);
     assert_eq!(h.pod_receives(&request), ALLOW);
     assert_eq!(h.pod_sends(&reply), ALLOW);
 
@@ -640,7 +640,7 @@ fn sctp_and_udp_ports() {
     assert_eq!(h.pod_receives(&tcp("10.0.1.5", 5000, POD4, 9000)), DROP);
     assert_eq!(h.pod_receives(&udp("10.0.1.5", 5000, POD4, 53)), ALLOW);
     assert_eq!(h.pod_receives(&tcp("10.0.1.5", 5000, POD4, 53)), DROP);
-    assert!(h.ct_has(&ct("10.0.1.5", 5000, POD4, 9000, PROTO_SCTP, OWNER_TO_POD)));
+    assert!(h.ct_has(&ct("10.0.1.5", 5000, POD4, 9000, PROTO_SCTP, HOOK_TO_POD)));
 }
 
 #[test]
@@ -656,14 +656,7 @@ fn ipv6_peers() {
     h.port_keys(PortKey::lpm_any_protocol(3));
 
     assert_eq!(h.pod_sends(&tcp(POD6, 40000, "fd00:1::5", 443)), ALLOW);
-    assert!(h.ct_has(&ct(
-        POD6,
-        40000,
-        "fd00:1::5",
-        443,
-        PROTO_TCP,
-        OWNER_FROM_POD
-    )));
+    assert!(h.ct_has(&ct(POD6, 40000, "fd00:1::5", 443, PROTO_TCP, HOOK_FROM_POD)));
     assert_eq!(h.pod_sends(&tcp(POD6, 40000, "fd00:1::5", 80)), DROP);
     assert_eq!(h.pod_sends(&tcp(POD6, 40000, "fd00:2::5", 443)), DROP);
     assert_eq!(h.pod_sends(&tcp(POD4, 40000, "8.8.8.8", 443)), ALLOW);
@@ -989,7 +982,7 @@ fn ipv4_flows_are_tracked_in_their_own_map() {
     let k = h.conntrack4().keys().next().unwrap().unwrap();
     assert_eq!(
         k.widen(),
-        ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD)
+        ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, HOOK_FROM_POD)
     );
 }
 
@@ -1002,7 +995,7 @@ fn an_ipv4_mapped_entry_in_the_ipv6_map_vouches_for_nothing() {
     // they grant nothing).
     let mut h = Harness::new();
     h.endpoint(1, 0);
-    let planted = ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD);
+    let planted = ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, HOOK_FROM_POD);
     h.conntrack()
         .insert(
             planted,
@@ -1098,7 +1091,7 @@ fn forged_replies_cannot_open_a_denied_port() {
         assert!(
             h.ct_keys()
                 .iter()
-                .all(|k| k.src_ip() != ip(POD_B) || k.ifindex != c || k.owner != OWNER_FROM_POD),
+                .all(|k| k.src_ip() != ip(POD_B) || k.ifindex != c || k.hook != HOOK_FROM_POD),
             "a spoofed frame made an entry"
         );
     });
@@ -1116,15 +1109,7 @@ fn forged_replies_cannot_open_a_denied_port_even_past_the_spoof_check() {
         victim_and_attacker(&mut h, b, c, &[POD_C, POD_B]);
         forge_then_connect(&mut h, b, c, ALLOW);
         assert!(
-            h.ct_has(&ct_at(
-                c,
-                POD_B,
-                81,
-                POD_C,
-                40000,
-                PROTO_TCP,
-                OWNER_FROM_POD
-            )),
+            h.ct_has(&ct_at(c, POD_B, 81, POD_C, 40000, PROTO_TCP, HOOK_FROM_POD)),
             "the forged frame did make an entry, on c's hook"
         );
     });
@@ -1228,7 +1213,7 @@ fn an_entry_of_one_pod_does_not_pass_another() {
             "10.0.1.5",
             80,
             PROTO_TCP,
-            OWNER_FROM_POD
+            HOOK_FROM_POD
         )));
         assert!(h.ct_has(&ct_at(
             a,
@@ -1237,7 +1222,7 @@ fn an_entry_of_one_pod_does_not_pass_another() {
             POD4,
             8080,
             PROTO_TCP,
-            OWNER_TO_POD
+            HOOK_TO_POD
         )));
 
         h.endpoint_at(b, 2, 2, &[POD4]); // policy 2: nothing allowed
@@ -1464,7 +1449,7 @@ fn headers_read_by_copy_judge_like_headers_read_in_place() {
         h.port_keys(PortKey::lpm(2, PROTO_TCP, 0, 0));
         let verdicts: Vec<u32> = frames.iter().map(|(prog, f)| h.run(prog, f)).collect();
         let mut entries = h.ct_keys();
-        entries.sort_by_key(|k| (k.src, k.dst, k.sport, k.dport, k.proto, k.owner));
+        entries.sort_by_key(|k| (k.src, k.dst, k.sport, k.dport, k.proto, k.hook));
         (verdicts, h.stats(), entries)
     };
     let in_place = judge(OBJECT);
@@ -1534,7 +1519,7 @@ fn fast_path_cases(mut h: Harness) {
     assert_eq!(h.pod_sends(&fwd), ALLOW);
     h.switch(7, 7, 9, 9);
     assert_eq!(h.pod_sends(&fwd), DROP);
-    assert!(!h.ct_has(&ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD)));
+    assert!(!h.ct_has(&ct(POD4, 40000, "10.0.1.5", 80, PROTO_TCP, HOOK_FROM_POD)));
     assert_eq!(h.pod_receives(&reply), DROP);
 
     // A truncated L4 header misses the fast path and drops as malformed.
@@ -1649,8 +1634,8 @@ fn a_hook_holding_its_conntrack_share_drops_new_flows_and_keeps_the_flows_it_has
     assert_eq!(h.pod_sends(&udp(POD4, 5000, "10.0.1.5", 53)), ALLOW);
     assert_eq!(h.ct_share(slot).created, [2, 0]);
     assert_eq!(h.pod_sends(&syn(40001)), DROP, "a third flow");
-    assert_eq!(h.stat_dir(OWNER_FROM_POD, STAT_DENIED_CT_SHARE), 1);
-    assert!(!h.ct_has(&ct(POD4, 40001, "10.0.1.5", 80, PROTO_TCP, OWNER_FROM_POD)));
+    assert_eq!(h.stat_dir(HOOK_FROM_POD, STAT_DENIED_CT_SHARE), 1);
+    assert!(!h.ct_has(&ct(POD4, 40001, "10.0.1.5", 80, PROTO_TCP, HOOK_FROM_POD)));
     // A flow it holds: established, its replies too, and a SYN of it again
     // (a retransmission) makes nothing new.
     assert_eq!(h.pod_sends(&tcp(POD4, 40000, "10.0.1.5", 80)), ALLOW);
@@ -1671,10 +1656,10 @@ fn a_hook_holding_its_conntrack_share_drops_new_flows_and_keeps_the_flows_it_has
     h.switch(0, 0, 2, 2);
     assert_eq!(h.pod_sends(&syn(40001)), ALLOW);
     assert_eq!(h.pod_sends(&syn(40002)), DROP);
-    assert_eq!(h.stat_dir(OWNER_FROM_POD, STAT_DENIED_CT_SHARE), 2);
+    assert_eq!(h.stat_dir(HOOK_FROM_POD, STAT_DENIED_CT_SHARE), 2);
     // Denied by policy is denied by policy, whatever the share.
     h.switch(7, 7, 3, 3);
     assert_eq!(h.pod_sends(&syn(40003)), DROP);
-    assert_eq!(h.stat_dir(OWNER_FROM_POD, STAT_DENIED_CT_SHARE), 2);
-    assert_eq!(h.stat_dir(OWNER_FROM_POD, STAT_DENIED), 2);
+    assert_eq!(h.stat_dir(HOOK_FROM_POD, STAT_DENIED_CT_SHARE), 2);
+    assert_eq!(h.stat_dir(HOOK_FROM_POD, STAT_DENIED), 2);
 }

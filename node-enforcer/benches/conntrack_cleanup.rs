@@ -44,7 +44,7 @@ static ALLOC: Counting = Counting;
 
 use node_enforcer::conntrack::{kernel, sweep, Tuple};
 use node_enforcer::datapath::bpf::BpfDatapath;
-use palisade_ebpf::{Ct4Key, CtKey, CtValue, OWNER_FROM_POD, OWNER_TO_POD};
+use palisade_ebpf::{Ct4Key, CtKey, CtValue, HOOK_FROM_POD, HOOK_TO_POD};
 
 fn v4(i: u32) -> [u8; 16] {
     let mut o = [0u8; 16];
@@ -123,7 +123,7 @@ fn run(n: usize, only: Option<&'static str>) -> Vec<Row> {
                         dport: 0,
                         ifindex: 7,
                         proto: 1,
-                        owner: OWNER_FROM_POD,
+                        hook: HOOK_FROM_POD,
                         pad: [0; 2],
                     };
                     let old = CtValue {
@@ -181,10 +181,10 @@ fn fill(maps: &mut sweep::Conntrack, n: usize, flow: &dyn Fn(u32) -> Tuple) {
             dport: t.dport.to_be(),
             ifindex: 7 + (i % 2),
             proto: 17,
-            owner: if i % 2 == 0 {
-                OWNER_FROM_POD
+            hook: if i % 2 == 0 {
+                HOOK_FROM_POD
             } else {
-                OWNER_TO_POD
+                HOOK_TO_POD
             },
             pad: [0; 2],
         };

@@ -87,7 +87,7 @@ pub enum Knowledge<'a> {
     /// The controller's plan lists the pod.
     Known(&'a PodPolicy),
     /// Pod-up is waiting for the controller to deliver the pod's policy.
-    Pending,
+    Waiting,
     /// Standard mode, deadline passed, policy still unknown: open, visibly.
     Unprotected,
     /// No usable plan (none yet after a restart, or the controller does not
@@ -106,20 +106,21 @@ pub enum Verdict {
     Policy(Arc<PolicySet>),
 }
 
-/// Who an interface belongs to.
+/// Which pod an interface with our programs is enforced for.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Owner {
+pub enum Claim {
+    /// The pod whose host interface it is.
     Pod(PodKey),
     /// An interface with our programs that no pod explains (a damaged
     /// checkpoint): it keeps its policy until it goes away or is explained.
     Unexplained,
 }
 
-impl Owner {
+impl Claim {
     pub fn pod(&self) -> Option<&PodKey> {
         match self {
-            Owner::Pod(k) => Some(k),
-            Owner::Unexplained => None,
+            Claim::Pod(k) => Some(k),
+            Claim::Unexplained => None,
         }
     }
 }
@@ -127,7 +128,7 @@ impl Owner {
 /// What one host interface must have.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DesiredEndpoint {
-    pub owner: Owner,
+    pub claim: Claim,
     pub ifindex: u32,
     pub ingress: Verdict,
     pub egress: Verdict,
@@ -140,9 +141,9 @@ pub struct Desired {
     /// Why a pod is not enforced exactly as its plan says (compile errors,
     /// unknown policy); shown in the dump.
     pub errors: BTreeMap<PodKey, String>,
-    /// Pods a direction of which waits for its table ([`NoTable::Pending`]):
+    /// Pods a direction of which waits for its table ([`NoTable::InFlight`]):
     /// their pod-ups are answered once it is complete.
-    pub pending: std::collections::BTreeSet<PodKey>,
+    pub awaiting_tables: std::collections::BTreeSet<PodKey>,
 }
 
 /// What an interface enforces now: ingress, egress, the pod's addresses.
@@ -160,14 +161,14 @@ pub enum NoTable {
     /// Its table is being compiled or written (a big policy, off the
     /// reconciler's thread or in slices): the interface keeps what it
     /// enforces now, or is denied, until the table is complete.
-    Pending(String),
+    InFlight(String),
 }
 
 impl std::fmt::Display for NoTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             NoTable::Failed(e) => f.write_str(e),
-            NoTable::Pending(why) => write!(f, "{why}: its table is not complete yet"),
+            NoTable::InFlight(why) => write!(f, "{why}: its table is not complete yet"),
         }
     }
 }
@@ -186,8 +187,8 @@ pub struct PodDesired {
     pub endpoints: Vec<(String, DesiredEndpoint)>,
     /// Why it is not enforced as its plan says, if it is not.
     pub error: Option<String>,
-    /// A direction's table is not complete yet ([`NoTable::Pending`]).
-    pub pending: bool,
+    /// A direction's table is not complete yet ([`NoTable::InFlight`]).
+    pub awaiting_table: bool,
 }
 
 /// Inputs of [`desired`] and [`desired_pod`].
@@ -216,7 +217,7 @@ pub fn desired_pod(
     let mode = pod.mode.unwrap_or(i.mode);
     let knowledge = (i.knowledge)(key);
     let mut error = None;
-    let mut pending = false;
+    let mut awaiting_table = false;
     // None: the direction's table is not complete yet (resolved per
     // interface below: what it enforces now, or deny).
     let mut direction = |d: Option<&DirectionPolicy>, name: &str| -> Option<Verdict> {
@@ -232,8 +233,8 @@ pub fn desired_pod(
         };
         match compile_set(d) {
             Ok(set) => Some(Verdict::Policy(set)),
-            Err(NoTable::Pending(why)) => {
-                pending = true;
+            Err(NoTable::InFlight(why)) => {
+                awaiting_table = true;
                 error = Some(format!(
                     "{name} policy of {}/{} ({why}) is not realized yet: the pod keeps what it enforces now, or is denied, until its table is complete",
                     key.0, key.1
@@ -254,7 +255,7 @@ pub fn desired_pod(
             direction(p.ingress.as_ref(), "ingress"),
             direction(p.egress.as_ref(), "egress"),
         ),
-        Knowledge::Pending => {
+        Knowledge::Waiting => {
             error = Some(format!(
                 "{}/{}: waiting for the controller to deliver the pod's policy; denied meanwhile",
                 key.0, key.1
@@ -316,7 +317,7 @@ pub fn desired_pod(
         out.push((
             ifname.clone(),
             DesiredEndpoint {
-                owner: Owner::Pod(key.clone()),
+                claim: Claim::Pod(key.clone()),
                 ifindex,
                 ingress,
                 egress,
@@ -327,7 +328,7 @@ pub fn desired_pod(
     PodDesired {
         endpoints: out,
         error,
-        pending,
+        awaiting_table,
     }
 }
 
@@ -337,7 +338,7 @@ pub fn desired_unexplained(i: &Inputs<'_>, ifname: &str) -> Option<DesiredEndpoi
     let (ingress, egress, addrs) = i.unexplained.get(ifname)?;
     let &ifindex = i.live.get(ifname)?;
     Some(DesiredEndpoint {
-        owner: Owner::Unexplained,
+        claim: Claim::Unexplained,
         ifindex,
         ingress: ingress.clone(),
         egress: egress.clone(),
@@ -369,8 +370,8 @@ pub fn desired_with(i: &Inputs<'_>, compile_set: &mut Compiler<'_>) -> Desired {
         if let Some(e) = d.error {
             out.errors.insert(key.clone(), e);
         }
-        if d.pending {
-            out.pending.insert(key.clone());
+        if d.awaiting_table {
+            out.awaiting_tables.insert(key.clone());
         }
     }
     for ifname in i.unexplained.keys() {
@@ -428,7 +429,7 @@ mod tests {
     #[test]
     fn unknown_policy_is_denied_and_named_until_the_deadline() {
         for mode in [Mode::Standard, Mode::Strict] {
-            let d = run(mode, Knowledge::Pending, 10);
+            let d = run(mode, Knowledge::Waiting, 10);
             assert_eq!(d.endpoints["veth-a"].ingress, Verdict::Deny);
             assert_eq!(d.endpoints["veth-a"].egress, Verdict::Deny);
             assert!(d.errors.values().next().unwrap().contains("waiting"));

@@ -128,6 +128,18 @@ fn reconciler_metrics(e: &mut Exposition, d: &Dump) {
         "Standing warnings (GetEnforcerState lists them).",
         d.warnings.len() as u64,
     );
+    e.family(
+        "palisade_enforcer_datapath_errors_total",
+        "counter",
+        "Datapath calls of the reconciler that failed (map writes, attach and detach, interface and address reads), by kind: interface_gone, full (a map or the endpoint slots), kernel (a refused or failed call), io (files under the pin root), invariant (the datapath's own).",
+    );
+    for (kind, n) in &d.datapath_errors {
+        e.sample_u64(
+            "palisade_enforcer_datapath_errors_total",
+            &[("kind", kind)],
+            *n,
+        );
+    }
     e.single(
         "palisade_enforcer_policy_sets",
         "gauge",
@@ -201,9 +213,9 @@ fn datapath_metrics(e: &mut Exposition, r: &DatapathReading) {
         "counter",
         "Packets judged by the datapath, by the pod's direction (egress: packets it sends; ingress: packets to it), verdict and reason, summed over every pod.",
     );
-    for (owner, direction) in DIRECTION_LABELS {
+    for (hook, direction) in DIRECTION_LABELS {
         for (stat, verdict, reason) in STAT_LABELS {
-            let slot = palisade_ebpf::stat_slot(owner, stat);
+            let slot = palisade_ebpf::stat_slot(hook, stat);
             if let Some(n) = r.verdicts.get(slot as usize) {
                 e.sample_u64(
                     "palisade_enforcer_verdicts_total",
@@ -397,9 +409,28 @@ pub fn render_flow_log(stats: Option<&crate::flow_log::stats::FlowStats>) -> Str
 }
 
 #[cfg(test)]
-mod flow_log_tests {
+mod tests {
     use super::*;
     use crate::flow_log::stats::FlowStats;
+
+    #[test]
+    fn datapath_errors_are_counted_by_kind() {
+        let dump = Dump {
+            datapath_errors: vec![("interface_gone", 3), ("kernel", 1), ("full", 0)],
+            ..Default::default()
+        };
+        let text = render(Some(&dump), None);
+        for line in [
+            "# TYPE palisade_enforcer_datapath_errors_total counter",
+            "palisade_enforcer_datapath_errors_total{kind=\"interface_gone\"} 3",
+            "palisade_enforcer_datapath_errors_total{kind=\"kernel\"} 1",
+            "palisade_enforcer_datapath_errors_total{kind=\"full\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+        // Read from the reconciler: absent when it could not be read.
+        assert!(!render(None, None).contains("palisade_enforcer_datapath_errors_total"));
+    }
 
     #[test]
     fn flow_log_counters_are_exported_and_a_missing_reading_says_so() {

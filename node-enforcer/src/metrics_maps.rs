@@ -14,9 +14,9 @@ use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
 use aya::Pod;
 use palisade_ebpf::{
     Ct4Key, CtConfig, CtKey, CtValue, Frag4Key, Frag6Key, FragValue, PolicyExactKey, PolicyKey,
-    PolicyLens, PolicyValue, PortKey, PortValue, MAP_CONNTRACK, MAP_CT4, MAP_CT_CONFIG,
-    MAP_EP_INDEX, MAP_FRAGS4, MAP_FRAGS6, MAP_POLICY, MAP_POLICY_EXACT, MAP_POLICY_LENS, MAP_PORTS,
-    MAP_STATS, OWNER_FROM_POD, OWNER_TO_POD, STAT_ALLOWED_ESTABLISHED, STAT_ALLOWED_FRAGMENT,
+    PolicyLens, PolicyValue, PortKey, PortValue, HOOK_FROM_POD, HOOK_TO_POD, MAP_CONNTRACK,
+    MAP_CT4, MAP_CT_CONFIG, MAP_EP_INDEX, MAP_FRAGS4, MAP_FRAGS6, MAP_POLICY, MAP_POLICY_EXACT,
+    MAP_POLICY_LENS, MAP_PORTS, MAP_STATS, STAT_ALLOWED_ESTABLISHED, STAT_ALLOWED_FRAGMENT,
     STAT_ALLOWED_NDP, STAT_ALLOWED_POLICY, STAT_ALLOWED_REPLY, STAT_ALLOWED_UNISOLATED, STAT_COUNT,
     STAT_DENIED, STAT_DENIED_CT_SHARE, STAT_DENIED_ENDPOINT_UNSURE, STAT_DENIED_EXT_HEADERS,
     STAT_DENIED_FRAGMENT, STAT_DENIED_MALFORMED, STAT_DENIED_SPOOF, STAT_SLOTS,
@@ -41,8 +41,7 @@ pub const STAT_LABELS: [(u32, &str, &str); STAT_COUNT as usize] = [
 
 /// Each hook as the `direction` label: the pod's egress (packets it sends)
 /// and its ingress (packets to it).
-pub const DIRECTION_LABELS: [(u8, &str); 2] =
-    [(OWNER_FROM_POD, "egress"), (OWNER_TO_POD, "ingress")];
+pub const DIRECTION_LABELS: [(u8, &str); 2] = [(HOOK_FROM_POD, "egress"), (HOOK_TO_POD, "ingress")];
 
 /// One map's fill level.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use std::process::Command;
 
 use node_enforcer::conntrack::{kernel, monotonic_ns, stale, sweep, Explained, Tuple};
 use node_enforcer::datapath::bpf::BpfDatapath;
-use palisade_ebpf::{CtKey, CtValue, OWNER_FROM_POD, OWNER_TO_POD};
+use palisade_ebpf::{CtKey, CtValue, HOOK_FROM_POD, HOOK_TO_POD};
 
 fn run(args: &[&str], stdin: Option<&str>) {
     use std::io::Write;
@@ -303,7 +303,7 @@ fn a_ping_idle_a_moment_is_kept_without_a_dump() {
                     proto: 1,
                 },
                 8,
-                OWNER_TO_POD,
+                HOOK_TO_POD,
             );
             let a_second_ago = CtValue {
                 last_seen_ns: monotonic_ns() - 1_000_000_000,
@@ -347,10 +347,10 @@ fn sweep_case(tag: &'static str, asking: fn() -> sweep::Asking) -> sweep::Report
             epoch: 1,
             pad: 0,
         };
-        let live_client = CtKey::new(flow(vip, 80, cport), 7, OWNER_FROM_POD);
-        let live_backend = CtKey::new(flow(lo, 8080, cport), 8, OWNER_TO_POD);
-        let dead = CtKey::new(flow(lo, 8080, cport.wrapping_add(1)), 8, OWNER_TO_POD);
-        let fresh = CtKey::new(flow(lo, 8080, cport.wrapping_add(2)), 8, OWNER_TO_POD);
+        let live_client = CtKey::new(flow(vip, 80, cport), 7, HOOK_FROM_POD);
+        let live_backend = CtKey::new(flow(lo, 8080, cport), 8, HOOK_TO_POD);
+        let dead = CtKey::new(flow(lo, 8080, cport.wrapping_add(1)), 8, HOOK_TO_POD);
+        let fresh = CtKey::new(flow(lo, 8080, cport.wrapping_add(2)), 8, HOOK_TO_POD);
         // An IPv6 flow the kernel does not have (IPv6 entries have a map
         // of their own).
         let dead6 = CtKey::new(
@@ -362,7 +362,7 @@ fn sweep_case(tag: &'static str, asking: fn() -> sweep::Asking) -> sweep::Report
                 proto: 17,
             },
             8,
-            OWNER_TO_POD,
+            HOOK_TO_POD,
         );
         // Pings, which the lookup cannot take: one the kernel tracks (an
         // echo to ourselves just now), one it does not.
@@ -374,7 +374,7 @@ fn sweep_case(tag: &'static str, asking: fn() -> sweep::Asking) -> sweep::Report
                     ..flow(dst, 0, 0)
                 },
                 8,
-                OWNER_TO_POD,
+                HOOK_TO_POD,
             )
         };
         let live_icmp = icmp_to(lo);

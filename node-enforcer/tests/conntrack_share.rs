@@ -7,7 +7,7 @@
 use node_enforcer::conntrack::{monotonic_ns, sweep};
 use node_enforcer::datapath::bpf::BpfDatapath;
 use node_enforcer::datapath::{Datapath, EndpointEntry};
-use palisade_ebpf::{Ct4Key, CtKey, CtValue, Tuple, OWNER_FROM_POD, OWNER_TO_POD};
+use palisade_ebpf::{Ct4Key, CtKey, CtValue, Tuple, HOOK_FROM_POD, HOOK_TO_POD};
 use palisade_test_support::require_root;
 
 const POD: u32 = 7;
@@ -21,7 +21,7 @@ impl Drop for PinRoot {
     }
 }
 
-fn entry(ifindex: u32, sport: u16, owner: u8) -> CtKey {
+fn entry(ifindex: u32, sport: u16, hook: u8) -> CtKey {
     CtKey::new(
         Tuple {
             src: "10.0.0.2".parse().unwrap(),
@@ -31,7 +31,7 @@ fn entry(ifindex: u32, sport: u16, owner: u8) -> CtKey {
             proto: 6,
         },
         ifindex,
-        owner,
+        hook,
     )
 }
 
@@ -61,15 +61,15 @@ fn a_cleanup_pass_recounts_what_each_pod_hook_holds() {
         pad: 0,
     };
     for sport in 0..5 {
-        maps.insert(entry(POD, 40000 + sport, OWNER_FROM_POD), live)
+        maps.insert(entry(POD, 40000 + sport, HOOK_FROM_POD), live)
             .unwrap();
     }
     for sport in 0..2 {
-        maps.insert(entry(POD, 50000 + sport, OWNER_TO_POD), live)
+        maps.insert(entry(POD, 50000 + sport, HOOK_TO_POD), live)
             .unwrap();
     }
     // An interface with no endpoint: counted for nobody.
-    maps.insert(entry(GONE, 40000, OWNER_FROM_POD), live)
+    maps.insert(entry(GONE, 40000, HOOK_FROM_POD), live)
         .unwrap();
     assert_eq!(
         maps.shares.held(POD),
@@ -84,7 +84,7 @@ fn a_cleanup_pass_recounts_what_each_pod_hook_holds() {
 
     // Three go unseen by the programs (as LRU evictions do).
     for sport in 0..3 {
-        let k = Ct4Key::of(&entry(POD, 40000 + sport, OWNER_FROM_POD)).unwrap();
+        let k = Ct4Key::of(&entry(POD, 40000 + sport, HOOK_FROM_POD)).unwrap();
         maps.v4.remove(&k).unwrap();
     }
     let report = sweep::sweep(&mut maps).unwrap();

@@ -202,8 +202,8 @@ fn pinned_hash<K: aya::Pod, V: aya::Pod>(
 fn tables_of_an_older_version_are_adopted_into_the_exact_lookup() {
     require_root();
     use palisade_ebpf::{
-        Ct4Key, CtKey, CtValue, PolicyExactKey, PolicyLens, PolicyValue, MAP_CONNTRACK, MAP_CT4,
-        MAP_POLICY, MAP_POLICY_EXACT, MAP_POLICY_LENS, OWNER_TO_POD,
+        Ct4Key, CtKey, CtValue, PolicyExactKey, PolicyLens, PolicyValue, HOOK_TO_POD,
+        MAP_CONNTRACK, MAP_CT4, MAP_POLICY, MAP_POLICY_EXACT, MAP_POLICY_LENS,
     };
     let root = pin_root("adopt-exact");
     let mut dp = BpfDatapath::load(&root.0).expect("load the programs");
@@ -257,7 +257,7 @@ fn tables_of_an_older_version_are_adopted_into_the_exact_lookup() {
             proto: 6,
         },
         IFINDEX,
-        OWNER_TO_POD,
+        HOOK_TO_POD,
     );
     let mut v6: aya::maps::HashMap<_, CtKey, CtValue> = pinned_hash(&root.0, MAP_CONNTRACK);
     let seen = CtValue {

@@ -27,7 +27,7 @@ use node_enforcer::datapath::bpf::BpfDatapath;
 use node_enforcer::datapath::{Datapath, EndpointEntry};
 use palisade_ebpf::testkit::frames::tcp_flags;
 use palisade_ebpf::{
-    mapped_addr, stat_slot, MAP_STATS, OWNER_TO_POD, PROG_TO_POD, STAT_ALLOWED_UNISOLATED,
+    mapped_addr, stat_slot, HOOK_TO_POD, MAP_STATS, PROG_TO_POD, STAT_ALLOWED_UNISOLATED,
     STAT_DENIED,
 };
 
@@ -70,7 +70,7 @@ fn entry(ingress: u32, addr: &str) -> EndpointEntry {
 /// Packets of kind `stat` judged by the hook to the pod, on every CPU.
 fn count(stats: &PerCpuArray<MapData, u64>, stat: u32) -> u64 {
     stats
-        .get(&stat_slot(OWNER_TO_POD, stat), 0)
+        .get(&stat_slot(HOOK_TO_POD, stat), 0)
         .unwrap()
         .iter()
         .sum()

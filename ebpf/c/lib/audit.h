@@ -19,11 +19,11 @@
  * counted under.  The staged ids are one word of the endpoint's slot,
  * read once. */
 static __always_inline void audit_check(const struct flow *f, const struct ep_view *ep,
-					__u32 ifindex, __u8 owner, bool allowed, enum pal_stat stat)
+					__u32 ifindex, __u8 hook, bool allowed, enum pal_stat stat)
 {
 	__u64 staged = READ_ONCE_U64(&ep->s->audit);
-	const __u8 *peer = owner == OWNER_FROM_POD ? f->dst : f->src;
-	bool egress = owner == OWNER_FROM_POD;
+	const __u8 *peer = hook == HOOK_FROM_POD ? f->dst : f->src;
+	bool egress = hook == HOOK_FROM_POD;
 	__u32 audit_id = egress ? (__u32)(staged >> 32) : (__u32)staged;
 
 	if (!audit_id)
@@ -32,10 +32,10 @@ static __always_inline void audit_check(const struct flow *f, const struct ep_vi
 		return;
 	if (allowed) {
 		flow_count(egress ? FLOW_STAT_WOULD_DENY_EGRESS : FLOW_STAT_WOULD_DENY_INGRESS);
-		flow_event(f, ifindex, owner, FLOW_WOULD_DENY, audit_id, stat);
+		flow_event(f, ifindex, hook, FLOW_WOULD_DENY, audit_id, stat);
 	} else {
 		flow_count(egress ? FLOW_STAT_WOULD_ALLOW_EGRESS : FLOW_STAT_WOULD_ALLOW_INGRESS);
-		flow_event(f, ifindex, owner, FLOW_WOULD_ALLOW, audit_id, stat);
+		flow_event(f, ifindex, hook, FLOW_WOULD_ALLOW, audit_id, stat);
 	}
 }
 

@@ -47,10 +47,10 @@ struct ct_ref {
 	};
 };
 
-/* The key of the entry hook `owner` of ifindex writes for the flow whose
+/* The key of the entry `hook` of ifindex writes for the flow whose
  * packet is f (reverse: for the flow f replies to). */
 static __always_inline void ct_key(struct ct_ref *r, const struct flow *f, bool reverse,
-				   __u32 ifindex, __u8 owner)
+				   __u32 ifindex, __u8 hook)
 {
 	const __u8 *src = reverse ? f->dst : f->src;
 	const __u8 *dst = reverse ? f->src : f->dst;
@@ -63,7 +63,7 @@ static __always_inline void ct_key(struct ct_ref *r, const struct flow *f, bool 
 		r->k4.dport = reverse ? f->sport : f->dport;
 		r->k4.ifindex = ifindex;
 		r->k4.proto = f->proto;
-		r->k4.owner = owner;
+		r->k4.hook = hook;
 		r->k4.pad[0] = 0;
 		r->k4.pad[1] = 0;
 		return;
@@ -74,7 +74,7 @@ static __always_inline void ct_key(struct ct_ref *r, const struct flow *f, bool 
 	r->k6.dport = reverse ? f->sport : f->dport;
 	r->k6.ifindex = ifindex;
 	r->k6.proto = f->proto;
-	r->k6.owner = owner;
+	r->k6.hook = hook;
 	r->k6.pad[0] = 0;
 	r->k6.pad[1] = 0;
 }
@@ -99,10 +99,10 @@ static __always_inline struct ct_value *ct_lookup(const struct ct_ref *r)
 
 /* ---- each endpoint hook's share of the conntrack table ---- */
 
-/* Does hook `owner` of the endpoint hold its share of entries already?
+/* Does `hook` of the endpoint hold its share of entries already?
  * Read without a lock: CPUs creating entries at the same moment may pass
  * the share by one each, never more. */
-static __always_inline bool ct_share_full(const struct ep_view *ep, __u8 owner)
+static __always_inline bool ct_share_full(const struct ep_view *ep, __u8 hook)
 {
 	__u32 zero = 0;
 	const struct ct_config *cfg = bpf_map_lookup_elem(&pal_ct_config, &zero);
@@ -110,28 +110,28 @@ static __always_inline bool ct_share_full(const struct ep_view *ep, __u8 owner)
 
 	if (!cfg || !sh)
 		return true;
-	return READ_ONCE_U64(&sh->created[owner]) - READ_ONCE_U64(&sh->removed[owner]) >=
+	return READ_ONCE_U64(&sh->created[hook]) - READ_ONCE_U64(&sh->removed[hook]) >=
 	       cfg->share;
 }
 
-/* Counts an entry hook `owner` of the endpoint created or removed. */
-static __always_inline void ct_share_count(const struct ep_view *ep, __u8 owner, bool created)
+/* Counts an entry `hook` of the endpoint created or removed. */
+static __always_inline void ct_share_count(const struct ep_view *ep, __u8 hook, bool created)
 {
 	struct ct_share *sh = bpf_map_lookup_elem(&pal_ct_share, &ep->slot);
 
 	if (!sh)
 		return;
 	if (created)
-		__sync_fetch_and_add(&sh->created[owner], 1);
+		__sync_fetch_and_add(&sh->created[hook], 1);
 	else
-		__sync_fetch_and_add(&sh->removed[owner], 1);
+		__sync_fetch_and_add(&sh->removed[hook], 1);
 }
 
-/* Removes the entry under r, which hook `owner` of the endpoint wrote,
+/* Removes the entry under r, which `hook` of the endpoint wrote,
  * and counts it if it was there (another CPU, the LRU or the enforcer may
  * have removed it first). */
 static __always_inline void ct_delete(const struct ct_ref *r, const struct ep_view *ep,
-				      __u8 owner)
+				      __u8 hook)
 {
 	long err;
 
@@ -140,13 +140,13 @@ static __always_inline void ct_delete(const struct ct_ref *r, const struct ep_vi
 	else
 		err = bpf_map_delete_elem(&pal_conntrack, &r->k6);
 	if (!err)
-		ct_share_count(ep, owner, false);
+		ct_share_count(ep, hook, false);
 }
 
-/* Creates the entry under r for hook `owner` of the endpoint, and counts
+/* Creates the entry under r for `hook` of the endpoint, and counts
  * it; one that exists already (another CPU made it) is left as it is. */
 static __always_inline void ct_create(const struct ct_ref *r, const struct ct_value *v,
-				      const struct ep_view *ep, __u8 owner)
+				      const struct ep_view *ep, __u8 hook)
 {
 	long err;
 
@@ -155,16 +155,16 @@ static __always_inline void ct_create(const struct ct_ref *r, const struct ct_va
 	else
 		err = bpf_map_update_elem(&pal_conntrack, &r->k6, v, BPF_NOEXIST);
 	if (!err)
-		ct_share_count(ep, owner, true);
+		ct_share_count(ep, hook, true);
 }
 
 /* Is f a reply to a flow the other hook of this interface allowed?  An
  * entry of an older epoch counts only if that hook's policy still allows
  * the flow; otherwise it is forgotten. */
 static __always_inline bool ct_is_reply(const struct flow *f, const struct ep_view *ep,
-					__u32 ifindex, __u8 owner)
+					__u32 ifindex, __u8 hook)
 {
-	__u8 writer = other_hook(owner);
+	__u8 writer = other_hook(hook);
 	__u32 epoch = hook_epoch(ep, writer);
 	struct ct_ref r;
 	struct ct_value *v;
@@ -189,20 +189,20 @@ static __always_inline bool ct_is_reply(const struct flow *f, const struct ep_vi
 /* The entry this hook wrote for f (a forward packet's own entry), or NULL;
  * r is left holding its key either way. */
 static __always_inline struct ct_value *ct_own_entry(struct ct_ref *r, const struct flow *f,
-						     __u32 ifindex, __u8 owner)
+						     __u32 ifindex, __u8 hook)
 {
 	if (!f->trackable)
 		return NULL;
-	ct_key(r, f, false, ifindex, owner);
+	ct_key(r, f, false, ifindex, hook);
 	return ct_lookup(r);
 }
 
 /* Was the flow allowed under the hook's current epoch?  Then it passes with
  * no policy lookup (refreshed in place: no LRU update per packet). */
 static __always_inline bool ct_established(struct ct_value *v, const struct ep_view *ep,
-					   __u8 owner)
+					   __u8 hook)
 {
-	if (!v || v->epoch != hook_epoch(ep, owner))
+	if (!v || v->epoch != hook_epoch(ep, hook))
 		return false;
 	ct_touch(v);
 	return true;
@@ -221,25 +221,25 @@ enum judged {
  * still make entries at its peer's hooks, which no share of this pod's
  * bounds. */
 static __always_inline int ct_policy_allows(const struct flow *f, const struct ep_view *ep,
-					    __u8 owner, const struct ct_ref *r,
+					    __u8 hook, const struct ct_ref *r,
 					    struct ct_value *v)
 {
 	struct ct_value fresh = {};
 
-	if (!hook_allows(ep, owner, f)) {
+	if (!hook_allows(ep, hook, f)) {
 		if (v)
-			ct_delete(r, ep, owner);
+			ct_delete(r, ep, hook);
 		return JUDGED_DENIED;
 	}
 	if (v) {
-		v->epoch = hook_epoch(ep, owner);
+		v->epoch = hook_epoch(ep, hook);
 		ct_touch(v);
 	} else if (f->trackable) {
-		if (ct_share_full(ep, owner))
+		if (ct_share_full(ep, hook))
 			return JUDGED_OVER_SHARE;
 		fresh.last_seen_ns = seen_now();
-		fresh.epoch = hook_epoch(ep, owner);
-		ct_create(r, &fresh, ep, owner);
+		fresh.epoch = hook_epoch(ep, hook);
+		ct_create(r, &fresh, ep, hook);
 	}
 	return JUDGED_ALLOWED;
 }
@@ -262,20 +262,20 @@ static __always_inline bool likely_forward(const struct flow *f)
  * unless f is likely forward.  When none does, r holds the key of f's own
  * entry and *own that entry (or NULL), for policy to keep in step. */
 static __always_inline bool ct_vouches(const struct flow *f, const struct ep_view *ep,
-				       __u32 ifindex, __u8 owner, struct ct_ref *r,
+				       __u32 ifindex, __u8 hook, struct ct_ref *r,
 				       struct ct_value **own, enum pal_stat *stat)
 {
 	bool forward = likely_forward(f);
 
 	*stat = STAT_ALLOWED_REPLY;
-	if (!forward && ct_is_reply(f, ep, ifindex, owner))
+	if (!forward && ct_is_reply(f, ep, ifindex, hook))
 		return true;
-	*own = ct_own_entry(r, f, ifindex, owner);
-	if (ct_established(*own, ep, owner)) {
+	*own = ct_own_entry(r, f, ifindex, hook);
+	if (ct_established(*own, ep, hook)) {
 		*stat = STAT_ALLOWED_ESTABLISHED;
 		return true;
 	}
-	return forward && ct_is_reply(f, ep, ifindex, owner);
+	return forward && ct_is_reply(f, ep, ifindex, hook);
 }
 
 #endif

@@ -11,9 +11,9 @@
 
 /* The one place that counts: every verdict goes through it once, under
  * the direction of the hook that judged it. */
-static __always_inline int account(__u8 owner, enum pal_stat stat, int verdict)
+static __always_inline int account(__u8 hook, enum pal_stat stat, int verdict)
 {
-	__u32 slot = STAT_SLOT(owner, stat);
+	__u32 slot = STAT_SLOT(hook, stat);
 	__u64 *count = bpf_map_lookup_elem(&pal_verdicts, &slot);
 
 	if (count)

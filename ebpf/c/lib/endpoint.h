@@ -112,24 +112,24 @@ static __always_inline bool pod_owns_v4(const struct ep_view *ep, __be32 saddr)
 
 /* What a hook judges by: the endpoint's policy id and epoch for its
  * direction, from the one word the packet read. */
-static __always_inline __u64 hook_word(const struct ep_view *ep, __u8 owner)
+static __always_inline __u64 hook_word(const struct ep_view *ep, __u8 hook)
 {
-	return owner == OWNER_FROM_POD ? ep->egress : ep->ingress;
+	return hook == HOOK_FROM_POD ? ep->egress : ep->ingress;
 }
 
-static __always_inline __u32 hook_policy(const struct ep_view *ep, __u8 owner)
+static __always_inline __u32 hook_policy(const struct ep_view *ep, __u8 hook)
 {
-	return EP_WORD_POLICY(hook_word(ep, owner));
+	return EP_WORD_POLICY(hook_word(ep, hook));
 }
 
-static __always_inline __u32 hook_epoch(const struct ep_view *ep, __u8 owner)
+static __always_inline __u32 hook_epoch(const struct ep_view *ep, __u8 hook)
 {
-	return EP_WORD_EPOCH(hook_word(ep, owner));
+	return EP_WORD_EPOCH(hook_word(ep, hook));
 }
 
-static __always_inline __u8 other_hook(__u8 owner)
+static __always_inline __u8 other_hook(__u8 hook)
 {
-	return owner == OWNER_FROM_POD ? OWNER_TO_POD : OWNER_FROM_POD;
+	return hook == HOOK_FROM_POD ? HOOK_TO_POD : HOOK_FROM_POD;
 }
 
 #endif

@@ -44,14 +44,14 @@ static __always_inline struct ct_value *ct4_lookup(const struct ct4_key *k)
 }
 
 static __always_inline int fast_path_v4(struct __sk_buff *skb, const struct ep_view *ep,
-					__u32 ifindex, __u8 owner)
+					__u32 ifindex, __u8 hook)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
 	struct iphdr *ip = data + ETH_HLEN;
 	__u16 *ports = data + ETH_HLEN + sizeof(struct iphdr);
-	__u8 writer = other_hook(owner);
+	__u8 writer = other_hook(hook);
 	__u32 pp, keep, swap_addr, swap_ports;
 	struct ct4_key k;
 	struct ct_value *v;
@@ -72,7 +72,7 @@ static __always_inline int fast_path_v4(struct __sk_buff *skb, const struct ep_v
 		return FAST_MISS; /* fragments: see fragments.h */
 	if (!has_ports(ip->protocol))
 		return FAST_MISS;
-	if (owner == OWNER_FROM_POD && !pod_owns_v4(ep, ip->saddr))
+	if (hook == HOOK_FROM_POD && !pod_owns_v4(ep, ip->saddr))
 		return FAST_MISS;
 	if (ip->protocol == IPPROTO_TCP && opens_connection(*((__u8 *)ports + TCP_FLAGS_OFF)))
 		return FAST_CT_ABSENT;
@@ -93,12 +93,12 @@ static __always_inline int fast_path_v4(struct __sk_buff *skb, const struct ep_v
 	__builtin_memcpy(&k.sport, &pp, 4);
 	k.ifindex = ifindex;
 	k.proto = ip->protocol;
-	k.owner = fwd ? owner : writer;
+	k.hook = fwd ? hook : writer;
 	k.pad[0] = 0;
 	k.pad[1] = 0;
 	v = ct4_lookup(&k);
 	if (v) {
-		if (v->epoch != hook_epoch(ep, k.owner))
+		if (v->epoch != hook_epoch(ep, k.hook))
 			return FAST_MISS;
 		ct_touch(v);
 		return fwd ? FAST_ESTABLISHED : FAST_REPLY;
@@ -107,10 +107,10 @@ static __always_inline int fast_path_v4(struct __sk_buff *skb, const struct ep_v
 	k.dst = ip->daddr ^ ip->saddr ^ k.src;
 	pp = (pp >> 16) | (pp << 16);
 	__builtin_memcpy(&k.sport, &pp, 4);
-	k.owner ^= 1; /* the other hook */
+	k.hook ^= 1; /* the other hook */
 	v = ct4_lookup(&k);
 	if (v) {
-		if (v->epoch != hook_epoch(ep, k.owner))
+		if (v->epoch != hook_epoch(ep, k.hook))
 			return FAST_MISS;
 		ct_touch(v);
 		return fwd ? FAST_REPLY : FAST_ESTABLISHED;

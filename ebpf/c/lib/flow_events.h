@@ -65,7 +65,7 @@ static __always_inline bool flow_admit(const struct flow_config *cfg, __u64 now)
  * ring buffer or an exhausted rate drops the event and counts it.  Staged
  * policies' FLOW_WOULD_* events are sent in every mode (staging a policy
  * is the opt-in), under the same rate limit. */
-static __always_inline void flow_event(const struct flow *f, __u32 ifindex, __u8 owner,
+static __always_inline void flow_event(const struct flow *f, __u32 ifindex, __u8 hook,
 				       __u8 kind, __u32 policy_id, enum pal_stat stat)
 {
 	__u32 zero = 0;
@@ -99,7 +99,7 @@ static __always_inline void flow_event(const struct flow *f, __u32 ifindex, __u8
 	e->sport = f->sport;
 	e->dport = f->dport;
 	e->proto = f->proto;
-	e->owner = owner;
+	e->hook = hook;
 	e->kind = kind;
 	e->stat = stat;
 	bpf_ringbuf_submit(e, 0);

@@ -5,7 +5,7 @@
  * judged like any packet (conntrack, then policy, by its real ports) and
  * its verdict is recorded in pal_frags4 or pal_frags6 under the datagram's
  * name (source, destination, identification and IPv4's protocol: what the
- * receiver reassembles by) and the hook's (ifindex, owner), so one hook's
+ * receiver reassembles by) and the hook's (ifindex, hook) pair, so one hook's
  * verdict never stands for another's.  A later fragment takes that
  * verdict:
  *
@@ -71,7 +71,7 @@ struct frag_ref {
 };
 
 static __always_inline void frag_key_of(struct frag_ref *r, const struct flow *f, __u32 ifindex,
-					__u8 owner)
+					__u8 hook)
 {
 	r->v4 = f->v4;
 	if (f->v4) {
@@ -80,14 +80,14 @@ static __always_inline void frag_key_of(struct frag_ref *r, const struct flow *f
 		r->k4.ifindex = ifindex;
 		r->k4.id = (__be16)f->frag_id;
 		r->k4.proto = f->frag_proto;
-		r->k4.owner = owner;
+		r->k4.hook = hook;
 		return;
 	}
 	__builtin_memcpy(r->k6.src, f->src, 16);
 	__builtin_memcpy(r->k6.dst, f->dst, 16);
 	r->k6.id = f->frag_id;
 	r->k6.ifindex = ifindex;
-	r->k6.owner = owner;
+	r->k6.hook = hook;
 	r->k6.pad[0] = 0;
 	r->k6.pad[1] = 0;
 	r->k6.pad[2] = 0;
@@ -125,20 +125,20 @@ static __always_inline void frag_update(const struct frag_ref *r, const struct f
  * (IPv6 headers inside the fragmentable part) neither leaves the other's
  * L4 header open to a later fragment. */
 static __always_inline void frag_remember(const struct flow *f, const struct ep_view *ep,
-					  __u32 ifindex, __u8 owner, bool allowed)
+					  __u32 ifindex, __u8 hook, bool allowed)
 {
 	struct frag_ref r;
 	struct frag_value v = {};
 	const struct frag_value *old;
 
-	frag_key_of(&r, f, ifindex, owner);
+	frag_key_of(&r, f, ifindex, hook);
 	v.sport = f->sport;
 	v.dport = f->dport;
 	v.l4_end = f->frag_at;
 	v.proto = f->proto;
 	v.allowed = allowed;
-	v.ingress_epoch = hook_epoch(ep, OWNER_TO_POD);
-	v.egress_epoch = hook_epoch(ep, OWNER_FROM_POD);
+	v.ingress_epoch = hook_epoch(ep, HOOK_TO_POD);
+	v.egress_epoch = hook_epoch(ep, HOOK_FROM_POD);
 	old = frag_lookup(&r);
 	if (old && old->l4_end > v.l4_end)
 		v.l4_end = old->l4_end;
@@ -155,12 +155,12 @@ enum frag_answer {
  * takes the datagram's ports and protocol from it, for the flow log of a
  * drop and for a new judgement. */
 static __always_inline int frag_follow(struct flow *f, const struct ep_view *ep, __u32 ifindex,
-				       __u8 owner)
+				       __u8 hook)
 {
 	struct frag_ref r;
 	struct frag_value *v;
 
-	frag_key_of(&r, f, ifindex, owner);
+	frag_key_of(&r, f, ifindex, hook);
 	v = frag_lookup(&r);
 	if (!v)
 		return FRAG_DROP;
@@ -173,8 +173,8 @@ static __always_inline int frag_follow(struct flow *f, const struct ep_view *ep,
 	}
 	if (!v->allowed)
 		return FRAG_DROP;
-	if (v->ingress_epoch == hook_epoch(ep, OWNER_TO_POD) &&
-	    v->egress_epoch == hook_epoch(ep, OWNER_FROM_POD))
+	if (v->ingress_epoch == hook_epoch(ep, HOOK_TO_POD) &&
+	    v->egress_epoch == hook_epoch(ep, HOOK_FROM_POD))
 		return FRAG_PASS;
 	f->trackable = true;
 	return FRAG_JUDGE;
@@ -183,18 +183,18 @@ static __always_inline int frag_follow(struct flow *f, const struct ep_view *ep,
 /* Settles the later fragment f when its record decides it (into *verdict,
  * counted); false when it is to be judged as a packet of its flow. */
 static __always_inline bool frag_later_settled(struct flow *f, const struct ep_view *ep,
-					       __u32 ifindex, __u8 owner, int *verdict)
+					       __u32 ifindex, __u8 hook, int *verdict)
 {
-	int answer = frag_follow(f, ep, ifindex, owner);
+	int answer = frag_follow(f, ep, ifindex, hook);
 
 	if (answer == FRAG_PASS) {
-		*verdict = account(owner, STAT_ALLOWED_FRAGMENT, VERDICT_NEXT);
+		*verdict = account(hook, STAT_ALLOWED_FRAGMENT, VERDICT_NEXT);
 		return true;
 	}
 	if (answer == FRAG_DROP) {
-		flow_event(f, ifindex, owner, FLOW_DENIED, hook_policy(ep, owner),
+		flow_event(f, ifindex, hook, FLOW_DENIED, hook_policy(ep, hook),
 			   STAT_DENIED_FRAGMENT);
-		*verdict = account(owner, STAT_DENIED_FRAGMENT, VERDICT_DROP);
+		*verdict = account(hook, STAT_DENIED_FRAGMENT, VERDICT_DROP);
 		return true;
 	}
 	return false;
@@ -203,11 +203,11 @@ static __always_inline bool frag_later_settled(struct flow *f, const struct ep_v
 /* Counts the verdict on the parsed packet f (account), first recording it
  * for the later fragments when f is a first fragment. */
 static __always_inline int settle(const struct flow *f, const struct ep_view *ep, __u32 ifindex,
-				  __u8 owner, enum pal_stat stat, int verdict)
+				  __u8 hook, enum pal_stat stat, int verdict)
 {
 	if (f->frag == FRAG_FIRST)
-		frag_remember(f, ep, ifindex, owner, verdict == VERDICT_NEXT);
-	return account(owner, stat, verdict);
+		frag_remember(f, ep, ifindex, hook, verdict == VERDICT_NEXT);
+	return account(hook, stat, verdict);
 }
 
 #endif

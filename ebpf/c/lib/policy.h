@@ -89,25 +89,25 @@ static __always_inline bool policy_allows(__u32 policy_id, const __u8 peer[16], 
 	return portv && portv->allow;
 }
 
-/* Does the hook `owner` of ep allow the forward packet f? */
-static __always_inline bool hook_allows(const struct ep_view *ep, __u8 owner,
+/* Does the `hook` of ep allow the forward packet f? */
+static __always_inline bool hook_allows(const struct ep_view *ep, __u8 hook,
 					const struct flow *f)
 {
-	const __u8 *peer = owner == OWNER_FROM_POD ? f->dst : f->src;
+	const __u8 *peer = hook == HOOK_FROM_POD ? f->dst : f->src;
 
-	return policy_allows(hook_policy(ep, owner), peer, f->proto, f->dport);
+	return policy_allows(hook_policy(ep, hook), peer, f->proto, f->dport);
 }
 
-/* Would the hook `owner` of ep still allow the flow that f replies to?
+/* Would the `hook` of ep still allow the flow that f replies to?
  * The original flow is f reversed: its peer is f's source when it was
  * judged as egress (destination), f's destination when judged as ingress
  * (source); its destination port is f's source port. */
-static __always_inline bool hook_allows_original(const struct ep_view *ep, __u8 owner,
+static __always_inline bool hook_allows_original(const struct ep_view *ep, __u8 hook,
 						 const struct flow *f)
 {
-	const __u8 *peer = owner == OWNER_FROM_POD ? f->src : f->dst;
+	const __u8 *peer = hook == HOOK_FROM_POD ? f->src : f->dst;
 
-	return policy_allows(hook_policy(ep, owner), peer, f->proto, f->sport);
+	return policy_allows(hook_policy(ep, hook), peer, f->proto, f->sport);
 }
 
 #endif

@@ -2,8 +2,8 @@
 /*
  * Verdict kinds (STAT_*): why a packet passed or was dropped, the one code
  * a program records for it, in pal_verdicts and in a flow event's stat.
- * pal_verdicts counts each per direction: the slot of (owner, stat) is
- * STAT_SLOT(owner, stat), so a kind added later takes new slots and never
+ * pal_verdicts counts each per direction: the slot of (hook, stat) is
+ * STAT_SLOT(hook, stat), so a kind added later takes new slots and never
  * moves an existing one.  The map has room for PAL_STAT_CAPACITY kinds: a
  * pinned map keeps its size across upgrades, so a new kind must fit in it.
  *
@@ -61,7 +61,7 @@ enum pal_stat {
 	STAT_COUNT
 };
 
-#define STAT_SLOT(owner, stat) ((stat) * PAL_STAT_DIRECTIONS + (owner))
+#define STAT_SLOT(hook, stat) ((stat) * PAL_STAT_DIRECTIONS + (hook))
 _Static_assert(STAT_COUNT <= PAL_STAT_CAPACITY, "pal_verdicts has a slot for every kind");
 
 #endif

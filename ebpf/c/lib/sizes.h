@@ -47,8 +47,8 @@
  * takes free slots of the pinned map instead of a new pin name. */
 #define PAL_STAT_CAPACITY 32
 
-/* Directions each kind is counted in: OWNER_FROM_POD (the pod's egress)
- * and OWNER_TO_POD (its ingress). */
+/* Directions each kind is counted in: HOOK_FROM_POD (the pod's egress)
+ * and HOOK_TO_POD (its ingress). */
 #define PAL_STAT_DIRECTIONS 2
 
 /* Entries of pal_verdicts: every kind it has room for, in each direction. */

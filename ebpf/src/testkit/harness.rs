@@ -323,15 +323,15 @@ impl Harness {
 
     /// Packets of kind `stat` (a `STAT_*`), both directions.
     pub fn stat(&self, stat: u32) -> u64 {
-        self.stat_dir(OWNER_FROM_POD, stat) + self.stat_dir(OWNER_TO_POD, stat)
+        self.stat_dir(HOOK_FROM_POD, stat) + self.stat_dir(HOOK_TO_POD, stat)
     }
 
-    /// Packets of kind `stat` judged by hook `owner` ([`OWNER_FROM_POD`]:
-    /// the pod's egress; [`OWNER_TO_POD`]: its ingress).
-    pub fn stat_dir(&self, owner: u8, stat: u32) -> u64 {
+    /// Packets of kind `stat` judged by `hook` ([`HOOK_FROM_POD`]:
+    /// the pod's egress; [`HOOK_TO_POD`]: its ingress).
+    pub fn stat_dir(&self, hook: u8, stat: u32) -> u64 {
         let map: PerCpuArray<_, u64> =
             PerCpuArray::try_from(self.ebpf.map(MAP_STATS).unwrap()).unwrap();
-        map.get(&stat_slot(owner, stat), 0).unwrap().iter().sum()
+        map.get(&stat_slot(hook, stat), 0).unwrap().iter().sum()
     }
 
     /// Packets per `STAT_*` kind, both directions.
@@ -457,9 +457,9 @@ pub fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-/// The entry the hook `owner` of `LO` writes when it allows the flow.
-pub fn ct(src: &str, sport: u16, dst: &str, dport: u16, proto: u8, owner: u8) -> CtKey {
-    ct_at(LO, src, sport, dst, dport, proto, owner)
+/// The entry the `hook` of `LO` writes when it allows the flow.
+pub fn ct(src: &str, sport: u16, dst: &str, dport: u16, proto: u8, hook: u8) -> CtKey {
+    ct_at(LO, src, sport, dst, dport, proto, hook)
 }
 
 pub fn ct_at(
@@ -469,7 +469,7 @@ pub fn ct_at(
     dst: &str,
     dport: u16,
     proto: u8,
-    owner: u8,
+    hook: u8,
 ) -> CtKey {
     let flow = Tuple {
         src: ip(src),
@@ -478,5 +478,5 @@ pub fn ct_at(
         dport,
         proto,
     };
-    CtKey::new(flow, ifindex, owner)
+    CtKey::new(flow, ifindex, hook)
 }

@@ -5,7 +5,7 @@
 
 use std::collections::BinaryHeap;
 
-use palisade_ebpf::{CtKey, CtValue, OWNER_FROM_POD};
+use palisade_ebpf::{CtKey, CtValue, HOOK_FROM_POD};
 
 use super::Tuple;
 
@@ -57,8 +57,8 @@ impl std::fmt::Display for EntryView {
     }
 }
 
-pub fn hook_name(owner: u8) -> &'static str {
-    if owner == OWNER_FROM_POD {
+pub fn hook_name(hook: u8) -> &'static str {
+    if hook == HOOK_FROM_POD {
         "from_pod"
     } else {
         "to_pod"
@@ -69,7 +69,7 @@ pub fn hook_name(owner: u8) -> &'static str {
 type Rank = (u32, u8, Tuple);
 
 fn rank(k: &CtKey, t: Tuple) -> Rank {
-    (k.ifindex, k.owner, t)
+    (k.ifindex, k.hook, t)
 }
 
 /// Keeps the [`LISTED`] lowest-ranked entries offered.
@@ -95,7 +95,7 @@ impl Listing {
             r,
             EntryView {
                 ifindex: k.ifindex,
-                hook: hook_name(k.owner),
+                hook: hook_name(k.hook),
                 tuple,
                 epoch: v.epoch,
                 idle_ms: started_ns.saturating_sub(v.last_seen_ns) / 1_000_000,
@@ -116,9 +116,9 @@ impl Listing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use palisade_ebpf::OWNER_TO_POD;
+    use palisade_ebpf::HOOK_TO_POD;
 
-    fn key(ifindex: u32, owner: u8, sport: u16) -> CtKey {
+    fn key(ifindex: u32, hook: u8, sport: u16) -> CtKey {
         let mut src = [0u8; 16];
         src[10] = 0xff;
         src[11] = 0xff;
@@ -130,7 +130,7 @@ mod tests {
             dport: 80u16.to_be(),
             ifindex,
             proto: 6,
-            owner,
+            hook,
             pad: [0; 2],
         }
     }
@@ -182,7 +182,7 @@ mod tests {
             epoch: 1,
             pad: 0,
         };
-        let k = key(7, OWNER_TO_POD, 1);
+        let k = key(7, HOOK_TO_POD, 1);
         l.offer(&k, super::super::sweep::tuple_of(&k), &v, 5_000_000, false);
         let e = &l.into_sorted()[0];
         assert_eq!((e.idle_ms, e.hook, e.ifindex), (0, "to_pod", 7));

@@ -89,7 +89,7 @@ impl Shares {
     }
 
     fn created(&self, slot: u32) -> [u64; 2] {
-        [0, 1].map(|owner| self.shares.load_u64(slot, CREATED + 8 * owner))
+        [0, 1].map(|hook| self.shares.load_u64(slot, CREATED + 8 * hook))
     }
 
     /// The (egress, ingress) entries the counters say the endpoint of
@@ -111,7 +111,7 @@ impl Shares {
 
     /// Corrects every counter of a slot that held the same endpoint
     /// throughout the pass, given the entries the pass left each hook
-    /// (`kept`, by ifindex and owner). Returns how many counters moved.
+    /// (`kept`, by ifindex and hook). Returns how many counters moved.
     pub fn correct(&self, before: &Before, kept: &HashMap<(u32, u8), u64>) -> usize {
         let mut moved = 0;
         for (slot, &(ifindex, created0)) in (0..EP_SLOTS).zip(&before.held) {
@@ -119,11 +119,11 @@ impl Shares {
                 continue;
             }
             let created1 = self.created(slot);
-            for owner in [0u8, 1] {
-                let o = usize::from(owner);
+            for hook in [0u8, 1] {
+                let o = usize::from(hook);
                 let removed = self.shares.load_u64(slot, REMOVED + 8 * o);
                 let counted = created1[o].wrapping_sub(removed);
-                let seen = kept.get(&(ifindex, owner)).copied().unwrap_or(0);
+                let seen = kept.get(&(ifindex, hook)).copied().unwrap_or(0);
                 let meanwhile = created1[o].wrapping_sub(created0[o]);
                 match correction(counted, seen, meanwhile) {
                     Correction::Keep => continue,

@@ -247,7 +247,7 @@ struct Judge<'a> {
     error: Option<ConntrackError>,
     /// False: judge and list, remove nothing (see [`SKIPPED_KERNEL_TRACKS_NOTHING`]).
     remove: bool,
-    /// Entries the pass leaves, by (ifindex, owner).
+    /// Entries the pass leaves, by (ifindex, hook).
     kept: std::collections::HashMap<(u32, u8), u64>,
 }
 
@@ -337,7 +337,7 @@ impl Judge<'_> {
             } else {
                 *self
                     .kept
-                    .entry((wide[i].ifindex, wide[i].owner))
+                    .entry((wide[i].ifindex, wide[i].hook))
                     .or_default() += 1;
             }
         }
@@ -372,7 +372,7 @@ impl Judge<'_> {
                     None => stale6.push(d.key),
                 }
             } else {
-                *self.kept.entry((d.key.ifindex, d.key.owner)).or_default() += 1;
+                *self.kept.entry((d.key.ifindex, d.key.hook)).or_default() += 1;
             }
         }
         self.delete(fd4, &stale4);

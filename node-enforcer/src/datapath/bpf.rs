@@ -92,6 +92,29 @@ pub struct BpfDatapath {
     grace: Arc<Grace>,
 }
 
+/// For the kernel tests in `tests/bpf_datapath.rs` only: what packets
+/// read, which only a test may look at behind the datapath's back.
+impl BpfDatapath {
+    /// The endpoint slot of `ifindex` as packets read it.
+    #[doc(hidden)]
+    pub fn test_slot(&self, ifindex: u32) -> Option<EpSlot> {
+        self.slots.get(ifindex)
+    }
+
+    /// Which slot holds `ifindex`, and whether packets trust it there by
+    /// its position (its home) yet.
+    #[doc(hidden)]
+    pub fn test_slot_position(&self, ifindex: u32) -> Option<(u32, bool)> {
+        self.slots.where_is(ifindex)
+    }
+
+    /// The next epoch this datapath hands out.
+    #[doc(hidden)]
+    pub fn test_next_epoch(&self) -> u32 {
+        self.next_epoch
+    }
+}
+
 #[derive(Clone, Copy)]
 struct FastAttached {
     ifindex: u32,
@@ -815,182 +838,6 @@ mod tests {
     fn the_default_conntrack_share_is_a_quarter_of_the_map() {
         assert_eq!(default_conntrack_share(65536), 16384);
         assert_eq!(default_conntrack_share(3), 1);
-    }
-
-    /// A pin root under bpffs that goes away with the test.
-    struct PinRoot(PathBuf);
-
-    impl Drop for PinRoot {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
-    fn pin_root(what: &str) -> PinRoot {
-        palisade_test_support::require_root();
-        PinRoot(PathBuf::from(format!(
-            "/sys/fs/bpf/palisade-unit-{what}-{}",
-            std::process::id()
-        )))
-    }
-
-    /// Waits (deadline 10 s) until packets trust the endpoint at `slot` by
-    /// its position.
-    fn until_home(dp: &BpfDatapath, ifindex: u32, slot: u32) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while dp.slots.where_is(ifindex) != Some((slot, true)) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{ifindex} never trusted at {slot}: {:?}",
-                dp.slots.where_is(ifindex)
-            );
-            std::thread::sleep(std::time::Duration::from_millis(5)); // poll: the filler waits out a grace period
-        }
-    }
-
-    fn entry(ingress: PolicyId, addrs: Vec<[u8; 16]>) -> EndpointEntry {
-        EndpointEntry {
-            ingress,
-            egress: 0,
-            pod_addrs: addrs,
-        }
-    }
-
-    #[test]
-    #[ignore = "needs root"]
-    fn endpoint_slots_follow_every_change_and_survive_a_reload() {
-        let root = pin_root("ep-slots");
-        let v6 = "fd00::2".parse::<std::net::Ipv6Addr>().unwrap().octets();
-        // Two interfaces that share a home slot, and one of its own.
-        let (a, b, c) = (7, 7 + palisade_ebpf::EP_SLOTS, 9);
-        let mut dp = BpfDatapath::load(&root.0).unwrap();
-        dp.set_endpoint(a, &entry(1, vec![v6, v4(2)])).unwrap();
-        // Found through the index at once; trusted at home a grace period
-        // later.
-        assert_eq!(dp.slots.where_is(a), Some((7, false)));
-        until_home(&dp, a, 7);
-        let s = dp.slots.get(a).unwrap();
-        assert_eq!((s.v4_count, s.v4[0]), (1, [10, 0, 0, 2]), "IPv4 repeated");
-
-        // A new policy: the same slot, a new word, still trusted.
-        dp.set_endpoint(a, &entry(2, vec![v6, v4(2)])).unwrap();
-        assert_eq!(dp.slots.where_is(a), Some((7, true)));
-        let moved = dp.slots.get(a).unwrap();
-        assert_eq!(moved.ingress().policy, 2);
-        assert_ne!(moved.ingress().epoch, s.ingress().epoch);
-        dp.renew_epochs(a, true, true).unwrap();
-        assert_ne!(
-            dp.slots.get(a).unwrap().ingress().epoch,
-            moved.ingress().epoch
-        );
-
-        // New addresses: a slot of their own at once, home again later.
-        dp.set_endpoint(a, &entry(2, vec![v4(3)])).unwrap();
-        let (away, trusted) = dp.slots.where_is(a).unwrap();
-        assert!(away != 7 && !trusted, "{away}");
-        until_home(&dp, a, 7);
-        assert_eq!(dp.slots.get(a).unwrap().pod_addrs(), &[v4(3)]);
-
-        // b's home is a's: it lives elsewhere, found through the index.
-        dp.set_endpoint(c, &entry(0, vec![v4(4)])).unwrap();
-        dp.set_endpoint(b, &entry(3, vec![v4(5)])).unwrap();
-        let (b_at, _) = dp.slots.where_is(b).unwrap();
-        assert_ne!(b_at, 7);
-        // Staged ids ride along in the slot.
-        dp.set_audit(
-            b,
-            &super::super::AuditEntry {
-                ingress: 4,
-                egress: 0,
-            },
-        )
-        .unwrap();
-        // a goes: b moves home once the slot's grace period has passed.
-        dp.remove_endpoint(a).unwrap();
-        assert_eq!(dp.slots.where_is(a), None);
-        until_home(&dp, b, 7);
-        assert_eq!(dp.slots.get(b).unwrap().audit(), (4, 0));
-        assert_eq!(dp.slots.get(b).unwrap().ingress().policy, 3);
-        until_home(&dp, c, 9);
-
-        // A new process finds every endpoint where it was.
-        drop(dp);
-        let mut dp = BpfDatapath::load(&root.0).unwrap();
-        let adopted = dp.adopt().unwrap();
-        assert_eq!(
-            adopted.endpoints.keys().copied().collect::<Vec<_>>(),
-            vec![c, b]
-        );
-        assert_eq!(dp.slots.where_is(b), Some((7, true)));
-        assert_eq!(dp.audit_entries().unwrap().len(), 1);
-    }
-
-    #[test]
-    #[ignore = "needs root"]
-    fn an_older_versions_endpoints_are_taken_over_and_its_maps_unpinned() {
-        use palisade_ebpf::legacy;
-        let root = pin_root("ep-legacy");
-        std::fs::create_dir_all(&root.0).unwrap();
-        // What an older version left: its endpoint hash and staged ids.
-        type Old<V> = aya::maps::HashMap<aya::maps::MapData, u32, V>;
-        Old::<legacy::Endpoint>::create(16384, 0)
-            .unwrap()
-            .pin(root.0.join(legacy::MAP_ENDPOINTS))
-            .unwrap();
-        Old::<legacy::AuditPolicy>::create(16384, 0)
-            .unwrap()
-            .pin(root.0.join(legacy::MAP_AUDIT))
-            .unwrap();
-        let open = |name: &str| aya::maps::MapData::from_pin(root.0.join(name)).unwrap();
-        let mut old: Old<legacy::Endpoint> =
-            aya::maps::HashMap::try_from(aya::maps::Map::HashMap(open(legacy::MAP_ENDPOINTS)))
-                .unwrap();
-        let mut addrs = [[0u8; 16]; palisade_ebpf::MAX_POD_ADDRS];
-        addrs[0] = v4(2);
-        let ep = legacy::Endpoint {
-            ingress_policy: 5,
-            egress_policy: 6,
-            ingress_epoch: 40,
-            egress_epoch: 41,
-            addr_count: 1,
-            pad: 0,
-            addrs,
-        };
-        old.insert(12, ep, 0).unwrap();
-        let mut audit: Old<legacy::AuditPolicy> =
-            aya::maps::HashMap::try_from(aya::maps::Map::HashMap(open(legacy::MAP_AUDIT))).unwrap();
-        audit
-            .insert(
-                12,
-                legacy::AuditPolicy {
-                    ingress_policy: 0,
-                    egress_policy: 9,
-                },
-                0,
-            )
-            .unwrap();
-
-        let mut dp = BpfDatapath::load(&root.0).unwrap();
-        let s = dp.slots.get(12).expect("taken over before adopt");
-        assert_eq!(
-            (s.ingress(), s.egress()),
-            (
-                Direction {
-                    policy: 5,
-                    epoch: 40
-                },
-                Direction {
-                    policy: 6,
-                    epoch: 41
-                }
-            )
-        );
-        assert_eq!((s.pod_addrs(), s.audit()), (&[v4(2)][..], (0, 9)));
-        assert!(dp.next_epoch > 41, "epochs never come back");
-        dp.adopt().unwrap();
-        for name in legacy::UNPINNED_AFTER_ADOPT {
-            assert!(!root.0.join(name).exists(), "{name} still pinned");
-        }
     }
 
     #[test]

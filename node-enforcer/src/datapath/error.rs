@@ -34,6 +34,15 @@ pub enum DatapathErrorKind {
 }
 
 impl DatapathErrorKind {
+    /// Every kind, so a counter by kind can show each, zeros included.
+    pub const ALL: [DatapathErrorKind; 5] = [
+        DatapathErrorKind::InterfaceGone,
+        DatapathErrorKind::Full,
+        DatapathErrorKind::Kernel,
+        DatapathErrorKind::Io,
+        DatapathErrorKind::Invariant,
+    ];
+
     /// A short, stable label for metrics and structured logs.
     pub fn metric_label(self) -> &'static str {
         match self {
@@ -317,49 +326,5 @@ mod tests {
             )
         );
         assert_eq!(e.kind(), DatapathErrorKind::Kernel);
-    }
-}
-
-#[cfg(test)]
-mod root_tests {
-    use super::DatapathErrorKind;
-    use crate::datapath::bpf::BpfDatapath;
-    use crate::datapath::Datapath;
-
-    /// A pin root under bpffs that goes away with the test.
-    struct PinRoot(std::path::PathBuf);
-
-    impl Drop for PinRoot {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
-    #[test]
-    #[ignore = "needs root"]
-    fn a_missing_interface_is_gone_to_the_real_datapath_with_the_text_it_had() {
-        palisade_test_support::require_root();
-        let root = PinRoot(std::path::PathBuf::from(format!(
-            "/sys/fs/bpf/palisade-unit-errors-{}",
-            std::process::id()
-        )));
-        let mut dp = BpfDatapath::load(&root.0).unwrap();
-        let name = "pal-nosuch0";
-        let e = dp.ifindex(name).unwrap_err();
-        assert_eq!(e.kind(), DatapathErrorKind::InterfaceGone, "{e}");
-        assert_eq!(
-            e.to_string(),
-            format!(
-                "interface {name:?} does not exist: {}",
-                nix::errno::Errno::ENODEV
-            )
-        );
-        let e = dp.attach(name, 0).unwrap_err();
-        assert_eq!(e.kind(), DatapathErrorKind::InterfaceGone, "{e}");
-        assert!(
-            e.to_string()
-                .starts_with(&format!("attaching palisade_from_pod to {name}: ")),
-            "{e}"
-        );
     }
 }

@@ -5,29 +5,73 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use super::{RealizedEndpoint, RealizedPolicy, Reconciler, DENY_ALL};
-use crate::compile::{compile_limited, PolicySet, PortSet};
+use super::dump::Counted;
+use super::realized::{RealizedEndpoint, RealizedPolicy};
+use super::{Reconciler, DENY_ALL};
+use crate::compile::{compile_limited, PolicySet, PortSet, Prefix};
 use crate::datapath::{Datapath, EndpointEntry, PolicyId, PortSetId};
 use crate::desired::{
-    desired_pod, desired_unexplained, desired_with, Desired, Held, Inputs, Knowledge, NoTable,
-    Owner, PodKey, Verdict,
+    desired_pod, desired_unexplained, desired_with, Claim, Desired, Held, Inputs, Knowledge,
+    NoTable, PodKey, Verdict,
 };
 use palisade_proto::v1::DirectionPolicy;
 use prost::Message;
 
+/// What `converge` aims at: the desired datapath as last computed, and the
+/// inputs it is computed from besides the plan and the pods.
+#[derive(Default)]
+pub(super) struct Target {
+    /// The desired datapath as last computed; pods are recomputed when
+    /// their inputs change, everything when shared inputs do.
+    pub desired: Desired,
+    /// Compiled policies by the encoded direction policy; cleared when the
+    /// node's addresses change (they are part of every compiled table).
+    pub compiled: std::collections::HashMap<Vec<u8>, Result<Arc<PolicySet>, String>>,
+    pub node_addresses: Vec<Prefix>,
+}
+
 impl<D: Datapath> Reconciler<D> {
+    /// Reads the node's addresses; true when they changed.
+    pub(super) fn refresh_node_addresses(&mut self) -> bool {
+        match self.datapath.node_addresses().counted(&mut self.health) {
+            Ok(addrs) => {
+                let mut prefixes: Vec<Prefix> = addrs
+                    .into_iter()
+                    .map(|ip| Prefix::from_ip(ip, if ip.is_ipv4() { 32 } else { 128 }))
+                    .collect();
+                prefixes.sort();
+                prefixes.dedup();
+                let changed = prefixes != self.target.node_addresses;
+                self.target.node_addresses = prefixes;
+                changed
+            }
+            Err(e) => {
+                // Keep the last known addresses: forgetting them would cut
+                // the node off from its pods.
+                tracing::warn!("{e}");
+                false
+            }
+        }
+    }
+
+    /// Forgets every compiled table (the node's addresses are in each).
+    pub(super) fn forget_compiled(&mut self) {
+        self.target.compiled.clear();
+        self.background.forget();
+    }
+
     /// What the enforcer knows about a pod's policy (see [`Knowledge`]).
     pub(super) fn knowledge(&self, key: &PodKey) -> Knowledge<'_> {
-        if let Some(p) = self.plan.get(key).filter(|_| self.has_plan) {
+        if let Some(p) = self.plan.entries.get(key).filter(|_| self.plan.received) {
             return Knowledge::Known(p);
         }
-        if let Some(p) = self.fetched.get(key) {
+        if let Some(p) = self.plan.fetched.get(key) {
             return Knowledge::Known(p);
         }
-        if self.pending.contains_key(key) {
-            return Knowledge::Pending;
+        if self.pods.waiting.contains_key(key) {
+            return Knowledge::Waiting;
         }
-        if self.unprotected.contains(key) {
+        if self.pods.unprotected.contains(key) {
             return Knowledge::Unprotected;
         }
         Knowledge::Hold
@@ -38,14 +82,19 @@ impl<D: Datapath> Reconciler<D> {
     pub(super) fn refresh_links(&mut self) {
         let names: BTreeSet<&str> = self
             .pods
+            .runtime
             .values()
             .flat_map(|p| p.host_interfaces.iter())
             .chain(self.realized.endpoints.keys())
             .map(String::as_str)
             .collect();
         let names: Vec<&str> = names.into_iter().collect();
-        match self.datapath.interfaces_named(&names) {
-            Ok(live) => self.ifindexes = live,
+        match self
+            .datapath
+            .interfaces_named(&names)
+            .counted(&mut self.health)
+        {
+            Ok(live) => self.pods.live = live,
             // Keep what was known: forgetting interfaces would detach pods.
             Err(e) => tracing::warn!("{e}"),
         }
@@ -53,7 +102,7 @@ impl<D: Datapath> Reconciler<D> {
 
     /// The interfaces that exist, as last read.
     pub(super) fn live_interfaces(&self) -> &BTreeMap<String, u32> {
-        &self.ifindexes
+        &self.pods.live
     }
 
     /// What each interface no pod explains enforces now.
@@ -61,7 +110,7 @@ impl<D: Datapath> Reconciler<D> {
         self.realized
             .endpoints
             .iter()
-            .filter(|(_, e)| e.owner == Owner::Unexplained)
+            .filter(|(_, e)| e.claim == Claim::Unexplained)
             .map(|(n, e)| (n.clone(), e.enforced()))
             .collect()
     }
@@ -85,22 +134,22 @@ impl<D: Datapath> Reconciler<D> {
 
     fn converge_scope(&mut self, scope: Option<BTreeSet<PodKey>>) {
         let unexplained = self.unexplained();
-        let mut compiled = std::mem::take(&mut self.compiled);
+        let mut compiled = std::mem::take(&mut self.target.compiled);
         let mut background = std::mem::take(&mut self.background);
-        let mut want = std::mem::take(&mut self.want);
+        let mut want = std::mem::take(&mut self.target.desired);
         // The interfaces a scoped change can touch; None: all of them.
         let mut affected: Option<BTreeSet<String>> = None;
         let audit;
         {
-            let node_addresses = &self.node_addresses;
+            let node_addresses = &self.target.node_addresses;
             let mut compile_set = |d: &DirectionPolicy| -> Result<Arc<PolicySet>, NoTable> {
                 let key = d.encode_to_vec();
                 if let Some(r) = compiled.get(&key) {
                     return r.clone().map_err(NoTable::Failed);
                 }
                 // A big policy compiles off this thread; its pods wait.
-                if let Some(pending) = background.defer(&key, d, node_addresses) {
-                    return Err(pending);
+                if let Some(in_flight) = background.defer(&key, d, node_addresses) {
+                    return Err(in_flight);
                 }
                 let r = compile_limited(d, node_addresses, background.max_entries)
                     .map(Arc::new)
@@ -112,10 +161,10 @@ impl<D: Datapath> Reconciler<D> {
             let held = |n: &str| realized.get(n).map(RealizedEndpoint::enforced);
             let knowledge = |k: &PodKey| self.knowledge(k);
             let inputs = Inputs {
-                mode: self.mode,
-                pods: &self.pods,
+                mode: self.ctx.mode,
+                pods: &self.pods.runtime,
                 knowledge: &knowledge,
-                live: &self.ifindexes,
+                live: &self.pods.live,
                 unexplained: &unexplained,
                 held: &held,
                 node_addresses,
@@ -125,9 +174,9 @@ impl<D: Datapath> Reconciler<D> {
                 Some(pods) => {
                     let mut names = BTreeSet::new();
                     want.endpoints.retain(|n, e| {
-                        let keep = match &e.owner {
-                            Owner::Pod(k) => !pods.contains(k),
-                            Owner::Unexplained => false,
+                        let keep = match &e.claim {
+                            Claim::Pod(k) => !pods.contains(k),
+                            Claim::Unexplained => false,
                         };
                         if !keep {
                             names.insert(n.clone());
@@ -135,27 +184,29 @@ impl<D: Datapath> Reconciler<D> {
                         keep
                     });
                     for (n, e) in &self.realized.endpoints {
-                        if e.owner.pod().is_none_or(|k| pods.contains(k)) {
+                        if e.claim.pod().is_none_or(|k| pods.contains(k)) {
                             names.insert(n.clone());
                         }
                     }
                     for k in pods {
-                        if let Some(rt) = self.pods.get(k) {
+                        if let Some(rt) = self.pods.runtime.get(k) {
                             names.extend(rt.host_interfaces.iter().cloned());
                         }
                     }
                     affected = Some(names);
                     for k in pods {
                         want.errors.remove(k);
-                        want.pending.remove(k);
-                        let Some(rt) = self.pods.get(k) else { continue };
+                        want.awaiting_tables.remove(k);
+                        let Some(rt) = self.pods.runtime.get(k) else {
+                            continue;
+                        };
                         let d = desired_pod(&inputs, k, rt, &mut compile_set);
                         want.endpoints.extend(d.endpoints);
                         if let Some(e) = d.error {
                             want.errors.insert(k.clone(), e);
                         }
-                        if d.pending {
-                            want.pending.insert(k.clone());
+                        if d.awaiting_table {
+                            want.awaiting_tables.insert(k.clone());
                         }
                     }
                     for ifname in unexplained.keys() {
@@ -173,31 +224,31 @@ impl<D: Datapath> Reconciler<D> {
             audit = super::audit::desired_audit(&want, &knowledge, &mut compile_set);
         }
         self.background = background;
-        (self.want_audit, self.audit_errors) = audit;
+        (self.audit.want, self.audit.errors) = audit;
         self.apply(&want, affected.as_ref());
-        self.want = want;
+        self.target.desired = want;
         // Forget compiled tables nothing wants or holds any more: under peer
         // churn every change compiles new ones, which would pile up.
         compiled.retain(|_, r| r.as_ref().map_or(true, |s| Arc::strong_count(s) > 1));
-        self.compiled = compiled;
+        self.target.compiled = compiled;
     }
 
     /// Where the incrementally kept desired state differs from a full
     /// recomputation (None: nowhere). Tests call it after every step.
     pub fn desired_drift(&self) -> Option<String> {
-        let kept = self.want.clone();
+        let kept = self.target.desired.clone();
         let unexplained = self.unexplained();
         let realized = &self.realized.endpoints;
         let held = |n: &str| realized.get(n).map(RealizedEndpoint::enforced);
         let knowledge = |k: &PodKey| self.knowledge(k);
         let full = crate::desired::desired(&Inputs {
-            mode: self.mode,
-            pods: &self.pods,
+            mode: self.ctx.mode,
+            pods: &self.pods.runtime,
             knowledge: &knowledge,
-            live: &self.ifindexes,
+            live: &self.pods.live,
             unexplained: &unexplained,
             held: &held,
-            node_addresses: &self.node_addresses,
+            node_addresses: &self.target.node_addresses,
         });
         (full != kept).then(|| format!("incremental {kept:?}\nfull {full:?}"))
     }
@@ -210,25 +261,25 @@ impl<D: Datapath> Reconciler<D> {
         let in_scope = |n: &str| affected.is_none_or(|a| a.contains(n));
         match affected {
             None => {
-                self.failures.clear();
-                self.errors.clear();
+                self.health.failures.clear();
+                self.health.errors.clear();
             }
             Some(_) => {
-                let owners = |e: &Owner| e.pod().cloned();
+                let claimed_pod = |e: &Claim| e.pod().cloned();
                 let pods: BTreeSet<PodKey> = want
                     .endpoints
                     .iter()
                     .filter(|(n, _)| in_scope(n))
-                    .filter_map(|(_, e)| owners(&e.owner))
+                    .filter_map(|(_, e)| claimed_pod(&e.claim))
                     .chain(
                         self.realized
                             .endpoints
                             .iter()
                             .filter(|(n, _)| in_scope(n))
-                            .filter_map(|(_, e)| owners(&e.owner)),
+                            .filter_map(|(_, e)| claimed_pod(&e.claim)),
                     )
                     .collect();
-                self.failures.retain(|k, _| !pods.contains(k));
+                self.health.failures.retain(|k, _| !pods.contains(k));
             }
         }
         let endpoints: Vec<(&String, &crate::desired::DesiredEndpoint)> = match affected {
@@ -297,7 +348,7 @@ impl<D: Datapath> Reconciler<D> {
                 egress: id_of(&de.egress),
                 pod_addrs: de.pod_addrs.clone(),
             };
-            let pod = de.owner.pod().cloned();
+            let pod = de.claim.pod().cloned();
             for v in [&de.ingress, &de.egress] {
                 if let Verdict::Policy(s) = v {
                     if let (Some(e), Some(p)) = (failed_sets.get(s), &pod) {
@@ -313,7 +364,7 @@ impl<D: Datapath> Reconciler<D> {
             }
             let realized = RealizedEndpoint {
                 ifindex: de.ifindex,
-                owner: de.owner.clone(),
+                claim: de.claim.clone(),
                 ingress: de.ingress.clone(),
                 egress: de.egress.clone(),
                 entry: entry.clone(),
@@ -321,7 +372,11 @@ impl<D: Datapath> Reconciler<D> {
             if let Some(re) = self.realized.endpoints.get(ifname) {
                 if re.ifindex == de.ifindex {
                     if re.entry != entry {
-                        if let Err(e) = self.datapath.set_endpoint(de.ifindex, &entry) {
+                        if let Err(e) = self
+                            .datapath
+                            .set_endpoint(de.ifindex, &entry)
+                            .counted(&mut self.health)
+                        {
                             // The old entry stays: the pod keeps its last
                             // policy, and the error says so.
                             self.fail(
@@ -371,9 +426,9 @@ impl<D: Datapath> Reconciler<D> {
     pub(super) fn fail(&mut self, pod: Option<&PodKey>, e: String) {
         match pod {
             Some(p) => {
-                self.failures.insert(p.clone(), e);
+                self.health.failures.insert(p.clone(), e);
             }
-            None => self.errors.push(e),
+            None => self.health.errors.push(e),
         }
     }
 
@@ -405,11 +460,16 @@ impl<D: Datapath> Reconciler<D> {
             .collect();
         for set in unused {
             let p = &self.realized.policies[&set];
-            match self.datapath.remove_policy(p.id, &p.entries) {
+            match self
+                .datapath
+                .remove_policy(p.id, &p.entries)
+                .counted(&mut self.health)
+            {
                 Ok(()) => {
                     self.realized.policies.remove(&set);
                 }
                 Err(e) => self
+                    .health
                     .errors
                     .push(format!("removing policy set {}: {e}", set.id())),
             }
@@ -432,8 +492,13 @@ impl<D: Datapath> Reconciler<D> {
                 self.realized.garbage_policies.push((id, entries));
                 continue;
             }
-            if let Err(e) = self.datapath.remove_policy(id, &entries) {
-                self.errors
+            if let Err(e) = self
+                .datapath
+                .remove_policy(id, &entries)
+                .counted(&mut self.health)
+            {
+                self.health
+                    .errors
                     .push(format!("removing duplicate policy table {id}: {e}"));
                 self.realized.garbage_policies.push((id, entries));
             }
@@ -456,8 +521,13 @@ impl<D: Datapath> Reconciler<D> {
                 self.realized.garbage_portsets.push((id, set));
                 continue;
             }
-            if let Err(e) = self.datapath.remove_portset(id, &set) {
-                self.errors
+            if let Err(e) = self
+                .datapath
+                .remove_portset(id, &set)
+                .counted(&mut self.health)
+            {
+                self.health
+                    .errors
                     .push(format!("removing duplicate port set {id}: {e}"));
                 self.realized.garbage_portsets.push((id, set));
             }
@@ -470,11 +540,18 @@ impl<D: Datapath> Reconciler<D> {
             .map(|(s, id)| (s.clone(), *id))
             .collect();
         for (set, id) in unused {
-            match self.datapath.remove_portset(id, &set) {
+            match self
+                .datapath
+                .remove_portset(id, &set)
+                .counted(&mut self.health)
+            {
                 Ok(()) => {
                     self.realized.portsets.remove(&set);
                 }
-                Err(e) => self.errors.push(format!("removing port set {id}: {e}")),
+                Err(e) => self
+                    .health
+                    .errors
+                    .push(format!("removing port set {id}: {e}")),
             }
         }
     }
@@ -490,6 +567,7 @@ impl<D: Datapath> Reconciler<D> {
                 let id = self.realized.alloc_portset()?;
                 self.datapath
                     .add_portset(id, ports)
+                    .counted(&mut self.health)
                     .map_err(|e| format!("port set: {e}"))?;
                 self.realized.portsets.insert(ports.clone(), id);
                 id
@@ -497,7 +575,11 @@ impl<D: Datapath> Reconciler<D> {
             entries.push((*prefix, ps));
         }
         let id = self.alloc_policy()?;
-        if let Err(e) = self.datapath.add_policy(id, &entries) {
+        if let Err(e) = self
+            .datapath
+            .add_policy(id, &entries)
+            .counted(&mut self.health)
+        {
             // Leave no half-written table behind; unused port sets go at the
             // end of this step.
             let _ = self.datapath.remove_policy(id, &entries);
@@ -519,8 +601,13 @@ impl<D: Datapath> Reconciler<D> {
         // entry would let everything through.
         self.datapath
             .set_endpoint(ifindex, entry)
+            .counted(&mut self.health)
             .map_err(|e| format!("{ifname}: {e}"))?;
-        if let Err(e) = self.datapath.attach(ifname, ifindex) {
+        if let Err(e) = self
+            .datapath
+            .attach(ifname, ifindex)
+            .counted(&mut self.health)
+        {
             let _ = self.datapath.remove_endpoint(ifindex);
             return Err(format!("{ifname}: {e}"));
         }
@@ -534,15 +621,25 @@ impl<D: Datapath> Reconciler<D> {
         let Some(re) = self.realized.endpoints.get(ifname).cloned() else {
             return true;
         };
-        if let Err(e) = self.datapath.detach(ifname, re.ifindex) {
-            self.errors.push(format!(
+        if let Err(e) = self
+            .datapath
+            .detach(ifname, re.ifindex)
+            .counted(&mut self.health)
+        {
+            self.health.errors.push(format!(
                 "detaching {ifname}: {e}; its policy stays in force"
             ));
             return false;
         }
         self.realized.endpoints.remove(ifname);
-        if let Err(e) = self.datapath.remove_endpoint(re.ifindex) {
-            self.errors.push(format!("removing endpoint {ifname}: {e}"));
+        if let Err(e) = self
+            .datapath
+            .remove_endpoint(re.ifindex)
+            .counted(&mut self.health)
+        {
+            self.health
+                .errors
+                .push(format!("removing endpoint {ifname}: {e}"));
         }
         true
     }

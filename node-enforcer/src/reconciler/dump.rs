@@ -3,14 +3,70 @@
 //! a pod's `error` is set whenever it is denied for lack of knowledge, held,
 //! unprotected, or its policy could not be written.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use palisade_proto::v1::{NodeState, PodRef, PodState};
 
 use super::Reconciler;
 use crate::compile::Prefix;
-use crate::datapath::{Datapath, PolicyId};
-use crate::desired::{Mode, Owner, PodKey, PodRuntime, Verdict};
+use crate::datapath::{Datapath, DatapathError, DatapathErrorKind, PolicyId};
+use crate::desired::{Claim, Mode, PodKey, PodRuntime, Verdict};
+
+/// How many warnings the dump keeps (oldest dropped first).
+const MAX_WARNINGS: usize = 32;
+
+/// What went wrong, as operators see it in the node state and the dump.
+#[derive(Default)]
+pub(super) struct Health {
+    /// Operations that failed in the last convergence.
+    pub errors: Vec<String>,
+    /// Pods whose datapath writes failed in the last convergence (a refused
+    /// pod-up), as opposed to pods merely denied or held.
+    pub failures: BTreeMap<PodKey, String>,
+    /// Things an operator must see that outlive one convergence.
+    pub warnings: VecDeque<String>,
+    pub conntrack: ConntrackDump,
+    /// Datapath calls that failed, by [`DatapathError::metric_label`].
+    pub datapath_errors: BTreeMap<&'static str, u64>,
+}
+
+/// A datapath call's result, its failure counted in [`Health`] on the way
+/// through: every failure the reconciler reports (as an error, a failed
+/// pod, a warning, a refused request or a log line) is counted once, where
+/// the call returns. Failures of best-effort cleanups it ignores are not.
+pub(super) trait Counted {
+    fn counted(self, health: &mut Health) -> Self;
+}
+
+impl<T> Counted for crate::datapath::Result<T> {
+    fn counted(self, health: &mut Health) -> Self {
+        if let Err(e) = &self {
+            health.count(e);
+        }
+        self
+    }
+}
+
+impl Health {
+    pub fn warn(&mut self, w: String) {
+        tracing::warn!("{w}");
+        if self.warnings.len() == MAX_WARNINGS {
+            self.warnings.pop_front();
+        }
+        self.warnings.push_back(w);
+    }
+
+    /// Counts a failed datapath call by its kind.
+    pub fn count(&mut self, e: &DatapathError) {
+        *self.datapath_errors.entry(e.metric_label()).or_default() += 1;
+    }
+
+    /// Whether the last convergence left failed operations (retried on
+    /// ticks until they succeed).
+    pub fn has_failures(&self) -> bool {
+        !self.errors.is_empty() || !self.failures.is_empty()
+    }
+}
 
 /// Everything the debug service shows.
 #[derive(Clone, Debug, Default)]
@@ -26,6 +82,9 @@ pub struct Dump {
     pub policy_sets: Vec<PolicySetDump>,
     pub interfaces: Vec<InterfaceDump>,
     pub conntrack: ConntrackDump,
+    /// Failed datapath calls since start, by kind's metric label (every
+    /// kind listed, zeros included).
+    pub datapath_errors: Vec<(&'static str, u64)>,
 }
 
 /// The conntrack cleanups so far. `last.listed` holds the first
@@ -121,17 +180,18 @@ impl<D: Datapath> Reconciler<D> {
     }
 
     fn pod_state_named(&self, key: &PodKey, rt: &PodRuntime, names: &mut Names) -> PodState {
-        let policy = self.plan.get(key).or_else(|| self.fetched.get(key));
+        let policy = self.plan.listed_or_fetched(key);
         let ep = rt.host_interfaces.iter().find_map(|i| {
             self.realized
                 .endpoints
                 .get(i)
-                .filter(|e| e.owner.pod() == Some(key))
+                .filter(|e| e.claim.pod() == Some(key))
         });
         let mut error = self
+            .health
             .failures
             .get(key)
-            .or_else(|| self.want.errors.get(key))
+            .or_else(|| self.target.desired.errors.get(key))
             .cloned()
             .unwrap_or_default();
         if error.is_empty() {
@@ -139,12 +199,12 @@ impl<D: Datapath> Reconciler<D> {
                 self.realized
                     .endpoints
                     .get(*i)
-                    .is_none_or(|e| e.owner.pod() != Some(key))
+                    .is_none_or(|e| e.claim.pod() != Some(key))
             }) {
                 error = format!("{missing} is not attached");
             }
         }
-        if error.is_empty() && self.deleting.contains(key) {
+        if error.is_empty() && self.pods.deleting.contains(key) {
             error = "deleted; enforced until its interface goes away".into();
         }
         PodState {
@@ -165,16 +225,16 @@ impl<D: Datapath> Reconciler<D> {
     }
 
     pub fn node_state(&self) -> NodeState {
-        let mut errors = self.errors.clone();
-        for (k, e) in &self.want.errors {
-            if !self.failures.contains_key(k) {
+        let mut errors = self.health.errors.clone();
+        for (k, e) in &self.target.desired.errors {
+            if !self.health.failures.contains_key(k) {
                 errors.push(e.clone());
             }
         }
-        errors.extend(self.failures.values().cloned());
+        errors.extend(self.health.failures.values().cloned());
         errors.extend(self.audit_error_lines().cloned());
         for (name, e) in &self.realized.endpoints {
-            if e.owner == Owner::Unexplained {
+            if e.claim == Claim::Unexplained {
                 errors.push(format!(
                     "{name} (index {}) is enforced with the policy it had, but no pod explains it",
                     e.ifindex
@@ -183,11 +243,12 @@ impl<D: Datapath> Reconciler<D> {
         }
         let mut names = Names::default();
         NodeState {
-            node_name: self.node.clone(),
-            enforcer_id: self.enforcer_id.clone(),
-            realized_version: self.realized_version,
+            node_name: self.ctx.node.clone(),
+            enforcer_id: self.ctx.enforcer_id.clone(),
+            realized_version: self.plan.realized_version,
             pods: self
                 .pods
+                .runtime
                 .iter()
                 .map(|(k, rt)| self.pod_state_named(k, rt, &mut names))
                 .collect(),
@@ -216,15 +277,16 @@ impl<D: Datapath> Reconciler<D> {
         }
         Dump {
             state: self.node_state(),
-            node_addresses: self.node_addresses.clone(),
-            plan_version: self.plan_version,
-            plan_connected: self.plan_connected,
-            plan_stream_error: self.plan_stream_error.clone(),
+            node_addresses: self.target.node_addresses.clone(),
+            plan_version: self.plan.version,
+            plan_connected: self.plan.connected,
+            plan_stream_error: self.plan.stream_error.clone(),
             datapath: self.datapath.describe(),
-            mode: self.mode,
+            mode: self.ctx.mode,
             // Big tables in flight are shown beside the warnings: the pods
             // waiting for them name them in their errors.
             warnings: self
+                .health
                 .warnings
                 .iter()
                 .cloned()
@@ -259,7 +321,7 @@ impl<D: Datapath> Reconciler<D> {
                     InterfaceDump {
                         name: name.clone(),
                         ifindex: e.ifindex,
-                        pod: e.owner.pod().cloned(),
+                        pod: e.claim.pod().cloned(),
                         ingress: names.describe(&e.ingress),
                         egress: names.describe(&e.egress),
                         audit_ingress,
@@ -268,7 +330,17 @@ impl<D: Datapath> Reconciler<D> {
                     }
                 })
                 .collect(),
-            conntrack: self.conntrack.clone(),
+            conntrack: self.health.conntrack.clone(),
+            datapath_errors: DatapathErrorKind::ALL
+                .iter()
+                .map(|k| {
+                    let label = k.metric_label();
+                    (
+                        label,
+                        self.health.datapath_errors.get(label).copied().unwrap_or(0),
+                    )
+                })
+                .collect(),
         }
     }
 }
@@ -278,6 +350,57 @@ mod tests {
     use super::*;
     use crate::conntrack::listing::EntryView;
     use crate::conntrack::Tuple;
+
+    #[test]
+    fn failed_datapath_calls_are_counted_by_kind() {
+        use crate::datapath::fake::FakeDatapath;
+        use crate::reconciler::{PlanMessage, PodUp};
+        use palisade_proto::v1::PlanSnapshot;
+
+        let mut r = super::Reconciler::new(
+            "n1".into(),
+            "e1".into(),
+            FakeDatapath::with_interfaces(&["veth-a"]),
+        );
+        r.apply_plan(PlanMessage::Snapshot(PlanSnapshot {
+            version: 1,
+            source_synced: true,
+            ..Default::default()
+        }))
+        .unwrap();
+        let up = |r: &mut super::Reconciler<FakeDatapath>, name: &str, iface: &str| {
+            let (tx, mut rx) = tokio::sync::oneshot::channel();
+            r.pod_up(
+                PodUp {
+                    pod: ("x".into(), name.into()),
+                    runtime: PodRuntime {
+                        container_id: format!("c-{name}"),
+                        netns: String::new(),
+                        host_interfaces: vec![iface.into()],
+                        ips: vec![],
+                        ifindexes: Default::default(),
+                        mode: None,
+                    },
+                },
+                tx,
+            );
+            rx.try_recv().expect("answered at once")
+        };
+        // The kernel refuses the attach; the other pod's interface is gone.
+        r.datapath.fail.insert("attach veth-a".into());
+        assert!(up(&mut r, "a", "veth-a").is_err());
+        assert!(up(&mut r, "b", "veth-gone").is_err());
+        assert_eq!(
+            r.dump().datapath_errors,
+            [
+                ("interface_gone", 1),
+                ("full", 0),
+                ("kernel", 1),
+                ("io", 0),
+                ("invariant", 0)
+            ]
+        );
+    }
 
     #[test]
     fn the_dump_lists_the_last_cleanups_entries_with_the_total() {

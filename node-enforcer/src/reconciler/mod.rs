@@ -6,12 +6,26 @@
 //! invariant 2), adding new tables before pointing interfaces at them and
 //! removing tables only once nothing references them (invariants 4 and 5).
 //!
-//! - `plan`: snapshots and deltas from the controller, and on-demand pod plans.
-//! - `pods`: pod up/down/check, the pod-up wait and its deadline.
-//! - `converge`: desired → datapath, table sharing and refcounts.
+//! The [`Reconciler`] is a list of named parts, each kept in the file whose
+//! code owns it; a behaviour is found by its file:
+//!
+//! - `plan`: snapshots and deltas from the controller, and on-demand pod
+//!   plans (`plan::Plan`).
+//! - `pods`: pod up/down/check, the pod-up wait and its deadline
+//!   (`pods::Pods`).
+//! - `converge`: desired → datapath, table sharing and refcounts
+//!   (`converge::Target`: the desired datapath and what it is computed
+//!   from besides the plan and the pods).
+//! - `realized`: what is in the datapath now (`realized::Realized`).
+//! - `in_place`: editing a table in place instead of writing a new one.
+//! - `audit`: staged (audit) policies (`audit::Audit`).
+//! - `background`: big tables compiled off this thread, written in slices.
+//! - `promote`: fast-attached interfaces moved to links once the node is
+//!   quiet.
 //! - `recover`: taking over what a previous process left, rebuilding from the
 //!   kernel what a damaged checkpoint lost.
-//! - `dump`: the state operators see.
+//! - `dump`: the state operators see (`dump::Health`: errors, failures,
+//!   warnings, conntrack cleanups).
 
 mod audit;
 mod background;
@@ -21,71 +35,30 @@ mod in_place;
 mod plan;
 mod pods;
 mod promote;
+mod realized;
 mod recover;
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use palisade_proto::v1::{NodeState, PlanDelta, PlanSnapshot, PodPolicy, PodRef, PodState};
+use palisade_proto::v1::{NodeState, PodPolicy, PodState};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::checkpoint::Checkpoint;
-use crate::compile::{PolicySet, PortSet, Prefix};
-use crate::datapath::{Datapath, EndpointEntry, PolicyId, PortSetId};
-use crate::desired::{Mode, Owner, PodKey, PodRuntime, Verdict};
+use crate::compile::{PolicySet, Prefix};
+use crate::datapath::{Datapath, PolicyId};
+use crate::desired::{Mode, PodKey};
 
 pub use background::{peers, slices, BACKGROUND_PEERS, SLICE_ENTRIES};
 pub use dump::{ConntrackDump, Dump, InterfaceDump, PolicySetDump};
+pub use plan::{PlanError, PlanMessage};
+pub use pods::{PodUp, PodUpOutcome, PodUpReply};
 pub use promote::{MAX_WAIT as PROMOTE_MAX_WAIT, QUIET as PROMOTE_QUIET};
 
 /// The policy id an endpoint gets when its policy could not be written: no
 /// table entry ever has it, so every lookup misses and the pod is denied
 /// rather than left open. Never allocated to a table.
 pub const DENY_ALL: PolicyId = u32::MAX;
-
-/// How many warnings the dump keeps (oldest dropped first).
-const MAX_WARNINGS: usize = 32;
-
-/// A message from the controller's plan stream.
-#[derive(Clone, Debug)]
-pub enum PlanMessage {
-    Snapshot(PlanSnapshot),
-    Delta(PlanDelta),
-}
-
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum PlanError {
-    #[error(
-        "delta from version {base} does not apply to version {held}; resubscribe for a snapshot"
-    )]
-    OutOfSequence { base: u64, held: u64 },
-    #[error("snapshot version {0} comes from a controller that has not synced its source; refused, the node keeps its current plan")]
-    NotSynced(u64),
-    #[error("plan version {version} is from leadership term {term}, older than term {highest} already applied: a deposed controller sent it; refused, the node keeps its current plan")]
-    StaleTerm {
-        version: u64,
-        term: u64,
-        highest: u64,
-    },
-}
-
-#[derive(Clone, Debug)]
-pub struct PodUp {
-    pub pod: PodKey,
-    pub runtime: PodRuntime,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct PodUpOutcome {
-    pub plan_version: u64,
-    pub ingress_isolated: bool,
-    pub egress_isolated: bool,
-    /// False: the deadline passed before the policy was known (standard mode).
-    pub realized: bool,
-    pub warning: String,
-}
-
-pub type PodUpReply = oneshot::Sender<Result<PodUpOutcome, String>>;
 
 pub enum Event {
     Plan(PlanMessage, oneshot::Sender<Result<u64, PlanError>>),
@@ -137,213 +110,70 @@ pub enum Event {
     },
 }
 
-struct RealizedPolicy {
-    id: PolicyId,
-    entries: Vec<(Prefix, PortSetId)>,
-}
-
-#[derive(Clone)]
-struct RealizedEndpoint {
-    ifindex: u32,
-    owner: Owner,
-    ingress: Verdict,
-    egress: Verdict,
-    entry: EndpointEntry,
-}
-
-impl RealizedEndpoint {
-    fn enforced(&self) -> crate::desired::Enforced {
-        (
-            self.ingress.clone(),
-            self.egress.clone(),
-            self.entry.pod_addrs.clone(),
-        )
-    }
-}
-
-/// What is in the datapath now, as this process wrote or adopted it.
-#[derive(Default)]
-struct Realized {
-    portsets: BTreeMap<PortSet, PortSetId>,
-    policies: BTreeMap<Arc<PolicySet>, RealizedPolicy>,
-    endpoints: BTreeMap<String, RealizedEndpoint>,
-    next_portset: PortSetId,
-    next_policy: PolicyId,
-    /// Adopted tables whose content duplicates another's; removed once no
-    /// endpoint points at them.
-    garbage_policies: Vec<(PolicyId, Vec<(Prefix, PortSetId)>)>,
-    garbage_portsets: Vec<(PortSetId, PortSet)>,
-    /// Endpoints whose table was narrowed in place and whose epoch renewal
-    /// failed, by interface: retried until done.
-    owed_renewals: BTreeMap<String, in_place::OwedRenewal>,
-    /// Staged (audit) entries written, by interface; their tables are
-    /// referenced like enforced ones.
-    audit: BTreeMap<String, audit::RealizedAudit>,
-}
-
-impl Realized {
-    /// A policy id no live table has, never 0 (not isolated) nor
-    /// [`DENY_ALL`], even after the counter wraps.
-    fn alloc_policy(&mut self) -> Result<PolicyId, String> {
-        let used: BTreeSet<PolicyId> = self
-            .policies
-            .values()
-            .map(|p| p.id)
-            .chain(self.garbage_policies.iter().map(|(id, _)| *id))
-            .collect();
-        for _ in 0..=used.len() + 2 {
-            self.next_policy = self.next_policy.wrapping_add(1);
-            let id = self.next_policy;
-            if id != 0 && id != DENY_ALL && !used.contains(&id) {
-                return Ok(id);
-            }
-        }
-        Err("no free policy id".into())
-    }
-
-    /// [`Self::alloc_policy`], also avoiding `busy` (tables being written).
-    fn alloc_policy_besides(&mut self, busy: &[PolicyId]) -> Result<PolicyId, String> {
-        for _ in 0..=busy.len() {
-            let id = self.alloc_policy()?;
-            if !busy.contains(&id) {
-                return Ok(id);
-            }
-        }
-        Err("no free policy id".into())
-    }
-
-    fn alloc_portset(&mut self) -> Result<PortSetId, String> {
-        let used: BTreeSet<PortSetId> = self
-            .portsets
-            .values()
-            .copied()
-            .chain(self.garbage_portsets.iter().map(|(id, _)| *id))
-            .collect();
-        for _ in 0..=used.len() + 1 {
-            self.next_portset = self.next_portset.wrapping_add(1);
-            let id = self.next_portset;
-            if id != 0 && !used.contains(&id) {
-                return Ok(id);
-            }
-        }
-        Err("no free port set id".into())
-    }
-}
-
-struct PendingUp {
-    container_id: String,
-    reply: PodUpReply,
-}
-
-pub struct Reconciler<D: Datapath> {
+/// Who this enforcer is, how it behaves, and its handles to the rest of the
+/// process: set when it is built, never changed by an event.
+struct Context {
     node: String,
     enforcer_id: String,
     mode: Mode,
-    /// The controller's plan for this node; meaningful once `has_plan`.
-    plan: BTreeMap<PodKey, PodPolicy>,
-    plan_version: u64,
-    /// The highest controller leadership term applied (0: none, or a
-    /// controller without leader election); plans of lower terms are refused.
-    term: u64,
-    has_plan: bool,
-    plan_connected: bool,
-    plan_stream_error: String,
-    /// Pod entries fetched on demand for pods the stream has not delivered;
-    /// dropped as soon as the stream's plan lists the pod.
-    fetched: BTreeMap<PodKey, PodPolicy>,
-    pods: BTreeMap<PodKey, PodRuntime>,
-    pending: BTreeMap<PodKey, PendingUp>,
-    /// Standard-mode pods whose deadline passed with their policy unknown.
-    unprotected: BTreeSet<PodKey>,
-    /// Pods an NPBackend DeletePodNp named while their interface still
-    /// lives: forgotten when it goes (the request cannot tell an old pod
-    /// from a new one of the same name).
-    deleting: BTreeSet<PodKey>,
-    realized: Realized,
-    /// The desired datapath as last computed; pods are recomputed when
-    /// their inputs change, everything when shared inputs do.
-    want: crate::desired::Desired,
-    /// Pods whose datapath writes failed in the last convergence (a refused
-    /// pod-up), as opposed to pods merely denied or held.
-    failures: BTreeMap<PodKey, String>,
-    /// The staged (audit) tables each interface wants, recomputed on every
-    /// convergence (few pods have any).
-    want_audit: BTreeMap<String, audit::AuditWant>,
-    /// Why a pod (or an interface) is not audited as its plan says, by
-    /// "namespace/name" (or interface name); never affects enforcement.
-    audit_errors: BTreeMap<String, String>,
-    /// A staged (audit) entry could not be written or removed: retried on
-    /// ticks like failed enforcement writes (compile errors are not).
-    audit_retry: bool,
-    /// Interface indexes as last read (link events and ticks refresh them).
-    ifindexes: BTreeMap<String, u32>,
-    /// Compiled policies by the encoded direction policy; cleared when the
-    /// node's addresses change (they are part of every compiled table).
-    compiled: std::collections::HashMap<Vec<u8>, Result<Arc<PolicySet>, String>>,
-    /// The pods checkpoint is behind; written when the event queue is idle
-    /// (a lost write is rebuilt from the kernel's endpoint entries).
-    pods_dirty: bool,
-    /// Operations that failed in the last convergence.
-    errors: Vec<String>,
-    /// Things an operator must see that outlive one convergence.
-    warnings: VecDeque<String>,
-    realized_version: u64,
-    node_addresses: Vec<Prefix>,
-    checkpoint: Option<Checkpoint>,
-    fetch: Option<mpsc::UnboundedSender<PodKey>>,
-    conntrack: dump::ConntrackDump,
-    links_pending: crate::links::Pending,
     /// Edit a table in place when that is safe (see `in_place`); off: every
     /// content change gets a new table, as before.
     in_place_edits: bool,
+    /// Where the inputs are saved after every change, so a restart can
+    /// recover them.
+    checkpoint: Option<Checkpoint>,
+    /// Where to ask for one pod's plan (see `plan`).
+    fetch: Option<mpsc::UnboundedSender<PodKey>>,
+    /// Shared with the link watcher: set while an [`Event::Links`] is queued.
+    link_event_queued: crate::links::Pending,
+    /// When the event being handled began (ms since the Unix epoch; 0:
+    /// idle), for the stall watchdog (`crate::stall`).
+    busy_since: Arc<AtomicU64>,
+}
+
+/// The node's one reconciler: each part is kept by the file of its name.
+pub struct Reconciler<D: Datapath> {
+    ctx: Context,
+    /// The controller's plan for this node.
+    plan: plan::Plan,
+    /// The pods the CNI plugin reported, and their pod-ups waiting.
+    pods: pods::Pods,
+    /// The desired datapath and the node-wide inputs it is computed from.
+    target: converge::Target,
+    /// What is in the datapath now.
+    realized: realized::Realized,
+    /// Staged (audit) policies wanted, and why some are not audited.
+    audit: audit::Audit,
     /// Big policies compiled off this thread and written in slices.
     background: background::Background,
     /// Fast-attached interfaces' way to links (see `promote`).
     promotion: promote::Promotion,
-    /// When the event being handled began (ms since the Unix epoch; 0:
-    /// idle), for the stall watchdog (`crate::stall`).
-    busy_since: Arc<std::sync::atomic::AtomicU64>,
+    /// What went wrong, as operators see it.
+    health: dump::Health,
     pub datapath: D,
 }
 
 impl<D: Datapath> Reconciler<D> {
     pub fn new(node: String, enforcer_id: String, datapath: D) -> Self {
         Reconciler {
-            node,
-            enforcer_id,
-            mode: Mode::Standard,
-            plan: BTreeMap::new(),
-            plan_version: 0,
-            term: 0,
-            has_plan: false,
-            plan_connected: false,
-            plan_stream_error: String::new(),
-            fetched: BTreeMap::new(),
-            pods: BTreeMap::new(),
-            pending: BTreeMap::new(),
-            unprotected: BTreeSet::new(),
-            deleting: BTreeSet::new(),
-            realized: Realized::default(),
-            want: Default::default(),
-            failures: BTreeMap::new(),
-            want_audit: BTreeMap::new(),
-            audit_errors: BTreeMap::new(),
-            audit_retry: false,
-            ifindexes: BTreeMap::new(),
-            compiled: Default::default(),
-            pods_dirty: false,
-            errors: Vec::new(),
-            warnings: VecDeque::new(),
-            realized_version: 0,
-            node_addresses: Vec::new(),
-            checkpoint: None,
-            fetch: None,
-            conntrack: Default::default(),
-            links_pending: Default::default(),
-            in_place_edits: true,
+            ctx: Context {
+                node,
+                enforcer_id,
+                mode: Mode::Standard,
+                in_place_edits: true,
+                checkpoint: None,
+                fetch: None,
+                link_event_queued: Default::default(),
+                busy_since: Default::default(),
+            },
+            plan: Default::default(),
+            pods: Default::default(),
+            target: Default::default(),
+            realized: Default::default(),
+            audit: Default::default(),
             background: Default::default(),
             promotion: Default::default(),
-            busy_since: Default::default(),
+            health: Default::default(),
             datapath,
         }
     }
@@ -370,59 +200,39 @@ impl<D: Datapath> Reconciler<D> {
     }
 
     /// Where the reconciler says since when it is busy with one event.
-    pub fn busy_since(&self) -> Arc<std::sync::atomic::AtomicU64> {
-        self.busy_since.clone()
-    }
-
-    /// A policy id for a new table: none a table has or is being written to.
-    fn alloc_policy(&mut self) -> Result<PolicyId, String> {
-        let busy: Vec<PolicyId> = self.background.ids().collect();
-        self.realized.alloc_policy_besides(&busy)
-    }
-
-    /// Forgets every compiled table (the node's addresses are in each).
-    fn forget_compiled(&mut self) {
-        self.compiled.clear();
-        self.background.forget();
+    pub fn busy_since(&self) -> Arc<AtomicU64> {
+        self.ctx.busy_since.clone()
     }
 
     /// Saves the inputs after every change, so a restart can recover them.
     pub fn with_checkpoint(mut self, checkpoint: Checkpoint) -> Self {
-        self.checkpoint = Some(checkpoint);
+        self.ctx.checkpoint = Some(checkpoint);
         self
     }
 
     pub fn with_mode(mut self, mode: Mode) -> Self {
-        self.mode = mode;
+        self.ctx.mode = mode;
         self
     }
 
     /// Whether changed content may be written into the table it replaces
     /// (on by default; off measures or avoids the new-id path).
     pub fn with_in_place_edits(mut self, on: bool) -> Self {
-        self.in_place_edits = on;
+        self.ctx.in_place_edits = on;
         self
     }
 
     /// Shares the "a link event is queued" flag with the link watcher.
-    pub fn with_link_events(mut self, pending: crate::links::Pending) -> Self {
-        self.links_pending = pending;
+    pub fn with_link_events(mut self, queued: crate::links::Pending) -> Self {
+        self.ctx.link_event_queued = queued;
         self
     }
 
     /// Where to ask for one pod's plan when a pod comes up before the stream
     /// has delivered it.
     pub fn with_fetcher(mut self, fetch: mpsc::UnboundedSender<PodKey>) -> Self {
-        self.fetch = Some(fetch);
+        self.ctx.fetch = Some(fetch);
         self
-    }
-
-    fn warn(&mut self, w: String) {
-        tracing::warn!("{w}");
-        if self.warnings.len() == MAX_WARNINGS {
-            self.warnings.pop_front();
-        }
-        self.warnings.push_back(w);
     }
 
     /// Handles events until every sender is gone, publishing the node's
@@ -521,16 +331,15 @@ impl<D: Datapath> Reconciler<D> {
         } else {
             0
         };
-        self.busy_since
-            .store(now, std::sync::atomic::Ordering::Relaxed);
+        self.ctx.busy_since.store(now, Ordering::Relaxed);
     }
 
     /// Writes what was deferred.
     pub fn flush(&mut self) {
-        if std::mem::take(&mut self.pods_dirty) {
-            if let Some(cp) = &self.checkpoint {
-                if let Err(e) = cp.save_pods(&self.pods) {
-                    self.warn(format!("checkpoint: {e}"));
+        if std::mem::take(&mut self.pods.unsaved) {
+            if let Some(cp) = &self.ctx.checkpoint {
+                if let Err(e) = cp.save_pods(&self.pods.runtime) {
+                    self.health.warn(format!("checkpoint: {e}"));
                 }
             }
         }
@@ -543,12 +352,12 @@ impl<D: Datapath> Reconciler<D> {
                 let _ = reply.send(r);
             }
             Event::PlanConnected(c) => {
-                self.plan_connected = c;
+                self.plan.connected = c;
                 if c {
-                    self.plan_stream_error.clear();
+                    self.plan.stream_error.clear();
                 }
             }
-            Event::PlanStreamError(e) => self.plan_stream_error = e,
+            Event::PlanStreamError(e) => self.plan.stream_error = e,
             Event::PodUp(up, reply) => {
                 self.pod_event();
                 self.pod_up(up, reply);
@@ -576,14 +385,14 @@ impl<D: Datapath> Reconciler<D> {
             Event::PromoteAll(reply) => {
                 let _ = reply.send(self.promote_all());
             }
-            Event::ConntrackCleaned(r) => self.conntrack.record(r),
+            Event::ConntrackCleaned(r) => self.health.conntrack.record(r),
             Event::Compiled {
                 key,
                 generation,
                 result,
             } => self.compiled_off_thread(key, generation, result),
             Event::Links => {
-                self.links_pending.taken();
+                self.ctx.link_event_queued.taken();
                 // Address events come this way too.
                 if self.refresh_node_addresses() {
                     self.forget_compiled();
@@ -600,79 +409,13 @@ impl<D: Datapath> Reconciler<D> {
                     self.forget_compiled();
                 }
                 // Failed operations are retried until they succeed.
-                let retry =
-                    !self.errors.is_empty() || !self.failures.is_empty() || self.audit_retry;
+                let retry = self.health.has_failures() || self.audit.retry;
                 if !self.links_changed() && (addresses || retry) {
                     self.converge();
                 }
             }
         }
     }
-
-    fn save_plan(&mut self) {
-        if let Some(cp) = &self.checkpoint {
-            if let Err(e) = cp.save_plan(self.plan_version, self.term, &self.plan) {
-                self.warn(format!("checkpoint: {e}"));
-            }
-        }
-    }
-
-    fn save_pods(&mut self) {
-        self.pods_dirty = true;
-    }
-
-    /// Reads the node's addresses; true when they changed.
-    fn refresh_node_addresses(&mut self) -> bool {
-        match self.datapath.node_addresses() {
-            Ok(addrs) => {
-                let mut prefixes: Vec<Prefix> = addrs
-                    .into_iter()
-                    .map(|ip| Prefix::from_ip(ip, if ip.is_ipv4() { 32 } else { 128 }))
-                    .collect();
-                prefixes.sort();
-                prefixes.dedup();
-                let changed = prefixes != self.node_addresses;
-                self.node_addresses = prefixes;
-                changed
-            }
-            Err(e) => {
-                // Keep the last known addresses: forgetting them would cut
-                // the node off from its pods.
-                tracing::warn!("{e}");
-                false
-            }
-        }
-    }
-}
-
-fn key(r: Option<&PodRef>) -> Option<PodKey> {
-    r.map(palisade_proto::plan::pod_key)
-}
-
-/// Checks a pod-up request before it can touch anything.
-fn validate_pod(up: &PodUp) -> Result<(), String> {
-    let (ns, name) = &up.pod;
-    if ns.is_empty() || name.is_empty() {
-        return Err("pod namespace and name are required".into());
-    }
-    if up.runtime.host_interfaces.is_empty() {
-        return Err(format!("pod {ns}/{name}: no host interface given"));
-    }
-    if up.runtime.ips.len() > crate::datapath::MAX_POD_ADDRS {
-        return Err(format!(
-            "pod {ns}/{name}: {} addresses, more than the {} a pod may have",
-            up.runtime.ips.len(),
-            crate::datapath::MAX_POD_ADDRS
-        ));
-    }
-    for i in &up.runtime.host_interfaces {
-        if i.is_empty() || i.len() > 15 || i.contains(['/', ' ', '\0']) || i == "." || i == ".." {
-            return Err(format!(
-                "pod {ns}/{name}: {i:?} is not a valid interface name"
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// Converts request prefixes, naming the bad one.
@@ -683,13 +426,969 @@ pub fn prefixes(list: &[palisade_proto::v1::IpPrefix]) -> Result<Vec<Prefix>, St
 }
 
 #[cfg(test)]
-mod tests;
+mod tests {
+    use super::*;
+    use crate::checkpoint::Checkpoint;
+    use crate::datapath::fake::FakeDatapath;
+    use crate::datapath::EndpointEntry;
+    use crate::desired::PodRuntime;
+    use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PortRange, Protocol, Rule};
+    use palisade_proto::v1::{PlanDelta, PlanSnapshot, PodRef};
+    use std::collections::BTreeSet;
 
-#[cfg(test)]
-mod fail_closed_tests;
+    fn ip4(a: [u8; 4], len: u32) -> IpPrefix {
+        IpPrefix {
+            addr: a.to_vec(),
+            prefix_len: len,
+        }
+    }
 
-#[cfg(test)]
-mod audit_tests;
+    fn allow_from(peer: [u8; 4], port: u32) -> DirectionPolicy {
+        DirectionPolicy {
+            rules: vec![Rule {
+                peers: vec![PeerBlock {
+                    cidr: Some(ip4(peer, 32)),
+                    except: vec![],
+                }],
+                ports: vec![PortRange {
+                    protocol: Protocol::Tcp as i32,
+                    port,
+                    end_port: 0,
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
 
-#[cfg(test)]
-mod background_tests;
+    fn pod_policy(name: &str, ingress: Option<DirectionPolicy>) -> PodPolicy {
+        PodPolicy {
+            pod: Some(PodRef {
+                namespace: "x".into(),
+                name: name.into(),
+            }),
+            pod_ips: vec![],
+            ingress,
+            egress: None,
+            policies: vec!["x/p".into()],
+            ..Default::default()
+        }
+    }
+
+    fn up(name: &str, iface: &str) -> PodUp {
+        PodUp {
+            pod: ("x".into(), name.into()),
+            runtime: PodRuntime {
+                container_id: format!("c-{name}"),
+                netns: format!("/run/netns/{name}"),
+                host_interfaces: vec![iface.into()],
+                ips: vec![],
+                ifindexes: Default::default(),
+                mode: None,
+            },
+        }
+    }
+
+    fn snapshot(version: u64, pods: Vec<PodPolicy>) -> PlanMessage {
+        PlanMessage::Snapshot(PlanSnapshot {
+            term: 0,
+            version,
+            pods,
+            source_synced: true,
+            ..Default::default()
+        })
+    }
+
+    /// Pod up that must be answered at once (its policy is known).
+    fn up_now(r: &mut Reconciler<FakeDatapath>, u: PodUp) -> Result<PodUpOutcome, String> {
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        r.pod_up(u, tx);
+        rx.try_recv().expect("pod up answered at once")
+    }
+
+    /// A plan entry for a pod no policy selects.
+    fn unselected(name: &str) -> PodPolicy {
+        PodPolicy {
+            policies: vec![],
+            ..pod_policy(name, None)
+        }
+    }
+
+    fn reconciler() -> Reconciler<FakeDatapath> {
+        Reconciler::new(
+            "n1".into(),
+            "e1".into(),
+            FakeDatapath::with_interfaces(&["veth-a", "veth-b", "veth-c", "veth-d"]),
+        )
+    }
+
+    #[test]
+    fn unselected_pod_is_attached_and_open() {
+        let mut r = reconciler();
+        r.apply_plan(snapshot(1, vec![unselected("a")])).unwrap();
+        let out = up_now(&mut r, up("a", "veth-a")).unwrap();
+        assert!(!out.ingress_isolated);
+        assert!(r.datapath.attached.contains("veth-a"));
+        assert_eq!(r.datapath.endpoint_of("veth-a"), Some((0, 0)));
+        r.datapath.assert_no_violations();
+    }
+
+    #[test]
+    fn replicas_with_equal_policy_share_one_table_until_the_last_goes() {
+        let mut r = reconciler();
+        r.apply_plan(snapshot(
+            1,
+            vec![
+                pod_policy("a", Some(allow_from([10, 0, 0, 9], 80))),
+                pod_policy("b", Some(allow_from([10, 0, 0, 9], 80))),
+            ],
+        ))
+        .unwrap();
+        up_now(&mut r, up("a", "veth-a")).unwrap();
+        up_now(&mut r, up("b", "veth-b")).unwrap();
+        let (ia, _) = r.datapath.endpoint_of("veth-a").unwrap();
+        let (ib, _) = r.datapath.endpoint_of("veth-b").unwrap();
+        assert_eq!(ia, ib, "same content, same table");
+        assert_eq!(r.datapath.policies.len(), 1);
+        // Seed 000/001: deleting one replica must not take the table from the other.
+        r.pod_down(Some(("x".into(), "a".into())), "c-a").unwrap();
+        assert_eq!(r.datapath.policies.len(), 1);
+        assert_eq!(r.datapath.endpoint_of("veth-b"), Some((ib, 0)));
+        r.pod_down(None, "c-b").unwrap();
+        r.datapath.assert_empty();
+        r.datapath.assert_no_violations();
+    }
+
+    /// The new-id path (in-place edits, which would take these host-only
+    /// changes, are tested in `in_place`).
+    #[test]
+    fn policy_change_is_make_before_break() {
+        let mut r = reconciler().with_in_place_edits(false);
+        r.apply_plan(snapshot(0, vec![unselected("a")])).unwrap();
+        up_now(&mut r, up("a", "veth-a")).unwrap();
+        for (v, port) in [(1, 80), (2, 81), (3, 82)] {
+            r.apply_plan(snapshot(
+                v,
+                vec![pod_policy("a", Some(allow_from([10, 0, 0, 9], port)))],
+            ))
+            .unwrap();
+        }
+        assert_eq!(r.datapath.policies.len(), 1, "old tables removed");
+        // Every step in the log was checked by the fake: no endpoint ever pointed
+        // at a missing table, no program ran without its entry.
+        r.datapath.assert_no_violations();
+        let log = r.datapath.log.join("\n");
+        let add = log.find("add_policy 3").unwrap();
+        let switch = log.find("set_endpoint 10 3 0").unwrap();
+        let remove = log.find("remove_policy 2").unwrap();
+        assert!(add < switch && switch < remove, "{log}");
+    }
+
+    #[test]
+    fn delete_of_an_old_sandbox_keeps_the_new_one() {
+        let mut r = reconciler();
+        r.apply_plan(snapshot(1, vec![unselected("a")])).unwrap();
+        up_now(&mut r, up("a", "veth-a")).unwrap();
+        let mut again = up("a", "veth-b");
+        again.runtime.container_id = "c-a2".into();
+        up_now(&mut r, again).unwrap();
+        r.pod_down(Some(("x".into(), "a".into())), "c-a").unwrap();
+        assert!(r.datapath.attached.contains("veth-b"));
+        assert!(!r.datapath.attached.contains("veth-a"));
+    }
+
+    #[test]
+    fn an_interface_reused_by_a_new_pod_belongs_to_it() {
+        let mut r = reconciler();
+        r.apply_plan(snapshot(
+            1,
+            vec![pod_policy("a", Some(allow_from([10, 0, 0, 9], 80)))],
+        ))
+        .unwrap();
+        r.apply_plan(snapshot(
+            2,
+            vec![
+                pod_policy("a", Some(allow_from([10, 0, 0, 9], 80))),
+                unselected("b"),
+            ],
+        ))
+        .unwrap();
+        up_now(&mut r, up("a", "veth-a")).unwrap();
+        // x/a's DEL never came; its veth was deleted and a new one with the same
+        // name (a new index) belongs to x/b, unselected.
+        r.datapath.interfaces.insert("veth-a".into(), 20);
+        up_now(&mut r, up("b", "veth-a")).unwrap();
+        assert_eq!(r.datapath.endpoint_of("veth-a"), Some((0, 0)));
+        let pods: Vec<String> = r
+            .node_state()
+            .pods
+            .iter()
+            .map(|p| p.pod.as_ref().unwrap().name.clone())
+            .collect();
+        assert_eq!(pods, vec!["b"]);
+        assert!(r.datapath.policies.is_empty());
+        r.datapath.assert_no_violations();
+    }
+
+    #[test]
+    fn failed_attach_leaves_nothing_behind_and_names_the_interface() {
+        let mut r = reconciler();
+        r.datapath.fail_attach.insert("veth-a".into());
+        let err = up_now(&mut r, up("a", "veth-a")).unwrap_err();
+        assert!(err.contains("veth-a"), "{err}");
+        assert!(r.datapath.endpoints.is_empty());
+        assert!(r.node_state().pods.is_empty());
+        let err = up_now(&mut r, up("b", "nope")).unwrap_err();
+        assert!(err.contains("\"nope\" does not exist"), "{err}");
+    }
+
+    #[test]
+    fn invalid_requests_are_refused_before_touching_anything() {
+        let mut r = reconciler();
+        let mut bad = up("a", "veth-a");
+        bad.runtime.host_interfaces = vec!["../../etc".into()];
+        assert!(up_now(&mut r, bad)
+            .unwrap_err()
+            .contains("not a valid interface name"));
+        let mut bad = up("a", "veth-a");
+        bad.runtime.host_interfaces.clear();
+        assert!(up_now(&mut r, bad)
+            .unwrap_err()
+            .contains("no host interface"));
+        assert!(r.datapath.log.is_empty());
+    }
+
+    #[test]
+    fn uncompilable_policy_denies_instead_of_opening() {
+        let mut r = reconciler();
+        let broken = DirectionPolicy {
+            rules: vec![Rule {
+                peers: vec![PeerBlock {
+                    cidr: Some(IpPrefix {
+                        addr: vec![1, 2, 3],
+                        prefix_len: 8,
+                    }),
+                    except: vec![],
+                }],
+                ports: vec![],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        r.apply_plan(snapshot(1, vec![pod_policy("a", Some(broken))]))
+            .unwrap();
+        up_now(&mut r, up("a", "veth-a")).unwrap();
+        // Denied (only the node may reach it), never opened, and visibly so.
+        let (ingress, egress) = r.datapath.endpoint_of("veth-a").unwrap();
+        assert_ne!(ingress, 0);
+        assert_eq!(egress, 0);
+        assert!(r.datapath.policies[&ingress].is_empty(), "deny-all table");
+        let err = &r.node_state().pods[0].error;
+        assert!(err.contains("ingress policy of x/a"), "{err}");
+    }
+
+    #[test]
+    fn deltas_must_follow_the_version_held() {
+        let mut r = reconciler();
+        let d = PlanDelta {
+            term: 0,
+            base_version: 5,
+            version: 6,
+            upserted: vec![],
+            removed: vec![],
+            ..Default::default()
+        };
+        assert!(matches!(
+            r.apply_plan(PlanMessage::Delta(d.clone())),
+            Err(PlanError::OutOfSequence { .. })
+        ));
+        r.apply_plan(snapshot(5, vec![])).unwrap();
+        assert_eq!(r.apply_plan(PlanMessage::Delta(d)).unwrap(), 6);
+        assert_eq!(r.node_state().realized_version, 6);
+    }
+
+    /// Invariant 2: any order of the same inputs gives the same datapath.
+    #[test]
+    fn end_state_does_not_depend_on_event_order() {
+        let plan = || {
+            snapshot(
+                1,
+                vec![
+                    pod_policy("a", Some(allow_from([10, 0, 0, 9], 80))),
+                    pod_policy("b", Some(allow_from([10, 0, 0, 9], 80))),
+                    pod_policy("c", Some(allow_from([10, 0, 0, 8], 443))),
+                ],
+            )
+        };
+        #[derive(Clone, Copy, Debug)]
+        enum E {
+            Plan,
+            Up(&'static str, &'static str),
+            Down(&'static str),
+        }
+        let events = [
+            E::Plan,
+            E::Up("a", "veth-a"),
+            E::Up("b", "veth-b"),
+            E::Up("c", "veth-c"),
+            E::Down("a"),
+        ];
+        let mut results = BTreeSet::new();
+        // Every permutation where a pod's Down follows its Up.
+        let mut idx: Vec<usize> = (0..events.len()).collect();
+        permute(&mut idx, 0, &mut |order| {
+            let pos = |i| order.iter().position(|x| *x == i).unwrap();
+            if pos(4) < pos(1) {
+                return;
+            }
+            let mut r = reconciler();
+            for &i in order {
+                match events[i] {
+                    E::Plan => {
+                        r.apply_plan(plan()).unwrap();
+                    }
+                    E::Up(n, i) => {
+                        // Before the plan, the answer waits; the end state may not.
+                        let (tx, _rx) = tokio::sync::oneshot::channel();
+                        r.pod_up(up(n, i), tx);
+                    }
+                    E::Down(n) => r
+                        .pod_down(Some(("x".into(), n.into())), &format!("c-{n}"))
+                        .unwrap(),
+                }
+            }
+            assert!(
+                r.datapath.violations.is_empty(),
+                "{order:?}: {:?}",
+                r.datapath.violations
+            );
+            let shape = (
+                r.datapath.attached.clone(),
+                r.datapath.policies.len(),
+                r.datapath.portsets.len(),
+                r.datapath.endpoint_of("veth-b").unwrap()
+                    == r.datapath.endpoint_of("veth-b").unwrap(),
+                r.datapath.endpoint_of("veth-b").unwrap().0
+                    != r.datapath.endpoint_of("veth-c").unwrap().0,
+            );
+            results.insert(format!("{shape:?}"));
+        });
+        assert_eq!(results.len(), 1, "{results:?}");
+    }
+
+    fn permute(v: &mut Vec<usize>, k: usize, f: &mut dyn FnMut(&[usize])) {
+        if k == v.len() {
+            f(v);
+            return;
+        }
+        for i in k..v.len() {
+            v.swap(k, i);
+            permute(v, k + 1, f);
+            v.swap(k, i);
+        }
+    }
+
+    /// A restart: a new reconciler takes over the same datapath (the fake keeps
+    /// the "kernel" state) from the checkpointed inputs.
+    fn restart(
+        old: &mut Reconciler<FakeDatapath>,
+        dir: &std::path::Path,
+    ) -> Reconciler<FakeDatapath> {
+        old.flush();
+        let datapath = std::mem::take(&mut old.datapath);
+        let cp = Checkpoint::open(dir).unwrap();
+        let saved = cp.load().unwrap();
+        let mut r = Reconciler::new("n1".into(), "e2".into(), datapath).with_checkpoint(cp);
+        r.datapath.log.clear();
+        r.recover(saved).unwrap();
+        r
+    }
+
+    #[test]
+    fn restart_takes_over_without_touching_a_correct_datapath() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = reconciler().with_checkpoint(Checkpoint::open(dir.path()).unwrap());
+        r.apply_plan(snapshot(
+            4,
+            vec![
+                pod_policy("a", Some(allow_from([10, 0, 0, 9], 80))),
+                pod_policy("b", Some(allow_from([10, 0, 0, 9], 80))),
+                unselected("c"),
+            ],
+        ))
+        .unwrap();
+        up_now(&mut r, up("a", "veth-a")).unwrap();
+        up_now(&mut r, up("b", "veth-b")).unwrap();
+        up_now(&mut r, up("c", "veth-c")).unwrap();
+        let before = (
+            r.datapath.endpoints.clone(),
+            r.datapath.policies.clone(),
+            r.datapath.portsets.clone(),
+            r.datapath.attached.clone(),
+        );
+        let state_before = r.node_state();
+
+        let mut r2 = restart(&mut r, dir.path());
+        // Only the isolated directions' epochs move (the predecessor may have
+        // died before renewing them after an in-place edit): one write each.
+        let (a, b) = (
+            r2.datapath.interfaces["veth-a"],
+            r2.datapath.interfaces["veth-b"],
+        );
+        assert_eq!(
+            r2.datapath.log,
+            vec![
+                format!("renew_epochs {a} true false"),
+                format!("renew_epochs {b} true false")
+            ],
+            "no other operation needed"
+        );
+        let after = (
+            r2.datapath.endpoints.clone(),
+            r2.datapath.policies.clone(),
+            r2.datapath.portsets.clone(),
+            r2.datapath.attached.clone(),
+        );
+        assert_eq!(before, after);
+        let state_after = r2.node_state();
+        assert_eq!(state_after.realized_version, 4);
+        assert_eq!(state_after.pods, state_before.pods);
+
+        // The recovered reconciler keeps working: a new plan, shared tables,
+        // make-before-break, no reuse of a live id.
+        r2.apply_plan(snapshot(
+            5,
+            vec![
+                pod_policy("a", Some(allow_from([10, 0, 0, 9], 443))),
+                pod_policy("b", Some(allow_from([10, 0, 0, 9], 80))),
+                unselected("c"),
+            ],
+        ))
+        .unwrap();
+        let (ia, _) = r2.datapath.endpoint_of("veth-a").unwrap();
+        let (ib, _) = r2.datapath.endpoint_of("veth-b").unwrap();
+        assert_ne!(ia, ib);
+        assert_eq!(r2.datapath.policies.len(), 2);
+        r2.datapath.assert_no_violations();
+    }
+
+    #[test]
+    fn restart_removes_vanished_pods_and_keeps_what_it_cannot_explain() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = reconciler().with_checkpoint(Checkpoint::open(dir.path()).unwrap());
+        r.apply_plan(snapshot(
+            1,
+            vec![
+                pod_policy("a", Some(allow_from([10, 0, 0, 9], 80))),
+                unselected("b"),
+            ],
+        ))
+        .unwrap();
+        up_now(&mut r, up("a", "veth-a")).unwrap();
+        up_now(&mut r, up("b", "veth-b")).unwrap();
+        // While the enforcer is down: x/a's veth disappears; something left an
+        // attachment no saved pod knows on a live interface (veth-d, index 13,
+        // denied) and a stray table.
+        r.datapath.interfaces.remove("veth-a");
+        r.datapath.attached.insert("veth-d".into());
+        r.datapath.endpoints.insert(
+            13,
+            EndpointEntry {
+                ingress: DENY_ALL,
+                egress: DENY_ALL,
+                pod_addrs: vec![],
+            },
+        );
+        r.datapath.policies.insert(77, vec![]);
+
+        let mut r2 = restart(&mut r, dir.path());
+        let names: Vec<String> = r2
+            .node_state()
+            .pods
+            .iter()
+            .map(|p| p.pod.as_ref().unwrap().name.clone())
+            .collect();
+        assert_eq!(names, vec!["b"]);
+        // Detaching a live interface it cannot explain would open it: it keeps
+        // its policy, and the state says why.
+        assert_eq!(
+            r2.datapath.attached,
+            BTreeSet::from(["veth-b".to_string(), "veth-d".to_string()])
+        );
+        assert_eq!(
+            r2.datapath.endpoint_of("veth-d"),
+            Some((DENY_ALL, DENY_ALL))
+        );
+        assert!(r2
+            .node_state()
+            .errors
+            .iter()
+            .any(|e| e.contains("veth-d") && e.contains("no pod explains")));
+        assert!(
+            r2.datapath.policies.is_empty(),
+            "{:?}",
+            r2.datapath.policies
+        );
+        // Once it goes, it is cleaned up.
+        r2.datapath.interfaces.remove("veth-d");
+        r2.handle(Event::Links);
+        assert_eq!(r2.datapath.attached, BTreeSet::from(["veth-b".to_string()]));
+        assert_eq!(r2.datapath.endpoints.len(), 1);
+        r2.datapath.assert_no_violations();
+    }
+
+    /// Seed of issue 5.7: a lost or damaged checkpoint never turns live links
+    /// into orphans; the kernel's endpoint entries and the plan's pod addresses
+    /// rebuild which pod owns which interface.
+    #[test]
+    fn a_lost_checkpoint_is_rebuilt_from_the_kernel_not_detached() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = reconciler().with_checkpoint(Checkpoint::open(dir.path()).unwrap());
+        let mut a = pod_policy("a", Some(allow_from([10, 0, 0, 9], 80)));
+        a.pod_ips = vec![ip4([10, 0, 1, 1], 32)];
+        r.apply_plan(snapshot(1, vec![a.clone()])).unwrap();
+        let mut u = up("a", "veth-a");
+        u.runtime.ips = vec![Prefix::from_ip("10.0.1.1".parse().unwrap(), 32)];
+        up_now(&mut r, u).unwrap();
+        for damage in ["remove", "truncate"] {
+            let before = r.datapath.endpoint_of("veth-a").unwrap();
+            assert_ne!(before.0, 0);
+            r.flush();
+            for f in ["plan.pb", "pods.json"] {
+                let p = dir.path().join(f);
+                if damage == "remove" {
+                    std::fs::remove_file(&p).unwrap();
+                } else {
+                    let b = std::fs::read(&p).unwrap();
+                    std::fs::write(&p, &b[..b.len() / 2]).unwrap();
+                }
+            }
+            let mut r2 = restart(&mut r, dir.path());
+            // Nothing was detached or rewritten: the pod keeps its policy.
+            assert_eq!(r2.datapath.endpoint_of("veth-a"), Some(before), "{damage}");
+            assert!(r2.datapath.attached.contains("veth-a"));
+            assert!(r2.dump().warnings.iter().any(|w| w.contains("damaged")) || damage == "remove");
+            // The plan comes back; the pod is recognised by its address.
+            r2.apply_plan(snapshot(2, vec![a.clone()])).unwrap();
+            let state = r2.node_state();
+            assert_eq!(state.pods.len(), 1, "{state:?}");
+            assert_eq!(state.pods[0].error, "");
+            assert_eq!(r2.datapath.endpoint_of("veth-a"), Some(before));
+            r2.datapath.assert_no_violations();
+            // A DEL cannot prove it is for this sandbox (the container id was
+            // lost; it may be a late one for an older pod): enforced until the
+            // veth goes, then forgotten.
+            r2.pod_down(Some(("x".into(), "a".into())), "c-whatever")
+                .unwrap();
+            assert!(r2.datapath.attached.contains("veth-a"));
+            assert_eq!(r2.datapath.endpoint_of("veth-a"), Some(before));
+            r2.datapath.interfaces.remove("veth-a");
+            r2.handle(Event::Links);
+            assert!(!r2.datapath.attached.contains("veth-a"));
+            assert!(r2.node_state().pods.is_empty());
+            r2.datapath.interfaces.insert("veth-a".into(), 10);
+            r = r2;
+            up_now(&mut r, {
+                let mut u = up("a", "veth-a");
+                u.runtime.ips = vec![Prefix::from_ip("10.0.1.1".parse().unwrap(), 32)];
+                u
+            })
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn node_addresses_are_always_allowed_and_followed_on_tick() {
+        let mut r = reconciler();
+        r.datapath.node_addresses = vec!["10.1.0.1".parse().unwrap()];
+        r.apply_plan(snapshot(
+            1,
+            vec![pod_policy(
+                "a",
+                Some(DirectionPolicy {
+                    rules: vec![],
+                    ..Default::default()
+                }),
+            )],
+        ))
+        .unwrap();
+        up_now(&mut r, up("a", "veth-a")).unwrap();
+        let node = |s: &str| Prefix::from_ip(s.parse().unwrap(), 32);
+        let entries = |r: &Reconciler<FakeDatapath>| {
+            let (id, _) = r.datapath.endpoint_of("veth-a").unwrap();
+            r.datapath.policies[&id]
+                .iter()
+                .map(|(p, _)| *p)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(entries(&r), vec![node("10.1.0.1")]);
+
+        // Nothing changed: a tick touches nothing.
+        let ops = r.datapath.log.len();
+        r.handle(Event::Tick);
+        assert_eq!(r.datapath.log.len(), ops);
+
+        // The node gains an address (a new gateway, say): the next tick
+        // follows, make-before-break.
+        r.datapath.node_addresses.push("10.1.0.2".parse().unwrap());
+        r.handle(Event::Tick);
+        assert_eq!(entries(&r), vec![node("10.1.0.1"), node("10.1.0.2")]);
+        assert_eq!(r.datapath.policies.len(), 1);
+        r.datapath.assert_no_violations();
+    }
+
+    mod fail_closed {
+        //! One test per fail-open path the enforcer once had: each drives the
+        //! reconciler the way the bug was reproduced and checks the verdict the
+        //! datapath would give (the endpoint entry), not just an error string.
+
+        use super::super::realized::Realized;
+        use super::super::*;
+        use crate::datapath::fake::FakeDatapath;
+        use crate::desired::PodRuntime;
+        use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, Rule};
+        use palisade_proto::v1::{PlanSnapshot, PodRef};
+        use tokio::sync::oneshot;
+
+        fn pod_policy(name: &str, ingress: Option<DirectionPolicy>) -> PodPolicy {
+            PodPolicy {
+                pod: Some(PodRef {
+                    namespace: "x".into(),
+                    name: name.into(),
+                }),
+                ingress,
+                ..Default::default()
+            }
+        }
+
+        fn deny_all() -> Option<DirectionPolicy> {
+            Some(DirectionPolicy {
+                rules: vec![],
+                ..Default::default()
+            })
+        }
+
+        fn up(name: &str, iface: &str) -> PodUp {
+            PodUp {
+                pod: ("x".into(), name.into()),
+                runtime: PodRuntime {
+                    container_id: format!("c-{name}"),
+                    netns: String::new(),
+                    host_interfaces: vec![iface.into()],
+                    ips: vec![],
+                    ifindexes: Default::default(),
+                    mode: None,
+                },
+            }
+        }
+
+        fn snapshot(version: u64, synced: bool, pods: Vec<PodPolicy>) -> PlanMessage {
+            PlanMessage::Snapshot(PlanSnapshot {
+                term: 0,
+                version,
+                pods,
+                source_synced: synced,
+                ..Default::default()
+            })
+        }
+
+        fn reconciler(mode: Mode) -> Reconciler<FakeDatapath> {
+            Reconciler::new(
+                "n1".into(),
+                "e1".into(),
+                FakeDatapath::with_interfaces(&["veth-a", "veth-b", "br0"]),
+            )
+            .with_mode(mode)
+        }
+
+        type Answer = oneshot::Receiver<Result<PodUpOutcome, String>>;
+
+        fn start_up(r: &mut Reconciler<FakeDatapath>, u: PodUp) -> Answer {
+            let (tx, rx) = oneshot::channel();
+            r.pod_up(u, tx);
+            rx
+        }
+
+        fn now(rx: &mut Answer) -> Result<PodUpOutcome, String> {
+            rx.try_recv().expect("answered")
+        }
+
+        /// 5.1: an ADD naming another pod's live interface (the bridge itself, say)
+        /// is refused and changes nothing; the other pod stays enforced.
+        #[test]
+        fn an_add_claiming_another_pods_interface_changes_nothing() {
+            let mut r = reconciler(Mode::Standard);
+            r.apply_plan(snapshot(
+                1,
+                true,
+                vec![pod_policy("a", deny_all()), pod_policy("b", None)],
+            ))
+            .unwrap();
+            now(&mut start_up(&mut r, up("a", "veth-a"))).unwrap();
+            let before = (r.datapath.endpoints.clone(), r.datapath.attached.clone());
+            let mut bad = up("b", "veth-b");
+            bad.runtime.host_interfaces.push("veth-a".into());
+            let err = now(&mut start_up(&mut r, bad)).unwrap_err();
+            assert!(err.contains("veth-a") && err.contains("x/a"), "{err}");
+            assert_eq!(
+                before,
+                (r.datapath.endpoints.clone(), r.datapath.attached.clone())
+            );
+            assert_eq!(r.node_state().pods.len(), 1);
+            // A refused ADD for a pod that failed to attach also restores the rest.
+            r.datapath.fail.insert("attach veth-b".into());
+            assert!(now(&mut start_up(&mut r, up("b", "veth-b"))).is_err());
+            assert_eq!(
+                before,
+                (r.datapath.endpoints.clone(), r.datapath.attached.clone())
+            );
+            r.datapath.assert_no_violations();
+        }
+
+        /// 5.3: a snapshot from a controller that has not synced is refused; the
+        /// node keeps its policy; a snapshot dropping every policy is loud.
+        #[test]
+        fn an_unsynced_snapshot_is_refused_and_a_wipe_is_loud() {
+            let mut r = reconciler(Mode::Standard);
+            r.apply_plan(snapshot(1, true, vec![pod_policy("a", deny_all())]))
+                .unwrap();
+            now(&mut start_up(&mut r, up("a", "veth-a"))).unwrap();
+            let enforced = r.datapath.endpoint_of("veth-a").unwrap();
+            assert_ne!(enforced.0, 0);
+            assert_eq!(
+                r.apply_plan(snapshot(9, false, vec![pod_policy("a", None)])),
+                Err(PlanError::NotSynced(9))
+            );
+            assert_eq!(r.datapath.endpoint_of("veth-a"), Some(enforced));
+            assert!(r.dump().warnings.iter().any(|w| w.contains("not synced")));
+            r.apply_plan(snapshot(10, true, vec![pod_policy("a", None)]))
+                .unwrap();
+            assert!(r
+                .dump()
+                .warnings
+                .iter()
+                .any(|w| w.contains("drops every policy")));
+        }
+
+        /// 5.4: a pod the plan does not know yet is attached denied and its ADD
+        /// waits; the plan's arrival answers it. At the deadline strict refuses
+        /// (and leaves nothing), standard starts it open but visibly unprotected.
+        #[test]
+        fn a_new_pod_waits_denied_and_the_deadline_depends_on_the_mode() {
+            for mode in [Mode::Standard, Mode::Strict] {
+                let mut r = reconciler(mode);
+                let (fetch_tx, mut fetch_rx) = tokio::sync::mpsc::unbounded_channel();
+                r = r.with_fetcher(fetch_tx);
+                r.handle(Event::PlanConnected(true));
+                r.apply_plan(snapshot(1, true, vec![])).unwrap();
+                let mut answer = start_up(&mut r, up("a", "veth-a"));
+                assert!(answer.try_recv().is_err(), "{mode}: must wait");
+                assert_eq!(r.datapath.endpoint_of("veth-a"), Some((DENY_ALL, DENY_ALL)));
+                assert_eq!(
+                    fetch_rx.try_recv().unwrap(),
+                    ("x".to_string(), "a".to_string())
+                );
+                // The plan delivers it: answered, enforced.
+                r.apply_plan(snapshot(2, true, vec![pod_policy("a", None)]))
+                    .unwrap();
+                let out = now(&mut answer).unwrap();
+                assert!(out.realized);
+                let expect_open = mode == Mode::Standard;
+                assert_eq!(
+                    r.datapath.endpoint_of("veth-a").unwrap().0 == 0,
+                    expect_open,
+                    "{mode}"
+                );
+
+                // Another pod whose policy never comes.
+                let mut answer = start_up(&mut r, up("b", "veth-b"));
+                r.handle(Event::PodUpDeadline {
+                    pod: ("x".into(), "b".into()),
+                    container_id: "c-b".into(),
+                });
+                match mode {
+                    Mode::Strict => {
+                        let e = now(&mut answer).unwrap_err();
+                        assert!(
+                            e.contains("strict") && e.contains("does not list x/b"),
+                            "{e}"
+                        );
+                        assert!(!r.datapath.attached.contains("veth-b"));
+                        assert_eq!(r.node_state().pods.len(), 1);
+                    }
+                    Mode::Standard => {
+                        let out = now(&mut answer).unwrap();
+                        assert!(!out.realized && out.warning.contains("UNPROTECTED"));
+                        assert_eq!(r.datapath.endpoint_of("veth-b"), Some((0, 0)));
+                        let state = r.node_state();
+                        let b = state
+                            .pods
+                            .iter()
+                            .find(|p| p.pod.as_ref().unwrap().name == "b")
+                            .unwrap();
+                        assert!(b.error.contains("UNPROTECTED"), "{}", b.error);
+                    }
+                }
+                r.datapath.assert_no_violations();
+            }
+        }
+
+        /// 5.4: the on-demand fetch answers a waiting pod before the stream does.
+        #[test]
+        fn a_fetched_pod_plan_answers_the_wait() {
+            let mut r = reconciler(Mode::Strict);
+            r.apply_plan(snapshot(1, true, vec![])).unwrap();
+            let mut answer = start_up(&mut r, up("a", "veth-a"));
+            r.handle(Event::PodPlanFetched {
+                pod: ("x".into(), "a".into()),
+                policy: Some(Box::new(pod_policy("a", deny_all()))),
+            });
+            assert!(now(&mut answer).unwrap().ingress_isolated);
+            // The stream catching up replaces it, without a window.
+            r.apply_plan(snapshot(2, true, vec![pod_policy("a", deny_all())]))
+                .unwrap();
+            assert!(r.plan.fetched.is_empty());
+            r.datapath.assert_no_violations();
+        }
+
+        /// 5.5: a pod recreated with the same interface name (a new index) is
+        /// attached to the new interface; a late name-only delete of the old pod
+        /// does not tear the new one down.
+        #[test]
+        fn a_recreated_interface_is_attached_and_a_late_delete_spares_it() {
+            let mut r = reconciler(Mode::Standard);
+            r.apply_plan(snapshot(1, true, vec![pod_policy("a", deny_all())]))
+                .unwrap();
+            let mut first = up("a", "veth-a");
+            first.runtime.container_id = String::new();
+            now(&mut start_up(&mut r, first.clone())).unwrap();
+            let attaches = r
+                .datapath
+                .log
+                .iter()
+                .filter(|l| l.starts_with("attach veth-a"))
+                .count();
+            // The StatefulSet pod is recreated: same name, new veth (new index).
+            r.datapath.interfaces.insert("veth-a".into(), 30);
+            now(&mut start_up(&mut r, first)).unwrap();
+            let attaches_after = r
+                .datapath
+                .log
+                .iter()
+                .filter(|l| l.starts_with("attach veth-a"))
+                .count();
+            assert_eq!(
+                attaches_after,
+                attaches + 1,
+                "the new interface got programs"
+            );
+            assert!(r.datapath.endpoints.contains_key(&30));
+            assert!(!r.datapath.endpoints.contains_key(&10));
+            // The old pod's DeletePodNp arrives late.
+            r.pod_down(Some(("x".into(), "a".into())), "").unwrap();
+            assert!(r.datapath.attached.contains("veth-a"));
+            assert_ne!(r.datapath.endpoints[&30].ingress, 0);
+            // Once the interface really goes, the pod goes.
+            r.datapath.interfaces.remove("veth-a");
+            r.handle(Event::Links);
+            assert!(r.node_state().pods.is_empty());
+            r.datapath.assert_no_violations();
+        }
+
+        /// 5.8: a failed detach keeps the endpoint entry (a program without one
+        /// passes everything) and says so.
+        #[test]
+        fn a_failed_detach_keeps_the_entry() {
+            let mut r = reconciler(Mode::Standard);
+            r.apply_plan(snapshot(1, true, vec![pod_policy("a", deny_all())]))
+                .unwrap();
+            now(&mut start_up(&mut r, up("a", "veth-a"))).unwrap();
+            r.datapath.fail.insert("detach veth-a".into());
+            r.pod_down(Some(("x".into(), "a".into())), "c-a").unwrap();
+            assert!(r.datapath.attached.contains("veth-a"));
+            assert!(r.datapath.endpoint_of("veth-a").is_some());
+            assert!(r
+                .node_state()
+                .errors
+                .iter()
+                .any(|e| e.contains("detaching veth-a")));
+            r.datapath.assert_no_violations();
+            r.datapath.fail.clear();
+            r.handle(Event::Tick);
+            r.datapath.assert_empty();
+        }
+
+        /// 5.8: table ids never wrap into 0 (not isolated) or DENY_ALL.
+        #[test]
+        fn policy_ids_skip_zero_and_deny_all_when_they_wrap() {
+            let mut realized = Realized {
+                next_policy: DENY_ALL - 2,
+                ..Realized::default()
+            };
+            let ids: Vec<PolicyId> = (0..3).map(|_| realized.alloc_policy().unwrap()).collect();
+            assert_eq!(ids, vec![DENY_ALL - 1, 1, 2]);
+        }
+
+        /// 5.9: a policy that cannot be compiled, and a table that cannot be
+        /// written, each leave the pod denied (checked on the entry; the eBPF tests
+        /// check what such an entry does to a real packet).
+        #[test]
+        fn an_uncompilable_or_unwritable_policy_denies() {
+            let broken = DirectionPolicy {
+                rules: vec![Rule {
+                    peers: vec![PeerBlock {
+                        cidr: Some(IpPrefix {
+                            addr: vec![1, 2, 3],
+                            prefix_len: 8,
+                        }),
+                        except: vec![],
+                    }],
+                    ports: vec![],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            let mut r = reconciler(Mode::Standard);
+            r.apply_plan(snapshot(1, true, vec![pod_policy("a", None)]))
+                .unwrap();
+            now(&mut start_up(&mut r, up("a", "veth-a"))).unwrap();
+            assert_eq!(r.datapath.endpoint_of("veth-a"), Some((0, 0)));
+            r.apply_plan(snapshot(2, true, vec![pod_policy("a", Some(broken))]))
+                .unwrap();
+            let (ingress, _) = r.datapath.endpoint_of("veth-a").unwrap();
+            assert_ne!(ingress, 0, "a broken policy must not leave the pod open");
+            assert!(r.datapath.policies[&ingress].is_empty(), "deny-all table");
+
+            let mut r = reconciler(Mode::Standard);
+            r.apply_plan(snapshot(1, true, vec![pod_policy("a", None)]))
+                .unwrap();
+            now(&mut start_up(&mut r, up("a", "veth-a"))).unwrap();
+            r.datapath.fail.insert("add_policy".into());
+            r.apply_plan(snapshot(2, true, vec![pod_policy("a", deny_all())]))
+                .unwrap();
+            assert_eq!(r.datapath.endpoint_of("veth-a"), Some((DENY_ALL, 0)));
+            assert!(r.node_state().pods[0].error.contains("not written"));
+            r.datapath.assert_no_violations();
+        }
+
+        /// 5.8: the plan is saved before the datapath changes.
+        #[test]
+        fn the_plan_is_saved_before_the_datapath_changes() {
+            let dir = tempfile::tempdir().unwrap();
+            let mut r = reconciler(Mode::Standard)
+                .with_checkpoint(crate::checkpoint::Checkpoint::open(dir.path()).unwrap());
+            r.apply_plan(snapshot(1, true, vec![pod_policy("a", None)]))
+                .unwrap();
+            now(&mut start_up(&mut r, up("a", "veth-a"))).unwrap();
+            // Every datapath write fails: the plan must still be on disk.
+            r.datapath.fail.insert("".into());
+            r.apply_plan(snapshot(2, true, vec![pod_policy("a", deny_all())]))
+                .unwrap();
+            let saved = crate::checkpoint::Checkpoint::open(dir.path())
+                .unwrap()
+                .load()
+                .unwrap();
+            assert_eq!(saved.plan.unwrap().version, 2);
+        }
+    }
+}

@@ -3,12 +3,68 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use palisade_proto::v1::PodPolicy;
+use palisade_proto::v1::{PlanDelta, PlanSnapshot, PodPolicy, PodRef};
 
-use super::{key, PlanError, PlanMessage, Reconciler};
+use super::Reconciler;
 use crate::compile::Prefix;
 use crate::datapath::Datapath;
-use crate::desired::{Owner, PodKey, PodRuntime};
+use crate::desired::{Claim, PodKey, PodRuntime};
+
+/// A message from the controller's plan stream.
+#[derive(Clone, Debug)]
+pub enum PlanMessage {
+    Snapshot(PlanSnapshot),
+    Delta(PlanDelta),
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum PlanError {
+    #[error(
+        "delta from version {base} does not apply to version {held}; resubscribe for a snapshot"
+    )]
+    OutOfSequence { base: u64, held: u64 },
+    #[error("snapshot version {0} comes from a controller that has not synced its source; refused, the node keeps its current plan")]
+    NotSynced(u64),
+    #[error("plan version {version} is from leadership term {term}, older than term {highest} already applied: a deposed controller sent it; refused, the node keeps its current plan")]
+    StaleTerm {
+        version: u64,
+        term: u64,
+        highest: u64,
+    },
+}
+
+/// The controller's plan as this node holds it.
+#[derive(Default)]
+pub(super) struct Plan {
+    /// Each listed pod's entry; meaningful once `received`.
+    pub entries: BTreeMap<PodKey, PodPolicy>,
+    pub version: u64,
+    /// The highest controller leadership term applied (0: none, or a
+    /// controller without leader election); plans of lower terms are refused.
+    pub term: u64,
+    /// A snapshot was applied (or recovered): `entries` is a plan.
+    pub received: bool,
+    pub connected: bool,
+    /// Why the plan stream failed; cleared when it connects.
+    pub stream_error: String,
+    /// Pod entries fetched on demand for pods the stream has not delivered;
+    /// dropped as soon as the stream's plan lists the pod.
+    pub fetched: BTreeMap<PodKey, PodPolicy>,
+    /// The plan version whose tables are all in the datapath.
+    pub realized_version: u64,
+}
+
+impl Plan {
+    /// The pod's entry, from the stream or fetched on demand.
+    pub fn listed_or_fetched(&self, key: &PodKey) -> Option<&PodPolicy> {
+        self.entries.get(key).or_else(|| self.fetched.get(key))
+    }
+}
+
+/// The key of a plan entry's pod.
+pub(super) fn key(r: Option<&PodRef>) -> Option<PodKey> {
+    r.map(palisade_proto::plan::pod_key)
+}
 
 fn isolated(plan: &BTreeMap<PodKey, PodPolicy>) -> usize {
     plan.values()
@@ -22,18 +78,18 @@ impl<D: Datapath> Reconciler<D> {
         let mut changed: Option<BTreeSet<PodKey>> = None;
         match msg {
             PlanMessage::Snapshot(s) => {
-                if s.term < self.term {
+                if s.term < self.plan.term {
                     let e = PlanError::StaleTerm {
                         version: s.version,
                         term: s.term,
-                        highest: self.term,
+                        highest: self.plan.term,
                     };
-                    self.warn(e.to_string());
+                    self.health.warn(e.to_string());
                     return Err(e);
                 }
                 if !s.source_synced {
                     let e = PlanError::NotSynced(s.version);
-                    self.warn(e.to_string());
+                    self.health.warn(e.to_string());
                     return Err(e);
                 }
                 let plan: BTreeMap<PodKey, PodPolicy> = s
@@ -41,46 +97,49 @@ impl<D: Datapath> Reconciler<D> {
                     .into_iter()
                     .filter_map(|p| Some((key(p.pod.as_ref())?, p)))
                     .collect();
-                let (before, after) = (isolated(&self.plan), isolated(&plan));
-                if self.has_plan && before > 0 && after == 0 {
+                let (before, after) = (isolated(&self.plan.entries), isolated(&plan));
+                if self.plan.received && before > 0 && after == 0 {
                     // Legitimate when every policy was deleted, a disaster
                     // otherwise: either way an operator must see it.
-                    self.warn(format!(
+                    self.health.warn(format!(
                         "snapshot version {} drops every policy on this node ({before} isolated pods before, none now)",
                         s.version
                     ));
                 }
-                self.plan = plan;
-                self.plan_version = s.version;
-                self.term = s.term;
-                self.has_plan = true;
+                self.plan.entries = plan;
+                self.plan.version = s.version;
+                self.plan.term = s.term;
+                self.plan.received = true;
             }
             PlanMessage::Delta(d) => {
-                if d.term < self.term {
+                if d.term < self.plan.term {
                     let e = PlanError::StaleTerm {
                         version: d.version,
                         term: d.term,
-                        highest: self.term,
+                        highest: self.plan.term,
                     };
-                    self.warn(e.to_string());
+                    self.health.warn(e.to_string());
                     return Err(e);
                 }
                 // A delta continues a stream of one term: a newer term
                 // starts with its own snapshot.
-                if !self.has_plan || d.term != self.term || d.base_version != self.plan_version {
+                if !self.plan.received
+                    || d.term != self.plan.term
+                    || d.base_version != self.plan.version
+                {
                     return Err(PlanError::OutOfSequence {
                         base: d.base_version,
-                        held: self.plan_version,
+                        held: self.plan.version,
                     });
                 }
                 let version = d.version;
-                changed = Some(palisade_proto::plan::apply_delta(&mut self.plan, d));
-                self.plan_version = version;
+                changed = Some(palisade_proto::plan::apply_delta(&mut self.plan.entries, d));
+                self.plan.version = version;
             }
         }
-        let plan = &self.plan;
-        self.fetched.retain(|k, _| !plan.contains_key(k));
-        if self.explain() {
+        let plan = &self.plan.entries;
+        self.plan.fetched.retain(|k, _| !plan.contains_key(k));
+        if self.adopt_unexplained_interfaces() {
             changed = None;
         }
         // Saved before the datapath changes: a crash in between restarts
@@ -90,13 +149,21 @@ impl<D: Datapath> Reconciler<D> {
             None => self.converge(),
             Some(pods) => self.converge_pods(pods),
         }
-        self.settle_pending();
+        self.answer_waiting_ups();
         // A plan is realized once every table it needs is complete (big
         // ones finish in `background`).
-        if self.want.pending.is_empty() {
-            self.realized_version = self.plan_version;
+        if self.target.desired.awaiting_tables.is_empty() {
+            self.plan.realized_version = self.plan.version;
         }
-        Ok(self.plan_version)
+        Ok(self.plan.version)
+    }
+
+    pub(super) fn save_plan(&mut self) {
+        if let Some(cp) = &self.ctx.checkpoint {
+            if let Err(e) = cp.save_plan(self.plan.version, self.plan.term, &self.plan.entries) {
+                self.health.warn(format!("checkpoint: {e}"));
+            }
+        }
     }
 
     pub(super) fn pod_plan_fetched(&mut self, pod: PodKey, policy: Option<PodPolicy>) {
@@ -104,23 +171,25 @@ impl<D: Datapath> Reconciler<D> {
             return;
         };
         // The stream already has it (and may be newer), or the pod is gone.
-        if (self.has_plan && self.plan.contains_key(&pod)) || !self.pods.contains_key(&pod) {
+        if (self.plan.received && self.plan.entries.contains_key(&pod))
+            || !self.pods.runtime.contains_key(&pod)
+        {
             return;
         }
-        self.fetched.insert(pod.clone(), policy);
+        self.plan.fetched.insert(pod.clone(), policy);
         self.converge_pods([&pod]);
-        self.settle_pending();
+        self.answer_waiting_ups();
     }
 
-    /// Interfaces with our programs that no known pod claims (their
-    /// checkpoint was lost) are matched to plan pods by the addresses their
-    /// endpoint entry holds, so pod→interface knowledge comes back from the
-    /// kernel instead of being detached.
-    /// True when it explained any.
-    pub(super) fn explain(&mut self) -> bool {
-        let claimed: BTreeSet<&PodKey> = self.pods.keys().collect();
+    /// Plan pods adopt the interfaces with our programs that no known pod
+    /// claims (their checkpoint was lost), matched by the addresses the
+    /// interface's endpoint entry holds: pod→interface knowledge comes back
+    /// from the kernel instead of the interface being detached.
+    /// True when any was adopted.
+    pub(super) fn adopt_unexplained_interfaces(&mut self) -> bool {
+        let claimed: BTreeSet<&PodKey> = self.pods.runtime.keys().collect();
         let mut by_addrs: BTreeMap<BTreeSet<[u8; 16]>, Vec<&PodKey>> = BTreeMap::new();
-        for (k, p) in &self.plan {
+        for (k, p) in &self.plan.entries {
             if claimed.contains(k) || p.pod_ips.is_empty() {
                 continue;
             }
@@ -135,7 +204,7 @@ impl<D: Datapath> Reconciler<D> {
         }
         let mut found: Vec<(PodKey, String, u32, Vec<[u8; 16]>)> = Vec::new();
         for (ifname, e) in &self.realized.endpoints {
-            if e.owner != Owner::Unexplained || e.entry.pod_addrs.is_empty() {
+            if e.claim != Claim::Unexplained || e.entry.pod_addrs.is_empty() {
                 continue;
             }
             let addrs: BTreeSet<[u8; 16]> = e.entry.pod_addrs.iter().copied().collect();
@@ -148,10 +217,10 @@ impl<D: Datapath> Reconciler<D> {
                 ));
             }
         }
-        let explained = !found.is_empty();
+        let adopted = !found.is_empty();
         for (pod, ifname, ifindex, addrs) in found {
             tracing::info!(pod = %format!("{}/{}", pod.0, pod.1), %ifname, "interface explained by the pod's addresses");
-            self.pods.insert(
+            self.pods.runtime.insert(
                 pod,
                 PodRuntime {
                     container_id: String::new(),
@@ -163,19 +232,18 @@ impl<D: Datapath> Reconciler<D> {
                 },
             );
         }
-        if explained {
+        if adopted {
             self.save_pods();
         }
-        explained
+        adopted
     }
 }
 
 #[cfg(test)]
-mod term_tests {
+mod tests {
     use super::*;
     use crate::checkpoint::Checkpoint;
     use crate::datapath::fake::FakeDatapath;
-    use palisade_proto::v1::{PlanDelta, PlanSnapshot, PodRef};
 
     fn pod(name: &str) -> PodPolicy {
         PodPolicy {
@@ -231,7 +299,11 @@ mod term_tests {
             r.apply_plan(delta(2, 11, "c")),
             Err(PlanError::StaleTerm { .. })
         ));
-        assert_eq!(r.plan.len(), 2, "nothing of the old term was applied");
+        assert_eq!(
+            r.plan.entries.len(),
+            2,
+            "nothing of the old term was applied"
+        );
         // A newer term's delta without its snapshot does not apply either.
         assert!(matches!(
             r.apply_plan(delta(4, 11, "c")),

@@ -8,13 +8,86 @@
 //! A refused request changes nothing: the inputs are restored and the
 //! datapath converges back to what it was.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use palisade_proto::v1::PodState;
+use tokio::sync::oneshot;
 
-use super::{validate_pod, PendingUp, PodUp, PodUpOutcome, PodUpReply, Reconciler};
+use super::dump::Counted;
+use super::Reconciler;
 use crate::datapath::Datapath;
-use crate::desired::{Knowledge, Mode, Owner, PodKey, PodRuntime};
+use crate::desired::{Claim, Knowledge, Mode, PodKey, PodRuntime};
+
+#[derive(Clone, Debug)]
+pub struct PodUp {
+    pub pod: PodKey,
+    pub runtime: PodRuntime,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodUpOutcome {
+    pub plan_version: u64,
+    pub ingress_isolated: bool,
+    pub egress_isolated: bool,
+    /// False: the deadline passed before the policy was known (standard mode).
+    pub realized: bool,
+    pub warning: String,
+}
+
+pub type PodUpReply = oneshot::Sender<Result<PodUpOutcome, String>>;
+
+/// The pods on this node as the CNI plugin (or NPBackend) reported them.
+#[derive(Default)]
+pub(super) struct Pods {
+    /// Each pod's sandbox: its container, interfaces and addresses.
+    pub runtime: BTreeMap<PodKey, PodRuntime>,
+    /// Pod-ups whose answer waits for the pod's policy (or its deadline).
+    pub waiting: BTreeMap<PodKey, WaitingUp>,
+    /// Standard-mode pods whose deadline passed with their policy unknown.
+    pub unprotected: BTreeSet<PodKey>,
+    /// Pods an NPBackend DeletePodNp named while their interface still
+    /// lives: forgotten when it goes (the request cannot tell an old pod
+    /// from a new one of the same name).
+    pub deleting: BTreeSet<PodKey>,
+    /// The interfaces that exist and their indexes, as last read (link
+    /// events and ticks refresh them; a pod-up reads its own).
+    pub live: BTreeMap<String, u32>,
+    /// `runtime` is not checkpointed yet; written when the event queue is
+    /// idle (a lost write is rebuilt from the kernel's endpoint entries).
+    pub unsaved: bool,
+}
+
+/// A pod-up waiting for its answer.
+pub(super) struct WaitingUp {
+    pub container_id: String,
+    pub reply: PodUpReply,
+}
+
+/// Checks a pod-up request before it can touch anything.
+fn validate_pod(up: &PodUp) -> Result<(), String> {
+    let (ns, name) = &up.pod;
+    if ns.is_empty() || name.is_empty() {
+        return Err("pod namespace and name are required".into());
+    }
+    if up.runtime.host_interfaces.is_empty() {
+        return Err(format!("pod {ns}/{name}: no host interface given"));
+    }
+    if up.runtime.ips.len() > crate::datapath::MAX_POD_ADDRS {
+        return Err(format!(
+            "pod {ns}/{name}: {} addresses, more than the {} a pod may have",
+            up.runtime.ips.len(),
+            crate::datapath::MAX_POD_ADDRS
+        ));
+    }
+    for i in &up.runtime.host_interfaces {
+        if i.is_empty() || i.len() > 15 || i.contains(['/', ' ', '\0']) || i == "." || i == ".." {
+            return Err(format!(
+                "pod {ns}/{name}: {i:?} is not a valid interface name"
+            ));
+        }
+    }
+    Ok(())
+}
 
 fn name(k: &PodKey) -> String {
     format!("{}/{}", k.0, k.1)
@@ -38,7 +111,7 @@ impl<D: Datapath> Reconciler<D> {
         // be reused by a recreated veth.
         let mut ifindexes = BTreeMap::new();
         for ifname in &up.runtime.host_interfaces {
-            match self.datapath.ifindex(ifname) {
+            match self.datapath.ifindex(ifname).counted(&mut self.health) {
                 Ok(i) => {
                     ifindexes.insert(ifname.clone(), i);
                 }
@@ -54,7 +127,7 @@ impl<D: Datapath> Reconciler<D> {
         // on an older interface of the same name is stale: that interface
         // is gone, so only the name is freed.
         let mut freed: Vec<(PodKey, String)> = Vec::new();
-        for (other, rt) in self.pods.iter() {
+        for (other, rt) in self.pods.runtime.iter() {
             if *other == up.pod {
                 continue;
             }
@@ -73,7 +146,7 @@ impl<D: Datapath> Reconciler<D> {
                 freed.push((other.clone(), ifname.clone()));
             }
         }
-        // An interface kept for an owner nobody knows (a lost checkpoint)
+        // An interface kept for a pod nobody knows (a lost checkpoint)
         // still says whose it is: the addresses in its entry.
         let wanted: std::collections::BTreeSet<[u8; 16]> =
             up.runtime.ips.iter().map(|p| p.addr).collect();
@@ -81,7 +154,7 @@ impl<D: Datapath> Reconciler<D> {
             if let Some(e) = self.realized.endpoints.get(ifname) {
                 let theirs: std::collections::BTreeSet<[u8; 16]> =
                     e.entry.pod_addrs.iter().copied().collect();
-                if e.owner == Owner::Unexplained
+                if e.claim == Claim::Unexplained
                     && e.ifindex == index
                     && !theirs.is_empty()
                     && !wanted.is_empty()
@@ -95,7 +168,7 @@ impl<D: Datapath> Reconciler<D> {
                 }
             }
         }
-        if let Some(old) = self.pending.remove(&up.pod) {
+        if let Some(old) = self.pods.waiting.remove(&up.pod) {
             let _ = old.reply.send(Err(format!(
                 "pod {}: superseded by a newer pod-up for the same pod",
                 name(&up.pod)
@@ -103,45 +176,45 @@ impl<D: Datapath> Reconciler<D> {
         }
         let mut undo = Undo {
             pods: BTreeMap::new(),
-            unprotected: self.unprotected.remove(&up.pod),
-            deleting: self.deleting.remove(&up.pod),
+            unprotected: self.pods.unprotected.remove(&up.pod),
+            deleting: self.pods.deleting.remove(&up.pod),
         };
         for (other, ifname) in freed {
-            let before = self.pods.get(&other).cloned();
+            let before = self.pods.runtime.get(&other).cloned();
             undo.pods.entry(other.clone()).or_insert(before);
-            let stale = self.pods.get_mut(&other).expect("listed");
+            let stale = self.pods.runtime.get_mut(&other).expect("listed");
             stale.host_interfaces.retain(|i| *i != ifname);
             stale.ifindexes.remove(&ifname);
             if stale.host_interfaces.is_empty() {
-                self.pods.remove(&other);
+                self.pods.runtime.remove(&other);
             }
         }
         for (ifname, index) in &ifindexes {
-            self.ifindexes.insert(ifname.clone(), *index);
+            self.pods.live.insert(ifname.clone(), *index);
         }
         let key = up.pod.clone();
         let container_id = up.runtime.container_id.clone();
-        let before = self.pods.insert(key.clone(), up.runtime);
+        let before = self.pods.runtime.insert(key.clone(), up.runtime);
         undo.pods.entry(key.clone()).or_insert(before);
         let touched: Vec<PodKey> = undo.pods.keys().cloned().collect();
         let known = matches!(self.knowledge(&key), Knowledge::Known(_));
         if !known {
-            self.pending.insert(
+            self.pods.waiting.insert(
                 key.clone(),
-                PendingUp {
+                WaitingUp {
                     container_id,
                     reply,
                 },
             );
             self.converge_pods(&touched);
             if let Some(e) = self.write_failure(&key) {
-                let p = self.pending.remove(&key).expect("just inserted");
+                let p = self.pods.waiting.remove(&key).expect("just inserted");
                 self.undo(&key, undo);
                 let _ = p.reply.send(Err(e));
                 return;
             }
             self.save_pods();
-            if let Some(fetch) = &self.fetch {
+            if let Some(fetch) = &self.ctx.fetch {
                 let _ = fetch.send(key);
             }
             return;
@@ -153,12 +226,12 @@ impl<D: Datapath> Reconciler<D> {
             return;
         }
         self.save_pods();
-        if self.want.pending.contains(&key) {
+        if self.target.desired.awaiting_tables.contains(&key) {
             // A big table of its policy is being compiled or written: the
             // pod is attached held or denied, and the answer waits for it.
-            self.pending.insert(
+            self.pods.waiting.insert(
                 key,
-                PendingUp {
+                WaitingUp {
                     container_id,
                     reply,
                 },
@@ -172,20 +245,21 @@ impl<D: Datapath> Reconciler<D> {
     /// be compiled, which leaves the pod denied in that direction and is
     /// reported, not refused).
     fn write_failure(&self, key: &PodKey) -> Option<String> {
-        let rt = self.pods.get(key)?;
+        let rt = self.pods.runtime.get(key)?;
         let attached = rt.host_interfaces.iter().all(|i| {
             self.realized
                 .endpoints
                 .get(i)
-                .is_some_and(|e| e.owner.pod() == Some(key))
+                .is_some_and(|e| e.claim.pod() == Some(key))
         });
-        if attached && !self.failures.contains_key(key) {
+        if attached && !self.health.failures.contains_key(key) {
             return None;
         }
         Some(
-            self.failures
+            self.health
+                .failures
                 .get(key)
-                .or_else(|| self.want.errors.get(key))
+                .or_else(|| self.target.desired.errors.get(key))
                 .cloned()
                 .unwrap_or_else(|| format!("pod {}: an interface is not attached", name(key))),
         )
@@ -195,23 +269,23 @@ impl<D: Datapath> Reconciler<D> {
         let touched: Vec<PodKey> = undo.pods.keys().cloned().collect();
         for (k, before) in undo.pods {
             match before {
-                Some(rt) => self.pods.insert(k, rt),
-                None => self.pods.remove(&k),
+                Some(rt) => self.pods.runtime.insert(k, rt),
+                None => self.pods.runtime.remove(&k),
             };
         }
         if undo.unprotected {
-            self.unprotected.insert(key.clone());
+            self.pods.unprotected.insert(key.clone());
         }
         if undo.deleting {
-            self.deleting.insert(key.clone());
+            self.pods.deleting.insert(key.clone());
         }
         self.converge_pods(&touched);
     }
 
     fn outcome(&self, key: &PodKey, realized: bool, warning: String) -> PodUpOutcome {
-        let policy = self.plan.get(key).or_else(|| self.fetched.get(key));
+        let policy = self.plan.listed_or_fetched(key);
         PodUpOutcome {
-            plan_version: self.plan_version,
+            plan_version: self.plan.version,
             ingress_isolated: policy.is_some_and(|p| p.ingress.is_some()),
             egress_isolated: policy.is_some_and(|p| p.egress.is_some()),
             realized,
@@ -220,17 +294,19 @@ impl<D: Datapath> Reconciler<D> {
     }
 
     /// Answers every waiting pod-up whose policy is now known and realized.
-    pub(super) fn settle_pending(&mut self) {
+    pub(super) fn answer_waiting_ups(&mut self) {
         let ready: Vec<PodKey> = self
-            .pending
+            .pods
+            .waiting
             .keys()
             .filter(|k| {
-                matches!(self.knowledge(k), Knowledge::Known(_)) && !self.want.pending.contains(*k)
+                matches!(self.knowledge(k), Knowledge::Known(_))
+                    && !self.target.desired.awaiting_tables.contains(*k)
             })
             .cloned()
             .collect();
         for key in ready {
-            let p = self.pending.remove(&key).expect("listed");
+            let p = self.pods.waiting.remove(&key).expect("listed");
             let answer = match self.write_failure(&key) {
                 Some(e) => Err(e),
                 None => Ok(self.outcome(&key, true, String::new())),
@@ -240,14 +316,14 @@ impl<D: Datapath> Reconciler<D> {
     }
 
     fn unknown_reason(&self, key: &PodKey) -> String {
-        if !self.plan_connected {
+        if !self.plan.connected {
             "the plan stream from the controller is not connected".to_string()
-        } else if !self.has_plan {
+        } else if !self.plan.received {
             "no plan has been received from the controller yet".to_string()
         } else {
             format!(
                 "the controller's plan (version {}) does not list {}",
-                self.plan_version,
+                self.plan.version,
                 name(key)
             )
         }
@@ -255,20 +331,32 @@ impl<D: Datapath> Reconciler<D> {
 
     pub(super) fn pod_up_deadline(&mut self, key: &PodKey, container_id: &str) {
         if self
-            .pending
+            .pods
+            .waiting
             .get(key)
             .is_none_or(|p| p.container_id != container_id)
         {
             return;
         }
-        let p = self.pending.remove(key).expect("checked");
-        let mode = self.pods.get(key).and_then(|p| p.mode).unwrap_or(self.mode);
-        if self.want.pending.contains(key) {
+        let p = self.pods.waiting.remove(key).expect("checked");
+        let mode = self
+            .pods
+            .runtime
+            .get(key)
+            .and_then(|p| p.mode)
+            .unwrap_or(self.ctx.mode);
+        if self.target.desired.awaiting_tables.contains(key) {
             // Its policy is known, its table not complete: the pod stays
             // held or denied, never open, in either mode.
-            let why = self.want.errors.get(key).cloned().unwrap_or_default();
+            let why = self
+                .target
+                .desired
+                .errors
+                .get(key)
+                .cloned()
+                .unwrap_or_default();
             if mode == Mode::Strict {
-                self.pods.remove(key);
+                self.pods.runtime.remove(key);
                 self.converge_pods([key]);
                 self.save_pods();
                 let _ = p.reply.send(Err(format!(
@@ -281,7 +369,7 @@ impl<D: Datapath> Reconciler<D> {
                 "pod {} starts denied: policy not realized by the pod-up deadline ({why})",
                 name(key)
             );
-            self.warn(warning.clone());
+            self.health.warn(warning.clone());
             let _ = p.reply.send(Ok(self.outcome(key, false, warning)));
             return;
         }
@@ -290,7 +378,7 @@ impl<D: Datapath> Reconciler<D> {
             Mode::Strict => {
                 // Refused: the runtime tears the sandbox down, and nothing
                 // of it stays.
-                self.pods.remove(key);
+                self.pods.runtime.remove(key);
                 self.converge_pods([key]);
                 self.save_pods();
                 let _ = p.reply.send(Err(format!(
@@ -299,13 +387,13 @@ impl<D: Datapath> Reconciler<D> {
                 )));
             }
             Mode::Standard => {
-                self.unprotected.insert(key.clone());
+                self.pods.unprotected.insert(key.clone());
                 self.converge_pods([key]);
                 let warning = format!(
                     "pod {} starts UNPROTECTED: policy not known by the pod-up deadline ({reason})",
                     name(key)
                 );
-                self.warn(warning.clone());
+                self.health.warn(warning.clone());
                 let _ = p.reply.send(Ok(self.outcome(key, false, warning)));
             }
         }
@@ -319,6 +407,7 @@ impl<D: Datapath> Reconciler<D> {
             }
             None => match self
                 .pods
+                .runtime
                 .iter()
                 .find(|(_, rt)| rt.container_id == container_id)
             {
@@ -326,7 +415,7 @@ impl<D: Datapath> Reconciler<D> {
                 None => return Ok(()),
             },
         };
-        let Some(rt) = self.pods.get(&pod).cloned() else {
+        let Some(rt) = self.pods.runtime.get(&pod).cloned() else {
             return Ok(());
         };
         // A DEL for an older sandbox must not tear down the new one.
@@ -347,7 +436,7 @@ impl<D: Datapath> Reconciler<D> {
                     .is_some_and(|idx| rt.ifindexes.get(i).is_none_or(|w| w == idx))
             });
             if alive {
-                self.deleting.insert(pod);
+                self.pods.deleting.insert(pod);
                 return Ok(());
             }
         }
@@ -357,12 +446,17 @@ impl<D: Datapath> Reconciler<D> {
         Ok(())
     }
 
+    /// Marks the pods checkpoint behind (see [`Pods::unsaved`]).
+    pub(super) fn save_pods(&mut self) {
+        self.pods.unsaved = true;
+    }
+
     fn forget(&mut self, pod: &PodKey) {
-        self.pods.remove(pod);
-        self.unprotected.remove(pod);
-        self.deleting.remove(pod);
-        self.fetched.remove(pod);
-        if let Some(p) = self.pending.remove(pod) {
+        self.pods.runtime.remove(pod);
+        self.pods.unprotected.remove(pod);
+        self.pods.deleting.remove(pod);
+        self.plan.fetched.remove(pod);
+        if let Some(p) = self.pods.waiting.remove(pod) {
             let _ = p.reply.send(Err(format!(
                 "pod {} was deleted while coming up",
                 name(pod)
@@ -378,6 +472,7 @@ impl<D: Datapath> Reconciler<D> {
         let live = self.live_interfaces().clone();
         let gone: Vec<PodKey> = self
             .pods
+            .runtime
             .iter()
             .filter(|(_, rt)| {
                 !rt.host_interfaces.iter().any(|i| {
@@ -407,7 +502,7 @@ impl<D: Datapath> Reconciler<D> {
     }
 
     pub(super) fn pod_check(&self, pod: &PodKey, container_id: &str) -> Result<PodState, String> {
-        let Some(rt) = self.pods.get(pod) else {
+        let Some(rt) = self.pods.runtime.get(pod) else {
             return Err(format!("pod {} is not known to this enforcer", name(pod)));
         };
         if !container_id.is_empty()

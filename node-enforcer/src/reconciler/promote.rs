@@ -12,6 +12,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::dump::Counted;
 use super::Reconciler;
 use crate::datapath::Datapath;
 
@@ -91,7 +92,7 @@ impl<D: Datapath> Reconciler<D> {
     }
 
     fn promote_one(&mut self, ifname: &str) -> bool {
-        match self.datapath.promote(ifname) {
+        match self.datapath.promote(ifname).counted(&mut self.health) {
             Ok(()) => {
                 self.promotion.retry_at = None;
                 self.promotion.error = None;

@@ -11,34 +11,38 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use super::{key, RealizedEndpoint, RealizedPolicy, Reconciler, DENY_ALL};
+use super::dump::Counted;
+use super::plan::key;
+use super::realized::{RealizedEndpoint, RealizedPolicy};
+use super::{Reconciler, DENY_ALL};
 use crate::checkpoint::Saved;
 use crate::compile::PolicySet;
 use crate::datapath::{Datapath, EndpointEntry, PolicyId};
-use crate::desired::{Owner, PodKey, Verdict};
+use crate::desired::{Claim, PodKey, Verdict};
 
 impl<D: Datapath> Reconciler<D> {
     pub fn recover(&mut self, saved: Saved) -> Result<(), String> {
         let adopted = self
             .datapath
             .adopt()
+            .counted(&mut self.health)
             .map_err(|e| format!("reading the datapath left by the previous enforcer: {e}"))?;
         for w in saved.damage {
-            self.warn(w);
+            self.health.warn(w);
         }
         self.forget_adopted_audit();
         if let Some(plan) = saved.plan {
-            self.plan = plan
+            self.plan.entries = plan
                 .pods
                 .into_iter()
                 .filter_map(|p| Some((key(p.pod.as_ref())?, p)))
                 .collect();
-            self.plan_version = plan.version;
-            self.term = plan.term;
-            self.realized_version = plan.version;
-            self.has_plan = true;
+            self.plan.version = plan.version;
+            self.plan.term = plan.term;
+            self.plan.realized_version = plan.version;
+            self.plan.received = true;
         }
-        self.pods = saved.pods;
+        self.pods.runtime = saved.pods;
 
         let r = &mut self.realized;
         for (id, set) in &adopted.portsets {
@@ -90,7 +94,7 @@ impl<D: Datapath> Reconciler<D> {
             }
         };
 
-        let owner_of =
+        let claimant =
             |ifname: &str, ifindex: u32, pods: &BTreeMap<PodKey, crate::desired::PodRuntime>| {
                 pods.iter()
                     .find(|(_, rt)| {
@@ -103,8 +107,9 @@ impl<D: Datapath> Reconciler<D> {
         for ifname in &adopted.attached {
             let Ok(ifindex) = self.datapath.ifindex(ifname) else {
                 // The interface is gone, and its link with it: unpin.
-                if let Err(e) = self.datapath.detach(ifname, 0) {
-                    self.warn(format!("unpinning the link of vanished {ifname}: {e}"));
+                if let Err(e) = self.datapath.detach(ifname, 0).counted(&mut self.health) {
+                    self.health
+                        .warn(format!("unpinning the link of vanished {ifname}: {e}"));
                 }
                 continue;
             };
@@ -119,26 +124,30 @@ impl<D: Datapath> Reconciler<D> {
                         egress: DENY_ALL,
                         pod_addrs: Vec::new(),
                     };
-                    if let Err(e) = self.datapath.set_endpoint(ifindex, &deny) {
-                        self.warn(format!("{ifname}: attached without an endpoint entry, and denying it failed: {e}"));
+                    if let Err(e) = self
+                        .datapath
+                        .set_endpoint(ifindex, &deny)
+                        .counted(&mut self.health)
+                    {
+                        self.health.warn(format!("{ifname}: attached without an endpoint entry, and denying it failed: {e}"));
                     }
                     deny
                 }
             };
-            let owner = match owner_of(ifname, ifindex, &self.pods) {
-                Some(k) => Owner::Pod(k),
+            let claim = match claimant(ifname, ifindex, &self.pods.runtime) {
+                Some(k) => Claim::Pod(k),
                 None => {
-                    self.warn(format!(
+                    self.health.warn(format!(
                         "{ifname} (index {ifindex}) has our programs but no saved pod explains it; it keeps its policy until the plan explains it or it goes away"
                     ));
-                    Owner::Unexplained
+                    Claim::Unexplained
                 }
             };
             self.realized.endpoints.insert(
                 ifname.clone(),
                 RealizedEndpoint {
                     ifindex,
-                    owner,
+                    claim,
                     ingress: verdict(entry.ingress),
                     egress: verdict(entry.egress),
                     entry,
@@ -156,28 +165,28 @@ impl<D: Datapath> Reconciler<D> {
         self.refresh_node_addresses();
         self.refresh_links();
         let live = self.live_interfaces().clone();
-        self.pods.retain(|_, rt| {
+        self.pods.runtime.retain(|_, rt| {
             rt.host_interfaces.iter().any(|i| {
                 live.get(i)
                     .is_some_and(|idx| rt.ifindexes.get(i).is_none_or(|w| w == idx))
             })
         });
         tracing::info!(
-            pods = self.pods.len(),
+            pods = self.pods.runtime.len(),
             interfaces = self.realized.endpoints.len(),
             policy_sets = self.realized.policies.len(),
-            plan_version = self.plan_version,
+            plan_version = self.plan.version,
             "recovered the previous enforcer's state"
         );
-        self.explain_after_recovery();
+        self.adopt_unexplained_after_recovery();
         self.converge();
         self.save_pods();
         Ok(())
     }
 
-    fn explain_after_recovery(&mut self) {
-        if self.has_plan {
-            self.explain();
+    fn adopt_unexplained_after_recovery(&mut self) {
+        if self.plan.received {
+            self.adopt_unexplained_interfaces();
         }
     }
 }

@@ -308,7 +308,7 @@ impl Bench {
                     proto: PROTO_TCP,
                 },
                 u32::MAX,
-                OWNER_FROM_POD,
+                HOOK_FROM_POD,
             ))
             .expect("IPv4");
             let value = CtValue::default();

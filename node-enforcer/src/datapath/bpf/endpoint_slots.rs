@@ -277,8 +277,7 @@ impl EndpointSlots {
     }
 
     /// Where the endpoint is, and whether packets trust it there by its
-    /// position alone (tests).
-    #[cfg(test)]
+    /// position alone (for tests: `BpfDatapath::test_slot_position`).
     pub(super) fn where_is(&self, ifindex: u32) -> Option<(u32, bool)> {
         let state = self.shared.lock();
         let slot = *state.at.get(&ifindex)?;

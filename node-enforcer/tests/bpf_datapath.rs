@@ -1,0 +1,216 @@
+//! The real eBPF datapath against the kernel, each test under a pin root
+//! of its own: endpoint slots as packets find them, across a reload and
+//! from an older version's maps, and the error kinds it reports. Needs
+//! root and bpffs. What packets read is looked at through the datapath's
+//! test accessors (`BpfDatapath::test_slot` and the like).
+
+use std::path::PathBuf;
+
+use node_enforcer::datapath::bpf::BpfDatapath;
+use node_enforcer::datapath::{AuditEntry, Datapath, DatapathErrorKind, EndpointEntry, PolicyId};
+use palisade_ebpf::Direction;
+
+fn v4(last: u8) -> [u8; 16] {
+    std::net::Ipv4Addr::new(10, 0, 0, last)
+        .to_ipv6_mapped()
+        .octets()
+}
+
+/// A pin root under bpffs that goes away with the test.
+struct PinRoot(PathBuf);
+
+impl Drop for PinRoot {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn pin_root(what: &str) -> PinRoot {
+    palisade_test_support::require_root();
+    PinRoot(PathBuf::from(format!(
+        "/sys/fs/bpf/palisade-test-{what}-{}",
+        std::process::id()
+    )))
+}
+
+/// Waits (deadline 10 s) until packets trust the endpoint at `slot` by
+/// its position.
+fn until_home(dp: &BpfDatapath, ifindex: u32, slot: u32) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while dp.test_slot_position(ifindex) != Some((slot, true)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{ifindex} never trusted at {slot}: {:?}",
+            dp.test_slot_position(ifindex)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5)); // poll: the filler waits out a grace period
+    }
+}
+
+fn entry(ingress: PolicyId, addrs: Vec<[u8; 16]>) -> EndpointEntry {
+    EndpointEntry {
+        ingress,
+        egress: 0,
+        pod_addrs: addrs,
+    }
+}
+
+#[test]
+#[ignore = "needs root"]
+fn endpoint_slots_follow_every_change_and_survive_a_reload() {
+    let root = pin_root("ep-slots");
+    let v6 = "fd00::2".parse::<std::net::Ipv6Addr>().unwrap().octets();
+    // Two interfaces that share a home slot, and one of its own.
+    let (a, b, c) = (7, 7 + palisade_ebpf::EP_SLOTS, 9);
+    let mut dp = BpfDatapath::load(&root.0).unwrap();
+    dp.set_endpoint(a, &entry(1, vec![v6, v4(2)])).unwrap();
+    // Found through the index at once; trusted at home a grace period
+    // later.
+    assert_eq!(dp.test_slot_position(a), Some((7, false)));
+    until_home(&dp, a, 7);
+    let s = dp.test_slot(a).unwrap();
+    assert_eq!((s.v4_count, s.v4[0]), (1, [10, 0, 0, 2]), "IPv4 repeated");
+
+    // A new policy: the same slot, a new word, still trusted.
+    dp.set_endpoint(a, &entry(2, vec![v6, v4(2)])).unwrap();
+    assert_eq!(dp.test_slot_position(a), Some((7, true)));
+    let moved = dp.test_slot(a).unwrap();
+    assert_eq!(moved.ingress().policy, 2);
+    assert_ne!(moved.ingress().epoch, s.ingress().epoch);
+    dp.renew_epochs(a, true, true).unwrap();
+    assert_ne!(
+        dp.test_slot(a).unwrap().ingress().epoch,
+        moved.ingress().epoch
+    );
+
+    // New addresses: a slot of their own at once, home again later.
+    dp.set_endpoint(a, &entry(2, vec![v4(3)])).unwrap();
+    let (away, trusted) = dp.test_slot_position(a).unwrap();
+    assert!(away != 7 && !trusted, "{away}");
+    until_home(&dp, a, 7);
+    assert_eq!(dp.test_slot(a).unwrap().pod_addrs(), &[v4(3)]);
+
+    // b's home is a's: it lives elsewhere, found through the index.
+    dp.set_endpoint(c, &entry(0, vec![v4(4)])).unwrap();
+    dp.set_endpoint(b, &entry(3, vec![v4(5)])).unwrap();
+    let (b_at, _) = dp.test_slot_position(b).unwrap();
+    assert_ne!(b_at, 7);
+    // Staged ids ride along in the slot.
+    dp.set_audit(
+        b,
+        &AuditEntry {
+            ingress: 4,
+            egress: 0,
+        },
+    )
+    .unwrap();
+    // a goes: b moves home once the slot's grace period has passed.
+    dp.remove_endpoint(a).unwrap();
+    assert_eq!(dp.test_slot_position(a), None);
+    until_home(&dp, b, 7);
+    assert_eq!(dp.test_slot(b).unwrap().audit(), (4, 0));
+    assert_eq!(dp.test_slot(b).unwrap().ingress().policy, 3);
+    until_home(&dp, c, 9);
+
+    // A new process finds every endpoint where it was.
+    drop(dp);
+    let mut dp = BpfDatapath::load(&root.0).unwrap();
+    let adopted = dp.adopt().unwrap();
+    assert_eq!(
+        adopted.endpoints.keys().copied().collect::<Vec<_>>(),
+        vec![c, b]
+    );
+    assert_eq!(dp.test_slot_position(b), Some((7, true)));
+    assert_eq!(dp.audit_entries().unwrap().len(), 1);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn an_older_versions_endpoints_are_taken_over_and_its_maps_unpinned() {
+    use palisade_ebpf::legacy;
+    let root = pin_root("ep-legacy");
+    std::fs::create_dir_all(&root.0).unwrap();
+    // What an older version left: its endpoint hash and staged ids.
+    type Old<V> = aya::maps::HashMap<aya::maps::MapData, u32, V>;
+    Old::<legacy::Endpoint>::create(16384, 0)
+        .unwrap()
+        .pin(root.0.join(legacy::MAP_ENDPOINTS))
+        .unwrap();
+    Old::<legacy::AuditPolicy>::create(16384, 0)
+        .unwrap()
+        .pin(root.0.join(legacy::MAP_AUDIT))
+        .unwrap();
+    let open = |name: &str| aya::maps::MapData::from_pin(root.0.join(name)).unwrap();
+    let mut old: Old<legacy::Endpoint> =
+        aya::maps::HashMap::try_from(aya::maps::Map::HashMap(open(legacy::MAP_ENDPOINTS))).unwrap();
+    let mut addrs = [[0u8; 16]; palisade_ebpf::MAX_POD_ADDRS];
+    addrs[0] = v4(2);
+    let ep = legacy::Endpoint {
+        ingress_policy: 5,
+        egress_policy: 6,
+        ingress_epoch: 40,
+        egress_epoch: 41,
+        addr_count: 1,
+        pad: 0,
+        addrs,
+    };
+    old.insert(12, ep, 0).unwrap();
+    let mut audit: Old<legacy::AuditPolicy> =
+        aya::maps::HashMap::try_from(aya::maps::Map::HashMap(open(legacy::MAP_AUDIT))).unwrap();
+    audit
+        .insert(
+            12,
+            legacy::AuditPolicy {
+                ingress_policy: 0,
+                egress_policy: 9,
+            },
+            0,
+        )
+        .unwrap();
+
+    let mut dp = BpfDatapath::load(&root.0).unwrap();
+    let s = dp.test_slot(12).expect("taken over before adopt");
+    assert_eq!(
+        (s.ingress(), s.egress()),
+        (
+            Direction {
+                policy: 5,
+                epoch: 40
+            },
+            Direction {
+                policy: 6,
+                epoch: 41
+            }
+        )
+    );
+    assert_eq!((s.pod_addrs(), s.audit()), (&[v4(2)][..], (0, 9)));
+    assert!(dp.test_next_epoch() > 41, "epochs never come back");
+    dp.adopt().unwrap();
+    for name in legacy::UNPINNED_AFTER_ADOPT {
+        assert!(!root.0.join(name).exists(), "{name} still pinned");
+    }
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_missing_interface_is_gone_to_the_real_datapath_with_the_text_it_had() {
+    let root = pin_root("errors");
+    let mut dp = BpfDatapath::load(&root.0).unwrap();
+    let name = "pal-nosuch0";
+    let e = dp.ifindex(name).unwrap_err();
+    assert_eq!(e.kind(), DatapathErrorKind::InterfaceGone, "{e}");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "interface {name:?} does not exist: {}",
+            nix::errno::Errno::ENODEV
+        )
+    );
+    let e = dp.attach(name, 0).unwrap_err();
+    assert_eq!(e.kind(), DatapathErrorKind::InterfaceGone, "{e}");
+    assert!(
+        e.to_string()
+            .starts_with(&format!("attaching palisade_from_pod to {name}: ")),
+        "{e}"
+    );
+}
