@@ -535,6 +535,8 @@ pub struct PortValue {
 
 impl PortValue {
     pub const ALLOW: PortValue = PortValue { allow: 1 };
+    /// A tiered set's denying entry: matched, and dropped.
+    pub const DENY: PortValue = PortValue { allow: 0 };
 }
 
 /// Key of [`MAP_CONNTRACK`]: a flow as seen by the hook that allowed it,

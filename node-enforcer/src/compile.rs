@@ -16,6 +16,8 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use palisade_proto::v1::{DirectionPolicy, IpPrefix, PortRange, Protocol};
 
+mod tiers;
+
 /// An address prefix in the datapath's single family: IPv4 is IPv4-mapped
 /// IPv6, so one table serves both.
 #[derive(
@@ -129,6 +131,13 @@ pub fn compile_limited(
             .rules
             .iter()
             .map(|r| r.policy.as_str())
+            .chain(
+                policy
+                    .admin
+                    .iter()
+                    .chain(&policy.baseline)
+                    .map(|r| r.policy.as_str()),
+            )
             .filter(|p| !p.is_empty())
             .collect();
         return Err(CompileError::TooLarge {
@@ -142,6 +151,11 @@ pub fn compile_limited(
 
 /// One entry of a port table: protocol `proto` (unless `any_proto`) and the
 /// ports matching `port` on its first `port_bits` bits.
+///
+/// The table is a longest-prefix match over (protocol, port): the most
+/// specific entry of a set decides. NetworkPolicy sets only allow (a miss
+/// denies); a tiered set (`compile::tiers`) may deny a protocol or a block
+/// inside what a less specific entry allows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum PortEntry {
     /// Every protocol, every port: a rule without ports.
@@ -150,6 +164,51 @@ pub enum PortEntry {
     Proto(u8),
     /// A block of ports of one protocol, as the LPM table stores it.
     Block { proto: u8, port: u16, bits: u8 },
+    /// Denies every port of one protocol (under an allowing `Any`).
+    DenyProto(u8),
+    /// Denies a block of ports (under an allowing `Any` or `Proto`).
+    DenyBlock { proto: u8, port: u16, bits: u8 },
+}
+
+impl PortEntry {
+    /// Whether a packet this entry matches is allowed.
+    pub fn allows(&self) -> bool {
+        matches!(
+            self,
+            PortEntry::Any | PortEntry::Proto(_) | PortEntry::Block { .. }
+        )
+    }
+
+    /// (protocol or None for every protocol, port, bits of the port that
+    /// are fixed): where it sits in the table.
+    pub fn key(&self) -> (Option<u8>, u16, u8) {
+        match *self {
+            PortEntry::Any => (None, 0, 0),
+            PortEntry::Proto(p) | PortEntry::DenyProto(p) => (Some(p), 0, 0),
+            PortEntry::Block { proto, port, bits } | PortEntry::DenyBlock { proto, port, bits } => {
+                (Some(proto), port, bits)
+            }
+        }
+    }
+
+    /// How specific it is: its key's length in the table.
+    fn specificity(&self) -> u32 {
+        match self.key() {
+            (None, _, _) => 0,
+            (Some(_), _, bits) => 1 + u32::from(bits),
+        }
+    }
+
+    fn matches(&self, proto: u8, port: u16) -> bool {
+        match self.key() {
+            (None, _, _) => true,
+            (Some(p), start, bits) => {
+                p == proto
+                    && (bits == 0
+                        || (u32::from(port) >> (16 - bits)) == (u32::from(start) >> (16 - bits)))
+            }
+        }
+    }
 }
 
 /// The ports a prefix allows. Empty means nothing is allowed: such an entry
@@ -216,20 +275,15 @@ impl PortSet {
         });
     }
 
+    /// The set's verdict for a packet, as the datapath's longest-prefix
+    /// match gives it: the most specific matching entry decides; none
+    /// denies.
     pub fn allows(&self, proto: u8, port: u16) -> bool {
-        self.0.iter().any(|e| match *e {
-            PortEntry::Any => true,
-            PortEntry::Proto(p) => p == proto,
-            PortEntry::Block {
-                proto: p,
-                port: start,
-                bits,
-            } => {
-                p == proto
-                    && (bits == 0
-                        || (u32::from(port) >> (16 - bits)) == (u32::from(start) >> (16 - bits)))
-            }
-        })
+        self.0
+            .iter()
+            .filter(|e| e.matches(proto, port))
+            .max_by_key(|e| e.specificity())
+            .is_some_and(PortEntry::allows)
     }
 }
 
@@ -342,6 +396,17 @@ impl Excepts {
     }
 }
 
+/// A peer block's CIDR and excepts as prefixes.
+fn block_of(peer: &palisade_proto::v1::PeerBlock) -> Result<(Prefix, Vec<Prefix>), CompileError> {
+    let cidr = Prefix::from_wire(peer.cidr.as_ref().ok_or(CompileError::MissingCidr)?)?;
+    let except = peer
+        .except
+        .iter()
+        .map(Prefix::from_wire)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((cidr, except))
+}
+
 /// Every block of every rule by its CIDR: the blocks containing a prefix
 /// are found by masking it to each CIDR length the policy uses, so a
 /// mentioned prefix costs the lengths and the blocks that contain it, not
@@ -398,6 +463,9 @@ pub fn compile(
     policy: &DirectionPolicy,
     always_allowed: &[Prefix],
 ) -> Result<PolicySet, CompileError> {
+    if tiers::is_tiered(policy) {
+        return tiers::compile_tiered(policy, always_allowed);
+    }
     // Every block tagged with its rule's ports, as an index into the
     // distinct port sets: rules of a big policy mostly allow the same ports.
     let mut port_sets: Vec<PortSet> = Vec::new();
@@ -425,12 +493,7 @@ pub fn compile(
         }
         let index = intern(ports);
         for peer in &rule.peers {
-            let cidr = Prefix::from_wire(peer.cidr.as_ref().ok_or(CompileError::MissingCidr)?)?;
-            let except = peer
-                .except
-                .iter()
-                .map(Prefix::from_wire)
-                .collect::<Result<Vec<_>, _>>()?;
+            let (cidr, except) = block_of(peer)?;
             mentioned.push(cidr);
             mentioned.extend(except.iter().copied());
             blocks.push((index, cidr, except));

@@ -206,6 +206,31 @@ pub struct Inputs<'a> {
     pub node_addresses: &'a [Prefix],
 }
 
+/// The name flow logs and explain give strict mode's default in a tiered
+/// direction.
+pub const STRICT_DEFAULT: &str = "strict mode default";
+
+/// `d` (tiers, no NetworkPolicy isolation) with strict mode's default, a
+/// deny of everything, as its last Baseline rule: what no tier decides is
+/// denied (the node's own addresses stay allowed, as everywhere).
+fn with_strict_default(d: &DirectionPolicy) -> DirectionPolicy {
+    let everything = |addr: Vec<u8>| palisade_proto::v1::PeerBlock {
+        cidr: Some(palisade_proto::v1::IpPrefix {
+            addr,
+            prefix_len: 0,
+        }),
+        except: vec![],
+    };
+    let mut d = d.clone();
+    d.baseline.push(palisade_proto::v1::TierRule {
+        action: palisade_proto::v1::TierAction::Deny as i32,
+        peers: vec![everything(vec![0; 4]), everything(vec![0; 16])],
+        policy: STRICT_DEFAULT.into(),
+        ..Default::default()
+    });
+    d
+}
+
 /// The desired endpoints of one pod, and why it is not enforced as its plan
 /// says, if it is not.
 pub fn desired_pod(
@@ -225,11 +250,22 @@ pub fn desired_pod(
         let node_only = |c: &mut Compiler<'_>| {
             Verdict::Policy(c(&DirectionPolicy::default()).unwrap_or_default())
         };
+        // A direction present only for tiers it no longer has decides
+        // nothing, as an absent one.
+        let d = d.filter(|d| !d.not_isolated || !d.admin.is_empty() || !d.baseline.is_empty());
         let Some(d) = d else {
             return Some(match mode {
                 Mode::Standard => Verdict::Open,
                 Mode::Strict => node_only(compile_set),
             });
+        };
+        let strict_default;
+        let d = if mode == Mode::Strict && d.not_isolated {
+            // Strict mode's default comes last, after the Baseline tier.
+            strict_default = with_strict_default(d);
+            &strict_default
+        } else {
+            d
         };
         match compile_set(d) {
             Ok(set) => Some(Verdict::Policy(set)),
@@ -444,5 +480,63 @@ mod tests {
         let unselected = PodPolicy::default();
         let d = run(Mode::Standard, Knowledge::Known(&unselected), 11);
         assert!(d.endpoints.is_empty(), "{d:?}");
+    }
+
+    fn admin_deny_22() -> palisade_proto::v1::DirectionPolicy {
+        palisade_proto::v1::DirectionPolicy {
+            admin: vec![palisade_proto::v1::TierRule {
+                action: palisade_proto::v1::TierAction::Deny as i32,
+                peers: vec![palisade_proto::v1::PeerBlock {
+                    cidr: Some(palisade_proto::v1::IpPrefix {
+                        addr: vec![10, 0, 0, 0],
+                        prefix_len: 8,
+                    }),
+                    except: vec![],
+                }],
+                ports: vec![palisade_proto::v1::PortRange {
+                    protocol: palisade_proto::v1::Protocol::Tcp as i32,
+                    port: 22,
+                    end_port: 0,
+                }],
+                ..Default::default()
+            }],
+            not_isolated: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn tiers_without_isolation_fall_to_the_modes_default() {
+        let p = PodPolicy {
+            ingress: Some(admin_deny_22()),
+            ..Default::default()
+        };
+        let peer = "10.1.1.1".parse().unwrap();
+        let outside = "192.168.0.1".parse().unwrap();
+        let d = run(Mode::Standard, Knowledge::Known(&p), 10);
+        let Verdict::Policy(set) = &d.endpoints["veth-a"].ingress else {
+            panic!("{d:?}")
+        };
+        assert!(!set.allows(peer, 6, 22));
+        assert!(set.allows(peer, 6, 80) && set.allows(outside, 6, 22));
+        let d = run(Mode::Strict, Knowledge::Known(&p), 10);
+        let Verdict::Policy(set) = &d.endpoints["veth-a"].ingress else {
+            panic!("{d:?}")
+        };
+        assert!(!set.allows(peer, 6, 22));
+        assert!(
+            !set.allows(peer, 6, 80) && !set.allows(outside, 6, 22),
+            "strict: what no tier decides is denied"
+        );
+        // A direction left with no tiers and no isolation decides nothing.
+        let p = PodPolicy {
+            ingress: Some(palisade_proto::v1::DirectionPolicy {
+                not_isolated: true,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let d = run(Mode::Standard, Knowledge::Known(&p), 10);
+        assert_eq!(d.endpoints["veth-a"].ingress, Verdict::Open);
     }
 }

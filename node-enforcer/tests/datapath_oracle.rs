@@ -100,6 +100,37 @@ fn random_policy(rng: &mut Rng) -> DirectionPolicy {
     }
 }
 
+/// A direction with ClusterNetworkPolicy tiers: random rules of
+/// `random_policy`'s shape as Admin and Baseline rules of random actions,
+/// with or without NetworkPolicy isolation.
+fn random_tiered_policy(rng: &mut Rng) -> DirectionPolicy {
+    let tier = |rng: &mut Rng| -> Vec<palisade_proto::v1::TierRule> {
+        random_policy(rng)
+            .rules
+            .into_iter()
+            .map(|r| palisade_proto::v1::TierRule {
+                action: 1 + rng.below(3) as i32,
+                peers: r.peers,
+                ports: r.ports,
+                ..Default::default()
+            })
+            .collect()
+    };
+    let admin = tier(rng);
+    let baseline = tier(rng);
+    let not_isolated = rng.below(2) == 0;
+    DirectionPolicy {
+        rules: if not_isolated {
+            vec![]
+        } else {
+            random_policy(rng).rules
+        },
+        admin,
+        baseline,
+        not_isolated,
+    }
+}
+
 /// Ethernet + IPv4 + the first 8 bytes of TCP/UDP/SCTP (ports first in all three).
 fn frame(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, sport: u16, dport: u16) -> Vec<u8> {
     let mut f = vec![2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x08, 0x00];
@@ -320,6 +351,48 @@ fn programs_agree_with_the_compiled_tables() {
         allowed > total / 20 && allowed < total * 19 / 20,
         "{allowed} of {total}"
     );
+}
+
+/// Tiered tables (ClusterNetworkPolicy), whose port sets deny inside what
+/// they allow, judged by the real programs as the compiled set says, and
+/// read back as written.
+#[test]
+#[ignore = "needs root"]
+fn programs_agree_with_tiered_tables() {
+    require_root();
+    let root = pin_root("oracle-tiers");
+    let mut dp = BpfDatapath::load(&root.0).expect("load the programs");
+    let mut rng = Rng(0x5eed_1234_abcd_0003);
+    let mut portsets = BTreeMap::new();
+    let (mut allowed, mut total) = (0, 0);
+    let mut denying_entries = 0;
+    for id in 1..=40u32 {
+        let set = compile(&random_tiered_policy(&mut rng), &[]).unwrap();
+        denying_entries += set
+            .entries
+            .values()
+            .flat_map(|p| p.0.iter())
+            .filter(|e| !e.allows())
+            .count();
+        write(&mut dp, id, &set, &mut portsets);
+        let (a, t) = probe(&mut dp, id, &set, &mut rng);
+        allowed += a;
+        total += t;
+    }
+    eprintln!("{total} verdicts from the programs, {allowed} allowed, {denying_entries} denying port entries");
+    assert!(denying_entries > 0, "no port set denied inside an allow");
+    assert!(
+        allowed > total / 20 && allowed < total * 19 / 20,
+        "{allowed} of {total}"
+    );
+    let adopted = dp.adopt().unwrap();
+    for (set, id) in &portsets {
+        assert_eq!(
+            adopted.portsets.get(id),
+            Some(set),
+            "port set {id} read back"
+        );
+    }
 }
 
 #[test]

@@ -68,7 +68,7 @@ use policy_tables::PolicyTables;
 use super::{
     Adopted, AttachMode, Datapath, DatapathError, EndpointEntry, PolicyId, PortSetId, Result,
 };
-use crate::compile::{PortEntry, PortSet, Prefix};
+use crate::compile::{PortSet, Prefix};
 
 pub struct BpfDatapath {
     pin_root: PathBuf,
@@ -507,13 +507,22 @@ fn epochs_for(old: Option<&EpSlot>, new: &EndpointEntry, fresh: u32) -> (u32, u3
     (ingress.unwrap_or(fresh), egress.unwrap_or(fresh), used)
 }
 
-fn port_keys(id: PortSetId, set: &PortSet) -> Vec<Key<PortKey>> {
+/// The table's keys of a port set, each with its value (a denying entry
+/// of a tiered set holds `allow` 0, which the programs read as a drop).
+fn port_keys(id: PortSetId, set: &PortSet) -> Vec<(Key<PortKey>, PortValue)> {
     set.0
         .iter()
-        .map(|e| match *e {
-            PortEntry::Any => PortKey::lpm_any_protocol(id),
-            PortEntry::Proto(proto) => PortKey::lpm(id, proto, 0, 0),
-            PortEntry::Block { proto, port, bits } => PortKey::lpm(id, proto, port, bits),
+        .map(|e| {
+            let key = match e.key() {
+                (None, _, _) => PortKey::lpm_any_protocol(id),
+                (Some(proto), port, bits) => PortKey::lpm(id, proto, port, bits),
+            };
+            let value = if e.allows() {
+                PortValue::ALLOW
+            } else {
+                PortValue::DENY
+            };
+            (key, value)
         })
         .collect()
 }
@@ -547,9 +556,9 @@ impl Datapath for BpfDatapath {
     }
 
     fn add_portset(&mut self, id: PortSetId, set: &PortSet) -> Result<()> {
-        for k in port_keys(id, set) {
+        for (k, v) in port_keys(id, set) {
             self.ports
-                .insert(&k, PortValue::ALLOW, 0)
+                .insert(&k, v, 0)
                 .map_err(|e| err(format!("writing {MAP_PORTS}"), e))?;
         }
         Ok(())
@@ -557,7 +566,7 @@ impl Datapath for BpfDatapath {
 
     fn remove_portset(&mut self, id: PortSetId, set: &PortSet) -> Result<()> {
         self.quiesce_endpoints();
-        for k in port_keys(id, set) {
+        for (k, _) in port_keys(id, set) {
             let _ = self.ports.remove(&k);
         }
         Ok(())

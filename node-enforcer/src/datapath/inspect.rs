@@ -72,12 +72,19 @@ pub fn read_tables(
             .push((Prefix::new(data.addr, len), value.portset_id));
     }
     for item in ports.iter() {
-        let (key, _) = item.map_err(|e| err(MAP_PORTS, e))?;
+        let (key, value) = item.map_err(|e| err(MAP_PORTS, e))?;
         let data = key.data();
-        let entry = match key.prefix_len() {
-            0..=39 => PortEntry::Any,
-            40 => PortEntry::Proto(data.proto),
-            n => PortEntry::Block {
+        let allow = value.allow != 0;
+        let entry = match (key.prefix_len(), allow) {
+            (0..=39, _) => PortEntry::Any,
+            (40, true) => PortEntry::Proto(data.proto),
+            (40, false) => PortEntry::DenyProto(data.proto),
+            (n, true) => PortEntry::Block {
+                proto: data.proto,
+                port: u16::from_be_bytes(data.port),
+                bits: (n - 40).min(16) as u8,
+            },
+            (n, false) => PortEntry::DenyBlock {
                 proto: data.proto,
                 port: u16::from_be_bytes(data.port),
                 bits: (n - 40).min(16) as u8,

@@ -10,7 +10,7 @@ use palisade_ebpf::{
 };
 use palisade_proto::v1::{DirectionPolicy, PodPolicy};
 
-use super::deciding::first_matching_rule;
+use super::deciding::{decided_by, Decided};
 use super::knowledge::Knowledge;
 use super::record::FlowRecord;
 use crate::compile::Prefix;
@@ -47,6 +47,9 @@ struct Decision {
     reason: &'static str,
     policy: Option<String>,
     rule_index: Option<u32>,
+    tier: Option<&'static str>,
+    priority: Option<u32>,
+    rule_name: Option<String>,
     policies: Vec<String>,
 }
 
@@ -57,8 +60,24 @@ impl Decision {
             reason,
             policy: None,
             rule_index: None,
+            tier: None,
+            priority: None,
+            rule_name: None,
             policies: Vec::new(),
         }
+    }
+
+    /// Names the ClusterNetworkPolicy rule that decided.
+    fn tier_rule(&mut self, tier: &'static str, r: &palisade_proto::v1::TierRule) {
+        if r.policy == crate::desired::STRICT_DEFAULT {
+            self.reason = "strict_default";
+            return;
+        }
+        self.policy = Some(r.policy.clone());
+        self.rule_index = Some(r.rule_index);
+        self.tier = Some(tier);
+        self.priority = Some(r.priority);
+        self.rule_name = (!r.rule_name.is_empty()).then(|| r.rule_name.clone());
     }
 }
 
@@ -87,6 +106,9 @@ pub fn annotate(e: &FlowEvent, k: &Knowledge, realtime_offset_ns: i128) -> FlowR
         peer_pod: k.by_ip.get(&peer).filter(|p| Some(*p) != pod).map(name),
         policy: d.policy,
         rule_index: d.rule_index,
+        tier: d.tier,
+        priority: d.priority,
+        rule_name: d.rule_name,
         policies: d.policies,
     }
 }
@@ -110,19 +132,35 @@ fn decide(
     node_addresses: &[Prefix],
 ) -> Decision {
     let stat = u32::from(e.stat);
-    let rule_of = |d: &mut Decision, audit: bool| {
-        if let Some(r) = direction(plan, egress, audit)
-            .and_then(|p| first_matching_rule(p, peer, e.proto, dport))
-        {
-            d.policy = (!r.policy.is_empty()).then(|| r.policy.clone());
-            d.rule_index = d.policy.is_some().then_some(r.rule_index);
+    // The rule that decided, named into `d`; false when no rule did (a
+    // NetworkPolicy isolation no rule lifts, or the default).
+    let rule_of = |d: &mut Decision, audit: bool| -> bool {
+        let Some(p) = direction(plan, egress, audit) else {
+            return false;
+        };
+        match decided_by(p, peer, e.proto, dport) {
+            Decided::Tier { tier, rule } => {
+                d.tier_rule(tier, rule);
+                true
+            }
+            Decided::NetworkPolicy(Some(r)) => {
+                d.policy = (!r.policy.is_empty()).then(|| r.policy.clone());
+                d.rule_index = d.policy.is_some().then_some(r.rule_index);
+                true
+            }
+            Decided::NetworkPolicy(None) | Decided::Default => false,
         }
     };
     match e.kind {
         FLOW_ALLOWED if stat == STAT_ALLOWED_UNISOLATED => Decision::new("allowed", "not_isolated"),
         FLOW_ALLOWED => {
             let mut d = Decision::new("allowed", "policy");
-            rule_of(&mut d, false);
+            if !rule_of(&mut d, false)
+                && direction(plan, egress, false).is_some_and(|p| p.not_isolated)
+            {
+                // Tiers that decided nothing: the default let it through.
+                d.reason = "default";
+            }
             let full = Prefix::from_ip(peer, if peer.is_ipv4() { 32 } else { 128 });
             if d.policy.is_none() && node_addresses.iter().any(|n| n.contains(&full)) {
                 d.reason = "node";
@@ -140,7 +178,11 @@ fn decide(
         }
         FLOW_DENIED => {
             let mut d = Decision::new("denied", "policy");
-            d.policies = plan.map(|p| p.policies.clone()).unwrap_or_default();
+            // A tier's Deny names its rule; a NetworkPolicy isolation, the
+            // policies that select the pod.
+            if !rule_of(&mut d, false) && d.reason == "policy" {
+                d.policies = plan.map(|p| p.policies.clone()).unwrap_or_default();
+            }
             d
         }
         FLOW_WOULD_ALLOW => {
@@ -150,7 +192,9 @@ fn decide(
         }
         FLOW_WOULD_DENY => {
             let mut d = Decision::new("would-deny", "staged_policy");
-            d.policies = plan.map(|p| p.staged_policies.clone()).unwrap_or_default();
+            if !rule_of(&mut d, true) {
+                d.policies = plan.map(|p| p.staged_policies.clone()).unwrap_or_default();
+            }
             d
         }
         _ => Decision::new("unknown", "unknown_event"),
@@ -266,6 +310,9 @@ mod tests {
                 peer_pod: Some("ns/client".into()),
                 policy: Some("ns/allow-web".into()),
                 rule_index: Some(1),
+                tier: None,
+                priority: None,
+                rule_name: None,
                 policies: vec![],
             }
         );
@@ -421,5 +468,60 @@ mod tests {
         assert!(r.to_line().contains(r#""pod":null"#));
         e.kind = 9;
         assert_eq!(annotate(&e, &knowledge(), 0).verdict, "unknown");
+    }
+
+    #[test]
+    fn a_tier_rule_that_decided_is_named_with_its_tier_priority_and_name() {
+        use palisade_proto::v1::{DirectionPolicy, TierAction, TierRule};
+        let mut k = knowledge();
+        let pod = ("ns".to_string(), "web".to_string());
+        let tier_rule = |action: TierAction, index: u32, name: &str| TierRule {
+            action: action as i32,
+            peers: rule("", 0, "10.244.0.0/24", &[], &[]).peers,
+            ports: vec![],
+            policy: "ClusterNetworkPolicy/platform".into(),
+            priority: 5,
+            rule_index: index,
+            rule_name: name.into(),
+        };
+        let plan = k.plans.get_mut(&pod).unwrap();
+        plan.ingress = Some(DirectionPolicy {
+            admin: vec![
+                tier_rule(TierAction::Pass, 0, "to-namespaces"),
+                tier_rule(TierAction::Deny, 1, "never-reached"),
+            ],
+            baseline: vec![tier_rule(TierAction::Deny, 0, "default-deny")],
+            not_isolated: true,
+            ..Default::default()
+        });
+        let e = event(
+            FLOW_DENIED,
+            palisade_ebpf::STAT_DENIED,
+            HOOK_TO_POD,
+            ("10.244.0.6", 41000, "10.244.0.5", 80, 6),
+        );
+        let r = annotate(&e, &k, 0);
+        assert_eq!((r.verdict, r.reason), ("denied", "policy"));
+        assert_eq!(
+            (
+                r.policy.as_deref(),
+                r.rule_index,
+                r.tier,
+                r.priority,
+                r.rule_name.as_deref()
+            ),
+            (
+                Some("ClusterNetworkPolicy/platform"),
+                Some(0),
+                Some("Baseline"),
+                Some(5),
+                Some("default-deny")
+            ),
+            "the Admin Pass hands it to Baseline"
+        );
+        assert!(r.policies.is_empty());
+        assert!(r
+            .to_line()
+            .contains(r#""tier":"Baseline","priority":5,"rule_name":"default-deny""#));
     }
 }

@@ -1,12 +1,15 @@
-//! Which plan rule decided an allowed flow: the first rule of the pod's
-//! direction policy that matches the peer, protocol and port, by the same
-//! reading of a rule as `compile` (a peer block's CIDR minus its excepts;
-//! no ports means every protocol and port; port 0 every port of the
-//! protocol; a rule without peer blocks matches nothing).
+//! Which plan rule decided a flow: for a NetworkPolicy direction, the first
+//! rule of the pod's direction policy that matches the peer, protocol and
+//! port; with tiers, the rule the chain stops at (`decided_by`), by the
+//! same reading of a rule as `compile` (a peer block's CIDR minus its
+//! excepts; no ports means every protocol and port; port 0 every port of
+//! the protocol; a rule without peer blocks matches nothing).
 
 use std::net::IpAddr;
 
-use palisade_proto::v1::{DirectionPolicy, PortRange, Protocol, Rule};
+use palisade_proto::v1::{
+    DirectionPolicy, PeerBlock, PortRange, Protocol, Rule, TierAction, TierRule,
+};
 
 use crate::compile::Prefix;
 
@@ -25,8 +28,64 @@ pub fn first_matching_rule(
         .find(|r| peers_match(r, &peer) && ports_match(&r.ports, proto, port))
 }
 
+/// What decided a flow in a direction's tier chain.
+#[derive(Debug, PartialEq)]
+pub enum Decided<'a> {
+    /// A ClusterNetworkPolicy rule that accepted or denied it (`tier`:
+    /// "Admin" or "Baseline").
+    Tier {
+        tier: &'static str,
+        rule: &'a TierRule,
+    },
+    /// NetworkPolicy isolates the direction: the rule that allowed it, or
+    /// None when none did (denied).
+    NetworkPolicy(Option<&'a Rule>),
+    /// No tier decided and no NetworkPolicy isolates: the default.
+    Default,
+}
+
+/// The rule `policy`'s tier chain stops at for `peer` on `proto`/`port`
+/// (see `compile::tiers`); a Pass goes on to the next tier.
+pub fn decided_by(policy: &DirectionPolicy, peer: IpAddr, proto: u8, port: u16) -> Decided<'_> {
+    let host = Prefix::from_ip(peer, if peer.is_ipv4() { 32 } else { 128 });
+    let tier = |rules| tier_decides(rules, &host, proto, port);
+    if let Some(rule) = tier(&policy.admin) {
+        return Decided::Tier {
+            tier: "Admin",
+            rule,
+        };
+    }
+    if !policy.not_isolated {
+        return Decided::NetworkPolicy(first_matching_rule(policy, peer, proto, port));
+    }
+    match tier(&policy.baseline) {
+        Some(rule) => Decided::Tier {
+            tier: "Baseline",
+            rule,
+        },
+        None => Decided::Default,
+    }
+}
+
+/// The tier's first matching rule, unless it passes.
+fn tier_decides<'a>(
+    rules: &'a [TierRule],
+    host: &Prefix,
+    proto: u8,
+    port: u16,
+) -> Option<&'a TierRule> {
+    rules
+        .iter()
+        .find(|r| blocks_match(&r.peers, host) && ports_match(&r.ports, proto, port))
+        .filter(|r| TierAction::try_from(r.action) != Ok(TierAction::Pass))
+}
+
 fn peers_match(rule: &Rule, peer: &Prefix) -> bool {
-    rule.peers.iter().any(|block| {
+    blocks_match(&rule.peers, peer)
+}
+
+fn blocks_match(blocks: &[PeerBlock], peer: &Prefix) -> bool {
+    blocks.iter().any(|block| {
         let Some(cidr) = block.cidr.as_ref().and_then(|c| Prefix::from_wire(c).ok()) else {
             return false;
         };

@@ -33,6 +33,14 @@ pub struct FlowRecord {
     /// That rule's index in the policy's spec.ingress or spec.egress.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rule_index: Option<u32>,
+    /// When a ClusterNetworkPolicy rule decided: its tier (`Admin`,
+    /// `Baseline`), its policy's priority and the rule's name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule_name: Option<String>,
     /// For a denial by policy: the policies isolating the pod (all that
     /// select it: the plan does not say which isolate which direction);
     /// for `would-deny`, the staged ones.

@@ -37,9 +37,15 @@ pub const SLICE_ENTRIES: usize = 2048;
 /// Peers and excepts of a direction policy: what its compilation and its
 /// table grow with.
 pub fn peers(d: &DirectionPolicy) -> usize {
+    let tiers = d
+        .admin
+        .iter()
+        .chain(&d.baseline)
+        .flat_map(|r| r.peers.iter());
     d.rules
         .iter()
         .flat_map(|r| r.peers.iter())
+        .chain(tiers)
         .map(|p| 1 + p.except.len())
         .sum()
 }
