@@ -157,8 +157,8 @@ impl Objects {
     }
 
     /// The pods a ClusterNetworkPolicy's subject selects (host-network pods
-    /// never are; a selector that cannot be evaluated selects none, as in
-    /// resolution).
+    /// never are), and those for which it cannot be evaluated: resolution
+    /// gave each of them that error, which must go with the policy.
     pub fn subject_pods(&self, policy: &TieredPolicy) -> Vec<PodKey> {
         let mut out = Vec::new();
         for ns in self.namespaces() {
@@ -166,7 +166,7 @@ impl Objects {
                 continue;
             };
             for pod in self.pods_in(ns) {
-                if policy.selects(pod, &labels).unwrap_or(false) {
+                if policy.selects(pod, &labels).unwrap_or(true) {
                     out.push(pod.key());
                 }
             }

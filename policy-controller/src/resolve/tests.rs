@@ -14,6 +14,20 @@ fn state(yaml: &str) -> ClusterState {
             "Namespace" => Object::Namespace(serde_yaml::from_value(v).unwrap()),
             "Pod" => Object::Pod(serde_yaml::from_value(v).unwrap()),
             "NetworkPolicy" => Object::NetworkPolicy(serde_yaml::from_value(v).unwrap()),
+            "ClusterNetworkPolicy"
+                if v["apiVersion"].as_str() == Some(palisade_apis::wire::AWS_API_VERSION) =>
+            {
+                Object::ClusterNetworkPolicy(palisade_apis::ClusterNetworkPolicy::from_aws(
+                    &serde_yaml::from_value(v).unwrap(),
+                ))
+            }
+            "ClusterNetworkPolicy" => {
+                Object::ClusterNetworkPolicy(palisade_apis::ClusterNetworkPolicy::from_upstream(
+                    &serde_yaml::from_value(v).unwrap(),
+                ))
+            }
+            "Node" => Object::Node(serde_yaml::from_value(v).unwrap()),
+            "Service" => Object::Service(serde_yaml::from_value(v).unwrap()),
             k => panic!("kind {k}"),
         });
     }
@@ -578,4 +592,173 @@ spec:
     );
     // Pods it does not select are untouched.
     assert!(pod(&r, "n1", "x", "b").unwrap().ingress.is_none());
+}
+
+mod tiers {
+    use super::*;
+    use palisade_proto::v1::{TierAction, TierRule};
+
+    fn cnp(name: &str, tier: &str, priority: u32, body: &str) -> String {
+        format!(
+            "apiVersion: policy.networking.k8s.io/v1alpha2\nkind: ClusterNetworkPolicy\nmetadata: {{name: {name}}}\nspec:\n  tier: {tier}\n  priority: {priority}\n{body}"
+        )
+    }
+
+    fn actions(rules: &[TierRule]) -> Vec<(String, u32, i32)> {
+        rules
+            .iter()
+            .map(|r| (r.policy.clone(), r.rule_index, r.action))
+            .collect()
+    }
+
+    #[test]
+    fn rules_land_in_their_tier_in_precedence_order_and_only_on_subjects() {
+        let r = with(&[
+            cnp("b-late", "Admin", 10, "  subject: {namespaces: {matchLabels: {team: red}}}\n  ingress:\n  - {action: Deny, from: [{namespaces: {}}]}\n"),
+            cnp("a-early", "Admin", 10, "  subject: {namespaces: {}}\n  ingress:\n  - {action: Pass, from: [{namespaces: {matchLabels: {team: blue}}}]}\n  - {action: Accept, from: [{pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: b}}}}]}\n"),
+            cnp("base", "Baseline", 0, "  subject: {pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: a}}}}\n  egress:\n  - {action: Deny, to: [{networks: [0.0.0.0/0]}]}\n"),
+        ].join("\n---\n"));
+        let a = pod(&r, "n1", "x", "a").unwrap();
+        let ingress = a.ingress.as_ref().unwrap();
+        assert!(ingress.not_isolated && ingress.rules.is_empty());
+        let (accept, deny, pass) = (
+            TierAction::Accept as i32,
+            TierAction::Deny as i32,
+            TierAction::Pass as i32,
+        );
+        assert_eq!(
+            actions(&ingress.admin),
+            vec![
+                ("ClusterNetworkPolicy/a-early".into(), 0, pass),
+                ("ClusterNetworkPolicy/a-early".into(), 1, accept),
+                ("ClusterNetworkPolicy/b-late".into(), 0, deny),
+            ],
+            "equal priorities: by name"
+        );
+        // The Pass covers y's pods, the Accept x/b's address.
+        assert_eq!(
+            peer_cidrs(&rule_of(&ingress.admin[0])),
+            vec![v4("10.0.1.4/32")]
+        );
+        assert_eq!(
+            peer_cidrs(&rule_of(&ingress.admin[1])),
+            vec![v4("10.0.0.2/32")]
+        );
+        assert_eq!(ingress.admin[0].priority, 10);
+        let egress = a.egress.as_ref().unwrap();
+        assert_eq!(
+            actions(&egress.baseline),
+            vec![("ClusterNetworkPolicy/base".into(), 0, deny)]
+        );
+        assert_eq!(
+            a.policies,
+            vec![
+                "ClusterNetworkPolicy/a-early",
+                "ClusterNetworkPolicy/b-late",
+                "ClusterNetworkPolicy/base"
+            ]
+        );
+        // y/d: only a-early selects it (b-late wants team red, base app a
+        // is in x... and in y: d is app a too).
+        let d = pod(&r, "n2", "y", "d").unwrap();
+        assert_eq!(d.ingress.as_ref().unwrap().admin.len(), 2);
+        assert_eq!(actions(&d.egress.as_ref().unwrap().baseline).len(), 1);
+        // Host-network pods are never subjects; x/c has no rule but a-early's.
+        let c = pod(&r, "n2", "x", "c").unwrap();
+        assert!(c.egress.is_none(), "no egress rule selects it");
+    }
+
+    fn rule_of(t: &TierRule) -> Rule {
+        Rule {
+            peers: t.peers.clone(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_networkpolicy_and_tiers_together_keep_isolation_and_staged_ones_go_to_audit() {
+        let r = with(&[
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: np, namespace: x}\nspec: {podSelector: {matchLabels: {app: a}}, ingress: [{from: [{podSelector: {}}]}]}",
+            &cnp("staged", "Admin", 1, "  subject: {namespaces: {}}\n  ingress:\n  - {action: Deny, from: [{namespaces: {}}]}\n").replace("metadata: {name: staged}", "metadata: {name: staged, annotations: {palisade.io/audit: \"true\"}}"),
+        ].join("\n---\n"));
+        let a = pod(&r, "n1", "x", "a").unwrap();
+        let ingress = a.ingress.as_ref().unwrap();
+        assert!(
+            !ingress.not_isolated && ingress.admin.is_empty(),
+            "{ingress:?}"
+        );
+        assert_eq!(a.staged_policies, vec!["ClusterNetworkPolicy/staged"]);
+        let audit = a.audit_ingress.as_ref().unwrap();
+        assert_eq!(audit.admin.len(), 1);
+        assert_eq!(
+            audit.rules, ingress.rules,
+            "what enforcing the staged one would give"
+        );
+        // x/b: no NetworkPolicy; the staged Deny alone, in audit only.
+        let b = pod(&r, "n1", "x", "b").unwrap();
+        assert!(b.ingress.is_none());
+        assert!(b.audit_ingress.as_ref().unwrap().not_isolated);
+    }
+
+    #[test]
+    fn a_deny_covers_a_services_clusterip_on_any_backend_an_accept_on_every_one() {
+        // s is backed by x/b and x/e; the rules cover x/e alone.
+        let objects = "apiVersion: v1\nkind: Pod\nmetadata: {name: e, namespace: x, labels: {app: b, canary: \"yes\"}}\nspec: {nodeName: n1, containers: [{name: c, image: i, ports: [{containerPort: 8080, name: http}]}]}\nstatus: {podIP: 10.0.0.5}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: x}\nspec: {clusterIP: 10.96.0.10, selector: {app: b}, ports: [{port: 80, targetPort: 8080}]}";
+        let body = |action: &str| {
+            format!("  subject: {{pods: {{namespaceSelector: {{}}, podSelector: {{matchLabels: {{app: c}}}}}}}}\n  egress:\n  - {{action: {action}, to: [{{pods: {{namespaceSelector: {{}}, podSelector: {{matchLabels: {{canary: \"yes\"}}}}}}}}]}}\n")
+        };
+        for (action, expect) in [("Deny", vec!["10.96.0.10/32"]), ("Accept", vec![])] {
+            let r =
+                with(&[objects.to_string(), cnp("p", "Admin", 0, &body(action))].join("\n---\n"));
+            let c = pod(&r, "n2", "x", "c").unwrap();
+            let vips: Vec<IpPrefix> = c
+                .egress
+                .as_ref()
+                .unwrap()
+                .admin
+                .iter()
+                .flat_map(|t| t.peers.iter())
+                .map(|p| p.cidr.clone().unwrap())
+                .filter(|p| p.addr[0] == 10 && p.addr[1] == 96)
+                .collect();
+            assert_eq!(
+                vips,
+                expect.iter().map(|s| v4(s)).collect::<Vec<_>>(),
+                "{action}"
+            );
+        }
+    }
+
+    #[test]
+    fn nodes_peers_are_their_addresses_and_named_ports_any_protocol() {
+        let r = with(&[
+            "apiVersion: v1\nkind: Node\nmetadata: {name: n1, labels: {zone: x}}\nstatus: {addresses: [{type: InternalIP, address: 192.168.0.1}, {type: Hostname, address: n1}]}",
+            &cnp("p", "Admin", 0, "  subject: {namespaces: {}}\n  egress:\n  - {action: Deny, to: [{nodes: {matchLabels: {zone: x}}}]}\n  - {action: Accept, to: [{pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: b}}}}], protocols: [{destinationNamedPort: dns}]}\n"),
+        ].join("\n---\n"));
+        let a = pod(&r, "n1", "x", "a").unwrap();
+        let admin = &a.egress.as_ref().unwrap().admin;
+        assert_eq!(admin[0].peers[0].cidr, Some(v4("192.168.0.1/32")));
+        // x/b's dns port is UDP/53: the name, under every protocol, finds it.
+        assert_eq!(admin[1].ports, vec![range(Protocol::Udp, 53, 0)]);
+        assert_eq!(admin[1].peers[0].cidr, Some(v4("10.0.0.2/32")));
+    }
+
+    #[test]
+    fn an_unreadable_deny_denies_everything_and_an_unreadable_accept_nothing() {
+        let r = with(&cnp("p", "Admin", 0, "  subject: {namespaces: {}}\n  ingress:\n  - {action: Accept, from: [{}]}\n  - {action: Pass, from: [{}]}\n"));
+        let a = pod(&r, "n1", "x", "a").unwrap();
+        let admin = &a.ingress.as_ref().unwrap().admin;
+        assert_eq!(admin.len(), 1, "the Accept matches nothing: {admin:?}");
+        assert_eq!(admin[0].action, TierAction::Deny as i32);
+        assert_eq!(admin[0].rule_index, 1);
+        assert_eq!(
+            admin[0]
+                .peers
+                .iter()
+                .map(|p| p.cidr.clone().unwrap())
+                .collect::<Vec<_>>(),
+            vec![v4("0.0.0.0/0"), prefix("::/0".parse().unwrap())]
+        );
+        assert!(admin[0].ports.is_empty());
+    }
 }
