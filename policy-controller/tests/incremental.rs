@@ -224,7 +224,7 @@ fn cluster_policy(rng: &mut Rng, group: ApiGroup, name: &str) -> ClusterNetworkP
         }
     };
     let upstream = group == ApiGroup::Upstream;
-    let mut egress_peer = |rng: &mut Rng| match rng.below(4) {
+    let egress_peer = |rng: &mut Rng| match rng.below(4) {
         0 => json!({"networks": [rng.pick(&["10.0.0.0/16", "10.0.1.0/29", "0.0.0.0/0"])]}),
         1 if upstream => json!({"nodes": selector(rng, "zone", &["x", "y"])}),
         _ => selector_peer(rng),
@@ -250,7 +250,7 @@ fn cluster_policy(rng: &mut Rng, group: ApiGroup, name: &str) -> ClusterNetworkP
                 .collect(),
         ))
     };
-    let mut rule = |rng: &mut Rng, egress: bool| {
+    let rule = |rng: &mut Rng, egress: bool| {
         let peers: Vec<Value> = (0..1 + rng.below(2))
             .map(|_| {
                 if egress {
