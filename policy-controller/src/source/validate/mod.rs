@@ -15,6 +15,7 @@
 //! decode is what keeps a field newer than our k8s-openapi version from
 //! breaking the watch. Every function here is pure.
 
+pub mod cluster_network_policy;
 pub mod core;
 pub mod discovery;
 pub mod field;

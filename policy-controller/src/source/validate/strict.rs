@@ -21,10 +21,22 @@ pub fn decode<T: DeserializeOwned>(value: Value) -> Result<T, Vec<FieldError>> {
     match decoded {
         Err(e) => {
             let path = track.path().to_string();
-            let path = if path == "." { String::new() } else { path };
-            Err(vec![FieldError {
-                path: Path::new(&path),
-                problem: Problem::Type(e.to_string()),
+            let path = Path::new(if path == "." { "" } else { &path });
+            let message = e.to_string();
+            // A required field absent: named at the field, as the API
+            // server names it, not at the object that lacks it.
+            let missing = message
+                .strip_prefix("missing field `")
+                .and_then(|rest| rest.strip_suffix('`'));
+            Err(vec![match missing {
+                Some(field) => FieldError {
+                    path: path.child(field),
+                    problem: Problem::Required(String::new()),
+                },
+                None => FieldError {
+                    path,
+                    problem: Problem::Type(message),
+                },
             }])
         }
         Ok(_) if !unknown.is_empty() => Err(unknown
@@ -206,6 +218,22 @@ mod tests {
             got[0].starts_with("spec.ingress[0].ports[0].port: "),
             "{got:?}"
         );
+    }
+
+    #[test]
+    fn a_missing_required_field_is_named_at_the_field() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Rule {
+            action: String,
+        }
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Spec {
+            rules: Vec<Rule>,
+        }
+        let got = decode::<Spec>(json!({"rules": [{"action": "a"}, {}]})).unwrap_err();
+        assert_eq!(got[0].to_string(), "rules[1].action: Required value");
     }
 
     #[test]
