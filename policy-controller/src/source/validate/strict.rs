@@ -11,8 +11,9 @@ use serde_json::{Map, Value};
 use super::field::{FieldError, Path, Problem};
 
 /// Decodes `value` as `T`, refusing unknown fields. A value of the wrong
-/// type is one error (decoding stops there, as the API server's does);
-/// otherwise every unknown field is reported.
+/// type, or a required field missing, stops decoding (as the API server's
+/// does): it is reported after the unknown fields met before it; otherwise
+/// every unknown field is reported.
 pub fn decode<T: DeserializeOwned>(value: Value) -> Result<T, Vec<FieldError>> {
     let mut unknown = Vec::new();
     let mut track = serde_path_to_error::Track::new();
@@ -28,7 +29,16 @@ pub fn decode<T: DeserializeOwned>(value: Value) -> Result<T, Vec<FieldError>> {
             let missing = message
                 .strip_prefix("missing field `")
                 .and_then(|rest| rest.strip_suffix('`'));
-            Err(vec![match missing {
+            // The unknown fields met before the decode stopped are
+            // reported too: a misspelt required field is both.
+            let mut errors: Vec<FieldError> = unknown
+                .into_iter()
+                .map(|path| FieldError {
+                    path,
+                    problem: Problem::UnknownField,
+                })
+                .collect();
+            errors.push(match missing {
                 Some(field) => FieldError {
                     path: path.child(field),
                     problem: Problem::Required(String::new()),
@@ -37,7 +47,8 @@ pub fn decode<T: DeserializeOwned>(value: Value) -> Result<T, Vec<FieldError>> {
                     path,
                     problem: Problem::Type(message),
                 },
-            }])
+            });
+            Err(errors)
         }
         Ok(_) if !unknown.is_empty() => Err(unknown
             .into_iter()
