@@ -14,6 +14,7 @@
 //! never a silently dropped object or field (a dropped NetworkPolicy, or a
 //! rule that lost a misspelt field, would open traffic).
 
+pub mod cluster_network_policy;
 mod error;
 pub mod kube;
 pub mod manifest;

@@ -21,14 +21,6 @@ pub fn decode<T: DeserializeOwned>(value: Value) -> Result<T, Vec<FieldError>> {
     let decoded = serde_ignored::deserialize(inner, |path| unknown.push(render(&path)));
     match decoded {
         Err(e) => {
-            let path = track.path().to_string();
-            let path = Path::new(if path == "." { "" } else { &path });
-            let message = e.to_string();
-            // A required field absent: named at the field, as the API
-            // server names it, not at the object that lacks it.
-            let missing = message
-                .strip_prefix("missing field `")
-                .and_then(|rest| rest.strip_suffix('`'));
             // The unknown fields met before the decode stopped are
             // reported too: a misspelt required field is both.
             let mut errors: Vec<FieldError> = unknown
@@ -38,16 +30,7 @@ pub fn decode<T: DeserializeOwned>(value: Value) -> Result<T, Vec<FieldError>> {
                     problem: Problem::UnknownField,
                 })
                 .collect();
-            errors.push(match missing {
-                Some(field) => FieldError {
-                    path: path.child(field),
-                    problem: Problem::Required(String::new()),
-                },
-                None => FieldError {
-                    path,
-                    problem: Problem::Type(message),
-                },
-            });
+            errors.push(stopped(&Path::default(), &track.path(), &e));
             Err(errors)
         }
         Ok(_) if !unknown.is_empty() => Err(unknown
@@ -58,6 +41,40 @@ pub fn decode<T: DeserializeOwned>(value: Value) -> Result<T, Vec<FieldError>> {
             })
             .collect()),
         Ok(t) => Ok(t),
+    }
+}
+
+/// As [`decode`] without strict field validation: unknown fields are
+/// skipped. For objects the API server has already validated, where a
+/// field newer than ours must not stop the read. Paths start at `root`.
+pub fn decode_lenient<T: DeserializeOwned>(value: &Value, root: &Path) -> Result<T, FieldError> {
+    let mut track = serde_path_to_error::Track::new();
+    let inner = serde_path_to_error::Deserializer::new(value, &mut track);
+    T::deserialize(inner).map_err(|e| stopped(root, &track.path(), &e))
+}
+
+/// Where and why a decode stopped. A required field absent is named at
+/// the field, as the API server names it, not at the object lacking it.
+fn stopped(root: &Path, at: &serde_path_to_error::Path, e: &impl std::fmt::Display) -> FieldError {
+    let at = at.to_string();
+    let path = if at == "." {
+        root.clone()
+    } else {
+        root.child(&at)
+    };
+    let message = e.to_string();
+    let missing = message
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.strip_suffix('`'));
+    match missing {
+        Some(field) => FieldError {
+            path: path.child(field),
+            problem: Problem::Required(String::new()),
+        },
+        None => FieldError {
+            path,
+            problem: Problem::Type(message),
+        },
     }
 }
 
@@ -245,6 +262,20 @@ mod tests {
         }
         let got = decode::<Spec>(json!({"rules": [{"action": "a"}, {}]})).unwrap_err();
         assert_eq!(got[0].to_string(), "rules[1].action: Required value");
+        // Leniently: an unknown field is skipped, the rest as strictly.
+        let spec = Path::new("spec");
+        let ok = json!({"rules": [{"action": "a", "newer": 1}]});
+        assert!(decode_lenient::<Spec>(&ok, &spec).is_ok());
+        let bad = json!({"rules": [{"action": 1}]});
+        let got = decode_lenient::<Spec>(&bad, &spec).unwrap_err().to_string();
+        assert!(
+            got.starts_with("spec.rules[0].action: invalid type"),
+            "{got}"
+        );
+        let got = decode_lenient::<Spec>(&json!({}), &spec)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(got, "spec.rules: Required value");
     }
 
     #[test]
