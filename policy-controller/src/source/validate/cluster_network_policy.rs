@@ -78,11 +78,14 @@ impl Group {
 /// it from a cluster-scoped object.
 pub fn upstream(mut value: Value) -> Result<UpstreamClusterNetworkPolicy, Vec<FieldError>> {
     prune_null_spec(&mut value);
+    let mut missing = Errors::default();
+    requirements(&value["spec"], &Path::new("spec"), &mut missing);
     let mut cnp: UpstreamClusterNetworkPolicy = strict::decode(value)?;
     cnp.metadata.namespace = None;
     let mut errs = Errors::default();
     meta::object_meta(&cnp.metadata, false, meta::dns1123_subdomain, &mut errs);
     let mut check = Check::new(Group::Upstream);
+    check.schema.0.extend(missing.0);
     let spec = &cnp.spec;
     let path = Path::new("spec");
     check.common(&spec.tier, spec.priority, &spec.subject, &path);
@@ -112,6 +115,7 @@ pub fn aws(mut value: Value) -> Result<AwsClusterNetworkPolicy, Vec<FieldError>>
     // is optional); AWS's CRD requires it, so its absence is looked for
     // in the object as written.
     let mut missing = Errors::default();
+    requirements(&value["spec"], &Path::new("spec"), &mut missing);
     aws_namespace_selectors(&value, &mut missing);
     let no_spec = value.get("spec").is_none_or(Value::is_null);
     let mut cnp: AwsClusterNetworkPolicy = strict::decode(value)?;
@@ -153,6 +157,37 @@ fn prune_null_spec(value: &mut Value) {
         if m.get("spec").is_some_and(Value::is_null) {
             m.remove("spec");
         }
+    }
+}
+
+/// A selector requirement's `key` and `operator` are required by the CRD,
+/// but k8s-openapi's type reads an absent one as empty: so they are looked
+/// for in the object as written, in every selector (the only objects with
+/// `matchExpressions` in either CRD).
+fn requirements(value: &Value, path: &Path, errs: &mut Errors) {
+    match value {
+        Value::Object(m) => {
+            for (k, v) in m {
+                let at = path.child(k);
+                if let ("matchExpressions", Value::Array(items)) = (k.as_str(), v) {
+                    for (i, item) in items.iter().enumerate() {
+                        for field in ["key", "operator"] {
+                            if item.is_object() && item.get(field).is_none_or(Value::is_null) {
+                                errs.required(&at.index(i).child(field), "");
+                            }
+                        }
+                    }
+                } else {
+                    requirements(v, &at, errs);
+                }
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                requirements(v, &path.index(i), errs);
+            }
+        }
+        _ => {}
     }
 }
 
@@ -661,6 +696,10 @@ mod tests {
              "spec.subject.pods.podSelector: Required value"),
             (json!({"tier": "Admin", "priority": 1, "subject": {"namespace": {}}}),
              "spec.subject.namespace: unknown field"),
+            (json!({"tier": "Admin", "priority": 1, "subject": {"pods": {"podSelector": {"matchExpressions": [{"key": "a"}]}}}}),
+             "spec.subject.pods.podSelector.matchExpressions[0].operator: Required value"),
+            (rule(json!({"action": "Deny", "to": [{"nodes": {"matchExpressions": [{"operator": "Exists"}]}}]})),
+             "spec.egress[0].to[0].nodes.matchExpressions[0].key: Required value"),
             (json!({"tier": "Admin", "priority": 1, "subject": ns(), "ingress": many(26, json!({"action": "Deny", "from": [{"namespaces": {}}]}))}),
              "spec.ingress: Too many: 26: must have at most 25 items"),
             (rule(json!({"action": "Deny", "to": []})),
