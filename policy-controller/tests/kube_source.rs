@@ -271,7 +271,8 @@ async fn kube_source_delivers_changes_that_yield_the_manifest_sources_plans() {
         .plans;
     assert_eq!(
         hub.view().source_marker,
-        "k8s namespaces=2 pods=7 networkpolicies=10 services=11 endpointslices=12"
+        "k8s namespaces=2 pods=7 networkpolicies=10 services=11 endpointslices=12 \
+         nodes= clusternetworkpolicies= clusternetworkpolicies.networking.k8s.aws="
     );
     assert_eq!(hub.counters().views, 0);
     assert_eq!(changes_taken(&hub), 12, "{:?}", hub.counters());
@@ -508,4 +509,258 @@ async fn double_serves_streaming_lists() {
         watch.query.get("sendInitialEvents").map(String::as_str),
         Some("true")
     );
+}
+
+/// An Admin Deny of everything from team b's namespaces into prod, an
+/// egress Deny to node-a's addresses, and (AWS's group) a Baseline Accept
+/// of DNS for team b; two Nodes for the `nodes` peer.
+const CLUSTER_POLICIES: &str = r#"
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: guard-prod}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {namespaces: {matchLabels: {env: prod}}}
+  ingress:
+  - {name: no-team-b, action: Deny, from: [{namespaces: {matchLabels: {team: b}}}]}
+  egress:
+  - {name: no-node-a, action: Deny, to: [{nodes: {matchLabels: {zone: a}}}]}
+---
+apiVersion: networking.k8s.aws/v1alpha1
+kind: ClusterNetworkPolicy
+metadata: {name: baseline-dns}
+spec:
+  tier: Baseline
+  priority: 5
+  subject: {pods: {namespaceSelector: {matchLabels: {team: b}}, podSelector: {}}}
+  egress:
+  - {action: Accept, to: [{networks: [10.96.0.0/16]}], ports: [{portNumber: {protocol: UDP, port: 53}}]}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-a, labels: {zone: a}}
+status: {addresses: [{type: InternalIP, address: 192.168.0.10}, {type: Hostname, address: node-a}]}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-b, labels: {zone: b}}
+status: {addresses: [{type: InternalIP, address: 192.168.0.11}]}
+"#;
+
+const GUARD: &str = "ClusterNetworkPolicy/guard-prod";
+const DNS: &str = "ClusterNetworkPolicy.networking.k8s.aws/baseline-dns";
+
+/// The tier rules of a pod's ingress or egress: (policy, action), in order.
+fn tier_rules(
+    plans: &BTreeMap<String, NodePlan>,
+    node: &str,
+    pod: (&str, &str),
+    egress: bool,
+    admin: bool,
+) -> Vec<(String, palisade_proto::v1::TierAction)> {
+    let Some(plan) = plans.get(node) else {
+        return vec![];
+    };
+    let Some(p) = plan.pods.get(&(pod.0.to_string(), pod.1.to_string())) else {
+        return vec![];
+    };
+    let direction = if egress { &p.egress } else { &p.ingress };
+    direction
+        .iter()
+        .flat_map(|d| if admin { &d.admin } else { &d.baseline })
+        .map(|r| (r.policy.clone(), r.action()))
+        .collect()
+}
+
+fn find<'a>(objects: &'a mut [Value], kind: &str, name: &str) -> &'a mut Value {
+    objects
+        .iter_mut()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap()
+}
+
+async fn wait_for_errors(hub: &Hub, what: &str, done: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let errors = hub.view().errors;
+        if done(&errors) {
+            return errors;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: errors did not come to the expected state within {DEADLINE:?}: {errors:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await; // poll: errors reach the hub through the feed
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_network_policies_of_both_groups_and_nodes_reach_the_plans() {
+    use palisade_proto::v1::TierAction;
+    let dir = tempfile::tempdir().unwrap();
+    let mut objects = yaml_documents(OBJECTS);
+    objects.extend(yaml_documents(CLUSTER_POLICIES));
+    let double = ApiDouble::start().await;
+    for object in &objects {
+        double.apply(object.clone());
+    }
+    let (hub, source) = start_controller(&double.url);
+
+    let want = manifest_state(dir.path(), &objects, "c1");
+    assert_eq!((want.cluster_policies.len(), want.nodes.len()), (2, 2));
+    let plans = wait_for_plans(&hub, &want, "the initial lists").await.plans;
+    // The Admin Deny is in the ingress of every prod pod, first.
+    for (node, pod) in [("node-a", "web-1"), ("node-b", "web-2"), ("node-a", "db-1")] {
+        assert_eq!(
+            tier_rules(&plans, node, ("prod", pod), false, true),
+            [(GUARD.to_string(), TierAction::Deny)],
+            "{pod}"
+        );
+    }
+    assert_eq!(
+        tier_rules(&plans, "node-a", ("prod", "web-1"), true, true),
+        [(GUARD.to_string(), TierAction::Deny)]
+    );
+    assert_eq!(
+        tier_rules(&plans, "node-b", ("dev", "client-1"), true, false),
+        [(DNS.to_string(), TierAction::Accept)]
+    );
+    assert!(tier_rules(&plans, "node-b", ("dev", "client-1"), false, true).is_empty());
+    let marker = hub.view().source_marker;
+    assert!(
+        marker.contains(" nodes=1") && !marker.contains("clusternetworkpolicies= "),
+        "{marker}"
+    );
+
+    // Edits: the Deny becomes a Pass; node-a moves; the AWS policy goes.
+    find(&mut objects, "ClusterNetworkPolicy", "guard-prod")["spec"]["ingress"][0]["action"] =
+        json!("Pass");
+    double.apply(find(&mut objects, "ClusterNetworkPolicy", "guard-prod").clone());
+    find(&mut objects, "Node", "node-a")["status"]["addresses"] =
+        json!([{"type": "InternalIP", "address": "192.168.0.20"}]);
+    double.apply(find(&mut objects, "Node", "node-a").clone());
+    double.delete(Kind::AwsClusterNetworkPolicy, None, "baseline-dns");
+    objects.retain(|o| o["metadata"]["name"] != "baseline-dns");
+    let want = manifest_state(dir.path(), &objects, "c2");
+    let plans = wait_for_plans(&hub, &want, "the edits").await.plans;
+    assert_eq!(
+        tier_rules(&plans, "node-a", ("prod", "web-1"), false, true),
+        [(GUARD.to_string(), TierAction::Pass)]
+    );
+    assert!(tier_rules(&plans, "node-b", ("dev", "client-1"), true, false).is_empty());
+
+    // Deletes: the policy, and a Node.
+    double.delete(Kind::UpstreamClusterNetworkPolicy, None, "guard-prod");
+    double.delete(Kind::Node, None, "node-b");
+    objects.retain(|o| o["metadata"]["name"] != "guard-prod" && o["metadata"]["name"] != "node-b");
+    let want = manifest_state(dir.path(), &objects, "c3");
+    assert_eq!((want.cluster_policies.len(), want.nodes.len()), (0, 1));
+    let plans = wait_for_plans(&hub, &want, "the deletes").await.plans;
+    assert!(tier_rules(&plans, "node-a", ("prod", "web-1"), false, true).is_empty());
+    assert!(hub.view().errors.is_empty(), "{:?}", hub.view().errors);
+    source.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_whose_crd_is_missing_is_none_until_it_is_installed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut objects = yaml_documents(OBJECTS);
+    let mut aws = Vec::new();
+    for o in yaml_documents(CLUSTER_POLICIES) {
+        if o["apiVersion"] == "networking.k8s.aws/v1alpha1" {
+            aws.push(o);
+        } else {
+            objects.push(o);
+        }
+    }
+    let double = ApiDouble::start().await;
+    double.set_served(Kind::AwsClusterNetworkPolicy, false);
+    for object in &objects {
+        double.apply(object.clone());
+    }
+    let (hub, source) = start_controller(&double.url);
+
+    // Synced without the AWS group, and that is no error.
+    let want = manifest_state(dir.path(), &objects, "m1");
+    let plans = wait_for_plans(&hub, &want, "synced without the AWS CRD")
+        .await
+        .plans;
+    assert!(!tier_rules(&plans, "node-a", ("prod", "web-1"), false, true).is_empty());
+    assert!(hub.view().errors.is_empty(), "{:?}", hub.view().errors);
+
+    // The CRD appears, with a policy: picked up on the backoff's next try.
+    double.set_served(Kind::AwsClusterNetworkPolicy, true);
+    double.apply(aws[0].clone());
+    objects.push(aws[0].clone());
+    let want = manifest_state(dir.path(), &objects, "m2");
+    let plans = wait_for_plans(&hub, &want, "the AWS CRD installed")
+        .await
+        .plans;
+    assert_eq!(
+        tier_rules(&plans, "node-b", ("dev", "client-1"), true, false).len(),
+        1
+    );
+
+    // Removed again: its policies are gone with it.
+    double.set_served(Kind::AwsClusterNetworkPolicy, false);
+    objects.pop();
+    let want = manifest_state(dir.path(), &objects, "m3");
+    let plans = wait_for_plans(&hub, &want, "the AWS CRD removed")
+        .await
+        .plans;
+    assert!(tier_rules(&plans, "node-b", ("dev", "client-1"), true, false).is_empty());
+    assert!(hub.view().errors.is_empty(), "{:?}", hub.view().errors);
+    // A missing CRD never holds back the kinds that are served.
+    assert!(lists_of(&double, Kind::AwsClusterNetworkPolicy) >= 2);
+    source.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_cluster_network_policy_keeps_its_last_version_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut objects = yaml_documents(OBJECTS);
+    objects.extend(yaml_documents(CLUSTER_POLICIES));
+    let double = ApiDouble::start().await;
+    for object in &objects {
+        double.apply(object.clone());
+    }
+    let (hub, source) = start_controller(&double.url);
+    let good = manifest_state(dir.path(), &objects, "u1");
+    wait_for_plans(&hub, &good, "the initial lists").await;
+
+    // A version of guard-prod the API server should not have admitted (a
+    // CRD without validation would): the previous version stays.
+    let mut bad = find(&mut objects, "ClusterNetworkPolicy", "guard-prod").clone();
+    bad["spec"]["tier"] = json!(7);
+    double.apply(bad);
+    // One that never could be read, and one with a field newer than ours
+    // (read: a newer field is no error).
+    double.apply(json!({"apiVersion": "policy.networking.k8s.io/v1alpha2",
+        "kind": "ClusterNetworkPolicy", "metadata": {"name": "broken"}}));
+    let mut newer = find(&mut objects, "ClusterNetworkPolicy", "baseline-dns").clone();
+    newer["spec"]["futureField"] = json!({"x": 1});
+    double.apply(newer);
+    let errors = wait_for_errors(&hub, "the unreadable objects", |e| e.len() == 2).await;
+    assert!(
+        errors[0].starts_with("ClusterNetworkPolicy/broken: spec: Required value")
+            && !errors[0].contains("stays in force"),
+        "{errors:?}"
+    );
+    assert!(
+        errors[1]
+            .starts_with("ClusterNetworkPolicy/guard-prod: spec.tier: invalid type: integer `7`")
+            && errors[1].ends_with("; its previous version stays in force"),
+        "{errors:?}"
+    );
+    wait_for_plans(&hub, &good, "the last good version in force").await;
+
+    // Fixed, and the broken one deleted: no error, the new version in force.
+    find(&mut objects, "ClusterNetworkPolicy", "guard-prod")["spec"]["priority"] = json!(20);
+    double.apply(find(&mut objects, "ClusterNetworkPolicy", "guard-prod").clone());
+    double.delete(Kind::UpstreamClusterNetworkPolicy, None, "broken");
+    wait_for_errors(&hub, "the objects fixed", <[String]>::is_empty).await;
+    let want = manifest_state(dir.path(), &objects, "u2");
+    wait_for_plans(&hub, &want, "the fixed version").await;
+    source.abort();
 }

@@ -532,3 +532,46 @@ fn bad_values_are_refused_naming_the_value() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The ClusterRole grants list and watch on exactly what the controller's
+/// kube source watches in each policy source, no more: (group, resource).
+#[test]
+fn controller_reads_exactly_what_its_source_watches() {
+    let granted = |objects: &[Value]| {
+        let mut pairs = std::collections::BTreeSet::new();
+        for rule in find(objects, "ClusterRole")["rules"].as_array().unwrap() {
+            assert_eq!(
+                rule["verbs"],
+                serde_json::json!(["list", "watch"]),
+                "{rule}"
+            );
+            for group in rule["apiGroups"].as_array().unwrap() {
+                for resource in rule["resources"].as_array().unwrap() {
+                    pairs.insert(format!(
+                        "{}/{}",
+                        group.as_str().unwrap(),
+                        resource.as_str().unwrap()
+                    ));
+                }
+            }
+        }
+        pairs.into_iter().collect::<Vec<_>>()
+    };
+    assert_eq!(
+        granted(&render(None).unwrap()),
+        [
+            "/namespaces",
+            "/nodes",
+            "/pods",
+            "/services",
+            "discovery.k8s.io/endpointslices",
+            "networking.k8s.aws/clusternetworkpolicies",
+            "networking.k8s.io/networkpolicies",
+            "policy.networking.k8s.io/clusternetworkpolicies",
+        ]
+    );
+    assert_eq!(
+        granted(&render_with("policySource: policyendpoint\n").unwrap()),
+        ["/namespaces", "/pods", "networking.k8s.aws/policyendpoints"]
+    );
+}

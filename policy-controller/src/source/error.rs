@@ -37,6 +37,15 @@ pub enum SourceError {
     /// The task reading the manifest directory failed (it panicked).
     #[error("manifest reader failed: {0}")]
     Reader(#[source] tokio::task::JoinError),
+    /// An object the API server served that cannot be read (a known field
+    /// of another shape than ours). `kept`: a version read before stays in
+    /// force.
+    #[error("{error}{}", if *kept { "; its previous version stays in force" } else { "" })]
+    Unreadable {
+        #[source]
+        error: super::cluster_network_policy::Unreadable,
+        kept: bool,
+    },
     /// A watch of the API server failed; it is retried with backoff.
     #[error("watching {kind}: {cause}")]
     Watch {
@@ -116,6 +125,8 @@ impl SourceError {
             SourceError::Io { .. } => "io",
             SourceError::Reader(_) => "reader",
             SourceError::Watch { .. } => "watch",
+            // Not what the API is known to admit: as a refused manifest.
+            SourceError::Unreadable { .. } => "invalid",
         }
     }
 }

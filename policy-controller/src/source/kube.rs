@@ -1,6 +1,7 @@
-//! The real cluster: Namespaces, Pods, NetworkPolicies, Services and
-//! EndpointSlices from the API server through kube-rs watchers (list, then
-//! watch, all namespaces), delivered as changes to single objects.
+//! The real cluster: Namespaces, Pods, NetworkPolicies, Services,
+//! EndpointSlices, Nodes and the ClusterNetworkPolicies of both API groups
+//! from the API server through kube-rs watchers (list, then watch, all
+//! namespaces), delivered as changes to single objects.
 //!
 //! Every watch event becomes one [`Change`]: an object applied or deleted,
 //! so a change in the cluster costs the engine what that change touches,
@@ -16,8 +17,18 @@
 //! ClusterIP an egress rule allows), so until then the feed only stages
 //! the changes and the hub stays unsynced.
 //!
+//! A ClusterNetworkPolicy is read leniently (see
+//! [`super::cluster_network_policy`]); one that cannot be read at all is an
+//! error naming it, published with the watch errors until it is fixed or
+//! deleted, and the version read before stays in force. A group whose CRD
+//! is not installed (the API server answers 404) counts as listed and
+//! empty, so that it does not keep the controller from syncing; the
+//! watcher's backoff keeps asking, and the group is picked up when its CRD
+//! appears (and emptied if it goes).
+//!
 //! The marker is `k8s namespaces=<rv> pods=<rv> networkpolicies=<rv>
-//! services=<rv> endpointslices=<rv>`: for
+//! services=<rv> endpointslices=<rv> nodes=<rv> clusternetworkpolicies=<rv>
+//! clusternetworkpolicies.networking.k8s.aws=<rv>`: for
 //! each kind, the highest resourceVersion its watch has delivered (compared
 //! as numbers, as etcd issues them; a non-numeric one simply replaces the
 //! previous). Kinds are kept apart because each has its own watch stream: the
@@ -30,11 +41,11 @@
 //! resolved them into addresses), and the marker is `k8s namespaces=<rv>
 //! pods=<rv> policyendpoints=<rv>`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::fmt::Debug;
 
 use futures::stream::{self, BoxStream, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::watcher::{self, Event};
@@ -43,6 +54,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
+use super::cluster_network_policy::{self as cnp, AwsObject, UpstreamObject};
 use super::policy_endpoint::{PolicyEndpoint, PolicySource};
 use super::tracker::Tracker;
 use super::{SourceError, SourceProblem};
@@ -58,6 +70,9 @@ enum Kind {
     Services,
     EndpointSlices,
     PolicyEndpoints,
+    Nodes,
+    UpstreamClusterNetworkPolicies,
+    AwsClusterNetworkPolicies,
 }
 
 impl Kind {
@@ -70,8 +85,24 @@ impl Kind {
             Kind::Services => "Services",
             Kind::EndpointSlices => "EndpointSlices",
             Kind::PolicyEndpoints => "PolicyEndpoints",
+            Kind::Nodes => "Nodes",
+            Kind::UpstreamClusterNetworkPolicies => {
+                "ClusterNetworkPolicies.policy.networking.k8s.io"
+            }
+            Kind::AwsClusterNetworkPolicies => "ClusterNetworkPolicies.networking.k8s.aws",
         }
     }
+}
+
+/// How a watched object becomes a change: `Err` when it cannot be read.
+type Read<K> = fn(K) -> Result<Change, cnp::Unreadable>;
+
+/// Whether a kind is served only once its CRD is installed: then a 404
+/// means "none" rather than a failure.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Served {
+    Always,
+    ByCrd,
 }
 
 /// What one watch reported.
@@ -83,33 +114,42 @@ struct Notice {
     listed: bool,
     /// The watch failed (and will be retried).
     error: Option<watcher::Error>,
+    /// Objects that could not be read, or that can be again (`None`).
+    unreadable: Vec<(ObjectKey, Option<SourceProblem>)>,
 }
 
-/// The latest watch failure of each kind, cleared by that kind's next event;
+/// The latest watch failure of each kind, cleared by that kind's next event,
+/// and every object that cannot be read, until it can or is deleted;
 /// published so that operators (and a refused Subscribe) can say why the
-/// controller has not synced.
+/// controller has not synced, or what it does not enforce as written.
 #[derive(Default)]
-struct WatchErrors(std::collections::BTreeMap<Kind, SourceProblem>);
+struct WatchErrors {
+    watches: std::collections::BTreeMap<Kind, SourceProblem>,
+    objects: std::collections::BTreeMap<(Kind, ObjectKey), SourceProblem>,
+}
 
 impl WatchErrors {
-    fn note(
-        &mut self,
-        kind: Kind,
-        error: Option<watcher::Error>,
-        tx: &watch::Sender<Vec<SourceProblem>>,
-    ) {
-        let changed = match error {
+    fn note(&mut self, notice: &mut Notice, tx: &watch::Sender<Vec<SourceProblem>>) {
+        let kind = notice.kind;
+        let mut changed = match notice.error.take() {
             Some(cause) => {
                 let problem = SourceProblem::from(&SourceError::Watch {
                     kind: kind.name(),
                     cause,
                 });
-                self.0.insert(kind, problem.clone()) != Some(problem)
+                self.watches.insert(kind, problem.clone()) != Some(problem)
             }
-            None => self.0.remove(&kind).is_some(),
+            None => self.watches.remove(&kind).is_some(),
         };
+        for (key, problem) in notice.unreadable.drain(..) {
+            changed |= match problem {
+                Some(p) => self.objects.insert((kind, key), p.clone()) != Some(p),
+                None => self.objects.remove(&(kind, key)).is_some(),
+            };
+        }
         if changed {
-            tx.send_replace(self.0.values().cloned().collect());
+            let all = self.watches.values().chain(self.objects.values());
+            tx.send_replace(all.cloned().collect());
         }
     }
 }
@@ -156,7 +196,7 @@ pub async fn run_with(
             return;
         };
         versions.note(&notice);
-        watch_errors.note(notice.kind, notice.error.take(), &errors);
+        watch_errors.note(&mut notice, &errors);
         if notice.listed {
             listed.insert(notice.kind);
         }
@@ -182,45 +222,92 @@ pub async fn run_with(
 /// The pods and the slices the AWS controller resolved their policies
 /// into; namespaces only for the marker's shape and the pods' namespaces.
 fn policy_endpoint_watches(client: Client) -> Vec<BoxStream<'static, Notice>> {
+    use Served::Always;
     vec![
-        watch_kind::<Namespace>(Api::all(client.clone()), Kind::Namespaces, false, |ns| {
-            Change::ApplyNamespace(ns)
+        watch_kind::<Namespace>(
+            Api::all(client.clone()),
+            Kind::Namespaces,
+            false,
+            Always,
+            |ns| Ok(Change::ApplyNamespace(ns)),
+        ),
+        watch_kind::<Pod>(Api::all(client.clone()), Kind::Pods, true, Always, |p| {
+            Ok(Change::ApplyPod(p))
         }),
-        watch_kind::<Pod>(Api::all(client.clone()), Kind::Pods, true, Change::ApplyPod),
         watch_kind::<PolicyEndpoint>(
             Api::all(client),
             Kind::PolicyEndpoints,
             true,
-            Change::ApplyPolicyEndpoint,
+            Always,
+            |pe| Ok(Change::ApplyPolicyEndpoint(pe)),
         ),
     ]
 }
 
 fn network_policy_watches(client: Client) -> Vec<BoxStream<'static, Notice>> {
+    use Served::{Always, ByCrd};
     vec![
-        watch_kind::<Namespace>(Api::all(client.clone()), Kind::Namespaces, false, |ns| {
-            Change::ApplyNamespace(ns)
+        watch_kind::<Namespace>(
+            Api::all(client.clone()),
+            Kind::Namespaces,
+            false,
+            Always,
+            |ns| Ok(Change::ApplyNamespace(ns)),
+        ),
+        watch_kind::<Pod>(Api::all(client.clone()), Kind::Pods, true, Always, |p| {
+            Ok(Change::ApplyPod(p))
         }),
-        watch_kind::<Pod>(Api::all(client.clone()), Kind::Pods, true, Change::ApplyPod),
         watch_kind::<NetworkPolicy>(
             Api::all(client.clone()),
             Kind::NetworkPolicies,
             true,
-            Change::ApplyPolicy,
+            Always,
+            |np| Ok(Change::ApplyPolicy(np)),
         ),
         watch_kind::<Service>(
             Api::all(client.clone()),
             Kind::Services,
             true,
-            Change::ApplyService,
+            Always,
+            |svc| Ok(Change::ApplyService(svc)),
         ),
         watch_kind::<EndpointSlice>(
-            Api::all(client),
+            Api::all(client.clone()),
             Kind::EndpointSlices,
             true,
-            Change::ApplyEndpointSlice,
+            Always,
+            |slice| Ok(Change::ApplyEndpointSlice(slice)),
+        ),
+        watch_kind::<Node>(Api::all(client.clone()), Kind::Nodes, false, Always, |n| {
+            Ok(Change::ApplyNode(n))
+        }),
+        watch_kind::<UpstreamObject>(
+            Api::all(client.clone()),
+            Kind::UpstreamClusterNetworkPolicies,
+            false,
+            ByCrd,
+            |o| cnp::read_upstream(o).map(Change::ApplyClusterPolicy),
+        ),
+        watch_kind::<AwsObject>(
+            Api::all(client),
+            Kind::AwsClusterNetworkPolicies,
+            false,
+            ByCrd,
+            |o| cnp::read_aws(o).map(Change::ApplyClusterPolicy),
         ),
     ]
+}
+
+/// Whether a watch error is the API server saying it does not serve the
+/// resource (404): a CRD not installed, or removed.
+fn not_served(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.is_not_found(),
+        watcher::Error::WatchError(s) => s.is_not_found(),
+        _ => false,
+    }
 }
 
 /// One kind's watch as a stream of notices carrying its changes.
@@ -228,7 +315,8 @@ fn watch_kind<K>(
     api: Api<K>,
     kind: Kind,
     namespaced: bool,
-    apply: fn(K) -> Change,
+    served: Served,
+    read: Read<K>,
 ) -> BoxStream<'static, Notice>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -251,23 +339,40 @@ where
             Kind::Services => Change::DeleteService((ns, name)),
             Kind::EndpointSlices => Change::DeleteEndpointSlice((ns, name)),
             Kind::PolicyEndpoints => Change::DeletePolicyEndpoint((ns, name)),
+            Kind::Nodes => Change::DeleteNode(name),
+            Kind::UpstreamClusterNetworkPolicies => {
+                Change::DeleteClusterPolicy(palisade_apis::ApiGroup::Upstream, name)
+            }
+            Kind::AwsClusterNetworkPolicies => {
+                Change::DeleteClusterPolicy(palisade_apis::ApiGroup::Aws, name)
+            }
         }
     };
     let mut tracker: Tracker<ObjectKey> = Tracker::default();
+    // Objects read once (so a version stays in force when a later one
+    // cannot be read), and whether the CRD was found missing.
+    let mut read_once: HashSet<ObjectKey> = HashSet::new();
+    let mut absent = false;
     watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         // managedFields are often the larger part of an object and policy
         // never reads them.
         .modify(|obj: &mut K| obj.meta_mut().managed_fields = None)
         .map(move |event| {
-            let mut changes = Vec::new();
+            let mut out = Taken::default();
             let mut version = None;
             match event {
-                Ok(Event::Init) => tracker.init(),
+                Ok(Event::Init) => {
+                    if std::mem::take(&mut absent) {
+                        tracing::info!(kind = kind.name(), "served now (its CRD is installed): watching");
+                    }
+                    tracker.init()
+                }
                 Ok(Event::InitApply(obj)) => {
                     version = obj.resource_version();
-                    if tracker.init_apply(key(&obj), version.as_deref().unwrap_or_default()) {
-                        changes.push(apply(obj));
+                    let k = key(&obj);
+                    if tracker.init_apply(k.clone(), version.as_deref().unwrap_or_default()) {
+                        out.read(kind, read, obj, k, &mut read_once);
                     }
                 }
                 Ok(Event::InitDone) => {
@@ -278,19 +383,46 @@ where
                         deleted_meanwhile = gone.len(),
                         "listed"
                     );
-                    changes.extend(gone.into_iter().map(delete));
+                    for k in gone {
+                        out.delete(delete, k, &mut read_once);
+                    }
                 }
                 Ok(Event::Apply(obj)) => {
                     version = obj.resource_version();
-                    if tracker.apply(key(&obj), version.as_deref().unwrap_or_default()) {
-                        changes.push(apply(obj));
+                    let k = key(&obj);
+                    if tracker.apply(k.clone(), version.as_deref().unwrap_or_default()) {
+                        out.read(kind, read, obj, k, &mut read_once);
                     }
                 }
                 Ok(Event::Delete(obj)) => {
                     version = obj.resource_version();
                     let k = key(&obj);
                     tracker.delete(&k);
-                    changes.push(delete(k));
+                    out.delete(delete, k, &mut read_once);
+                }
+                Err(e) if served == Served::ByCrd && not_served(&e) => {
+                    // No CRD, no objects: listed, and empty (if it was
+                    // removed, what it held is gone). The backoff asks
+                    // again; said once, as this repeats until installed.
+                    if !absent {
+                        absent = true;
+                        tracing::info!(
+                            kind = kind.name(),
+                            "not served (its CRD is not installed): taken as none until it is; asking again with backoff"
+                        );
+                    }
+                    tracker.init();
+                    for k in tracker.init_done() {
+                        out.delete(delete, k, &mut read_once);
+                    }
+                    return Notice {
+                        kind,
+                        resource_version: None,
+                        changes: out.changes,
+                        listed: true,
+                        error: None,
+                        unreadable: out.unreadable,
+                    };
                 }
                 Err(e) => {
                     // The backoff retries; a transient API error must never
@@ -299,21 +431,71 @@ where
                     return Notice {
                         kind,
                         resource_version: None,
-                        changes,
+                        changes: out.changes,
                         listed: tracker.listed(),
                         error: Some(e),
+                        unreadable: out.unreadable,
                     };
                 }
             }
             Notice {
                 kind,
                 resource_version: version,
-                changes,
+                changes: out.changes,
                 listed: tracker.listed(),
                 error: None,
+                unreadable: out.unreadable,
             }
         })
         .boxed()
+}
+
+/// What one watch event gives: changes, and objects that became
+/// unreadable or readable again.
+#[derive(Default)]
+struct Taken {
+    changes: Vec<Change>,
+    unreadable: Vec<(ObjectKey, Option<SourceProblem>)>,
+}
+
+impl Taken {
+    /// An object new or changed since the watch last delivered it. One
+    /// that cannot be read is no change: what is in force stays.
+    fn read<K>(
+        &mut self,
+        kind: Kind,
+        read: Read<K>,
+        obj: K,
+        k: ObjectKey,
+        read_once: &mut HashSet<ObjectKey>,
+    ) {
+        match read(obj) {
+            Ok(change) => {
+                self.changes.push(change);
+                read_once.insert(k.clone());
+                self.unreadable.push((k, None));
+            }
+            Err(error) => {
+                let e = SourceError::Unreadable {
+                    error,
+                    kept: read_once.contains(&k),
+                };
+                tracing::warn!(kind = kind.name(), error = %e, "object cannot be read");
+                self.unreadable.push((k, Some(SourceProblem::from(&e))));
+            }
+        }
+    }
+
+    fn delete(
+        &mut self,
+        delete: impl Fn(ObjectKey) -> Change,
+        k: ObjectKey,
+        read_once: &mut HashSet<ObjectKey>,
+    ) {
+        read_once.remove(&k);
+        self.unreadable.push((k.clone(), None));
+        self.changes.push(delete(k));
+    }
 }
 
 #[derive(Default)]
@@ -325,6 +507,9 @@ struct Versions {
     services: String,
     slices: String,
     policy_endpoints: String,
+    nodes: String,
+    upstream_cluster_policies: String,
+    aws_cluster_policies: String,
 }
 
 impl Versions {
@@ -343,6 +528,9 @@ impl Versions {
             Kind::Services => &mut self.services,
             Kind::EndpointSlices => &mut self.slices,
             Kind::PolicyEndpoints => &mut self.policy_endpoints,
+            Kind::Nodes => &mut self.nodes,
+            Kind::UpstreamClusterNetworkPolicies => &mut self.upstream_cluster_policies,
+            Kind::AwsClusterNetworkPolicies => &mut self.aws_cluster_policies,
         };
         let newer = match (rv.parse::<u64>(), slot.parse::<u64>()) {
             (Ok(new), Ok(old)) => new > old,
@@ -361,8 +549,16 @@ impl Versions {
             );
         }
         format!(
-            "k8s namespaces={} pods={} networkpolicies={} services={} endpointslices={}",
-            self.namespaces, self.pods, self.policies, self.services, self.slices
+            "k8s namespaces={} pods={} networkpolicies={} services={} endpointslices={} \
+             nodes={} clusternetworkpolicies={} clusternetworkpolicies.networking.k8s.aws={}",
+            self.namespaces,
+            self.pods,
+            self.policies,
+            self.services,
+            self.slices,
+            self.nodes,
+            self.upstream_cluster_policies,
+            self.aws_cluster_policies
         )
     }
 }

@@ -97,6 +97,8 @@ pub async fn run_with_interval(
                         policies = state.policies.len(),
                         services = state.services.len(),
                         endpoint_slices = state.endpoint_slices.len(),
+                        cluster_policies = state.cluster_policies.len(),
+                        nodes = state.nodes.len(),
                         "manifests loaded"
                     );
                     build_errors.clear();

@@ -14,6 +14,7 @@
 //! never a silently dropped object or field (a dropped NetworkPolicy, or a
 //! rule that lost a misspelt field, would open traffic).
 
+pub mod cluster_network_policy;
 mod error;
 pub mod kube;
 pub mod manifest;
@@ -29,10 +30,11 @@ pub use error::{DocumentError, ObjectError, SourceError, SourceProblem};
 /// Parses manifests: YAML (several documents separated by `---`) or JSON (one
 /// or more concatenated values, or a top-level array). `List` objects (and
 /// typed lists such as `PodList`, as `kubectl get -o json` prints them) are
-/// flattened. v1 Namespace, v1 Pod, v1 Service, discovery.k8s.io/v1
-/// EndpointSlice and networking.k8s.io/v1 NetworkPolicy objects are decoded
-/// and validated as the API server would ([`validate`]); other kinds the API
-/// serves are skipped, and a kind it does not serve in the groups Palisade
+/// flattened. v1 Namespace, v1 Pod, v1 Service, v1 Node,
+/// discovery.k8s.io/v1 EndpointSlice, networking.k8s.io/v1 NetworkPolicy
+/// and ClusterNetworkPolicy (policy.networking.k8s.io/v1alpha2 and
+/// networking.k8s.aws/v1alpha1) objects are decoded and validated as the
+/// API server would ([`validate`]); other kinds the API serves are skipped, and a kind it does not serve in the groups Palisade
 /// reads is an error (a misspelt NetworkPolicy must not vanish). A
 /// namespaced object without a namespace lands in "default", as `kubectl
 /// apply` would put it.
@@ -140,6 +142,12 @@ fn decode_object(
     }
 
     let display = {
+        // Two groups serve a ClusterNetworkPolicy: name the AWS one as
+        // kubectl does, so that two of one name can be told apart.
+        let kind = match api_version.split_once('/') {
+            Some((group @ "networking.k8s.aws", _)) => format!("{kind}.{group}"),
+            _ => kind.clone(),
+        };
         let meta = map.get("metadata");
         let get = |k: &str| {
             meta.and_then(|m| m.get(k))
@@ -475,6 +483,116 @@ spec:
     fn a_policy_without_pod_selector_selects_every_pod_as_upstream() {
         let text = "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p, namespace: x}\nspec: {policyTypes: [Ingress]}\n";
         assert_eq!(names(&parse_objects(text).unwrap()), ["np x/p"]);
+    }
+
+    const CNPS: &str = r#"
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: deny-db}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {namespaces: {matchLabels: {team: a}}}
+  ingress:
+  - {name: no-dev, action: Deny, from: [{namespaces: {matchLabels: {env: dev}}}]}
+---
+apiVersion: networking.k8s.aws/v1alpha1
+kind: ClusterNetworkPolicy
+metadata: {name: deny-db}
+spec:
+  tier: Baseline
+  priority: 5
+  subject: {pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: db}}}}
+  egress:
+  - {action: Accept, to: [{domainNames: [example.com]}], ports: [{portNumber: {port: 443}}]}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-a, labels: {zone: a}}
+status:
+  addresses: [{type: InternalIP, address: 192.168.0.10}, {type: Hostname, address: node-a}]
+"#;
+
+    #[test]
+    fn cluster_network_policies_of_both_groups_and_nodes_are_read() {
+        let objects = parse_objects(CNPS).unwrap();
+        assert_eq!(
+            names(&objects),
+            [
+                "ClusterNetworkPolicy/deny-db",
+                "ClusterNetworkPolicy.networking.k8s.aws/deny-db",
+                "node node-a"
+            ]
+        );
+        let Object::ClusterNetworkPolicy(up) = &objects[0] else {
+            unreachable!()
+        };
+        assert_eq!(
+            (up.tier, up.priority, up.ingress[0].action),
+            (palisade_apis::Tier::Admin, 10, palisade_apis::Action::Deny)
+        );
+        let Object::Node(node) = &objects[2] else {
+            unreachable!()
+        };
+        let addresses = node.status.as_ref().unwrap().addresses.as_ref().unwrap();
+        assert_eq!(addresses[0].address, "192.168.0.10");
+    }
+
+    #[test]
+    fn a_refused_cluster_network_policy_or_node_names_object_and_field() {
+        let up = "apiVersion: policy.networking.k8s.io/v1alpha2\nkind: ClusterNetworkPolicy\nmetadata: {name: p}\n";
+        let aws = "apiVersion: networking.k8s.aws/v1alpha1\nkind: ClusterNetworkPolicy\nmetadata: {name: q}\n";
+        let cases = [
+            (
+                format!("{up}spec: {{tier: Admin, priority: 1, subject: {{namespaces: {{}}}}, ingress: [{{action: Deny, fromm: []}}]}}\n"),
+                "document 1: ClusterNetworkPolicy p: spec.ingress[0].fromm: unknown field",
+            ),
+            (
+                format!("{up}spec: {{tier: Admin, priority: 1, subject: {{}}}}\n"),
+                "document 1: ClusterNetworkPolicy p: spec.subject: Invalid value: 0: spec.subject in body should have at least 1 properties",
+            ),
+            (
+                format!("{up}spec:\n"),
+                "document 1: ClusterNetworkPolicy p: spec: Required value",
+            ),
+            (
+                format!("{aws}spec: {{tier: Admin, priority: 1, subject: {{namespaces: {{}}}}, egress: [{{action: Pass, to: [{{domainNames: [a.com]}}]}}]}}\n"),
+                "document 1: ClusterNetworkPolicy.networking.k8s.aws q: spec.egress[0]: Invalid value: \"object\": domainNames peer can only be used with Accept action",
+            ),
+            (
+                "apiVersion: networking.k8s.aws/v1alpha1\nkind: ClusterNetworkPolcy\nmetadata: {name: q}\n".to_string(),
+                "document 1: ClusterNetworkPolcy.networking.k8s.aws q: kind \"ClusterNetworkPolcy\" is not served by networking.k8s.aws/v1alpha1",
+            ),
+            (
+                "apiVersion: v1\nkind: Node\nmetadata: {name: Node_A}\n".to_string(),
+                "document 1: Node Node_A: metadata.name: Invalid value: \"Node_A\"",
+            ),
+            (
+                "apiVersion: v1\nkind: Node\nmetadata: {name: n}\nstatus: {adresses: []}\n".to_string(),
+                "document 1: Node n: status.adresses: unknown field",
+            ),
+            (
+                "apiVersion: v1\nkind: Node\nmetadata: {name: n}\nspec: {taints: [{key: k, effect: Never}]}\n".to_string(),
+                "document 1: Node n: spec.taints[0].effect: Unsupported value: \"Never\"",
+            ),
+            (
+                "apiVersion: v1\nkind: Node\nmetadata: {name: n}\nspec: {podCIDRs: [10.0.0.0/24, 10.1.0.0/24]}\n".to_string(),
+                "document 1: Node n: spec.podCIDRs: Invalid value: \"[\\\"10.0.0.0/24\\\", \\\"10.1.0.0/24\\\"]\": may specify no more than one CIDR for each IP family",
+            ),
+        ];
+        for (text, want) in cases {
+            let got = parse_objects(&text).unwrap_err().to_string();
+            assert!(got.starts_with(want), "{text}\n  got  {got}\n  want {want}");
+        }
+        // A Node or policy with a stray namespace: dropped, as the API
+        // server drops it from a cluster-scoped object.
+        let objects =
+            parse_objects("apiVersion: v1\nkind: Node\nmetadata: {name: n, namespace: x}\n")
+                .unwrap();
+        let Object::Node(node) = &objects[0] else {
+            unreachable!()
+        };
+        assert_eq!(node.metadata.namespace, None);
     }
 
     #[test]

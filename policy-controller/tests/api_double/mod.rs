@@ -22,6 +22,10 @@
 //! - Selectors are refused (400): nothing here evaluates them, and a silent
 //!   unfiltered answer would hide a change in what the controller asks.
 //!
+//! - A kind served by a CRD can be made unserved ([`ApiDouble::set_served`]):
+//!   its list and watch are answered 404, as the API server answers for a
+//!   CRD that is not installed.
+//!
 //! Revisions are one counter across kinds, as etcd's are.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -47,23 +51,36 @@ pub enum Kind {
     EndpointSlice,
     /// The AWS network policy controller's CRD (networking.k8s.aws/v1alpha1).
     PolicyEndpoint,
+    Node,
+    /// policy.networking.k8s.io/v1alpha2 ClusterNetworkPolicy.
+    UpstreamClusterNetworkPolicy,
+    /// networking.k8s.aws/v1alpha1 ClusterNetworkPolicy.
+    AwsClusterNetworkPolicy,
     /// Served as single named objects (GET/PUT/POST), not listed or watched.
     Lease,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::NetworkPolicy,
         Kind::Service,
         Kind::EndpointSlice,
+        Kind::Node,
+        Kind::UpstreamClusterNetworkPolicy,
+        Kind::AwsClusterNetworkPolicy,
     ];
     /// Served as well, outside `ALL` (the kinds the NetworkPolicy source
     /// watches, which tests check one by one).
     pub const CUSTOM: [Kind; 1] = [Kind::PolicyEndpoint];
-    fn of(kind: &str) -> Kind {
+    fn of(api_version: &str, kind: &str) -> Kind {
         match kind {
+            "ClusterNetworkPolicy" if api_version.starts_with("networking.k8s.aws/") => {
+                Kind::AwsClusterNetworkPolicy
+            }
+            "ClusterNetworkPolicy" => Kind::UpstreamClusterNetworkPolicy,
+            "Node" => Kind::Node,
             "Namespace" => Kind::Namespace,
             "Pod" => Kind::Pod,
             "NetworkPolicy" => Kind::NetworkPolicy,
@@ -78,7 +95,8 @@ impl Kind {
         match self {
             Kind::NetworkPolicy => "networking.k8s.io/v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
-            Kind::PolicyEndpoint => "networking.k8s.aws/v1alpha1",
+            Kind::PolicyEndpoint | Kind::AwsClusterNetworkPolicy => "networking.k8s.aws/v1alpha1",
+            Kind::UpstreamClusterNetworkPolicy => "policy.networking.k8s.io/v1alpha2",
             Kind::Lease => "coordination.k8s.io/v1",
             _ => "v1",
         }
@@ -92,7 +110,21 @@ impl Kind {
             Kind::EndpointSlice => "EndpointSlice",
             Kind::PolicyEndpoint => "PolicyEndpoint",
             Kind::Lease => "Lease",
+            Kind::Node => "Node",
+            Kind::UpstreamClusterNetworkPolicy | Kind::AwsClusterNetworkPolicy => {
+                "ClusterNetworkPolicy"
+            }
         }
+    }
+    /// Cluster-scoped: stored without a namespace.
+    fn cluster_scoped(self) -> bool {
+        matches!(
+            self,
+            Kind::Namespace
+                | Kind::Node
+                | Kind::UpstreamClusterNetworkPolicy
+                | Kind::AwsClusterNetworkPolicy
+        )
     }
     fn path(self) -> &'static str {
         match self {
@@ -103,6 +135,13 @@ impl Kind {
             Kind::EndpointSlice => "/apis/discovery.k8s.io/v1/endpointslices",
             Kind::PolicyEndpoint => "/apis/networking.k8s.aws/v1alpha1/policyendpoints",
             Kind::Lease => "/apis/coordination.k8s.io/v1/leases",
+            Kind::Node => "/api/v1/nodes",
+            Kind::UpstreamClusterNetworkPolicy => {
+                "/apis/policy.networking.k8s.io/v1alpha2/clusternetworkpolicies"
+            }
+            Kind::AwsClusterNetworkPolicy => {
+                "/apis/networking.k8s.aws/v1alpha1/clusternetworkpolicies"
+            }
         }
     }
 }
@@ -133,11 +172,16 @@ struct Store {
     /// Watches from before this revision are refused with 410 Gone, as
     /// etcd's compaction makes the API server do: the client must relist.
     compacted: u64,
+    /// Kinds answered 404, as for a CRD not installed.
+    unserved: std::collections::BTreeSet<Kind>,
 }
 
 impl Store {
     fn apply(&mut self, mut object: Value) {
-        let kind = Kind::of(object["kind"].as_str().expect("object without kind"));
+        let kind = Kind::of(
+            object["apiVersion"].as_str().unwrap_or(""),
+            object["kind"].as_str().expect("object without kind"),
+        );
         self.revision += 1;
         let revision = self.revision;
         let meta = object["metadata"]
@@ -147,7 +191,7 @@ impl Store {
             .as_str()
             .expect("object without name")
             .to_string();
-        let namespace = if kind == Kind::Namespace {
+        let namespace = if kind.cluster_scoped() {
             String::new()
         } else {
             meta.entry("namespace")
@@ -293,6 +337,21 @@ impl ApiDouble {
         self.notify(&store);
     }
 
+    /// Serves a kind or stops serving it (404, as for a CRD not installed;
+    /// the objects stay stored, to be served again). Ends every open watch,
+    /// as the API server's would end with its resource.
+    #[allow(dead_code)] // not every test binary installs CRDs
+    pub fn set_served(&self, kind: Kind, served: bool) {
+        let mut store = self.shared.store.lock().unwrap();
+        if served {
+            store.unserved.remove(&kind);
+        } else {
+            store.unserved.insert(kind);
+        }
+        store.watch_epoch += 1;
+        self.notify(&store);
+    }
+
     /// One object as stored, if there.
     #[allow(dead_code)] // not every test binary reads objects back
     pub fn object(&self, kind: Kind, namespace: &str, name: &str) -> Option<Value> {
@@ -316,10 +375,19 @@ impl ApiDouble {
 }
 
 fn serve(shared: Arc<Shared>, kind: Kind, query: BTreeMap<String, String>) -> Response {
-    shared.store.lock().unwrap().requests.push(Request {
-        kind,
-        query: query.clone(),
-    });
+    {
+        let mut store = shared.store.lock().unwrap();
+        store.requests.push(Request {
+            kind,
+            query: query.clone(),
+        });
+        if store.unserved.contains(&kind) {
+            return status(
+                StatusCode::NOT_FOUND,
+                "the server could not find the requested resource",
+            );
+        }
+    }
     for unsupported in ["labelSelector", "fieldSelector", "continue"] {
         if query.contains_key(unsupported) {
             return status(

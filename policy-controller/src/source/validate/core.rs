@@ -1,7 +1,8 @@
-//! Namespace, Pod and Service (core v1) as the API server validates them
-//! (kubernetes pkg/apis/core/validation), for what Palisade reads and the
-//! structure around it: names, containers and their ports, pod addresses,
-//! service ports, selectors and ClusterIPs. Rules about fields Palisade never
+//! Namespace, Pod, Service and Node (core v1) as the API server validates
+//! them (kubernetes pkg/apis/core/validation), for what Palisade reads and
+//! the structure around it: names, containers and their ports, pod
+//! addresses, service ports, selectors and ClusterIPs, a node's taints and
+//! pod CIDRs. Rules about fields Palisade never
 //! reads (volumes, probes, resources, security contexts...) are not
 //! repeated; their field names and types still are checked by the strict
 //! decode.
@@ -12,7 +13,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::{Container, Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::{Container, Namespace, Node, Pod, Service};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::field::{Errors, Path};
@@ -41,6 +42,75 @@ pub fn namespace(ns: &Namespace, errs: &mut Errors) {
                 f.as_str(),
                 "name is neither a standard finalizer name nor is it fully qualified",
             );
+        }
+    }
+}
+
+pub const TAINT_EFFECTS: &[&str] = &["NoSchedule", "PreferNoSchedule", "NoExecute"];
+
+/// A Node. Its status (the addresses a ClusterNetworkPolicy `nodes` peer
+/// reads among them) is not validated: the API server takes a node's status
+/// as the kubelet reports it, and a non-IP address is simply not an IP.
+pub fn node(node: &Node, errs: &mut Errors) {
+    meta::object_meta(&node.metadata, false, meta::dns1123_subdomain, errs);
+    let Some(spec) = &node.spec else {
+        return;
+    };
+    let path = Path::new("spec");
+    let mut taints = BTreeSet::new();
+    for (i, t) in spec.taints.iter().flatten().enumerate() {
+        let at = path.child("taints").index(i);
+        if t.key.is_empty() {
+            errs.required(&at.child("key"), "");
+        } else {
+            meta::label_key(&t.key, &at.child("key"), errs);
+        }
+        if let Some(v) = t.value.as_deref() {
+            errs.invalid_each(&at.child("value"), v, meta::label_value(v));
+        }
+        if t.effect.is_empty() {
+            errs.required(&at.child("effect"), "");
+        } else if !TAINT_EFFECTS.contains(&t.effect.as_str()) {
+            errs.not_supported(&at.child("effect"), t.effect.as_str(), TAINT_EFFECTS);
+        }
+        if !taints.insert((t.key.as_str(), t.effect.as_str())) {
+            errs.push(
+                &at,
+                super::field::Problem::Duplicate(format!(
+                    "{:?}: taints must be unique by key and effect pair",
+                    format!("{}:{}", t.key, t.effect)
+                )),
+            );
+        }
+    }
+    // podCIDR is podCIDRs[0] (the API converts one into the other).
+    let cidrs: Vec<&String> = match (&spec.pod_cidrs, &spec.pod_cidr) {
+        (Some(list), _) if !list.is_empty() => list.iter().collect(),
+        (_, Some(one)) if !one.is_empty() => vec![one],
+        _ => vec![],
+    };
+    let at = path.child("podCIDRs");
+    for (i, c) in cidrs.iter().enumerate() {
+        errs.invalid_each(&at.index(i), c.as_str(), meta::cidr_legacy(c));
+    }
+    if cidrs.len() > 1 {
+        let v4 = cidrs
+            .iter()
+            .filter_map(|c| crate::cidr::parse_sloppy(c))
+            .filter(|n| matches!(n, ipnet::IpNet::V4(_)))
+            .count();
+        if cidrs.len() > 2 || v4 != 1 {
+            errs.invalid(
+                &at,
+                format!("{cidrs:?}").as_str(),
+                "may specify no more than one CIDR for each IP family",
+            );
+        }
+        let mut seen = BTreeSet::new();
+        for (i, c) in cidrs.iter().enumerate() {
+            if !seen.insert(c.as_str()) {
+                errs.duplicate(&at.index(i), c.as_str());
+            }
         }
     }
 }

@@ -7,7 +7,9 @@
 //! types would skip it; a typo such as `fromm:` in a rule would otherwise
 //! make the rule `{}`, which allows everything), then validated by kind
 //! ([`networkpolicy`], [`core`], [`discovery`], with [`meta`]'s shared
-//! checks). [`policy_endpoint`] checks PolicyEndpoint specs against the AWS
+//! checks). [`cluster_network_policy`] checks ClusterNetworkPolicies of
+//! both API groups against their CRDs (schema and CEL rules);
+//! [`policy_endpoint`] checks PolicyEndpoint specs against the AWS
 //! controller's CRD schema.
 //!
 //! The kube source does not come through here for the built-in kinds: the
@@ -15,6 +17,7 @@
 //! decode is what keeps a field newer than our k8s-openapi version from
 //! breaking the watch. Every function here is pure.
 
+pub mod cluster_network_policy;
 pub mod core;
 pub mod discovery;
 pub mod field;
@@ -23,10 +26,12 @@ pub mod networkpolicy;
 pub mod policy_endpoint;
 pub mod strict;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use palisade_apis::wire::{AWS_API_VERSION, UPSTREAM_API_VERSION};
+use palisade_apis::ClusterNetworkPolicy;
 use serde_json::Value;
 
 use crate::cluster::Object;
@@ -40,14 +45,21 @@ pub enum Kind {
     Service,
     EndpointSlice,
     NetworkPolicy,
+    Node,
+    /// `policy.networking.k8s.io/v1alpha2` ClusterNetworkPolicy.
+    UpstreamClusterNetworkPolicy,
+    /// `networking.k8s.aws/v1alpha1` ClusterNetworkPolicy.
+    AwsClusterNetworkPolicy,
 }
 
 impl Kind {
     fn api_version(self) -> &'static str {
         match self {
-            Kind::Namespace | Kind::Pod | Kind::Service => "v1",
+            Kind::Namespace | Kind::Pod | Kind::Service | Kind::Node => "v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
             Kind::NetworkPolicy => "networking.k8s.io/v1",
+            Kind::UpstreamClusterNetworkPolicy => UPSTREAM_API_VERSION,
+            Kind::AwsClusterNetworkPolicy => AWS_API_VERSION,
         }
     }
 
@@ -58,23 +70,30 @@ impl Kind {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::NetworkPolicy => "NetworkPolicy",
+            Kind::Node => "Node",
+            Kind::UpstreamClusterNetworkPolicy | Kind::AwsClusterNetworkPolicy => {
+                "ClusterNetworkPolicy"
+            }
         }
     }
 }
 
-const READ: [Kind; 5] = [
+const READ: [Kind; 8] = [
     Kind::Namespace,
     Kind::Pod,
     Kind::Service,
     Kind::EndpointSlice,
     Kind::NetworkPolicy,
+    Kind::Node,
+    Kind::UpstreamClusterNetworkPolicy,
+    Kind::AwsClusterNetworkPolicy,
 ];
 
 /// Kinds the API server serves at each version of the groups Palisade
 /// reads from (lists excepted). Another kind there is a typo the API server
 /// would refuse ("no matches for kind"), and skipping it would silently
 /// drop, say, a misspelt NetworkPolicy.
-const SERVED: [(&str, &[&str]); 4] = [
+const SERVED: [(&str, &[&str]); 7] = [
     (
         "v1",
         &[
@@ -112,17 +131,39 @@ const SERVED: [(&str, &[&str]); 4] = [
     ),
     ("networking.k8s.io/v1beta1", &["IPAddress", "ServiceCIDR"]),
     ("discovery.k8s.io/v1", &["EndpointSlice"]),
+    // network-policy-api: v0.1's AdminNetworkPolicy and
+    // BaselineAdminNetworkPolicy may still be installed beside v0.2.
+    (
+        "policy.networking.k8s.io/v1alpha1",
+        &["AdminNetworkPolicy", "BaselineAdminNetworkPolicy"],
+    ),
+    (
+        "policy.networking.k8s.io/v1alpha2",
+        &["ClusterNetworkPolicy"],
+    ),
+    // amazon-network-policy-controller-k8s.
+    (
+        "networking.k8s.aws/v1alpha1",
+        &[
+            "ApplicationNetworkPolicy",
+            "ClusterNetworkPolicy",
+            "ClusterPolicyEndpoint",
+            "PolicyEndpoint",
+        ],
+    ),
 ];
 
 /// Groups whose every version and kind must be in [`SERVED`]: the ones
 /// Palisade reads, "core" (a common mistake for the core group) and
 /// "extensions", which once served NetworkPolicy.
-const CHECKED_GROUPS: [&str; 5] = [
+const CHECKED_GROUPS: [&str; 7] = [
     "",
     "core",
     "networking.k8s.io",
     "discovery.k8s.io",
     "extensions",
+    "policy.networking.k8s.io",
+    "networking.k8s.aws",
 ];
 
 /// Why an (apiVersion, kind) in a group Palisade reads is refused.
@@ -158,7 +199,11 @@ pub fn kind_of(api_version: &str, kind: &str) -> Result<Option<Kind>, KindError>
     if !CHECKED_GROUPS.contains(&group) {
         return Ok(None);
     }
-    if let Some(k) = READ.iter().find(|k| k.name() == kind) {
+    // The kind of this group if it has one (both ClusterNetworkPolicy
+    // groups have the kind), else of any group.
+    let same_group = |k: &&Kind| k.api_version().rsplit_once('/').map_or("", |(g, _)| g) == group;
+    let named = || READ.iter().filter(move |k| k.name() == kind);
+    if let Some(k) = named().find(same_group).or_else(|| named().next()) {
         return Err(KindError::WrongVersion {
             kind: kind.to_string(),
             api_version: api_version.to_string(),
@@ -180,7 +225,8 @@ pub fn kind_of(api_version: &str, kind: &str) -> Result<Option<Kind>, KindError>
 
 /// Decodes and validates one object of a kind Palisade reads. A namespaced
 /// object without a namespace lands in "default", as `kubectl apply` puts
-/// it; a Namespace's stray namespace is dropped, as the API server drops it.
+/// it; a cluster-scoped object's (Namespace, Node, ClusterNetworkPolicy)
+/// stray namespace is dropped, as the API server drops it.
 pub fn object(kind: Kind, value: Value) -> Result<Object, Vec<FieldError>> {
     let mut errs = Errors::default();
     let object = match kind {
@@ -214,6 +260,20 @@ pub fn object(kind: Kind, value: Value) -> Result<Object, Vec<FieldError>> {
             default_namespace(&mut np.metadata);
             networkpolicy::validate(&np, &mut errs);
             Object::NetworkPolicy(np)
+        }
+        Kind::Node => {
+            let mut node: Node = strict::decode(value)?;
+            node.metadata.namespace = None;
+            core::node(&node, &mut errs);
+            Object::Node(node)
+        }
+        Kind::UpstreamClusterNetworkPolicy => {
+            let wire = cluster_network_policy::upstream(value)?;
+            Object::ClusterNetworkPolicy(ClusterNetworkPolicy::from_upstream(&wire))
+        }
+        Kind::AwsClusterNetworkPolicy => {
+            let wire = cluster_network_policy::aws(value)?;
+            Object::ClusterNetworkPolicy(ClusterNetworkPolicy::from_aws(&wire))
         }
     };
     errs.into_result().map(|()| object)
@@ -249,6 +309,23 @@ mod tests {
         ] {
             assert_eq!(kind_of(skipped.0, skipped.1), Ok(None), "{skipped:?}");
         }
+        assert_eq!(kind_of("v1", "Node"), Ok(Some(Kind::Node)));
+        assert_eq!(
+            kind_of("policy.networking.k8s.io/v1alpha2", "ClusterNetworkPolicy"),
+            Ok(Some(Kind::UpstreamClusterNetworkPolicy))
+        );
+        assert_eq!(
+            kind_of("networking.k8s.aws/v1alpha1", "ClusterNetworkPolicy"),
+            Ok(Some(Kind::AwsClusterNetworkPolicy))
+        );
+        for skipped in [
+            ("networking.k8s.aws/v1alpha1", "PolicyEndpoint"),
+            ("policy.networking.k8s.io/v1alpha1", "AdminNetworkPolicy"),
+            // Antrea's kind of the same name: another controller's.
+            ("crd.antrea.io/v1beta1", "ClusterNetworkPolicy"),
+        ] {
+            assert_eq!(kind_of(skipped.0, skipped.1), Ok(None), "{skipped:?}");
+        }
         let refused = [
             ("networking.k8s.io/v1", "NetworkPolcy", "kind \"NetworkPolcy\" is not served by networking.k8s.io/v1"),
             ("networking.k8s.io/v1", "networkpolicy", "kind \"networkpolicy\" is not served"),
@@ -259,6 +336,11 @@ mod tests {
             ("v1", "Pods", "kind \"Pods\" is not served by v1"),
             ("discovery.k8s.io/v1beta1", "EndpointSlice", "EndpointSlice is not served as \"discovery.k8s.io/v1beta1\""),
             ("v2", "Widget", "apiVersion \"v2\" is not served"),
+            ("policy.networking.k8s.io/v1alpha1", "ClusterNetworkPolicy", "ClusterNetworkPolicy is not served as \"policy.networking.k8s.io/v1alpha1\": use apiVersion policy.networking.k8s.io/v1alpha2"),
+            ("networking.k8s.aws/v1beta1", "ClusterNetworkPolicy", "ClusterNetworkPolicy is not served as \"networking.k8s.aws/v1beta1\": use apiVersion networking.k8s.aws/v1alpha1"),
+            ("networking.k8s.aws/v1alpha1", "ClusterNetworkPolcy", "kind \"ClusterNetworkPolcy\" is not served by networking.k8s.aws/v1alpha1"),
+            ("policy.networking.k8s.io/v1alpha2", "AdminNetworkPolicy", "kind \"AdminNetworkPolicy\" is not served by policy.networking.k8s.io/v1alpha2"),
+            ("v1", "Nodes", "kind \"Nodes\" is not served by v1"),
         ];
         for (v, k, want) in refused {
             let got = kind_of(v, k).unwrap_err().to_string();

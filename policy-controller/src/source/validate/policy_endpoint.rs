@@ -224,11 +224,11 @@ fn type_error(v: &Value, path: &Path, want: &str, errs: &mut Errors) {
     );
 }
 
-const DOMAIN_PATTERN: &str = r"^(\*\.)?([a-zA-z0-9]([-a-zA-Z0-9_]*[a-zA-Z0-9])?\.)+[a-zA-z0-9]([-a-zA-Z0-9_]*[a-zA-Z0-9])?\.?$";
+pub const DOMAIN_PATTERN: &str = r"^(\*\.)?([a-zA-z0-9]([-a-zA-Z0-9_]*[a-zA-Z0-9])?\.)+[a-zA-z0-9]([-a-zA-Z0-9_]*[a-zA-Z0-9])?\.?$";
 
 /// The CRD's domainName pattern, as written (its `A-z` range also admits
 /// the six characters between `Z` and `a` as a label's first character).
-fn domain_name(s: &str) -> bool {
+pub fn domain_name(s: &str) -> bool {
     let s = s.strip_prefix("*.").unwrap_or(s);
     let s = s.strip_suffix('.').unwrap_or(s);
     let labels: Vec<&str> = s.split('.').collect();

@@ -11,8 +11,9 @@ use serde_json::{Map, Value};
 use super::field::{FieldError, Path, Problem};
 
 /// Decodes `value` as `T`, refusing unknown fields. A value of the wrong
-/// type is one error (decoding stops there, as the API server's does);
-/// otherwise every unknown field is reported.
+/// type, or a required field missing, stops decoding (as the API server's
+/// does): it is reported after the unknown fields met before it; otherwise
+/// every unknown field is reported.
 pub fn decode<T: DeserializeOwned>(value: Value) -> Result<T, Vec<FieldError>> {
     let mut unknown = Vec::new();
     let mut track = serde_path_to_error::Track::new();
@@ -20,12 +21,17 @@ pub fn decode<T: DeserializeOwned>(value: Value) -> Result<T, Vec<FieldError>> {
     let decoded = serde_ignored::deserialize(inner, |path| unknown.push(render(&path)));
     match decoded {
         Err(e) => {
-            let path = track.path().to_string();
-            let path = if path == "." { String::new() } else { path };
-            Err(vec![FieldError {
-                path: Path::new(&path),
-                problem: Problem::Type(e.to_string()),
-            }])
+            // The unknown fields met before the decode stopped are
+            // reported too: a misspelt required field is both.
+            let mut errors: Vec<FieldError> = unknown
+                .into_iter()
+                .map(|path| FieldError {
+                    path,
+                    problem: Problem::UnknownField,
+                })
+                .collect();
+            errors.push(stopped(&Path::default(), &track.path(), &e));
+            Err(errors)
         }
         Ok(_) if !unknown.is_empty() => Err(unknown
             .into_iter()
@@ -35,6 +41,40 @@ pub fn decode<T: DeserializeOwned>(value: Value) -> Result<T, Vec<FieldError>> {
             })
             .collect()),
         Ok(t) => Ok(t),
+    }
+}
+
+/// As [`decode`] without strict field validation: unknown fields are
+/// skipped. For objects the API server has already validated, where a
+/// field newer than ours must not stop the read. Paths start at `root`.
+pub fn decode_lenient<T: DeserializeOwned>(value: &Value, root: &Path) -> Result<T, FieldError> {
+    let mut track = serde_path_to_error::Track::new();
+    let inner = serde_path_to_error::Deserializer::new(value, &mut track);
+    T::deserialize(inner).map_err(|e| stopped(root, &track.path(), &e))
+}
+
+/// Where and why a decode stopped. A required field absent is named at
+/// the field, as the API server names it, not at the object lacking it.
+fn stopped(root: &Path, at: &serde_path_to_error::Path, e: &impl std::fmt::Display) -> FieldError {
+    let at = at.to_string();
+    let path = if at == "." {
+        root.clone()
+    } else {
+        root.child(&at)
+    };
+    let message = e.to_string();
+    let missing = message
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.strip_suffix('`'));
+    match missing {
+        Some(field) => FieldError {
+            path: path.child(field),
+            problem: Problem::Required(String::new()),
+        },
+        None => FieldError {
+            path,
+            problem: Problem::Type(message),
+        },
     }
 }
 
@@ -206,6 +246,36 @@ mod tests {
             got[0].starts_with("spec.ingress[0].ports[0].port: "),
             "{got:?}"
         );
+    }
+
+    #[test]
+    fn a_missing_required_field_is_named_at_the_field() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Rule {
+            action: String,
+        }
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Spec {
+            rules: Vec<Rule>,
+        }
+        let got = decode::<Spec>(json!({"rules": [{"action": "a"}, {}]})).unwrap_err();
+        assert_eq!(got[0].to_string(), "rules[1].action: Required value");
+        // Leniently: an unknown field is skipped, the rest as strictly.
+        let spec = Path::new("spec");
+        let ok = json!({"rules": [{"action": "a", "newer": 1}]});
+        assert!(decode_lenient::<Spec>(&ok, &spec).is_ok());
+        let bad = json!({"rules": [{"action": 1}]});
+        let got = decode_lenient::<Spec>(&bad, &spec).unwrap_err().to_string();
+        assert!(
+            got.starts_with("spec.rules[0].action: invalid type"),
+            "{got}"
+        );
+        let got = decode_lenient::<Spec>(&json!({}), &spec)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(got, "spec.rules: Required value");
     }
 
     #[test]
