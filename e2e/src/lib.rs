@@ -23,6 +23,7 @@ pub mod bench;
 pub mod cancel;
 pub mod chart;
 pub mod cni;
+pub mod cnp;
 pub mod ctmap;
 pub mod dump;
 pub mod fault;

@@ -120,8 +120,8 @@ impl World {
     }
 }
 
-/// The objects as the model reads them, pods placed on one node with the
-/// given addresses (a pod without one is Pending).
+/// The objects as the model reads them, pods on the node they name (else
+/// node-1) with the given addresses (a pod without one is Pending).
 pub fn cluster_of<'a>(
     objects: impl Iterator<Item = &'a Object>,
     ips: &BTreeMap<PodName, IpAddr>,
@@ -135,7 +135,9 @@ pub fn cluster_of<'a>(
                 Kind::Namespace => ModelObject::Namespace(serde_json::from_value(body)?),
                 Kind::Pod => {
                     let pod = key.pod_name().expect("a pod key names a pod");
-                    body["spec"]["nodeName"] = "node-1".into();
+                    if body["spec"]["nodeName"].is_null() {
+                        body["spec"]["nodeName"] = "node-1".into();
+                    }
                     body["status"] = json!({"phase": "Running",
                                             "podIP": ips.get(&pod).map(ToString::to_string)});
                     ModelObject::Pod(serde_json::from_value(body)?)
@@ -143,11 +145,24 @@ pub fn cluster_of<'a>(
                 Kind::NetworkPolicy => ModelObject::NetworkPolicy(serde_json::from_value(body)?),
                 Kind::Service => ModelObject::Service(serde_json::from_value(body)?),
                 Kind::EndpointSlice => ModelObject::EndpointSlice(serde_json::from_value(body)?),
+                Kind::ClusterNetworkPolicy => {
+                    ModelObject::ClusterNetworkPolicy(cluster_policy(body)?)
+                }
             };
             out.push(typed);
         }
         Ok(ClusterState::from_objects(out, String::new()))
     }
+}
+
+/// A ClusterNetworkPolicy of either API group, read as the model reads it.
+fn cluster_policy(body: serde_json::Value) -> Result<palisade_apis::ClusterNetworkPolicy> {
+    use palisade_apis::{wire, ClusterNetworkPolicy};
+    Ok(if body["apiVersion"] == wire::AWS_API_VERSION {
+        ClusterNetworkPolicy::from_aws(&serde_json::from_value(body)?)
+    } else {
+        ClusterNetworkPolicy::from_upstream(&serde_json::from_value(body)?)
+    })
 }
 
 pub fn verdict(

@@ -169,7 +169,8 @@ pub fn expand(matrix: &RawMatrix, pods: &[PodName]) -> Result<Vec<MatrixProbe>> 
 }
 
 /// Replaces each `{pod: ns/name, prefix: N}` standing for an `ipBlock`'s
-/// `cidr` or an `except` entry with that pod's address masked to N bits.
+/// `cidr`, an `except` entry or an entry of a ClusterNetworkPolicy's
+/// `networks` with that pod's address masked to N bits.
 pub fn resolve_cidrs(value: &mut Value, ips: &BTreeMap<PodName, IpAddr>) -> Result<()> {
     resolve_cidrs_with(value, &|pod| ips.get(pod).copied())
 }
@@ -185,6 +186,12 @@ pub fn resolve_cidrs_with(
 ) -> Result<()> {
     match value {
         Value::Object(map) => {
+            // A ClusterNetworkPolicy's `networks` peer: a list of CIDRs.
+            if let Some(Value::Array(networks)) = map.get_mut("networks") {
+                for (i, n) in networks.iter_mut().enumerate() {
+                    resolve_one(n, ip).with_context(|| format!("networks[{i}]"))?;
+                }
+            }
             if let Some(Value::Object(block)) = map.get_mut("ipBlock") {
                 if let Some(cidr) = block.get_mut("cidr") {
                     resolve_one(cidr, ip).context("ipBlock.cidr")?;
@@ -278,6 +285,9 @@ mod tests {
         resolve_cidrs(&mut v, &ips).unwrap();
         let block = &v["egress"][0]["to"][0]["ipBlock"];
         assert_eq!(block["cidr"], "0.0.0.0/4");
+        let mut cnp = json!({"to": [{"networks": [{"pod": "x/b", "prefix": 32}, "::/0"]}]});
+        resolve_cidrs(&mut cnp, &ips).unwrap();
+        assert_eq!(cnp["to"][0]["networks"], json!(["10.244.0.3/32", "::/0"]));
         assert_eq!(block["except"][0], "10.244.0.3/32");
         assert_eq!(block["except"][1], "10.0.0.0/8");
         let mut missing = json!({"ipBlock": {"cidr": {"pod": "y/q", "prefix": 32}}});

@@ -60,7 +60,12 @@ pub enum Kind {
     NetworkPolicy,
     Service,
     EndpointSlice,
+    /// Either API group's (`apiVersion` says which); cluster-scoped.
+    ClusterNetworkPolicy,
 }
+
+/// The apiVersion of AWS's ClusterNetworkPolicy, which the lab takes too.
+const AWS_CNP_API_VERSION: &str = palisade_apis::wire::AWS_API_VERSION;
 
 impl Kind {
     pub fn parse(s: &str) -> Option<Self> {
@@ -70,6 +75,7 @@ impl Kind {
             "NetworkPolicy" => Some(Self::NetworkPolicy),
             "Service" => Some(Self::Service),
             "EndpointSlice" => Some(Self::EndpointSlice),
+            "ClusterNetworkPolicy" => Some(Self::ClusterNetworkPolicy),
             _ => None,
         }
     }
@@ -81,6 +87,7 @@ impl Kind {
             Self::NetworkPolicy => "NetworkPolicy",
             Self::Service => "Service",
             Self::EndpointSlice => "EndpointSlice",
+            Self::ClusterNetworkPolicy => "ClusterNetworkPolicy",
         }
     }
 
@@ -89,15 +96,17 @@ impl Kind {
             Self::Namespace | Self::Pod | Self::Service => "v1",
             Self::NetworkPolicy => "networking.k8s.io/v1",
             Self::EndpointSlice => "discovery.k8s.io/v1",
+            Self::ClusterNetworkPolicy => "policy.networking.k8s.io/v1alpha2",
         }
     }
 
     fn namespaced(self) -> bool {
-        !matches!(self, Self::Namespace)
+        !matches!(self, Self::Namespace | Self::ClusterNetworkPolicy)
     }
 }
 
-const SUPPORTED_KINDS: &str = "Namespace, Pod, NetworkPolicy, Service, EndpointSlice";
+const SUPPORTED_KINDS: &str =
+    "Namespace, Pod, NetworkPolicy, Service, EndpointSlice, ClusterNetworkPolicy";
 
 impl fmt::Display for Kind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -208,6 +217,8 @@ impl Object {
                 body.insert("apiVersion".into(), kind.api_version().into());
             }
             Some(Value::String(v)) if v == kind.api_version() => {}
+            Some(Value::String(v))
+                if kind == Kind::ClusterNetworkPolicy && v == AWS_CNP_API_VERSION => {}
             Some(other) => bail!(
                 "apiVersion: {kind} must be {:?}, got {other}",
                 kind.api_version()
@@ -234,7 +245,7 @@ impl Object {
             Some(ns)
         } else {
             if metadata.contains_key("namespace") {
-                bail!("metadata.namespace: a Namespace has no namespace");
+                bail!("metadata.namespace: a {kind} has no namespace");
             }
             None
         };
@@ -607,6 +618,7 @@ struct RawScenario {
     flow_log_rate: Option<i64>,
     nodes: Option<i64>,
     netpol: Option<crate::netpol::RawNetpol>,
+    cnp: Option<crate::cnp::RawCnp>,
     #[serde(default)]
     objects: Vec<Value>,
     #[serde(default)]
@@ -758,9 +770,11 @@ impl Scenario {
             Some(n) if (1..=16).contains(&n) => n as u32,
             Some(n) => bail!("nodes: {n} is out of range (1-16)"),
         };
-        let mut object_values = match &raw.netpol {
-            Some(netpol) => crate::netpol::topology(netpol).context("netpol")?,
-            None => Vec::new(),
+        let mut object_values = match (&raw.netpol, &raw.cnp) {
+            (Some(_), Some(_)) => bail!("netpol and cnp: a scenario has one topology"),
+            (Some(netpol), None) => crate::netpol::topology(netpol).context("netpol")?,
+            (None, Some(cnp)) => crate::cnp::topology(cnp, nodes).context("cnp")?,
+            (None, None) => Vec::new(),
         };
         object_values.extend(raw.objects);
         let objects = parse_objects("objects", object_values)?;
@@ -1119,7 +1133,7 @@ fn parse_ref(r: RawRef) -> Result<ObjectKey> {
         }
         (true, None) => Some("default".to_string()),
         (false, None) => None,
-        (false, Some(_)) => bail!("namespace: a Namespace has no namespace"),
+        (false, Some(_)) => bail!("namespace: a {kind} has no namespace"),
     };
     Ok(ObjectKey {
         kind,

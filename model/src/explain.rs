@@ -1,7 +1,7 @@
 //! Why the model allows or denies one direction of a connection: the same
 //! reading of the objects as [`crate::verdict`], but answering with the
-//! policy and the rule that decided, for operators (the controller's
-//! Explain RPC). Its allow/deny is tested equal to [`crate::verdict`]'s on
+//! tier, the policy and the rule that decided, and the Pass rules that led
+//! there, for operators (the controller's Explain RPC): [`explain`]. Its allow/deny is tested equal to [`crate::verdict`]'s on
 //! random clusters; the verdict function stays the oracle and is not built
 //! on this one, so that the two readings check each other.
 //!
@@ -17,7 +17,10 @@ use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, Network
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use palisade_apis::{Action, ClusterNetworkPolicy, PortMatch, Tier};
+
 use crate::cluster::ClusterState;
+use crate::tiers::{self, Mode, Other};
 use crate::verdict::{
     address_in_peers, namespace, numbered_ports_match, peers_match, ports_match, selects,
     Direction, Endpoint, Rule,
@@ -32,7 +35,8 @@ pub enum Peer<'a> {
     External(IpAddr),
 }
 
-/// How one direction was decided.
+/// How the NetworkPolicy tier decided one direction; as
+/// [`explain_direction`]'s answer, a summary of the tiers (see there).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
     /// No policy selects the pod for this direction: everything is allowed.
@@ -77,11 +81,115 @@ pub fn is_staged(policy: &NetworkPolicy) -> bool {
         .is_some_and(|v| v == "true")
 }
 
-/// Explains whether `subject`'s policies allow traffic with `peer` in
-/// `dir`. `server` is the destination pod, whose container ports give named
-/// ports their meaning; None when the destination is no pod. Staged
-/// policies are not enforced, so they are not part of the answer (see
-/// [`staged_change`]).
+/// One question: does `subject`'s hook allow traffic with `peer` in `dir`?
+#[derive(Clone, Copy, Debug)]
+pub struct Query<'a> {
+    pub subject: &'a Pod,
+    pub peer: Peer<'a>,
+    /// The destination pod, whose container ports give named ports their
+    /// meaning; None when the destination is no pod.
+    pub server: Option<&'a Pod>,
+    /// "TCP", "UDP" or "SCTP".
+    pub protocol: &'a str,
+    pub port: u16,
+    pub dir: Direction,
+}
+
+/// One ClusterNetworkPolicy rule, as explain names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TierRule {
+    pub tier: Tier,
+    /// As operators name the policy: [`ClusterNetworkPolicy::id`].
+    pub policy: String,
+    pub priority: u32,
+    /// The rule's index in the policy's `ingress` or `egress` list.
+    pub rule: usize,
+    /// The rule's `name`, or empty.
+    pub name: String,
+    /// What it did: Accept, Deny or Pass; Deny for a Deny or Pass rule that
+    /// fails closed (a part this version cannot read).
+    pub action: Action,
+    /// The rule as an operator reads it, e.g. `egress[3]
+    /// "deny-to-slytherin": Deny to namespaces{house=slytherin} on TCP/80`.
+    pub description: String,
+}
+
+/// What decided one direction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decided {
+    /// The pod is on its node's network: it has no hook of its own.
+    HostNetwork,
+    /// Traffic between the pod and its own node: always allowed (kubelet
+    /// probes).
+    OwnNode,
+    /// An Accept or Deny rule of the Admin or Baseline tier.
+    Rule(TierRule),
+    /// NetworkPolicies isolate the pod: [`Decision::Allowed`] or
+    /// [`Decision::Denied`].
+    NetworkPolicy(Decision),
+    /// No tier decided: allowed in standard mode, denied in strict.
+    Default { allowed: bool },
+}
+
+/// How one direction was decided, tiers included.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Explanation {
+    /// The Pass rules that sent the connection on, in the order met (at
+    /// most one per tier).
+    pub passed: Vec<TierRule>,
+    pub decided: Decided,
+}
+
+impl Explanation {
+    pub fn allowed(&self) -> bool {
+        match &self.decided {
+            Decided::HostNetwork | Decided::OwnNode => true,
+            Decided::Rule(r) => r.action == Action::Accept,
+            Decided::NetworkPolicy(d) => d.allowed(),
+            Decided::Default { allowed } => *allowed,
+        }
+    }
+
+    /// The NetworkPolicy-shaped summary [`explain_direction`] answers: an
+    /// Accept rule as [`Decision::Allowed`] naming the
+    /// ClusterNetworkPolicy, a Deny rule as [`Decision::Denied`] isolated by
+    /// it, the default (and a host-network pod) as
+    /// [`Decision::NotIsolated`], or [`Decision::Denied`] by nothing in
+    /// strict mode.
+    pub fn summary(&self) -> Decision {
+        match &self.decided {
+            Decided::HostNetwork | Decided::Default { allowed: true } => Decision::NotIsolated,
+            Decided::Default { allowed: false } => Decision::Denied {
+                isolated_by: vec![],
+            },
+            Decided::OwnNode => Decision::Allowed(DecidingRule {
+                policy: String::new(),
+                rule: 0,
+                description: "traffic with the pod's own node is always allowed".into(),
+            }),
+            Decided::Rule(r) if r.action == Action::Accept => Decision::Allowed(DecidingRule {
+                policy: r.policy.clone(),
+                rule: r.rule,
+                description: r.description.clone(),
+            }),
+            Decided::Rule(r) => Decision::Denied {
+                isolated_by: vec![r.policy.clone()],
+            },
+            Decided::NetworkPolicy(d) => d.clone(),
+        }
+    }
+}
+
+/// Explains how `q.subject`'s hook judges the connection: the tiers top to
+/// bottom, as [`crate::verdict`] walks them. Staged policies are not
+/// enforced, so they are not part of the answer (see
+/// [`staged_tier_change`]).
+pub fn explain(cluster: &ClusterState, mode: Mode, q: &Query<'_>) -> Explanation {
+    walk(cluster, mode, q, false)
+}
+
+/// [`explain`] in standard mode, summarised as the NetworkPolicy tier
+/// answers (see [`Explanation::summary`]).
 pub fn explain_direction(
     cluster: &ClusterState,
     subject: &Pod,
@@ -91,13 +199,45 @@ pub fn explain_direction(
     port: u16,
     dir: Direction,
 ) -> Decision {
-    decide(cluster, subject, peer, server, protocol, port, dir, false)
+    let q = Query {
+        subject,
+        peer,
+        server,
+        protocol,
+        port,
+        dir,
+    };
+    explain(cluster, Mode::Standard, &q).summary()
 }
 
-/// What [`explain_direction`] would answer once the staged policies are
-/// enforced too, when that changes whether the connection is allowed (a
-/// staged policy would deny it, or would allow it); None when no staged
-/// policy selects `subject` in `dir` or the answer stays the same.
+/// What [`explain`] would answer once the staged policies (NetworkPolicies
+/// and ClusterNetworkPolicies) are enforced too, when that changes whether
+/// the connection is allowed; None when no staged policy applies to
+/// `q.subject` in `q.dir` or the answer stays the same.
+pub fn staged_tier_change(
+    cluster: &ClusterState,
+    mode: Mode,
+    q: &Query<'_>,
+) -> Option<Explanation> {
+    let staged_np = cluster
+        .policies
+        .iter()
+        .any(|p| is_staged(p) && selects(p, q.subject, q.dir));
+    let staged_cnp = cluster.cluster_policies.iter().any(|p| {
+        tiers::is_staged(p)
+            && !tiers::rules(p, q.dir).is_empty()
+            && tiers::selects(cluster, p, q.subject)
+    });
+    if !staged_np && !staged_cnp {
+        return None;
+    }
+    let now = walk(cluster, mode, q, false);
+    let staged = walk(cluster, mode, q, true);
+    (staged.allowed() != now.allowed()).then_some(staged)
+}
+
+/// [`staged_tier_change`] in standard mode, summarised (see
+/// [`Explanation::summary`]).
 pub fn staged_change(
     cluster: &ClusterState,
     subject: &Pod,
@@ -107,29 +247,89 @@ pub fn staged_change(
     port: u16,
     dir: Direction,
 ) -> Option<Decision> {
-    if !cluster
-        .policies
-        .iter()
-        .any(|p| is_staged(p) && selects(p, subject, dir))
-    {
-        return None;
-    }
-    let now = explain_direction(cluster, subject, peer, server, protocol, port, dir);
-    let staged = decide(cluster, subject, peer, server, protocol, port, dir, true);
-    (staged.allowed() != now.allowed()).then_some(staged)
+    let q = Query {
+        subject,
+        peer,
+        server,
+        protocol,
+        port,
+        dir,
+    };
+    staged_tier_change(cluster, Mode::Standard, &q).map(|e| e.summary())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn decide(
+fn walk(cluster: &ClusterState, mode: Mode, q: &Query<'_>, with_staged: bool) -> Explanation {
+    let mut passed = Vec::new();
+    let done = |passed: Vec<TierRule>, decided| Explanation { passed, decided };
+    if tiers::host_network(q.subject) {
+        return done(passed, Decided::HostNetwork);
+    }
+    let peer_ip = match q.peer {
+        Peer::Pod(p) => p.ip,
+        Peer::External(ip) => ip,
+    };
+    if tiers::own_node_addresses(cluster, q.subject).contains(&peer_ip) {
+        return done(passed, Decided::OwnNode);
+    }
+    if let Some(rule) = first_tier_rule(cluster, Tier::Admin, q, with_staged) {
+        if rule.action != Action::Pass {
+            return done(passed, Decided::Rule(rule));
+        }
+        passed.push(rule);
+    }
+    match network_policies(cluster, q, with_staged) {
+        Decision::NotIsolated => {}
+        decision => return done(passed, Decided::NetworkPolicy(decision)),
+    }
+    if let Some(rule) = first_tier_rule(cluster, Tier::Baseline, q, with_staged) {
+        if rule.action != Action::Pass {
+            return done(passed, Decided::Rule(rule));
+        }
+        passed.push(rule);
+    }
+    let allowed = mode == Mode::Standard;
+    done(passed, Decided::Default { allowed })
+}
+
+/// The first rule of `tier` (policies in precedence order, rules in order)
+/// that matches the connection.
+fn first_tier_rule(
     cluster: &ClusterState,
-    subject: &Pod,
-    peer: Peer<'_>,
-    server: Option<&Pod>,
-    protocol: &str,
-    port: u16,
-    dir: Direction,
+    tier: Tier,
+    q: &Query<'_>,
     with_staged: bool,
-) -> Decision {
+) -> Option<TierRule> {
+    let other = match q.peer {
+        Peer::Pod(p) => Other {
+            pod: Some(p.pod),
+            ip: p.ip,
+        },
+        Peer::External(ip) => Other { pod: None, ip },
+    };
+    for policy in tiers::applying(cluster, tier, q.subject, with_staged) {
+        for (i, rule) in tiers::rules(policy, q.dir).iter().enumerate() {
+            if let Some(action) =
+                tiers::rule_matches(cluster, rule, other, q.server, q.protocol, q.port)
+            {
+                return Some(TierRule {
+                    tier,
+                    policy: policy.id(),
+                    priority: policy.priority,
+                    rule: i,
+                    name: rule.name.clone(),
+                    action,
+                    description: describe_tier_rule(policy, q.dir, i),
+                });
+            }
+        }
+    }
+    None
+}
+
+/// The NetworkPolicy tier: NotIsolated when no policy isolates the pod.
+fn network_policies(cluster: &ClusterState, q: &Query<'_>, with_staged: bool) -> Decision {
+    let (subject, peer, server, protocol, port, dir) =
+        (q.subject, q.peer, q.server, q.protocol, q.port, q.dir);
     let mut isolated_by = Vec::new();
     for policy in &cluster.policies {
         if !selects(policy, subject, dir) || (!with_staged && is_staged(policy)) {
@@ -177,6 +377,85 @@ fn decide(
         Decision::NotIsolated
     } else {
         Decision::Denied { isolated_by }
+    }
+}
+
+/// A ClusterNetworkPolicy rule as one line: `egress[3] "deny-to-slytherin":
+/// Deny to namespaces{house=slytherin} on TCP/80`.
+pub fn describe_tier_rule(policy: &ClusterNetworkPolicy, dir: Direction, index: usize) -> String {
+    use palisade_apis::cluster_network_policy::Effective;
+    let (list, word) = match dir {
+        Direction::Ingress => ("ingress", "from"),
+        Direction::Egress => ("egress", "to"),
+    };
+    let rule = &tiers::rules(policy, dir)[index];
+    let name = if rule.name.is_empty() {
+        String::new()
+    } else {
+        format!(" {:?}", rule.name)
+    };
+    let peers = rule
+        .peers
+        .iter()
+        .map(describe_tier_peer)
+        .collect::<Vec<_>>()
+        .join("; ");
+    let ports = match &rule.ports {
+        None => "any port".to_string(),
+        Some(ports) => ports
+            .iter()
+            .map(describe_port_match)
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    let closed = match rule.effective() {
+        Effective::AsWritten(_) => "",
+        Effective::DenyAll => " (a part cannot be read: fails closed, denies everything)",
+        Effective::Nothing => " (a part cannot be read: fails closed, matches nothing)",
+    };
+    format!(
+        "{list}[{index}]{name}: {} {word} {peers} on {ports}{closed}",
+        rule.action.as_str()
+    )
+}
+
+fn describe_tier_peer(p: &palisade_apis::Peer) -> String {
+    use palisade_apis::Peer as P;
+    match p {
+        P::Namespaces(s) => format!("namespaces{}", describe_selector(s)),
+        P::Pods(p) => format!(
+            "pods{} in namespaces{}",
+            describe_selector(&p.pods),
+            describe_selector(&p.namespaces)
+        ),
+        P::Networks(nets) => format!(
+            "networks {}",
+            nets.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+        P::Nodes(s) => format!("nodes{}", describe_selector(s)),
+        P::DomainNames(names) => format!("domainNames {}", names.join(",")),
+        P::Unknown => "a peer this version cannot read".into(),
+    }
+}
+
+fn describe_port_match(p: &PortMatch) -> String {
+    match p {
+        PortMatch::Protocol(proto) => format!("{}/any", proto.as_str()),
+        PortMatch::Ports {
+            protocol,
+            start,
+            end,
+        } if start == end => format!("{}/{start}", protocol.as_str()),
+        PortMatch::Ports {
+            protocol,
+            start,
+            end,
+        } => format!("{}/{start}-{end}", protocol.as_str()),
+        PortMatch::Named(name) => format!("named port {name}"),
+        PortMatch::Unknown => "a protocol entry this version cannot read".into(),
     }
 }
 

@@ -1,8 +1,22 @@
-//! The reference model of NetworkPolicy v1: whether one connection is
-//! allowed, read straight off the Kubernetes objects. It is deliberately
-//! naive — one connection at a time, no precomputation, no sharing with
-//! `resolve` — so that it can serve as the oracle the resolver, the compiler
-//! and the datapath are tested against.
+//! The reference model of NetworkPolicy v1 and ClusterNetworkPolicy:
+//! whether one connection is allowed, read straight off the Kubernetes
+//! objects. It is deliberately naive — one connection at a time, no
+//! precomputation, no sharing with `resolve` — so that it can serve as the
+//! oracle the resolver, the compiler and the datapath are tested against.
+//!
+//! Each direction is judged for the pod whose hook it is (the client's
+//! egress, the server's ingress), top to bottom:
+//!
+//! 1. a host-network pod has no hook of its own: allowed;
+//! 2. traffic between the pod and its own node: allowed (kubelet probes);
+//! 3. the Admin tier: the ClusterNetworkPolicies of tier Admin that select
+//!    the pod, in precedence order, their rules in order: the first rule
+//!    that matches decides (Accept, Deny), or with Pass skips the rest of
+//!    the tier;
+//! 4. NetworkPolicy: if one (not staged) isolates the pod in this
+//!    direction, it decides: allowed iff one of their rules allows;
+//! 5. the Baseline tier, as the Admin tier (Pass goes on to the default);
+//! 6. the default: allowed, or denied in strict mode.
 //!
 //! Connections to a Service's ClusterIP are judged by
 //! [`egress_to_service_allowed`]: the client's egress hook sees the
@@ -16,11 +30,13 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use palisade_apis::{Action, Tier};
 
 use crate::cluster::ClusterState;
 use crate::selector::selector_matches;
+use crate::tiers::{self, Mode, Other};
 
-/// One side of a connection.
+/// One side of a connection. A host-network pod's address is its node's.
 #[derive(Clone, Copy, Debug)]
 pub struct Endpoint<'a> {
     pub pod: &'a Pod,
@@ -29,7 +45,7 @@ pub struct Endpoint<'a> {
 
 /// Is a connection from `src` to `dst` on `protocol` ("TCP", "UDP", "SCTP")
 /// and `port` allowed? Both the client's egress and the server's ingress
-/// must allow it.
+/// must allow it. Standard mode: see [`allowed_in`].
 pub fn allowed(
     cluster: &ClusterState,
     src: Endpoint<'_>,
@@ -37,8 +53,38 @@ pub fn allowed(
     protocol: &str,
     port: u16,
 ) -> bool {
-    direction_allows(cluster, src, dst, dst, protocol, port, Direction::Egress)
-        && direction_allows(cluster, dst, src, dst, protocol, port, Direction::Ingress)
+    allowed_in(cluster, Mode::Standard, src, dst, protocol, port)
+}
+
+/// [`allowed`] with the enforcer's mode: what a direction no tier decides
+/// gets.
+pub fn allowed_in(
+    cluster: &ClusterState,
+    mode: Mode,
+    src: Endpoint<'_>,
+    dst: Endpoint<'_>,
+    protocol: &str,
+    port: u16,
+) -> bool {
+    direction_allows(
+        cluster,
+        mode,
+        src,
+        dst,
+        dst,
+        protocol,
+        port,
+        Direction::Egress,
+    ) && direction_allows(
+        cluster,
+        mode,
+        dst,
+        src,
+        dst,
+        protocol,
+        port,
+        Direction::Ingress,
+    )
 }
 
 /// A rule's peers and ports, whichever direction it is for.
@@ -53,10 +99,13 @@ pub enum Direction {
     Egress,
 }
 
-/// Whether `subject`'s policies allow traffic with `peer` in `dir`. `server`
-/// is the destination, whose container ports give named ports their meaning.
+/// Whether `subject`'s hook allows traffic with `peer` in `dir` (see the
+/// module comment for the order). `server` is the destination, whose
+/// container ports give named ports their meaning.
+#[allow(clippy::too_many_arguments)]
 fn direction_allows(
     cluster: &ClusterState,
+    mode: Mode,
     subject: Endpoint<'_>,
     peer: Endpoint<'_>,
     server: Endpoint<'_>,
@@ -64,6 +113,88 @@ fn direction_allows(
     port: u16,
     dir: Direction,
 ) -> bool {
+    if tiers::host_network(subject.pod) {
+        return true;
+    }
+    if tiers::own_node_addresses(cluster, subject.pod).contains(&peer.ip) {
+        return true;
+    }
+    let other = Other {
+        pod: Some(peer.pod),
+        ip: peer.ip,
+    };
+    let server_pod = Some(server.pod);
+    match tier_decides(
+        cluster,
+        Tier::Admin,
+        subject.pod,
+        other,
+        server_pod,
+        protocol,
+        port,
+        dir,
+    ) {
+        Some(Action::Accept) => return true,
+        Some(Action::Deny) => return false,
+        Some(Action::Pass) | None => {}
+    }
+    if let Some(allowed) =
+        network_policies_decide(cluster, subject, peer, server, protocol, port, dir)
+    {
+        return allowed;
+    }
+    match tier_decides(
+        cluster,
+        Tier::Baseline,
+        subject.pod,
+        other,
+        server_pod,
+        protocol,
+        port,
+        dir,
+    ) {
+        Some(Action::Accept) => return true,
+        Some(Action::Deny) => return false,
+        Some(Action::Pass) | None => {}
+    }
+    mode == Mode::Standard
+}
+
+/// The action of the first rule of `tier` that matches, if any: a Pass ends
+/// the tier as surely as an Accept or a Deny.
+#[allow(clippy::too_many_arguments)]
+fn tier_decides(
+    cluster: &ClusterState,
+    tier: Tier,
+    subject: &Pod,
+    other: Other<'_>,
+    server: Option<&Pod>,
+    protocol: &str,
+    port: u16,
+    dir: Direction,
+) -> Option<Action> {
+    for policy in tiers::applying(cluster, tier, subject, false) {
+        for rule in tiers::rules(policy, dir) {
+            if let Some(action) = tiers::rule_matches(cluster, rule, other, server, protocol, port)
+            {
+                return Some(action);
+            }
+        }
+    }
+    None
+}
+
+/// The NetworkPolicy tier: None when no (enforced) NetworkPolicy isolates
+/// `subject` in `dir`, else whether one of their rules allows the traffic.
+fn network_policies_decide(
+    cluster: &ClusterState,
+    subject: Endpoint<'_>,
+    peer: Endpoint<'_>,
+    server: Endpoint<'_>,
+    protocol: &str,
+    port: u16,
+    dir: Direction,
+) -> Option<bool> {
     let mut isolated = false;
     // A staged policy is judged for logs, never enforced.
     for policy in &cluster.policies {
@@ -91,11 +222,11 @@ fn direction_allows(
             if peers_match(cluster, peers, ns, peer)
                 && ports_match(ports, server.pod, protocol, port)
             {
-                return true;
+                return Some(true);
             }
         }
     }
-    !isolated
+    isolated.then_some(false)
 }
 
 pub(crate) fn namespace(ns: Option<&str>) -> &str {
@@ -150,6 +281,11 @@ pub(crate) fn peers_match(
                     .filter_map(|e| e.parse::<IpNet>().ok())
                     .any(|e| e.contains(&peer.ip));
         }
+        // Host-network pods are no pods of a selector (only their address,
+        // the node's, can match).
+        if pod_host_network(peer.pod) {
+            return false;
+        }
         let peer_ns = namespace(peer.pod.metadata.namespace.as_deref());
         let ns_ok = match &p.namespace_selector {
             None => peer_ns == policy_ns,
@@ -168,7 +304,7 @@ pub(crate) fn peers_match(
     })
 }
 
-fn namespace_labels(cluster: &ClusterState, ns: &str) -> BTreeMap<String, String> {
+pub(crate) fn namespace_labels(cluster: &ClusterState, ns: &str) -> BTreeMap<String, String> {
     let mut labels = cluster
         .namespaces
         .iter()
@@ -213,14 +349,8 @@ pub(crate) fn ports_match(
 }
 
 /// Does `src`'s egress allow a connection to `vip`, a Service's ClusterIP,
-/// on `protocol` and `port`? Either a rule allows `vip` as a plain address
-/// (an ipBlock, or no `to`), or one rule covers every backend the kernel
-/// may translate that service port to, each on its target port: a pod
-/// backend (Service with a selector) when the rule's pod/namespace
-/// selectors select it, an address backend (EndpointSlice of a Service
-/// without a selector) when it is a selected pod's address or lies in the
-/// rule's ipBlocks. A service port without backends allows nothing; a
-/// headless Service has no ClusterIP.
+/// on `protocol` and `port`? Standard mode: see
+/// [`egress_to_service_allowed_in`].
 pub fn egress_to_service_allowed(
     cluster: &ClusterState,
     src: Endpoint<'_>,
@@ -228,6 +358,134 @@ pub fn egress_to_service_allowed(
     protocol: &str,
     port: u16,
 ) -> bool {
+    egress_to_service_allowed_in(cluster, Mode::Standard, src, vip, protocol, port)
+}
+
+/// [`egress_to_service_allowed`] with the enforcer's mode. The tiers are
+/// walked as in [`allowed`]; what differs is when a rule matches the
+/// ClusterIP.
+///
+/// NetworkPolicy: either a rule allows `vip` as a plain address (an
+/// ipBlock, or no `to`), or one rule covers every backend the kernel may
+/// translate that service port to, each on its target port: a pod backend
+/// (Service with a selector) when the rule's pod/namespace selectors select
+/// it, an address backend (EndpointSlice of a Service without a selector)
+/// when it is a selected pod's address or lies in the rule's ipBlocks. A
+/// service port without backends allows nothing; a headless Service has no
+/// ClusterIP.
+///
+/// ClusterNetworkPolicy: a rule matches `vip` when its `networks` or
+/// `nodes` hold it, or, through the backends as above: an Accept or Pass
+/// rule when it matches every backend (narrower, never wider), a Deny rule
+/// as soon as it matches one (the kernel may pick that one).
+pub fn egress_to_service_allowed_in(
+    cluster: &ClusterState,
+    mode: Mode,
+    src: Endpoint<'_>,
+    vip: IpAddr,
+    protocol: &str,
+    port: u16,
+) -> bool {
+    if tiers::host_network(src.pod) {
+        return true;
+    }
+    if tiers::own_node_addresses(cluster, src.pod).contains(&vip) {
+        return true;
+    }
+    match service_tier_decides(cluster, Tier::Admin, src.pod, vip, protocol, port) {
+        Some(Action::Accept) => return true,
+        Some(Action::Deny) => return false,
+        Some(Action::Pass) | None => {}
+    }
+    if let Some(allowed) = service_network_policies_decide(cluster, src, vip, protocol, port) {
+        return allowed;
+    }
+    match service_tier_decides(cluster, Tier::Baseline, src.pod, vip, protocol, port) {
+        Some(Action::Accept) => return true,
+        Some(Action::Deny) => return false,
+        Some(Action::Pass) | None => {}
+    }
+    mode == Mode::Standard
+}
+
+/// The action of the first egress rule of `tier` that matches `vip`.
+fn service_tier_decides(
+    cluster: &ClusterState,
+    tier: Tier,
+    src: &Pod,
+    vip: IpAddr,
+    protocol: &str,
+    port: u16,
+) -> Option<Action> {
+    use palisade_apis::cluster_network_policy::Effective;
+    for policy in tiers::applying(cluster, tier, src, false) {
+        for rule in &policy.egress {
+            let rule = match rule.effective() {
+                Effective::Nothing => continue,
+                Effective::DenyAll => return Some(Action::Deny),
+                Effective::AsWritten(rule) => rule,
+            };
+            let as_address = tiers::address_peers_hold(cluster, rule, vip)
+                && tiers::ports_match(rule, None, protocol, port);
+            let through_backends = service_backends(cluster, vip, protocol, port).iter().any(
+                |(backends, target_proto)| {
+                    let covered =
+                        |b: &ModelBackend<'_>| tier_covers(cluster, rule, b, target_proto);
+                    match rule.action {
+                        Action::Deny => backends.iter().any(covered),
+                        Action::Accept | Action::Pass => {
+                            !backends.is_empty() && backends.iter().all(covered)
+                        }
+                    }
+                },
+            );
+            if as_address || through_backends {
+                return Some(rule.action);
+            }
+        }
+    }
+    None
+}
+
+/// Whether a ClusterNetworkPolicy rule matches one backend (as [`covers`]
+/// for NetworkPolicy: `networks` and `nodes` stand for ipBlocks).
+fn tier_covers(
+    cluster: &ClusterState,
+    rule: &palisade_apis::Rule,
+    backend: &ModelBackend<'_>,
+    protocol: &str,
+) -> bool {
+    let selects = |pod: &Pod| {
+        rule.peers
+            .iter()
+            .any(|p| tiers::selector_peer_selects(cluster, p, pod))
+    };
+    match backend {
+        ModelBackend::Pod(pod, target) => {
+            selects(pod) && tiers::ports_match(rule, Some(pod), protocol, *target)
+        }
+        ModelBackend::Address(ip, target) => {
+            let by_pod = cluster.pods.iter().any(|pod| {
+                pod_ips(pod).contains(ip)
+                    && selects(pod)
+                    && tiers::ports_match(rule, Some(pod), protocol, *target)
+            });
+            let by_block = tiers::address_peers_hold(cluster, rule, *ip)
+                && tiers::ports_match(rule, None, protocol, *target);
+            by_pod || by_block
+        }
+    }
+}
+
+/// The NetworkPolicy tier for a ClusterIP: None when no (enforced)
+/// NetworkPolicy isolates `src`'s egress.
+fn service_network_policies_decide(
+    cluster: &ClusterState,
+    src: Endpoint<'_>,
+    vip: IpAddr,
+    protocol: &str,
+    port: u16,
+) -> Option<bool> {
     let mut isolated = false;
     for policy in &cluster.policies {
         if !selects(policy, src.pod, Direction::Egress) || crate::explain::is_staged(policy) {
@@ -243,7 +501,7 @@ pub fn egress_to_service_allowed(
                 continue;
             }
             if address_in_peers(peers, vip) && numbered_ports_match(ports, protocol, port) {
-                return true;
+                return Some(true);
             }
             for (backends, target_proto) in service_backends(cluster, vip, protocol, port) {
                 if !backends.is_empty()
@@ -251,12 +509,12 @@ pub fn egress_to_service_allowed(
                         .iter()
                         .all(|b| covers(cluster, peers, ports, ns, b, &target_proto))
                 {
-                    return true;
+                    return Some(true);
                 }
             }
         }
     }
-    !isolated
+    isolated.then_some(false)
 }
 
 /// A backend of one service port: a pod or an address, and the port the
@@ -385,7 +643,7 @@ fn selector_selects(
     ns_ok && pod_ok
 }
 
-fn pod_host_network(pod: &Pod) -> bool {
+pub(crate) fn pod_host_network(pod: &Pod) -> bool {
     pod.spec
         .as_ref()
         .and_then(|s| s.host_network)

@@ -1,9 +1,11 @@
 //! Explain against the verdict it explains.
 //!
-//! - Random clusters: for every pair of pods (and pods against external
-//!   addresses), protocols and ports, explain's allow/deny per direction
-//!   equals the reference model's `allowed` (and its overall answer their
-//!   conjunction), and a rule it names really is in the named policy.
+//! - Random clusters (NetworkPolicies, ClusterNetworkPolicies of both
+//!   tiers, host-network pods, Nodes): for every pair of pods (and pods
+//!   against external addresses), protocols and ports, explain's allow/deny
+//!   per direction equals the reference model's `allowed`, in both modes
+//!   (and its overall answer their conjunction), and a rule it names really
+//!   is in the named policy.
 //! - The engine's copy of the cluster (what the Explain RPC reads) judges
 //!   every such connection as the objects it was built from do.
 //! - The Explain RPC over a real socket, fed by the manifest source: the
@@ -15,8 +17,12 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use palisade_model::explain::{explain_direction, Decision, Peer};
-use palisade_model::verdict::Direction;
+use palisade_apis::{wire, Action, ClusterNetworkPolicy};
+use palisade_model::explain::{
+    explain, explain_direction, Decided, Decision, Explanation, Peer, Query,
+};
+use palisade_model::tiers::Mode;
+use palisade_model::verdict::{allowed_in, Direction};
 use palisade_proto::v1::{debug_service_client::DebugServiceClient, ExplainRequest};
 use palisade_runtime::transport::{connect, serve, Address};
 use policy_controller::cluster::{ClusterState, Object};
@@ -109,6 +115,91 @@ fn rules(rng: &mut Rng, key: &str) -> Value {
     Value::Array(out)
 }
 
+/// A ClusterNetworkPolicy peer; now and then one this version cannot read
+/// (an empty peer, a domain name), which fails closed.
+fn tier_peer(rng: &mut Rng, egress: bool) -> Value {
+    let n = if egress { 8 } else { 3 };
+    match rng.below(n) {
+        0 => json!({"namespaces": selector(rng, "team", &["red", "blue"])}),
+        1 => json!({"pods": {"namespaceSelector": selector(rng, "team", &["red", "blue"]),
+                             "podSelector": selector(rng, "app", &APPS)}}),
+        2 if rng.chance(20) => json!({}),
+        2 => json!({"pods": {"namespaceSelector": {}, "podSelector": selector(rng, "app", &APPS)}}),
+        3 => {
+            json!({"networks": [rng.pick(&["10.0.0.0/16", "10.0.1.0/24", "192.0.2.0/24", "0.0.0.0/0"])]})
+        }
+        4 => json!({"networks": ["10.0.0.10/32", "::/0"]}),
+        5 => json!({"nodes": selector(rng, "zone", &["a", "b"])}),
+        6 if rng.chance(30) => json!({"domainNames": ["example.com"]}),
+        _ => json!({"networks": ["10.9.0.0/24"]}),
+    }
+}
+
+fn tier_rules(rng: &mut Rng, key: &str) -> Value {
+    let out: Vec<Value> = (0..rng.below(4))
+        .map(|i| {
+            let peers: Vec<Value> = (0..1 + rng.below(2))
+                .map(|_| tier_peer(rng, key == "to"))
+                .collect();
+            let mut rule = json!({
+                "name": format!("r{i}"),
+                "action": rng.pick(&["Accept", "Deny", "Pass"]),
+                key: peers,
+            });
+            if rng.chance(50) {
+                let protocols: Vec<Value> = (0..1 + rng.below(2))
+                    .map(|_| match rng.below(5) {
+                        0 => json!({"tcp": {"destinationPort": {"number": rng.pick(&[80, 443, 53])}}}),
+                        1 => json!({"tcp": {"destinationPort": {"range": {"start": 8000, "end": 8100}}}}),
+                        2 => json!({"udp": {"destinationPort": {"number": 53}}}),
+                        3 => json!({"sctp": {"destinationPort": {"number": 80}}}),
+                        _ => json!({"destinationNamedPort": rng.pick(&["http", "dns"])}),
+                    })
+                    .collect();
+                rule["protocols"] = Value::Array(protocols);
+            }
+            rule
+        })
+        .collect();
+    Value::Array(out)
+}
+
+fn random_cluster_policy(rng: &mut Rng, i: usize) -> ClusterNetworkPolicy {
+    let subject = if rng.chance(50) {
+        json!({"namespaces": selector(rng, "team", &["red", "blue"])})
+    } else {
+        json!({"pods": {"namespaceSelector": selector(rng, "team", &["red", "blue"]),
+                        "podSelector": selector(rng, "app", &APPS)}})
+    };
+    let mut spec = json!({
+        "tier": rng.pick(&["Admin", "Baseline"]),
+        "priority": rng.below(3),
+        "subject": subject,
+    });
+    if rng.chance(70) {
+        spec["ingress"] = tier_rules(rng, "from");
+    }
+    if rng.chance(70) {
+        spec["egress"] = tier_rules(rng, "to");
+    }
+    let annotations = if rng.chance(10) {
+        json!({"palisade.io/audit": "true"})
+    } else {
+        json!({})
+    };
+    let o: wire::UpstreamClusterNetworkPolicy = serde_json::from_value(json!({
+        "apiVersion": wire::UPSTREAM_API_VERSION, "kind": "ClusterNetworkPolicy",
+        "metadata": {"name": format!("cnp{i}"), "annotations": annotations},
+        "spec": spec,
+    }))
+    .unwrap();
+    ClusterNetworkPolicy::from_upstream(&o)
+}
+
+/// The nodes' addresses: n1's is one of the external addresses, so that
+/// own-node traffic shows up against external peers.
+const NODES: [(&str, &str, &str); 2] = [("n1", "10.9.0.1", "a"), ("n2", "10.0.9.2", "b")];
+
 fn random_cluster(rng: &mut Rng) -> ClusterState {
     let mut objects = Vec::new();
     for ns in &NAMESPACES[..2] {
@@ -117,6 +208,14 @@ fn random_cluster(rng: &mut Rng) -> ClusterState {
         }))
         .unwrap();
         objects.push(Object::Namespace(ns));
+    }
+    for (name, ip, zone) in NODES {
+        let node = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"zone": zone}},
+            "status": {"addresses": [{"type": "InternalIP", "address": ip}]},
+        }))
+        .unwrap();
+        objects.push(Object::Node(node));
     }
     for i in 0..4 + rng.below(5) {
         let mut ports = Vec::new();
@@ -130,10 +229,18 @@ fn random_cluster(rng: &mut Rng) -> ClusterState {
         if rng.chance(85) {
             labels.insert("app".into(), json!(rng.pick(&APPS)));
         }
+        let (node, node_ip, _) = *rng.pick(&NODES);
+        // Now and then a host-network pod: its address is its node's.
+        let host = rng.chance(10);
+        let ip = if host {
+            node_ip.to_string()
+        } else {
+            format!("10.0.{}.{}", i % 2, 10 + i)
+        };
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": format!("p{i}"), "namespace": rng.pick(&NAMESPACES), "labels": labels},
-            "spec": {"nodeName": rng.pick(&["n1", "n2"]), "containers": [{"name": "c", "image": "i", "ports": ports}]},
-            "status": {"podIP": format!("10.0.{}.{}", i % 2, 10 + i)},
+            "spec": {"nodeName": node, "hostNetwork": host, "containers": [{"name": "c", "image": "i", "ports": ports}]},
+            "status": {"podIP": ip},
         }))
         .unwrap();
         objects.push(Object::Pod(pod));
@@ -160,6 +267,9 @@ fn random_cluster(rng: &mut Rng) -> ClusterState {
         .unwrap();
         objects.push(Object::NetworkPolicy(np));
     }
+    for i in 0..rng.below(4) {
+        objects.push(Object::ClusterNetworkPolicy(random_cluster_policy(rng, i)));
+    }
     ClusterState::from_objects(objects, "random".into())
 }
 
@@ -174,11 +284,46 @@ fn ip_of(pod: &Pod) -> IpAddr {
         .unwrap()
 }
 
+/// The tier rules an explanation names (the Pass chain, the deciding rule)
+/// exist in the policies they name, in `dir`, with the action named.
+fn check_named_tier_rules(cluster: &ClusterState, e: &Explanation, dir: Direction) {
+    let decided = match &e.decided {
+        Decided::Rule(r) => Some(r),
+        _ => None,
+    };
+    for r in e.passed.iter().chain(decided) {
+        let policy = cluster
+            .cluster_policies
+            .iter()
+            .find(|p| p.id() == r.policy)
+            .expect("the named cluster policy exists");
+        let rules = match dir {
+            Direction::Ingress => &policy.ingress,
+            Direction::Egress => &policy.egress,
+        };
+        let rule = &rules[r.rule];
+        assert_eq!(
+            (r.tier, r.priority, &r.name),
+            (policy.tier, policy.priority, &rule.name)
+        );
+        assert!(
+            r.action == rule.action || r.action == Action::Deny,
+            "{r:?}: only a fail-closed rule changes its action, to Deny"
+        );
+    }
+    if let Decided::NetworkPolicy(d) = &e.decided {
+        check_named_rule(cluster, d, dir);
+    }
+}
+
 /// The rule `decision` names exists in the policy it names, in `dir`.
 fn check_named_rule(cluster: &ClusterState, decision: &Decision, dir: Direction) {
     let Decision::Allowed(rule) = decision else {
         return;
     };
+    if rule.policy.starts_with("ClusterNetworkPolicy") || rule.policy.is_empty() {
+        return;
+    }
     let (ns, name) = rule.policy.split_once('/').unwrap();
     let policy = cluster
         .policies
@@ -198,7 +343,10 @@ fn check_named_rule(cluster: &ClusterState, decision: &Decision, dir: Direction)
 #[test]
 fn explain_agrees_with_the_verdict_on_random_clusters() {
     let mut compared = 0usize;
-    let mut decided = [0usize; 3];
+    // Admin/Baseline Accept, Admin/Baseline Deny, NetworkPolicy allowed,
+    // NetworkPolicy denied, the default, own node or host network; and
+    // answers that passed through a Pass.
+    let mut decided = [0usize; 7];
     for seed in 1..=150u64 {
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let cluster = random_cluster(&mut rng);
@@ -216,41 +364,60 @@ fn explain_agrees_with_the_verdict_on_random_clusters() {
                 );
                 for protocol in PROTOCOLS {
                     for port in PORTS {
-                        let egress = explain_direction(
-                            &cluster,
-                            src,
-                            Peer::Pod(d),
-                            Some(dst),
-                            protocol,
-                            port,
-                            Direction::Egress,
-                        );
-                        let ingress = explain_direction(
-                            &cluster,
-                            dst,
-                            Peer::Pod(s),
-                            Some(dst),
-                            protocol,
-                            port,
-                            Direction::Ingress,
-                        );
-                        check_named_rule(&cluster, &egress, Direction::Egress);
-                        check_named_rule(&cluster, &ingress, Direction::Ingress);
-                        for decision in [&egress, &ingress] {
-                            decided[match decision {
-                                Decision::NotIsolated => 0,
-                                Decision::Allowed(_) => 1,
-                                Decision::Denied { .. } => 2,
-                            }] += 1;
+                        for mode in [Mode::Standard, Mode::Strict] {
+                            let ask = |subject, peer, dir| {
+                                let q = Query {
+                                    subject,
+                                    peer,
+                                    server: Some(dst),
+                                    protocol,
+                                    port,
+                                    dir,
+                                };
+                                explain(&cluster, mode, &q)
+                            };
+                            let egress = ask(src, Peer::Pod(d), Direction::Egress);
+                            let ingress = ask(dst, Peer::Pod(s), Direction::Ingress);
+                            check_named_tier_rules(&cluster, &egress, Direction::Egress);
+                            check_named_tier_rules(&cluster, &ingress, Direction::Ingress);
+                            for e in [&egress, &ingress] {
+                                decided[match &e.decided {
+                                    Decided::Rule(r) if r.action == Action::Accept => 0,
+                                    Decided::Rule(_) => 1,
+                                    Decided::NetworkPolicy(d) if d.allowed() => 2,
+                                    Decided::NetworkPolicy(_) => 3,
+                                    Decided::Default { .. } => 4,
+                                    Decided::OwnNode | Decided::HostNetwork => 5,
+                                }] += 1;
+                                decided[6] += usize::from(!e.passed.is_empty());
+                            }
+                            assert_eq!(
+                                egress.allowed() && ingress.allowed(),
+                                allowed_in(&cluster, mode, s, d, protocol, port),
+                                "seed {seed} {mode:?}: {protocol}/{port} from {:?} to {:?}: egress {egress:?}, ingress {ingress:?}",
+                                src.metadata.name,
+                                dst.metadata.name,
+                            );
+                            if mode == Mode::Standard {
+                                // The summary the controller's RPC reads says the same.
+                                let summary = explain_direction(
+                                    &cluster,
+                                    src,
+                                    Peer::Pod(d),
+                                    Some(dst),
+                                    protocol,
+                                    port,
+                                    Direction::Egress,
+                                );
+                                check_named_rule(&cluster, &summary, Direction::Egress);
+                                assert_eq!(summary.allowed(), egress.allowed());
+                                assert_eq!(
+                                    egress.allowed() && ingress.allowed(),
+                                    allowed(&cluster, s, d, protocol, port)
+                                );
+                            }
+                            compared += 1;
                         }
-                        assert_eq!(
-                            egress.allowed() && ingress.allowed(),
-                            allowed(&cluster, s, d, protocol, port),
-                            "seed {seed}: {protocol}/{port} from {:?} to {:?}: egress {egress:?}, ingress {ingress:?}",
-                            src.metadata.name,
-                            dst.metadata.name,
-                        );
-                        compared += 1;
                     }
                 }
             }
@@ -258,7 +425,7 @@ fn explain_agrees_with_the_verdict_on_random_clusters() {
     }
     // Each kind of decision must have been exercised, or the comparison
     // proves little.
-    assert!(compared > 50_000, "{compared}");
+    assert!(compared > 100_000, "{compared}");
     assert!(decided.iter().all(|n| *n > 1000), "{decided:?}");
 }
 
@@ -286,6 +453,11 @@ fn an_external_peer_is_allowed_only_by_an_ip_block_or_a_rule_without_peers() {
                         checked[1] += 1;
                         continue;
                     };
+                    // A ClusterNetworkPolicy's Accept, or the pod's own node
+                    // (n1's address is external here): no NetworkPolicy rule.
+                    if rule.policy.starts_with("ClusterNetworkPolicy") || rule.policy.is_empty() {
+                        continue;
+                    }
                     checked[0] += 1;
                     let (ns, name) = rule.policy.split_once('/').unwrap();
                     let np = cluster
