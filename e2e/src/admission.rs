@@ -14,9 +14,23 @@ use crate::scenario::Object;
 /// object and the fields) when it would refuse it.
 pub fn verdict(o: &Object) -> Result<(), String> {
     let mut body: Value = o.body().clone();
-    // Pod addresses are known only in a running lab; any address in the
-    // pod range stands in for them here.
-    resolve_cidrs_with(&mut body, &|_| Some(STAND_IN_POD_IP)).map_err(|e| format!("{e:#}"))?;
+    // Pod addresses are known only in a running lab; addresses in the pod
+    // range stand in for them here, one per pod (a list of two pods'
+    // addresses is no duplicate).
+    let stand_ins = std::cell::RefCell::new(std::collections::BTreeMap::new());
+    let stand_in = |pod: &crate::scenario::PodName| {
+        let mut m = stand_ins.borrow_mut();
+        let next = m.len() as u32;
+        let ip = *m.entry(pod.to_string()).or_insert_with(|| {
+            let base = match STAND_IN_POD_IP {
+                std::net::IpAddr::V4(v4) => u32::from(v4),
+                std::net::IpAddr::V6(_) => unreachable!("the stand-in is IPv4"),
+            };
+            std::net::IpAddr::V4(std::net::Ipv4Addr::from(base + next))
+        });
+        Some(ip)
+    };
+    resolve_cidrs_with(&mut body, &stand_in).map_err(|e| format!("{e:#}"))?;
     policy_controller::source::parse_objects(&body.to_string())
         .map(|_| ())
         .map_err(|e| {
