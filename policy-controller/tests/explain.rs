@@ -581,7 +581,11 @@ spec:
 const DEADLINE: Duration = Duration::from_secs(20);
 
 async fn start(dir: &Path, socket: &Address) {
-    std::fs::write(dir.join("all.yaml"), MANIFESTS).unwrap();
+    start_with(dir, socket, MANIFESTS).await
+}
+
+async fn start_with(dir: &Path, socket: &Address, manifests: &str) {
+    std::fs::write(dir.join("all.yaml"), manifests).unwrap();
     let hub = Hub::new(1000);
     let (tx, rx) = watch::channel(None);
     let (etx, erx) = watch::channel(Vec::new());
@@ -603,7 +607,121 @@ fn req(source: &str, destination: &str, port: u32, protocol: &str) -> ExplainReq
         destination: destination.into(),
         port,
         protocol: protocol.into(),
+        mode: String::new(),
     }
+}
+
+/// MANIFESTS without the NetworkPolicies, with an Admin tier that passes
+/// client's egress on to a Baseline tier that denies it on TCP/8080.
+const TIERED: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: prod, labels: {team: red}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: prod, labels: {app: web}}
+spec: {nodeName: n1, containers: [{name: c, image: i, ports: [{name: http, containerPort: 8080}]}]}
+status: {podIP: 10.1.0.1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: prod, labels: {app: client}}
+spec: {nodeName: n2, containers: [{name: c, image: i}]}
+status: {podIP: 10.1.0.2}
+---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: platform}
+spec:
+  tier: Admin
+  priority: 7
+  subject: {pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: client}}}}
+  egress:
+  - {name: to-namespace-owners, action: Pass, to: [{namespaces: {matchLabels: {team: red}}}]}
+---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: defaults}
+spec:
+  tier: Baseline
+  priority: 3
+  subject: {namespaces: {}}
+  egress:
+  - {name: no-web, action: Deny, to: [{pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: web}}}}], protocols: [{tcp: {destinationPort: {number: 8080}}}]}
+"#;
+
+#[tokio::test]
+async fn the_explain_rpc_names_the_tier_rule_and_the_pass_chain() {
+    let manifests = tempfile::tempdir().unwrap();
+    let sock_dir = tempfile::tempdir().unwrap();
+    let socket = Address::Unix(sock_dir.path().join("controller.sock"));
+    start_with(manifests.path(), &socket, TIERED).await;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let mut client = loop {
+        if let Ok(c) = connect(&socket, Duration::from_secs(1)).await {
+            break DebugServiceClient::new(c);
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no server");
+        tokio::time::sleep(Duration::from_millis(20)).await; // poll: the server binds asynchronously
+    };
+    let r = loop {
+        match client
+            .explain(req("prod/client", "prod/web", 8080, ""))
+            .await
+        {
+            Ok(r) => break r.into_inner(),
+            Err(s) if s.code() == Code::Unavailable || s.code() == Code::NotFound => {
+                assert!(tokio::time::Instant::now() < deadline, "{s}");
+                tokio::time::sleep(Duration::from_millis(20)).await; // poll: the source scans every 10 ms
+            }
+            Err(s) => panic!("{s}"),
+        }
+    };
+    assert!(!r.allowed, "{r:?}");
+    let egress = r.egress.unwrap();
+    assert_eq!(
+        (
+            egress.reason.as_str(),
+            egress.policy.as_str(),
+            egress.tier.as_str(),
+            egress.priority,
+            egress.rule_name.as_str(),
+            egress.rule_index
+        ),
+        (
+            "denied by a Baseline tier rule",
+            "ClusterNetworkPolicy/defaults",
+            "Baseline",
+            3,
+            "no-web",
+            0
+        )
+    );
+    assert_eq!(egress.passed.len(), 1, "{egress:?}");
+    assert!(
+        egress.passed[0].starts_with("Admin tier, ClusterNetworkPolicy/platform (priority 7)"),
+        "{egress:?}"
+    );
+    // Another port: nothing decides; standard mode allows, strict denies.
+    let r = client
+        .explain(req("prod/client", "prod/web", 80, ""))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.allowed);
+    let egress = r.egress.unwrap();
+    assert_eq!(egress.reason, "no tier decides and no NetworkPolicy isolates this pod: the default (standard mode: allowed)");
+    assert_eq!(egress.passed.len(), 1, "the Pass still shows");
+    let mut strict = req("prod/client", "prod/web", 80, "");
+    strict.mode = "strict".into();
+    let r = client.explain(strict).await.unwrap().into_inner();
+    assert!(!r.allowed);
+    let mut bad = req("prod/client", "prod/web", 80, "");
+    bad.mode = "lenient".into();
+    let status = client.explain(bad).await.expect_err("refused");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("mode \"lenient\""), "{status}");
 }
 
 #[tokio::test]

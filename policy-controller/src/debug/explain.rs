@@ -14,7 +14,8 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Pod;
 use palisade_model::cluster::ClusterState;
-use palisade_model::explain::{explain_direction, Decision, Peer};
+use palisade_model::explain::{self as model, Decided, Decision, Explanation, Peer, Query};
+use palisade_model::tiers::Mode;
 use palisade_model::verdict::{Direction, Endpoint};
 use palisade_proto::v1::{DirectionExplanation, ExplainRequest, ExplainResponse};
 
@@ -62,6 +63,15 @@ pub fn explain(
             )))
         }
     };
+    let mode = match req.mode.to_ascii_lowercase().as_str() {
+        "" | "standard" => Mode::Standard,
+        "strict" => Mode::Strict,
+        other => {
+            return Err(ExplainError::Invalid(format!(
+                "mode {other:?}: expected standard or strict"
+            )))
+        }
+    };
     let port = u16::try_from(req.port)
         .ok()
         .filter(|p| *p != 0)
@@ -80,14 +90,17 @@ pub fn explain(
     let egress = match src {
         Side::Pod(pod, _) => Some(direction(
             pod,
-            explain_direction(
+            model::explain(
                 cluster,
-                pod,
-                dst.peer(),
-                server,
-                protocol,
-                port,
-                Direction::Egress,
+                mode,
+                &Query {
+                    subject: pod,
+                    peer: dst.peer(),
+                    server,
+                    protocol,
+                    port,
+                    dir: Direction::Egress,
+                },
             ),
         )),
         Side::External(_) => None,
@@ -95,14 +108,17 @@ pub fn explain(
     let ingress = server.map(|pod| {
         direction(
             pod,
-            explain_direction(
+            model::explain(
                 cluster,
-                pod,
-                src.peer(),
-                server,
-                protocol,
-                port,
-                Direction::Ingress,
+                mode,
+                &Query {
+                    subject: pod,
+                    peer: src.peer(),
+                    server,
+                    protocol,
+                    port,
+                    dir: Direction::Ingress,
+                },
             ),
         )
     });
@@ -199,7 +215,78 @@ fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
     ips
 }
 
-fn direction(pod: &Pod, decision: Decision) -> DirectionExplanation {
+fn direction(pod: &Pod, e: Explanation) -> DirectionExplanation {
+    let passed: Vec<String> = e
+        .passed
+        .iter()
+        .map(|r| {
+            format!(
+                "{} tier, {} (priority {}): {}",
+                r.tier.as_str(),
+                r.policy,
+                r.priority,
+                r.description
+            )
+        })
+        .collect();
+    let allowed = e.allowed();
+    let mut out = match e.decided {
+        Decided::NetworkPolicy(d) => network_policy(pod, d),
+        Decided::HostNetwork => DirectionExplanation {
+            pod: pod_name(pod),
+            allowed,
+            reason: "a host-network pod: no policy applies to it".into(),
+            ..Default::default()
+        },
+        Decided::OwnNode => DirectionExplanation {
+            pod: pod_name(pod),
+            allowed,
+            reason: "traffic with the pod's own node is always allowed".into(),
+            ..Default::default()
+        },
+        Decided::Rule(r) => DirectionExplanation {
+            pod: pod_name(pod),
+            allowed,
+            reason: format!(
+                "{} by a {} tier rule",
+                if allowed { "accepted" } else { "denied" },
+                r.tier.as_str()
+            ),
+            policy: r.policy,
+            rule_index: r.rule as u32,
+            rule: r.description,
+            tier: r.tier.as_str().into(),
+            priority: r.priority,
+            rule_name: r.name,
+            ..Default::default()
+        },
+        // The words operators know when nothing at all applies.
+        Decided::Default { allowed: true } if passed.is_empty() => DirectionExplanation {
+            pod: pod_name(pod),
+            allowed,
+            reason: "no policy isolates this pod".into(),
+            ..Default::default()
+        },
+        Decided::Default { allowed } => DirectionExplanation {
+            pod: pod_name(pod),
+            allowed,
+            reason: format!(
+                "no tier decides and no NetworkPolicy isolates this pod: the default ({})",
+                if allowed {
+                    "standard mode: allowed"
+                } else {
+                    "strict mode: denied"
+                }
+            ),
+            ..Default::default()
+        },
+    };
+    out.passed = passed;
+    out
+}
+
+/// A direction NetworkPolicy decided, as before tiers.
+fn network_policy(pod: &Pod, decision: Decision) -> DirectionExplanation {
     let pod = pod_name(pod);
     match decision {
         Decision::NotIsolated => DirectionExplanation {
@@ -215,7 +302,7 @@ fn direction(pod: &Pod, decision: Decision) -> DirectionExplanation {
             policy: rule.policy,
             rule_index: rule.rule as u32,
             rule: rule.description,
-            isolated_by: vec![],
+            ..Default::default()
         },
         Decision::Denied { isolated_by } => DirectionExplanation {
             pod,
