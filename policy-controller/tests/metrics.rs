@@ -35,6 +35,15 @@ metadata: {{name: deny, namespace: prod}}
 spec:
   podSelector: {{matchLabels: {{app: web}}}}
   ingress: [{{from: [{{ipBlock: {{cidr: {cidr}}}}}]}}]
+---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {{name: platform}}
+spec:
+  tier: Admin
+  priority: 1
+  subject: {{namespaces: {{}}}}
+  egress: [{{action: Deny, to: [{{networks: [169.254.169.254/32]}}]}}]
 "#
     )
 }
@@ -148,6 +157,18 @@ async fn metrics_follow_plans_and_reports() {
         0.0
     );
     assert_eq!(m["palisade_controller_nodes_connected"], 0.0);
+    let tiered = |tier: &str, group: &str| {
+        m[&format!(
+            "palisade_controller_cluster_network_policies{{tier=\"{tier}\",group=\"{group}\"}}"
+        )]
+    };
+    assert_eq!(tiered("Admin", "policy.networking.k8s.io"), 1.0);
+    assert_eq!(tiered("Baseline", "policy.networking.k8s.io"), 0.0);
+    assert_eq!(tiered("Admin", "networking.k8s.aws"), 0.0);
+    assert_eq!(
+        m["palisade_controller_policy_expected_nodes{policy=\"ClusterNetworkPolicy/platform\"}"],
+        1.0
+    );
     // No mutual TLS here, so nothing is refused; the counting itself is
     // tests/mtls.rs's, through the same counters.
     for reason in ["unauthenticated", "wrong_node", "not_permitted"] {
@@ -203,7 +224,8 @@ async fn metrics_follow_plans_and_reports() {
         m["palisade_controller_policy_realized_nodes{policy=\"prod/deny\"}"],
         1.0
     );
-    assert_eq!(m["palisade_controller_policies_realized"], 1.0);
+    // prod/deny and the ClusterNetworkPolicy, both on n1.
+    assert_eq!(m["palisade_controller_policies_realized"], 2.0);
     let passes = m["palisade_controller_resolve_duration_seconds_count"];
 
     // A policy edit moves n1's plan on: one version behind until it reports.

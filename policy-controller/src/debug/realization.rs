@@ -159,6 +159,7 @@ mod tests {
             source_errors: 0,
             source_errors_by_kind: Default::default(),
             nodes: vec![node("a", steady, 1), node("b", flapping, 0)],
+            cluster_policies: Default::default(),
             taken_at: t(1_800) + Duration::from_millis(999),
         };
         let r = realization(&view, None);

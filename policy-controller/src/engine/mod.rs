@@ -254,6 +254,16 @@ impl Engine {
         }
     }
 
+    /// ClusterNetworkPolicies held, by (tier, API group).
+    pub fn cluster_policy_counts(&self) -> BTreeMap<(&'static str, &'static str), usize> {
+        let mut out = BTreeMap::new();
+        for t in self.objects.tiered() {
+            *out.entry((t.policy.tier.as_str(), t.policy.group.group()))
+                .or_default() += 1;
+        }
+        out
+    }
+
     /// Sizes, for the benchmark and the debug log.
     pub fn stats(&self) -> Stats {
         Stats {

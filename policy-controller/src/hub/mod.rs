@@ -68,6 +68,9 @@ struct HubState {
     source_errors: Vec<SourceProblem>,
     nodes: BTreeMap<String, NodeEntry>,
     counters: Counters,
+    /// ClusterNetworkPolicies in the engine by (tier, API group), as of the
+    /// last change: for metrics, which must not wait on the engine.
+    cluster_policies: BTreeMap<(&'static str, &'static str), usize>,
 }
 
 /// One node: its plan, who watches it, what it reported.

@@ -47,7 +47,9 @@ impl Hub {
                 outcome
             }
         };
-        let errors = engine.as_ref().expect("built above").errors();
+        let built = engine.as_ref().expect("built above");
+        let errors = built.errors();
+        self.lock().cluster_policies = built.cluster_policy_counts();
         // Published under the engine lock, so views reach the hub in order.
         self.publish(outcome, cluster.marker.clone(), errors, change)
     }
@@ -65,6 +67,7 @@ impl Hub {
         let engine = engine.get_or_insert_with(Engine::default);
         let outcome = engine.apply(changes);
         let errors = engine.errors();
+        self.lock().cluster_policies = engine.cluster_policy_counts();
         self.publish(outcome, marker, errors, change)
     }
 

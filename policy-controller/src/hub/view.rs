@@ -37,6 +37,9 @@ pub struct HubView {
     pub nodes: Vec<NodeView>,
     /// When the view was taken: "connected for" is counted to it.
     pub taken_at: std::time::SystemTime,
+    /// ClusterNetworkPolicies in the controller's view by (tier, API
+    /// group), staged ones included.
+    pub cluster_policies: BTreeMap<(&'static str, &'static str), usize>,
 }
 
 /// A pod's entry in its node's plan (None: not known on that node).
@@ -80,6 +83,7 @@ impl Hub {
                     connection: e.connection,
                 })
                 .collect(),
+            cluster_policies: st.cluster_policies.clone(),
             taken_at: std::time::SystemTime::now(),
         }
     }

@@ -130,6 +130,22 @@ pub fn render(view: &HubView, refusals: &Refusals) -> String {
             u64::from(p.realized_nodes),
         );
     }
+    let name = "palisade_controller_cluster_network_policies";
+    e.family(
+        name,
+        "gauge",
+        "ClusterNetworkPolicies in the controller's view (staged ones included), by tier and API group.",
+    );
+    for tier in ["Admin", "Baseline"] {
+        for group in ["policy.networking.k8s.io", "networking.k8s.aws"] {
+            let n = view
+                .cluster_policies
+                .get(&(tier, group))
+                .copied()
+                .unwrap_or(0);
+            e.sample_u64(name, &[("tier", tier), ("group", group)], n as u64);
+        }
+    }
     e.single(
         "palisade_controller_policies_expected",
         "gauge",
