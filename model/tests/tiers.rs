@@ -690,3 +690,30 @@ fn host_network_pods_are_no_pods_of_network_policy_selectors_either() {
     assert!(ok(&c, "h2", "r2", "TCP", 80), "r2 is on h2's node");
     assert!(allowed(&c, find(&c, "r1"), find(&c, "h2"), "TCP", 8443));
 }
+
+/// AWS's group follows the documented semantics too: its rules decide in
+/// the order written. The AWS agent instead ranks a policy's rules by
+/// action (Deny, then Accept, then Pass) at one priority, so there the
+/// second rule's Deny would win; see docs/migrating-from-aws.md.
+#[test]
+fn an_aws_policy_is_judged_in_rule_order() {
+    let aws = |first: &str, second: &str| {
+        let o: wire::AwsClusterNetworkPolicy = serde_json::from_value(json!({
+            "apiVersion": wire::AWS_API_VERSION, "kind": "ClusterNetworkPolicy",
+            "metadata": {"name": "p"},
+            "spec": {"tier": "Admin", "priority": 10, "subject": {"namespaces": ns_sel("red")},
+                     "ingress": [{"name": "one", "action": first, "from": [{"namespaces": ns_sel("blue")}],
+                                  "ports": [{"portNumber": {"port": 80}}]},
+                                 {"name": "two", "action": second, "from": [{"namespaces": ns_sel("blue")}]}]},
+        }))
+        .unwrap();
+        Object::ClusterNetworkPolicy(ClusterNetworkPolicy::from_aws(&o))
+    };
+    let c = cluster(vec![aws("Accept", "Deny")]);
+    assert!(ok(&c, "b1", "r1", "TCP", 80), "the first rule accepts");
+    assert!(!ok(&c, "b1", "r1", "TCP", 81), "the second denies the rest");
+    let c = cluster(vec![aws("Pass", "Deny")]);
+    assert!(ok(&c, "b1", "r1", "TCP", 80), "the Pass skips the Deny");
+    let e = ask(&c, Mode::Standard, "b1", "r1", "TCP", 81, Direction::Ingress);
+    assert_eq!(rule_of(&e).policy, "ClusterNetworkPolicy.networking.k8s.aws/p");
+}
