@@ -30,6 +30,14 @@ pub fn result_line(mode: &str, samples: &[Duration]) -> String {
     )
 }
 
+/// The plugins before palisade-cni in the same ADDs (ptp with its IPAM),
+/// `chain_p50_ms= chain_p99_ms=`: how the chain itself fares in the burst,
+/// beside palisade-cni's own line.
+pub fn chain_fields(samples: &[Duration]) -> String {
+    let p = |q| percentile(samples, q).map(ms).unwrap_or_else(|| "-".into());
+    format!("chain_p50_ms={} chain_p99_ms={}", p(50.0), p(99.0))
+}
+
 /// The runtime pod-up line: RunPodSandbox times of one burst size with
 /// palisade-cni in the chain and without it,
 /// `runtime=<r> burst=<n> with_p50_ms= with_p99_ms= without_p50_ms= without_p99_ms=`.

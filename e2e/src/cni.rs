@@ -89,6 +89,13 @@ pub struct Sandbox {
     pub netns: PathBuf,
 }
 
+/// How long one ADD took: the last plugin, and those before it together.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AddTimes {
+    pub last: Duration,
+    pub before_last: Duration,
+}
+
 /// The outcome of a successful ADD.
 #[derive(Debug, Clone)]
 pub struct Attachment {
@@ -104,19 +111,20 @@ impl CniChain {
     }
 
     /// ADD, also returning how long the last plugin (palisade-cni in the
-    /// lab) took from exec to its reply.
+    /// lab) took from exec to its reply, and the plugins before it (ptp with
+    /// its IPAM, say) together: the chain's own cost beside Palisade's.
     pub fn add_timed(
         &self,
         node: &NetNs,
         sandbox: &Sandbox,
         cancel: &Cancel,
-    ) -> Result<(Attachment, Duration)> {
+    ) -> Result<(Attachment, AddTimes)> {
         let mut prev: Option<Value> = None;
-        let mut last = Duration::ZERO;
+        let mut times = AddTimes::default();
         for (i, plugin) in self.plugins.iter().enumerate() {
             let started = Instant::now();
             let outcome = self.invoke("ADD", plugin, prev.as_ref(), node, sandbox, cancel);
-            last = started.elapsed();
+            times.before_last += std::mem::replace(&mut times.last, started.elapsed());
             match outcome {
                 Ok(result) => prev = Some(result),
                 Err(e) => {
@@ -138,7 +146,7 @@ impl CniChain {
                 ips,
                 host_interfaces,
             },
-            last,
+            times,
         ))
     }
 

@@ -401,7 +401,13 @@ fn bench(pods: usize, parallel: usize, mode: &str, config: LabConfig) -> u8 {
     let result = lab.bench_pod_up(pods, parallel);
     let code = match &result {
         Ok(times) => {
-            println!("{}", palisade_e2e::bench::result_line(mode, times));
+            let last: Vec<_> = times.iter().map(|t| t.last).collect();
+            let before: Vec<_> = times.iter().map(|t| t.before_last).collect();
+            println!(
+                "{} {}",
+                palisade_e2e::bench::result_line(mode, &last),
+                palisade_e2e::bench::chain_fields(&before)
+            );
             0
         }
         Err(e) if e.is::<Interrupted>() => EXIT_INTERRUPTED,

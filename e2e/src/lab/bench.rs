@@ -17,12 +17,13 @@ impl Lab {
     /// Starts `count` pods in namespace `bench`, `parallel` at a time, each
     /// selected by one ingress policy. Their manifests are published (and
     /// realized) first, as the API server knows a pod before its runtime
-    /// starts it. Returns each pod's palisade-cni ADD time.
+    /// starts it. Returns each pod's ADD times: palisade-cni's, and the plugins'
+    /// before it.
     pub fn bench_pod_up(
         &mut self,
         count: usize,
         parallel: usize,
-    ) -> Result<Vec<std::time::Duration>> {
+    ) -> Result<Vec<crate::cni::AddTimes>> {
         if parallel == 0 {
             bail!("parallel must be at least 1");
         }
