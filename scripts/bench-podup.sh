@@ -2,8 +2,9 @@
 # Pod-up benchmark: CNI ADD to reply of palisade-cni, for PODS pods started
 # PARALLEL at a time through the real chain (ptp + host-local, then
 # palisade-cni) with the real controller and enforcer, in standard and strict
-# mode. Prints one line per mode, `mode=<m> pods=<n> p50_ms=<x> p99_ms=<y>`,
-# then a table. Run as root.
+# mode. Prints one line per mode, `mode=<m> pods=<n> p50_ms=<x> p99_ms=<y>
+# max_ms= chain_p50_ms= chain_p99_ms=` (chain_*: the plugins before
+# palisade-cni in the same ADDs), then a table. Run as root.
 #
 #   scripts/bench-podup.sh [PODS] [PARALLEL]      (defaults: 1000 20)
 #
