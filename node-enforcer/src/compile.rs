@@ -275,6 +275,36 @@ impl PortSet {
         });
     }
 
+    /// Whether this set allows everything `other` allows. Exact for sets
+    /// that only allow (NetworkPolicy's); a set with denying entries is
+    /// answered no unless the two are equal, which can only over-report a
+    /// narrowing (established flows are judged again, never wrongly kept).
+    pub fn allows_all_of(&self, other: &PortSet) -> bool {
+        if self == other {
+            return true;
+        }
+        if self.0.iter().chain(&other.0).any(|e| !e.allows()) {
+            return false;
+        }
+        if self.0.contains(&PortEntry::Any) {
+            return true;
+        }
+        other.0.iter().all(|e| match e.key() {
+            // Every protocol: only `Any` covers it.
+            (None, _, _) => false,
+            (Some(proto), port, bits) => self.0.iter().any(|mine| match mine.key() {
+                (None, _, _) => true,
+                (Some(p), start, my_bits) => {
+                    p == proto
+                        && my_bits <= bits
+                        && (my_bits == 0
+                            || (u32::from(port) >> (16 - my_bits))
+                                == (u32::from(start) >> (16 - my_bits)))
+                }
+            }),
+        })
+    }
+
     /// The set's verdict for a packet, as the datapath's longest-prefix
     /// match gives it: the most specific matching entry decides; none
     /// denies.

@@ -54,6 +54,14 @@ pub(super) struct TableDiff<'a> {
     pub narrows: bool,
 }
 
+/// The value `set` gives the addresses of host prefix `p`: its longest
+/// matching entry.
+fn longest_match<'a>(set: &'a PolicySet, p: &Prefix) -> Option<&'a PortSet> {
+    (0..=p.len)
+        .rev()
+        .find_map(|len| set.entries.get(&Prefix::new(p.addr, len)))
+}
+
 /// The in-place diff from `old` to `new`, or None when it would add or
 /// remove a non-host prefix (see the module comment).
 pub(super) fn host_only_diff<'a>(old: &PolicySet, new: &'a PolicySet) -> Option<TableDiff<'a>> {
@@ -89,7 +97,15 @@ pub(super) fn host_only_diff<'a>(old: &PolicySet, new: &'a PolicySet) -> Option<
             }
         }
     }
-    let narrows = !changed.is_empty() || !removals.is_empty();
+    // An added key narrows too when its address allowed more before (its
+    // longest match in `old`): never so under NetworkPolicy's union (a
+    // longer prefix allows at least what a shorter one does), but a tier's
+    // Deny can give a new address less than the prefix around it.
+    let narrows = !changed.is_empty()
+        || !removals.is_empty()
+        || added.iter().any(|(p, ports)| {
+            longest_match(old, p).is_some_and(|before| !ports.allows_all_of(before))
+        });
     added.extend(changed);
     Some(TableDiff {
         upserts: added,
@@ -636,11 +652,21 @@ mod tests {
         let net = v4([10, 0, 0, 0], 24);
         let old = set(&[(net, 80), (a, 80)]);
 
-        let join = set(&[(net, 80), (a, 80), (b, 443)]);
+        // A host joins as NetworkPolicy's union makes it: what its /24
+        // allows, and more.
+        let both = PortSet(ports(80).0.union(&ports(443).0).copied().collect());
+        let mut join = old.entries.clone();
+        join.insert(b, both.clone());
+        let join = PolicySet::new(join);
         let d = host_only_diff(&old, &join).unwrap();
-        assert_eq!(d.upserts, vec![(b, &ports(443))]);
+        assert_eq!(d.upserts, vec![(b, &both)]);
         assert!(d.removals.is_empty());
-        assert!(!d.narrows, "adding a host widens only");
+        assert!(!d.narrows, "adding a host that allows more widens only");
+        // A tier's Deny can give a new host less than its /24: narrowing.
+        let denied = set(&[(net, 80), (a, 80), (b, 443)]);
+        assert!(host_only_diff(&old, &denied).unwrap().narrows);
+        let nothing = set(&[(net, 80), (a, 80), (b, 0)]);
+        assert!(host_only_diff(&old, &nothing).unwrap().narrows);
 
         let leave = set(&[(net, 80)]);
         let d = host_only_diff(&old, &leave).unwrap();
@@ -773,7 +799,21 @@ mod tests {
             if first_unsafe_step(&old, &new, &reversed, &d.removals).is_some() {
                 wrong_order_caught += 1;
             }
-            assert_eq!(d.narrows, old.iter().any(|(p, v)| new.get(p) != Some(v)));
+            // A new host narrows when its address allowed something else
+            // before (each value here is one port, or nothing).
+            let before = |p: &Prefix| {
+                (0..=p.len)
+                    .rev()
+                    .find_map(|len| old.get(&Prefix::new(p.addr, len)).copied())
+            };
+            let added_narrows = new
+                .iter()
+                .filter(|(p, _)| !old.contains_key(*p))
+                .any(|(p, v)| before(p).is_some_and(|b| b != 0 && b != *v));
+            assert_eq!(
+                d.narrows,
+                old.iter().any(|(p, v)| new.get(p) != Some(v)) || added_narrows
+            );
         }
         assert!(accepted > 1000 && refused > 1000, "{accepted} {refused}");
         assert!(wrong_order_caught > 0, "the order check never bit");
