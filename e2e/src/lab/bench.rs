@@ -123,6 +123,7 @@ impl Lab {
                                 ports: Vec::new(),
                                 listeners: Listeners::default(),
                                 cri: None,
+                                host_ips: None,
                             },
                         );
                     }
