@@ -43,8 +43,13 @@ enum Bound {
 }
 
 /// Binds every TCP and UDP port in `ns` and serves them; SCTP ports are
-/// answered by one raw-socket responder (see [`crate::sctp`]).
-pub fn start(rt: &Handle, ns: &NetNs, ports: &[ServedPort]) -> Result<Listeners> {
+/// answered by one raw-socket responder (see [`crate::sctp`]). `ip`: the
+/// address to serve on (`0.0.0.0`: every address of the namespace). A
+/// namespace with several addresses (a node's, for a host-network pod)
+/// serves on one, so that UDP and SCTP answers leave from the address
+/// asked: an unbound socket's answer would take the source address of the
+/// route back (a node's pod-side address), which the client ignores.
+pub fn start(rt: &Handle, ns: &NetNs, ip: Ipv4Addr, ports: &[ServedPort]) -> Result<Listeners> {
     let sctp_ports: BTreeSet<u16> = ports
         .iter()
         .filter(|p| p.protocol == Protocol::Sctp)
@@ -54,8 +59,14 @@ pub fn start(rt: &Handle, ns: &NetNs, ports: &[ServedPort]) -> Result<Listeners>
         None
     } else {
         Some(
-            ns.run(crate::sctp::raw_socket)?
-                .with_context(|| format!("the SCTP responder in netns {}", ns.name()))?,
+            ns.run(|| {
+                let fd = crate::sctp::raw_socket()?;
+                if !ip.is_unspecified() {
+                    crate::sctp::bind(&fd, ip)?;
+                }
+                Ok::<_, anyhow::Error>(fd)
+            })?
+            .with_context(|| format!("the SCTP responder in netns {}", ns.name()))?,
         )
     };
     let bound = ns.run(|| {
@@ -63,7 +74,7 @@ pub fn start(rt: &Handle, ns: &NetNs, ports: &[ServedPort]) -> Result<Listeners>
             .iter()
             .filter(|p| p.protocol != Protocol::Sctp)
             .map(|p| {
-                let addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, p.port));
+                let addr = SocketAddr::from((ip, p.port));
                 let sock = match p.protocol {
                     Protocol::Tcp => std::net::TcpListener::bind(addr).map(Bound::Tcp),
                     _ => std::net::UdpSocket::bind(addr).map(Bound::Udp),

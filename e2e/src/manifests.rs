@@ -46,6 +46,17 @@ impl Manifests {
             .with_context(|| format!("writing the manifest of {key}"))
     }
 
+    /// A Node object (`node_<name>.json`): not a kind scenarios write, the
+    /// lab writes one per node.
+    pub fn write_node(&self, body: &Value) -> Result<()> {
+        let name = body["metadata"]["name"]
+            .as_str()
+            .context("a Node manifest without metadata.name")?;
+        let text = serde_json::to_vec_pretty(body)?;
+        write_atomic(&self.dir.join(format!("node_{name}.json")), &text)
+            .with_context(|| format!("writing the manifest of node {name}"))
+    }
+
     pub fn remove(&self, key: &ObjectKey) -> Result<()> {
         let path = self.dir.join(file_name(key));
         match fs::remove_file(&path) {

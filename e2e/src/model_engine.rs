@@ -4,7 +4,10 @@
 //!
 //! Pods get addresses as the lab's host-local range hands them out (in
 //! creation order from 10.244.0.2), so CIDRs written from pod addresses
-//! resolve as they would on the lab. What the model cannot judge is refused
+//! resolve as they would on the lab; a host-network pod's address is its
+//! node's, and the model is given the Node objects the lab serves (their
+//! fabric addresses), so `nodes` peers and traffic with a pod's own node
+//! are judged as on the lab. What the model cannot judge is refused
 //! by name rather than guessed: faults, strict mode (a property of the
 //! enforcer, not of the API), expected CNI failures, dump checks, probes to
 //! bare IPs and to Services.
@@ -63,22 +66,46 @@ fn unsupported(scenario: &Scenario) -> Option<String> {
 }
 
 /// The lab's state as the model sees it.
-#[derive(Default)]
 struct World {
     objects: BTreeMap<ObjectKey, Object>,
     ips: BTreeMap<PodName, IpAddr>,
     next_ip: u32,
+    /// The Node objects, as the lab serves them ([`crate::lab::node_manifest`]).
+    nodes: Vec<serde_json::Value>,
 }
 
 impl World {
+    fn new(nodes: u32) -> Self {
+        World {
+            objects: BTreeMap::new(),
+            ips: BTreeMap::new(),
+            next_ip: 0,
+            nodes: (0..nodes as usize)
+                .map(|i| crate::lab::node_manifest(i, false))
+                .collect(),
+        }
+    }
+
     fn apply(&mut self, objects: &[Object]) -> Result<()> {
         for o in objects {
             let key = o.key().clone();
             if let Some(pod) = key.pod_name() {
                 if !self.ips.contains_key(&pod) {
-                    let ip = Ipv4Addr::from(FIRST_POD_ADDRESS + self.next_ip);
-                    self.next_ip += 1;
-                    self.ips.insert(pod, IpAddr::V4(ip));
+                    // A host-network pod's address is its node's; others
+                    // take the next of the pod range, as host-local gives.
+                    let ip = if o.body()["spec"]["hostNetwork"] == true {
+                        let node = o.body()["spec"]["nodeName"].as_str().unwrap_or("node-1");
+                        node_address(&self.nodes, node).ok_or_else(|| {
+                            anyhow!(
+                                "{key}: no node {node:?} (the scenario has {})",
+                                self.nodes.len()
+                            )
+                        })?
+                    } else {
+                        self.next_ip += 1;
+                        IpAddr::V4(Ipv4Addr::from(FIRST_POD_ADDRESS + self.next_ip - 1))
+                    };
+                    self.ips.insert(pod, ip);
                 }
             }
             let mut body = o.body().clone();
@@ -116,18 +143,33 @@ impl World {
     }
 
     fn cluster(&self) -> Result<ClusterState> {
-        cluster_of(self.objects.values(), &self.ips)
+        cluster_of(self.objects.values(), &self.ips, &self.nodes)
     }
 }
 
+/// The first InternalIP of node `name` among `nodes` (Node objects).
+fn node_address(nodes: &[serde_json::Value], name: &str) -> Option<IpAddr> {
+    let node = nodes.iter().find(|n| n["metadata"]["name"] == name)?;
+    node["status"]["addresses"]
+        .as_array()?
+        .iter()
+        .filter(|a| a["type"] == "InternalIP")
+        .find_map(|a| a["address"].as_str()?.parse().ok())
+}
+
 /// The objects as the model reads them, pods on the node they name (else
-/// node-1) with the given addresses (a pod without one is Pending).
+/// node-1) with the given addresses (a pod without one is Pending) and
+/// their node's address as `hostIP`, and `nodes` (Node objects).
 pub fn cluster_of<'a>(
     objects: impl Iterator<Item = &'a Object>,
     ips: &BTreeMap<PodName, IpAddr>,
+    nodes: &[serde_json::Value],
 ) -> Result<ClusterState> {
     {
         let mut out = Vec::new();
+        for node in nodes {
+            out.push(ModelObject::Node(serde_json::from_value(node.clone())?));
+        }
         for o in objects {
             let key = o.key();
             let mut body = o.body().clone();
@@ -138,8 +180,12 @@ pub fn cluster_of<'a>(
                     if body["spec"]["nodeName"].is_null() {
                         body["spec"]["nodeName"] = "node-1".into();
                     }
+                    let host_ip = body["spec"]["nodeName"]
+                        .as_str()
+                        .and_then(|n| node_address(nodes, n));
                     body["status"] = json!({"phase": "Running",
-                                            "podIP": ips.get(&pod).map(ToString::to_string)});
+                                            "podIP": ips.get(&pod).map(ToString::to_string),
+                                            "hostIP": host_ip.map(|ip| ip.to_string())});
                     ModelObject::Pod(serde_json::from_value(body)?)
                 }
                 Kind::NetworkPolicy => ModelObject::NetworkPolicy(serde_json::from_value(body)?),
@@ -203,7 +249,7 @@ pub fn run(scenario: &Scenario, out: &mut dyn Write) -> Result<Report> {
     if let Some(why) = unsupported(scenario) {
         bail!("the model engine cannot play this scenario: {why}");
     }
-    let mut world = World::default();
+    let mut world = World::new(scenario.nodes);
     world.apply(&scenario.objects).context("objects")?;
     let table = Table::for_scenario(scenario);
     writeln!(out, "{}", table.header())?;

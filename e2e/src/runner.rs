@@ -127,7 +127,7 @@ pub fn run_scenario(lab: &mut Lab, scenario: &Scenario, out: &mut dyn Write) -> 
 /// such, never as an expectation failure.
 fn disagreements(lab: &Lab, step: &Step, outcomes: &[Outcome]) -> Result<Vec<(Row, String)>> {
     let ips = lab.pod_ips();
-    let cluster = crate::model_engine::cluster_of(lab.objects(), &ips)?;
+    let cluster = crate::model_engine::cluster_of(lab.objects(), &ips, &lab.node_objects())?;
     let mut rows = Vec::new();
     for (spec, outcome) in step.probes.iter().zip(outcomes) {
         let (Target::Pod(to), Some(seen)) = (&spec.to, outcome.verdict()) else {

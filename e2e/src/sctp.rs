@@ -125,6 +125,34 @@ pub fn raw_socket() -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Binds a raw socket to a local address: it then sees only packets to
+/// that address, and what it sends leaves from it.
+pub fn bind(fd: &OwnedFd, ip: Ipv4Addr) -> Result<()> {
+    let addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(ip.octets()),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: the address is live for the call, its length exact.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        bail!(
+            "binding the raw SCTP socket to {ip}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
+}
+
 pub fn send_to(fd: &OwnedFd, packet: &[u8], to: Ipv4Addr) -> std::io::Result<()> {
     let addr = libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,

@@ -4,11 +4,9 @@
 //! matrix probe checked, on 2 nodes with every namespace's pods spread over
 //! both, so most pairs cross the fabric between two enforcers. SCTP is
 //! probed with raw sockets (an INIT answered by an INIT-ACK), as this
-//! kernel has no SCTP stack.
-//!
-//! The two ClusterNetworkPolicy node-peer cases need host-network pods,
-//! which the lab cannot build yet: they run against the model only
-//! (policy-controller/tests/conformance_model_cnp.rs), and are named here.
+//! kernel has no SCTP stack. The ClusterNetworkPolicy node-peer cases
+//! (13-, 24-) have host-network pods, served from their node's namespace
+//! on its address, and `nodes` peers resolved from the lab's Node objects.
 
 mod common;
 use common::require_root;
@@ -24,13 +22,6 @@ fn scenario_files() -> Vec<PathBuf> {
 
 fn cnp_files() -> Vec<PathBuf> {
     files_in("conformance/cnp")
-}
-
-/// A host-network pod: the lab gives every pod a namespace of its own.
-fn needs_host_network(s: &Scenario) -> bool {
-    s.objects
-        .iter()
-        .any(|o| o.body()["spec"]["hostNetwork"] == serde_json::Value::Bool(true))
 }
 
 fn files_in(sub: &str) -> Vec<PathBuf> {
@@ -75,25 +66,10 @@ fn every_conformance_case_passes_on_a_real_lab() {
     for f in &files {
         Scenario::from_file(f).unwrap_or_else(|e| panic!("{e:#}"));
     }
+    let cnp = cnp_files();
+    assert_eq!(cnp.len(), 24, "every upstream ClusterNetworkPolicy test");
     let mut runnable = files;
-    let mut model_only = Vec::new();
-    for f in cnp_files() {
-        let s = Scenario::from_file(&f).unwrap_or_else(|e| panic!("{e:#}"));
-        if needs_host_network(&s) {
-            model_only.push(f.file_name().unwrap().to_string_lossy().into_owned());
-        } else {
-            runnable.push(f);
-        }
-    }
-    assert_eq!(
-        model_only,
-        [
-            "13-admin-egress-node-peers.yaml",
-            "24-baseline-egress-node-peers.yaml"
-        ],
-        "only the node-peer cases need host-network pods"
-    );
-    eprintln!("conformance: {model_only:?} need host-network pods: model only");
+    runnable.extend(cnp);
     // A few labs at once: each is its own set of namespaces and processes.
     let results: Vec<Result<usize, String>> = std::thread::scope(|s| {
         let chunks: Vec<&[PathBuf]> = runnable.chunks(runnable.len().div_ceil(4)).collect();
@@ -134,11 +110,6 @@ fn every_conformance_case_passes_in_the_model_engine() {
     let mut rows = 0;
     for f in scenario_files().into_iter().chain(cnp_files()) {
         let scenario = Scenario::from_file(&f).unwrap_or_else(|e| panic!("{e:#}"));
-        if needs_host_network(&scenario) {
-            // The model engine gives every pod an address of its own, as
-            // the lab does; conformance_model_cnp judges these.
-            continue;
-        }
         let mut out = Vec::new();
         match palisade_e2e::model_engine::run(&scenario, &mut out) {
             Ok(report) if report.passed() => rows += report.rows.len(),

@@ -165,3 +165,71 @@ fn a_failing_plugin_is_reported_with_its_cni_error() {
     assert_eq!(pod_files, 0);
     finish(lab);
 }
+
+/// Pod a on node-1, host-network pod h on node-2 (TCP 8081, UDP 5353),
+/// and a's policy admitting only pods labelled `app: h` on TCP 80.
+const HOST_NETWORK: &str = r#"
+nodes: 2
+objects:
+  - {apiVersion: v1, kind: Namespace, metadata: {name: x}}
+  - {apiVersion: v1, kind: Pod, metadata: {name: a, namespace: x, labels: {app: a}}, spec: {nodeName: node-1, containers: [{name: c, image: none, ports: [{containerPort: 80}, {containerPort: 53, protocol: UDP}]}]}}
+  - {apiVersion: v1, kind: Pod, metadata: {name: h, namespace: x, labels: {app: h}}, spec: {nodeName: node-2, hostNetwork: true, containers: [{name: c, image: none, ports: [{containerPort: 8081}, {containerPort: 5353, protocol: UDP}]}]}}
+  - apiVersion: networking.k8s.io/v1
+    kind: NetworkPolicy
+    metadata: {name: from-h, namespace: x}
+    spec:
+      podSelector: {matchLabels: {app: a}}
+      ingress: [{from: [{podSelector: {matchLabels: {app: h}}}], ports: [{port: 80}]}]
+"#;
+
+#[test]
+#[ignore = "needs root"]
+fn a_host_network_pod_is_its_node() {
+    require_root();
+    let mut lab = Lab::start(LabConfig {
+        nodes: 2,
+        ..LabConfig::default()
+    })
+    .expect("lab starts");
+    lab.apply(&objects(HOST_NETWORK)).unwrap();
+    lab.wait_realized().unwrap();
+    let h = PodName::parse("x/h").unwrap();
+    let node2 = lab.node_netns_of("node-2").unwrap().to_string();
+    assert_eq!(lab.pod_netns(&h), Some(node2.as_str()));
+    assert!(lab.host_interfaces(&h).is_empty(), "no veth");
+    // Its address and its host's: node-2's, as its Node object says.
+    let node = &lab.node_objects()[1];
+    let address = node["status"]["addresses"][0]["address"].clone();
+    assert_eq!(node["metadata"]["labels"]["kubernetes.io/os"], "linux");
+    assert_eq!(
+        Some(lab.pod_ip(&h).unwrap().to_string()),
+        address.as_str().map(String::from)
+    );
+    let text = std::fs::read_to_string(lab.manifest_dir().join("pod_x_h.json")).unwrap();
+    let pod: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(pod["status"]["podIP"], address);
+    assert_eq!(pod["status"]["hostIP"], address);
+    let text = std::fs::read_to_string(lab.manifest_dir().join("node_node-2.json")).unwrap();
+    assert_eq!(
+        &serde_json::from_str::<serde_json::Value>(&text).unwrap(),
+        node
+    );
+    assert_verdicts(
+        &lab,
+        "a host-network pod",
+        &[
+            // It serves from the node's namespace, on every protocol.
+            ("x/a", "x/h", 8081, Tcp, Allow),
+            ("x/a", "x/h", 5353, Udp, Allow),
+            // It is no pod of a's selector: its traffic is node-2's.
+            ("x/h", "x/a", 80, Tcp, Deny),
+            ("x/h", "x/a", 53, Udp, Deny),
+        ],
+    );
+    // Deleting it leaves its node as it was.
+    lab.delete(&[ObjectKey::pod(&h)]).unwrap();
+    lab.wait_realized().unwrap();
+    assert!(palisade_e2e::netns::NetNs::exists(&node2));
+    assert_eq!(lab.pod_ip(&h), None);
+    finish(lab);
+}

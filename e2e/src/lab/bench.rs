@@ -124,6 +124,7 @@ impl Lab {
                                 ports: Vec::new(),
                                 listeners: Listeners::default(),
                                 cri: None,
+                                host_ips: None,
                             },
                         );
                     }

@@ -102,7 +102,7 @@ impl Lab {
             .as_ref()
             .map(|a| a.ips.clone())
             .unwrap_or_default();
-        let manifest = pod_manifest(object, &self.nodes[node].name, Some(&ips));
+        let manifest = pod_manifest(object, &self.nodes[node], Some(&ips));
         self.manifests.write(object.key(), &manifest)?;
         self.restart_listeners(pod, object.ports())
     }
@@ -202,6 +202,7 @@ impl Lab {
                 uid: uid.to_string(),
                 attempt,
             }),
+            host_ips: None,
         })
     }
 

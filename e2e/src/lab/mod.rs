@@ -47,7 +47,7 @@ pub use cri_bench::BurstTimes;
 pub use footprint::Footprint;
 pub use image::{conflist_name, node_root_bpffs, ApiServer, ImageRun, LAB_LABEL};
 use node::LabNode;
-pub use node::MAX_NODES;
+pub use node::{node_manifest, MAX_NODES};
 use pods::LabPod;
 pub use services::services_table_exists;
 pub use upgrade::{Handover, Retiring, Surge};
@@ -370,6 +370,9 @@ impl Lab {
             }
             self.render_charts()?;
         }
+        for node in self.node_objects() {
+            self.manifests.write_node(&node)?;
+        }
         self.manifests.publish()?;
         if self.config.api.is_some() {
             self.serve_api()?;
@@ -425,6 +428,14 @@ impl Lab {
     /// Node 1's name.
     pub fn node_name(&self) -> &str {
         &self.nodes[0].name
+    }
+
+    /// Every node's Node object, as the lab serves it to the controller
+    /// ([`node_manifest`]).
+    pub fn node_objects(&self) -> Vec<serde_json::Value> {
+        (0..self.nodes.len())
+            .map(|i| node_manifest(i, self.config.pod_subnet6.is_some()))
+            .collect()
     }
 
     /// Every node's name, in order (`node-1`, `node-2`, ...).

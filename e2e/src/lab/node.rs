@@ -9,7 +9,7 @@
 //! runs in the fabric namespace and serves the enforcers over TCP there, as
 //! a controller Service does in a cluster.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -41,6 +41,9 @@ pub const MAX_NODES: usize = 16;
 pub(super) struct LabNode {
     /// `node-K`, K from 1: what pods name in `spec.nodeName`.
     pub(super) name: String,
+    /// The node's addresses on the fabric (its Node's InternalIPs, the
+    /// `podIP` of its host-network pods): IPv4, and IPv6 in a dual-stack lab.
+    pub(super) addresses: Vec<IpAddr>,
     pub(super) netns_name: String,
     pub(super) ns: Option<NetNs>,
     pub(super) pin_root: PathBuf,
@@ -145,8 +148,13 @@ impl LabNode {
             timeout: config.cni_timeout,
             log: log_dir.join(format!("cni{sfx}.log")),
         };
+        let mut addresses = vec![IpAddr::V4(fabric_ip(index))];
+        if pod_subnet6.is_some() {
+            addresses.push(IpAddr::V6(fabric_ip6(index)));
+        }
         Ok(Self {
             name: format!("node-{k}"),
+            addresses,
             netns_name: if index == 0 {
                 format!("pl{id}-node")
             } else {
@@ -230,6 +238,32 @@ pub(super) fn node_subnet6(base: &str, index: usize) -> Result<String> {
             )
         })?;
     Ok(format!("{}/64", Ipv6Addr::from(network << 64)))
+}
+
+/// The Node object of node `index` (from 0) as the API server would show
+/// it: named `node-K`, labelled as a kubelet labels a Linux node, its
+/// fabric addresses as InternalIPs (`dual_stack`: the IPv6 one too). The
+/// lab serves it to the controller (ClusterNetworkPolicy `nodes` peers);
+/// the model engine gives the model the same.
+pub fn node_manifest(index: usize, dual_stack: bool) -> serde_json::Value {
+    let name = format!("node-{}", index + 1);
+    let mut addresses =
+        vec![serde_json::json!({"type": "InternalIP", "address": fabric_ip(index).to_string()})];
+    if dual_stack {
+        addresses.push(
+            serde_json::json!({"type": "InternalIP", "address": fabric_ip6(index).to_string()}),
+        );
+    }
+    addresses.push(serde_json::json!({"type": "Hostname", "address": name}));
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {
+            "kubernetes.io/hostname": name,
+            "kubernetes.io/os": "linux",
+        }},
+        "status": {"addresses": addresses},
+    })
 }
 
 pub(super) fn fabric_ip6(node_index: usize) -> Ipv6Addr {
@@ -376,6 +410,24 @@ mod tests {
         assert!(node_subnet6("10.244.0.0/24", 0).is_err());
         assert!(node_subnet6("ffff:ffff:ffff:ffff::/64", 1).is_err());
         assert_eq!(fabric_ip6(0), "fd00:250::1".parse::<Ipv6Addr>().unwrap());
+    }
+
+    #[test]
+    fn node_objects_name_the_fabric_addresses() {
+        let node = node_manifest(1, true);
+        assert_eq!(node["metadata"]["name"], "node-2");
+        assert_eq!(node["metadata"]["labels"]["kubernetes.io/os"], "linux");
+        let addresses: Vec<&str> = node["status"]["addresses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["address"].as_str().unwrap())
+            .collect();
+        assert_eq!(addresses, ["10.250.0.2", "fd00:250::2", "node-2"]);
+        assert_eq!(
+            node_manifest(0, false)["status"]["addresses"][0]["address"],
+            "10.250.0.1"
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 
-use super::Lab;
+use super::{Lab, LabNode};
 use crate::cni::{Attachment, Sandbox};
 use crate::listener::{self, Listeners};
 use crate::netns::NetNs;
@@ -24,6 +24,27 @@ pub(super) struct LabPod {
     /// Set when containerd made the sandbox (`sandbox.container_id` is its
     /// id, `netns` its namespace): the lab removes it over CRI.
     pub(super) cri: Option<super::cri_pods::CriPod>,
+    /// Set for a host-network pod (`spec.hostNetwork: true`): its node's
+    /// addresses. Such a pod has no attachment and no namespace of its own:
+    /// `netns` is its node's, which its teardown leaves alone.
+    pub(super) host_ips: Option<Vec<IpAddr>>,
+}
+
+impl LabPod {
+    /// The pod's addresses: its attachment's, or its node's for a
+    /// host-network pod (empty while it has neither).
+    pub(super) fn ips(&self) -> &[IpAddr] {
+        match (&self.attachment, &self.host_ips) {
+            (Some(a), _) => &a.ips,
+            (None, Some(ips)) => ips,
+            (None, None) => &[],
+        }
+    }
+}
+
+/// Whether the pod runs in its node's network namespace.
+pub(super) fn is_host_network(object: &Object) -> bool {
+    object.body()["spec"]["hostNetwork"] == Value::Bool(true)
 }
 
 impl Lab {
@@ -87,8 +108,8 @@ impl Lab {
                 let ips = self
                     .pods
                     .get(&pod)
-                    .and_then(|p| p.attachment.as_ref())
-                    .map(|a| a.ips.clone());
+                    .map(|p| p.ips().to_vec())
+                    .filter(|ips| !ips.is_empty());
                 let node = placed[&pod];
                 self.placement.insert(pod.clone(), node);
                 if ips.is_none() {
@@ -96,10 +117,8 @@ impl Lab {
                 }
                 // A new pod is first written Pending, as the scheduler would,
                 // so its policy can be known before its network exists.
-                self.manifests.write(
-                    &key,
-                    &pod_manifest(o, &self.nodes[node].name, ips.as_deref()),
-                )?;
+                self.manifests
+                    .write(&key, &pod_manifest(o, &self.nodes[node], ips.as_deref()))?;
             } else {
                 self.manifests.write(&key, o.body())?;
             }
@@ -193,6 +212,9 @@ impl Lab {
         let node = self
             .pod_node(pod)
             .ok_or_else(|| anyhow!("pod {pod} was not placed on a node"))?;
+        if is_host_network(object) {
+            return self.add_host_pod(pod, object, node);
+        }
         if let Some(why) = &self.nodes[node].unenforced {
             bail!("pod {pod}: {why}");
         }
@@ -219,7 +241,7 @@ impl Lab {
         };
         self.made_interfaces
             .extend(attachment.host_interfaces.iter().cloned());
-        let manifest = pod_manifest(object, &self.nodes[node].name, Some(&attachment.ips));
+        let manifest = pod_manifest(object, &self.nodes[node], Some(&attachment.ips));
         self.pods.insert(
             pod.clone(),
             LabPod {
@@ -229,10 +251,50 @@ impl Lab {
                 ports: Vec::new(),
                 listeners: Listeners::default(),
                 cri: None,
+                host_ips: None,
             },
         );
         self.manifests.write(object.key(), &manifest)?;
         self.restart_listeners(pod, object.ports())
+    }
+
+    /// A host-network pod, as the kubelet starts one: no sandbox namespace
+    /// and no CNI ADD; its listeners in its node's namespace, its address
+    /// the node's. Whatever the pod runtime: the lab runs it itself, as
+    /// nothing of containerd's would take part (no CNI, no namespace).
+    fn add_host_pod(&mut self, pod: &PodName, object: &Object, node: usize) -> Result<()> {
+        let index = self.next_pod;
+        self.next_pod += 1;
+        let n = &self.nodes[node];
+        let netns = NetNs::from_existing(n.ns().name());
+        let sandbox = Sandbox {
+            pod: pod.clone(),
+            container_id: format!("pl{}h{index}", self.id),
+            netns: netns.path().to_path_buf(),
+        };
+        let ips = n.addresses.clone();
+        let manifest = pod_manifest(object, n, Some(&ips));
+        self.pods.insert(
+            pod.clone(),
+            LabPod {
+                netns,
+                sandbox,
+                attachment: None,
+                ports: Vec::new(),
+                listeners: Listeners::default(),
+                cri: None,
+                host_ips: Some(ips),
+            },
+        );
+        if let Err(e) = self.restart_listeners(pod, object.ports()) {
+            // Another host-network pod of the node may hold the port.
+            self.pods.remove(pod);
+            return Err(e.context(format!(
+                "pod {pod} is host-network: its ports are its node's ({})",
+                self.nodes[node].name
+            )));
+        }
+        self.manifests.write(object.key(), &manifest)
     }
 
     pub(super) fn restart_listeners(&mut self, pod: &PodName, ports: &[ServedPort]) -> Result<()> {
@@ -244,7 +306,18 @@ impl Lab {
         // The old sockets must close before the same ports can be bound again.
         p.listeners = Listeners::default();
         p.ports = Vec::new();
-        let listeners = retry_bind(|| listener::start(&handle, &p.netns, ports))
+        // A host-network pod serves on its node's address (see
+        // listener::start); a pod's namespace has one address.
+        let ip = p
+            .host_ips
+            .iter()
+            .flatten()
+            .find_map(|ip| match ip {
+                IpAddr::V4(v4) => Some(*v4),
+                IpAddr::V6(_) => None,
+            })
+            .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
+        let listeners = retry_bind(|| listener::start(&handle, &p.netns, ip, ports))
             .with_context(|| format!("starting the listeners of pod {pod}"))?;
         p.listeners = listeners;
         p.ports = ports.to_vec();
@@ -300,6 +373,11 @@ impl Lab {
         if pod.cri.is_some() {
             return self.teardown_pod_cri(pod);
         }
+        if pod.host_ips.is_some() {
+            // Its listeners close; its namespace is the node's, and stays.
+            drop(pod.listeners);
+            return Ok(());
+        }
         let mut errors = Vec::new();
         let node = self
             .pod_node(&pod.sandbox.pod)
@@ -326,25 +404,20 @@ impl Lab {
         self.pods.keys()
     }
 
+    /// The pod's (first) address; a host-network pod's is its node's.
     pub fn pod_ip(&self, pod: &PodName) -> Option<IpAddr> {
-        self.pods
-            .get(pod)
-            .and_then(|p| p.attachment.as_ref())
-            .and_then(|a| a.ips.first().copied())
+        self.pods.get(pod).and_then(|p| p.ips().first().copied())
     }
 
     /// The pod's IPv6 address, in a dual-stack lab
     /// ([`super::LabConfig::pod_subnet6`]).
     pub fn pod_ip6(&self, pod: &PodName) -> Option<std::net::Ipv6Addr> {
-        self.pods
-            .get(pod)
-            .and_then(|p| p.attachment.as_ref())
-            .and_then(|a| {
-                a.ips.iter().find_map(|ip| match ip {
-                    IpAddr::V6(v6) => Some(*v6),
-                    IpAddr::V4(_) => None,
-                })
+        self.pods.get(pod).and_then(|p| {
+            p.ips().iter().find_map(|ip| match ip {
+                IpAddr::V6(v6) => Some(*v6),
+                IpAddr::V4(_) => None,
             })
+        })
     }
 
     /// Every pod with an address, by name.
@@ -379,15 +452,23 @@ impl Lab {
 }
 
 /// The pod as the API server would show it once scheduled to the node
-/// (`ips` = None) or running with its addresses.
-pub(super) fn pod_manifest(object: &Object, node: &str, ips: Option<&[IpAddr]>) -> Value {
+/// (`ips` = None) or running with its addresses, and its node's
+/// (`hostIP`, `hostIPs`).
+pub(super) fn pod_manifest(object: &Object, node: &LabNode, ips: Option<&[IpAddr]>) -> Value {
     let mut body = object.body().clone();
-    body["spec"]["nodeName"] = node.into();
+    body["spec"]["nodeName"] = node.name.as_str().into();
+    let list = |ips: &[IpAddr]| {
+        ips.iter()
+            .map(|ip| json!({"ip": ip.to_string()}))
+            .collect::<Vec<_>>()
+    };
     body["status"] = match ips {
         Some(ips) => json!({
             "phase": "Running",
             "podIP": ips.first().map(ToString::to_string),
-            "podIPs": ips.iter().map(|ip| json!({"ip": ip.to_string()})).collect::<Vec<_>>(),
+            "podIPs": list(ips),
+            "hostIP": node.addresses.first().map(ToString::to_string),
+            "hostIPs": list(&node.addresses),
         }),
         None => json!({"phase": "Pending"}),
     };
