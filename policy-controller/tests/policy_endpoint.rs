@@ -36,7 +36,9 @@ use api_double::{ApiDouble, Kind};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use palisade_proto::v1::{DirectionPolicy, IpPrefix, Protocol};
+use palisade_proto::v1::{
+    DirectionPolicy, IpPrefix, PeerBlock, PortRange, Protocol, TierAction, TierRule,
+};
 use policy_controller::cluster::{ClusterState, Object};
 use policy_controller::feed;
 use policy_controller::hub::Hub;
@@ -109,6 +111,10 @@ impl Cluster {
             "Pod" => Object::Pod(serde_json::from_value::<Pod>(v.clone()).unwrap()),
             "NetworkPolicy" => {
                 Object::NetworkPolicy(serde_json::from_value::<NetworkPolicy>(v.clone()).unwrap())
+            }
+            "ClusterNetworkPolicy" => {
+                let mut parsed = policy_controller::source::parse_objects(&v.to_string()).unwrap();
+                parsed.pop().unwrap()
             }
             other => panic!("no {other} in these clusters"),
         });
@@ -839,6 +845,7 @@ impl Served {
             "Namespace" => Kind::Namespace,
             "Pod" => Kind::Pod,
             "PolicyEndpoint" => Kind::PolicyEndpoint,
+            "ClusterPolicyEndpoint" => Kind::ClusterPolicyEndpoint,
             _ => return,
         };
         // The rendering's record of what was packed before merging is not
@@ -864,7 +871,8 @@ impl Served {
     }
 
     fn delete(&mut self, kind: Kind, ns: &str, name: &str) {
-        let ns_key = if kind == Kind::Namespace { "" } else { ns };
+        let cluster_scoped = matches!(kind, Kind::Namespace | Kind::ClusterPolicyEndpoint);
+        let ns_key = if cluster_scoped { "" } else { ns };
         if self
             .held
             .remove(&(kind, ns_key.to_string(), name.to_string()))
@@ -873,7 +881,7 @@ impl Served {
             return;
         }
         self.double
-            .delete(kind, (kind != Kind::Namespace).then_some(ns), name);
+            .delete(kind, (!cluster_scoped).then_some(ns), name);
         self.revision += 1;
         self.last.insert(kind, self.revision);
     }
@@ -916,11 +924,32 @@ impl Served {
     fn marker(&self) -> String {
         let rv = |k| self.last.get(&k).map(u64::to_string).unwrap_or_default();
         format!(
-            "k8s namespaces={} pods={} policyendpoints={}",
+            "k8s namespaces={} pods={} policyendpoints={} clusterpolicyendpoints={}",
             rv(Kind::Namespace),
             rv(Kind::Pod),
-            rv(Kind::PolicyEndpoint)
+            rv(Kind::PolicyEndpoint),
+            rv(Kind::ClusterPolicyEndpoint)
         )
+    }
+
+    /// Brings the double's ClusterPolicyEndpoints to `slices`.
+    fn sync_cluster_slices(&mut self, slices: Vec<Value>) {
+        let names: BTreeSet<String> = slices
+            .iter()
+            .map(|s| s["metadata"]["name"].as_str().unwrap().to_string())
+            .collect();
+        for s in slices {
+            self.apply(s);
+        }
+        let gone: Vec<String> = self
+            .held
+            .keys()
+            .filter(|k| k.0 == Kind::ClusterPolicyEndpoint && !names.contains(&k.2))
+            .map(|k| k.2.clone())
+            .collect();
+        for name in gone {
+            self.delete(Kind::ClusterPolicyEndpoint, "", &name);
+        }
     }
 
     fn slices(&self) -> usize {
@@ -976,24 +1005,43 @@ fn net(p: &IpPrefix) -> IpNet {
     IpNet::new(addr, p.prefix_len as u8).unwrap()
 }
 
-/// Whether one direction of a pod's plan allows `ip` on `protocol`/`port`.
+/// Whether one direction of a pod's plan allows `ip` on `protocol`/`port`,
+/// as the datapath judges it: the Admin tier's rules in order (the first
+/// that matches decides Accept or Deny; Pass skips the rest of the tier),
+/// then NetworkPolicy if it isolates (allowed iff a rule allows), then the
+/// Baseline tier likewise, then allow.
 fn allows(dir: Option<&DirectionPolicy>, ip: IpAddr, protocol: Protocol, port: u16) -> bool {
     let Some(dir) = dir else {
         return true;
     };
     let port = u32::from(port);
-    dir.rules.iter().any(|rule| {
-        rule.peers.iter().any(|b| {
+    let matches = |peers: &[PeerBlock], ports: &[PortRange]| {
+        peers.iter().any(|b| {
             b.cidr.as_ref().is_some_and(|c| net(c).contains(&ip))
                 && !b.except.iter().any(|e| net(e).contains(&ip))
-        }) && (rule.ports.is_empty()
-            || rule.ports.iter().any(|r| {
+        }) && (ports.is_empty()
+            || ports.iter().any(|r| {
                 r.protocol == protocol as i32
                     && (r.port == 0
                         || r.port == port
                         || (r.end_port != 0 && (r.port..=r.end_port).contains(&port)))
             }))
-    })
+    };
+    let tier = |rules: &[TierRule]| -> Option<bool> {
+        let r = rules.iter().find(|r| matches(&r.peers, &r.ports))?;
+        match TierAction::try_from(r.action) {
+            Ok(TierAction::Accept) => Some(true),
+            Ok(TierAction::Pass) => None,
+            _ => Some(false),
+        }
+    };
+    if let Some(verdict) = tier(&dir.admin) {
+        return verdict;
+    }
+    if !dir.not_isolated {
+        return dir.rules.iter().any(|r| matches(&r.peers, &r.ports));
+    }
+    tier(&dir.baseline).unwrap_or(true)
 }
 
 const PORTS: [(Protocol, u16); 12] = [
@@ -1442,4 +1490,285 @@ async fn bad_slices_are_errors_naming_object_and_field_and_weaken_nothing() {
     let server = &pe.plans["n1"].pods[&key];
     assert!(server.ingress.is_none() && server.policies.is_empty());
     assert!(pe.errors.is_empty(), "{:?}", pe.errors);
+}
+
+// ---------------------------------------------------------------------------
+// ClusterNetworkPolicies (networking.k8s.aws/v1alpha1) and the
+// ClusterPolicyEndpoints the AWS controller resolves them into.
+
+/// Plays the AWS controller for ClusterNetworkPolicies: every policy
+/// becomes slices named after it carrying its tier, priority and subject;
+/// the pods the subject selects (with an address, not host-network) as
+/// podSelectorEndpoints; every peer resolved to addresses (namespaces and
+/// pods to the pods' addresses, networks as written), one entry per
+/// address with the rule's action and ports. Entries are deduplicated and
+/// packed `chunk` to a slice in an order drawn from `seed` (the
+/// controller's is a Go map's), so neither the slice nor the position says
+/// which rule an entry came from.
+fn aws_cluster_slices(cluster: &Cluster, chunk: usize, seed: u64) -> Vec<Value> {
+    use policy_controller::resolve::selector_matches;
+    let labels = |v: &Value| -> BTreeMap<String, String> {
+        serde_json::from_value(v["metadata"]["labels"].clone()).unwrap_or_default()
+    };
+    let matches = |sel: &Value, l: &BTreeMap<String, String>| {
+        let sel = serde_json::from_value(sel.clone()).unwrap();
+        selector_matches(&sel, l).unwrap()
+    };
+    let ns_labels: BTreeMap<String, BTreeMap<String, String>> = cluster
+        .of_kind("Namespace")
+        .map(|n| {
+            (
+                n["metadata"]["name"].as_str().unwrap().to_string(),
+                labels(n),
+            )
+        })
+        .collect();
+    let pods: Vec<&Value> = cluster
+        .of_kind("Pod")
+        .filter(|p| p["status"]["podIP"].is_string() && p["spec"]["hostNetwork"] != json!(true))
+        .collect();
+    let ns_of = |p: &Value| p["metadata"]["namespace"].as_str().unwrap().to_string();
+    // Pods a `namespaces` selector (pods: None) or a `pods` peer selects.
+    let select = |namespaces: &Value, pod_sel: Option<&Value>| -> Vec<&Value> {
+        pods.iter()
+            .copied()
+            .filter(|p| {
+                matches(namespaces, &ns_labels[&ns_of(p)])
+                    && pod_sel.is_none_or(|s| matches(s, &labels(p)))
+            })
+            .collect()
+    };
+    let peer_pods = |peer: &Value| -> Vec<&Value> {
+        if let Some(ns) = peer.get("namespaces") {
+            select(ns, None)
+        } else if let Some(p) = peer.get("pods") {
+            select(&p["namespaceSelector"], Some(&p["podSelector"]))
+        } else {
+            vec![]
+        }
+    };
+    let mut rng = Rng(seed | 1);
+    let mut out = Vec::new();
+    for cnp in cluster.of_kind("ClusterNetworkPolicy") {
+        let name = cnp["metadata"]["name"].as_str().unwrap();
+        let spec = &cnp["spec"];
+        let subject = &spec["subject"];
+        let subject_pods = peer_pods(subject);
+        // (list, entry): 0 pods, 1 ingress, 2 egress.
+        let mut items: BTreeSet<(usize, String)> = BTreeSet::new();
+        for p in subject_pods {
+            let pod = json!({"name": p["metadata"]["name"], "namespace": p["metadata"]["namespace"],
+                             "podIP": p["status"]["podIP"], "hostIP": p["status"]["hostIP"]});
+            items.insert((0, pod.to_string()));
+        }
+        for (list, key, peers_key) in [(1, "ingress", "from"), (2, "egress", "to")] {
+            for rule in spec[key].as_array().into_iter().flatten() {
+                let ports: Vec<Value> = rule["ports"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|p| {
+                        if let Some(n) = p.get("portNumber") {
+                            json!({"protocol": n["protocol"], "port": n["port"]})
+                        } else {
+                            let r = &p["portRange"];
+                            json!({"protocol": r["protocol"], "port": r["start"], "endPort": r["end"]})
+                        }
+                    })
+                    .collect();
+                let mut cidrs: Vec<String> = Vec::new();
+                for peer in rule[peers_key].as_array().into_iter().flatten() {
+                    for net in peer["networks"].as_array().into_iter().flatten() {
+                        cidrs.push(net.as_str().unwrap().to_string());
+                    }
+                    for p in peer_pods(peer) {
+                        cidrs.push(p["status"]["podIP"].as_str().unwrap().to_string());
+                    }
+                }
+                for cidr in cidrs {
+                    let mut entry = json!({"action": rule["action"], "cidr": cidr});
+                    if !ports.is_empty() {
+                        entry["ports"] = json!(ports);
+                    }
+                    items.insert((list, entry.to_string()));
+                }
+            }
+        }
+        let mut items: Vec<(usize, String)> = items.into_iter().collect();
+        rng.shuffle(&mut items);
+        let chunks: Vec<&[(usize, String)]> = if items.is_empty() {
+            vec![&[]]
+        } else {
+            items.chunks(chunk).collect()
+        };
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let mut spec = json!({"policyRef": {"name": name}, "tier": spec["tier"],
+                                  "priority": spec["priority"], "subject": subject});
+            for (list, key) in [(0, "podSelectorEndpoints"), (1, "ingress"), (2, "egress")] {
+                let of: Vec<Value> = chunk
+                    .iter()
+                    .filter(|(l, _)| *l == list)
+                    .map(|(_, e)| serde_json::from_str(e).unwrap())
+                    .collect();
+                if !of.is_empty() {
+                    spec[key] = json!(of);
+                }
+            }
+            out.push(
+                json!({"apiVersion": "networking.k8s.aws/v1alpha1", "kind": "ClusterPolicyEndpoint",
+                            "metadata": {"name": format!("{name}-{i}")}, "spec": spec}),
+            );
+        }
+    }
+    out
+}
+
+/// Both tiers, priorities (two policies of one priority, ordered by name),
+/// Accept, Deny and Pass, over FIXED's NetworkPolicies. Each policy's rules
+/// are written Deny, then Pass, then Accept: a slice keeps no rule order,
+/// and where one policy's rules of different actions overlap Palisade
+/// judges its slices in that order (see `source::cluster_policy_endpoint`).
+const FIXED_CNPS: &str = r#"
+apiVersion: networking.k8s.aws/v1alpha1
+kind: ClusterNetworkPolicy
+metadata: {name: admin-guard}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {namespaces: {matchLabels: {team: a}}}
+  ingress:
+  - {action: Deny, from: [{namespaces: {matchLabels: {team: b}}}], ports: [{portRange: {protocol: TCP, start: 8000, end: 8050}}]}
+  - {action: Pass, from: [{pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: client}}}}]}
+  - {action: Accept, from: [{pods: {namespaceSelector: {matchLabels: {team: b}}, podSelector: {matchLabels: {app: api}}}}], ports: [{portNumber: {protocol: UDP, port: 5353}}]}
+  egress:
+  - {action: Deny, to: [{networks: [10.0.9.0/24, "fd00::/16"]}]}
+  - {action: Accept, to: [{pods: {namespaceSelector: {matchLabels: {team: b}}, podSelector: {matchLabels: {app: api}}}}], ports: [{portNumber: {protocol: TCP, port: 443}}]}
+---
+apiVersion: networking.k8s.aws/v1alpha1
+kind: ClusterNetworkPolicy
+metadata: {name: admin-db}
+spec:
+  tier: Admin
+  priority: 20
+  subject: {pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: db}}}}
+  ingress:
+  - {action: Deny, from: [{pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: client}}}}]}
+  - {action: Pass, from: [{namespaces: {matchLabels: {team: a}}}]}
+  - {action: Accept, from: [{namespaces: {}}], ports: [{portNumber: {protocol: TCP, port: 22}}]}
+---
+apiVersion: networking.k8s.aws/v1alpha1
+kind: ClusterNetworkPolicy
+metadata: {name: baseline-dev}
+spec:
+  tier: Baseline
+  priority: 5
+  subject: {namespaces: {matchLabels: {team: b}}}
+  ingress:
+  - {action: Deny, from: [{namespaces: {matchLabels: {team: a}}}], ports: [{portNumber: {protocol: TCP, port: 80}}]}
+  egress:
+  - {action: Pass, to: [{networks: [192.0.2.0/24]}]}
+---
+apiVersion: networking.k8s.aws/v1alpha1
+kind: ClusterNetworkPolicy
+metadata: {name: baseline-open}
+spec:
+  tier: Baseline
+  priority: 5
+  subject: {namespaces: {}}
+  ingress:
+  - {action: Deny, from: [{pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: client}}}}], ports: [{portNumber: {protocol: UDP, port: 53}}]}
+  - {action: Accept, from: [{namespaces: {}}]}
+  egress:
+  - {action: Deny, to: [{networks: [0.0.0.0/0]}], ports: [{portNumber: {protocol: SCTP, port: 80}}]}
+  - {action: Accept, to: [{networks: [10.0.0.0/8]}]}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_policy_endpoints_grant_what_the_cluster_network_policies_grant() {
+    let mut cluster = fixed();
+    for doc in api_double::yaml_documents(FIXED_CNPS) {
+        cluster.put(doc);
+    }
+    let mut served = Served::start().await;
+    let hub = start_controller(&served.double.url);
+    let mut tally = Tally::default();
+    let mut aws = aws::Controller::new(2, 7);
+    let mut check_cnps = async |cluster: &Cluster, seed: u64, what: &str, tally: &mut Tally| {
+        served.sync(cluster, &mut aws);
+        served.sync_cluster_slices(aws_cluster_slices(cluster, 1 + (seed as usize % 3), seed));
+        let pe = plans_once_caught_up(&hub, &served, what).await;
+        let np = resolve_cluster(&cluster.state());
+        compare(&np, &pe, true, what, tally);
+        pe
+    };
+    for seed in 1..=4 {
+        let pe = check_cnps(
+            &cluster,
+            seed,
+            &format!("fixed CNPs, seed {seed}"),
+            &mut tally,
+        )
+        .await;
+        // Not trivial: the tiers decide some of these.
+        let web = &pe.plans["node-a"].pods[&("prod".into(), "web-1".into())];
+        let api: IpAddr = "10.1.0.21".parse().unwrap();
+        let client: IpAddr = "10.1.0.22".parse().unwrap();
+        assert!(!web.ingress.as_ref().unwrap().admin.is_empty());
+        assert!(
+            !allows(web.ingress.as_ref(), api, Protocol::Tcp, 8000),
+            "Admin Deny"
+        );
+        assert!(
+            allows(web.ingress.as_ref(), api, Protocol::Udp, 5353),
+            "Admin Accept"
+        );
+        assert!(
+            !allows(web.ingress.as_ref(), client, Protocol::Tcp, 8000),
+            "Deny before Pass"
+        );
+        assert!(
+            allows(web.ingress.as_ref(), client, Protocol::Tcp, 8060),
+            "Pass, then the NetworkPolicy"
+        );
+        assert!(!allows(web.ingress.as_ref(), client, Protocol::Tcp, 22));
+        let dev_api = &pe.plans["node-b"].pods[&("dev".into(), "api-1".into())];
+        let web2: IpAddr = "10.1.0.12".parse().unwrap();
+        assert!(
+            !allows(dev_api.ingress.as_ref(), web2, Protocol::Tcp, 80),
+            "baseline-dev before baseline-open"
+        );
+        assert!(allows(dev_api.ingress.as_ref(), web2, Protocol::Tcp, 81));
+        assert_eq!(
+            dev_api.policies,
+            [
+                "ClusterNetworkPolicy.networking.k8s.aws/baseline-dev",
+                "ClusterNetworkPolicy.networking.k8s.aws/baseline-open"
+            ]
+        );
+    }
+
+    // Changes: a policy moves below another and changes its action, one is
+    // deleted (its slices go), a pod leaves a subject.
+    let key = |name: &str| {
+        (
+            "ClusterNetworkPolicy".to_string(),
+            String::new(),
+            name.to_string(),
+        )
+    };
+    let mut guard = cluster.0[&key("admin-guard")].clone();
+    guard["spec"]["priority"] = json!(30);
+    guard["spec"]["ingress"][0]["action"] = json!("Pass");
+    cluster.put(guard);
+    cluster.0.remove(&key("baseline-dev"));
+    let db = ("Pod".to_string(), "prod".to_string(), "db-1".to_string());
+    let mut db_pod = cluster.0[&db].clone();
+    db_pod["metadata"]["labels"] = json!({"app": "cache"});
+    cluster.put(db_pod);
+    let pe = check_cnps(&cluster, 5, "fixed CNPs, changed", &mut tally).await;
+    assert!(!served.held.keys().any(|k| k.2.starts_with("baseline-dev-")));
+    let dev_api = &pe.plans["node-b"].pods[&("dev".into(), "api-1".into())];
+    let web2: IpAddr = "10.1.0.12".parse().unwrap();
+    assert!(allows(dev_api.ingress.as_ref(), web2, Protocol::Tcp, 80));
+    assert_eq!(tally.exact, 5);
 }

@@ -51,6 +51,10 @@ pub struct ClusterEndpointPolicy {
     pub id: String,
     /// The pods the slices list.
     pub pods: BTreeSet<PodKey>,
+    /// The first tier and priority of its slices (they agree but while
+    /// the AWS controller rewrites them): where the policy is named among
+    /// a pod's policies.
+    pub precedence: Option<(Tier, u32)>,
     /// The slices' subjects (readable ones; distinct).
     pub subjects: Vec<Subject>,
     /// Tier rules in the policy's own order (see the module doc).
@@ -196,6 +200,7 @@ pub fn merge_slices(policy: &str, slices: &[Slice<'_>]) -> ClusterEndpointPolicy
             }
         }
     }
+    out.precedence = headers.iter().map(|((t, p, _), _)| (*t, *p)).min();
     if headers.len() > 1 {
         let groups: Vec<String> = headers
             .iter()
