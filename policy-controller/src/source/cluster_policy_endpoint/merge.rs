@@ -117,13 +117,17 @@ impl ClusterEndpointPolicy {
     }
 }
 
+/// What every slice of a policy should carry alike: tier, priority,
+/// subject.
+type Header = (Tier, u32, Subject);
+
 /// One slice: its name and its parsed spec.
 pub type Slice<'a> = (&'a str, &'a ClusterPolicyEndpointSpec);
 
 /// The tier, priority and subject a slice carries, read as a
 /// ClusterNetworkPolicy's are (an unknown tier as Admin, a priority out of
 /// range as the nearest end).
-fn header(spec: &ClusterPolicyEndpointSpec) -> (Tier, u32, Subject) {
+fn header(spec: &ClusterPolicyEndpointSpec) -> Header {
     let p = ClusterNetworkPolicy::from_aws(&wire::AwsClusterNetworkPolicy {
         spec: wire::AwsSpec {
             tier: spec.tier.clone(),
@@ -146,7 +150,7 @@ pub fn merge_slices(policy: &str, slices: &[Slice<'_>]) -> ClusterEndpointPolicy
         id: id.clone(),
         ..Default::default()
     };
-    let mut headers: Vec<((Tier, u32, Subject), Vec<&str>)> = Vec::new();
+    let mut headers: Vec<(Header, Vec<&str>)> = Vec::new();
     let mut ingress = Entries::default();
     let mut egress = Entries::default();
     for (slice, spec) in slices {
