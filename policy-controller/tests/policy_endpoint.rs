@@ -1772,3 +1772,105 @@ async fn cluster_policy_endpoints_grant_what_the_cluster_network_policies_grant(
     assert!(allows(dev_api.ingress.as_ref(), web2, Protocol::Tcp, 80));
     assert_eq!(tally.exact, 5);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_cluster_slices_are_errors_naming_object_and_field_and_a_missing_crd_is_none() {
+    let mut served = Served::start().await;
+    // An AWS controller before ClusterNetworkPolicies: no CRD. The
+    // controller syncs all the same.
+    served.double.set_served(Kind::ClusterPolicyEndpoint, false);
+    let hub = start_controller(&served.double.url);
+    let pod = |name: &str, ip: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": "x", "labels": {"app": name}},
+               "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
+               "status": {"podIP": ip, "podIPs": [{"ip": ip}]}})
+    };
+    let slice = |name: &str, spec: Value| {
+        json!({"apiVersion": "networking.k8s.aws/v1alpha1", "kind": "ClusterPolicyEndpoint",
+               "metadata": {"name": name}, "spec": spec})
+    };
+    served.apply(json!({"apiVersion": "v1", "kind": "Namespace",
+                        "metadata": {"name": "x", "labels": {"team": "a"}}}));
+    served.apply(pod("server", "10.0.0.1"));
+    served.apply(pod("client", "10.0.0.2"));
+    let key = ("x".to_string(), "server".to_string());
+    let client: IpAddr = "10.0.0.2".parse().unwrap();
+    let other: IpAddr = "10.0.0.9".parse().unwrap();
+    let pe = plans_once_caught_up(&hub, &served, "no CRD").await;
+    assert!(pe.plans["n1"].pods[&key].ingress.is_none());
+
+    // The CRD installed, and slices: one denies the client on port 80, one
+    // has an entry that cannot be read (a Deny: it denies everything), one
+    // a field the CRD does not have (refused whole).
+    served.double.set_served(Kind::ClusterPolicyEndpoint, true);
+    let subject = json!({"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "server"}}}});
+    served.apply(slice(
+        "deny-client-a",
+        json!({"policyRef": {"name": "deny-client"}, "tier": "Admin", "priority": 10,
+               "subject": subject,
+               "ingress": [{"action": "Deny", "cidr": "10.0.0.2", "ports": [{"protocol": "TCP", "port": 80}]}]}),
+    ));
+    served.apply(slice(
+        "broken-a",
+        json!({"policyRef": {"name": "broken"}, "tier": "Baseline", "priority": 1,
+               "subject": subject,
+               "ingress": [{"action": "Deny", "cidr": "10.0.0.300"}]}),
+    ));
+    served.apply(slice(
+        "typo-a",
+        json!({"policyRef": {"name": "typo"}, "tier": "Admin", "priority": 1,
+               "subject": subject,
+               "ingress": [{"actoin": "Accept", "cidr": "0.0.0.0/0"}]}),
+    ));
+    let pe = plans_once_caught_up(&hub, &served, "bad cluster slices").await;
+    let server = &pe.plans["n1"].pods[&key];
+    assert!(!allows(server.ingress.as_ref(), client, Protocol::Tcp, 80));
+    assert!(
+        !allows(server.ingress.as_ref(), other, Protocol::Tcp, 81),
+        "the unreadable Deny denies everything"
+    );
+    let want = [
+        "ClusterPolicyEndpoint broken-a: spec.ingress[0].cidr: \"10.0.0.300\" is not an address",
+        "ClusterPolicyEndpoint typo-a: spec.ingress[0].action: Required value; \
+         spec.ingress[0].actoin: unknown field",
+    ];
+    for w in want {
+        assert!(
+            pe.errors.iter().any(|e| e.contains(w)),
+            "{w}: {:?}",
+            pe.errors
+        );
+    }
+    assert_eq!(hub.view().errors, pe.errors, "operators see them");
+
+    // A slice that stops parsing keeps its previous version in force.
+    served.apply(slice(
+        "deny-client-a",
+        json!({"policyRef": {"name": "deny-client"}, "tier": "Developer", "priority": 10,
+               "subject": subject}),
+    ));
+    let pe = plans_once_caught_up(&hub, &served, "unparsable cluster slice").await;
+    let server = &pe.plans["n1"].pods[&key];
+    assert!(!allows(server.ingress.as_ref(), client, Protocol::Tcp, 80));
+    assert!(
+        pe.errors.iter().any(|e| e.starts_with(
+            "ClusterPolicyEndpoint deny-client-a: spec.tier: Unsupported value: \"Developer\""
+        ) && e.ends_with("its previous version stays in force")),
+        "{:?}",
+        pe.errors
+    );
+
+    // The CRD removed: its slices with it, and their errors.
+    served.double.set_served(Kind::ClusterPolicyEndpoint, false);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let pe = hub.with_engine(|e| e.expect("synced").resolution());
+        let server = &pe.plans["n1"].pods[&key];
+        if server.ingress.is_none() && server.policies.is_empty() && pe.errors.is_empty() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", pe.errors);
+        tokio::time::sleep(Duration::from_millis(5)).await; // poll: the hub has no change signal
+    }
+}
