@@ -215,3 +215,113 @@ fn insert_by_priority(list: &mut Vec<TierRule>, rule: &TierRule) {
     let at = list.partition_point(|r| r.priority <= rule.priority);
     list.insert(at, rule.clone());
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use crate::engine::{Change, Engine};
+    use crate::source::cluster_policy_endpoint::ClusterPolicyEndpoint;
+
+    fn namespace(name: &str, team: &str) -> Change {
+        Change::ApplyNamespace(
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": {"team": team}}}))
+                .unwrap(),
+        )
+    }
+
+    fn pod(ns: &str, name: &str, ip: &str) -> Change {
+        Change::ApplyPod(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": ns, "labels": {"app": "same"}},
+                "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
+                "status": {"podIP": ip},
+            }))
+            .unwrap(),
+        )
+    }
+
+    /// A slice of `policy` whose subject is the namespaces of team a,
+    /// listing `pods` (in namespace x).
+    fn slice(name: &str, policy: &str, priority: u32, pods: &[&str]) -> Change {
+        let pods: Vec<_> = pods
+            .iter()
+            .map(|p| json!({"name": p, "namespace": "x", "podIP": "10.0.0.1", "hostIP": "192.168.0.1"}))
+            .collect();
+        Change::ApplyClusterPolicyEndpoint(
+            serde_json::from_value::<ClusterPolicyEndpoint>(json!({
+                "metadata": {"name": name},
+                "spec": {"policyRef": {"name": policy}, "tier": "Admin", "priority": priority,
+                         "subject": {"namespaces": {"matchLabels": {"team": "a"}}},
+                         "podSelectorEndpoints": pods,
+                         "ingress": [{"action": "Deny", "cidr": "10.0.0.9"}]},
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn policies(engine: &Engine, ns: &str, pod: &str) -> Vec<String> {
+        engine.resolution().plans["n1"].pods[&(ns.to_string(), pod.to_string())]
+            .policies
+            .clone()
+    }
+
+    const P: &str = "ClusterNetworkPolicy.networking.k8s.aws/p";
+    const Q: &str = "ClusterNetworkPolicy.networking.k8s.aws/q";
+
+    #[test]
+    fn subjects_and_listed_pods_select_and_only_what_moved_is_recomputed() {
+        let mut engine = Engine::default();
+        engine.apply([
+            namespace("x", "b"),
+            namespace("y", "a"),
+            pod("x", "a", "10.0.0.1"),
+            pod("x", "b", "10.0.0.2"),
+            pod("y", "c", "10.0.0.3"),
+            slice("p-1", "p", 10, &["a"]),
+        ]);
+        assert_eq!(policies(&engine, "x", "a"), [P], "listed");
+        assert!(
+            policies(&engine, "x", "b").is_empty(),
+            "same labels, not listed"
+        );
+        assert_eq!(policies(&engine, "y", "c"), [P], "by its subject");
+        let rules = |engine: &Engine| {
+            engine.resolution().plans["n1"].pods[&("y".into(), "c".into())]
+                .ingress
+                .clone()
+                .unwrap()
+                .admin
+        };
+        assert_eq!(rules(&engine).len(), 1);
+
+        // Another slice lists b: only b is recomputed.
+        let outcome = engine.apply([slice("p-2", "p", 10, &["b"])]);
+        assert_eq!(outcome.recomputed, 1);
+        assert_eq!(policies(&engine, "x", "b"), [P]);
+
+        // A second policy of higher priority number: named after p, its
+        // rule after p's.
+        engine.apply([slice("q-1", "q", 20, &[])]);
+        assert_eq!(policies(&engine, "y", "c"), [P, Q]);
+        let r = rules(&engine);
+        assert_eq!(
+            r.iter()
+                .map(|r| (r.policy.as_str(), r.priority))
+                .collect::<Vec<_>>(),
+            [(P, 10), (Q, 20)]
+        );
+
+        // The namespace relabelled out of the subjects: lifted.
+        engine.apply([namespace("y", "b")]);
+        assert!(policies(&engine, "y", "c").is_empty());
+
+        // Deleting a policy's last slices lifts it.
+        engine.apply([
+            Change::DeleteClusterPolicyEndpoint("p-1".into()),
+            Change::DeleteClusterPolicyEndpoint("p-2".into()),
+        ]);
+        assert!(policies(&engine, "x", "a").is_empty());
+        assert!(engine.errors().is_empty(), "{:?}", engine.errors());
+    }
+}
