@@ -24,6 +24,11 @@
 //! information (see `aws::combine`), the plan may only allow less, never
 //! more; the clusters where that happened are counted and the rest are
 //! compared for equality.
+//!
+//! ClusterNetworkPolicies (networking.k8s.aws) go the same way: `aws_cluster_slices`
+//! plays the AWS controller writing ClusterPolicyEndpoints, and the verdicts
+//! (judged through the Admin tier, NetworkPolicy and the Baseline tier, as the
+//! datapath does) must equal those of the plans from the policies themselves.
 
 #[allow(dead_code)] // the double serves more than these tests use
 mod api_double;
@@ -1109,11 +1114,22 @@ fn compare(np: &Resolution, pe: &Resolution, exact: bool, what: &str, tally: &mu
                     a.policies, b.policies,
                     "{what}: {key:?}: selecting policies"
                 );
-                assert_eq!(
-                    (a.ingress.is_some(), a.egress.is_some()),
-                    (b.ingress.is_some(), b.egress.is_some()),
-                    "{what}: {key:?}: isolation"
-                );
+                // A tier rule whose peers select no address is a rule
+                // without peers on one side, no entry on the other.
+                let no_tiers = |d: &Option<DirectionPolicy>| {
+                    d.as_ref()
+                        .is_none_or(|d| d.admin.is_empty() && d.baseline.is_empty())
+                };
+                if [&a.ingress, &a.egress, &b.ingress, &b.egress]
+                    .into_iter()
+                    .all(no_tiers)
+                {
+                    assert_eq!(
+                        (a.ingress.is_some(), a.egress.is_some()),
+                        (b.ingress.is_some(), b.egress.is_some()),
+                        "{what}: {key:?}: isolation"
+                    );
+                }
             }
             if a.pod_ips.is_empty() {
                 // Nothing reaches a pod without an address.
@@ -1623,6 +1639,59 @@ fn aws_cluster_slices(cluster: &Cluster, chunk: usize, seed: u64) -> Vec<Value> 
     out
 }
 
+/// A generated AWS ClusterNetworkPolicy: either tier, a priority of three
+/// (so ties, ordered by name), a subject, rules of every action written
+/// Deny, then Pass, then Accept (see FIXED_CNPS), peers of every kind the
+/// AWS CRD has but `domainNames`, ports by number and range.
+fn cluster_policy(rng: &mut Rng, name: &str) -> Value {
+    let team = |rng: &mut Rng| selector(rng, "team", &["red", "blue"]);
+    let app = |rng: &mut Rng| selector(rng, "app", &APPS);
+    let pods = |rng: &mut Rng| json!({"namespaceSelector": team(rng), "podSelector": app(rng)});
+    let subject = if rng.chance(50) {
+        json!({"namespaces": team(rng)})
+    } else {
+        json!({"pods": pods(rng)})
+    };
+    let mut spec = json!({"tier": rng.pick(&["Admin", "Baseline"]), "priority": 1 + rng.below(3),
+                          "subject": subject});
+    for (key, peers_key) in [("ingress", "from"), ("egress", "to")] {
+        let mut rules = Vec::new();
+        for _ in 0..rng.below(4) {
+            let peers: Vec<Value> = (0..1 + rng.below(2))
+                .map(|_| match rng.below(if key == "egress" { 3 } else { 2 }) {
+                    0 => json!({"namespaces": team(rng)}),
+                    1 => json!({"pods": pods(rng)}),
+                    _ => json!({"networks": [rng.pick(&["10.0.0.0/16", "10.0.1.0/29", "0.0.0.0/0", "fd00::/64"])]}),
+                })
+                .collect();
+            let mut rule =
+                json!({"action": rng.pick(&["Deny", "Pass", "Accept"]), peers_key: peers});
+            if rng.chance(50) {
+                let ports: Vec<Value> = (0..1 + rng.below(2))
+                    .map(|_| match rng.below(3) {
+                        0 => json!({"portNumber": {"protocol": "TCP", "port": rng.pick(&[80, 443, 53])}}),
+                        1 => json!({"portNumber": {"protocol": "UDP", "port": 53}}),
+                        _ => json!({"portRange": {"protocol": "TCP", "start": 8000, "end": 8100}}),
+                    })
+                    .collect();
+                rule["ports"] = json!(ports);
+            }
+            rules.push(rule);
+        }
+        let rank = |r: &Value| match r["action"].as_str().unwrap() {
+            "Deny" => 0,
+            "Pass" => 1,
+            _ => 2,
+        };
+        rules.sort_by_key(rank);
+        if !rules.is_empty() {
+            spec[key] = json!(rules);
+        }
+    }
+    json!({"apiVersion": "networking.k8s.aws/v1alpha1", "kind": "ClusterNetworkPolicy",
+           "metadata": {"name": name}, "spec": spec})
+}
+
 /// Both tiers, priorities (two policies of one priority, ordered by name),
 /// Accept, Deny and Pass, over FIXED's NetworkPolicies. Each policy's rules
 /// are written Deny, then Pass, then Accept: a slice keeps no rule order,
@@ -1873,4 +1942,71 @@ async fn bad_cluster_slices_are_errors_naming_object_and_field_and_a_missing_crd
         assert!(tokio::time::Instant::now() < deadline, "{:?}", pe.errors);
         tokio::time::sleep(Duration::from_millis(5)).await; // poll: the hub has no change signal
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generated_clusters_cluster_policy_endpoints_grant_what_the_cluster_network_policies_grant()
+{
+    const CLUSTERS: u64 = 20;
+    const STEPS: usize = 4;
+    let mut tally = Tally::default();
+    let mut tiered = 0;
+    for seed in 1..=CLUSTERS {
+        let mut rng = Rng(seed.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1);
+        let mut addresses = Addresses(0);
+        let mut cluster = generated(&mut rng, &mut addresses);
+        for i in 0..1 + rng.below(4) {
+            cluster.put(cluster_policy(&mut rng, &format!("cnp{i}")));
+        }
+        let mut served = Served::start().await;
+        let hub = start_controller(&served.double.url);
+        let mut aws = aws::Controller::new(1 + rng.below(4), seed);
+        for step in 0..=STEPS {
+            if step > 0 {
+                for _ in 0..1 + rng.below(3) {
+                    if rng.chance(30) {
+                        let name = format!("cnp{}", rng.below(5));
+                        if rng.chance(25) {
+                            cluster.0.remove(&(
+                                "ClusterNetworkPolicy".to_string(),
+                                String::new(),
+                                name,
+                            ));
+                        } else {
+                            cluster.put(cluster_policy(&mut rng, &name));
+                        }
+                    } else {
+                        mutate(&mut rng, &mut cluster, &mut addresses);
+                    }
+                }
+            }
+            let what = format!("seed {seed} step {step}");
+            served.sync(&cluster, &mut aws);
+            let chunk = 1 + rng.below(4);
+            let slice_seed = rng.next();
+            served.sync_cluster_slices(aws_cluster_slices(&cluster, chunk, slice_seed));
+            let pe = plans_once_caught_up(&hub, &served, &what).await;
+            let np = resolve_cluster(&cluster.state());
+            compare(&np, &pe, !aws.lossy, &what, &mut tally);
+            tiered += pe
+                .plans
+                .values()
+                .flat_map(|p| p.pods.values())
+                .filter(|p| {
+                    [&p.ingress, &p.egress].into_iter().flatten().any(|d| {
+                        d.admin
+                            .iter()
+                            .chain(&d.baseline)
+                            .any(|r| !r.peers.is_empty())
+                    })
+                })
+                .count();
+        }
+    }
+    eprintln!("{tally:?}, {tiered} pod views with tier rules");
+    // Not trivial: the tiers decide for many pods.
+    assert!(tiered > 100, "{tiered}");
+    let views = (CLUSTERS as usize) * (STEPS + 1);
+    assert_eq!(tally.exact + tally.narrower, views);
+    assert!(tally.exact * 2 > views, "{tally:?}");
 }
