@@ -26,8 +26,9 @@ struct Args {
     /// of watching the Kubernetes API.
     #[arg(long, env = "PALISADE_MANIFESTS")]
     manifests: Option<PathBuf>,
-    /// Where policy comes from: NetworkPolicies, or the PolicyEndpoints the
-    /// AWS network policy controller writes (Kubernetes API only).
+    /// Where policy comes from: NetworkPolicies, or the PolicyEndpoints and
+    /// ClusterPolicyEndpoints the AWS network policy controller writes
+    /// (Kubernetes API only).
     #[arg(
         long,
         env = "PALISADE_POLICY_SOURCE",

@@ -24,6 +24,11 @@
 //! information (see `aws::combine`), the plan may only allow less, never
 //! more; the clusters where that happened are counted and the rest are
 //! compared for equality.
+//!
+//! ClusterNetworkPolicies (networking.k8s.aws) go the same way: `aws_cluster_slices`
+//! plays the AWS controller writing ClusterPolicyEndpoints, and the verdicts
+//! (judged through the Admin tier, NetworkPolicy and the Baseline tier, as the
+//! datapath does) must equal those of the plans from the policies themselves.
 
 #[allow(dead_code)] // the double serves more than these tests use
 mod api_double;
@@ -36,7 +41,9 @@ use api_double::{ApiDouble, Kind};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use palisade_proto::v1::{DirectionPolicy, IpPrefix, Protocol};
+use palisade_proto::v1::{
+    DirectionPolicy, IpPrefix, PeerBlock, PortRange, Protocol, TierAction, TierRule,
+};
 use policy_controller::cluster::{ClusterState, Object};
 use policy_controller::feed;
 use policy_controller::hub::Hub;
@@ -109,6 +116,10 @@ impl Cluster {
             "Pod" => Object::Pod(serde_json::from_value::<Pod>(v.clone()).unwrap()),
             "NetworkPolicy" => {
                 Object::NetworkPolicy(serde_json::from_value::<NetworkPolicy>(v.clone()).unwrap())
+            }
+            "ClusterNetworkPolicy" => {
+                let mut parsed = policy_controller::source::parse_objects(&v.to_string()).unwrap();
+                parsed.pop().unwrap()
             }
             other => panic!("no {other} in these clusters"),
         });
@@ -839,6 +850,7 @@ impl Served {
             "Namespace" => Kind::Namespace,
             "Pod" => Kind::Pod,
             "PolicyEndpoint" => Kind::PolicyEndpoint,
+            "ClusterPolicyEndpoint" => Kind::ClusterPolicyEndpoint,
             _ => return,
         };
         // The rendering's record of what was packed before merging is not
@@ -864,7 +876,8 @@ impl Served {
     }
 
     fn delete(&mut self, kind: Kind, ns: &str, name: &str) {
-        let ns_key = if kind == Kind::Namespace { "" } else { ns };
+        let cluster_scoped = matches!(kind, Kind::Namespace | Kind::ClusterPolicyEndpoint);
+        let ns_key = if cluster_scoped { "" } else { ns };
         if self
             .held
             .remove(&(kind, ns_key.to_string(), name.to_string()))
@@ -873,7 +886,7 @@ impl Served {
             return;
         }
         self.double
-            .delete(kind, (kind != Kind::Namespace).then_some(ns), name);
+            .delete(kind, (!cluster_scoped).then_some(ns), name);
         self.revision += 1;
         self.last.insert(kind, self.revision);
     }
@@ -916,11 +929,32 @@ impl Served {
     fn marker(&self) -> String {
         let rv = |k| self.last.get(&k).map(u64::to_string).unwrap_or_default();
         format!(
-            "k8s namespaces={} pods={} policyendpoints={}",
+            "k8s namespaces={} pods={} policyendpoints={} clusterpolicyendpoints={}",
             rv(Kind::Namespace),
             rv(Kind::Pod),
-            rv(Kind::PolicyEndpoint)
+            rv(Kind::PolicyEndpoint),
+            rv(Kind::ClusterPolicyEndpoint)
         )
+    }
+
+    /// Brings the double's ClusterPolicyEndpoints to `slices`.
+    fn sync_cluster_slices(&mut self, slices: Vec<Value>) {
+        let names: BTreeSet<String> = slices
+            .iter()
+            .map(|s| s["metadata"]["name"].as_str().unwrap().to_string())
+            .collect();
+        for s in slices {
+            self.apply(s);
+        }
+        let gone: Vec<String> = self
+            .held
+            .keys()
+            .filter(|k| k.0 == Kind::ClusterPolicyEndpoint && !names.contains(&k.2))
+            .map(|k| k.2.clone())
+            .collect();
+        for name in gone {
+            self.delete(Kind::ClusterPolicyEndpoint, "", &name);
+        }
     }
 
     fn slices(&self) -> usize {
@@ -976,24 +1010,43 @@ fn net(p: &IpPrefix) -> IpNet {
     IpNet::new(addr, p.prefix_len as u8).unwrap()
 }
 
-/// Whether one direction of a pod's plan allows `ip` on `protocol`/`port`.
+/// Whether one direction of a pod's plan allows `ip` on `protocol`/`port`,
+/// as the datapath judges it: the Admin tier's rules in order (the first
+/// that matches decides Accept or Deny; Pass skips the rest of the tier),
+/// then NetworkPolicy if it isolates (allowed iff a rule allows), then the
+/// Baseline tier likewise, then allow.
 fn allows(dir: Option<&DirectionPolicy>, ip: IpAddr, protocol: Protocol, port: u16) -> bool {
     let Some(dir) = dir else {
         return true;
     };
     let port = u32::from(port);
-    dir.rules.iter().any(|rule| {
-        rule.peers.iter().any(|b| {
+    let matches = |peers: &[PeerBlock], ports: &[PortRange]| {
+        peers.iter().any(|b| {
             b.cidr.as_ref().is_some_and(|c| net(c).contains(&ip))
                 && !b.except.iter().any(|e| net(e).contains(&ip))
-        }) && (rule.ports.is_empty()
-            || rule.ports.iter().any(|r| {
+        }) && (ports.is_empty()
+            || ports.iter().any(|r| {
                 r.protocol == protocol as i32
                     && (r.port == 0
                         || r.port == port
                         || (r.end_port != 0 && (r.port..=r.end_port).contains(&port)))
             }))
-    })
+    };
+    let tier = |rules: &[TierRule]| -> Option<bool> {
+        let r = rules.iter().find(|r| matches(&r.peers, &r.ports))?;
+        match TierAction::try_from(r.action) {
+            Ok(TierAction::Accept) => Some(true),
+            Ok(TierAction::Pass) => None,
+            _ => Some(false),
+        }
+    };
+    if let Some(verdict) = tier(&dir.admin) {
+        return verdict;
+    }
+    if !dir.not_isolated {
+        return dir.rules.iter().any(|r| matches(&r.peers, &r.ports));
+    }
+    tier(&dir.baseline).unwrap_or(true)
 }
 
 const PORTS: [(Protocol, u16); 12] = [
@@ -1061,11 +1114,22 @@ fn compare(np: &Resolution, pe: &Resolution, exact: bool, what: &str, tally: &mu
                     a.policies, b.policies,
                     "{what}: {key:?}: selecting policies"
                 );
-                assert_eq!(
-                    (a.ingress.is_some(), a.egress.is_some()),
-                    (b.ingress.is_some(), b.egress.is_some()),
-                    "{what}: {key:?}: isolation"
-                );
+                // A tier rule whose peers select no address is a rule
+                // without peers on one side, no entry on the other.
+                let no_tiers = |d: &Option<DirectionPolicy>| {
+                    d.as_ref()
+                        .is_none_or(|d| d.admin.is_empty() && d.baseline.is_empty())
+                };
+                if [&a.ingress, &a.egress, &b.ingress, &b.egress]
+                    .into_iter()
+                    .all(no_tiers)
+                {
+                    assert_eq!(
+                        (a.ingress.is_some(), a.egress.is_some()),
+                        (b.ingress.is_some(), b.egress.is_some()),
+                        "{what}: {key:?}: isolation"
+                    );
+                }
             }
             if a.pod_ips.is_empty() {
                 // Nothing reaches a pod without an address.
@@ -1442,4 +1506,507 @@ async fn bad_slices_are_errors_naming_object_and_field_and_weaken_nothing() {
     let server = &pe.plans["n1"].pods[&key];
     assert!(server.ingress.is_none() && server.policies.is_empty());
     assert!(pe.errors.is_empty(), "{:?}", pe.errors);
+}
+
+// ---------------------------------------------------------------------------
+// ClusterNetworkPolicies (networking.k8s.aws/v1alpha1) and the
+// ClusterPolicyEndpoints the AWS controller resolves them into.
+
+/// Plays the AWS controller for ClusterNetworkPolicies: every policy
+/// becomes slices named after it carrying its tier, priority and subject;
+/// the pods the subject selects (with an address, not host-network) as
+/// podSelectorEndpoints; every peer resolved to addresses (namespaces and
+/// pods to the pods' addresses, networks as written), one entry per
+/// address with the rule's action and ports. Entries are deduplicated and
+/// packed `chunk` to a slice in an order drawn from `seed` (the
+/// controller's is a Go map's), so neither the slice nor the position says
+/// which rule an entry came from.
+fn aws_cluster_slices(cluster: &Cluster, chunk: usize, seed: u64) -> Vec<Value> {
+    use policy_controller::resolve::selector_matches;
+    let labels = |v: &Value| -> BTreeMap<String, String> {
+        serde_json::from_value(v["metadata"]["labels"].clone()).unwrap_or_default()
+    };
+    let matches = |sel: &Value, l: &BTreeMap<String, String>| {
+        let sel = serde_json::from_value(sel.clone()).unwrap();
+        selector_matches(&sel, l).unwrap()
+    };
+    let ns_labels: BTreeMap<String, BTreeMap<String, String>> = cluster
+        .of_kind("Namespace")
+        .map(|n| {
+            (
+                n["metadata"]["name"].as_str().unwrap().to_string(),
+                labels(n),
+            )
+        })
+        .collect();
+    let pods: Vec<&Value> = cluster
+        .of_kind("Pod")
+        .filter(|p| p["status"]["podIP"].is_string() && p["spec"]["hostNetwork"] != json!(true))
+        .collect();
+    let ns_of = |p: &Value| p["metadata"]["namespace"].as_str().unwrap().to_string();
+    // Pods a `namespaces` selector (pods: None) or a `pods` peer selects.
+    let select = |namespaces: &Value, pod_sel: Option<&Value>| -> Vec<&Value> {
+        pods.iter()
+            .copied()
+            .filter(|p| {
+                matches(namespaces, &ns_labels[&ns_of(p)])
+                    && pod_sel.is_none_or(|s| matches(s, &labels(p)))
+            })
+            .collect()
+    };
+    let peer_pods = |peer: &Value| -> Vec<&Value> {
+        if let Some(ns) = peer.get("namespaces") {
+            select(ns, None)
+        } else if let Some(p) = peer.get("pods") {
+            select(&p["namespaceSelector"], Some(&p["podSelector"]))
+        } else {
+            vec![]
+        }
+    };
+    let mut rng = Rng(seed | 1);
+    let mut out = Vec::new();
+    for cnp in cluster.of_kind("ClusterNetworkPolicy") {
+        let name = cnp["metadata"]["name"].as_str().unwrap();
+        let spec = &cnp["spec"];
+        let subject = &spec["subject"];
+        let subject_pods = peer_pods(subject);
+        // (list, entry): 0 pods, 1 ingress, 2 egress.
+        let mut items: BTreeSet<(usize, String)> = BTreeSet::new();
+        for p in subject_pods {
+            let pod = json!({"name": p["metadata"]["name"], "namespace": p["metadata"]["namespace"],
+                             "podIP": p["status"]["podIP"], "hostIP": p["status"]["hostIP"]});
+            items.insert((0, pod.to_string()));
+        }
+        for (list, key, peers_key) in [(1, "ingress", "from"), (2, "egress", "to")] {
+            for rule in spec[key].as_array().into_iter().flatten() {
+                let ports: Vec<Value> = rule["ports"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|p| {
+                        if let Some(n) = p.get("portNumber") {
+                            json!({"protocol": n["protocol"], "port": n["port"]})
+                        } else {
+                            let r = &p["portRange"];
+                            json!({"protocol": r["protocol"], "port": r["start"], "endPort": r["end"]})
+                        }
+                    })
+                    .collect();
+                let mut cidrs: Vec<String> = Vec::new();
+                for peer in rule[peers_key].as_array().into_iter().flatten() {
+                    for net in peer["networks"].as_array().into_iter().flatten() {
+                        cidrs.push(net.as_str().unwrap().to_string());
+                    }
+                    for p in peer_pods(peer) {
+                        cidrs.push(p["status"]["podIP"].as_str().unwrap().to_string());
+                    }
+                }
+                for cidr in cidrs {
+                    let mut entry = json!({"action": rule["action"], "cidr": cidr});
+                    if !ports.is_empty() {
+                        entry["ports"] = json!(ports);
+                    }
+                    items.insert((list, entry.to_string()));
+                }
+            }
+        }
+        let mut items: Vec<(usize, String)> = items.into_iter().collect();
+        rng.shuffle(&mut items);
+        let chunks: Vec<&[(usize, String)]> = if items.is_empty() {
+            vec![&[]]
+        } else {
+            items.chunks(chunk).collect()
+        };
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let mut spec = json!({"policyRef": {"name": name}, "tier": spec["tier"],
+                                  "priority": spec["priority"], "subject": subject});
+            for (list, key) in [(0, "podSelectorEndpoints"), (1, "ingress"), (2, "egress")] {
+                let of: Vec<Value> = chunk
+                    .iter()
+                    .filter(|(l, _)| *l == list)
+                    .map(|(_, e)| serde_json::from_str(e).unwrap())
+                    .collect();
+                if !of.is_empty() {
+                    spec[key] = json!(of);
+                }
+            }
+            out.push(
+                json!({"apiVersion": "networking.k8s.aws/v1alpha1", "kind": "ClusterPolicyEndpoint",
+                            "metadata": {"name": format!("{name}-{i}")}, "spec": spec}),
+            );
+        }
+    }
+    out
+}
+
+/// A generated AWS ClusterNetworkPolicy: either tier, a priority of three
+/// (so ties, ordered by name), a subject, rules of every action written
+/// Deny, then Pass, then Accept (see FIXED_CNPS), peers of every kind the
+/// AWS CRD has but `domainNames`, ports by number and range.
+fn cluster_policy(rng: &mut Rng, name: &str) -> Value {
+    let team = |rng: &mut Rng| selector(rng, "team", &["red", "blue"]);
+    let app = |rng: &mut Rng| selector(rng, "app", &APPS);
+    let pods = |rng: &mut Rng| json!({"namespaceSelector": team(rng), "podSelector": app(rng)});
+    let subject = if rng.chance(50) {
+        json!({"namespaces": team(rng)})
+    } else {
+        json!({"pods": pods(rng)})
+    };
+    let mut spec = json!({"tier": rng.pick(&["Admin", "Baseline"]), "priority": 1 + rng.below(3),
+                          "subject": subject});
+    for (key, peers_key) in [("ingress", "from"), ("egress", "to")] {
+        let mut rules = Vec::new();
+        for _ in 0..rng.below(4) {
+            let peers: Vec<Value> = (0..1 + rng.below(2))
+                .map(|_| match rng.below(if key == "egress" { 3 } else { 2 }) {
+                    0 => json!({"namespaces": team(rng)}),
+                    1 => json!({"pods": pods(rng)}),
+                    _ => json!({"networks": [rng.pick(&["10.0.0.0/16", "10.0.1.0/29", "0.0.0.0/0", "fd00::/64"])]}),
+                })
+                .collect();
+            let mut rule =
+                json!({"action": rng.pick(&["Deny", "Pass", "Accept"]), peers_key: peers});
+            if rng.chance(50) {
+                let ports: Vec<Value> = (0..1 + rng.below(2))
+                    .map(|_| match rng.below(3) {
+                        0 => json!({"portNumber": {"protocol": "TCP", "port": rng.pick(&[80, 443, 53])}}),
+                        1 => json!({"portNumber": {"protocol": "UDP", "port": 53}}),
+                        _ => json!({"portRange": {"protocol": "TCP", "start": 8000, "end": 8100}}),
+                    })
+                    .collect();
+                rule["ports"] = json!(ports);
+            }
+            rules.push(rule);
+        }
+        let rank = |r: &Value| match r["action"].as_str().unwrap() {
+            "Deny" => 0,
+            "Pass" => 1,
+            _ => 2,
+        };
+        rules.sort_by_key(rank);
+        if !rules.is_empty() {
+            spec[key] = json!(rules);
+        }
+    }
+    json!({"apiVersion": "networking.k8s.aws/v1alpha1", "kind": "ClusterNetworkPolicy",
+           "metadata": {"name": name}, "spec": spec})
+}
+
+/// Both tiers, priorities (two policies of one priority, ordered by name),
+/// Accept, Deny and Pass, over FIXED's NetworkPolicies. Each policy's rules
+/// are written Deny, then Pass, then Accept: a slice keeps no rule order,
+/// and where one policy's rules of different actions overlap Palisade
+/// judges its slices in that order (see `source::cluster_policy_endpoint`).
+const FIXED_CNPS: &str = r#"
+apiVersion: networking.k8s.aws/v1alpha1
+kind: ClusterNetworkPolicy
+metadata: {name: admin-guard}
+spec:
+  tier: Admin
+  priority: 10
+  subject: {namespaces: {matchLabels: {team: a}}}
+  ingress:
+  - {action: Deny, from: [{namespaces: {matchLabels: {team: b}}}], ports: [{portRange: {protocol: TCP, start: 8000, end: 8050}}]}
+  - {action: Pass, from: [{pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: client}}}}]}
+  - {action: Accept, from: [{pods: {namespaceSelector: {matchLabels: {team: b}}, podSelector: {matchLabels: {app: api}}}}], ports: [{portNumber: {protocol: UDP, port: 5353}}]}
+  egress:
+  - {action: Deny, to: [{networks: [10.0.9.0/24, "fd00::/16"]}]}
+  - {action: Accept, to: [{pods: {namespaceSelector: {matchLabels: {team: b}}, podSelector: {matchLabels: {app: api}}}}], ports: [{portNumber: {protocol: TCP, port: 443}}]}
+---
+apiVersion: networking.k8s.aws/v1alpha1
+kind: ClusterNetworkPolicy
+metadata: {name: admin-db}
+spec:
+  tier: Admin
+  priority: 20
+  subject: {pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: db}}}}
+  ingress:
+  - {action: Deny, from: [{pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: client}}}}]}
+  - {action: Pass, from: [{namespaces: {matchLabels: {team: a}}}]}
+  - {action: Accept, from: [{namespaces: {}}], ports: [{portNumber: {protocol: TCP, port: 22}}]}
+---
+apiVersion: networking.k8s.aws/v1alpha1
+kind: ClusterNetworkPolicy
+metadata: {name: baseline-dev}
+spec:
+  tier: Baseline
+  priority: 5
+  subject: {namespaces: {matchLabels: {team: b}}}
+  ingress:
+  - {action: Deny, from: [{namespaces: {matchLabels: {team: a}}}], ports: [{portNumber: {protocol: TCP, port: 80}}]}
+  egress:
+  - {action: Pass, to: [{networks: [192.0.2.0/24]}]}
+---
+apiVersion: networking.k8s.aws/v1alpha1
+kind: ClusterNetworkPolicy
+metadata: {name: baseline-open}
+spec:
+  tier: Baseline
+  priority: 5
+  subject: {namespaces: {}}
+  ingress:
+  - {action: Deny, from: [{pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: client}}}}], ports: [{portNumber: {protocol: UDP, port: 53}}]}
+  - {action: Accept, from: [{namespaces: {}}]}
+  egress:
+  - {action: Deny, to: [{networks: [0.0.0.0/0]}], ports: [{portNumber: {protocol: SCTP, port: 80}}]}
+  - {action: Accept, to: [{networks: [10.0.0.0/8]}]}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_policy_endpoints_grant_what_the_cluster_network_policies_grant() {
+    let mut cluster = fixed();
+    for doc in api_double::yaml_documents(FIXED_CNPS) {
+        cluster.put(doc);
+    }
+    let mut served = Served::start().await;
+    let hub = start_controller(&served.double.url);
+    let mut tally = Tally::default();
+    let mut aws = aws::Controller::new(2, 7);
+    let mut check_cnps = async |cluster: &Cluster, seed: u64, what: &str, tally: &mut Tally| {
+        served.sync(cluster, &mut aws);
+        served.sync_cluster_slices(aws_cluster_slices(cluster, 1 + (seed as usize % 3), seed));
+        let pe = plans_once_caught_up(&hub, &served, what).await;
+        let np = resolve_cluster(&cluster.state());
+        compare(&np, &pe, true, what, tally);
+        pe
+    };
+    for seed in 1..=4 {
+        let pe = check_cnps(
+            &cluster,
+            seed,
+            &format!("fixed CNPs, seed {seed}"),
+            &mut tally,
+        )
+        .await;
+        // Not trivial: the tiers decide some of these.
+        let web = &pe.plans["node-a"].pods[&("prod".into(), "web-1".into())];
+        let api: IpAddr = "10.1.0.21".parse().unwrap();
+        let client: IpAddr = "10.1.0.22".parse().unwrap();
+        assert!(!web.ingress.as_ref().unwrap().admin.is_empty());
+        assert!(
+            !allows(web.ingress.as_ref(), api, Protocol::Tcp, 8000),
+            "Admin Deny"
+        );
+        assert!(
+            allows(web.ingress.as_ref(), api, Protocol::Udp, 5353),
+            "Admin Accept"
+        );
+        assert!(
+            !allows(web.ingress.as_ref(), client, Protocol::Tcp, 8000),
+            "Deny before Pass"
+        );
+        assert!(
+            allows(web.ingress.as_ref(), client, Protocol::Tcp, 8060),
+            "Pass, then the NetworkPolicy"
+        );
+        assert!(!allows(web.ingress.as_ref(), client, Protocol::Tcp, 22));
+        let dev_api = &pe.plans["node-b"].pods[&("dev".into(), "api-1".into())];
+        let web2: IpAddr = "10.1.0.12".parse().unwrap();
+        assert!(
+            !allows(dev_api.ingress.as_ref(), web2, Protocol::Tcp, 80),
+            "baseline-dev before baseline-open"
+        );
+        assert!(allows(dev_api.ingress.as_ref(), web2, Protocol::Tcp, 81));
+        assert_eq!(
+            dev_api.policies,
+            [
+                "ClusterNetworkPolicy.networking.k8s.aws/baseline-dev",
+                "ClusterNetworkPolicy.networking.k8s.aws/baseline-open"
+            ]
+        );
+    }
+
+    // Changes: a policy moves below another and changes its action, one is
+    // deleted (its slices go), a pod leaves a subject.
+    let key = |name: &str| {
+        (
+            "ClusterNetworkPolicy".to_string(),
+            String::new(),
+            name.to_string(),
+        )
+    };
+    let mut guard = cluster.0[&key("admin-guard")].clone();
+    guard["spec"]["priority"] = json!(30);
+    guard["spec"]["ingress"][0]["action"] = json!("Pass");
+    cluster.put(guard);
+    cluster.0.remove(&key("baseline-dev"));
+    let db = ("Pod".to_string(), "prod".to_string(), "db-1".to_string());
+    let mut db_pod = cluster.0[&db].clone();
+    db_pod["metadata"]["labels"] = json!({"app": "cache"});
+    cluster.put(db_pod);
+    let pe = check_cnps(&cluster, 5, "fixed CNPs, changed", &mut tally).await;
+    assert!(!served.held.keys().any(|k| k.2.starts_with("baseline-dev-")));
+    let dev_api = &pe.plans["node-b"].pods[&("dev".into(), "api-1".into())];
+    let web2: IpAddr = "10.1.0.12".parse().unwrap();
+    assert!(allows(dev_api.ingress.as_ref(), web2, Protocol::Tcp, 80));
+    assert_eq!(tally.exact, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_cluster_slices_are_errors_naming_object_and_field_and_a_missing_crd_is_none() {
+    let mut served = Served::start().await;
+    // An AWS controller before ClusterNetworkPolicies: no CRD. The
+    // controller syncs all the same.
+    served.double.set_served(Kind::ClusterPolicyEndpoint, false);
+    let hub = start_controller(&served.double.url);
+    let pod = |name: &str, ip: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": "x", "labels": {"app": name}},
+               "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
+               "status": {"podIP": ip, "podIPs": [{"ip": ip}]}})
+    };
+    let slice = |name: &str, spec: Value| {
+        json!({"apiVersion": "networking.k8s.aws/v1alpha1", "kind": "ClusterPolicyEndpoint",
+               "metadata": {"name": name}, "spec": spec})
+    };
+    served.apply(json!({"apiVersion": "v1", "kind": "Namespace",
+                        "metadata": {"name": "x", "labels": {"team": "a"}}}));
+    served.apply(pod("server", "10.0.0.1"));
+    served.apply(pod("client", "10.0.0.2"));
+    let key = ("x".to_string(), "server".to_string());
+    let client: IpAddr = "10.0.0.2".parse().unwrap();
+    let other: IpAddr = "10.0.0.9".parse().unwrap();
+    let pe = plans_once_caught_up(&hub, &served, "no CRD").await;
+    assert!(pe.plans["n1"].pods[&key].ingress.is_none());
+
+    // The CRD installed, and slices: one denies the client on port 80, one
+    // has an entry that cannot be read (a Deny: it denies everything), one
+    // a field the CRD does not have (refused whole).
+    served.double.set_served(Kind::ClusterPolicyEndpoint, true);
+    let subject = json!({"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "server"}}}});
+    served.apply(slice(
+        "deny-client-a",
+        json!({"policyRef": {"name": "deny-client"}, "tier": "Admin", "priority": 10,
+               "subject": subject,
+               "ingress": [{"action": "Deny", "cidr": "10.0.0.2", "ports": [{"protocol": "TCP", "port": 80}]}]}),
+    ));
+    served.apply(slice(
+        "broken-a",
+        json!({"policyRef": {"name": "broken"}, "tier": "Baseline", "priority": 1,
+               "subject": subject,
+               "ingress": [{"action": "Deny", "cidr": "10.0.0.300"}]}),
+    ));
+    served.apply(slice(
+        "typo-a",
+        json!({"policyRef": {"name": "typo"}, "tier": "Admin", "priority": 1,
+               "subject": subject,
+               "ingress": [{"actoin": "Accept", "cidr": "0.0.0.0/0"}]}),
+    ));
+    let pe = plans_once_caught_up(&hub, &served, "bad cluster slices").await;
+    let server = &pe.plans["n1"].pods[&key];
+    assert!(!allows(server.ingress.as_ref(), client, Protocol::Tcp, 80));
+    assert!(
+        !allows(server.ingress.as_ref(), other, Protocol::Tcp, 81),
+        "the unreadable Deny denies everything"
+    );
+    let want = [
+        "ClusterPolicyEndpoint broken-a: spec.ingress[0].cidr: \"10.0.0.300\" is not an address",
+        "ClusterPolicyEndpoint typo-a: spec.ingress[0].action: Required value; \
+         spec.ingress[0].actoin: unknown field",
+    ];
+    for w in want {
+        assert!(
+            pe.errors.iter().any(|e| e.contains(w)),
+            "{w}: {:?}",
+            pe.errors
+        );
+    }
+    assert_eq!(hub.view().errors, pe.errors, "operators see them");
+
+    // A slice that stops parsing keeps its previous version in force.
+    served.apply(slice(
+        "deny-client-a",
+        json!({"policyRef": {"name": "deny-client"}, "tier": "Developer", "priority": 10,
+               "subject": subject}),
+    ));
+    let pe = plans_once_caught_up(&hub, &served, "unparsable cluster slice").await;
+    let server = &pe.plans["n1"].pods[&key];
+    assert!(!allows(server.ingress.as_ref(), client, Protocol::Tcp, 80));
+    assert!(
+        pe.errors.iter().any(|e| e.starts_with(
+            "ClusterPolicyEndpoint deny-client-a: spec.tier: Unsupported value: \"Developer\""
+        ) && e.ends_with("its previous version stays in force")),
+        "{:?}",
+        pe.errors
+    );
+
+    // The CRD removed: its slices with it, and their errors.
+    served.double.set_served(Kind::ClusterPolicyEndpoint, false);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let pe = hub.with_engine(|e| e.expect("synced").resolution());
+        let server = &pe.plans["n1"].pods[&key];
+        if server.ingress.is_none() && server.policies.is_empty() && pe.errors.is_empty() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", pe.errors);
+        tokio::time::sleep(Duration::from_millis(5)).await; // poll: the hub has no change signal
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generated_clusters_cluster_policy_endpoints_grant_what_the_cluster_network_policies_grant()
+{
+    const CLUSTERS: u64 = 20;
+    const STEPS: usize = 4;
+    let mut tally = Tally::default();
+    let mut tiered = 0;
+    for seed in 1..=CLUSTERS {
+        let mut rng = Rng(seed.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1);
+        let mut addresses = Addresses(0);
+        let mut cluster = generated(&mut rng, &mut addresses);
+        for i in 0..1 + rng.below(4) {
+            cluster.put(cluster_policy(&mut rng, &format!("cnp{i}")));
+        }
+        let mut served = Served::start().await;
+        let hub = start_controller(&served.double.url);
+        let mut aws = aws::Controller::new(1 + rng.below(4), seed);
+        for step in 0..=STEPS {
+            if step > 0 {
+                for _ in 0..1 + rng.below(3) {
+                    if rng.chance(30) {
+                        let name = format!("cnp{}", rng.below(5));
+                        if rng.chance(25) {
+                            cluster.0.remove(&(
+                                "ClusterNetworkPolicy".to_string(),
+                                String::new(),
+                                name,
+                            ));
+                        } else {
+                            cluster.put(cluster_policy(&mut rng, &name));
+                        }
+                    } else {
+                        mutate(&mut rng, &mut cluster, &mut addresses);
+                    }
+                }
+            }
+            let what = format!("seed {seed} step {step}");
+            served.sync(&cluster, &mut aws);
+            let chunk = 1 + rng.below(4);
+            let slice_seed = rng.next();
+            served.sync_cluster_slices(aws_cluster_slices(&cluster, chunk, slice_seed));
+            let pe = plans_once_caught_up(&hub, &served, &what).await;
+            let np = resolve_cluster(&cluster.state());
+            compare(&np, &pe, !aws.lossy, &what, &mut tally);
+            tiered += pe
+                .plans
+                .values()
+                .flat_map(|p| p.pods.values())
+                .filter(|p| {
+                    [&p.ingress, &p.egress].into_iter().flatten().any(|d| {
+                        d.admin
+                            .iter()
+                            .chain(&d.baseline)
+                            .any(|r| !r.peers.is_empty())
+                    })
+                })
+                .count();
+        }
+    }
+    eprintln!("{tally:?}, {tiered} pod views with tier rules");
+    // Not trivial: the tiers decide for many pods.
+    assert!(tiered > 100, "{tiered}");
+    let views = (CLUSTERS as usize) * (STEPS + 1);
+    assert_eq!(tally.exact + tally.narrower, views);
+    assert!(tally.exact * 2 > views, "{tally:?}");
 }

@@ -572,6 +572,11 @@ fn controller_reads_exactly_what_its_source_watches() {
     );
     assert_eq!(
         granted(&render_with("policySource: policyendpoint\n").unwrap()),
-        ["/namespaces", "/pods", "networking.k8s.aws/policyendpoints"]
+        [
+            "/namespaces",
+            "/pods",
+            "networking.k8s.aws/clusterpolicyendpoints",
+            "networking.k8s.aws/policyendpoints"
+        ]
     );
 }

@@ -25,6 +25,7 @@
 //! computation stays the oracle: the property tests check that after any
 //! sequence of changes the plans and errors here equal a full recompute.
 
+mod cluster_policy_endpoints;
 mod objects;
 mod policy_endpoints;
 mod selection;
@@ -41,8 +42,11 @@ use crate::resolve::{
     is_selectorless, namespace_of, node_ips, ns_labels, pod_info, resolve_pod, selector_matches,
     slice_service, PodInfo, Resolution, TieredPolicy, AUDIT_ANNOTATION,
 };
+use crate::source::cluster_policy_endpoint::merge::ClusterEndpointPolicy;
+use crate::source::cluster_policy_endpoint::ClusterPolicyEndpoint;
 use crate::source::policy_endpoint::merge::EndpointPolicy;
 use crate::source::policy_endpoint::PolicyEndpoint;
+use cluster_policy_endpoints::ClusterEndpointPolicies;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -71,6 +75,10 @@ pub enum Change {
     /// A slice of a policy resolved by the AWS network policy controller.
     ApplyPolicyEndpoint(PolicyEndpoint),
     DeletePolicyEndpoint(ObjectKey),
+    /// A slice of a ClusterNetworkPolicy resolved by the AWS network policy
+    /// controller (cluster-scoped: by name).
+    ApplyClusterPolicyEndpoint(ClusterPolicyEndpoint),
+    DeleteClusterPolicyEndpoint(String),
     /// A ClusterNetworkPolicy of either API group, read.
     ApplyClusterPolicy(ClusterNetworkPolicy),
     DeleteClusterPolicy(ApiGroup, String),
@@ -81,8 +89,13 @@ pub enum Change {
 /// Pods that resolve alike: resolution reads of its target only the
 /// namespace, the labels and the named ports (besides the name and the
 /// addresses, which are the entry's own fields), and the PolicyEndpoint
-/// policies that select it (which may list pods by name).
-struct Class(Arc<PodInfo>, Vec<Arc<EndpointPolicy>>);
+/// and ClusterPolicyEndpoint policies that select it (which may list pods
+/// by name).
+struct Class(
+    Arc<PodInfo>,
+    Vec<Arc<EndpointPolicy>>,
+    Vec<Arc<ClusterEndpointPolicy>>,
+);
 
 impl PartialEq for Class {
     fn eq(&self, other: &Class) -> bool {
@@ -92,6 +105,8 @@ impl PartialEq for Class {
             && a.named_ports == b.named_ports
             && self.1.len() == other.1.len()
             && self.1.iter().zip(&other.1).all(|(x, y)| Arc::ptr_eq(x, y))
+            && self.2.len() == other.2.len()
+            && self.2.iter().zip(&other.2).all(|(x, y)| Arc::ptr_eq(x, y))
     }
 }
 
@@ -103,6 +118,9 @@ impl std::hash::Hash for Class {
         self.0.labels.hash(state);
         self.0.named_ports.hash(state);
         for p in &self.1 {
+            p.name.hash(state);
+        }
+        for p in &self.2 {
             p.name.hash(state);
         }
     }
@@ -144,6 +162,7 @@ pub struct Engine {
     selections: Selections,
     services: ServiceCache,
     endpoint_policies: EndpointPolicies,
+    cluster_endpoint_policies: ClusterEndpointPolicies,
     targets: HashMap<Arc<PodKey>, Target>,
     plans: HashMap<String, Arc<Plan>>,
     /// Every distinct problem, with how many targets found it.
@@ -231,7 +250,8 @@ impl Engine {
 
     pub fn errors(&self) -> Vec<String> {
         let mut errors: Vec<String> = self.errors.keys().cloned().collect();
-        let from_slices = self.endpoint_policies.errors();
+        let mut from_slices = self.endpoint_policies.errors();
+        from_slices.extend(self.cluster_endpoint_policies.errors());
         if !from_slices.is_empty() {
             errors.extend(from_slices);
             errors.sort();
@@ -438,6 +458,14 @@ impl Engine {
             Change::DeletePolicyEndpoint(key) => {
                 self.endpoint_policies.delete(&key, &self.objects, dirty)
             }
+            Change::ApplyClusterPolicyEndpoint(cpe) => {
+                self.cluster_endpoint_policies
+                    .apply(&cpe, &self.objects, dirty)
+            }
+            Change::DeleteClusterPolicyEndpoint(name) => {
+                self.cluster_endpoint_policies
+                    .delete(&name, &self.objects, dirty)
+            }
             Change::ApplyClusterPolicy(p) => {
                 let key = (p.group, p.name.clone());
                 self.set_tiered(key, Some(Arc::new(TieredPolicy::new(p))), dirty);
@@ -554,7 +582,9 @@ impl Engine {
             self.selections
                 .namespace_changed(ns, before.as_ref(), after.as_ref(), dirty);
             // A ClusterNetworkPolicy's subject may select by namespace labels.
-            if self.objects.tiered().next().is_some() {
+            if self.objects.tiered().next().is_some()
+                || self.cluster_endpoint_policies.reads_namespaces()
+            {
                 dirty.extend(self.objects.pods_in(ns).map(|p| p.key()));
             }
         }
@@ -675,7 +705,12 @@ impl Engine {
             None => (None, None),
             Some(pod) => {
                 let node = pod.node.clone().expect("filtered above");
-                let class = Class(pod.clone(), self.endpoint_policies.selecting(&pod));
+                let class = Class(
+                    pod.clone(),
+                    self.endpoint_policies.selecting(&pod),
+                    self.cluster_endpoint_policies
+                        .selecting(&pod, &self.objects),
+                );
                 let computed = match memo.get(&class) {
                     Some(r) => ClassResult {
                         entry: r.entry.sibling(&pod.namespace, &pod.name, &pod.ips),
@@ -683,7 +718,7 @@ impl Engine {
                         errors: r.errors.clone(),
                     },
                     None => {
-                        let r = self.compute_class(&pod, &class.1);
+                        let r = self.compute_class(&pod, &class.1, &class.2);
                         memo.insert(
                             class,
                             ClassResult {
@@ -744,6 +779,7 @@ impl Engine {
         &mut self,
         pod: &PodInfo,
         endpoint_policies: &[Arc<EndpointPolicy>],
+        cluster_endpoint_policies: &[Arc<ClusterEndpointPolicy>],
     ) -> ClassResult {
         let mut selector = Selector {
             objects: &self.objects,
@@ -772,6 +808,7 @@ impl Engine {
             &mut errors,
         );
         policy_endpoints::add_to(&mut policy, endpoint_policies);
+        cluster_policy_endpoints::add_to(&mut policy, cluster_endpoint_policies);
         errors.sort();
         errors.dedup();
         ClassResult {

@@ -38,8 +38,11 @@
 //! With [`PolicySource::PolicyEndpoint`] the policy comes from the AWS
 //! network policy controller's PolicyEndpoints instead: NetworkPolicies,
 //! Services and EndpointSlices are not watched (that controller has already
-//! resolved them into addresses), and the marker is `k8s namespaces=<rv>
-//! pods=<rv> policyendpoints=<rv>`.
+//! resolved them into addresses), nor are ClusterNetworkPolicies and Nodes:
+//! the ClusterPolicyEndpoints it resolves them into are (a missing CRD
+//! counting as none, as for ClusterNetworkPolicies). The marker is `k8s
+//! namespaces=<rv> pods=<rv> policyendpoints=<rv>
+//! clusterpolicyendpoints=<rv>`.
 
 use std::collections::{BTreeSet, HashSet};
 use std::fmt::Debug;
@@ -55,6 +58,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
 use super::cluster_network_policy::{self as cnp, AwsObject, UpstreamObject};
+use super::cluster_policy_endpoint::ClusterPolicyEndpoint;
 use super::policy_endpoint::{PolicyEndpoint, PolicySource};
 use super::tracker::Tracker;
 use super::{SourceError, SourceProblem};
@@ -70,6 +74,7 @@ enum Kind {
     Services,
     EndpointSlices,
     PolicyEndpoints,
+    ClusterPolicyEndpoints,
     Nodes,
     UpstreamClusterNetworkPolicies,
     AwsClusterNetworkPolicies,
@@ -85,6 +90,7 @@ impl Kind {
             Kind::Services => "Services",
             Kind::EndpointSlices => "EndpointSlices",
             Kind::PolicyEndpoints => "PolicyEndpoints",
+            Kind::ClusterPolicyEndpoints => "ClusterPolicyEndpoints",
             Kind::Nodes => "Nodes",
             Kind::UpstreamClusterNetworkPolicies => {
                 "ClusterNetworkPolicies.policy.networking.k8s.io"
@@ -220,9 +226,12 @@ pub async fn run_with(
 }
 
 /// The pods and the slices the AWS controller resolved their policies
-/// into; namespaces only for the marker's shape and the pods' namespaces.
+/// into (PolicyEndpoints from NetworkPolicies; ClusterPolicyEndpoints from
+/// its ClusterNetworkPolicies, a CRD that controller installs only from
+/// its v1.3, so a 404 counts as none); namespaces for the pods' namespaces
+/// and the subjects' namespace selectors.
 fn policy_endpoint_watches(client: Client) -> Vec<BoxStream<'static, Notice>> {
-    use Served::Always;
+    use Served::{Always, ByCrd};
     vec![
         watch_kind::<Namespace>(
             Api::all(client.clone()),
@@ -235,11 +244,18 @@ fn policy_endpoint_watches(client: Client) -> Vec<BoxStream<'static, Notice>> {
             Ok(Change::ApplyPod(p))
         }),
         watch_kind::<PolicyEndpoint>(
-            Api::all(client),
+            Api::all(client.clone()),
             Kind::PolicyEndpoints,
             true,
             Always,
             |pe| Ok(Change::ApplyPolicyEndpoint(pe)),
+        ),
+        watch_kind::<ClusterPolicyEndpoint>(
+            Api::all(client),
+            Kind::ClusterPolicyEndpoints,
+            false,
+            ByCrd,
+            |cpe| Ok(Change::ApplyClusterPolicyEndpoint(cpe)),
         ),
     ]
 }
@@ -339,6 +355,7 @@ where
             Kind::Services => Change::DeleteService((ns, name)),
             Kind::EndpointSlices => Change::DeleteEndpointSlice((ns, name)),
             Kind::PolicyEndpoints => Change::DeletePolicyEndpoint((ns, name)),
+            Kind::ClusterPolicyEndpoints => Change::DeleteClusterPolicyEndpoint(name),
             Kind::Nodes => Change::DeleteNode(name),
             Kind::UpstreamClusterNetworkPolicies => {
                 Change::DeleteClusterPolicy(palisade_apis::ApiGroup::Upstream, name)
@@ -507,6 +524,7 @@ struct Versions {
     services: String,
     slices: String,
     policy_endpoints: String,
+    cluster_policy_endpoints: String,
     nodes: String,
     upstream_cluster_policies: String,
     aws_cluster_policies: String,
@@ -528,6 +546,7 @@ impl Versions {
             Kind::Services => &mut self.services,
             Kind::EndpointSlices => &mut self.slices,
             Kind::PolicyEndpoints => &mut self.policy_endpoints,
+            Kind::ClusterPolicyEndpoints => &mut self.cluster_policy_endpoints,
             Kind::Nodes => &mut self.nodes,
             Kind::UpstreamClusterNetworkPolicies => &mut self.upstream_cluster_policies,
             Kind::AwsClusterNetworkPolicies => &mut self.aws_cluster_policies,
@@ -544,8 +563,8 @@ impl Versions {
     fn marker(&self) -> String {
         if self.source == PolicySource::PolicyEndpoint {
             return format!(
-                "k8s namespaces={} pods={} policyendpoints={}",
-                self.namespaces, self.pods, self.policy_endpoints
+                "k8s namespaces={} pods={} policyendpoints={} clusterpolicyendpoints={}",
+                self.namespaces, self.pods, self.policy_endpoints, self.cluster_policy_endpoints
             );
         }
         format!(

@@ -15,6 +15,7 @@
 //! rule that lost a misspelt field, would open traffic).
 
 pub mod cluster_network_policy;
+pub mod cluster_policy_endpoint;
 mod error;
 pub mod kube;
 pub mod manifest;

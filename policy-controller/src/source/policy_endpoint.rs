@@ -35,7 +35,8 @@ pub enum PolicySource {
     #[default]
     #[value(name = "networkpolicy")]
     NetworkPolicy,
-    /// PolicyEndpoints written by the AWS network policy controller.
+    /// PolicyEndpoints and ClusterPolicyEndpoints written by the AWS
+    /// network policy controller.
     #[value(name = "policyendpoint")]
     PolicyEndpoint,
 }

@@ -51,6 +51,8 @@ pub enum Kind {
     EndpointSlice,
     /// The AWS network policy controller's CRD (networking.k8s.aws/v1alpha1).
     PolicyEndpoint,
+    /// Its cluster-scoped slices of ClusterNetworkPolicies.
+    ClusterPolicyEndpoint,
     Node,
     /// policy.networking.k8s.io/v1alpha2 ClusterNetworkPolicy.
     UpstreamClusterNetworkPolicy,
@@ -73,7 +75,7 @@ impl Kind {
     ];
     /// Served as well, outside `ALL` (the kinds the NetworkPolicy source
     /// watches, which tests check one by one).
-    pub const CUSTOM: [Kind; 1] = [Kind::PolicyEndpoint];
+    pub const CUSTOM: [Kind; 2] = [Kind::PolicyEndpoint, Kind::ClusterPolicyEndpoint];
     fn of(api_version: &str, kind: &str) -> Kind {
         match kind {
             "ClusterNetworkPolicy" if api_version.starts_with("networking.k8s.aws/") => {
@@ -87,6 +89,7 @@ impl Kind {
             "Service" => Kind::Service,
             "EndpointSlice" => Kind::EndpointSlice,
             "PolicyEndpoint" => Kind::PolicyEndpoint,
+            "ClusterPolicyEndpoint" => Kind::ClusterPolicyEndpoint,
             "Lease" => Kind::Lease,
             other => panic!("the double does not serve {other}"),
         }
@@ -95,7 +98,9 @@ impl Kind {
         match self {
             Kind::NetworkPolicy => "networking.k8s.io/v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
-            Kind::PolicyEndpoint | Kind::AwsClusterNetworkPolicy => "networking.k8s.aws/v1alpha1",
+            Kind::PolicyEndpoint | Kind::ClusterPolicyEndpoint | Kind::AwsClusterNetworkPolicy => {
+                "networking.k8s.aws/v1alpha1"
+            }
             Kind::UpstreamClusterNetworkPolicy => "policy.networking.k8s.io/v1alpha2",
             Kind::Lease => "coordination.k8s.io/v1",
             _ => "v1",
@@ -109,6 +114,7 @@ impl Kind {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::PolicyEndpoint => "PolicyEndpoint",
+            Kind::ClusterPolicyEndpoint => "ClusterPolicyEndpoint",
             Kind::Lease => "Lease",
             Kind::Node => "Node",
             Kind::UpstreamClusterNetworkPolicy | Kind::AwsClusterNetworkPolicy => {
@@ -124,6 +130,7 @@ impl Kind {
                 | Kind::Node
                 | Kind::UpstreamClusterNetworkPolicy
                 | Kind::AwsClusterNetworkPolicy
+                | Kind::ClusterPolicyEndpoint
         )
     }
     fn path(self) -> &'static str {
@@ -134,6 +141,9 @@ impl Kind {
             Kind::Service => "/api/v1/services",
             Kind::EndpointSlice => "/apis/discovery.k8s.io/v1/endpointslices",
             Kind::PolicyEndpoint => "/apis/networking.k8s.aws/v1alpha1/policyendpoints",
+            Kind::ClusterPolicyEndpoint => {
+                "/apis/networking.k8s.aws/v1alpha1/clusterpolicyendpoints"
+            }
             Kind::Lease => "/apis/coordination.k8s.io/v1/leases",
             Kind::Node => "/api/v1/nodes",
             Kind::UpstreamClusterNetworkPolicy => {

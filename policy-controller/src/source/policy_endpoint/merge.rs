@@ -282,7 +282,7 @@ fn parse_entry(entry: &EndpointInfo) -> Result<(PeerBlock, Vec<PortRange>), Stri
     Ok((block(prefix(cidr), except), ports))
 }
 
-fn parse_port(p: &Port) -> Result<PortRange, String> {
+pub(crate) fn parse_port(p: &Port) -> Result<PortRange, String> {
     let protocol = parse_protocol(p.protocol.as_deref()).map_err(|e| format!(".protocol: {e}"))?;
     let in_range = |n: i64| (1..=65535).contains(&n);
     let (port, end_port) = match (p.port, p.end_port) {

@@ -9,8 +9,8 @@
 //! ([`networkpolicy`], [`core`], [`discovery`], with [`meta`]'s shared
 //! checks). [`cluster_network_policy`] checks ClusterNetworkPolicies of
 //! both API groups against their CRDs (schema and CEL rules);
-//! [`policy_endpoint`] checks PolicyEndpoint specs against the AWS
-//! controller's CRD schema.
+//! [`policy_endpoint`] checks PolicyEndpoint and ClusterPolicyEndpoint
+//! specs against the AWS controller's CRD schemas.
 //!
 //! The kube source does not come through here for the built-in kinds: the
 //! API server has already validated what it serves, and the lenient typed

@@ -12,6 +12,11 @@
 //! those CRDs admits passes; what none of them knows is refused. The
 //! schema sets no enums: the values of `podIsolation`, `protocol` and
 //! `action` are judged when the slices are resolved.
+//!
+//! [`cluster_spec`] checks a ClusterPolicyEndpoint's spec against
+//! `config/crd/bases/networking.k8s.aws_clusterpolicyendpoints.yaml` the same
+//! way, with the enums that schema does set (`tier`, an entry's `action`)
+//! and its one-field `subject`.
 
 use serde_json::Value;
 
@@ -85,17 +90,126 @@ fn entry(v: &Value, path: &Path, errs: &mut Errors) {
                 }
             }
             "except" => array(v, &at, errs, text),
-            "ports" => array(v, &at, errs, |v, at, errs| {
-                if let Some(p) = object(v, at, &["protocol", "port", "endPort"], &[], errs) {
-                    for (k, v) in p {
-                        match k.as_str() {
-                            "protocol" => text(v, &at.child(k.as_str()), errs),
-                            _ => integer(v, &at.child(k.as_str()), errs, Some("int32")),
-                        }
+            "ports" => array(v, &at, errs, port),
+            _ => unreachable!("object() refused it"),
+        }
+    }
+}
+
+/// A ClusterPolicyEndpoint's spec (the CRD has one published version).
+pub fn cluster_spec(spec: &Value, errs: &mut Errors) {
+    let path = Path::new("spec");
+    let required = ["policyRef", "priority", "subject", "tier"];
+    let Some(m) = object(spec, &path, &CLUSTER_SPEC, &required, errs) else {
+        return;
+    };
+    for (key, v) in m {
+        let at = path.child(key.as_str());
+        match key.as_str() {
+            "policyRef" => {
+                if let Some(r) = object(v, &at, &["name"], &["name"], errs) {
+                    for (k, v) in r {
+                        string(v, &at.child(k.as_str()), errs);
+                    }
+                }
+            }
+            "tier" => enumerated(v, &at, &TIERS, errs),
+            "priority" => integer(v, &at, errs, Some("int32")),
+            "subject" => cluster_subject(v, &at, errs),
+            "podSelectorEndpoints" => array(v, &at, errs, |v, at, errs| {
+                if let Some(e) = object(v, at, &POD_ENDPOINT, &POD_ENDPOINT, errs) {
+                    for (k, v) in e {
+                        string(v, &at.child(k.as_str()), errs);
                     }
                 }
             }),
+            "ingress" | "egress" => array(v, &at, errs, cluster_entry),
             _ => unreachable!("object() refused it"),
+        }
+    }
+}
+
+const CLUSTER_SPEC: [&str; 7] = [
+    "policyRef",
+    "tier",
+    "priority",
+    "subject",
+    "podSelectorEndpoints",
+    "ingress",
+    "egress",
+];
+const TIERS: [&str; 2] = ["Admin", "Baseline"];
+const ACTIONS: [&str; 3] = ["Accept", "Deny", "Pass"];
+
+/// `subject`: exactly one of `namespaces` and `pods` (minProperties and
+/// maxProperties 1), `pods` with both its selectors.
+fn cluster_subject(v: &Value, path: &Path, errs: &mut Errors) {
+    let Some(m) = object(v, path, &["namespaces", "pods"], &[], errs) else {
+        return;
+    };
+    let n = m.len();
+    if n != 1 {
+        let bound = if n < 1 { "at least" } else { "at most" };
+        errs.invalid(
+            path,
+            n,
+            format!("{path} in body should have {bound} 1 properties"),
+        );
+    }
+    for (key, v) in m {
+        let at = path.child(key.as_str());
+        if key == "namespaces" {
+            selector(v, &at, errs);
+            continue;
+        }
+        let both = ["namespaceSelector", "podSelector"];
+        if let Some(p) = object(v, &at, &both, &both, errs) {
+            for (k, v) in p {
+                selector(v, &at.child(k.as_str()), errs);
+            }
+        }
+    }
+}
+
+fn cluster_entry(v: &Value, path: &Path, errs: &mut Errors) {
+    let known = ["action", "cidr", "domainName", "ports"];
+    let Some(m) = object(v, path, &known, &["action"], errs) else {
+        return;
+    };
+    for (key, v) in m {
+        let at = path.child(key.as_str());
+        match key.as_str() {
+            "action" => enumerated(v, &at, &ACTIONS, errs),
+            "cidr" => text(v, &at, errs),
+            "domainName" => {
+                if let Some(s) = string(v, &at, errs) {
+                    if !domain_name(s) {
+                        errs.invalid(&at, s, format!("should match '{DOMAIN_PATTERN}'"));
+                    }
+                }
+            }
+            "ports" => array(v, &at, errs, port),
+            _ => unreachable!("object() refused it"),
+        }
+    }
+}
+
+fn port(v: &Value, path: &Path, errs: &mut Errors) {
+    if let Some(p) = object(v, path, &["protocol", "port", "endPort"], &[], errs) {
+        for (k, v) in p {
+            match k.as_str() {
+                "protocol" => text(v, &path.child(k.as_str()), errs),
+                _ => integer(v, &path.child(k.as_str()), errs, Some("int32")),
+            }
+        }
+    }
+}
+
+/// A string of the schema's enum.
+fn enumerated(v: &Value, path: &Path, values: &'static [&'static str], errs: &mut Errors) {
+    if let Some(s) = string(v, path, errs) {
+        if !values.contains(&s) {
+            errs.not_supported(path, s, values);
         }
     }
 }
@@ -310,6 +424,70 @@ mod tests {
         ];
         for (v, want) in cases {
             let got = check(v.clone());
+            assert!(
+                got.iter().any(|g| g.starts_with(want)),
+                "{v}: {got:#?}\n  want {want}"
+            );
+        }
+    }
+
+    fn check_cluster(v: Value) -> Vec<String> {
+        let mut errs = Errors::default();
+        cluster_spec(&v, &mut errs);
+        errs.0.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn cluster_slices_as_the_aws_controller_writes_them_pass() {
+        let v = json!({
+            "policyRef": {"name": "p"}, "tier": "Admin", "priority": 10,
+            "subject": {"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "db"}}}},
+            "podSelectorEndpoints": [{"hostIP": "192.168.1.10", "podIP": "10.0.0.5", "name": "db-1", "namespace": "ns"}],
+            "ingress": [{"action": "Deny", "cidr": "10.0.0.7", "ports": [{"protocol": "TCP", "port": 80, "endPort": 90}]}],
+            "egress": [{"action": "Pass", "domainName": "*.example.com"}, {"action": "Accept", "cidr": "10.0.0.0/8"}],
+        });
+        assert_eq!(check_cluster(v), Vec::<String>::new());
+        let v = json!({"policyRef": {"name": "p"}, "tier": "Baseline", "priority": 0,
+                       "subject": {"namespaces": {}}});
+        assert_eq!(check_cluster(v), Vec::<String>::new());
+    }
+
+    #[test]
+    fn cluster_slices_are_refused_as_the_api_server_refuses_them() {
+        let ok = |extra: Value| {
+            let mut v = json!({"policyRef": {"name": "p"}, "tier": "Admin", "priority": 1,
+                               "subject": {"namespaces": {}}});
+            for (k, x) in extra.as_object().unwrap() {
+                v[k] = x.clone();
+            }
+            v
+        };
+        let cases = [
+            (json!({}), "spec.policyRef: Required value"),
+            (json!({}), "spec.subject: Required value"),
+            (json!({}), "spec.tier: Required value"),
+            (json!({}), "spec.priority: Required value"),
+            (ok(json!({"tier": "Developer"})),
+             "spec.tier: Unsupported value: \"Developer\": supported values: \"Admin\", \"Baseline\""),
+            (ok(json!({"priority": 4294967296i64})), "spec.priority: Invalid value: \"4294967296\""),
+            (ok(json!({"subject": {}})),
+             "spec.subject: Invalid value: 0: spec.subject in body should have at least 1 properties"),
+            (ok(json!({"subject": {"namespaces": {}, "pods": {"namespaceSelector": {}, "podSelector": {}}}})),
+             "spec.subject: Invalid value: 2: spec.subject in body should have at most 1 properties"),
+            (ok(json!({"subject": {"pods": {"podSelector": {}}}})),
+             "spec.subject.pods.namespaceSelector: Required value"),
+            (ok(json!({"policyRef": {"name": "p", "namespace": "x"}})), "spec.policyRef.namespace: unknown field"),
+            (ok(json!({"ingress": [{"cidr": "10.0.0.1"}]})), "spec.ingress[0].action: Required value"),
+            (ok(json!({"ingress": [{"action": "Allow", "cidr": "10.0.0.1"}]})),
+             "spec.ingress[0].action: Unsupported value: \"Allow\""),
+            (ok(json!({"ingress": [{"action": "Deny", "cidr": "10.0.0.1", "except": []}]})),
+             "spec.ingress[0].except: unknown field"),
+            (ok(json!({"egress": [{"action": "Deny", "cidr": "10.0.0.1", "ports": [{"port": "http"}]}]})),
+             "spec.egress[0].ports[0].port: Invalid value: \"string\""),
+            (ok(json!({"podIsolation": ["Ingress"]})), "spec.podIsolation: unknown field"),
+        ];
+        for (v, want) in cases {
+            let got = check_cluster(v.clone());
             assert!(
                 got.iter().any(|g| g.starts_with(want)),
                 "{v}: {got:#?}\n  want {want}"
