@@ -97,6 +97,14 @@ impl ClusterEndpointPolicies {
             .collect()
     }
 
+    /// The merged policies' tiers (a policy whose slices carry none yet is
+    /// not counted): the AWS group's share of the tier metric.
+    pub fn tiers(&self) -> impl Iterator<Item = Tier> + '_ {
+        self.merged
+            .values()
+            .filter_map(|p| p.precedence.map(|(t, _)| t))
+    }
+
     /// Whether a policy's subject reads namespace labels.
     pub fn reads_namespaces(&self) -> bool {
         self.merged.values().any(|p| p.reads_namespaces())
@@ -311,6 +319,13 @@ mod tests {
                 .collect::<Vec<_>>(),
             [(P, 10), (Q, 20)]
         );
+        let aws_admin = |engine: &Engine| {
+            engine
+                .cluster_policy_counts()
+                .get(&("Admin", "networking.k8s.aws"))
+                .copied()
+        };
+        assert_eq!(aws_admin(&engine), Some(2), "the tier metric counts them");
 
         // The namespace relabelled out of the subjects: lifted.
         engine.apply([namespace("y", "b")]);
@@ -322,6 +337,7 @@ mod tests {
             Change::DeleteClusterPolicyEndpoint("p-2".into()),
         ]);
         assert!(policies(&engine, "x", "a").is_empty());
+        assert_eq!(aws_admin(&engine), Some(1), "only q is left");
         assert!(engine.errors().is_empty(), "{:?}", engine.errors());
     }
 }

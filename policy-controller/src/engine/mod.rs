@@ -281,6 +281,12 @@ impl Engine {
             *out.entry((t.policy.tier.as_str(), t.policy.group.group()))
                 .or_default() += 1;
         }
+        // Policies read from ClusterPolicyEndpoints (policySource:
+        // policyendpoint) are the AWS group's, counted as the objects are.
+        for tier in self.cluster_endpoint_policies.tiers() {
+            *out.entry((tier.as_str(), ApiGroup::Aws.group()))
+                .or_default() += 1;
+        }
         out
     }
 
