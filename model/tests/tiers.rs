@@ -714,6 +714,17 @@ fn an_aws_policy_is_judged_in_rule_order() {
     assert!(!ok(&c, "b1", "r1", "TCP", 81), "the second denies the rest");
     let c = cluster(vec![aws("Pass", "Deny")]);
     assert!(ok(&c, "b1", "r1", "TCP", 80), "the Pass skips the Deny");
-    let e = ask(&c, Mode::Standard, "b1", "r1", "TCP", 81, Direction::Ingress);
-    assert_eq!(rule_of(&e).policy, "ClusterNetworkPolicy.networking.k8s.aws/p");
+    let e = ask(
+        &c,
+        Mode::Standard,
+        "b1",
+        "r1",
+        "TCP",
+        81,
+        Direction::Ingress,
+    );
+    assert_eq!(
+        rule_of(&e).policy,
+        "ClusterNetworkPolicy.networking.k8s.aws/p"
+    );
 }
