@@ -17,6 +17,16 @@
 #   scripts/bench-controller.sh huge       one NetworkPolicy of 100,000
 #                                          ingress rules (one /32 each)
 #                                          into a small cluster: what=huge_policy
+#   scripts/bench-controller.sh cnp [SCALE]
+#                                          Antrea shape (full scale unless
+#                                          small|medium) plus 100
+#                                          ClusterNetworkPolicies (Admin and
+#                                          Baseline; shape=antrea+cnp): every
+#                                          line above, and what=cnp_edit_namespace
+#                                          (an edit of one whose subject is one
+#                                          namespace) and what=cnp_edit_all (of
+#                                          one whose subject is every namespace),
+#                                          with delta_bytes_per_node=
 #
 # Prints one `key=value` line per measurement (scale= shape= what= ms=
 # peak_mb= nodes_reached= delta_bytes= cpu_ms= ...), then a table. The
@@ -44,9 +54,14 @@ case "${1:-all}" in
   mixed) runs=("mixed small" "mixed medium" "mixed full") ;;
   kube) runs=("antrea medium kube" "mixed medium kube") ;;
   huge) runs=("huge") ;;
+  cnp)
+    case "${2:-full}" in
+      small | medium | full) runs=("antrea ${2:-full} cnp") ;;
+      *) echo "usage: $0 cnp [small|medium|full]" >&2; exit 2 ;;
+    esac ;;
   all) runs=("antrea small" "antrea medium" "antrea full" "mixed small" "mixed medium" "mixed full"
-    "antrea medium kube" "mixed medium kube" "huge") ;;
-  *) echo "usage: $0 [small|medium|full|mixed|kube|huge]" >&2; exit 2 ;;
+    "antrea medium kube" "mixed medium kube" "huge" "antrea full cnp") ;;
+  *) echo "usage: $0 [small|medium|full|mixed|kube|huge|cnp [small|medium|full]]" >&2; exit 2 ;;
 esac
 
 echo "building the benchmark (release; the first build takes minutes)..." >&2
@@ -66,9 +81,9 @@ done
 echo
 awk '
   function get(k,   i, kv) { for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) return kv[2] } return "-" }
-  BEGIN { printf "%-7s %-7s %-12s %10s %10s %8s %6s %12s %9s %11s\n", "scale", "shape", "what", "ms", "cpu_ms", "peak_mb", "nodes", "delta_bytes", "held_mb", "B/pod|pol" }
+  BEGIN { printf "%-7s %-10s %-18s %10s %10s %8s %6s %12s %9s %11s\n", "scale", "shape", "what", "ms", "cpu_ms", "peak_mb", "nodes", "delta_bytes", "held_mb", "B/pod|pol" }
   {
     extra = (get("what") == "full") ? get("bytes_per_pod") "|" get("bytes_per_policy") : ""
     held = (get("what") == "full") ? get("held_mb") : ""
-    printf "%-7s %-7s %-12s %10s %10s %8s %6s %12s %9s %11s\n", get("scale"), get("shape"), get("what"), get("ms"), get("cpu_ms"), get("peak_mb"), get("nodes_reached"), get("delta_bytes"), held, extra
+    printf "%-7s %-10s %-18s %10s %10s %8s %6s %12s %9s %11s\n", get("scale"), get("shape"), get("what"), get("ms"), get("cpu_ms"), get("peak_mb"), get("nodes_reached"), get("delta_bytes"), held, extra
   }' "$out"

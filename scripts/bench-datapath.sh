@@ -4,8 +4,13 @@
 #   verdict  the cost in ns per packet of the real TC programs via
 #            BPF_PROG_TEST_RUN for pod policies of 10 to 100,000 CIDR rules,
 #            as ratios to a bare parse of the same round (rows: established
-#            and new flows, fragment_allowed/_denied: a later fragment)
-#            (ebpf/src/bin/bench-verdict): bench=verdict row= rules= ns= ratio=
+#            and new flows, fragment_allowed/_denied: a later fragment), and
+#            in the same run the same pod with 10 and 100 ClusterNetworkPolicy
+#            Admin rules in front of those rules, the table compiled by the
+#            enforcer (rows established_fwd_tiers, new_allowed_tiers,
+#            new_denied_tiers, lines with admin=)
+#            (node-enforcer/benches/verdict; ARGS: --rounds N --rules A,B,..
+#            --admin A,B,.. or 0): bench=verdict row= rules= [admin=] ns= ratio=
 #   cleanup  the conntrack sweep of 100k and 1M eBPF entries against a real
 #            kernel conntrack table of the same size, asking the kernel by
 #            lookups (the default) and by netlink dump
@@ -53,7 +58,7 @@ case "$what" in
   *) what=verdict ;; # bare flags go to the verdict bench, as before
 esac
 if [[ "$what" == verdict || "$what" == all ]]; then
-  cargo run --release --quiet -p palisade-ebpf --features testkit --bin bench-verdict -- "$@"
+  cargo bench --quiet -p node-enforcer --bench verdict -- "$@"
 fi
 if [[ "$what" == cleanup || "$what" == all ]]; then
   cargo bench --quiet -p node-enforcer --bench conntrack_cleanup -- "$@"

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 /*
- * Programs that only the verdict benchmark (ebpf/src/bin/bench-verdict)
+ * Programs that only the verdict benchmark (node-enforcer/benches/verdict)
  * loads; never attached anywhere.
  *
  *   bench_bare       the floor: parses Ethernet, IP and ports with direct

@@ -84,9 +84,26 @@ impl Harness {
     /// The same with another build of the programs (see
     /// [`super::HEADERS_BY_COPY_OBJECT`]).
     pub fn with_object(object: &[u8]) -> Self {
+        Self::load(object, None)
+    }
+
+    /// [`OBJECT`] with policy maps ([`MAP_POLICY`], [`MAP_POLICY_EXACT`])
+    /// of `entries` entries instead of [`MAX_POLICY_ENTRIES`]: for a
+    /// benchmark that keeps more tables at once than a node may hold.
+    /// Objects loaded later on [`Harness::pins`] share these maps.
+    pub fn with_policy_entries(entries: u32) -> Self {
+        Self::load(OBJECT, Some(entries))
+    }
+
+    fn load(object: &[u8], policy_entries: Option<u32>) -> Self {
         let pins = PinDir::new();
-        let mut ebpf = EbpfLoader::new()
-            .default_map_pin_directory(pins.path())
+        let mut loader = EbpfLoader::new();
+        loader.default_map_pin_directory(pins.path());
+        if let Some(n) = policy_entries {
+            loader.map_max_entries(MAP_POLICY, n);
+            loader.map_max_entries(MAP_POLICY_EXACT, n);
+        }
+        let mut ebpf = loader
             .load(object)
             .unwrap_or_else(|e| panic!("load object: {e:?}"));
         for name in [PROG_FROM_POD, PROG_TO_POD] {

@@ -93,7 +93,21 @@ fn wire(changes: &[PlanChange]) -> usize {
 }
 
 pub(crate) fn line(scale: &str, shape: Shape, what: &str, fields: &[(&str, String)]) {
-    let shape = format!("{shape:?}").to_lowercase();
+    line_as(scale, &shape_name(shape, false), what, fields)
+}
+
+/// The shape as lines name it: `antrea`, `mixed`, or with the
+/// ClusterNetworkPolicies of `cnp` runs, `antrea+cnp`.
+fn shape_name(shape: Shape, cnps: bool) -> String {
+    let name = format!("{shape:?}").to_lowercase();
+    if cnps {
+        format!("{name}+cnp")
+    } else {
+        name
+    }
+}
+
+fn line_as(scale: &str, shape: &str, what: &str, fields: &[(&str, String)]) {
     let rest: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!("scale={scale} shape={shape} what={what} {}", rest.join(" "));
 }
@@ -109,7 +123,9 @@ const CHUNK: usize = 500;
 /// object staged as a change, generated a chunk at a time and dropped once
 /// taken, then one apply that resolves everything. Returns the time spent
 /// in the hub (generation excluded), split into staging and resolving.
-fn feed(hub: &Hub, shape: Shape, scale: Scale, with_policies: bool) -> Fed {
+/// With `cnps`, the ClusterNetworkPolicies come last, once every pod is
+/// known (their subjects then select the most).
+fn feed(hub: &Hub, shape: Shape, scale: Scale, with_policies: bool, cnps: bool) -> Fed {
     let mut stage = 0.0;
     let mut stage_cpu = 0.0;
     for chunk in (0..scale.namespaces).collect::<Vec<_>>().chunks(CHUNK) {
@@ -117,6 +133,15 @@ fn feed(hub: &Hub, shape: Shape, scale: Scale, with_policies: bool) -> Fed {
             .iter()
             .flat_map(|&i| shapes::namespace_objects(shape, scale, i, with_policies))
             .map(Change::from)
+            .collect();
+        let (start, cpu) = (Instant::now(), cpu_ms());
+        hub.stage(changes);
+        stage += start.elapsed().as_secs_f64() * 1e3;
+        stage_cpu += cpu_ms() - cpu;
+    }
+    if cnps && with_policies {
+        let changes: Vec<Change> = (0..shapes::CLUSTER_POLICIES)
+            .map(|k| Change::ApplyClusterPolicy(shapes::cluster_policy(k, scale, 0)))
             .collect();
         let (start, cpu) = (Instant::now(), cpu_ms());
         hub.stage(changes);
@@ -140,12 +165,16 @@ struct Fed {
     published: Vec<PlanChange>,
 }
 
-fn run(shape: Shape, scale: Scale) {
+fn run(shape: Shape, scale: Scale, cnps: bool) {
+    let label = shape_name(shape, cnps);
+    let line = |scale: &str, _: Shape, what: &str, fields: &[(&str, String)]| {
+        line_as(scale, &label, what, fields)
+    };
     // Held state: bytes the hub (engine + plans) holds, for pods alone and
     // with policies.
     let before = live();
     let hub = Hub::new(1);
-    feed(&hub, shape, scale, false);
+    feed(&hub, shape, scale, false, cnps);
     let pods_bytes = live() - before;
     drop(hub);
 
@@ -156,7 +185,7 @@ fn run(shape: Shape, scale: Scale) {
         resolve_ms,
         cpu_ms: full_cpu,
         published,
-    } = feed(&hub, shape, scale, true);
+    } = feed(&hub, shape, scale, true, cnps);
     let full_ms = stage_ms + resolve_ms;
     let held = live() - before;
     let mut plan_bytes: Vec<usize> = published
@@ -277,16 +306,84 @@ fn run(shape: Shape, scale: Scale) {
             ],
         );
     }
-    view_diff(&hub, shape, scale);
+    // The ClusterNetworkPolicies as the hub holds them after the edits,
+    // for the view the manifest source would hand over.
+    let held = if cnps {
+        cnp_edits(&hub, scale, &label)
+    } else {
+        Vec::new()
+    };
+    view_diff(&hub, shape, scale, &label, held);
+}
+
+/// ClusterNetworkPolicy edits (`cnp` runs): one whose subject is one
+/// namespace (five of them, a different policy each time), and the Admin
+/// policy whose subject is every namespace (five edits of its port), each
+/// from the hub's change to the deltas of every node it reaches. The
+/// median is reported; nodes_reached and delta bytes are the first edit's.
+/// Returns every ClusterNetworkPolicy as it is after the edits.
+fn cnp_edits(hub: &Hub, scale: Scale, label: &str) -> Vec<palisade_apis::ClusterNetworkPolicy> {
+    let mut variants = vec![0u32; shapes::CLUSTER_POLICIES];
+    let one_ns: Vec<usize> = (0..shapes::CLUSTER_POLICIES)
+        .filter(|&k| shapes::cnp_kind(k) == shapes::CnpKind::OneNamespace)
+        .take(5)
+        .collect();
+    let cases: [(&str, Vec<(usize, u32)>); 2] = [
+        (
+            "cnp_edit_namespace",
+            one_ns.iter().map(|&k| (k, 1)).collect(),
+        ),
+        ("cnp_edit_all", (1..=5).map(|v| (0, v)).collect()),
+    ];
+    for (what, edits) in cases {
+        let mut times = Vec::new();
+        let mut cpu_times = Vec::new();
+        let mut first: Option<(usize, usize)> = None;
+        for (rep, &(k, variant)) in edits.iter().enumerate() {
+            variants[k] = variant;
+            let change = Change::ApplyClusterPolicy(shapes::cluster_policy(k, scale, variant));
+            let (start, cpu) = (Instant::now(), cpu_ms());
+            let published = hub.apply(vec![change], format!("{what}-{rep}"));
+            let bytes = wire(&published);
+            times.push(start.elapsed().as_secs_f64() * 1e3);
+            cpu_times.push(cpu_ms() - cpu);
+            first.get_or_insert((published.len(), bytes));
+        }
+        let (nodes, bytes) = first.unwrap();
+        line_as(
+            scale.name,
+            label,
+            what,
+            &[
+                ("ms", format!("{:.3}", shapes::median(times))),
+                ("peak_mb", format!("{:.0}", peak_mb())),
+                ("nodes_reached", nodes.to_string()),
+                ("cpu_ms", format!("{:.3}", shapes::median(cpu_times))),
+                ("delta_bytes", bytes.to_string()),
+                ("delta_bytes_per_node", (bytes / nodes.max(1)).to_string()),
+            ],
+        );
+    }
+    variants
+        .iter()
+        .enumerate()
+        .map(|(k, &v)| shapes::cluster_policy(k, scale, v))
+        .collect()
 }
 
 /// The manifest source's path: a whole new view with one pod relabelled,
 /// which the hub diffs against what it holds. The view is the whole
 /// cluster as objects, built here (after every other measurement, so that
 /// it raises only this line's peak); its size is the bench's input.
-fn view_diff(hub: &Hub, shape: Shape, scale: Scale) {
+fn view_diff(
+    hub: &Hub,
+    shape: Shape,
+    scale: Scale,
+    label: &str,
+    cnps: Vec<palisade_apis::ClusterNetworkPolicy>,
+) {
     let before = live();
-    let mut state = shapes::cluster(shape, scale);
+    let mut state = shapes::cluster(shape, scale, cnps);
     let input = live() - before;
     let i = 4242 % scale.namespaces;
     let key = (shapes::ns_name(i), "pod-1".to_string());
@@ -313,9 +410,9 @@ fn view_diff(hub: &Hub, shape: Shape, scale: Scale) {
     let bytes = wire(&published);
     let ms = start.elapsed().as_secs_f64() * 1e3;
     let cpu = cpu_ms() - cpu;
-    line(
+    line_as(
         scale.name,
-        shape,
+        label,
         "view_diff",
         &[
             ("ms", format!("{ms:.1}")),
@@ -357,10 +454,11 @@ fn main() {
         }
     };
     match args.get(2).map(String::as_str) {
-        None => run(shape, scale),
+        None => run(shape, scale, false),
+        Some("cnp") if shape == Shape::Antrea => run(shape, scale, true),
         Some("kube") => kube_path::run(shape, scale),
         Some(other) => {
-            eprintln!("unknown path {other:?}: want kube or nothing");
+            eprintln!("unknown path {other:?}: want kube, cnp (antrea) or nothing");
             std::process::exit(2);
         }
     }

@@ -242,9 +242,15 @@ pub fn namespace_objects(shape: Shape, scale: Scale, i: usize, with_policies: bo
     objects
 }
 
-/// The whole cluster as one view.
-pub fn cluster(shape: Shape, scale: Scale) -> ClusterState {
-    let objects = (0..scale.namespaces).flat_map(|i| namespace_objects(shape, scale, i, true));
+/// The whole cluster as one view, with `cnps`.
+pub fn cluster(
+    shape: Shape,
+    scale: Scale,
+    cnps: Vec<palisade_apis::ClusterNetworkPolicy>,
+) -> ClusterState {
+    let objects = (0..scale.namespaces)
+        .flat_map(|i| namespace_objects(shape, scale, i, true))
+        .chain(cnps.into_iter().map(Object::ClusterNetworkPolicy));
     ClusterState::from_objects(objects, "bench".into())
 }
 
@@ -262,4 +268,132 @@ pub fn counts(state: &ClusterState) -> BTreeMap<&'static str, usize> {
         ("policies", state.policies.len()),
         ("services", state.services.len()),
     ])
+}
+
+/// ClusterNetworkPolicies the `cnp` runs add to a shape: how many, and
+/// which of them the edit measurements change.
+pub const CLUSTER_POLICIES: usize = 100;
+
+/// What subject ClusterNetworkPolicy `k` of [`cluster_policy`] has.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CnpKind {
+    /// Every namespace (Admin: monitoring in, metadata out), or every
+    /// `app-2` pod (Baseline): the policies an edit of reaches every node.
+    Everywhere,
+    /// One namespace (Admin).
+    OneNamespace,
+    /// `app-2` pods of ten namespaces (Admin).
+    PodsOfTen,
+    /// Five namespaces (Baseline).
+    FiveNamespaces,
+}
+
+pub fn cnp_kind(k: usize) -> CnpKind {
+    match k {
+        0 | 1 => CnpKind::Everywhere,
+        _ => match k % 3 {
+            0 => CnpKind::OneNamespace,
+            1 => CnpKind::PodsOfTen,
+            _ => CnpKind::FiveNamespaces,
+        },
+    }
+}
+
+fn ns_in(first: usize, n: usize, scale: Scale) -> Value {
+    let names: Vec<String> = (first..first + n)
+        .map(|i| ns_name(i % scale.namespaces))
+        .collect();
+    json!({"matchExpressions": [{"key": "app", "operator": "In", "values": names}]})
+}
+
+fn ns_is(i: usize, scale: Scale) -> Value {
+    json!({"matchLabels": {"app": ns_name(i % scale.namespaces)}})
+}
+
+/// ClusterNetworkPolicy `k` (0..[`CLUSTER_POLICIES`]) for the Antrea shape,
+/// as the engine receives it: the upstream wire object, read. Admin and
+/// Baseline, namespace and pod subjects, rules of every action with
+/// namespace, pod and network peers, some with ports. `variant` edits it
+/// (another port, another network) without changing its subject.
+pub fn cluster_policy(k: usize, scale: Scale, variant: u32) -> palisade_apis::ClusterNetworkPolicy {
+    // Policies' namespaces spread over the cluster.
+    let at = k * (scale.namespaces / CLUSTER_POLICIES).max(1);
+    let tcp = |port: u32| json!({"tcp": {"destinationPort": {"number": port}}});
+    let (tier, subject, ingress, egress) = match cnp_kind(k) {
+        CnpKind::Everywhere if k == 0 => (
+            "Admin",
+            json!({"namespaces": {}}),
+            json!([{"name": "monitoring", "action": "Accept",
+                    "from": [{"pods": {"namespaceSelector": ns_is(at + 1, scale), "podSelector": {}}}],
+                    "protocols": [tcp(9100 + variant)]},
+                   {"name": "scanners", "action": "Deny",
+                    "from": [{"namespaces": ns_is(at + 2, scale)}]}]),
+            json!([{"name": "metadata", "action": "Deny",
+                    "to": [{"networks": ["169.254.169.254/32"]}]}]),
+        ),
+        CnpKind::Everywhere => (
+            "Baseline",
+            json!({"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app-2": "scale-2"}}}}),
+            json!([]),
+            json!([{"name": "no-lan", "action": "Deny",
+                    "to": [{"networks": [format!("192.168.{variant}.0/24"), "172.16.0.0/12"]}]}]),
+        ),
+        CnpKind::OneNamespace => (
+            "Admin",
+            json!({"namespaces": ns_is(at, scale)}),
+            json!([{"name": "peers", "action": "Accept",
+                    "from": [{"pods": {"namespaceSelector": ns_is(at + 1, scale),
+                                       "podSelector": {"matchLabels": {"app-1": "scale-1"}}}}]}]),
+            json!([{"name": "blocked", "action": "Deny",
+                    "to": [{"networks": [format!("10.200.{}.{}/32", k, variant + 1), "10.201.0.0/16"]}]},
+                   {"name": "to-shared", "action": "Pass",
+                    "to": [{"namespaces": ns_is(at + 2, scale)}],
+                    "protocols": [tcp(443)]}]),
+        ),
+        CnpKind::PodsOfTen => (
+            "Admin",
+            json!({"pods": {"namespaceSelector": ns_in(at, 10, scale),
+                            "podSelector": {"matchLabels": {"app-2": "scale-2"}}}}),
+            json!([{"name": "no-ssh", "action": "Deny",
+                    "from": [{"namespaces": ns_is(at + 10, scale)}],
+                    "protocols": [tcp(22 + variant)]},
+                   {"name": "lb", "action": "Accept",
+                    "from": [{"namespaces": ns_is(at + 11, scale)}],
+                    "protocols": [{"tcp": {"destinationPort": {"range": {"start": 8000, "end": 8100}}}}]}]),
+            json!([{"name": "lb-out", "action": "Accept",
+                    "to": [{"networks": ["10.202.0.0/16"]}],
+                    "protocols": [{"tcp": {"destinationPort": {"range": {"start": 8000, "end": 8100}}}}]}]),
+        ),
+        CnpKind::FiveNamespaces => (
+            "Baseline",
+            json!({"namespaces": ns_in(at, 5, scale)}),
+            json!([{"name": "team", "action": "Accept",
+                    "from": [{"namespaces": ns_in(at, 5, scale)}]}]),
+            json!([{"name": "no-partner", "action": "Deny",
+                    "to": [{"networks": [format!("172.20.{}.0/24", k + variant as usize)]}]}]),
+        ),
+    };
+    let body = json!({
+        "apiVersion": palisade_apis::wire::UPSTREAM_API_VERSION,
+        "kind": palisade_apis::wire::CLUSTER_NETWORK_POLICY,
+        "metadata": {"name": format!("cnp-{k:03}")},
+        "spec": {"tier": tier, "priority": k * 10, "subject": subject,
+                 "ingress": ingress, "egress": egress},
+    });
+    let wire: palisade_apis::wire::UpstreamClusterNetworkPolicy =
+        serde_json::from_value(body).expect("a valid ClusterNetworkPolicy");
+    let policy = palisade_apis::ClusterNetworkPolicy::from_upstream(&wire);
+    // A peer the API does not have (networks in ingress, say) is read as
+    // Unknown, which fails closed: a Deny of everything, an edit of which
+    // changes nothing. The shape must not measure that.
+    assert!(
+        policy
+            .ingress
+            .iter()
+            .chain(&policy.egress)
+            .flat_map(|r| &r.peers)
+            .all(|p| !matches!(p, palisade_apis::Peer::Unknown)),
+        "cnp-{k:03}: a peer the API does not have"
+    );
+    policy
 }

@@ -8,11 +8,13 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use palisade_apis::ApiGroup;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use palisade_apis::{ApiGroup, Subject};
 
 use crate::keys::{ObjectKey, PodKey};
 use crate::resolve::{
-    default_ns_labels, is_selectorless, node_ips, slice_service, PodInfo, TieredPolicy,
+    default_ns_labels, is_selectorless, node_ips, selector_matches, slice_service,
+    validate_selector, PodInfo, TieredPolicy,
 };
 
 pub type Labels = BTreeMap<String, String>;
@@ -159,17 +161,45 @@ impl Objects {
     /// The pods a ClusterNetworkPolicy's subject selects (host-network pods
     /// never are), and those for which it cannot be evaluated: resolution
     /// gave each of them that error, which must go with the policy.
+    ///
+    /// Only the namespaces the subject's namespace selector can select are
+    /// looked at (those with a label it requires, by the label index), and
+    /// only their pods once it selects the namespace: an edit of a policy
+    /// of one namespace does not read every pod of the cluster.
     pub fn subject_pods(&self, policy: &TieredPolicy) -> Vec<PodKey> {
+        let ns_selector = match &policy.policy.subject {
+            Subject::Namespaces(s) => s,
+            Subject::Pods(p) => &p.namespaces,
+            Subject::Unknown => return Vec::new(),
+        };
         let mut out = Vec::new();
-        for ns in self.namespaces() {
+        let mut visit = |ns: &String| {
             let Some(labels) = self.ns_labels_ref(ns) else {
-                continue;
+                return;
             };
+            // What the namespace decides for all its pods: none of them
+            // when it is not selected (a pod selector is then not read).
+            if selector_matches(ns_selector, &labels) == Ok(false) {
+                return;
+            }
             for pod in self.pods_in(ns) {
                 if policy.selects(pod, &labels).unwrap_or(true) {
                     out.push(pod.key());
                 }
             }
+        };
+        match required_ns_labels(ns_selector) {
+            Some(required) => {
+                let mut seen = BTreeSet::new();
+                for (k, v) in required {
+                    for ns in self.namespaces_with_label(k, v).into_iter().flatten() {
+                        if seen.insert(ns) {
+                            visit(ns);
+                        }
+                    }
+                }
+            }
+            None => self.namespaces().for_each(visit),
         }
         out
     }
@@ -422,6 +452,30 @@ impl Objects {
                 .insert(ns.to_string());
         }
     }
+}
+
+/// Labels one of which every namespace `selector` selects carries (and
+/// whose absence makes it answer false, never an error), when it says so:
+/// its first matchLabels pair (checked before anything else), or the
+/// values of an `In` expression of a selector whose operators are all
+/// known. None: any namespace may be selected.
+fn required_ns_labels(selector: &LabelSelector) -> Option<Vec<(&str, &str)>> {
+    if let Some((k, v)) = selector.match_labels.iter().flatten().next() {
+        return Some(vec![(k.as_str(), v.as_str())]);
+    }
+    validate_selector(selector).ok()?;
+    let expr = selector
+        .match_expressions
+        .iter()
+        .flatten()
+        .find(|e| e.operator == "In")?;
+    Some(
+        expr.values
+            .iter()
+            .flatten()
+            .map(|v| (expr.key.as_str(), v.as_str()))
+            .collect(),
+    )
 }
 
 /// Removes `item` from the set at `key`, dropping the set once empty so

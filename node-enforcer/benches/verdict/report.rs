@@ -11,6 +11,8 @@ use crate::scenario::Row;
 pub struct Sample {
     pub round: usize,
     pub rules: usize,
+    /// Admin rules in front of the rules (tiered rows), else 0.
+    pub admin: usize,
     pub row: Row,
     pub ns: f64,
     pub repeat: u32,
@@ -21,6 +23,7 @@ pub struct Sample {
 pub struct Summary {
     pub row: Row,
     pub rules: usize,
+    pub admin: usize,
     /// Median over rounds of the row's own cost (wrapper subtracted).
     pub ns: f64,
     /// Median over rounds of ns / bare of the same round and rule count.
@@ -38,41 +41,63 @@ struct Run {
     repeat: u32,
 }
 
+/// Where a sample sits: (round, rules, Admin rules, row).
+type At = (usize, usize, usize, Row);
+
+/// Each sample's own cost, by where it sits: rows through the wrapper lose
+/// the wrapper's cost of the same round and rule count (a round missing
+/// it is left out).
+fn net_costs(samples: &[Sample]) -> BTreeMap<At, f64> {
+    let raw: BTreeMap<At, f64> = samples
+        .iter()
+        .map(|s| ((s.round, s.rules, s.admin, s.row), s.ns))
+        .collect();
+    samples
+        .iter()
+        .filter_map(|s| {
+            let net = if s.row.through_wrapper() {
+                s.ns - raw.get(&(s.round, s.rules, 0, Row::Wrapper))?
+            } else {
+                s.ns
+            };
+            Some(((s.round, s.rules, s.admin, s.row), net))
+        })
+        .collect()
+}
+
 /// The row's own cost in each round it ran, and its ratio to that round's
 /// bare. Rows through the wrapper lose the wrapper's cost of the same
 /// round and rule count; a round missing its bare (or wrapper) is skipped.
+/// Bare and wrapper read no table: tiered rows use those of their rule
+/// count.
 pub fn summarize(samples: &[Sample]) -> Vec<Summary> {
-    let lookup: BTreeMap<(usize, usize, Row), f64> = samples
-        .iter()
-        .map(|s| ((s.round, s.rules, s.row), s.ns))
-        .collect();
-    let mut groups: BTreeMap<(Row, usize), Vec<Run>> = BTreeMap::new();
+    let net = net_costs(samples);
+    let mut groups: BTreeMap<(Row, usize, usize), Vec<Run>> = BTreeMap::new();
     for s in samples {
-        let Some(&bare) = lookup.get(&(s.round, s.rules, Row::Bare)) else {
+        let Some(&bare) = net.get(&(s.round, s.rules, 0, Row::Bare)) else {
             continue;
         };
-        let net = if s.row.through_wrapper() {
-            match lookup.get(&(s.round, s.rules, Row::Wrapper)) {
-                Some(wrapper) => s.ns - wrapper,
-                None => continue,
-            }
-        } else {
-            s.ns
+        let Some(&ns) = net.get(&(s.round, s.rules, s.admin, s.row)) else {
+            continue;
         };
-        groups.entry((s.row, s.rules)).or_default().push(Run {
-            ns: net,
-            ratio: net / bare,
-            repeat: s.repeat,
-        });
+        groups
+            .entry((s.row, s.rules, s.admin))
+            .or_default()
+            .push(Run {
+                ns,
+                ratio: ns / bare,
+                repeat: s.repeat,
+            });
     }
     groups
         .into_iter()
-        .map(|((row, rules), runs)| {
+        .map(|((row, rules, admin), runs)| {
             let ns: Vec<f64> = runs.iter().map(|r| r.ns).collect();
             let ratios: Vec<f64> = runs.iter().map(|r| r.ratio).collect();
             Summary {
                 row,
                 rules,
+                admin,
                 ns: median(&ns),
                 ratio: median(&ratios),
                 min_ns: ns.iter().copied().fold(f64::INFINITY, f64::min),
@@ -107,25 +132,39 @@ pub const DENIED_GROWTH_MAX: f64 = 1.5;
 pub const NEW_ALLOWED_MAX_NS: f64 = 700.0;
 /// A later fragment may cost this many established packets (issue 18).
 pub const FRAGMENT_MAX_RATIO_TO_ESTABLISHED: f64 = 2.0;
+/// A new flow behind Admin rules may cost this many of the same flow
+/// without them (issue 21).
+pub const TIERS_MAX_RATIO: f64 = 1.5;
 
 /// The worst, over rule counts, of the median over rounds of `row`'s cost
 /// over `base`'s in the same round and rule count: a comparison of two
 /// rows that a slow round does not skew.
 pub fn worst_relative(samples: &[Sample], row: Row, base: Row) -> Option<f64> {
-    let lookup: BTreeMap<(usize, usize, Row), f64> = samples
-        .iter()
-        .map(|s| ((s.round, s.rules, s.row), s.ns))
-        .collect();
+    worst_relative_at(samples, (row, 0), base).map(|(worst, _)| worst)
+}
+
+/// [`worst_relative`] of `row` behind `admin` Admin rules over `base` on
+/// the NetworkPolicy table alone, by their own costs (wrapper subtracted),
+/// with the rule count where it is worst.
+pub fn worst_relative_at(
+    samples: &[Sample],
+    (row, admin): (Row, usize),
+    base: Row,
+) -> Option<(f64, usize)> {
+    let net = net_costs(samples);
     let mut by_rules: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
-    for s in samples.iter().filter(|s| s.row == row) {
-        if let Some(b) = lookup.get(&(s.round, s.rules, base)) {
-            by_rules.entry(s.rules).or_default().push(s.ns / b);
+    for (&(round, rules, a, r), ns) in &net {
+        if r != row || a != admin {
+            continue;
+        }
+        if let Some(b) = net.get(&(round, rules, 0, base)) {
+            by_rules.entry(rules).or_default().push(ns / b);
         }
     }
     by_rules
-        .values()
-        .map(|ratios| median(ratios))
-        .reduce(f64::max)
+        .into_iter()
+        .map(|(rules, ratios)| (median(&ratios), rules))
+        .reduce(|a, b| if b.0 > a.0 { b } else { a })
 }
 
 /// How much more a denied new flow costs at the most rules than at the
@@ -139,7 +178,10 @@ pub struct Growth {
 }
 
 pub fn denied_growth(samples: &[Sample]) -> Option<Growth> {
-    let denied: Vec<&Sample> = samples.iter().filter(|s| s.row == Row::NewDenied).collect();
+    let denied: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.row == Row::NewDenied && s.admin == 0)
+        .collect();
     let from_rules = denied.iter().map(|s| s.rules).min()?;
     let to_rules = denied.iter().map(|s| s.rules).max()?;
     let at = |round: usize, rules: usize| {
@@ -169,7 +211,11 @@ pub fn targets(summaries: &[Summary], samples: &[Sample]) -> Vec<Target> {
     for (row, name) in [
         (Row::EstablishedFwd, "established_fwd_le_5x_bare"),
         (Row::EstablishedReply, "established_reply_le_5x_bare"),
+        (Row::EstablishedFwdTiers, "established_fwd_tiers_le_5x_bare"),
     ] {
+        if of(row).next().is_none() {
+            continue;
+        }
         let worst = of(row).map(|s| s.ratio).fold(f64::NAN, f64::max);
         out.push(Target {
             name,
@@ -210,6 +256,29 @@ pub fn targets(summaries: &[Summary], samples: &[Sample]) -> Vec<Target> {
             });
         }
     }
+    // The most Admin rules measured, against the same flow without them.
+    if let Some(admin) = samples.iter().map(|s| s.admin).max().filter(|&a| a > 0) {
+        for (row, base, name) in [
+            (
+                Row::NewAllowedTiers,
+                Row::NewAllowed,
+                "new_allowed_tiers_le_1.5x_none",
+            ),
+            (
+                Row::NewDeniedTiers,
+                Row::NewDenied,
+                "new_denied_tiers_le_1.5x_none",
+            ),
+        ] {
+            if let Some((worst, rules)) = worst_relative_at(samples, (row, admin), base) {
+                out.push(Target {
+                    name,
+                    measured: format!("worst_ratio={worst:.2} admin={admin} at_rules={rules}"),
+                    met: worst <= TIERS_MAX_RATIO,
+                });
+            }
+        }
+    }
     out
 }
 
@@ -219,15 +288,26 @@ pub fn table(summaries: &[Summary]) -> String {
     counts.sort_unstable();
     counts.dedup();
     let mut out = String::new();
-    let _ = write!(out, "{:<25}", "row \\ rules");
+    let _ = write!(out, "{:<30}", "row \\ rules");
     for n in &counts {
         let _ = write!(out, "{:>22}", n);
     }
     out.push('\n');
-    for row in Row::ALL {
-        let _ = write!(out, "{:<25}", row.name());
+    let mut lines: Vec<(Row, usize)> = summaries.iter().map(|s| (s.row, s.admin)).collect();
+    lines.sort();
+    lines.dedup();
+    for (row, admin) in lines {
+        let name = if row.tiered() {
+            format!("{} admin={admin}", row.name())
+        } else {
+            row.name().to_string()
+        };
+        let _ = write!(out, "{name:<30}");
         for n in &counts {
-            match summaries.iter().find(|s| s.row == row && s.rules == *n) {
+            match summaries
+                .iter()
+                .find(|s| s.row == row && s.rules == *n && s.admin == admin)
+            {
                 Some(s) => {
                     let cell = format!("{:.1} ns {:.2}x", s.ns, s.ratio);
                     let _ = write!(out, "{cell:>22}");
@@ -246,9 +326,14 @@ pub fn table(summaries: &[Summary]) -> String {
 pub fn key_values(summaries: &[Summary]) -> String {
     let mut out = String::new();
     for s in summaries {
+        let admin = if s.row.tiered() {
+            format!(" admin={}", s.admin)
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "bench=verdict row={} rules={} ns={:.1} ratio={:.3} min_ns={:.1} max_ns={:.1} rounds={} repeat={} wrapper_subtracted={}",
+            "bench=verdict row={} rules={}{admin} ns={:.1} ratio={:.3} min_ns={:.1} max_ns={:.1} rounds={} repeat={} wrapper_subtracted={}",
             s.row.name(),
             s.rules,
             s.ns,
@@ -277,7 +362,10 @@ pub fn target_lines(targets: &[Target]) -> String {
     out
 }
 
+// Run from tests/bench_verdict.rs. The bench compiles them too (cfg(test)
+// holds without a harness) but runs none, so their helpers go unused there.
 #[cfg(test)]
+#[allow(unused_imports, dead_code)]
 mod tests {
     use super::*;
 
@@ -285,6 +373,7 @@ mod tests {
         Sample {
             round,
             rules,
+            admin: if row.tiered() { 100 } else { 0 },
             row,
             ns,
             repeat: 1000,
@@ -340,6 +429,7 @@ mod tests {
         let mk = |row, rules, ns, ratio| Summary {
             row,
             rules,
+            admin: 0,
             ns,
             ratio,
             min_ns: ns,
@@ -420,6 +510,52 @@ mod tests {
             .map(|t| (t.name, t.met))
             .collect();
         assert_eq!(t, [("fragment_allowed_le_2x_established", false)]);
+    }
+
+    #[test]
+    fn tiered_rows_are_compared_with_the_same_flow_without_tiers() {
+        let samples = [
+            sample(0, 10, Row::Bare, 10.0),
+            sample(0, 10, Row::Wrapper, 30.0),
+            sample(0, 10, Row::NewAllowed, 330.0),
+            sample(0, 10, Row::NewAllowedTiers, 390.0),
+            sample(0, 10, Row::NewDenied, 100.0),
+            sample(0, 10, Row::NewDeniedTiers, 110.0),
+            sample(0, 1000, Row::Bare, 10.0),
+            sample(0, 1000, Row::Wrapper, 30.0),
+            sample(0, 1000, Row::NewAllowed, 330.0),
+            sample(0, 1000, Row::NewAllowedTiers, 480.0),
+            sample(0, 1000, Row::NewDenied, 100.0),
+            sample(0, 1000, Row::NewDeniedTiers, 100.0),
+        ];
+        // Wrapper subtracted from both: 360 / 300 and 450 / 300.
+        assert_eq!(
+            worst_relative_at(&samples, (Row::NewAllowedTiers, 100), Row::NewAllowed),
+            Some((1.5, 1000))
+        );
+        let summaries = summarize(&samples);
+        let tiered = summaries
+            .iter()
+            .find(|s| s.row == Row::NewAllowedTiers && s.rules == 10)
+            .unwrap();
+        assert_eq!((tiered.admin, tiered.ns, tiered.ratio), (100, 360.0, 36.0));
+        let t: Vec<(&str, bool)> = targets(&summaries, &samples)
+            .into_iter()
+            .filter(|t| t.name.contains("tiers"))
+            .map(|t| (t.name, t.met))
+            .collect();
+        assert_eq!(
+            t,
+            [
+                ("new_allowed_tiers_le_1.5x_none", true),
+                ("new_denied_tiers_le_1.5x_none", true)
+            ]
+        );
+        assert!(
+            key_values(&summaries).contains("row=new_denied_tiers rules=1000 admin=100 ns=100.0")
+        );
+        assert!(key_values(&summaries).contains("row=new_denied rules=1000 ns=100.0"));
+        assert!(table(&summaries).contains("new_allowed_tiers admin=100"));
     }
 
     #[test]
