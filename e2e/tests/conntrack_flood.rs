@@ -208,7 +208,7 @@ fn one_pod_opening_flows_fast_costs_other_pods_flows_nothing() {
                 }
                 // Paces the server: each flow's idle time between packets
                 // (traffic shape, not a wait for anything).
-                std::thread::sleep(PUSH_EVERY);
+                std::thread::sleep(PUSH_EVERY); // poll: the traffic's pacing, not a wait
             }
             seq
         });

@@ -122,7 +122,7 @@ impl Stream {
                         after += 1;
                     }
                     // Paces the stream (its shape, not a wait for anything).
-                    std::thread::sleep(STREAM_EVERY);
+                    std::thread::sleep(STREAM_EVERY); // poll: the stream's pacing, not a wait
                 }
                 seq
             });
