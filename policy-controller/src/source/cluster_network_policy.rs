@@ -11,66 +11,30 @@
 //! than ours is unreadable: that is an error naming the object and the
 //! field, and the version in force stays.
 
-use std::borrow::Cow;
-
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::core::ClusterResourceScope;
 use palisade_apis::{wire, ApiGroup, ClusterNetworkPolicy};
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::validate::strict;
 use super::validate::{FieldError, Path, Problem};
 
-/// An upstream ClusterNetworkPolicy as watched: the spec stays JSON until
-/// [`read_upstream`].
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub struct UpstreamObject {
-    #[serde(default)]
-    pub metadata: ObjectMeta,
-    #[serde(default, skip_serializing_if = "Value::is_null")]
-    pub spec: Value,
-}
-
-/// An AWS ClusterNetworkPolicy as watched (see [`UpstreamObject`]).
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub struct AwsObject {
-    #[serde(default)]
-    pub metadata: ObjectMeta,
-    #[serde(default, skip_serializing_if = "Value::is_null")]
-    pub spec: Value,
-}
-
-macro_rules! cluster_resource {
-    ($ty:ty, $group:expr, $version:expr) => {
-        impl kube::Resource for $ty {
-            type DynamicType = ();
-            type Scope = ClusterResourceScope;
-
-            fn kind(_: &()) -> Cow<'_, str> {
-                wire::CLUSTER_NETWORK_POLICY.into()
-            }
-            fn group(_: &()) -> Cow<'_, str> {
-                $group.into()
-            }
-            fn version(_: &()) -> Cow<'_, str> {
-                $version.into()
-            }
-            fn plural(_: &()) -> Cow<'_, str> {
-                "clusternetworkpolicies".into()
-            }
-            fn meta(&self) -> &ObjectMeta {
-                &self.metadata
-            }
-            fn meta_mut(&mut self) -> &mut ObjectMeta {
-                &mut self.metadata
-            }
-        }
-    };
-}
-
-cluster_resource!(UpstreamObject, "policy.networking.k8s.io", "v1alpha2");
-cluster_resource!(AwsObject, "networking.k8s.aws", "v1alpha1");
+watched_resource!(
+    /// An upstream ClusterNetworkPolicy as watched: the spec stays JSON
+    /// until [`read_upstream`].
+    UpstreamObject,
+    kube::core::ClusterResourceScope,
+    kind: wire::CLUSTER_NETWORK_POLICY,
+    group: "policy.networking.k8s.io",
+    version: "v1alpha2",
+    plural: "clusternetworkpolicies"
+);
+watched_resource!(
+    /// An AWS ClusterNetworkPolicy as watched (see [`UpstreamObject`]).
+    AwsObject,
+    kube::core::ClusterResourceScope,
+    kind: wire::CLUSTER_NETWORK_POLICY,
+    group: "networking.k8s.aws",
+    version: "v1alpha1",
+    plural: "clusternetworkpolicies"
+);
 
 /// How errors name a policy: `ClusterNetworkPolicy/NAME`, or
 /// `ClusterNetworkPolicy.networking.k8s.aws/NAME` (as kubectl names them).
@@ -137,8 +101,9 @@ pub fn read_aws(o: AwsObject) -> Result<ClusterNetworkPolicy, Unreadable> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use palisade_apis::{Action, Peer, Tier};
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     fn upstream(spec: Value) -> Result<ClusterNetworkPolicy, String> {
         read_upstream(UpstreamObject {

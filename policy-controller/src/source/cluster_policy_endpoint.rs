@@ -31,49 +31,22 @@
 
 pub mod merge;
 
-use std::borrow::Cow;
-
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::core::ClusterResourceScope;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::policy_endpoint::{PodEndpoint, Port, SliceError};
 use palisade_apis::wire;
 
-/// A ClusterPolicyEndpoint as watched: the spec stays JSON until
-/// [`parse_spec`].
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub struct ClusterPolicyEndpoint {
-    #[serde(default)]
-    pub metadata: ObjectMeta,
-    #[serde(default, skip_serializing_if = "Value::is_null")]
-    pub spec: Value,
-}
-
-impl kube::Resource for ClusterPolicyEndpoint {
-    type DynamicType = ();
-    type Scope = ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "ClusterPolicyEndpoint".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        "networking.k8s.aws".into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1alpha1".into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "clusterpolicyendpoints".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+watched_resource!(
+    /// A ClusterPolicyEndpoint as watched: the spec stays JSON until
+    /// [`parse_spec`].
+    ClusterPolicyEndpoint,
+    kube::core::ClusterResourceScope,
+    kind: "ClusterPolicyEndpoint",
+    group: "networking.k8s.aws",
+    version: "v1alpha1",
+    plural: "clusterpolicyendpoints"
+);
 
 /// The spec as the AWS controller's CRD defines it.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]

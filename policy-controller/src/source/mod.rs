@@ -14,6 +14,49 @@
 //! never a silently dropped object or field (a dropped NetworkPolicy, or a
 //! rule that lost a misspelt field, would open traffic).
 
+/// A custom resource as the sources watch it: metadata, and a spec kept as
+/// JSON until the source's own typed reading (which names every field it
+/// refuses). One definition for every such kind, so none drifts.
+macro_rules! watched_resource {
+    ($(#[$doc:meta])* $ty:ident, $scope:ty, kind: $kind:expr, group: $group:expr,
+     version: $version:expr, plural: $plural:expr) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
+        pub struct $ty {
+            #[serde(default)]
+            pub metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+            #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+            pub spec: serde_json::Value,
+        }
+
+        impl kube::Resource for $ty {
+            type DynamicType = ();
+            type Scope = $scope;
+
+            fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+                $kind.into()
+            }
+            fn group(_: &()) -> std::borrow::Cow<'_, str> {
+                $group.into()
+            }
+            fn version(_: &()) -> std::borrow::Cow<'_, str> {
+                $version.into()
+            }
+            fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+                $plural.into()
+            }
+            fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(
+                &mut self,
+            ) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
 pub mod cluster_network_policy;
 pub mod cluster_policy_endpoint;
 mod error;

@@ -19,11 +19,8 @@
 
 pub mod merge;
 
-use std::borrow::Cow;
-
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
-use kube::core::NamespaceResourceScope;
-use serde::{Deserialize, Serialize};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::validate::{joined, FieldError};
@@ -41,38 +38,15 @@ pub enum PolicySource {
     PolicyEndpoint,
 }
 
-/// A PolicyEndpoint as watched: the spec stays JSON until [`parse_spec`].
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-pub struct PolicyEndpoint {
-    #[serde(default)]
-    pub metadata: ObjectMeta,
-    #[serde(default, skip_serializing_if = "Value::is_null")]
-    pub spec: Value,
-}
-
-impl kube::Resource for PolicyEndpoint {
-    type DynamicType = ();
-    type Scope = NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "PolicyEndpoint".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        "networking.k8s.aws".into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1alpha1".into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "policyendpoints".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+watched_resource!(
+    /// A PolicyEndpoint as watched: the spec stays JSON until [`parse_spec`].
+    PolicyEndpoint,
+    kube::core::NamespaceResourceScope,
+    kind: "PolicyEndpoint",
+    group: "networking.k8s.aws",
+    version: "v1alpha1",
+    plural: "policyendpoints"
+);
 
 /// The spec as the AWS controller's CRD defines it. Go's `omitempty` means
 /// any list may be absent or null.
