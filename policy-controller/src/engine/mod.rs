@@ -27,6 +27,7 @@
 
 mod cluster_policy_endpoints;
 mod objects;
+mod pass;
 mod policy_endpoints;
 mod selection;
 mod services;
@@ -505,8 +506,16 @@ impl Engine {
         if let Some(new) = &policy {
             dirty.extend(self.objects.subject_pods(new));
         }
-        if let Some(old) = self.objects.set_tiered(key, policy) {
-            dirty.extend(self.objects.subject_pods(&old));
+        let old = self.objects.set_tiered(key, policy.clone());
+        if let Some(old) = old {
+            // An edit that keeps the subject selects the same pods: the walk
+            // over them (every pod, for a cluster-wide policy) is done once.
+            let same_subject = policy
+                .as_ref()
+                .is_some_and(|new| new.policy.subject == old.policy.subject);
+            if !same_subject {
+                dirty.extend(self.objects.subject_pods(&old));
+            }
         }
     }
 
@@ -674,15 +683,17 @@ impl Engine {
         };
         let mut changed_nodes = BTreeSet::new();
         // Pods that resolve alike are resolved once per pass: the objects do
-        // not change during a pass, so neither does what a class resolves to.
+        // not change during a pass, so neither does what a class resolves to
+        // (nor a ClusterNetworkPolicy's rules, see `pass`).
         let mut memo: HashMap<Class, ClassResult> = HashMap::new();
+        let mut tiers = pass::TierMemo::default();
         // In namespace order: pods of one namespace share their policies,
         // selections and Services, which then stay in cache from one target
         // to the next (a hash set's order jumps across the whole cluster).
         let mut order: Vec<PodKey> = dirty.into_iter().collect();
         order.sort_unstable();
         for key in order {
-            self.recompute_target(&key, &mut memo, &mut changed_nodes);
+            self.recompute_target(&key, &mut memo, &mut tiers, &mut changed_nodes);
         }
         self.selections.end_pass();
         for node in changed_nodes {
@@ -696,6 +707,7 @@ impl Engine {
         &mut self,
         key: &PodKey,
         memo: &mut HashMap<Class, ClassResult>,
+        tiers: &mut pass::TierMemo,
         changed: &mut BTreeSet<String>,
     ) {
         let (shared, old) = match self.targets.remove_entry(key) {
@@ -724,7 +736,7 @@ impl Engine {
                         errors: r.errors.clone(),
                     },
                     None => {
-                        let r = self.compute_class(&pod, &class.1, &class.2);
+                        let r = self.compute_class(&pod, &class.1, &class.2, tiers);
                         memo.insert(
                             class,
                             ClassResult {
@@ -786,6 +798,7 @@ impl Engine {
         pod: &PodInfo,
         endpoint_policies: &[Arc<EndpointPolicy>],
         cluster_endpoint_policies: &[Arc<ClusterEndpointPolicy>],
+        tiers: &mut pass::TierMemo,
     ) -> ClassResult {
         let mut selector = Selector {
             objects: &self.objects,
@@ -796,20 +809,21 @@ impl Engine {
         let mut errors = Vec::new();
         let policies: Vec<Arc<NetworkPolicy>> =
             self.objects.policies_in(&pod.namespace).cloned().collect();
-        let ns_labels = self.objects.ns_labels(&pod.namespace).unwrap_or_default();
-        let mut tiered: Vec<Arc<TieredPolicy>> = Vec::new();
-        for t in self.objects.tiered() {
-            match t.selects(pod, &ns_labels) {
-                Ok(true) => tiered.push(t.clone()),
-                Ok(false) => {}
-                Err(e) => errors.push(format!("{}: {e}", t.id)),
-            }
-        }
-        tiered.sort_by(|a, b| a.policy.precedence().cmp(&b.policy.precedence()));
+        let objects = &self.objects;
+        let tiered = tiers.selecting(
+            pod,
+            || objects.ns_labels(&pod.namespace).unwrap_or_default(),
+            objects.tiered(),
+            &mut errors,
+        );
+        let tiered: Vec<_> = tiered
+            .iter()
+            .map(|t| (&**t, tiers.rules(t, pod, &mut selector, &mut errors)))
+            .collect();
         let mut policy = resolve_pod(
             pod,
             policies.iter().map(|p| &**p),
-            tiered.iter().map(|t| &**t),
+            tiered,
             &mut selector,
             &mut errors,
         );

@@ -195,6 +195,20 @@ pub struct Used {
     pub selectorless: bool,
 }
 
+impl Used {
+    /// Adds what another computation used, as if this one had used it.
+    pub fn extend(&mut self, other: &Used) {
+        self.sels.extend(other.sels.iter().cloned());
+        self.ports.extend(other.ports.iter().cloned());
+        for ns in &other.service_ns {
+            if !self.service_ns.contains(ns) {
+                self.service_ns.push(ns.clone());
+            }
+        }
+        self.selectorless |= other.selectorless;
+    }
+}
+
 impl Selections {
     pub fn len(&self) -> usize {
         self.entries.len()

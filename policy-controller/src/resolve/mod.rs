@@ -49,7 +49,7 @@ pub use selectors::{selector_matches, validate_selector, SelectorError, UnknownO
 pub(crate) use services::{is_selectorless, selector_of, service_info, slice_service, ServiceInfo};
 pub use staging::{is_staged, AUDIT_ANNOTATION};
 pub(crate) use target::resolve_pod;
-pub(crate) use tiers::{node_ips, TieredPolicy};
+pub(crate) use tiers::{node_ips, TierRules, TieredPolicy};
 
 #[cfg(test)]
 mod tests {

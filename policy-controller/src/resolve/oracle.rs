@@ -59,6 +59,10 @@ pub fn resolve_cluster(state: &ClusterState) -> Resolution {
                 }
             })
             .collect();
+        let tiered: Vec<_> = tiered
+            .into_iter()
+            .map(|t| (t, t.rules_for(target, &mut index, &mut errors)))
+            .collect();
         let pod = resolve_pod(target, policies, tiered, &mut index, &mut errors);
         plans.entry(node.clone()).or_default().pods.insert(
             (target.namespace.clone(), target.name.clone()),

@@ -45,14 +45,28 @@ pub(super) fn staged_by(
     }
 }
 
-/// One direction's rules as they are collected: the enforced ones, and (when
-/// some staged policy applies) all of them, enforced and staged, in the
-/// order enforcement would see them once the staged policies are enforced.
+/// One direction's rules as they are collected, in the order they come:
+/// what enforcement sees (the enforced policies' rules) and, when some
+/// staged policy applies, what it would see once they are enforced (all of
+/// them, in the same order). The parts are kept until `finish` so that the
+/// common case, nothing staged, moves every rule once instead of copying it
+/// into both.
 #[derive(Default)]
 pub(super) struct DirectionRules {
-    enforced: Collected,
-    all: Collected,
+    parts: Vec<Part>,
     staged: bool,
+}
+
+enum Part {
+    /// A NetworkPolicy that applies in this direction (isolating it, even
+    /// without rules) and its rules.
+    Rules { staged: bool, rules: Vec<Rule> },
+    /// A ClusterNetworkPolicy's rules, in order.
+    Tier {
+        tier: Tier,
+        staged: bool,
+        rules: Vec<TierRule>,
+    },
 }
 
 /// A direction's NetworkPolicy rules (and whether one isolates it) and
@@ -64,15 +78,22 @@ struct Collected {
 }
 
 impl Collected {
-    fn add_rules(&mut self, rules: &[Rule]) {
-        self.isolated = true;
-        self.policy.rules.extend_from_slice(rules);
-    }
-
-    fn add_tier(&mut self, tier: Tier, rules: &[TierRule]) {
-        match tier {
-            Tier::Admin => self.policy.admin.extend_from_slice(rules),
-            Tier::Baseline => self.policy.baseline.extend_from_slice(rules),
+    fn add(&mut self, part: Part) {
+        match part {
+            Part::Rules { rules, .. } => {
+                self.isolated = true;
+                self.policy.rules.extend(rules);
+            }
+            Part::Tier {
+                tier: Tier::Admin,
+                rules,
+                ..
+            } => self.policy.admin.extend(rules),
+            Part::Tier {
+                tier: Tier::Baseline,
+                rules,
+                ..
+            } => self.policy.baseline.extend(rules),
         }
     }
 
@@ -87,43 +108,77 @@ impl Collected {
     }
 }
 
+impl Part {
+    fn staged(&self) -> bool {
+        match self {
+            Part::Rules { staged, .. } | Part::Tier { staged, .. } => *staged,
+        }
+    }
+
+    fn clone_part(&self) -> Part {
+        match self {
+            Part::Rules { staged, rules } => Part::Rules {
+                staged: *staged,
+                rules: rules.clone(),
+            },
+            Part::Tier {
+                tier,
+                staged,
+                rules,
+            } => Part::Tier {
+                tier: *tier,
+                staged: *staged,
+                rules: rules.clone(),
+            },
+        }
+    }
+}
+
 impl DirectionRules {
     /// A NetworkPolicy that applies in this direction (isolating it, even
     /// without rules) and its rules.
     pub(super) fn add(&mut self, staged: bool, rules: impl Iterator<Item = Rule>) {
-        let rules: Vec<Rule> = rules.collect();
-        if staged {
-            self.staged = true;
-        } else {
-            self.enforced.add_rules(&rules);
-        }
-        self.all.add_rules(&rules);
+        self.staged |= staged;
+        self.parts.push(Part::Rules {
+            staged,
+            rules: rules.collect(),
+        });
     }
 
     /// A ClusterNetworkPolicy's rules for this direction, in order (called
     /// in precedence order).
-    pub(super) fn add_tier(&mut self, tier: Tier, staged: bool, rules: &[TierRule]) {
-        if staged {
-            self.staged = true;
-        } else {
-            self.enforced.add_tier(tier, rules);
-        }
-        self.all.add_tier(tier, rules);
+    pub(super) fn add_tier(&mut self, tier: Tier, staged: bool, rules: Vec<TierRule>) {
+        self.staged |= staged;
+        self.parts.push(Part::Tier {
+            tier,
+            staged,
+            rules,
+        });
     }
 
     /// (enforced, audit): the audit policy exists only where a staged policy
     /// applies; it is what removing every staged annotation would enforce.
     pub(super) fn finish(self) -> (Option<DirectionPolicy>, Option<DirectionPolicy>) {
-        let audit = if self.staged {
-            // A staged policy applies, so the audit direction is always
-            // there (deciding nothing, when that is what it would do).
-            Some(self.all.finish().unwrap_or_else(|| DirectionPolicy {
-                not_isolated: true,
-                ..Default::default()
-            }))
-        } else {
-            None
-        };
-        (self.enforced.finish(), audit)
+        let mut enforced = Collected::default();
+        if !self.staged {
+            for part in self.parts {
+                enforced.add(part);
+            }
+            return (enforced.finish(), None);
+        }
+        let mut all = Collected::default();
+        for part in self.parts {
+            if !part.staged() {
+                enforced.add(part.clone_part());
+            }
+            all.add(part);
+        }
+        // A staged policy applies, so the audit direction is always there
+        // (deciding nothing, when that is what it would do).
+        let audit = all.finish().unwrap_or_else(|| DirectionPolicy {
+            not_isolated: true,
+            ..Default::default()
+        });
+        (enforced.finish(), Some(audit))
     }
 }

@@ -14,7 +14,7 @@ use super::rules::{RuleContext, ServiceCoverage};
 use super::selector_matches;
 use super::selectors::EMPTY_SELECTOR;
 use super::staging::{is_staged, DirectionRules};
-use super::tiers::{placement, TieredPolicy};
+use super::tiers::{placement, TierRules, TieredPolicy};
 
 /// The policy of one pod, from the policies of its namespace (in any order
 /// that is the same every time: their names are sorted in the output).
@@ -23,11 +23,13 @@ use super::tiers::{placement, TieredPolicy};
 /// but land in `staged_policies` and the audit directions instead.
 ///
 /// `tiered` are the ClusterNetworkPolicies that select the pod, in
-/// precedence order ([`palisade_apis::ClusterNetworkPolicy::precedence`]).
+/// precedence order ([`palisade_apis::ClusterNetworkPolicy::precedence`]),
+/// each with its rules for the pod ([`TieredPolicy::rules_for`], which a
+/// caller may have resolved once for many pods).
 pub(crate) fn resolve_pod<'p, 't>(
     target: &PodInfo,
     policies: impl IntoIterator<Item = &'p NetworkPolicy>,
-    tiered: impl IntoIterator<Item = &'t TieredPolicy>,
+    tiered: impl IntoIterator<Item = (&'t TieredPolicy, TierRules)>,
     selection: &mut dyn PeerSelection,
     errors: &mut Vec<String>,
 ) -> PodPolicy {
@@ -111,17 +113,15 @@ pub(crate) fn resolve_pod<'p, 't>(
     }
     names.sort();
     staged_names.sort();
-    for t in tiered {
+    for (t, rules) in tiered {
         let place = placement(t, errors);
         if place.staged {
             staged_names.push(t.id.clone());
         } else {
             names.push(t.id.clone());
         }
-        let rules = t.tier_rules(true, target, &mut *selection, &mut *errors);
-        ingress.add_tier(place.tier, place.staged, &rules);
-        let rules = t.tier_rules(false, target, &mut *selection, &mut *errors);
-        egress.add_tier(place.tier, place.staged, &rules);
+        ingress.add_tier(place.tier, place.staged, rules.ingress);
+        egress.add_tier(place.tier, place.staged, rules.egress);
     }
     let (ingress, audit_ingress) = ingress.finish();
     let (egress, audit_egress) = egress.finish();

@@ -101,20 +101,45 @@ impl TieredPolicy {
         pod: &PodInfo,
         ns_labels: &BTreeMap<String, String>,
     ) -> Result<bool, String> {
-        if pod.host_network {
+        if pod.host_network || !self.selects_namespace(ns_labels)? {
             return Ok(false);
         }
-        let ns = |s: &LabelSelector| {
-            selector_matches(s, ns_labels).map_err(|e| format!("spec.subject: namespaces: {e}"))
-        };
+        self.selects_in_namespace(pod)
+    }
+
+    /// The half of [`Self::selects`] that reads only the namespace: whether
+    /// its subject may select pods of a namespace with `ns_labels` (false:
+    /// none of them, and their labels are not read).
+    pub fn selects_namespace(&self, ns_labels: &BTreeMap<String, String>) -> Result<bool, String> {
         match &self.policy.subject {
-            Subject::Namespaces(s) => ns(s),
-            Subject::Pods(p) => Ok(selector_matches(&p.namespaces, ns_labels)
-                .map_err(|e| format!("spec.subject.pods.namespaceSelector: {e}"))?
-                && selector_matches(&p.pods, &pod.labels)
-                    .map_err(|e| format!("spec.subject.pods.podSelector: {e}"))?),
+            Subject::Namespaces(s) => {
+                selector_matches(s, ns_labels).map_err(|e| format!("spec.subject: namespaces: {e}"))
+            }
+            Subject::Pods(p) => selector_matches(&p.namespaces, ns_labels)
+                .map_err(|e| format!("spec.subject.pods.namespaceSelector: {e}")),
             Subject::Unknown => Ok(false),
         }
+    }
+
+    /// The other half: whether it selects `pod` of a namespace it selects.
+    pub fn selects_in_namespace(&self, pod: &PodInfo) -> Result<bool, String> {
+        match &self.policy.subject {
+            _ if pod.host_network => Ok(false),
+            Subject::Namespaces(_) => Ok(true),
+            Subject::Pods(p) => selector_matches(&p.pods, &pod.labels)
+                .map_err(|e| format!("spec.subject.pods.podSelector: {e}")),
+            Subject::Unknown => Ok(false),
+        }
+    }
+
+    /// Whether its rules read the target's own named ports (an ingress
+    /// rule with a named port): otherwise they resolve alike for every pod
+    /// it selects, and an engine may resolve them once per pass.
+    pub fn reads_target_ports(&self) -> bool {
+        self.ingress.iter().any(|r| {
+            matches!(&r.matches, Matches::Written { ports: Some(ports), .. }
+                if ports.iter().any(|p| matches!(p.port, Some(IntOrString::String(_)))))
+        })
     }
 
     /// Whether a rule has a `nodes` peer (its pods read the nodes).
@@ -212,10 +237,32 @@ pub(super) struct Placement {
     pub staged: bool,
 }
 
+/// A ClusterNetworkPolicy's rules for one target, both directions, as tier
+/// rules in rule order.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TierRules {
+    pub ingress: Vec<TierRule>,
+    pub egress: Vec<TierRule>,
+}
+
 impl TieredPolicy {
+    /// The policy's rules for `target` (see [`Self::reads_target_ports`]
+    /// for what of the target they read).
+    pub(crate) fn rules_for(
+        &self,
+        target: &PodInfo,
+        selection: &mut dyn PeerSelection,
+        errors: &mut Vec<String>,
+    ) -> TierRules {
+        TierRules {
+            ingress: self.tier_rules(true, target, &mut *selection, &mut *errors),
+            egress: self.tier_rules(false, target, selection, errors),
+        }
+    }
+
     /// The policy's rules for one direction of `target`, as tier rules in
     /// rule order (one policy rule may give several, consecutive).
-    pub(super) fn tier_rules(
+    fn tier_rules(
         &self,
         ingress: bool,
         target: &PodInfo,
