@@ -111,6 +111,9 @@ fn identity(given: Option<String>) -> String {
         })
 }
 
+#[global_allocator]
+static ALLOCATOR: policy_controller::Allocator = policy_controller::Allocator;
+
 #[tokio::main]
 async fn main() {
     tracing_subscriber::fmt()

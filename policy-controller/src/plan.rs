@@ -80,10 +80,14 @@ impl Entry {
     }
 
     pub fn decode(&self) -> PodPolicy {
-        let mut bytes = Vec::with_capacity(self.own.len() + self.body.len());
-        bytes.extend_from_slice(&self.own);
-        bytes.extend_from_slice(&self.body);
-        PodPolicy::decode(bytes.as_slice()).expect("entries hold what prost encoded")
+        // The two parts are fields of one message: decoding one and merging
+        // the other in gives the whole, without copying them together first
+        // (a delta decodes an entry for every pod it upserts).
+        let mut policy = PodPolicy::decode(&*self.body).expect("entries hold what prost encoded");
+        policy
+            .merge(&*self.own)
+            .expect("entries hold what prost encoded");
+        policy
     }
 
     /// Bytes this entry holds on its own (the body counted in full).

@@ -11,7 +11,7 @@ mod huge;
 mod kube_path;
 mod shapes;
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -21,7 +21,8 @@ use prost::Message;
 use shapes::{Scale, Shape};
 
 /// Counts live heap bytes, so the state the controller holds can be told
-/// apart from the process's peak (which includes the input).
+/// apart from the process's peak (which includes the input), over the
+/// controller binary's own allocator.
 struct Counting;
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
@@ -29,16 +30,16 @@ static LIVE: AtomicUsize = AtomicUsize::new(0);
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         LIVE.fetch_add(layout.size(), Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
+        unsafe { policy_controller::Allocator.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        unsafe { System.dealloc(ptr, layout) }
+        unsafe { policy_controller::Allocator.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         LIVE.fetch_add(new_size, Ordering::Relaxed);
         LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        unsafe { System.realloc(ptr, layout, new_size) }
+        unsafe { policy_controller::Allocator.realloc(ptr, layout, new_size) }
     }
 }
 

@@ -33,7 +33,7 @@ mod selection;
 mod services;
 mod view;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{btree_map, BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::cluster::{ClusterState, Object};
@@ -684,7 +684,11 @@ impl Engine {
         let mut changed_nodes = BTreeSet::new();
         // Pods that resolve alike are resolved once per pass: the objects do
         // not change during a pass, so neither does what a class resolves to
-        // (nor a ClusterNetworkPolicy's rules, see `pass`).
+        // (nor a ClusterNetworkPolicy's rules, see `pass`). A class is of
+        // one namespace, and targets come a namespace at a time, so the
+        // classes of the namespaces before are not asked for again: kept,
+        // they made a table of every class of the cluster for a change that
+        // reaches every pod.
         let mut memo: HashMap<Class, ClassResult> = HashMap::new();
         let mut tiers = pass::TierMemo::default();
         // In namespace order: pods of one namespace share their policies,
@@ -692,8 +696,11 @@ impl Engine {
         // to the next (a hash set's order jumps across the whole cluster).
         let mut order: Vec<PodKey> = dirty.into_iter().collect();
         order.sort_unstable();
-        for key in order {
-            self.recompute_target(&key, &mut memo, &mut tiers, &mut changed_nodes);
+        for (i, key) in order.iter().enumerate() {
+            if i > 0 && order[i - 1].0 != key.0 {
+                memo.clear();
+            }
+            self.recompute_target(key, &mut memo, &mut tiers, &mut changed_nodes);
         }
         self.selections.end_pass();
         for node in changed_nodes {
@@ -847,20 +854,39 @@ impl Engine {
     ) {
         // Looked up before inserting: `entry` would copy the node's name for
         // every pod.
-        if !self.plans.contains_key(node) {
-            self.plans.insert(node.to_string(), Arc::default());
-        }
-        let plan = self.plans.get_mut(node).expect("inserted above");
-        if plan.pods.get(&key.0) == entry.as_ref() {
-            return;
-        }
-        // Copy-on-write: the hub shares the previous plan until it is replaced.
-        let plan = Arc::make_mut(plan);
-        match entry {
-            Some(e) => plan.pods.insert(key.0.clone(), e),
-            None => plan.pods.remove(&key.0),
+        let plan = match self.plans.get_mut(node) {
+            Some(plan) => plan,
+            None => self.plans.entry(node.to_string()).or_default(),
         };
-        if !changed.contains(node) {
+        let changed_here = match (Arc::get_mut(plan), entry) {
+            // This pass already copied the plan: one lookup does it.
+            (Some(owned), Some(e)) => match owned.pods.entry(key.0.clone()) {
+                btree_map::Entry::Occupied(mut slot) if *slot.get() != e => {
+                    slot.insert(e);
+                    true
+                }
+                btree_map::Entry::Occupied(_) => false,
+                btree_map::Entry::Vacant(slot) => {
+                    slot.insert(e);
+                    true
+                }
+            },
+            (Some(owned), None) => owned.pods.remove(&key.0).is_some(),
+            (None, entry) => {
+                if plan.pods.get(&key.0) == entry.as_ref() {
+                    return;
+                }
+                // Copy-on-write: the hub shares the previous plan until it
+                // is replaced.
+                let plan = Arc::make_mut(plan);
+                match entry {
+                    Some(e) => plan.pods.insert(key.0.clone(), e),
+                    None => plan.pods.remove(&key.0),
+                };
+                true
+            }
+        };
+        if changed_here && !changed.contains(node) {
             changed.insert(node.to_string());
         }
     }

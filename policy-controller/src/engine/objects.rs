@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use palisade_apis::{ApiGroup, Subject};
+use palisade_apis::ApiGroup;
 
 use crate::keys::{ObjectKey, PodKey};
 use crate::resolve::{
@@ -167,10 +167,8 @@ impl Objects {
     /// only their pods once it selects the namespace: an edit of a policy
     /// of one namespace does not read every pod of the cluster.
     pub fn subject_pods(&self, policy: &TieredPolicy) -> Vec<PodKey> {
-        let ns_selector = match &policy.policy.subject {
-            Subject::Namespaces(s) => s,
-            Subject::Pods(p) => &p.namespaces,
-            Subject::Unknown => return Vec::new(),
+        let Some(ns_selector) = policy.namespace_selector() else {
+            return Vec::new();
         };
         let mut out = Vec::new();
         let mut visit = |ns: &String| {
@@ -459,7 +457,7 @@ impl Objects {
 /// its first matchLabels pair (checked before anything else), or the
 /// values of an `In` expression of a selector whose operators are all
 /// known. None: any namespace may be selected.
-fn required_ns_labels(selector: &LabelSelector) -> Option<Vec<(&str, &str)>> {
+pub(super) fn required_ns_labels(selector: &LabelSelector) -> Option<Vec<(&str, &str)>> {
     if let Some((k, v)) = selector.match_labels.iter().flatten().next() {
         return Some(vec![(k.as_str(), v.as_str())]);
     }

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use palisade_proto::v1::Protocol;
 
+use super::objects::required_ns_labels;
 use super::selection::{Selector, Used};
 use crate::resolve::{PodInfo, TierRules, TieredPolicy};
 
@@ -37,9 +38,64 @@ struct Resolved {
 /// the pod's named ports when the rules read them.
 type RulesKey = (usize, Option<BTreeMap<String, Vec<(Protocol, u16)>>>);
 
+/// The ClusterNetworkPolicies by a namespace label their subject requires
+/// (one of which every namespace it selects carries, and without which it
+/// answers false, never an error: `objects::required_ns_labels`), and
+/// those that require none. A namespace is then checked only against the
+/// policies that could select it.
+#[derive(Default)]
+struct SubjectIndex {
+    by_label: HashMap<String, HashMap<String, Vec<Arc<TieredPolicy>>>>,
+    any: Vec<Arc<TieredPolicy>>,
+}
+
+impl SubjectIndex {
+    fn new<'a>(all: impl Iterator<Item = &'a Arc<TieredPolicy>>) -> Self {
+        let mut index = SubjectIndex::default();
+        for t in all {
+            let Some(selector) = t.namespace_selector() else {
+                continue; // selects nothing
+            };
+            match required_ns_labels(selector) {
+                Some(required) => {
+                    for (k, v) in required {
+                        let filed = index
+                            .by_label
+                            .entry(k.to_string())
+                            .or_default()
+                            .entry(v.to_string())
+                            .or_default();
+                        // `In: [red, red]` names a value twice.
+                        if !filed.iter().any(|p| Arc::ptr_eq(p, t)) {
+                            filed.push(t.clone());
+                        }
+                    }
+                }
+                None => index.any.push(t.clone()),
+            }
+        }
+        index
+    }
+
+    /// The policies that could select a namespace with `labels`, each once
+    /// (a namespace has one value per key, and a policy is filed once under
+    /// each of the values of one key).
+    fn candidates(&self, labels: &BTreeMap<String, String>) -> Vec<Arc<TieredPolicy>> {
+        let mut out = self.any.clone();
+        for (k, v) in labels {
+            if let Some(filed) = self.by_label.get(k).and_then(|values| values.get(v)) {
+                out.extend(filed.iter().cloned());
+            }
+        }
+        out
+    }
+}
+
 #[derive(Default)]
 pub(super) struct TierMemo {
     rules: HashMap<RulesKey, Resolved>,
+    /// Built on first use in a pass.
+    index: Option<SubjectIndex>,
     /// The namespace last asked about: the policies whose subject may select
     /// its pods (in precedence order) and the errors deciding that found.
     namespace: Option<(String, Vec<Arc<TieredPolicy>>, Vec<String>)>,
@@ -58,11 +114,12 @@ impl TierMemo {
     ) -> Vec<Arc<TieredPolicy>> {
         if self.namespace.as_ref().map(|(ns, ..)| ns) != Some(&pod.namespace) {
             let labels = ns_labels();
+            let index = self.index.get_or_insert_with(|| SubjectIndex::new(all));
             let mut candidates = Vec::new();
             let mut found = Vec::new();
-            for t in all {
+            for t in index.candidates(&labels) {
                 match t.selects_namespace(&labels) {
-                    Ok(true) => candidates.push(t.clone()),
+                    Ok(true) => candidates.push(t),
                     Ok(false) => {}
                     Err(e) => found.push(format!("{}: {e}", t.id)),
                 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use super::objects::{Labels, Objects};
+use super::objects::{required_ns_labels, Labels, Objects};
 use super::services::ServiceCache;
 use crate::keys::PodKey;
 use crate::resolve::{
@@ -506,12 +506,12 @@ fn compute(objects: &Objects, key: &SelKey, e: &SelEntry) -> Vec<Arc<PodInfo>> {
             .cloned()
             .collect(),
         (_, Some(ns_sel)) => {
-            // Candidate namespaces: those with one required label, if any.
-            let namespaces: Vec<&String> = match ns_sel.match_labels.iter().flatten().next() {
-                Some((k, v)) => objects
-                    .namespaces_with_label(k, v)
+            // Candidate namespaces: those with a label the selector requires
+            // (its first matchLabels pair, or a value of an `In`), if any.
+            let namespaces: Vec<&String> = match required_ns_labels(ns_sel) {
+                Some(required) => required
                     .into_iter()
-                    .flatten()
+                    .flat_map(|(k, v)| objects.namespaces_with_label(k, v).into_iter().flatten())
                     .collect(),
                 None => objects.namespaces().collect(),
             };

@@ -121,6 +121,15 @@ impl TieredPolicy {
         }
     }
 
+    /// The namespace selector of its subject (None: it selects nothing).
+    pub fn namespace_selector(&self) -> Option<&LabelSelector> {
+        match &self.policy.subject {
+            Subject::Namespaces(s) => Some(s),
+            Subject::Pods(p) => Some(&p.namespaces),
+            Subject::Unknown => None,
+        }
+    }
+
     /// The other half: whether it selects `pod` of a namespace it selects.
     pub fn selects_in_namespace(&self, pod: &PodInfo) -> Result<bool, String> {
         match &self.policy.subject {
