@@ -764,16 +764,16 @@ impl Engine {
             }
         };
         let empty = Used::default();
-        self.selections.depend(
-            &shared,
+        let (used_before, used_now) = (
             old.as_ref().map_or(&empty, |t| &*t.used),
             new.as_ref().map_or(&empty, |t| &*t.used),
         );
-        self.services.depend(
-            &shared,
-            old.as_ref().map_or(&empty, |t| &*t.used),
-            new.as_ref().map_or(&empty, |t| &*t.used),
-        );
+        // A target recomputed to what it used before (most of them, when a
+        // ClusterNetworkPolicy edit recomputes every pod) keeps its links.
+        if used_before != used_now {
+            self.selections.depend(&shared, used_before, used_now);
+            self.services.depend(&shared, used_before, used_now);
+        }
         for e in old.iter().flat_map(|t| &t.errors) {
             if let Some(n) = self.errors.get_mut(e) {
                 *n -= 1;

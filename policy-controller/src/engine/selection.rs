@@ -185,7 +185,7 @@ pub struct Selections {
 }
 
 /// What one target's computation used.
-#[derive(Clone, Default)]
+#[derive(Clone, Default, PartialEq)]
 pub struct Used {
     pub sels: Vec<SelKey>,
     pub ports: Vec<String>,

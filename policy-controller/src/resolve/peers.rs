@@ -11,7 +11,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use palisade_proto::v1::{IpPrefix, PeerBlock};
 
 use super::objects::PodInfo;
-use super::rules::RuleContext;
+use super::rules::{Path, RuleContext};
 use super::selectors::{validate_selector, SelectorError};
 use super::services::ServiceInfo;
 use crate::cidr::{self, prefix, CidrError};
@@ -70,8 +70,8 @@ pub(crate) trait PeerSelection {
 impl RuleContext<'_> {
     pub(super) fn peers(
         &mut self,
-        field: &str,
-        key: &str,
+        field: &dyn std::fmt::Display,
+        key: &'static str,
         peers: Option<&[NetworkPolicyPeer]>,
     ) -> Vec<PeerSpec> {
         let peers = peers.unwrap_or_default();
@@ -84,7 +84,11 @@ impl RuleContext<'_> {
         }
         let mut out = Vec::new();
         for (i, peer) in peers.iter().enumerate() {
-            let f = format!("{field}.{key}[{i}]");
+            let f = Path {
+                parent: field,
+                key,
+                index: i,
+            };
             if let Some(ip_block) = &peer.ip_block {
                 match parse_block(
                     &ip_block.cidr,

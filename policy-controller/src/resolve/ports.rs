@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use palisade_proto::v1::{PortRange, Protocol};
 
 use super::objects::{parse_protocol, PodInfo};
-use super::rules::RuleContext;
+use super::rules::{Path, RuleContext};
 
 /// A port entry of a rule before named ports are resolved.
 pub(super) enum PortSpec {
@@ -18,12 +18,16 @@ impl RuleContext<'_> {
     /// an error can only narrow what is allowed.
     pub(super) fn ports(
         &mut self,
-        field: &str,
+        field: &dyn std::fmt::Display,
         ports: Option<&[NetworkPolicyPort]>,
     ) -> Option<Vec<PortSpec>> {
         let mut out = Vec::new();
         for (i, p) in ports.unwrap_or_default().iter().enumerate() {
-            let f = format!("{field}.ports[{i}]");
+            let f = Path {
+                parent: field,
+                key: "ports",
+                index: i,
+            };
             let proto = match parse_protocol(p.protocol.as_deref()) {
                 Ok(proto) => proto,
                 Err(e) => {
@@ -59,7 +63,7 @@ impl RuleContext<'_> {
 
     fn number(
         &mut self,
-        f: &str,
+        f: &Path<'_>,
         proto: Protocol,
         port: i32,
         end: Option<i32>,

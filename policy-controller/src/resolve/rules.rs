@@ -4,6 +4,7 @@
 //! whose backends it allows (`services.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Display;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -16,6 +17,22 @@ use super::ports::{named, PortSpec};
 use super::services;
 use crate::keys::PodKey;
 
+/// A field's path (`PARENT.KEY[INDEX]`), written out only when an error
+/// names it: every target of a policy walks its rules, and most rules have
+/// no error.
+#[derive(Clone, Copy)]
+pub(super) struct Path<'a> {
+    pub parent: &'a dyn Display,
+    pub key: &'static str,
+    pub index: usize,
+}
+
+impl Display for Path<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}[{}]", self.parent, self.key, self.index)
+    }
+}
+
 /// What evaluating one policy's rules for one target needs: how peers are
 /// found, the policy (errors name it), and where errors go.
 pub(super) struct RuleContext<'a> {
@@ -23,7 +40,7 @@ pub(super) struct RuleContext<'a> {
     pub policy_ns: &'a str,
     /// How errors name the policy: `NetworkPolicy ns/name`,
     /// `ClusterNetworkPolicy/name`.
-    pub label: &'a str,
+    pub label: &'a dyn Display,
     pub errors: &'a mut Vec<String>,
     /// When an egress rule matches a Service's ClusterIP (see `services`).
     pub services: ServiceCoverage,
@@ -40,13 +57,13 @@ pub(crate) enum ServiceCoverage {
 }
 
 impl RuleContext<'_> {
-    pub(super) fn error(&mut self, field: &str, msg: impl std::fmt::Display) {
+    pub(super) fn error(&mut self, field: &dyn Display, msg: impl Display) {
         self.errors.push(format!("{}: {field}: {msg}", self.label));
     }
 
     pub(super) fn ingress_rule(
         &mut self,
-        field: &str,
+        field: &dyn Display,
         from: Option<&[NetworkPolicyPeer]>,
         ports: Option<&[NetworkPolicyPort]>,
         target: &PodInfo,
@@ -81,7 +98,7 @@ impl RuleContext<'_> {
 
     pub(super) fn egress_rule(
         &mut self,
-        field: &str,
+        field: &dyn Display,
         to: Option<&[NetworkPolicyPeer]>,
         ports: Option<&[NetworkPolicyPort]>,
     ) -> Vec<Rule> {

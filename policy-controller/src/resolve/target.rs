@@ -10,7 +10,7 @@ use palisade_proto::v1::{IpPrefix, PodPolicy, PodRef, Rule};
 
 use super::objects::{namespace_of, PodInfo};
 use super::peers::PeerSelection;
-use super::rules::{RuleContext, ServiceCoverage};
+use super::rules::{Path, RuleContext, ServiceCoverage};
 use super::selector_matches;
 use super::selectors::EMPTY_SELECTOR;
 use super::staging::{is_staged, DirectionRules};
@@ -85,7 +85,7 @@ pub(crate) fn resolve_pod<'p, 't>(
             }
             continue;
         }
-        let label = format!("NetworkPolicy {policy_name}");
+        let label = PolicyLabel(&policy_name);
         let mut ctx = RuleContext {
             selection: &mut *selection,
             policy_ns: &policy_ns,
@@ -97,7 +97,11 @@ pub(crate) fn resolve_pod<'p, 't>(
             // A policy without rules still isolates: add() marks it.
             ingress.add(staged, std::iter::empty());
             for (i, r) in spec.ingress.iter().flatten().enumerate() {
-                let field = format!("spec.ingress[{i}]");
+                let field = Path {
+                    parent: &"spec",
+                    key: "ingress",
+                    index: i,
+                };
                 let rules = ctx.ingress_rule(&field, r.from.as_deref(), r.ports.as_deref(), target);
                 ingress.add(staged, with_origin(rules, &policy_name, i));
             }
@@ -105,7 +109,11 @@ pub(crate) fn resolve_pod<'p, 't>(
         if applies_egress {
             egress.add(staged, std::iter::empty());
             for (i, r) in spec.egress.iter().flatten().enumerate() {
-                let field = format!("spec.egress[{i}]");
+                let field = Path {
+                    parent: &"spec",
+                    key: "egress",
+                    index: i,
+                };
                 let rules = ctx.egress_rule(&field, r.to.as_deref(), r.ports.as_deref());
                 egress.add(staged, with_origin(rules, &policy_name, i));
             }
@@ -159,5 +167,15 @@ fn policy_types(spec: &NetworkPolicySpec) -> (bool, bool) {
             types.iter().any(|t| t == "Egress"),
         ),
         _ => (true, spec.egress.is_some()),
+    }
+}
+
+/// How errors name a NetworkPolicy (`NetworkPolicy ns/name`), written out
+/// only when one does.
+struct PolicyLabel<'a>(&'a str);
+
+impl std::fmt::Display for PolicyLabel<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NetworkPolicy {}", self.0)
     }
 }

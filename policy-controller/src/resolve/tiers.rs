@@ -29,7 +29,7 @@ use palisade_proto::v1::{Rule, TierAction, TierRule};
 
 use super::objects::PodInfo;
 use super::peers::PeerSelection;
-use super::rules::{RuleContext, ServiceCoverage};
+use super::rules::{Path, RuleContext, ServiceCoverage};
 use super::selector_matches;
 
 /// A ClusterNetworkPolicy with its rules written as NetworkPolicy peers and
@@ -278,14 +278,18 @@ impl TieredPolicy {
         selection: &mut dyn PeerSelection,
         errors: &mut Vec<String>,
     ) -> Vec<TierRule> {
-        let (specs, field) = if ingress {
-            (&self.ingress, "spec.ingress")
+        let (specs, key) = if ingress {
+            (&self.ingress, "ingress")
         } else {
-            (&self.egress, "spec.egress")
+            (&self.egress, "egress")
         };
         let mut out = Vec::new();
         for (index, spec) in specs.iter().enumerate() {
-            let field = format!("{field}[{index}]");
+            let field = Path {
+                parent: &"spec",
+                key,
+                index,
+            };
             let rules: Vec<Rule> = match &spec.matches {
                 Matches::Nothing => vec![],
                 Matches::Everything => vec![Rule {
@@ -318,7 +322,7 @@ impl TieredPolicy {
     #[allow(clippy::too_many_arguments)]
     fn written_rules(
         &self,
-        field: &str,
+        field: &dyn std::fmt::Display,
         ingress: bool,
         action: Action,
         matches: &Matches,
@@ -353,13 +357,12 @@ impl TieredPolicy {
                 Err(e) => errors.push(format!("{}: {field}.to: nodes[{i}]: {e}", self.id)),
             }
         }
-        let label = self.id.clone();
         let mut ctx = RuleContext {
             selection: &mut *selection,
             // Selector peers always carry a namespaceSelector: the policy's
             // namespace is never read.
             policy_ns: "",
-            label: &label,
+            label: &self.id,
             errors: &mut *errors,
             services: match action {
                 Action::Deny => ServiceCoverage::Any,
