@@ -2,7 +2,8 @@
 //! recomputes. The objects do not change during a pass, so neither does
 //! anything resolved from them alone:
 //!
-//! - a class's whole result (pods that resolve alike, see `Class`);
+//! - (in `Engine::recompute` itself) a class's whole result: pods that
+//!   resolve alike, see `Class`; and here:
 //! - which ClusterNetworkPolicies may select the pods of a namespace (their
 //!   namespace half; targets come in namespace order, so the last
 //!   namespace's answer is the one asked for again);
