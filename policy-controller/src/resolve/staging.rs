@@ -57,6 +57,7 @@ pub(super) struct DirectionRules {
     staged: bool,
 }
 
+#[derive(Clone)]
 enum Part {
     /// A NetworkPolicy that applies in this direction (isolating it, even
     /// without rules) and its rules.
@@ -114,24 +115,6 @@ impl Part {
             Part::Rules { staged, .. } | Part::Tier { staged, .. } => *staged,
         }
     }
-
-    fn clone_part(&self) -> Part {
-        match self {
-            Part::Rules { staged, rules } => Part::Rules {
-                staged: *staged,
-                rules: rules.clone(),
-            },
-            Part::Tier {
-                tier,
-                staged,
-                rules,
-            } => Part::Tier {
-                tier: *tier,
-                staged: *staged,
-                rules: rules.clone(),
-            },
-        }
-    }
 }
 
 impl DirectionRules {
@@ -169,7 +152,7 @@ impl DirectionRules {
         let mut all = Collected::default();
         for part in self.parts {
             if !part.staged() {
-                enforced.add(part.clone_part());
+                enforced.add(part.clone());
             }
             all.add(part);
         }
