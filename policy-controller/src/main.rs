@@ -116,7 +116,6 @@ static ALLOCATOR: policy_controller::Allocator = policy_controller::Allocator;
 
 #[tokio::main]
 async fn main() {
-    policy_controller::allocator::tune();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),

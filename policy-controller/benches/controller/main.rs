@@ -427,7 +427,6 @@ fn view_diff(
 }
 
 fn main() {
-    policy_controller::allocator::tune();
     // `cargo bench` adds its own flags (`--bench`); only words count.
     let args: Vec<String> = std::env::args()
         .skip(1)
