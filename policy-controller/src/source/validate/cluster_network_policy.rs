@@ -44,7 +44,7 @@ use palisade_apis::wire::{
 use serde_json::Value;
 
 use super::field::{Errors, FieldError, Path, Problem};
-use super::{meta, policy_endpoint, strict};
+use super::{meta, strict};
 
 pub const TIERS: &[&str] = &["Admin", "Baseline"];
 pub const ACTIONS: &[&str] = &["Accept", "Deny", "Pass"];
@@ -502,14 +502,14 @@ impl Check {
         self.max_items_of(names.len(), PEER_LIST_MAX, path);
         self.set(names, path);
         for (i, n) in names.iter().enumerate() {
-            if !policy_endpoint::domain_name(n) {
+            if !palisade_dns::pattern::is_domain_name(n) {
                 let at = path.index(i);
                 self.schema.invalid(
                     &at,
                     n,
                     format!(
                         "{at} in body should match '{}'",
-                        policy_endpoint::DOMAIN_PATTERN
+                        palisade_dns::pattern::DOMAIN_PATTERN
                     ),
                 );
             }
