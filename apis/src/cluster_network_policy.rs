@@ -201,14 +201,17 @@ pub enum Effective<'a> {
 
 impl Rule {
     /// The rule as enforced: fail closed on what this version cannot read
-    /// (an unknown peer or protocol entry; a domain-name peer, which this
-    /// version does not enforce yet, counts as unknown).
+    /// (an unknown peer or protocol entry). A domain-name peer is read in
+    /// an Accept rule (it matches the addresses the subject resolved those
+    /// names to); in a Pass rule (AWS's), which this version does not
+    /// enforce, it counts as unknown.
     pub fn effective(&self) -> Effective<'_> {
         let unreadable = self.peers.is_empty()
-            || self
-                .peers
-                .iter()
-                .any(|p| matches!(p, Peer::Unknown | Peer::DomainNames(_)))
+            || self.peers.iter().any(|p| match p {
+                Peer::Unknown => true,
+                Peer::DomainNames(_) => self.action != Action::Accept,
+                _ => false,
+            })
             || self
                 .ports
                 .as_ref()
@@ -583,7 +586,11 @@ mod tests {
         assert_eq!(p.ingress[2].effective(), Effective::DenyAll);
         assert_eq!(p.egress[0].effective(), Effective::Nothing, "a bad CIDR");
         assert_eq!(p.egress[1].effective(), Effective::Nothing, "tcp: {{}}");
-        assert_eq!(p.egress[2].effective(), Effective::Nothing, "domain names");
+        assert_eq!(
+            p.egress[2].effective(),
+            Effective::AsWritten(&p.egress[2]),
+            "domain names in an Accept"
+        );
         assert_eq!(p.egress[3].action, Action::Deny, "an unknown action");
     }
 

@@ -554,6 +554,19 @@ fn rules_that_cannot_be_read_fail_closed_by_action() {
 }
 
 #[test]
+fn an_accepts_domain_names_match_nothing_yet_its_other_peers_do() {
+    let c = cluster(vec![cnp(
+        "p",
+        json!({"tier": "Admin", "priority": 1, "subject": {"namespaces": ns_sel("red")},
+               "egress": [{"action": "Accept", "to": [{"networks": ["10.0.1.2/32"]},
+                                                      {"domainNames": ["*.example.com"]}]},
+                          {"action": "Deny", "to": [{"networks": ["0.0.0.0/0"]}]}]}),
+    )]);
+    assert!(ok(&c, "r1", "b1", "TCP", 80), "the networks peer");
+    assert!(!ok(&c, "r1", "b2", "TCP", 80), "no name was resolved");
+}
+
+#[test]
 fn staged_policies_are_judged_but_not_enforced() {
     let c = cluster(vec![cnp_with(
         "lock",

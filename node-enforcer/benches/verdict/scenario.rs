@@ -243,6 +243,7 @@ pub fn admin_rules(n: usize, seed: u64, policy: &Policy) -> Vec<TierRule> {
             priority: (i / 5) as u32,
             rule_index: (i % 5) as u32,
             rule_name: format!("r{}", i % 5),
+            domain_names: vec![],
         });
     }
     out

@@ -483,6 +483,7 @@ mod tests {
             priority: 5,
             rule_index: index,
             rule_name: name.into(),
+            domain_names: vec![],
         };
         let plan = k.plans.get_mut(&pod).unwrap();
         plan.ingress = Some(DirectionPolicy {

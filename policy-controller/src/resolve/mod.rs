@@ -786,6 +786,45 @@ spec:
         }
 
         #[test]
+        fn domain_names_go_to_the_plan_after_the_rules_other_peers() {
+            let r = with(&cnp("p", "Admin", 3, "  subject: {namespaces: {}}\n  egress:\n  - {name: web, action: Accept, to: [{networks: [192.0.2.0/24]}, {domainNames: [\"*.Example.com.\", api.stripe.com]}], protocols: [{tcp: {destinationPort: {number: 443}}}]}\n  - {name: names-only, action: Accept, to: [{domainNames: [example.org]}]}\n  - {action: Deny, to: [{networks: [0.0.0.0/0]}]}\n"));
+            let a = pod(&r, "n1", "x", "a").unwrap();
+            let admin = &a.egress.as_ref().unwrap().admin;
+            let accept = TierAction::Accept as i32;
+            let shape: Vec<_> = admin
+                .iter()
+                .map(|t| {
+                    (
+                        t.rule_index,
+                        t.action,
+                        t.peers.len(),
+                        t.domain_names.clone(),
+                    )
+                })
+                .collect();
+            assert_eq!(
+                shape,
+                vec![
+                    (0, accept, 1, vec![]),
+                    // Patterns lower-cased, trailing dots gone, sorted.
+                    (
+                        0,
+                        accept,
+                        0,
+                        vec!["*.example.com".into(), "api.stripe.com".into()]
+                    ),
+                    (1, accept, 0, vec!["example.org".into()]),
+                    (2, TierAction::Deny as i32, 1, vec![]),
+                ]
+            );
+            // The names part keeps its rule's ports and origin.
+            assert_eq!(admin[1].ports, vec![range(Protocol::Tcp, 443, 0)]);
+            assert_eq!(admin[1].rule_name, "web");
+            assert!(admin[2].ports.is_empty(), "every port");
+            assert!(r.errors.is_empty(), "{:?}", r.errors);
+        }
+
+        #[test]
         fn nodes_peers_are_their_addresses_and_named_ports_any_protocol() {
             let r = with(&[
             "apiVersion: v1\nkind: Node\nmetadata: {name: n1, labels: {zone: x}}\nstatus: {addresses: [{type: InternalIP, address: 192.168.0.1}, {type: Hostname, address: n1}]}",

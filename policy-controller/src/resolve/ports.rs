@@ -61,6 +61,22 @@ impl RuleContext<'_> {
         Some(out)
     }
 
+    /// The rule's ports when all are numbered (None: an invalid or a
+    /// named one, which drops what they belong to).
+    pub(super) fn numbered_ports(
+        &mut self,
+        field: &dyn std::fmt::Display,
+        ports: Option<&[NetworkPolicyPort]>,
+    ) -> Option<Vec<PortRange>> {
+        self.ports(field, ports)?
+            .into_iter()
+            .map(|p| match p {
+                PortSpec::Numbered(r) => Some(r),
+                PortSpec::Named(..) => None,
+            })
+            .collect()
+    }
+
     fn number(
         &mut self,
         f: &Path<'_>,

@@ -54,11 +54,14 @@ pub(crate) struct TierRuleSpec {
 #[derive(Debug)]
 pub(crate) enum Matches {
     /// The rule as written: pods selected by `selectors`, addresses in
-    /// `networks` or of nodes `nodes` selects, on `ports` (None: all).
+    /// `networks` or of nodes `nodes` selects, or that the pod resolved a
+    /// name of `domains` to (patterns as the plan carries them), on
+    /// `ports` (None: all).
     Written {
         selectors: Vec<NetworkPolicyPeer>,
         networks: Vec<String>,
         nodes: Vec<LabelSelector>,
+        domains: Vec<String>,
         ports: Option<Vec<NetworkPolicyPort>>,
     },
     /// Fails closed: every address, every port (see `Rule::effective`).
@@ -164,6 +167,7 @@ fn written(r: &palisade_apis::Rule) -> Matches {
     let mut selectors = Vec::new();
     let mut networks = Vec::new();
     let mut nodes = Vec::new();
+    let mut domains = Vec::new();
     for peer in &r.peers {
         match peer {
             Peer::Namespaces(ns) => selectors.push(NetworkPolicyPeer {
@@ -177,8 +181,17 @@ fn written(r: &palisade_apis::Rule) -> Matches {
             }),
             Peer::Networks(nets) => networks.extend(nets.iter().map(|n| n.to_string())),
             Peer::Nodes(sel) => nodes.push(sel.clone()),
-            // `effective` made a rule with either one Everything or Nothing.
-            Peer::DomainNames(_) | Peer::Unknown => {}
+            // Lower-cased, no trailing dot. A name the API's pattern admits
+            // but DNS does not (a label over 63 bytes) can never be
+            // resolved: it is left out, and matches nothing.
+            Peer::DomainNames(names) => domains.extend(
+                names
+                    .iter()
+                    .filter_map(|n| n.parse::<palisade_dns::Pattern>().ok())
+                    .map(|p| p.to_string()),
+            ),
+            // `effective` made a rule with one of these Everything or Nothing.
+            Peer::Unknown => {}
         }
     }
     let ports = r.ports.as_ref().map(|ports| {
@@ -205,10 +218,13 @@ fn written(r: &palisade_apis::Rule) -> Matches {
             })
             .collect()
     });
+    domains.sort();
+    domains.dedup();
     Matches::Written {
         selectors,
         networks,
         nodes,
+        domains,
         ports,
     }
 }
@@ -290,12 +306,15 @@ impl TieredPolicy {
                 key,
                 index,
             };
-            let rules: Vec<Rule> = match &spec.matches {
-                Matches::Nothing => vec![],
-                Matches::Everything => vec![Rule {
-                    peers: everything(),
-                    ..Default::default()
-                }],
+            let (rules, by_name): (Vec<Rule>, Option<Rule>) = match &spec.matches {
+                Matches::Nothing => (vec![], None),
+                Matches::Everything => (
+                    vec![Rule {
+                        peers: everything(),
+                        ..Default::default()
+                    }],
+                    None,
+                ),
                 written @ Matches::Written { .. } => self.written_rules(
                     &field,
                     ingress,
@@ -306,7 +325,7 @@ impl TieredPolicy {
                     &mut *errors,
                 ),
             };
-            out.extend(rules.into_iter().map(|r| TierRule {
+            let tier_rule = |r: Rule, domain_names: Vec<String>| TierRule {
                 action: tier_action(spec.action) as i32,
                 peers: r.peers,
                 ports: r.ports,
@@ -314,7 +333,12 @@ impl TieredPolicy {
                 priority: self.policy.priority,
                 rule_index: index as u32,
                 rule_name: spec.name.clone(),
-            }));
+                domain_names,
+            };
+            out.extend(rules.into_iter().map(|r| tier_rule(r, vec![])));
+            if let (Some(r), Matches::Written { domains, .. }) = (by_name, &spec.matches) {
+                out.push(tier_rule(r, domains.clone()));
+            }
         }
         out
     }
@@ -329,21 +353,22 @@ impl TieredPolicy {
         target: &PodInfo,
         selection: &mut dyn PeerSelection,
         errors: &mut Vec<String>,
-    ) -> Vec<Rule> {
+    ) -> (Vec<Rule>, Option<Rule>) {
         let Matches::Written {
             selectors,
             networks,
             nodes,
+            domains,
             ports,
         } = matches
         else {
-            return vec![];
+            return (vec![], None);
         };
         let ports = ports.as_deref();
         // Rules with ports that are all unknown match nothing (fail closed
         // for an Accept; a Deny or Pass with one was made Everything).
         if ports.is_some_and(<[_]>::is_empty) {
-            return vec![];
+            return (vec![], None);
         }
         // Address blocks: the networks, and the nodes' addresses now.
         let mut blocks: Vec<NetworkPolicyPeer> =
@@ -383,7 +408,17 @@ impl TieredPolicy {
                 ctx.egress_rule(field, Some(peers), ports)
             });
         }
-        rules
+        // The names part: its ports, numbered (the API refuses named ports
+        // beside domainNames; one here drops the part, failing closed).
+        let by_name = if domains.is_empty() || ingress {
+            None
+        } else {
+            ctx.numbered_ports(field, ports).map(|ports| Rule {
+                ports,
+                ..Default::default()
+            })
+        };
+        (rules, by_name)
     }
 }
 

@@ -18,9 +18,12 @@
 //! malformed CIDR, an unknown protocol, a port out of range) is dropped
 //! when it accepts, and denies every address on every port when it denies
 //! or passes (as a ClusterNetworkPolicy rule this version cannot read
-//! does); either way with an error naming the object and the field. A
-//! `domainName` entry (not enforced yet) is read the same way: an Accept
-//! matches nothing, a Pass denies everything.
+//! does); either way with an error naming the object and the field. An
+//! Accept `domainName` entry goes to the plan as a tier rule of names
+//! (after the addresses of the same tier, priority, action and ports),
+//! which matches what the pod resolved those names to; a Deny or Pass one
+//! (which the schema's CEL refuses upstream of here) is read as
+//! unreadable: it denies everything.
 //!
 //! A policy applies to the pods its slices list and to the pods its
 //! `subject` (which every slice carries) selects, so that a new pod is
@@ -246,9 +249,17 @@ type BlockKey = (Vec<u8>, u32);
 type RuleKey = (Tier, u32, u8, Vec<PortKey>);
 
 /// The entries of one direction, grouped into tier rules: one per tier,
-/// priority, action and port set, holding every address with them.
+/// priority, action and port set, holding every address with them, and one
+/// more for the names with them.
 #[derive(Default)]
-struct Entries(BTreeMap<RuleKey, BTreeSet<BlockKey>>);
+struct Entries(BTreeMap<RuleKey, Peers>);
+
+#[derive(Default)]
+struct Peers {
+    blocks: BTreeSet<BlockKey>,
+    /// Domain name patterns, as the plan carries them.
+    names: BTreeSet<String>,
+}
 
 impl Entries {
     fn add(
@@ -264,8 +275,15 @@ impl Entries {
             // The schema admits only these three.
             _ => Action::Deny,
         };
-        match parse_entry(entry) {
-            Ok(Some((cidr, ports))) => {
+        let parsed = parse_entry(entry).and_then(|(peer, ports)| match peer {
+            EntryPeer::Name(_) if action != Action::Accept => Err(format!(
+                ".domainName: {:?}: only an Accept can name a domain",
+                entry.domain_name.as_deref().unwrap_or_default()
+            )),
+            peer => Ok((peer, ports)),
+        });
+        match parsed {
+            Ok((peer, ports)) => {
                 let mut ports: Vec<PortKey> = ports
                     .into_iter()
                     .map(|p| (p.protocol, p.port, p.end_port))
@@ -273,19 +291,13 @@ impl Entries {
                 ports.sort();
                 ports.dedup();
                 let r = rank(tier_action(action) as i32);
-                self.0
-                    .entry((tier, priority, r, ports))
-                    .or_default()
-                    .insert((cidr.addr, cidr.prefix_len));
-            }
-            unreadable => {
-                let why = match unreadable {
-                    Err(e) => e,
-                    _ => format!(
-                        ".domainName: {:?}: FQDN rules are not enforced yet",
-                        entry.domain_name.as_deref().unwrap_or_default()
-                    ),
+                let peers = self.0.entry((tier, priority, r, ports)).or_default();
+                match peer {
+                    EntryPeer::Block(cidr) => peers.blocks.insert((cidr.addr, cidr.prefix_len)),
+                    EntryPeer::Name(pattern) => peers.names.insert(pattern),
                 };
+            }
+            Err(why) => {
                 if action == Action::Accept {
                     errors.push(format!("{field}{why}; entry ignored"));
                     return;
@@ -297,16 +309,16 @@ impl Entries {
                 let all = self.0.entry((tier, priority, 0, Vec::new())).or_default();
                 for net in ["0.0.0.0/0", "::/0"] {
                     let p = prefix(net.parse().expect("a CIDR"));
-                    all.insert((p.addr, p.prefix_len));
+                    all.blocks.insert((p.addr, p.prefix_len));
                 }
             }
         }
     }
 
     fn rules(self, id: &str) -> Vec<Placed> {
-        self.0
-            .into_iter()
-            .map(|((tier, priority, r, ports), blocks)| Placed {
+        let mut out = Vec::new();
+        for ((tier, priority, r, ports), peers) in self.0 {
+            let rule = |peers: Vec<_>, domain_names: Vec<String>| Placed {
                 tier,
                 rule: TierRule {
                     action: match r {
@@ -314,13 +326,10 @@ impl Entries {
                         1 => TierAction::Pass,
                         _ => TierAction::Accept,
                     } as i32,
-                    peers: blocks
-                        .into_iter()
-                        .map(|(addr, prefix_len)| block(IpPrefix { addr, prefix_len }, vec![]))
-                        .collect(),
+                    peers,
                     ports: ports
-                        .into_iter()
-                        .map(|(protocol, port, end_port)| PortRange {
+                        .iter()
+                        .map(|&(protocol, port, end_port)| PortRange {
                             protocol,
                             port,
                             end_port,
@@ -328,12 +337,26 @@ impl Entries {
                         .collect(),
                     policy: id.to_string(),
                     priority,
+                    domain_names,
                     // A slice does not say which rule an entry came from.
                     rule_index: 0,
                     rule_name: String::new(),
                 },
-            })
-            .collect()
+            };
+            if !peers.blocks.is_empty() {
+                let blocks = peers.blocks.into_iter();
+                out.push(rule(
+                    blocks
+                        .map(|(addr, prefix_len)| block(IpPrefix { addr, prefix_len }, vec![]))
+                        .collect(),
+                    vec![],
+                ));
+            }
+            if !peers.names.is_empty() {
+                out.push(rule(vec![], peers.names.into_iter().collect()));
+            }
+        }
+        out
     }
 }
 
@@ -345,21 +368,32 @@ fn tier_action(a: Action) -> TierAction {
     }
 }
 
-/// An entry's address and ports; None for a domain name; the error starts
-/// with the field below the entry (".cidr: ...").
-fn parse_entry(entry: &ClusterEndpointInfo) -> Result<Option<(IpPrefix, Vec<PortRange>)>, String> {
-    let cidr = match (&entry.cidr, &entry.domain_name) {
-        (Some(c), _) if !c.is_empty() => {
-            cidr::parse_strict_or_address(c).map_err(|e| format!(".cidr: {e}"))?
-        }
-        (_, Some(d)) if !d.is_empty() => return Ok(None),
+/// What an entry matches: an address block, or the addresses a pod
+/// resolved a name to (the pattern as the plan carries it).
+enum EntryPeer {
+    Block(IpPrefix),
+    Name(String),
+}
+
+/// An entry's peer and ports; the error starts with the field below the
+/// entry (".cidr: ...").
+fn parse_entry(entry: &ClusterEndpointInfo) -> Result<(EntryPeer, Vec<PortRange>), String> {
+    let peer = match (&entry.cidr, &entry.domain_name) {
+        (Some(c), _) if !c.is_empty() => EntryPeer::Block(prefix(
+            cidr::parse_strict_or_address(c).map_err(|e| format!(".cidr: {e}"))?,
+        )),
+        (_, Some(d)) if !d.is_empty() => EntryPeer::Name(
+            d.parse::<palisade_dns::Pattern>()
+                .map_err(|e| format!(".domainName: {e}"))?
+                .to_string(),
+        ),
         _ => return Err(".cidr: missing (and no domainName)".to_string()),
     };
     let mut ports = Vec::new();
     for (i, p) in entry.ports.iter().flatten().enumerate() {
         ports.push(parse_port(p).map_err(|e| format!(".ports[{i}]{e}"))?);
     }
-    Ok(Some((prefix(cidr), ports)))
+    Ok((peer, ports))
 }
 
 #[cfg(test)]
@@ -440,14 +474,15 @@ mod tests {
                 {"action": "Accept", "cidr": "10.0.0.3"},
             ],
             "egress": [
-                {"action": "Accept", "domainName": "example.com"},
+                // The schema's pattern admits it; DNS does not (a 64-byte label).
+                {"action": "Accept", "domainName": format!("{}.com", "a".repeat(64))},
                 {"action": "Pass", "domainName": "example.org"},
             ],
         })));
         let p = merge_slices("p", &[("s", &s)]);
         let want = [
-            "ClusterPolicyEndpoint s: spec.egress[0].domainName: \"example.com\": FQDN rules are not enforced yet; entry ignored",
-            "ClusterPolicyEndpoint s: spec.egress[1].domainName: \"example.org\": FQDN rules are not enforced yet; this Pass denies every address instead",
+            "ClusterPolicyEndpoint s: spec.egress[0].domainName: \"aaaa",
+            "ClusterPolicyEndpoint s: spec.egress[1].domainName: \"example.org\": only an Accept can name a domain; this Pass denies every address instead",
             "ClusterPolicyEndpoint s: spec.ingress[0].cidr: \"10.0.0.300\" is not an address",
             "ClusterPolicyEndpoint s: spec.ingress[1].cidr: \"10.0.0.1/24\" has host bits set",
             "ClusterPolicyEndpoint s: spec.ingress[2].ports[0].protocol: unknown protocol \"ICMP\"",
@@ -463,6 +498,47 @@ mod tests {
             [(TierAction::Deny, 2, 0), (TierAction::Accept, 1, 0)]
         );
         assert_eq!(actions(&p.egress), [(TierAction::Deny, 2, 0)]);
+    }
+
+    #[test]
+    fn accepted_domain_names_follow_the_addresses_with_their_ports() {
+        let s = spec(base(json!({
+            "egress": [
+                {"action": "Accept", "domainName": "API.example.com.", "ports": [{"protocol": "TCP", "port": 443}]},
+                {"action": "Accept", "cidr": "192.0.2.1", "ports": [{"protocol": "TCP", "port": 443}]},
+                {"action": "Accept", "domainName": "*.example.org"},
+                {"action": "Accept", "domainName": "*.example.org"},
+                {"action": "Deny", "cidr": "0.0.0.0/0"},
+            ],
+        })));
+        let p = merge_slices("p", &[("s", &s)]);
+        assert!(p.errors.is_empty(), "{:?}", p.errors);
+        let shape: Vec<_> = p
+            .egress
+            .iter()
+            .map(|r| {
+                (
+                    TierAction::try_from(r.rule.action).unwrap(),
+                    r.rule.peers.len(),
+                    r.rule.ports.len(),
+                    r.rule.domain_names.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                (TierAction::Deny, 1, 0, vec![]),
+                (TierAction::Accept, 0, 0, vec!["*.example.org".to_string()]),
+                (TierAction::Accept, 1, 1, vec![]),
+                (
+                    TierAction::Accept,
+                    0,
+                    1,
+                    vec!["api.example.com".to_string()]
+                ),
+            ]
+        );
     }
 
     #[test]
