@@ -25,6 +25,7 @@ pub mod chart;
 pub mod cni;
 pub mod cnp;
 pub mod ctmap;
+pub mod dns;
 pub mod dump;
 pub mod fault;
 pub mod forge;

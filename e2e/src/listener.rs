@@ -14,6 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::runtime::Handle;
 use tokio::task::{JoinHandle, JoinSet};
 
+use crate::dns::SharedZone;
 use crate::netns::NetNs;
 use crate::scenario::{Protocol, ServedPort};
 
@@ -49,7 +50,15 @@ enum Bound {
 /// serves on one, so that UDP and SCTP answers leave from the address
 /// asked: an unbound socket's answer would take the source address of the
 /// route back (a node's pod-side address), which the client ignores.
-pub fn start(rt: &Handle, ns: &NetNs, ip: Ipv4Addr, ports: &[ServedPort]) -> Result<Listeners> {
+/// `dns`: the pod is the scenario's DNS server; its UDP port 53 answers
+/// from this zone instead of echoing (see [`crate::dns`]).
+pub fn start(
+    rt: &Handle,
+    ns: &NetNs,
+    ip: Ipv4Addr,
+    ports: &[ServedPort],
+    dns: Option<SharedZone>,
+) -> Result<Listeners> {
     let sctp_ports: BTreeSet<u16> = ports
         .iter()
         .filter(|p| p.protocol == Protocol::Sctp)
@@ -79,7 +88,7 @@ pub fn start(rt: &Handle, ns: &NetNs, ip: Ipv4Addr, ports: &[ServedPort]) -> Res
                     Protocol::Tcp => std::net::TcpListener::bind(addr).map(Bound::Tcp),
                     _ => std::net::UdpSocket::bind(addr).map(Bound::Udp),
                 };
-                sock.with_context(|| {
+                sock.map(|s| (p.port, s)).with_context(|| {
                     format!("binding {} {addr} in netns {}", p.protocol, ns.name())
                 })
             })
@@ -95,7 +104,7 @@ pub fn start(rt: &Handle, ns: &NetNs, ip: Ipv4Addr, ports: &[ServedPort]) -> Res
             .spawn(move || crate::sctp::respond(fd, sctp_ports, stop))
             .context("starting the SCTP responder")?;
     }
-    for b in bound {
+    for (port, b) in bound {
         let task = match b {
             Bound::Tcp(l) => {
                 l.set_nonblocking(true)?;
@@ -103,7 +112,13 @@ pub fn start(rt: &Handle, ns: &NetNs, ip: Ipv4Addr, ports: &[ServedPort]) -> Res
             }
             Bound::Udp(s) => {
                 s.set_nonblocking(true)?;
-                rt.spawn(serve_udp(tokio::net::UdpSocket::from_std(s)?))
+                let socket = tokio::net::UdpSocket::from_std(s)?;
+                match &dns {
+                    Some(zone) if port == crate::dns::DNS_PORT => {
+                        rt.spawn(crate::dns::serve(socket, zone.clone()))
+                    }
+                    _ => rt.spawn(serve_udp(socket)),
+                }
             }
         };
         listeners.tasks.push(task);

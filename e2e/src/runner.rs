@@ -30,9 +30,13 @@ pub fn run_scenario(lab: &mut Lab, scenario: &Scenario, out: &mut dyn Write) -> 
             lab.node_names().len()
         );
     }
+    if let Some(dns) = &scenario.dns {
+        lab.set_dns(dns).context("dns")?;
+    }
     if !scenario.objects.is_empty() {
         lab.apply(&scenario.objects)
             .context("applying the initial objects")?;
+        lab.refresh_dns().context("dns, with the initial objects")?;
         lab.wait_realized()
             .context("realizing the initial objects")?;
     }
@@ -57,9 +61,13 @@ pub fn run_scenario(lab: &mut Lab, scenario: &Scenario, out: &mut dyn Write) -> 
         if !step.labels.is_empty() {
             relabel(lab, &step.labels).with_context(at)?;
         }
+        if let Some(records) = &step.dns {
+            lab.set_dns_records(records).with_context(at)?;
+        }
         if !step.apply.is_empty() {
             let step = with_pod_cidrs(lab, step).with_context(at)?;
             apply(lab, &step, &table, &mut rows, out).with_context(at)?;
+            lab.refresh_dns().with_context(at)?;
         }
         if !step.delete.is_empty() {
             lab.delete(&step.delete).with_context(at)?;

@@ -384,18 +384,25 @@ impl fmt::Display for ServiceRef {
 }
 
 /// Where a probe goes: a pod of the lab, a Service's ClusterIP (the probe's
-/// port is the service port), or a literal address.
+/// port is the service port), a literal address, or a name the probe
+/// resolves first through the scenario's DNS (`name:HOST`, see
+/// [`crate::dns`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
     Pod(PodName),
     Service(ServiceRef),
     Ip(IpAddr),
+    Name(String),
 }
 
 impl Target {
     pub fn parse(s: &str) -> Result<Self> {
         if let Ok(ip) = s.parse::<IpAddr>() {
             return Ok(Self::Ip(ip));
+        }
+        if let Some(host) = s.strip_prefix("name:") {
+            crate::dns::parse_name(host).context("name:")?;
+            return Ok(Self::Name(host.to_string()));
         }
         if let Some(rest) = s.strip_prefix("svc/") {
             let p = PodName::parse(rest)
@@ -407,7 +414,7 @@ impl Target {
         }
         PodName::parse(s).map(Self::Pod).map_err(|_| {
             anyhow!(
-                "expected <namespace>/<pod>, svc/<namespace>/<service> or an IP address, got {s:?}"
+                "expected <namespace>/<pod>, svc/<namespace>/<service>, name:<host> or an IP address, got {s:?}"
             )
         })
     }
@@ -419,6 +426,7 @@ impl fmt::Display for Target {
             Self::Pod(p) => p.fmt(f),
             Self::Service(s) => s.fmt(f),
             Self::Ip(ip) => ip.fmt(f),
+            Self::Name(host) => write!(f, "name:{host}"),
         }
     }
 }
@@ -489,6 +497,8 @@ pub struct Step {
     pub name: String,
     /// Injected, in order, before the step's apply and delete.
     pub faults: Vec<Fault>,
+    /// `dns:`: the DNS server's records from this step on, before its apply.
+    pub dns: Option<crate::dns::Records>,
     /// Objects whose labels the step replaces in place (`label:`), as
     /// `kubectl label --overwrite` of every key would; before its apply.
     pub labels: Vec<(ObjectKey, BTreeMap<String, String>)>,
@@ -600,6 +610,8 @@ pub struct Scenario {
     /// `node-1` to `node-N`; pods without `spec.nodeName` are spread over
     /// them round-robin, in the order they are applied.
     pub nodes: u32,
+    /// `dns:`: the lab's DNS server, resolver and records.
+    pub dns: Option<crate::dns::DnsSpec>,
     pub objects: Vec<Object>,
     pub steps: Vec<Step>,
 }
@@ -619,6 +631,7 @@ struct RawScenario {
     nodes: Option<i64>,
     netpol: Option<crate::netpol::RawNetpol>,
     cnp: Option<crate::cnp::RawCnp>,
+    dns: Option<crate::dns::RawDns>,
     #[serde(default)]
     objects: Vec<Value>,
     #[serde(default)]
@@ -631,6 +644,7 @@ struct RawStep {
     name: Option<String>,
     #[serde(default)]
     fault: Vec<RawFault>,
+    dns: Option<crate::dns::RawStepDns>,
     #[serde(default)]
     apply: Vec<Value>,
     #[serde(default)]
@@ -776,6 +790,10 @@ impl Scenario {
             (None, Some(cnp)) => crate::cnp::topology(cnp, nodes).context("cnp")?,
             (None, None) => Vec::new(),
         };
+        let dns = raw
+            .dns
+            .map(|d| crate::dns::parse(d).context("dns"))
+            .transpose()?;
         object_values.extend(raw.objects);
         let objects = parse_objects("objects", object_values)?;
         // The pods a matrix covers: those that exist at its step.
@@ -798,6 +816,10 @@ impl Scenario {
                 .map(|(j, d)| dump::parse(d).with_context(|| format!("{at}.dump[{j}]")))
                 .collect::<Result<Vec<_>>>()?;
             let apply = parse_objects(&format!("{at}.apply"), step.apply)?;
+            let step_dns = step
+                .dns
+                .map(|d| crate::dns::parse_step(d).with_context(|| format!("{at}.dns")))
+                .transpose()?;
             let delete = step
                 .delete
                 .into_iter()
@@ -837,6 +859,7 @@ impl Scenario {
             steps.push(Step {
                 name,
                 faults,
+                dns: step_dns,
                 labels,
                 apply,
                 delete,
@@ -856,6 +879,7 @@ impl Scenario {
             flow_logs,
             flow_log_rate,
             nodes,
+            dns,
             objects,
             steps,
         };
@@ -895,6 +919,11 @@ impl Scenario {
         let mut live: BTreeSet<ObjectKey> = BTreeSet::new();
         let mut liveness = Liveness::default();
         add_all(&mut live, &self.objects).context("objects")?;
+        if let Some(dns) = &self.dns {
+            if !live.contains(&ObjectKey::pod(&dns.server)) {
+                bail!("dns.server: pod {} is not among the objects", dns.server);
+            }
+        }
         let mut services = ServiceState::default();
         services.add(&self.objects).context("objects")?;
         services.check(self.cni).context("objects")?;
@@ -965,6 +994,9 @@ impl Scenario {
             }
             services.retain(&live);
             services.check(self.cni).with_context(|| at.clone())?;
+            if let (Some(_), None) = (&step.dns, &self.dns) {
+                bail!("{at}.dns: records need the scenario's dns (its server)");
+            }
             for (j, probe) in step.probes.iter().enumerate() {
                 if !live.contains(&ObjectKey::pod(&probe.from)) {
                     bail!(
@@ -976,6 +1008,9 @@ impl Scenario {
                     if !live.contains(&ObjectKey::pod(to)) {
                         bail!("{at}.probes[{j}].to: pod {to} does not exist at this step");
                     }
+                }
+                if let (Target::Name(_), None) = (&probe.to, &self.dns) {
+                    bail!("{at}.probes[{j}].to: {} needs the scenario's dns", probe.to);
                 }
                 if let Target::Service(to) = &probe.to {
                     let svc = services.services.get(&to.key()).ok_or_else(|| {

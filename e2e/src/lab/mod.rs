@@ -12,6 +12,7 @@ mod bench;
 mod conntrack;
 mod cri_bench;
 mod cri_pods;
+mod dns;
 mod dump;
 mod faults;
 mod flow_logs;
@@ -228,6 +229,8 @@ pub struct Lab {
     generated_slices: BTreeMap<ObjectKey, serde_json::Value>,
     /// With `--node-processes image`.
     image: Option<image::ImageState>,
+    /// The scenario's DNS (`dns:`), once set.
+    dns: Option<dns::LabDns>,
     cleaned: bool,
 }
 
@@ -302,6 +305,7 @@ impl Lab {
                     forwarder: None,
                     kubeconfig: None,
                 }),
+            dns: None,
             cleaned: false,
             config,
             id,

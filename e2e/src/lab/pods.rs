@@ -299,6 +299,7 @@ impl Lab {
 
     pub(super) fn restart_listeners(&mut self, pod: &PodName, ports: &[ServedPort]) -> Result<()> {
         let handle = self.rt().handle().clone();
+        let dns = self.dns_zone_of(pod);
         let p = self
             .pods
             .get_mut(pod)
@@ -317,7 +318,7 @@ impl Lab {
                 IpAddr::V6(_) => None,
             })
             .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
-        let listeners = retry_bind(|| listener::start(&handle, &p.netns, ip, ports))
+        let listeners = retry_bind(|| listener::start(&handle, &p.netns, ip, ports, dns.clone()))
             .with_context(|| format!("starting the listeners of pod {pod}"))?;
         p.listeners = listeners;
         p.ports = ports.to_vec();

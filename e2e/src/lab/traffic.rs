@@ -25,26 +25,43 @@ impl Lab {
                     .pods
                     .get(&s.from)
                     .ok_or_else(|| anyhow!("probe from {}: no such pod in the lab", s.from))?;
-                let ip = self.resolve(&s.to).context("probe")?;
+                // A name is resolved from the pod itself, on the probe's
+                // thread: resolving is part of what the probe tries.
+                let to = match &s.to {
+                    Target::Name(host) => Dest::Name(self.dns_resolver().context("probe")?, host),
+                    other => Dest::Ip(self.resolve(other).context("probe")?),
+                };
                 let me = match s.forge {
                     None => None,
                     Some(Forge::Reply) => Some(self.forge_source(&s.from)?),
                 };
-                Ok((&from.netns, SocketAddr::new(ip, s.port), s, me))
+                Ok((&from.netns, to, s, me))
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(std::thread::scope(|scope| {
             let handles: Vec<_> = resolved
                 .into_iter()
-                .map(|(ns, addr, s, me)| {
-                    scope.spawn(move || match (me, addr) {
-                        (Some((ip, port)), SocketAddr::V4(to)) => {
-                            probe::run_forged(ns, ip, port, to, s.timeout)
+                .map(|(ns, to, s, me)| {
+                    scope.spawn(move || {
+                        let ip = match to {
+                            Dest::Ip(ip) => ip,
+                            Dest::Name(server, host) => {
+                                match crate::dns::resolve(ns, server, host, s.timeout) {
+                                    Ok(r) => r.addrs[0].0,
+                                    Err(e) => return Outcome::Error(format!("{e:#}")),
+                                }
+                            }
+                        };
+                        let addr = SocketAddr::new(ip, s.port);
+                        match (me, addr) {
+                            (Some((ip, port)), SocketAddr::V4(to)) => {
+                                probe::run_forged(ns, ip, port, to, s.timeout)
+                            }
+                            (Some(_), SocketAddr::V6(_)) => {
+                                Outcome::Error("forged probes are IPv4 only".into())
+                            }
+                            (None, _) => probe::run(ns, addr, s.protocol, s.timeout),
                         }
-                        (Some(_), SocketAddr::V6(_)) => {
-                            Outcome::Error("forged probes are IPv4 only".into())
-                        }
-                        (None, _) => probe::run(ns, addr, s.protocol, s.timeout),
                     })
                 })
                 .collect();
@@ -72,7 +89,7 @@ impl Lab {
             .get(from)
             .ok_or_else(|| anyhow!("connect from {from}: no such pod in the lab"))?
             .netns;
-        let ip = self.resolve(to)?;
+        let ip = self.resolve_from(ns, to, timeout)?;
         probe::connect(ns, SocketAddr::new(ip, port), timeout)
             .map_err(|outcome| anyhow!("connect {from} -> {to}:{port}: {outcome}"))
     }
@@ -92,7 +109,7 @@ impl Lab {
             .get(from)
             .ok_or_else(|| anyhow!("connect from {from}: no such pod in the lab"))?
             .netns;
-        let ip = match self.resolve(to)? {
+        let ip = match self.resolve_from(ns, to, timeout)? {
             IpAddr::V4(ip) => ip,
             IpAddr::V6(_) => anyhow::bail!("connect from a port: IPv4 only"),
         };
@@ -117,7 +134,7 @@ impl Lab {
             .get(from)
             .ok_or_else(|| anyhow!("connect from {from}: no such pod in the lab"))?
             .netns;
-        let ip = self.resolve(to)?;
+        let ip = self.resolve_from(ns, to, crate::scenario::DEFAULT_PROBE_TIMEOUT)?;
         probe::connect_udp(ns, SocketAddr::new(ip, port))
             .map_err(|outcome| anyhow!("udp {from} -> {to}:{port}: {outcome}"))
     }
@@ -137,8 +154,12 @@ impl Lab {
         Ok((ip, 20_000 + u16::from_be_bytes(b) % 10_000))
     }
 
+    /// A target's address; a name only through [`Lab::resolve_from`].
     fn resolve(&self, to: &Target) -> Result<IpAddr> {
         match to {
+            Target::Name(host) => Err(anyhow!(
+                "name:{host}: a name is resolved from a pod (Lab::resolve_from)"
+            )),
             Target::Ip(ip) => Ok(*ip),
             Target::Service(s) => self.cluster_ip(s).map(IpAddr::V4),
             Target::Pod(p) => self
@@ -146,4 +167,27 @@ impl Lab {
                 .ok_or_else(|| anyhow!("{p}: no such pod in the lab")),
         }
     }
+
+    /// A target's address as a pod in `ns` finds it: a name through the
+    /// scenario's DNS from that pod (its first address), the rest directly.
+    pub fn resolve_from(
+        &self,
+        ns: &crate::netns::NetNs,
+        to: &Target,
+        timeout: Duration,
+    ) -> Result<IpAddr> {
+        match to {
+            Target::Name(host) => {
+                Ok(crate::dns::resolve(ns, self.dns_resolver()?, host, timeout)?.addrs[0].0)
+            }
+            other => self.resolve(other),
+        }
+    }
+}
+
+/// Where a probe goes, before its thread runs.
+enum Dest<'a> {
+    Ip(IpAddr),
+    /// Resolved on the probe's thread, from its pod, through this server.
+    Name(SocketAddr, &'a str),
 }

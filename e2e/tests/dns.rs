@@ -1,0 +1,87 @@
+//! The lab's DNS with real traffic (the groundwork of egress by domain
+//! name): examples/dns.yaml plays (names resolve from a pod through the
+//! kube-dns Service to the server pod, a CNAME is followed, an answer
+//! changes between steps, and a ClusterNetworkPolicy `domainNames` rule,
+//! not enforced yet, fails closed while DNS, allowed by its own rule, keeps
+//! working); what a pod's own resolver reads after it.
+
+mod common;
+use common::require_root;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::*;
+use palisade_e2e::{dns, run_scenario, Lab, LabConfig, PodName, Scenario};
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+fn example() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/dns.yaml")
+}
+
+fn pod(name: &str) -> PodName {
+    PodName::parse(name).unwrap()
+}
+
+#[test]
+fn the_example_is_valid() {
+    let s = Scenario::from_file(&example()).unwrap_or_else(|e| panic!("{e:#}"));
+    let d = s.dns.expect("the example has a DNS");
+    assert_eq!(d.server, pod("kube-system/coredns"));
+    assert_eq!(d.records.len(), 3);
+    assert!(s.steps.iter().any(|step| step.dns.is_some()));
+}
+
+#[test]
+fn a_name_probe_needs_the_scenarios_dns() {
+    let yaml = r#"
+objects:
+  - {apiVersion: v1, kind: Namespace, metadata: {name: x}}
+  - {apiVersion: v1, kind: Pod, metadata: {name: a, namespace: x}, spec: {containers: [{name: c, image: none}]}}
+steps:
+  - probes: [{from: x/a, to: name:api.example.com, port: 443}]
+"#;
+    let err = format!("{:#}", Scenario::from_yaml(yaml).unwrap_err());
+    assert!(
+        err.contains("name:api.example.com needs the scenario's dns"),
+        "{err}"
+    );
+    let bad = yaml.replace("name:api.example.com", "name:a..b");
+    let err = format!("{:#}", Scenario::from_yaml(&bad).unwrap_err());
+    assert!(err.contains("label 1 is empty"), "{err}");
+}
+
+#[test]
+#[ignore = "needs root"]
+fn names_resolve_from_pods_and_domain_rules_fail_closed() {
+    require_root();
+    let scenario = Scenario::from_file(&example()).expect("the example is valid");
+    let mut lab = Lab::start(LabConfig::default().for_scenario(&scenario)).expect("lab starts");
+    let mut out = Vec::new();
+    let result = run_scenario(&mut lab, &scenario, &mut out);
+    let table = String::from_utf8_lossy(&out).into_owned();
+    match result {
+        Ok(report) if report.passed() => {}
+        Ok(report) => panic!("{}\n{table}\n{}", report.summary(), lab.log_tails(40)),
+        Err(e) => panic!("{e:#}\n{table}\n{}", lab.log_tails(40)),
+    }
+
+    // What the last step's answer says, read by the pod's own resolver:
+    // api.example.com is web/other now, for the record's TTL.
+    let client = pod_ns(&lab, "app/client");
+    let resolver = lab.dns_resolver().expect("the lab has a DNS");
+    let other = lab.pod_ip(&pod("web/other")).unwrap();
+    let got = dns::resolve(&client, resolver, "api.example.com", TIMEOUT).expect("resolves");
+    assert_eq!(got.addrs, vec![(other, 5)]);
+    let err = format!(
+        "{:#}",
+        dns::resolve(&client, resolver, "nowhere.example.com", TIMEOUT).unwrap_err()
+    );
+    assert!(err.contains("NXDOMAIN"), "{err}");
+
+    // Through the CNAME (TTL 60) to it: the least TTL along the chain.
+    let got = dns::resolve(&client, resolver, "www.example.com", TIMEOUT).expect("resolves");
+    assert_eq!(got.addrs, vec![(other, 5)]);
+    finish(lab);
+}
