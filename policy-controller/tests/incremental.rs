@@ -224,9 +224,12 @@ fn cluster_policy(rng: &mut Rng, group: ApiGroup, name: &str) -> ClusterNetworkP
         }
     };
     let upstream = group == ApiGroup::Upstream;
-    let egress_peer = |rng: &mut Rng| match rng.below(4) {
+    let egress_peer = |rng: &mut Rng| match rng.below(5) {
         0 => json!({"networks": [rng.pick(&["10.0.0.0/16", "10.0.1.0/29", "0.0.0.0/0"])]}),
         1 if upstream => json!({"nodes": selector(rng, "zone", &["x", "y"])}),
+        // In any action here (the sources refuse all but Accept): a Pass
+        // or Deny reads it as unknown and denies everything.
+        2 => json!({"domainNames": [rng.pick(&["*.example.com", "api.example.com", "Example.ORG."])]}),
         _ => selector_peer(rng),
     };
     let ports = |rng: &mut Rng| -> Option<Value> {
