@@ -80,6 +80,23 @@ fn names_resolve_from_pods_and_domain_rules_fail_closed() {
     );
     assert!(err.contains("NXDOMAIN"), "{err}");
 
+    // The dump says what the plan alone does not: the names match nothing.
+    let warned = |lab: &Lab| {
+        lab.enforcer_state()
+            .expect("the enforcer answers")
+            .warnings
+            .iter()
+            .any(|w| {
+                w.starts_with("1 pod(s) have egress rules by domain name")
+                    && w.contains("app/client (*.example.com)")
+            })
+    };
+    assert!(!warned(&lab), "no domain rule is left after the example");
+    let cnp = scenario.steps[1].apply.clone();
+    lab.apply(&cnp).expect("the policy applies");
+    lab.wait_realized().expect("realized");
+    assert!(warned(&lab), "{:?}", lab.enforcer_state().unwrap().warnings);
+
     // Through the CNAME (TTL 60) to it: the least TTL along the chain.
     let got = dns::resolve(&client, resolver, "www.example.com", TIMEOUT).expect("resolves");
     assert_eq!(got.addrs, vec![(other, 5)]);

@@ -229,7 +229,9 @@ fn cluster_policy(rng: &mut Rng, group: ApiGroup, name: &str) -> ClusterNetworkP
         1 if upstream => json!({"nodes": selector(rng, "zone", &["x", "y"])}),
         // In any action here (the sources refuse all but Accept): a Pass
         // or Deny reads it as unknown and denies everything.
-        2 => json!({"domainNames": [rng.pick(&["*.example.com", "api.example.com", "Example.ORG."])]}),
+        2 => {
+            json!({"domainNames": [rng.pick(&["*.example.com", "api.example.com", "Example.ORG."])]})
+        }
         _ => selector_peer(rng),
     };
     let ports = |rng: &mut Rng| -> Option<Value> {

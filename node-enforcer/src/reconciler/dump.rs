@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use palisade_proto::v1::{NodeState, PodRef, PodState};
+use palisade_proto::v1::{NodeState, PodPolicy, PodRef, PodState};
 
 use super::Reconciler;
 use crate::compile::Prefix;
@@ -292,6 +292,7 @@ impl<D: Datapath> Reconciler<D> {
                 .cloned()
                 .chain(self.background.describe())
                 .chain(self.promotion.error.clone())
+                .chain(unlearned_names(&self.plan.entries))
                 .collect(),
             policy_sets: self
                 .realized
@@ -343,6 +344,42 @@ impl<D: Datapath> Reconciler<D> {
                 .collect(),
         }
     }
+}
+
+/// How many pods the domain-name warning names by way of example.
+const NAMED_EXAMPLES: usize = 3;
+
+/// The warning for the plan's domain-name rules: this enforcer learns no
+/// names, so they match nothing (the Accept opens nothing), which the
+/// plan alone does not make visible. None when no pod has one.
+fn unlearned_names(plan: &BTreeMap<PodKey, PodPolicy>) -> Option<String> {
+    let mut pods = 0;
+    let mut examples = Vec::new();
+    for (pod, p) in plan {
+        let directions = [&p.egress, &p.audit_egress];
+        let mut names: Vec<&str> = directions
+            .into_iter()
+            .flatten()
+            .flat_map(|d| d.admin.iter().chain(&d.baseline))
+            .flat_map(|r| r.domain_names.iter().map(String::as_str))
+            .collect();
+        if names.is_empty() {
+            continue;
+        }
+        pods += 1;
+        if examples.len() < NAMED_EXAMPLES {
+            names.sort_unstable();
+            names.dedup();
+            examples.push(format!("{}/{} ({})", pod.0, pod.1, names.join(", ")));
+        }
+    }
+    (pods > 0).then(|| {
+        format!(
+            "{pods} pod(s) have egress rules by domain name, which match nothing: this enforcer \
+             learns no names yet, so such an Accept opens nothing (e.g. {})",
+            examples.join("; ")
+        )
+    })
 }
 
 #[cfg(test)]
@@ -399,6 +436,46 @@ mod tests {
                 ("io", 0),
                 ("invariant", 0)
             ]
+        );
+    }
+
+    #[test]
+    fn domain_name_rules_are_named_as_matching_nothing() {
+        use palisade_proto::v1::{DirectionPolicy, TierRule};
+        let names = |n: &[&str]| DirectionPolicy {
+            admin: vec![TierRule {
+                domain_names: n.iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut plan = BTreeMap::new();
+        plan.insert(("x".into(), "plain".into()), PodPolicy::default());
+        assert_eq!(unlearned_names(&plan), None);
+        for i in 0..5 {
+            plan.insert(
+                ("x".into(), format!("p{i}")),
+                PodPolicy {
+                    egress: Some(names(&["b.example.com", "*.example.com"])),
+                    ..Default::default()
+                },
+            );
+        }
+        plan.insert(
+            ("y".into(), "staged".into()),
+            PodPolicy {
+                audit_egress: Some(names(&["a.example.org"])),
+                ..Default::default()
+            },
+        );
+        let w = unlearned_names(&plan).unwrap();
+        assert!(
+            w.starts_with("6 pod(s) have egress rules by domain name"),
+            "{w}"
+        );
+        assert!(
+            w.ends_with("(e.g. x/p0 (*.example.com, b.example.com); x/p1 (*.example.com, b.example.com); x/p2 (*.example.com, b.example.com))"),
+            "{w}"
         );
     }
 
