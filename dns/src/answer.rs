@@ -6,6 +6,7 @@
 //! count, so an answer cannot slip in addresses for a name nobody asked
 //! about. Each address is trusted for the least TTL along its chain.
 
+use std::collections::hash_map::{Entry, HashMap};
 use std::net::IpAddr;
 
 use crate::name::Name;
@@ -74,7 +75,11 @@ pub fn resolve(msg: &Message) -> Result<Resolution, Unlearnable> {
         ttl = ttl.min(t);
         owner = target;
     }
+    // In the answer's order (a client tries the first); a duplicate keeps
+    // the first place and the least TTL. Indexed, so that a message of
+    // thousands of records costs linear time.
     let mut addrs: Vec<(IpAddr, u32)> = Vec::new();
+    let mut seen: HashMap<IpAddr, usize> = HashMap::new();
     for r in in_class().filter(|r| &r.name == owner && r.rtype == q.qtype) {
         let addr = match r.data {
             RData::A(a) => IpAddr::V4(a),
@@ -82,9 +87,12 @@ pub fn resolve(msg: &Message) -> Result<Resolution, Unlearnable> {
             _ => continue,
         };
         let t = ttl.min(r.ttl);
-        match addrs.iter_mut().find(|(a, _)| *a == addr) {
-            Some((_, seen)) => *seen = (*seen).min(t),
-            None => addrs.push((addr, t)),
+        match seen.entry(addr) {
+            Entry::Occupied(i) => addrs[*i.get()].1 = addrs[*i.get()].1.min(t),
+            Entry::Vacant(v) => {
+                v.insert(addrs.len());
+                addrs.push((addr, t));
+            }
         }
     }
     Ok(Resolution {
@@ -155,6 +163,25 @@ mod tests {
         assert_eq!(resolve(&m).unwrap().addrs, vec![(IpAddr::V6(six), 30)]);
         let m = response(1, "a.b", TYPE_A, vec![rec("a.b", 30, RData::Aaaa(six))]);
         assert!(resolve(&m).unwrap().addrs.is_empty());
+    }
+
+    #[test]
+    fn order_is_the_answers_and_thousands_of_records_are_cheap() {
+        let m = response(
+            1,
+            "a.b",
+            TYPE_A,
+            vec![rec("a.b", 30, v4(9)), rec("a.b", 30, v4(3))],
+        );
+        assert_eq!(resolve(&m).unwrap().addrs, vec![(ip(9), 30), (ip(3), 30)]);
+        // As many A records as a 64 KiB message holds, half of them twice.
+        let recs: Vec<_> = (0..4000u32)
+            .map(|i| rec("a.b", 30, RData::A(Ipv4Addr::from(0x0A00_0000 + i % 2000))))
+            .collect();
+        let bytes = response(1, "a.b", TYPE_A, recs).encode();
+        assert!(bytes.len() <= 65535);
+        let got = resolve(&Message::parse(&bytes).unwrap()).unwrap();
+        assert_eq!(got.addrs.len(), 2000);
     }
 
     #[test]
