@@ -8,10 +8,12 @@
 mod common;
 use common::require_root;
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use common::*;
+use palisade_e2e::scenario::Target;
 use palisade_e2e::{dns, run_scenario, Lab, LabConfig, PodName, Scenario};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -96,6 +98,28 @@ fn names_resolve_from_pods_and_domain_rules_fail_closed() {
     lab.apply(&cnp).expect("the policy applies");
     lab.wait_realized().expect("realized");
     assert!(warned(&lab), "{:?}", lab.enforcer_state().unwrap().warnings);
+
+    // 100 addresses for one name: an answer of 1,634 bytes, more than a
+    // veth's default MTU of 1,500 (so IP fragments), through the client's
+    // policy (DNS allowed by its rule): every address arrives.
+    let many: Vec<Target> = (1..=100)
+        .map(|i| Target::Ip(IpAddr::V4(Ipv4Addr::new(198, 51, 100, i))))
+        .collect();
+    let mut records = scenario.steps.last().unwrap().dns.clone().unwrap();
+    records.insert(
+        dns::parse_name("many.example.com").unwrap(),
+        (30, dns::Answer::Addrs(many.clone())),
+    );
+    lab.set_dns_records(&records).expect("records");
+    let got = dns::resolve(&client, resolver, "many.example.com", TIMEOUT).expect("resolves");
+    let want: Vec<(IpAddr, u32)> = many
+        .iter()
+        .map(|t| match t {
+            Target::Ip(ip) => (*ip, 30),
+            _ => unreachable!(),
+        })
+        .collect();
+    assert_eq!(got.addrs, want, "all 100, in the answer's order");
 
     // Through the CNAME (TTL 60) to it: the least TTL along the chain.
     let got = dns::resolve(&client, resolver, "www.example.com", TIMEOUT).expect("resolves");
