@@ -118,6 +118,7 @@ fn policy(rules: usize, peers: usize) -> DirectionPolicy {
                 }],
                 policy: "x/big".into(),
                 rule_index: r as u32,
+                domain_names: vec![],
             })
             .collect(),
         ..Default::default()

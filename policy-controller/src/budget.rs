@@ -156,6 +156,7 @@ mod tests {
             ports: vec![],
             policy: policy.into(),
             rule_index: i,
+            domain_names: vec![],
         }
     }
 

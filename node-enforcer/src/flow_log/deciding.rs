@@ -151,6 +151,7 @@ pub(crate) mod tests {
                 .collect(),
             policy: policy.into(),
             rule_index: index,
+            domain_names: vec![],
         }
     }
 

@@ -452,6 +452,7 @@ mod tests {
                     }],
                     policy: "x/big".into(),
                     rule_index: i as u32,
+                    domain_names: vec![],
                 })
                 .collect(),
             ..Default::default()

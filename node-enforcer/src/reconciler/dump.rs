@@ -360,8 +360,14 @@ fn unlearned_names(plan: &BTreeMap<PodKey, PodPolicy>) -> Option<String> {
         let mut names: Vec<&str> = directions
             .into_iter()
             .flatten()
-            .flat_map(|d| d.admin.iter().chain(&d.baseline))
-            .flat_map(|r| r.domain_names.iter().map(String::as_str))
+            .flat_map(|d| {
+                let tiers = d.admin.iter().chain(&d.baseline);
+                tiers
+                    .map(|r| &r.domain_names)
+                    .chain(d.rules.iter().map(|r| &r.domain_names))
+            })
+            .flatten()
+            .map(String::as_str)
             .collect();
         if names.is_empty() {
             continue;
@@ -468,9 +474,23 @@ mod tests {
                 ..Default::default()
             },
         );
+        // A NetworkPolicy-tier rule by name (a PolicyEndpoint's).
+        plan.insert(
+            ("z".into(), "endpoint".into()),
+            PodPolicy {
+                egress: Some(DirectionPolicy {
+                    rules: vec![palisade_proto::v1::Rule {
+                        domain_names: vec!["c.example.net".into()],
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
         let w = unlearned_names(&plan).unwrap();
         assert!(
-            w.starts_with("6 pod(s) have egress rules by domain name"),
+            w.starts_with("7 pod(s) have egress rules by domain name"),
             "{w}"
         );
         assert!(

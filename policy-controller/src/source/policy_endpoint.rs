@@ -99,8 +99,7 @@ pub struct EndpointInfo {
     pub action: Option<String>,
     #[serde(default)]
     pub cidr: String,
-    /// An FQDN rule (v1.1 of the AWS controller), which a plan of
-    /// addresses cannot hold.
+    /// An FQDN rule (v1.1 of the AWS controller): an egress rule by name.
     #[serde(default, rename = "domainName")]
     pub domain_name: Option<String>,
     #[serde(default)]

@@ -4,7 +4,9 @@
 //! Bad input never widens what is allowed. An entry with a malformed CIDR,
 //! an unknown protocol, a port out of range or an action other than Allow is
 //! left out (its peers lose that grant only), with an error naming the
-//! object and the field. Slices that disagree on `podIsolation` (the AWS
+//! object and the field. An egress entry with a `domainName` goes to the
+//! plan as a rule by name (with the names of the same ports), which matches
+//! what the pod resolved those names to. Slices that disagree on `podIsolation` (the AWS
 //! controller patches slices one at a time, so this is seen for a moment
 //! during every change of policyTypes) isolate in the union of their
 //! directions: isolation only ever removes traffic.
@@ -131,8 +133,8 @@ pub fn merge_slices(policy: &ObjectKey, slices: &[Slice<'_>]) -> EndpointPolicy 
         ] {
             for (i, entry) in list.iter().flatten().enumerate() {
                 let field = format!("spec.{key}[{i}]");
-                match parse_entry(entry) {
-                    Ok((b, ports)) => into.add(b, ports),
+                match parse_entry(entry, key == "egress") {
+                    Ok((peer, ports)) => into.add(peer, ports),
                     Err(e) => out
                         .errors
                         .push(format!("{display}: {field}{e}; entry ignored")),
@@ -186,22 +188,44 @@ pub fn merge_slices(policy: &ObjectKey, slices: &[Slice<'_>]) -> EndpointPolicy 
 }
 
 /// The entries of one direction, grouped by their ports so that the peers
-/// granted the same ports share one rule.
+/// granted the same ports share one rule (and the names another).
 #[derive(Default)]
-struct Entries(BTreeMap<Vec<PortKey>, BTreeSet<BlockKey>>);
+struct Entries(BTreeMap<Vec<PortKey>, Peers>);
+
+#[derive(Default)]
+struct Peers {
+    blocks: BTreeSet<BlockKey>,
+    /// Domain name patterns, as the plan carries them.
+    names: BTreeSet<String>,
+}
+
+/// What an entry grants: an address block, or the addresses a pod resolved
+/// a name to.
+enum EntryPeer {
+    Block(PeerBlock),
+    Name(String),
+}
 
 /// PortRange and PeerBlock are prost messages without Ord.
 type PortKey = (i32, u32, u32);
 type BlockKey = (Vec<u8>, u32, Vec<(Vec<u8>, u32)>);
 
 impl Entries {
-    fn add(&mut self, b: PeerBlock, ports: Vec<PortRange>) {
+    fn add(&mut self, peer: EntryPeer, ports: Vec<PortRange>) {
         let mut ports: Vec<PortKey> = ports
             .into_iter()
             .map(|p| (p.protocol, p.port, p.end_port))
             .collect();
         ports.sort();
         ports.dedup();
+        let peers = self.0.entry(ports).or_default();
+        let b = match peer {
+            EntryPeer::Name(pattern) => {
+                peers.names.insert(pattern);
+                return;
+            }
+            EntryPeer::Block(b) => b,
+        };
         let cidr = b.cidr.expect("parse_entry sets a cidr");
         let mut except: Vec<(Vec<u8>, u32)> = b
             .except
@@ -210,46 +234,55 @@ impl Entries {
             .collect();
         except.sort();
         except.dedup();
-        self.0
-            .entry(ports)
-            .or_default()
-            .insert((cidr.addr, cidr.prefix_len, except));
+        peers.blocks.insert((cidr.addr, cidr.prefix_len, except));
     }
 
     fn rules(self) -> Vec<Rule> {
         let as_prefix =
             |addr: Vec<u8>, prefix_len: u32| palisade_proto::v1::IpPrefix { addr, prefix_len };
-        self.0
-            .into_iter()
-            .map(|(ports, blocks)| Rule {
-                peers: blocks
-                    .into_iter()
-                    .map(|(addr, len, except)| {
-                        block(
-                            as_prefix(addr, len),
-                            except.into_iter().map(|(a, l)| as_prefix(a, l)).collect(),
-                        )
-                    })
-                    .collect(),
-                ports: ports
-                    .into_iter()
-                    .map(|(protocol, port, end_port)| PortRange {
-                        protocol,
-                        port,
-                        end_port,
-                    })
-                    .collect(),
-                // A PolicyEndpoint does not say which policy rule an entry
-                // came from.
-                ..Default::default()
-            })
-            .collect()
+        let mut out = Vec::new();
+        for (ports, peers) in self.0 {
+            let ports: Vec<PortRange> = ports
+                .into_iter()
+                .map(|(protocol, port, end_port)| PortRange {
+                    protocol,
+                    port,
+                    end_port,
+                })
+                .collect();
+            if !peers.blocks.is_empty() {
+                out.push(Rule {
+                    peers: peers
+                        .blocks
+                        .into_iter()
+                        .map(|(addr, len, except)| {
+                            block(
+                                as_prefix(addr, len),
+                                except.into_iter().map(|(a, l)| as_prefix(a, l)).collect(),
+                            )
+                        })
+                        .collect(),
+                    ports: ports.clone(),
+                    // A PolicyEndpoint does not say which policy rule an
+                    // entry came from.
+                    ..Default::default()
+                });
+            }
+            if !peers.names.is_empty() {
+                out.push(Rule {
+                    ports,
+                    domain_names: peers.names.into_iter().collect(),
+                    ..Default::default()
+                });
+            }
+        }
+        out
     }
 }
 
-/// An entry's peer block and ports; the error starts with the field below
-/// the entry (".cidr: ...").
-fn parse_entry(entry: &EndpointInfo) -> Result<(PeerBlock, Vec<PortRange>), String> {
+/// An entry's peer and ports (a name only in `egress`); the error starts
+/// with the field below the entry (".cidr: ...").
+fn parse_entry(entry: &EndpointInfo, egress: bool) -> Result<(EntryPeer, Vec<PortRange>), String> {
     match entry.action.as_deref() {
         None | Some("") | Some("Allow") => {}
         Some(other) => {
@@ -258,10 +291,26 @@ fn parse_entry(entry: &EndpointInfo) -> Result<(PeerBlock, Vec<PortRange>), Stri
             ))
         }
     }
-    if let Some(name) = &entry.domain_name {
-        return Err(format!(
-            ".domainName: {name:?}: FQDN rules cannot be enforced by address"
-        ));
+    let mut ports = Vec::new();
+    for (i, p) in entry.ports.iter().flatten().enumerate() {
+        ports.push(parse_port(p).map_err(|e| format!(".ports[{i}]{e}"))?);
+    }
+    if let Some(name) = entry.domain_name.as_deref().filter(|n| !n.is_empty()) {
+        if !egress {
+            return Err(format!(
+                ".domainName: {name:?}: a name is an egress peer only"
+            ));
+        }
+        if !entry.cidr.is_empty() {
+            return Err(format!(
+                ".domainName: {name:?} beside cidr {:?}: an entry is one or the other",
+                entry.cidr
+            ));
+        }
+        let pattern = name
+            .parse::<palisade_dns::Pattern>()
+            .map_err(|e| format!(".domainName: {e}"))?;
+        return Ok((EntryPeer::Name(pattern.to_string()), ports));
     }
     let cidr = cidr::parse_strict_or_address(&entry.cidr).map_err(|e| format!(".cidr: {e}"))?;
     let mut except = Vec::new();
@@ -275,11 +324,7 @@ fn parse_entry(entry: &EndpointInfo) -> Result<(PeerBlock, Vec<PortRange>), Stri
         }
         except.push(prefix(net));
     }
-    let mut ports = Vec::new();
-    for (i, p) in entry.ports.iter().flatten().enumerate() {
-        ports.push(parse_port(p).map_err(|e| format!(".ports[{i}]{e}"))?);
-    }
-    Ok((block(prefix(cidr), except), ports))
+    Ok((EntryPeer::Block(block(prefix(cidr), except)), ports))
 }
 
 pub(crate) fn parse_port(p: &Port) -> Result<PortRange, String> {
@@ -362,6 +407,50 @@ mod tests {
             [host([10, 0, 0, 8]), host([10, 0, 0, 9])]
         );
         assert_eq!(rules[1].ports.len(), 1);
+    }
+
+    #[test]
+    fn egress_names_become_rules_by_name_beside_the_addresses() {
+        let s = spec(json!({
+            "policyRef": {"name": "p", "namespace": "ns"},
+            "podIsolation": ["Ingress", "Egress"],
+            "ingress": [{"cidr": "", "domainName": "in.example.com"}],
+            "egress": [
+                {"cidr": "10.0.0.7", "ports": [{"port": 443, "protocol": "TCP"}]},
+                {"cidr": "", "domainName": "API.example.com.", "ports": [{"port": 443, "protocol": "TCP"}]},
+                {"domainName": "*.example.org", "ports": [{"port": 443, "protocol": "TCP"}]},
+                {"domainName": "dns.example.net"},
+                {"cidr": "10.0.0.8", "domainName": "both.example.com"},
+            ],
+        }));
+        let p = merge_slices(&key(), &[("s", &s)]);
+        let errors: Vec<&str> = p.errors.iter().map(String::as_str).collect();
+        assert_eq!(
+            errors,
+            [
+                "PolicyEndpoint ns/s: spec.egress[4].domainName: \"both.example.com\" beside cidr \"10.0.0.8\": an entry is one or the other; entry ignored",
+                "PolicyEndpoint ns/s: spec.ingress[0].domainName: \"in.example.com\": a name is an egress peer only; entry ignored",
+            ]
+        );
+        assert_eq!(p.ingress, Some(vec![]), "isolated, nothing allowed");
+        let shape: Vec<_> = p
+            .egress
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.peers.len(), r.ports.len(), r.domain_names))
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                (0, 0, vec!["dns.example.net".to_string()]),
+                (1, 1, vec![]),
+                (
+                    0,
+                    1,
+                    vec!["*.example.org".to_string(), "api.example.com".to_string()]
+                ),
+            ]
+        );
     }
 
     #[test]
