@@ -832,7 +832,6 @@ struct Served {
     /// Every object written to the double, by kind and (namespace, name).
     held: BTreeMap<(Kind, String, String), Value>,
     last: BTreeMap<Kind, u64>,
-    revision: u64,
 }
 
 impl Served {
@@ -841,7 +840,6 @@ impl Served {
             double: ApiDouble::start().await,
             held: BTreeMap::new(),
             last: BTreeMap::new(),
-            revision: 0,
         }
     }
 
@@ -870,9 +868,8 @@ impl Served {
             return;
         }
         self.held.insert(k, object.clone());
-        self.double.apply(object);
-        self.revision += 1;
-        self.last.insert(kind, self.revision);
+        let revision = self.double.apply(object);
+        self.last.insert(kind, revision);
     }
 
     fn delete(&mut self, kind: Kind, ns: &str, name: &str) {
@@ -885,10 +882,10 @@ impl Served {
         {
             return;
         }
-        self.double
+        let revision = self
+            .double
             .delete(kind, (!cluster_scoped).then_some(ns), name);
-        self.revision += 1;
-        self.last.insert(kind, self.revision);
+        self.last.insert(kind, revision);
     }
 
     /// Brings the double to `cluster`'s namespaces and pods and the
@@ -954,6 +951,29 @@ impl Served {
             .collect();
         for name in gone {
             self.delete(Kind::ClusterPolicyEndpoint, "", &name);
+        }
+    }
+
+    /// Waits until the controller has listed every kind it watches.
+    async fn until_listed(&self) {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        let kinds = [
+            Kind::Namespace,
+            Kind::Pod,
+            Kind::PolicyEndpoint,
+            Kind::ClusterPolicyEndpoint,
+        ];
+        while !kinds.iter().all(|k| {
+            self.double
+                .requests()
+                .iter()
+                .any(|r| r.kind == *k && r.is_watch())
+        }) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the controller has not listed every kind within {DEADLINE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await; // poll: the double has no request signal
         }
     }
 
@@ -1974,6 +1994,11 @@ async fn generated_clusters_cluster_policy_endpoints_grant_what_the_cluster_netw
         }
         let mut served = Served::start().await;
         let hub = start_controller(&served.double.url);
+        if seed % 2 == 0 {
+            // The first objects then reach the controller by its watches,
+            // not in its lists.
+            served.until_listed().await;
+        }
         let mut aws = aws::Controller::new(1 + rng.below(4), seed);
         for step in 0..=STEPS {
             if step > 0 {

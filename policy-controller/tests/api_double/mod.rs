@@ -169,6 +169,13 @@ impl Request {
     }
 }
 
+/// The revision of an empty store, as etcd's first is 1. Never 0: a list
+/// at "0" would have the client watch from "0", which means "any
+/// revision" and starts with a synthetic ADDED for every object, in name
+/// order rather than the order they were written; a real list never
+/// answers "0".
+pub const FIRST_REVISION: u64 = 1;
+
 #[derive(Default)]
 struct Store {
     revision: u64,
@@ -279,7 +286,10 @@ impl ApiDouble {
     #[allow(dead_code)] // not every test binary serves elsewhere
     pub async fn start_on(listener: std::net::TcpListener) -> ApiDouble {
         let shared = Arc::new(Shared {
-            store: Mutex::new(Store::default()),
+            store: Mutex::new(Store {
+                revision: FIRST_REVISION,
+                ..Store::default()
+            }),
             changed: watch::channel((0, 0)).0,
         });
         let mut app = Router::new();
@@ -311,19 +321,22 @@ impl ApiDouble {
         ApiDouble { url, shared }
     }
 
-    /// Creates or replaces an object (ADDED or MODIFIED to watchers).
-    pub fn apply(&self, object: Value) {
+    /// Creates or replaces an object (ADDED or MODIFIED to watchers);
+    /// returns the revision it made.
+    pub fn apply(&self, object: Value) -> u64 {
         let mut store = self.shared.store.lock().unwrap();
         store.apply(object);
         self.notify(&store);
+        store.revision
     }
 
     /// Deletes an object (DELETED to watchers, carrying the deletion's
-    /// revision as the API server does).
-    pub fn delete(&self, kind: Kind, namespace: Option<&str>, name: &str) {
+    /// revision as the API server does); returns the revision it made.
+    pub fn delete(&self, kind: Kind, namespace: Option<&str>, name: &str) -> u64 {
         let mut store = self.shared.store.lock().unwrap();
         store.delete(kind, namespace, name);
         self.notify(&store);
+        store.revision
     }
 
     /// An outage the watches cannot catch up with: every open watch ends,
