@@ -271,7 +271,7 @@ async fn kube_source_delivers_changes_that_yield_the_manifest_sources_plans() {
         .plans;
     assert_eq!(
         hub.view().source_marker,
-        "k8s namespaces=2 pods=7 networkpolicies=10 services=11 endpointslices=12 \
+        "k8s namespaces=3 pods=8 networkpolicies=11 services=12 endpointslices=13 \
          nodes= clusternetworkpolicies= clusternetworkpolicies.networking.k8s.aws="
     );
     assert_eq!(hub.counters().views, 0);
@@ -763,4 +763,78 @@ async fn an_unreadable_cluster_network_policy_keeps_its_last_version_and_says_wh
     let want = manifest_state(dir.path(), &objects, "u2");
     wait_for_plans(&hub, &want, "the fixed version").await;
     source.abort();
+}
+
+async fn next_update(rx: &mut mpsc::UnboundedReceiver<feed::Update>) -> feed::Update {
+    tokio::time::timeout(DEADLINE, rx.recv())
+        .await
+        .expect("an update within the deadline")
+        .expect("the source runs")
+}
+
+/// A list comes in name order, not in the order its objects were written,
+/// so the newest resourceVersion can come first (here `p-11`, listed
+/// before `p-2`). A relist while synced (after an outage past the kept
+/// history: HTTP 410) is passed on whole: one update holds every slice,
+/// and no update before it claims the list's revision with slices still
+/// missing (which, for a policy's Deny entries, a view would enforce as
+/// allowed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relist_while_synced_arrives_whole() {
+    use policy_controller::engine::Change;
+    use policy_controller::source::policy_endpoint::PolicySource;
+
+    const SLICES: usize = 12;
+    let double = ApiDouble::start().await;
+    let client = kube::Client::try_from(kube::Config::new(double.url.parse().unwrap())).unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (etx, _erx) = watch::channel(Vec::new());
+    tokio::spawn(kube_source::run_with(
+        client,
+        tx,
+        etx,
+        PolicySource::PolicyEndpoint,
+    ));
+    while !next_update(&mut rx).await.synced {}
+
+    double.outage(|offline| {
+        for i in 0..SLICES {
+            offline.apply(json!({
+                "apiVersion": "networking.k8s.aws/v1alpha1",
+                "kind": "ClusterPolicyEndpoint",
+                "metadata": {"name": format!("p-{i}")},
+                "spec": {"policyRef": {"name": "p"}, "tier": "Admin", "priority": 1,
+                         "subject": {"namespaces": {}},
+                         "ingress": [{"action": "Deny", "cidr": format!("10.0.0.{i}")}]},
+            }));
+        }
+    });
+    let newest = format!(
+        "clusterpolicyendpoints={}",
+        api_double::FIRST_REVISION + SLICES as u64
+    );
+    loop {
+        let update = next_update(&mut rx).await;
+        let slices = update
+            .changes
+            .iter()
+            .filter(|c| matches!(c, Change::ApplyClusterPolicyEndpoint(_)))
+            .count();
+        if slices == 0 {
+            assert!(
+                !update.marker.contains(&newest),
+                "an update claims the relist's revision before its slices: {}",
+                update.marker
+            );
+            continue;
+        }
+        assert_eq!(slices, SLICES, "the relist arrives whole");
+        assert!(update.synced);
+        assert!(update.marker.ends_with(&newest), "{}", update.marker);
+        break;
+    }
+    assert!(
+        lists_of(&double, Kind::ClusterPolicyEndpoint) >= 2,
+        "the outage made the source list again"
+    );
 }

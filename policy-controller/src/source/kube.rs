@@ -5,7 +5,10 @@
 //!
 //! Every watch event becomes one [`Change`]: an object applied or deleted,
 //! so a change in the cluster costs the engine what that change touches,
-//! not a comparison of the whole cluster. A relist (the first list, or
+//! not a comparison of the whole cluster. A list is passed on whole, at its
+//! end: its objects come in name order, not in the order they were
+//! written, so delivering them one by one would show a view (and a marker)
+//! that no moment of the cluster had. A relist (the first list, or
 //! after the watch fell too far behind, HTTP 410) replays every object: the
 //! [`Tracker`] of each kind drops the objects whose resourceVersion did not
 //! move and turns the objects missing from the relist into deletions, so an
@@ -366,6 +369,16 @@ where
         }
     };
     let mut tracker: Tracker<ObjectKey> = Tracker::default();
+    // A list is delivered whole, at its end: its objects come in name
+    // order, not in the order they were written, so the highest
+    // resourceVersion can arrive first. Passed on one at a time, a list
+    // taken while synced (a relist after HTTP 410) would publish a view
+    // claiming that version with the objects after it still missing (a
+    // policy's later slices: its Deny entries among them). Held changes are
+    // kept across a list that fails and starts over: the tracker has
+    // already counted them as delivered.
+    let mut listing = Taken::default();
+    let mut listing_version: Option<String> = None;
     // Objects read once (so a version stays in force when a later one
     // cannot be read), and whether the CRD was found missing.
     let mut read_once: HashSet<ObjectKey> = HashSet::new();
@@ -386,13 +399,21 @@ where
                     tracker.init()
                 }
                 Ok(Event::InitApply(obj)) => {
-                    version = obj.resource_version();
+                    let listed_version = obj.resource_version().unwrap_or_default();
                     let k = key(&obj);
-                    if tracker.init_apply(k.clone(), version.as_deref().unwrap_or_default()) {
-                        out.read(kind, read, obj, k, &mut read_once);
+                    if tracker.init_apply(k.clone(), &listed_version) {
+                        listing.read(kind, read, obj, k, &mut read_once);
+                    }
+                    if listing_version
+                        .as_deref()
+                        .is_none_or(|held| is_newer(&listed_version, held))
+                    {
+                        listing_version = Some(listed_version);
                     }
                 }
                 Ok(Event::InitDone) => {
+                    out = std::mem::take(&mut listing);
+                    version = listing_version.take();
                     let gone = tracker.init_done();
                     tracing::info!(
                         ?kind,
@@ -428,6 +449,9 @@ where
                             "not served (its CRD is not installed): taken as none until it is; asking again with backoff"
                         );
                     }
+                    // Whatever a list in progress held is gone with it.
+                    listing = Taken::default();
+                    listing_version = None;
                     tracker.init();
                     for k in tracker.init_done() {
                         out.delete(delete, k, &mut read_once);
@@ -515,6 +539,15 @@ impl Taken {
     }
 }
 
+/// Whether resourceVersion `new` is past `old`: compared as numbers, as
+/// etcd issues them; a non-numeric one simply replaces the previous.
+fn is_newer(new: &str, old: &str) -> bool {
+    match (new.parse::<u64>(), old.parse::<u64>()) {
+        (Ok(new), Ok(old)) => new > old,
+        _ => true,
+    }
+}
+
 #[derive(Default)]
 struct Versions {
     source: PolicySource,
@@ -551,11 +584,7 @@ impl Versions {
             Kind::UpstreamClusterNetworkPolicies => &mut self.upstream_cluster_policies,
             Kind::AwsClusterNetworkPolicies => &mut self.aws_cluster_policies,
         };
-        let newer = match (rv.parse::<u64>(), slot.parse::<u64>()) {
-            (Ok(new), Ok(old)) => new > old,
-            _ => true,
-        };
-        if newer {
+        if is_newer(rv, slot) {
             *slot = rv.to_string();
         }
     }
