@@ -46,6 +46,14 @@
  *      (the peer's longest-prefix entry: one exact lookup per prefix
  *      length the policy has, or a trie walk when it has many; see
  *      policy_entry)
+ *      from_pod of a pod with EP_FLAG_LEARNS only: the pod's learned
+ *      entry for the peer (pal_learned), when it has one, decides
+ *      instead, by its own port set (the pod's whole egress verdict for
+ *      that host, STAT_ALLOWED_LEARNED): a new flow ignores an entry
+ *      that has expired (the table decides), an established flow re-judged
+ *      under a newer epoch (6, 7) does not, so connections opened while a
+ *      name was allowed outlive its TTL (see peer_allowed).  The ingress
+ *      hook and staged policies never look: names are egress-only.
  *  10. anything else                           -> drop, forget the flow
  *      (8 and 9 drop a new flow instead when the hook already holds its
  *      share of the conntrack table: see struct ct_share)
@@ -89,7 +97,9 @@
  * allowed under.  A packet whose entry is of the current epoch passes on one
  * lookup (step 6 or 7); an entry of another epoch is re-judged by the policy
  * that wrote it and refreshed if still allowed, or deleted, so a tightened
- * policy stops established flows, their replies included, at once.
+ * policy stops established flows, their replies included, at once.  (A
+ * pod's learned overlay is part of its egress policy here: an entry that
+ * expired still vouches for the flows it allowed, one deleted does not.)
  *
  * Return codes (TCX composition): an allowed packet returns TC_ACT_UNSPEC,
  * which TCX reads as TCX_NEXT: the next program on the hook (another TC user
@@ -179,14 +189,19 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 hook)
 		return settle(&f, &ep, ifindex, hook, stat, VERDICT_NEXT);
 	}
 
-	judged = ct_policy_allows(&f, &ep, hook, &own_key, own);
+	judged = ct_policy_allows(&f, &ep, ifindex, hook, &own_key, own);
 	if (judged == JUDGED_OVER_SHARE) {
 		flow_event(&f, ifindex, hook, FLOW_DENIED, hook_policy(&ep, hook),
 			   STAT_DENIED_CT_SHARE);
 		return settle(&f, &ep, ifindex, hook, STAT_DENIED_CT_SHARE, VERDICT_DROP);
 	}
-	allowed = judged == JUDGED_ALLOWED;
-	stat = hook_policy(&ep, hook) ? STAT_ALLOWED_POLICY : STAT_ALLOWED_UNISOLATED;
+	allowed = judged == JUDGED_ALLOWED || judged == JUDGED_LEARNED;
+	if (judged == JUDGED_LEARNED)
+		stat = STAT_ALLOWED_LEARNED;
+	else
+		stat = hook_policy(&ep, hook) ? STAT_ALLOWED_POLICY : STAT_ALLOWED_UNISOLATED;
+	/* Staged tables are judged alone: the learned overlay is the enforced
+	 * egress's only (names are never staged). */
 	audit_check(&f, &ep, ifindex, hook, allowed, allowed ? stat : STAT_DENIED);
 	if (!allowed) {
 		flow_event(&f, ifindex, hook, FLOW_DENIED, hook_policy(&ep, hook), STAT_DENIED);

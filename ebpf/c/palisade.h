@@ -45,9 +45,16 @@
  *  - what changes in place is one 8-byte word per direction (policy id
  *    in the low half, epoch in the high half) and the audit word, each
  *    written with one atomic store and read with one load, so a packet
- *    sees a direction's old or new pair, never a mix. */
+ *    sees a direction's old or new pair, never a mix;
+ *  - flags (EP_FLAG_*) also change in place, with one atomic 4-byte store,
+ *    and a packet reads them once (ep_find). */
 #define EP_WORD_POLICY(w) ((__u32)(w))
 #define EP_WORD_EPOCH(w) ((__u32)((w) >> 32))
+
+/* struct ep_slot.flags.  EP_FLAG_LEARNS: the pod's egress has rules by
+ * domain name, so its flows consult its learned overlay (pal_learned,
+ * struct learned_key) before the egress table. */
+#define EP_FLAG_LEARNS (1U << 0)
 
 struct ep_slot {
 	__u32 ifindex; /* the host veth this slot holds; 0: none */
@@ -61,7 +68,8 @@ struct ep_slot {
 	__u32 v4_count;   /* the pod's IPv4 addresses in v4, for the fast path */
 	__u32 addr_count; /* the pod's own addresses in addrs, at most PAL_MAX_POD_ADDRS */
 	__be32 v4[PAL_MAX_POD_ADDRS];
-	__u32 pad[2];
+	__u32 flags; /* EP_FLAG_* */
+	__u32 pad;
 	/* The pod's own addresses (IPv6 or IPv4-mapped), the only sources it
 	 * may send from.  0 addresses: every IP packet from the pod drops. */
 	__u8 addrs[PAL_MAX_POD_ADDRS][16];
@@ -116,6 +124,41 @@ struct port_key {
 
 struct port_value {
 	__u32 allow;
+};
+
+/* ---- egress by domain name (pal_learned) ----
+ * The addresses a pod with domain-name rules (EP_FLAG_LEARNS) learned from
+ * the DNS answers it received: a per-pod overlay on its egress table,
+ * written by the enforcer's learner, read by the programs only.  For a
+ * peer it has an entry for, the entry decides the pod's egress alone:
+ *  - a new flow: an entry not yet expired decides; an expired one is
+ *    ignored (the table decides, as with no entry), so expiry never waits
+ *    for a sweep;
+ *  - an established flow re-judged under a newer epoch: an entry decides
+ *    whether or not it has expired, as its conntrack entry proves the
+ *    flow opened while the name was allowed, and connections opened then
+ *    keep working past the TTL.  The enforcer deletes or rewrites the
+ *    entries of a name the policy no longer grants.
+ * The pod's ingress and staged (audit) policies never consult it: names
+ * are egress-only. */
+
+/* The pod (its host veth, as conntrack keys name it) and the peer (IPv6,
+ * or IPv4-mapped as in struct policy_key). */
+struct learned_key {
+	__u32 ifindex;
+	__u32 pad;
+	__u8 addr[16];
+};
+
+struct learned_value {
+	/* CLOCK_BOOTTIME (bpf_ktime_get_boot_ns): a suspend or a restart of
+	 * the enforcer does not reset it.  Live while later than now. */
+	__u64 expires_ns;
+	/* A port set of pal_ports: the pod's WHOLE egress verdict for this one
+	 * host, compiled with the learned name rules included (so tier order,
+	 * an Admin Deny above an Accept by name, is resolved in it). */
+	__u32 portset_id;
+	__u32 pad;
 };
 
 /* A flow as seen by the hook that allowed it: (ifindex, hook) name that
@@ -266,5 +309,7 @@ _Static_assert(sizeof(struct policy_lens) == 4 + PAL_MAX_POLICY_LENS * 4, "polic
 _Static_assert(sizeof(struct frag4_key) == 16, "frag4_key layout");
 _Static_assert(sizeof(struct frag6_key) == 44, "frag6_key layout");
 _Static_assert(sizeof(struct frag_value) == 16, "frag_value layout");
+_Static_assert(sizeof(struct learned_key) == 24, "learned_key layout");
+_Static_assert(sizeof(struct learned_value) == 16, "learned_value layout");
 
 #endif

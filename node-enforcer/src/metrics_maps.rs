@@ -13,12 +13,13 @@ use aya::maps::lpm_trie::LpmTrie;
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
 use aya::Pod;
 use palisade_ebpf::{
-    Ct4Key, CtConfig, CtKey, CtValue, Frag4Key, Frag6Key, FragValue, PolicyExactKey, PolicyKey,
-    PolicyLens, PolicyValue, PortKey, PortValue, HOOK_FROM_POD, HOOK_TO_POD, MAP_CONNTRACK,
-    MAP_CT4, MAP_CT_CONFIG, MAP_EP_INDEX, MAP_FRAGS4, MAP_FRAGS6, MAP_POLICY, MAP_POLICY_EXACT,
-    MAP_POLICY_LENS, MAP_PORTS, MAP_STATS, STAT_ALLOWED_ESTABLISHED, STAT_ALLOWED_FRAGMENT,
-    STAT_ALLOWED_NDP, STAT_ALLOWED_POLICY, STAT_ALLOWED_REPLY, STAT_ALLOWED_UNISOLATED, STAT_COUNT,
-    STAT_DENIED, STAT_DENIED_CT_SHARE, STAT_DENIED_ENDPOINT_UNSURE, STAT_DENIED_EXT_HEADERS,
+    Ct4Key, CtConfig, CtKey, CtValue, Frag4Key, Frag6Key, FragValue, LearnedKey, LearnedValue,
+    PolicyExactKey, PolicyKey, PolicyLens, PolicyValue, PortKey, PortValue, HOOK_FROM_POD,
+    HOOK_TO_POD, MAP_CONNTRACK, MAP_CT4, MAP_CT_CONFIG, MAP_EP_INDEX, MAP_FRAGS4, MAP_FRAGS6,
+    MAP_LEARNED, MAP_POLICY, MAP_POLICY_EXACT, MAP_POLICY_LENS, MAP_PORTS, MAP_STATS,
+    STAT_ALLOWED_ESTABLISHED, STAT_ALLOWED_FRAGMENT, STAT_ALLOWED_LEARNED, STAT_ALLOWED_NDP,
+    STAT_ALLOWED_POLICY, STAT_ALLOWED_REPLY, STAT_ALLOWED_UNISOLATED, STAT_COUNT, STAT_DENIED,
+    STAT_DENIED_CT_SHARE, STAT_DENIED_ENDPOINT_UNSURE, STAT_DENIED_EXT_HEADERS,
     STAT_DENIED_FRAGMENT, STAT_DENIED_MALFORMED, STAT_DENIED_SPOOF, STAT_SLOTS,
 };
 
@@ -37,6 +38,7 @@ pub const STAT_LABELS: [(u32, &str, &str); STAT_COUNT as usize] = [
     (STAT_DENIED_EXT_HEADERS, "denied", "extension_headers"),
     (STAT_DENIED_ENDPOINT_UNSURE, "denied", "endpoint_unsure"),
     (STAT_DENIED_CT_SHARE, "denied", "conntrack_share"),
+    (STAT_ALLOWED_LEARNED, "allowed", "learned"),
 ];
 
 /// Each hook as the `direction` label: the pod's egress (packets it sends)
@@ -127,6 +129,9 @@ pub fn read(pin_root: &Path) -> Result<DatapathReading, String> {
         // later fragments then drop.
         hash_level::<Frag4Key, FragValue>(pin_root, MAP_FRAGS4)?,
         hash_level::<Frag6Key, FragValue>(pin_root, MAP_FRAGS6)?,
+        // Addresses pods learned by domain name: full, a new one is not
+        // learned and its name's new connections fail closed.
+        hash_level::<LearnedKey, LearnedValue>(pin_root, MAP_LEARNED)?,
     ];
     let config: Array<MapData, CtConfig> = Array::try_from(open(pin_root, MAP_CT_CONFIG)?)
         .map_err(|e| format!("{MAP_CT_CONFIG}: {e}"))?;

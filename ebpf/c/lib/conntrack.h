@@ -176,7 +176,7 @@ static __always_inline bool ct_is_reply(const struct flow *f, const struct ep_vi
 	if (!v)
 		return false;
 	if (v->epoch != epoch) {
-		if (!hook_allows_original(ep, writer, f)) {
+		if (!hook_allows_original(ep, ifindex, writer, f)) {
 			ct_delete(&r, ep, writer);
 			return false;
 		}
@@ -211,6 +211,7 @@ static __always_inline bool ct_established(struct ct_value *v, const struct ep_v
 enum judged {
 	JUDGED_DENIED,
 	JUDGED_ALLOWED,
+	JUDGED_LEARNED,    /* allowed by the pod's learned overlay */
 	JUDGED_OVER_SHARE, /* allowed, but a new entry would pass the hook's share */
 };
 
@@ -219,14 +220,16 @@ enum judged {
  * forgets it.  An allowed packet that needs a new entry while the hook
  * holds its share gets none and is dropped: passed untracked, it would
  * still make entries at its peer's hooks, which no share of this pod's
- * bounds. */
+ * bounds.  With an entry (of an older epoch) the flow is established, as
+ * the learned overlay counts it (hook_allows). */
 static __always_inline int ct_policy_allows(const struct flow *f, const struct ep_view *ep,
-					    __u8 hook, const struct ct_ref *r,
+					    __u32 ifindex, __u8 hook, const struct ct_ref *r,
 					    struct ct_value *v)
 {
 	struct ct_value fresh = {};
+	int by = hook_allows(ep, ifindex, hook, f, v != NULL);
 
-	if (!hook_allows(ep, hook, f)) {
+	if (by == ALLOWED_NOT) {
 		if (v)
 			ct_delete(r, ep, hook);
 		return JUDGED_DENIED;
@@ -241,7 +244,7 @@ static __always_inline int ct_policy_allows(const struct flow *f, const struct e
 		fresh.epoch = hook_epoch(ep, hook);
 		ct_create(r, &fresh, ep, hook);
 	}
-	return JUDGED_ALLOWED;
+	return by == ALLOWED_BY_NAME ? JUDGED_LEARNED : JUDGED_ALLOWED;
 }
 
 /* A packet of a known flow has one of two entries: its own hook's (a

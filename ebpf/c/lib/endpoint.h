@@ -11,12 +11,13 @@
 #include "maps.h"
 
 /* What a packet reads of its endpoint, once: its slot (addresses, which
- * do not change while the slot is the endpoint's) and each direction's
- * word, one load each, so every decision about this packet uses one
- * consistent policy id and epoch per direction. */
+ * do not change while the slot is the endpoint's), each direction's word
+ * and the flags, one load each, so every decision about this packet uses
+ * one consistent policy id and epoch per direction, and one set of flags. */
 struct ep_view {
 	const struct ep_slot *s;
 	__u32 slot;
+	__u32 flags; /* EP_FLAG_* */
 	__u64 ingress;
 	__u64 egress;
 };
@@ -66,6 +67,7 @@ found:
 	ep->slot = slot;
 	ep->ingress = READ_ONCE_U64(&s->ingress);
 	ep->egress = READ_ONCE_U64(&s->egress);
+	ep->flags = READ_ONCE_U32(&s->flags);
 	return EP_FOUND;
 }
 

@@ -108,6 +108,23 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pal_ct4 SEC(".maps");
 
+/* The pods' learned overlays (struct learned_key, struct learned_value):
+ * addresses learned by domain name, looked up by the egress verdict of a
+ * pod with EP_FLAG_LEARNS (see policy.h, learned_entry).  Written by the
+ * enforcer only.  A hash element may be reused under a reader (see struct
+ * ep_slot, and docs/DESIGN.md invariant 14), and only an insert into this
+ * same map can take a freed one: the writer must not let an element a
+ * packet may still read become another key's (see DESIGN.md, "Egress by
+ * domain name"). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, PAL_MAX_LEARNED_ENTRIES);
+	__type(key, struct learned_key);
+	__type(value, struct learned_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pal_learned SEC(".maps");
+
 /* Verdict counters by direction (STAT_SLOT), with room for PAL_STAT_CAPACITY
  * kinds.  A pinned map keeps its size across upgrades, so the maps of
  * older versions, which had no room for later kinds, are left behind under

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Policy: does a hook's policy table allow a peer on (protocol, port)?
+ * And, for a pod's egress, its learned overlay (pal_learned), which
+ * decides before the table for the addresses it holds.
  */
 #ifndef PALISADE_LIB_POLICY_H
 #define PALISADE_LIB_POLICY_H
@@ -66,48 +68,108 @@ static __always_inline struct policy_value *policy_entry(__u32 policy_id, const 
 	return NULL;
 }
 
-/* Does policy_id allow the peer on (proto, dport)?  Policy id 0 is "not
- * isolated": everything.  dport in network order. */
-static __always_inline bool policy_allows(__u32 policy_id, const __u8 peer[16], __u8 proto,
-					  __u16 dport)
+/* Does port set portset_id allow (proto, dport)?  dport in network order. */
+static __always_inline bool portset_allows(__u32 portset_id, __u8 proto, __u16 dport)
 {
 	struct port_key portk = {};
-	struct policy_value *pv;
 	struct port_value *portv;
 
-	if (!policy_id)
-		return true;
-	pv = policy_entry(policy_id, peer);
-	if (!pv)
-		return false;
-
 	portk.prefixlen = PORT_FULL_PREFIX;
-	portk.portset_id = pv->portset_id;
+	portk.portset_id = portset_id;
 	portk.proto = proto;
 	__builtin_memcpy(portk.port, &dport, 2);
 	portv = bpf_map_lookup_elem(&pal_ports, &portk);
 	return portv && portv->allow;
 }
 
-/* Does the `hook` of ep allow the forward packet f? */
-static __always_inline bool hook_allows(const struct ep_view *ep, __u8 hook,
-					const struct flow *f)
+/* Does policy_id allow the peer on (proto, dport)?  Policy id 0 is "not
+ * isolated": everything.  dport in network order. */
+static __always_inline bool policy_allows(__u32 policy_id, const __u8 peer[16], __u8 proto,
+					  __u16 dport)
+{
+	struct policy_value *pv;
+
+	if (!policy_id)
+		return true;
+	pv = policy_entry(policy_id, peer);
+	if (!pv)
+		return false;
+	return portset_allows(pv->portset_id, proto, dport);
+}
+
+/* ---- egress by domain name: the pod's learned overlay ---- */
+
+/* The pod's learned entry (pal_learned) for peer, copied, when one may
+ * decide a flow `hook` of the endpoint on interface ifindex judges: only
+ * the pod's egress (names are egress-only: the ingress hook never looks),
+ * only when it is isolated (not isolated, everything passes anyway) and
+ * only for a pod with domain-name rules (EP_FLAG_LEARNS).  The value is
+ * read at once, each word once. */
+static __always_inline bool learned_entry(const struct ep_view *ep, __u32 ifindex, __u8 hook,
+					  const __u8 peer[16], struct learned_value *out)
+{
+	struct learned_key lk = {};
+	const struct learned_value *lv;
+
+	if (hook != HOOK_FROM_POD || !(ep->flags & EP_FLAG_LEARNS) || !hook_policy(ep, hook))
+		return false;
+	lk.ifindex = ifindex;
+	__builtin_memcpy(lk.addr, peer, 16);
+	lv = bpf_map_lookup_elem(&pal_learned, &lk);
+	if (!lv)
+		return false;
+	out->expires_ns = READ_ONCE_U64(&lv->expires_ns);
+	out->portset_id = READ_ONCE_U32(&lv->portset_id);
+	return true;
+}
+
+/* What allowed a flow (hook_allows). */
+enum allowed_by {
+	ALLOWED_NOT,      /* denied */
+	ALLOWED_BY_TABLE, /* the direction's table, or not isolated */
+	ALLOWED_BY_NAME,  /* the pod's learned overlay */
+};
+
+/* Does the `hook` of ep (interface ifindex) allow a flow to or from peer on
+ * (proto, dport), and by what?  A learned entry for the peer decides alone
+ * (its port set is the pod's whole egress verdict for that host); a new
+ * flow ignores an expired one, an established flow (its conntrack entry,
+ * of an older epoch, is being re-judged) does not: the flow opened while
+ * the name was allowed.  Without an entry, the direction's table decides. */
+static __always_inline int peer_allowed(const struct ep_view *ep, __u32 ifindex, __u8 hook,
+					const __u8 peer[16], __u8 proto, __u16 dport,
+					bool established)
+{
+	struct learned_value lv;
+
+	if (learned_entry(ep, ifindex, hook, peer, &lv) &&
+	    (established || lv.expires_ns > bpf_ktime_get_boot_ns()))
+		return portset_allows(lv.portset_id, proto, dport) ? ALLOWED_BY_NAME : ALLOWED_NOT;
+	return policy_allows(hook_policy(ep, hook), peer, proto, dport) ? ALLOWED_BY_TABLE
+									: ALLOWED_NOT;
+}
+
+/* Does the `hook` of ep allow the forward packet f (ALLOWED_*)?
+ * established: f's flow has an entry this hook wrote, of an older epoch. */
+static __always_inline int hook_allows(const struct ep_view *ep, __u32 ifindex, __u8 hook,
+				       const struct flow *f, bool established)
 {
 	const __u8 *peer = hook == HOOK_FROM_POD ? f->dst : f->src;
 
-	return policy_allows(hook_policy(ep, hook), peer, f->proto, f->dport);
+	return peer_allowed(ep, ifindex, hook, peer, f->proto, f->dport, established);
 }
 
 /* Would the `hook` of ep still allow the flow that f replies to?
  * The original flow is f reversed: its peer is f's source when it was
  * judged as egress (destination), f's destination when judged as ingress
- * (source); its destination port is f's source port. */
-static __always_inline bool hook_allows_original(const struct ep_view *ep, __u8 hook,
-						 const struct flow *f)
+ * (source); its destination port is f's source port.  It is established
+ * (its entry is what f matched). */
+static __always_inline bool hook_allows_original(const struct ep_view *ep, __u32 ifindex,
+						 __u8 hook, const struct flow *f)
 {
 	const __u8 *peer = hook == HOOK_FROM_POD ? f->src : f->dst;
 
-	return policy_allows(hook_policy(ep, hook), peer, f->proto, f->sport);
+	return peer_allowed(ep, ifindex, hook, peer, f->proto, f->sport, true) != ALLOWED_NOT;
 }
 
 #endif

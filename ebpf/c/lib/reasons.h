@@ -57,6 +57,10 @@ enum pal_stat {
 	 * already holds its share of the conntrack table (struct ct_share,
 	 * struct ct_config.share). */
 	STAT_DENIED_CT_SHARE = 12,
+	/* Allowed by the pod's learned overlay (pal_learned): a flow of the
+	 * pod's egress to an address it learned by domain name, whose entry
+	 * allowed it; counted instead of STAT_ALLOWED_POLICY. */
+	STAT_ALLOWED_LEARNED = 13,
 	/* Number of kinds (not a kind). */
 	STAT_COUNT
 };

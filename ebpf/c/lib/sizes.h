@@ -43,6 +43,10 @@
  * used goes first. */
 #define PAL_MAX_FRAG_ENTRIES 8192
 
+/* Entries of pal_learned: the addresses pods learned by domain name, for
+ * every pod of the node together (the enforcer bounds each pod's share). */
+#define PAL_MAX_LEARNED_ENTRIES 65536
+
 /* Kinds (STAT_*) pal_verdicts has room for, so that a kind added later
  * takes free slots of the pinned map instead of a new pin name. */
 #define PAL_STAT_CAPACITY 32

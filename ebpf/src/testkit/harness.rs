@@ -180,14 +180,15 @@ impl Harness {
     /// grace periods are behind it: at its home slot, trusted there, and in
     /// [`MAP_EP_INDEX`]; or (see [`Harness::off_home`]) at a slot away from
     /// home that only the index names. No packet runs meanwhile, so the
-    /// writes need no order here. Keeps the staged (audit) word the slot
-    /// had.
+    /// writes need no order here. Keeps the staged (audit) word and the
+    /// flags the slot had.
     pub fn set_endpoint(&mut self, mut slot: EpSlot) {
         let ifindex = slot.ifindex;
         let at = self.slot_of(ifindex);
         let old = self.ep_slots().get(&at, 0).unwrap();
         if old.ifindex == ifindex {
             slot.audit = old.audit;
+            slot.flags = old.flags;
         }
         slot.home = if self.home { ifindex } else { 0 };
         self.ep_slots().set(at, slot, 0).unwrap();
@@ -211,6 +212,52 @@ impl Harness {
         assert_eq!(slot.ifindex, ifindex, "audit for an endpoint not written");
         slot.audit = audit_word(ingress, egress);
         self.ep_slots().set(at, slot, 0).unwrap();
+    }
+
+    /// Sets or clears [`EP_FLAG_LEARNS`] of an endpoint already written:
+    /// whether its egress consults its entries in [`MAP_LEARNED`].
+    pub fn set_learns(&mut self, ifindex: u32, learns: bool) {
+        let at = self.slot_of(ifindex);
+        let mut slot = self.ep_slots().get(&at, 0).unwrap();
+        assert_eq!(slot.ifindex, ifindex, "flags for an endpoint not written");
+        if learns {
+            slot.flags |= EP_FLAG_LEARNS;
+        } else {
+            slot.flags &= !EP_FLAG_LEARNS;
+        }
+        self.ep_slots().set(at, slot, 0).unwrap();
+    }
+
+    /// The pods' learned overlays ([`MAP_LEARNED`]).
+    pub fn learned(&mut self) -> HashMap<&mut MapData, LearnedKey, LearnedValue> {
+        HashMap::try_from(self.ebpf.map_mut(MAP_LEARNED).unwrap()).unwrap()
+    }
+
+    /// Writes the learned entry of the pod behind `ifindex` for `peer`:
+    /// live until `expires_ns` (`CLOCK_BOOTTIME`), judged by `portset_id`.
+    pub fn learn_at(&mut self, ifindex: u32, peer: &str, expires_ns: u64, portset_id: u32) {
+        let value = LearnedValue {
+            expires_ns,
+            portset_id,
+            pad: 0,
+        };
+        self.learned()
+            .insert(LearnedKey::new(ifindex, ip(peer)), value, 0)
+            .unwrap();
+    }
+
+    /// Removes the learned entry of the pod behind `ifindex` for `peer`.
+    pub fn forget_at(&mut self, ifindex: u32, peer: &str) {
+        self.learned()
+            .remove(&LearnedKey::new(ifindex, ip(peer)))
+            .unwrap();
+    }
+
+    /// A port set's entry that matches and denies (a tiered set's Deny).
+    pub fn deny_port_keys(&mut self, key: Key<PortKey>) {
+        let mut map: LpmTrie<_, PortKey, PortValue> =
+            LpmTrie::try_from(self.ebpf.map_mut(MAP_PORTS).unwrap()).unwrap();
+        map.insert(&key, PortValue::DENY, 0).unwrap();
     }
 
     /// From now on endpoints are written away from their home slot, found

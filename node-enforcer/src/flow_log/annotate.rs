@@ -5,8 +5,8 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use palisade_ebpf::{
     FlowEvent, FLOW_ALLOWED, FLOW_DENIED, FLOW_WOULD_ALLOW, FLOW_WOULD_DENY, HOOK_FROM_POD,
-    STAT_ALLOWED_UNISOLATED, STAT_DENIED, STAT_DENIED_CT_SHARE, STAT_DENIED_FRAGMENT,
-    STAT_DENIED_MALFORMED, STAT_DENIED_SPOOF,
+    STAT_ALLOWED_LEARNED, STAT_ALLOWED_UNISOLATED, STAT_DENIED, STAT_DENIED_CT_SHARE,
+    STAT_DENIED_FRAGMENT, STAT_DENIED_MALFORMED, STAT_DENIED_SPOOF,
 };
 use palisade_proto::v1::{DirectionPolicy, PodPolicy};
 
@@ -153,6 +153,9 @@ fn decide(
     };
     match e.kind {
         FLOW_ALLOWED if stat == STAT_ALLOWED_UNISOLATED => Decision::new("allowed", "not_isolated"),
+        // By an address the pod learned by domain name: the plan's tables
+        // (what rule_of reads) do not hold it.
+        FLOW_ALLOWED if stat == STAT_ALLOWED_LEARNED => Decision::new("allowed", "learned"),
         FLOW_ALLOWED => {
             let mut d = Decision::new("allowed", "policy");
             if !rule_of(&mut d, false)
@@ -375,6 +378,17 @@ mod tests {
         assert_eq!(
             (r.verdict, r.reason, r.policies.len()),
             ("denied", "spoofed_source", 0)
+        );
+        let learned = event(
+            FLOW_ALLOWED,
+            STAT_ALLOWED_LEARNED,
+            HOOK_FROM_POD,
+            ("10.244.0.5", 40000, "10.1.1.1", 443, 6),
+        );
+        let r = annotate(&learned, &k, 0);
+        assert_eq!(
+            (r.verdict, r.reason, r.policy, r.policies.len()),
+            ("allowed", "learned", None, 0)
         );
         let over_share = event(
             FLOW_DENIED,

@@ -11,7 +11,7 @@ pub struct FlowRecord {
     pub verdict: &'static str,
     /// Why: `policy`, `not_isolated`, `node`, `spoofed_source`,
     /// `malformed`, `fragment`, `conntrack_share`, `fail_closed`,
-    /// `staged_policy`.
+    /// `staged_policy`, `learned`.
     pub reason: &'static str,
     /// Of the local pod: `egress` (it sent) or `ingress` (it receives).
     pub direction: &'static str,
