@@ -23,6 +23,10 @@
 //!
 //! The node's own addresses stay allowed whatever the tiers say (kubelet
 //! probes), as in every isolated direction.
+//!
+//! A host learned by domain name gets the same chain evaluated for it
+//! alone, with the rules by name that it was learned for matching it
+//! ([`host_port_set`]): the port set of its overlay entry.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -276,6 +280,133 @@ impl Compiler {
     }
 }
 
+/// A direction read for compiling: its tiers, NetworkPolicy's rules and
+/// the node's addresses, indexed by the blocks that match an address.
+struct Direction {
+    compiler: Compiler,
+    np_index: BlockIndex,
+    node_index: BlockIndex,
+    isolated: bool,
+}
+
+impl Direction {
+    /// Reads `policy`; every prefix it mentions goes to `mentioned`.
+    fn new(
+        policy: &DirectionPolicy,
+        always_allowed: &[Prefix],
+        mentioned: &mut Vec<Prefix>,
+    ) -> Result<Direction, CompileError> {
+        mentioned.extend(always_allowed.iter().copied());
+        let admin = Tier::new(&policy.admin, mentioned)?;
+        let baseline = Tier::new(&policy.baseline, mentioned)?;
+        let mut np_ports = Vec::with_capacity(policy.rules.len());
+        let mut np_blocks = Vec::new();
+        for (i, rule) in policy.rules.iter().enumerate() {
+            np_ports.push(port_matches(&rule.ports)?);
+            for peer in &rule.peers {
+                let (cidr, except) = super::block_of(peer)?;
+                mentioned.push(cidr);
+                mentioned.extend(except.iter().copied());
+                np_blocks.push((i, cidr, except));
+            }
+        }
+        Ok(Direction {
+            compiler: Compiler {
+                admin,
+                baseline,
+                np_ports,
+            },
+            np_index: BlockIndex::new(np_blocks),
+            node_index: BlockIndex::new(always_allowed.iter().map(|p| (0, *p, vec![])).collect()),
+            isolated: !policy.not_isolated,
+        })
+    }
+
+    /// The rules that decide for the addresses of `p` (a mentioned prefix,
+    /// or a host): those whose blocks contain it, and the rules by name
+    /// in `named`.
+    fn chain(&self, p: &Prefix, named: &Named, covering: &mut Vec<usize>) -> Chain {
+        let with = |covering: &Vec<usize>, named: &BTreeSet<usize>| -> Vec<usize> {
+            let mut rules = covering.clone();
+            if !named.is_empty() {
+                rules.extend(named.iter().copied());
+                rules.sort_unstable();
+                rules.dedup();
+            }
+            rules
+        };
+        self.compiler.admin.index.covering(p, covering);
+        let admin = with(covering, &named.admin);
+        self.compiler.baseline.index.covering(p, covering);
+        let baseline = with(covering, &named.baseline);
+        let network_policy = if self.isolated {
+            self.np_index.covering(p, covering);
+            Some(with(covering, &named.network_policy))
+        } else {
+            None
+        };
+        self.node_index.covering(p, covering);
+        Chain {
+            admin,
+            network_policy,
+            baseline,
+            node: !covering.is_empty(),
+        }
+    }
+}
+
+/// Rules of a direction that match an address by name (positions in the
+/// plan's lists: `admin`, `rules`, `baseline`), as the enforcer learned
+/// from the answers the pod resolved.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Named {
+    pub admin: BTreeSet<usize>,
+    pub network_policy: BTreeSet<usize>,
+    pub baseline: BTreeSet<usize>,
+}
+
+/// The port set of one learned host: the direction's whole chain for
+/// `host`, as its table would give it, with the rules in `named` matching
+/// it besides those whose blocks contain it. This is the datapath's
+/// overlay entry for the host, which decides instead of the table: tier
+/// order (an Admin Deny above an Accept by name) is already in it. A
+/// position in `named` beyond its list, whose rule has no names, or whose
+/// tier rule does not Accept, is ignored: only an allow by name can be
+/// learned (the controller sends no other), so an overlay entry only ever
+/// allows more than the table, and a packet that misses one fails closed.
+pub fn host_port_set(
+    policy: &DirectionPolicy,
+    always_allowed: &[Prefix],
+    host: std::net::IpAddr,
+    named: &Named,
+) -> Result<PortSet, CompileError> {
+    let by_name = |positions: &BTreeSet<usize>, names: &dyn Fn(usize) -> Option<bool>| {
+        positions
+            .iter()
+            .copied()
+            .filter(|&i| names(i) == Some(true))
+            .collect::<BTreeSet<usize>>()
+    };
+    let named = Named {
+        admin: by_name(&named.admin, &|i| policy.admin.get(i).map(accepts_by_name)),
+        network_policy: by_name(&named.network_policy, &|i| {
+            policy.rules.get(i).map(|r| !r.domain_names.is_empty())
+        }),
+        baseline: by_name(&named.baseline, &|i| {
+            policy.baseline.get(i).map(accepts_by_name)
+        }),
+    };
+    let direction = Direction::new(policy, always_allowed, &mut Vec::new())?;
+    let host = Prefix::from_ip(host, if host.is_ipv4() { 32 } else { 128 });
+    let chain = direction.chain(&host, &named, &mut Vec::new());
+    Ok(direction.compiler.port_set(&chain))
+}
+
+/// Whether a tier rule allows by name (see [`host_port_set`]).
+fn accepts_by_name(rule: &TierRule) -> bool {
+    !rule.domain_names.is_empty() && action(rule.action) == Action::Accept
+}
+
 /// Compiles a direction that has tiers, or that no NetworkPolicy isolates
 /// (see the module comment). `always_allowed`: the node's addresses.
 pub(super) fn compile_tiered(
@@ -284,52 +415,16 @@ pub(super) fn compile_tiered(
 ) -> Result<PolicySet, CompileError> {
     // Every address is somewhere: the whole space is the last match.
     let mut mentioned: Vec<Prefix> = vec![Prefix::new([0; 16], 0)];
-    mentioned.extend(always_allowed.iter().copied());
-    let admin = Tier::new(&policy.admin, &mut mentioned)?;
-    let baseline = Tier::new(&policy.baseline, &mut mentioned)?;
-    let mut np_ports = Vec::with_capacity(policy.rules.len());
-    let mut np_blocks = Vec::new();
-    for (i, rule) in policy.rules.iter().enumerate() {
-        np_ports.push(port_matches(&rule.ports)?);
-        for peer in &rule.peers {
-            let (cidr, except) = super::block_of(peer)?;
-            mentioned.push(cidr);
-            mentioned.extend(except.iter().copied());
-            np_blocks.push((i, cidr, except));
-        }
-    }
-    let np_index = BlockIndex::new(np_blocks);
-    let node_index = BlockIndex::new(always_allowed.iter().map(|p| (0, *p, vec![])).collect());
+    let direction = Direction::new(policy, always_allowed, &mut mentioned)?;
     mentioned.sort_unstable();
     mentioned.dedup();
-
-    let compiler = Compiler {
-        admin,
-        baseline,
-        np_ports,
-    };
-    let isolated = !policy.not_isolated;
+    let compiler = &direction.compiler;
+    let none = Named::default();
     let mut memo: HashMap<Chain, PortSet> = HashMap::new();
     let mut covering = Vec::new();
     let mut entries: Vec<(Prefix, PortSet)> = Vec::with_capacity(mentioned.len());
     for p in &mentioned {
-        compiler.admin.index.covering(p, &mut covering);
-        let admin = covering.clone();
-        compiler.baseline.index.covering(p, &mut covering);
-        let baseline = covering.clone();
-        let network_policy = if isolated {
-            np_index.covering(p, &mut covering);
-            Some(covering.clone())
-        } else {
-            None
-        };
-        node_index.covering(p, &mut covering);
-        let chain = Chain {
-            admin,
-            network_policy,
-            baseline,
-            node: !covering.is_empty(),
-        };
+        let chain = direction.chain(p, &none, &mut covering);
         let ports = match memo.get(&chain) {
             Some(ports) => ports.clone(),
             None => {
@@ -374,6 +469,19 @@ mod tests {
 
     /// The plan's semantics read naively: one packet, rule by rule.
     fn naive(d: &DirectionPolicy, node: &[Prefix], ip: IpAddr, proto: u8, port: u16) -> bool {
+        naive_named(d, node, ip, proto, port, &Named::default())
+    }
+
+    /// The same, where the rules in `named` also match `ip` if they
+    /// allow by name (tier rules that Accept, NetworkPolicy rules).
+    fn naive_named(
+        d: &DirectionPolicy,
+        node: &[Prefix],
+        ip: IpAddr,
+        proto: u8,
+        port: u16,
+        named: &Named,
+    ) -> bool {
         let host = Prefix::from_ip(ip, if ip.is_ipv4() { 32 } else { 128 });
         if node.iter().any(|n| n.contains(&host)) {
             return true;
@@ -397,9 +505,12 @@ mod tests {
                     p == proto && (r.port == 0 || (r.port..=end).contains(&u32::from(port)))
                 })
         };
-        let tier = |rules: &[TierRule]| -> Option<bool> {
-            for r in rules {
-                if in_peers(&r.peers) && on_ports(&r.ports) {
+        let tier = |rules: &[TierRule], named: &BTreeSet<usize>| -> Option<bool> {
+            for (i, r) in rules.iter().enumerate() {
+                let by_name = named.contains(&i)
+                    && !r.domain_names.is_empty()
+                    && action(r.action) == Action::Accept;
+                if (in_peers(&r.peers) || by_name) && on_ports(&r.ports) {
                     return match action(r.action) {
                         Action::Accept => Some(true),
                         Action::Deny => Some(false),
@@ -409,16 +520,16 @@ mod tests {
             }
             None
         };
-        if let Some(v) = tier(&d.admin) {
+        if let Some(v) = tier(&d.admin, &named.admin) {
             return v;
         }
         if !d.not_isolated {
-            return d
-                .rules
-                .iter()
-                .any(|r| in_peers(&r.peers) && on_ports(&r.ports));
+            return d.rules.iter().enumerate().any(|(i, r)| {
+                let by_name = named.network_policy.contains(&i) && !r.domain_names.is_empty();
+                (in_peers(&r.peers) || by_name) && on_ports(&r.ports)
+            });
         }
-        tier(&d.baseline).unwrap_or(true)
+        tier(&d.baseline, &named.baseline).unwrap_or(true)
     }
 
     struct Rng(u64);
@@ -498,13 +609,30 @@ mod tests {
             .collect()
     }
 
+    /// As the controller sends them: a rule by name has no peers.
+    fn names(rng: &mut Rng) -> Vec<String> {
+        if rng.below(4) == 0 {
+            vec!["*.example.com".into()]
+        } else {
+            vec![]
+        }
+    }
+
     fn tier_rules(rng: &mut Rng) -> Vec<TierRule> {
         (0..rng.below(5))
-            .map(|_| TierRule {
-                action: rng.below(4) as i32,
-                peers: (0..1 + rng.below(2)).map(|_| block(rng)).collect(),
-                ports: ports(rng),
-                ..Default::default()
+            .map(|_| {
+                let domain_names = names(rng);
+                TierRule {
+                    action: rng.below(4) as i32,
+                    peers: if domain_names.is_empty() {
+                        (0..1 + rng.below(2)).map(|_| block(rng)).collect()
+                    } else {
+                        vec![]
+                    },
+                    ports: ports(rng),
+                    domain_names,
+                    ..Default::default()
+                }
             })
             .collect()
     }
@@ -518,10 +646,18 @@ mod tests {
                 vec![]
             } else {
                 (0..rng.below(3))
-                    .map(|_| Rule {
-                        peers: (0..1 + rng.below(2)).map(|_| block(rng)).collect(),
-                        ports: ports(rng),
-                        ..Default::default()
+                    .map(|_| {
+                        let domain_names = names(rng);
+                        Rule {
+                            peers: if domain_names.is_empty() {
+                                (0..1 + rng.below(2)).map(|_| block(rng)).collect()
+                            } else {
+                                vec![]
+                            },
+                            ports: ports(rng),
+                            domain_names,
+                            ..Default::default()
+                        }
                     })
                     .collect()
             },
@@ -570,6 +706,81 @@ mod tests {
             denied_somewhere > 10_000,
             "the cases deny too little to test much"
         );
+    }
+
+    #[test]
+    fn a_learned_host_gets_the_chain_with_its_rules_by_name_and_never_less_than_the_table() {
+        let mut rng = Rng(0xd0_5eed);
+        let node = [Prefix::from_ip(
+            IpAddr::V4(Ipv4Addr::new(10, 0, 0, 200)),
+            32,
+        )];
+        let probe_ports = [0u16, 80, 81, 443, 1000, 1101, 65535];
+        let hosts: Vec<IpAddr> = ["10.0.0.7", "10.0.0.200", "192.168.1.1", "fd00::1"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let subset = |rng: &mut Rng, len: usize| -> BTreeSet<usize> {
+            // Positions past the end too: they must be ignored.
+            (0..len + 1).filter(|_| rng.below(2) == 0).collect()
+        };
+        let (mut widened, mut by_name_cases) = (0, 0);
+        for case in 0..400 {
+            let d = policy(&mut rng);
+            let table = compile_tiered(&d, &node).unwrap();
+            let named = Named {
+                admin: subset(&mut rng, d.admin.len()),
+                network_policy: subset(&mut rng, d.rules.len()),
+                baseline: subset(&mut rng, d.baseline.len()),
+            };
+            by_name_cases += usize::from(
+                d.admin
+                    .iter()
+                    .chain(&d.baseline)
+                    .any(|r| !r.domain_names.is_empty()),
+            );
+            for &ip in &hosts {
+                let set = host_port_set(&d, &node, ip, &named).unwrap();
+                for proto in [6u8, 17, 132, 1] {
+                    for &port in &probe_ports {
+                        let want = naive_named(&d, &node, ip, proto, port, &named);
+                        assert_eq!(
+                            set.allows(proto, port),
+                            want,
+                            "case {case}: {ip} proto {proto} port {port} named {named:?}\n{d:#?}"
+                        );
+                        let before = table.allows(ip, proto, port);
+                        assert!(want || !before, "case {case}: learning narrowed {ip}");
+                        widened += usize::from(want && !before);
+                    }
+                }
+            }
+        }
+        assert!(
+            widened > 500 && by_name_cases > 100,
+            "too few cases where a name decides: widened {widened}, cases {by_name_cases}"
+        );
+    }
+
+    #[test]
+    fn a_deny_or_pass_by_name_is_never_learned() {
+        for action in [TierAction::Deny, TierAction::Pass] {
+            let d = DirectionPolicy {
+                admin: vec![TierRule {
+                    action: action as i32,
+                    domain_names: vec!["x.example".into()],
+                    ..Default::default()
+                }],
+                not_isolated: true,
+                ..Default::default()
+            };
+            let named = Named {
+                admin: BTreeSet::from([0]),
+                ..Default::default()
+            };
+            let set = host_port_set(&d, &[], "10.1.2.3".parse().unwrap(), &named).unwrap();
+            assert!(set.allows(6, 80), "{action:?}: the table's verdict, open");
+        }
     }
 
     #[test]
