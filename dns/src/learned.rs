@@ -293,6 +293,11 @@ impl<P: Eq + Hash + Clone> Learned<P> {
             .flat_map(|l| l.names.iter().map(|(n, r)| (n, r.addrs.as_slice())))
     }
 
+    /// When the pod's entry (slot, addr) expires, if it has one.
+    pub fn expiry(&self, pod: &P, slot: Slot, addr: IpAddr) -> Option<u64> {
+        self.pods.get(pod)?.entries.get(&(slot, addr)).copied()
+    }
+
     /// The pod's entries: (slot, address) and expiry.
     pub fn entries(&self, pod: &P) -> impl Iterator<Item = ((Slot, IpAddr), u64)> + '_ {
         self.pods

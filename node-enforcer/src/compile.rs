@@ -17,7 +17,7 @@ use std::net::{IpAddr, Ipv6Addr};
 use palisade_proto::v1::{DirectionPolicy, IpPrefix, PortRange, Protocol};
 
 mod tiers;
-pub use tiers::{host_port_set, Named};
+pub use tiers::{host_port_set, HostCompiler, Named};
 
 /// An address prefix in the datapath's single family: IPv4 is IPv4-mapped
 /// IPv6, so one table serves both.

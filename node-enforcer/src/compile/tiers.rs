@@ -380,26 +380,48 @@ pub fn host_port_set(
     host: std::net::IpAddr,
     named: &Named,
 ) -> Result<PortSet, CompileError> {
-    let by_name = |positions: &BTreeSet<usize>, names: &dyn Fn(usize) -> Option<bool>| {
-        positions
-            .iter()
-            .copied()
-            .filter(|&i| names(i) == Some(true))
-            .collect::<BTreeSet<usize>>()
-    };
-    let named = Named {
-        admin: by_name(&named.admin, &|i| policy.admin.get(i).map(accepts_by_name)),
-        network_policy: by_name(&named.network_policy, &|i| {
-            policy.rules.get(i).map(|r| !r.domain_names.is_empty())
-        }),
-        baseline: by_name(&named.baseline, &|i| {
-            policy.baseline.get(i).map(accepts_by_name)
-        }),
-    };
-    let direction = Direction::new(policy, always_allowed, &mut Vec::new())?;
-    let host = Prefix::from_ip(host, if host.is_ipv4() { 32 } else { 128 });
-    let chain = direction.chain(&host, &named, &mut Vec::new());
-    Ok(direction.compiler.port_set(&chain))
+    Ok(HostCompiler::new(policy, always_allowed)?.port_set(host, named))
+}
+
+/// [`host_port_set`] for many hosts of one direction: the direction is
+/// read once.
+pub struct HostCompiler {
+    direction: Direction,
+    /// Which positions allow by name, per list.
+    learnable: Named,
+}
+
+impl HostCompiler {
+    pub fn new(policy: &DirectionPolicy, always_allowed: &[Prefix]) -> Result<Self, CompileError> {
+        let positions = |n: usize, ok: &dyn Fn(usize) -> bool| (0..n).filter(|&i| ok(i)).collect();
+        Ok(HostCompiler {
+            direction: Direction::new(policy, always_allowed, &mut Vec::new())?,
+            learnable: Named {
+                admin: positions(policy.admin.len(), &|i| accepts_by_name(&policy.admin[i])),
+                network_policy: positions(policy.rules.len(), &|i| {
+                    !policy.rules[i].domain_names.is_empty()
+                }),
+                baseline: positions(policy.baseline.len(), &|i| {
+                    accepts_by_name(&policy.baseline[i])
+                }),
+            },
+        })
+    }
+
+    /// The port set of `host` learned for the rules in `named`.
+    pub fn port_set(&self, host: std::net::IpAddr, named: &Named) -> PortSet {
+        let keep = |want: &BTreeSet<usize>, ok: &BTreeSet<usize>| {
+            want.intersection(ok).copied().collect::<BTreeSet<usize>>()
+        };
+        let named = Named {
+            admin: keep(&named.admin, &self.learnable.admin),
+            network_policy: keep(&named.network_policy, &self.learnable.network_policy),
+            baseline: keep(&named.baseline, &self.learnable.baseline),
+        };
+        let host = Prefix::from_ip(host, if host.is_ipv4() { 32 } else { 128 });
+        let chain = self.direction.chain(&host, &named, &mut Vec::new());
+        self.direction.compiler.port_set(&chain)
+    }
 }
 
 /// Whether a tier rule allows by name (see [`host_port_set`]).

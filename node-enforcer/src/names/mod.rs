@@ -1,0 +1,14 @@
+//! Egress by domain name: what the enforcer learns from the DNS answers
+//! its pods receive (docs/DESIGN.md, "Egress by domain name").
+//!
+//! The datapath copies a learning pod's queries to trusted servers and
+//! holds their answers; this module turns those frames into the pod's
+//! overlay entries. [`frame`] reads the datagram out of a frame (IP
+//! fragments put back together), [`rules`] numbers a pod's rules by
+//! name, and [`learner`] matches answers to queries and says which
+//! overlay entries to write. It does no I/O: the enforcer's learner task
+//! reads the ring buffer, writes the maps and re-injects the answers.
+
+pub mod frame;
+pub mod learner;
+pub mod rules;
