@@ -11,4 +11,5 @@
 
 pub mod frame;
 pub mod learner;
+pub mod reinject;
 pub mod rules;
