@@ -47,9 +47,11 @@
  *      length the policy has, or a trie walk when it has many; see
  *      policy_entry)
  *      from_pod of a pod with EP_FLAG_LEARNS only: the pod's learned
- *      entry for the peer (pal_learned), when it has one, decides
- *      instead, by its own port set (the pod's whole egress verdict for
- *      that host, STAT_ALLOWED_LEARNED): a new flow ignores an entry
+ *      entry for the peer (a slot of pal_learned, found through
+ *      pal_learned_index and used only when it names this pod and this
+ *      peer; see learned_entry), when it has one, decides instead, by
+ *      its own port set (the pod's whole egress verdict for that host,
+ *      STAT_ALLOWED_LEARNED): a new flow ignores an entry
  *      that has expired (the table decides), an established flow re-judged
  *      under a newer epoch (6, 7) does not, so connections opened while a
  *      name was allowed outlive its TTL (see peer_allowed).  The ingress

@@ -53,7 +53,7 @@
 
 /* struct ep_slot.flags.  EP_FLAG_LEARNS: the pod's egress has rules by
  * domain name, so its flows consult its learned overlay (pal_learned,
- * struct learned_key) before the egress table. */
+ * struct learned_slot) before the egress table. */
 #define EP_FLAG_LEARNS (1U << 0)
 
 struct ep_slot {
@@ -126,7 +126,7 @@ struct port_value {
 	__u32 allow;
 };
 
-/* ---- egress by domain name (pal_learned) ----
+/* ---- egress by domain name (pal_learned, pal_learned_index) ----
  * The addresses a pod with domain-name rules (EP_FLAG_LEARNS) learned from
  * the DNS answers it received: a per-pod overlay on its egress table,
  * written by the enforcer's learner, read by the programs only.  For a
@@ -140,25 +140,55 @@ struct port_value {
  *    keep working past the TTL.  The enforcer deletes or rewrites the
  *    entries of a name the policy no longer grants.
  * The pod's ingress and staged (audit) policies never consult it: names
- * are egress-only. */
+ * are egress-only.
+ *
+ * Stored as endpoints are (struct ep_slot, docs/DESIGN.md invariant 14):
+ * each entry is a slot of pal_learned, a memory-mapped array, found
+ * through pal_learned_index (struct learned_key -> slot number), a hash
+ * whose element may be reused under a reader, so the number it yields is
+ * only a hint.  A packet uses a slot only when its ifindex and addr are
+ * the packet's pod and peer (learned_entry, policy.h); any other slot is
+ * no entry, and the table decides.  That fails closed: names are
+ * Accept-only, so an entry's port set (the pod's chain with Accept rules
+ * added) allows whatever the table allows that host, and maybe more; a
+ * missed entry can only deny what it would have allowed.
+ *
+ * The writer's rules (the enforcer's learner follows them):
+ *  - a free slot (ifindex 0) is filled by writing addr, portset_id and
+ *    expires_ns, then ifindex, last, with one store ordered after them;
+ *    then its index entry is inserted (the kernel publishes the insert
+ *    after the slot's bytes);
+ *  - addr and ifindex never change while ifindex is non-zero: another
+ *    peer, or another pod, takes another slot;
+ *  - portset_id and expires_ns of a live slot may be rewritten in place,
+ *    each with one atomic store; a packet reads each once and may see the
+ *    old or the new value of each, both of them this key's;
+ *  - a slot is retired by deleting its index entry, then clearing ifindex
+ *    (one store), and is written again only a grace period later, when no
+ *    packet that saw it is still running (node-enforcer's grace.rs; on a
+ *    kernel without grace periods, never). */
 
-/* The pod (its host veth, as conntrack keys name it) and the peer (IPv6,
- * or IPv4-mapped as in struct policy_key). */
+/* Key of pal_learned_index: the pod (its host veth, as conntrack keys name
+ * it) and the peer (IPv6, or IPv4-mapped as in struct policy_key). */
 struct learned_key {
 	__u32 ifindex;
 	__u32 pad;
 	__u8 addr[16];
 };
 
-struct learned_value {
-	/* CLOCK_BOOTTIME (bpf_ktime_get_boot_ns): a suspend or a restart of
-	 * the enforcer does not reset it.  Live while later than now. */
-	__u64 expires_ns;
+/* Value of pal_learned, by slot number (see the rules above). */
+struct learned_slot {
+	/* The peer (as struct learned_key.addr); fixed while ifindex is set. */
+	__u8 addr[16];
+	/* The pod's host veth; 0: a free slot.  Written last, cleared first. */
+	__u32 ifindex;
 	/* A port set of pal_ports: the pod's WHOLE egress verdict for this one
 	 * host, compiled with the learned name rules included (so tier order,
 	 * an Admin Deny above an Accept by name, is resolved in it). */
 	__u32 portset_id;
-	__u32 pad;
+	/* CLOCK_BOOTTIME (bpf_ktime_get_boot_ns): a suspend or a restart of
+	 * the enforcer does not reset it.  Live while later than now. */
+	__u64 expires_ns;
 };
 
 /* A flow as seen by the hook that allowed it: (ifindex, hook) name that
@@ -310,6 +340,9 @@ _Static_assert(sizeof(struct frag4_key) == 16, "frag4_key layout");
 _Static_assert(sizeof(struct frag6_key) == 44, "frag6_key layout");
 _Static_assert(sizeof(struct frag_value) == 16, "frag_value layout");
 _Static_assert(sizeof(struct learned_key) == 24, "learned_key layout");
-_Static_assert(sizeof(struct learned_value) == 16, "learned_value layout");
+_Static_assert(sizeof(struct learned_slot) == 32, "learned_slot layout");
+_Static_assert(__builtin_offsetof(struct learned_slot, ifindex) == 16, "learned_slot layout");
+_Static_assert(__builtin_offsetof(struct learned_slot, portset_id) == 20, "learned_slot layout");
+_Static_assert(__builtin_offsetof(struct learned_slot, expires_ns) == 24, "learned_slot layout");
 
 #endif

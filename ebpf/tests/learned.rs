@@ -1,6 +1,8 @@
 //! Egress by domain name, the datapath's part: a pod's learned overlay
-//! (`pal_learned`) decides its egress to the addresses it holds, before
-//! the egress table (`c/lib/policy.h`, `peer_allowed`). Real programs run
+//! (slots of `pal_learned`, found through `pal_learned_index`) decides its
+//! egress to the addresses it holds, before the egress table
+//! (`c/lib/policy.h`, `peer_allowed`), and only through a slot that names
+//! the pod and the peer (`learned_entry`). Real programs run
 //! with BPF_PROG_TEST_RUN on hand-built frames, IPv4 and IPv6, as in
 //! `tests/verdict.rs`; expiries are set from the real `CLOCK_BOOTTIME`
 //! (the programs' clock for them), an expired entry by writing an expiry in
@@ -29,6 +31,11 @@ const NOTHING: u32 = 21;
 /// A port set whose one entry matches every protocol and port, and denies
 /// (a tier's Deny above the name's Accept, compiled into the set).
 const DENY_ALL_PORTS: u32 = 22;
+/// A learned entry's port set: TCP 80.
+const LEARNED_80: u32 = 23;
+/// The host veth of a pod whose slots the tests point the learning pod's
+/// index at; no packet of it runs, so it needs no interface.
+const OTHER_POD: u32 = 7;
 
 /// One family's addresses: the pod's own, a host the table denies (learned
 /// by name), one the table allows, the CIDR that allows it, and a host
@@ -88,6 +95,7 @@ fn tables(h: &mut Harness) {
     }
     h.ports(TABLE_PORTS, PROTO_TCP, 443, 443);
     h.ports(LEARNED_443, PROTO_TCP, 443, 443);
+    h.ports(LEARNED_80, PROTO_TCP, 80, 80);
     h.deny_port_keys(PortKey::lpm_any_protocol(DENY_ALL_PORTS));
 }
 
@@ -309,5 +317,124 @@ fn an_open_egress_ignores_the_overlay() {
         h.learn_at(LO, f.x, future(), NOTHING);
         assert_eq!(h.pod_sends(&syn(f.pod, f.x, 443)), ALLOW);
         assert_eq!(h.stat_dir(HOOK_FROM_POD, STAT_ALLOWED_UNISOLATED), 1);
+    }
+}
+
+/// The index is a hint (a reused element may yield any slot): a slot that
+/// holds another pod's entry for the same peer, or a retired one (ifindex
+/// cleared, its index entry still read), is no entry, and the table
+/// decides, whichever way it decides.
+#[test]
+#[ignore = "needs root"]
+fn a_slot_of_another_pod_or_retired_is_no_entry() {
+    require_root();
+    for f in FAMILIES {
+        let mut h = learning_pod();
+        // Another pod's entries for X (allowing it) and for the allowed
+        // host (allowing nothing), named by the learning pod's index.
+        h.learn_at(OTHER_POD, f.x, future(), LEARNED_443);
+        h.learn_at(OTHER_POD, f.allowed, future(), NOTHING);
+        let x_slot = h.learned_slot_of(OTHER_POD, f.x).unwrap();
+        let allowed_slot = h.learned_slot_of(OTHER_POD, f.allowed).unwrap();
+        h.set_learned_hint(LO, f.x, x_slot);
+        h.set_learned_hint(LO, f.allowed, allowed_slot);
+        assert_eq!(h.pod_sends(&syn(f.pod, f.x, 443)), DROP, "{}", f.x);
+        assert_eq!(h.pod_sends(&syn(f.pod, f.allowed, 443)), ALLOW);
+
+        // The learning pod's own entry, retired under a packet that still
+        // reads its index entry.
+        h.learn_at(LO, f.other, future(), LEARNED_443);
+        assert_eq!(h.pod_sends(&syn(f.pod, f.other, 443)), ALLOW, "live");
+        let at = h.learned_slot_of(LO, f.other).unwrap();
+        let mut slot = h.learned().get(&at, 0).unwrap();
+        slot.ifindex = 0;
+        h.learned().set(at, slot, 0).unwrap();
+        assert_eq!(
+            h.pod_sends(&tcp_flags(f.pod, 40001, f.other, 443, SYN)),
+            DROP,
+            "{}: retired",
+            f.other
+        );
+        assert_eq!(h.stat_dir(HOOK_FROM_POD, STAT_ALLOWED_LEARNED), 1);
+        assert_eq!(h.stat_dir(HOOK_FROM_POD, STAT_ALLOWED_POLICY), 1);
+        assert_eq!(h.stat_dir(HOOK_FROM_POD, STAT_DENIED), 2);
+    }
+}
+
+/// A slot of the pod's own, for another peer, is no entry either.
+#[test]
+#[ignore = "needs root"]
+fn a_slot_of_another_peer_is_no_entry() {
+    require_root();
+    for f in FAMILIES {
+        let mut h = learning_pod();
+        h.learn_at(LO, f.other, future(), LEARNED_443);
+        h.learn_at(LO, f.x, future(), NOTHING);
+        let other = h.learned_slot_of(LO, f.other).unwrap();
+        let x = h.learned_slot_of(LO, f.x).unwrap();
+        // X's index names the entry that would allow it, the allowed
+        // host's the one that would deny it.
+        h.set_learned_hint(LO, f.x, other);
+        h.set_learned_hint(LO, f.allowed, x);
+        assert_eq!(h.pod_sends(&syn(f.pod, f.x, 443)), DROP, "{}", f.x);
+        assert_eq!(h.pod_sends(&syn(f.pod, f.allowed, 443)), ALLOW);
+        assert_eq!(h.pod_sends(&syn(f.pod, f.other, 443)), ALLOW, "its own");
+        assert_eq!(h.stat_dir(HOOK_FROM_POD, STAT_ALLOWED_LEARNED), 1);
+        assert_eq!(h.stat_dir(HOOK_FROM_POD, STAT_ALLOWED_POLICY), 1);
+    }
+}
+
+/// A slot number past the array's end is no entry: the program finds no
+/// slot, and the table decides.
+#[test]
+#[ignore = "needs root"]
+fn a_slot_number_out_of_range_is_no_entry() {
+    require_root();
+    for f in FAMILIES {
+        for at in [MAX_LEARNED_ENTRIES, MAX_LEARNED_ENTRIES + 1, u32::MAX] {
+            let mut h = learning_pod();
+            h.set_learned_hint(LO, f.x, at);
+            h.set_learned_hint(LO, f.allowed, at);
+            assert_eq!(h.pod_sends(&syn(f.pod, f.x, 443)), DROP, "{} at {at}", f.x);
+            assert_eq!(
+                h.pod_sends(&syn(f.pod, f.allowed, 443)),
+                ALLOW,
+                "{} at {at}",
+                f.allowed
+            );
+            assert_eq!(h.stat(STAT_ALLOWED_LEARNED), 0);
+        }
+    }
+}
+
+/// A live slot's port set rewritten in place (same slot, same index
+/// entry) judges the next new flow.
+#[test]
+#[ignore = "needs root"]
+fn a_port_set_rewritten_in_place_judges_the_next_new_flow() {
+    require_root();
+    for f in FAMILIES {
+        let mut h = learning_pod();
+        h.learn_at(LO, f.x, future(), LEARNED_443);
+        let at = h.learned_slot_of(LO, f.x).unwrap();
+        assert_eq!(h.pod_sends(&tcp_flags(f.pod, 40000, f.x, 443, SYN)), ALLOW);
+        assert_eq!(h.pod_sends(&tcp_flags(f.pod, 40000, f.x, 80, SYN)), DROP);
+
+        h.learn_at(LO, f.x, future(), LEARNED_80);
+        assert_eq!(h.learned_slot_of(LO, f.x), Some(at), "rewritten in place");
+        assert_eq!(h.learned().get(&at, 0).unwrap().portset_id, LEARNED_80);
+        assert_eq!(
+            h.pod_sends(&tcp_flags(f.pod, 40001, f.x, 443, SYN)),
+            DROP,
+            "{}:443",
+            f.x
+        );
+        assert_eq!(
+            h.pod_sends(&tcp_flags(f.pod, 40001, f.x, 80, SYN)),
+            ALLOW,
+            "{}:80",
+            f.x
+        );
+        assert_eq!(h.stat_dir(HOOK_FROM_POD, STAT_ALLOWED_LEARNED), 2);
     }
 }

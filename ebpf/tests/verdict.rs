@@ -772,6 +772,7 @@ fn maps_have_the_sizes_rust_shares() {
         (MAP_FRAGS4, MAX_FRAG_ENTRIES),
         (MAP_FRAGS6, MAX_FRAG_ENTRIES),
         (MAP_LEARNED, MAX_LEARNED_ENTRIES),
+        (MAP_LEARNED_INDEX, MAX_LEARNED_ENTRIES),
     ] {
         let map = aya::maps::MapData::from_pin(h.pins().join(name)).unwrap();
         assert_eq!(map.info().unwrap().max_entries(), entries, "{name}");

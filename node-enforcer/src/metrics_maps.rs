@@ -13,14 +13,14 @@ use aya::maps::lpm_trie::LpmTrie;
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
 use aya::Pod;
 use palisade_ebpf::{
-    Ct4Key, CtConfig, CtKey, CtValue, Frag4Key, Frag6Key, FragValue, LearnedKey, LearnedValue,
-    PolicyExactKey, PolicyKey, PolicyLens, PolicyValue, PortKey, PortValue, HOOK_FROM_POD,
-    HOOK_TO_POD, MAP_CONNTRACK, MAP_CT4, MAP_CT_CONFIG, MAP_EP_INDEX, MAP_FRAGS4, MAP_FRAGS6,
-    MAP_LEARNED, MAP_POLICY, MAP_POLICY_EXACT, MAP_POLICY_LENS, MAP_PORTS, MAP_STATS,
-    STAT_ALLOWED_ESTABLISHED, STAT_ALLOWED_FRAGMENT, STAT_ALLOWED_LEARNED, STAT_ALLOWED_NDP,
-    STAT_ALLOWED_POLICY, STAT_ALLOWED_REPLY, STAT_ALLOWED_UNISOLATED, STAT_COUNT, STAT_DENIED,
-    STAT_DENIED_CT_SHARE, STAT_DENIED_ENDPOINT_UNSURE, STAT_DENIED_EXT_HEADERS,
-    STAT_DENIED_FRAGMENT, STAT_DENIED_MALFORMED, STAT_DENIED_SPOOF, STAT_SLOTS,
+    Ct4Key, CtConfig, CtKey, CtValue, Frag4Key, Frag6Key, FragValue, LearnedKey, PolicyExactKey,
+    PolicyKey, PolicyLens, PolicyValue, PortKey, PortValue, HOOK_FROM_POD, HOOK_TO_POD,
+    MAP_CONNTRACK, MAP_CT4, MAP_CT_CONFIG, MAP_EP_INDEX, MAP_FRAGS4, MAP_FRAGS6, MAP_LEARNED_INDEX,
+    MAP_POLICY, MAP_POLICY_EXACT, MAP_POLICY_LENS, MAP_PORTS, MAP_STATS, STAT_ALLOWED_ESTABLISHED,
+    STAT_ALLOWED_FRAGMENT, STAT_ALLOWED_LEARNED, STAT_ALLOWED_NDP, STAT_ALLOWED_POLICY,
+    STAT_ALLOWED_REPLY, STAT_ALLOWED_UNISOLATED, STAT_COUNT, STAT_DENIED, STAT_DENIED_CT_SHARE,
+    STAT_DENIED_ENDPOINT_UNSURE, STAT_DENIED_EXT_HEADERS, STAT_DENIED_FRAGMENT,
+    STAT_DENIED_MALFORMED, STAT_DENIED_SPOOF, STAT_SLOTS,
 };
 
 /// Each `STAT_*` slot as (verdict, reason) labels.
@@ -129,9 +129,13 @@ pub fn read(pin_root: &Path) -> Result<DatapathReading, String> {
         // later fragments then drop.
         hash_level::<Frag4Key, FragValue>(pin_root, MAP_FRAGS4)?,
         hash_level::<Frag6Key, FragValue>(pin_root, MAP_FRAGS6)?,
-        // Addresses pods learned by domain name: full, a new one is not
-        // learned and its name's new connections fail closed.
-        hash_level::<LearnedKey, LearnedValue>(pin_root, MAP_LEARNED)?,
+        // Addresses pods learned by domain name, by their index (one entry
+        // per live slot of pal_learned, an array whose fill level the
+        // kernel does not count; its capacity is the array's size). Full,
+        // a new one is not learned and its name's new connections fail
+        // closed. Slots retired and waiting for a grace period are not
+        // counted, though no new entry can take them yet.
+        hash_level::<LearnedKey, u32>(pin_root, MAP_LEARNED_INDEX)?,
     ];
     let config: Array<MapData, CtConfig> = Array::try_from(open(pin_root, MAP_CT_CONFIG)?)
         .map_err(|e| format!("{MAP_CT_CONFIG}: {e}"))?;

@@ -108,22 +108,37 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pal_ct4 SEC(".maps");
 
-/* The pods' learned overlays (struct learned_key, struct learned_value):
- * addresses learned by domain name, looked up by the egress verdict of a
- * pod with EP_FLAG_LEARNS (see policy.h, learned_entry).  Written by the
- * enforcer only.  A hash element may be reused under a reader (see struct
- * ep_slot, and docs/DESIGN.md invariant 14), and only an insert into this
- * same map can take a freed one: the writer must not let an element a
- * packet may still read become another key's (see DESIGN.md, "Egress by
- * domain name"). */
+/* The pods' learned overlays: addresses learned by domain name, looked
+ * up by the egress verdict of a pod with EP_FLAG_LEARNS (see policy.h,
+ * learned_entry).  Written by the enforcer only, as endpoints are (struct
+ * ep_slot; docs/DESIGN.md invariant 14): each entry is a slot of this
+ * memory-mapped array (struct learned_slot), whose addr and ifindex are
+ * written, ifindex last, before its index entry is inserted and never
+ * change while ifindex is set; portset_id and expires_ns change in place,
+ * one atomic store each; a slot is retired by deleting its index entry,
+ * then clearing ifindex, and reused only a grace period later.  See struct
+ * learned_slot for the whole contract. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, PAL_MAX_LEARNED_ENTRIES);
+	__type(key, __u32);
+	__type(value, struct learned_slot);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pal_learned SEC(".maps");
+
+/* struct learned_key -> slot of pal_learned.  A hint only: an element may
+ * be reused under a reader (the kernel hands a freed one to the next
+ * insert without waiting), so a packet uses the slot it names only when
+ * the slot's ifindex and addr are the key's. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, PAL_MAX_LEARNED_ENTRIES);
 	__type(key, struct learned_key);
-	__type(value, struct learned_value);
+	__type(value, __u32);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} pal_learned SEC(".maps");
+} pal_learned_index SEC(".maps");
 
 /* Verdict counters by direction (STAT_SLOT), with room for PAL_STAT_CAPACITY
  * kinds.  A pinned map keeps its size across upgrades, so the maps of

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Policy: does a hook's policy table allow a peer on (protocol, port)?
- * And, for a pod's egress, its learned overlay (pal_learned), which
- * decides before the table for the addresses it holds.
+ * And, for a pod's egress, its learned overlay (pal_learned, found
+ * through pal_learned_index), which decides before the table for the
+ * addresses it holds.
  */
 #ifndef PALISADE_LIB_POLICY_H
 #define PALISADE_LIB_POLICY_H
@@ -99,28 +100,66 @@ static __always_inline bool policy_allows(__u32 policy_id, const __u8 peer[16], 
 
 /* ---- egress by domain name: the pod's learned overlay ---- */
 
-/* The pod's learned entry (pal_learned) for peer, copied, when one may
- * decide a flow `hook` of the endpoint on interface ifindex judges: only
- * the pod's egress (names are egress-only: the ingress hook never looks),
- * only when it is isolated (not isolated, everything passes anyway) and
- * only for a pod with domain-name rules (EP_FLAG_LEARNS).  The value is
- * read at once, each word once. */
-static __always_inline bool learned_entry(const struct ep_view *ep, __u32 ifindex, __u8 hook,
-					  const __u8 peer[16], struct learned_value *out)
+/* The port set of the learned entry for key (the pod's host veth and the
+ * peer) into *portset, when the entry decides the flow: 1; no entry, or
+ * (for a new flow, established 0) an expired one: 0, and the table
+ * decides.
+ *
+ * pal_learned_index gives a slot number that a reused hash element may
+ * have made any number (struct learned_slot): the slot counts only when
+ * its ifindex (read once) is the key's and its addr is the peer; any
+ * other slot, or a number out of range, is no entry, and the table
+ * decides (which fails closed: see struct learned_slot).  As in ep_find,
+ * the slot is looked up again through a number computed from the ifindex
+ * just read (the same number, as they are equal), so that every later
+ * load of the slot depends on that check and no CPU reads addr, the port
+ * set or the expiry before it: they are then the key's own, as addr never
+ * changes while ifindex is set, and portset_id and expires_ns are each
+ * read once (the old or the new value of an in-place rewrite, both the
+ * key's).
+ *
+ * A global function, so the verifier checks it once, on its own, instead
+ * of along every path of the verdict that may consult the overlay (the
+ * programs are near the verifier's limit); its pointers may be NULL to
+ * it, hence the checks. */
+__noinline int learned_entry(const struct learned_key *key, __u32 established, __u32 *portset)
 {
-	struct learned_key lk = {};
-	const struct learned_value *lv;
+	struct learned_key lk;
+	const struct learned_slot *s;
+	const __u32 *index;
+	__u32 slot, seen;
 
-	if (hook != HOOK_FROM_POD || !(ep->flags & EP_FLAG_LEARNS) || !hook_policy(ep, hook))
-		return false;
-	lk.ifindex = ifindex;
-	__builtin_memcpy(lk.addr, peer, 16);
-	lv = bpf_map_lookup_elem(&pal_learned, &lk);
-	if (!lv)
-		return false;
-	out->expires_ns = READ_ONCE_U64(&lv->expires_ns);
-	out->portset_id = READ_ONCE_U32(&lv->portset_id);
-	return true;
+	if (!key || !portset)
+		return 0;
+	__builtin_memcpy(&lk, key, sizeof(lk));
+	if (!lk.ifindex)
+		return 0; /* a free slot's ifindex is 0 */
+	index = bpf_map_lookup_elem(&pal_learned_index, &lk);
+	if (!index)
+		return 0;
+	slot = READ_ONCE_U32(index);
+	s = bpf_map_lookup_elem(&pal_learned, &slot);
+	if (!s)
+		return 0;
+	seen = READ_ONCE_U32(&s->ifindex);
+	slot += seen ^ lk.ifindex;
+	barrier_var(slot);
+	s = bpf_map_lookup_elem(&pal_learned, &slot);
+	if (!s || seen != lk.ifindex || !addr_eq(s->addr, lk.addr))
+		return 0;
+	if (!established && READ_ONCE_U64(&s->expires_ns) <= bpf_ktime_get_boot_ns())
+		return 0;
+	*portset = READ_ONCE_U32(&s->portset_id);
+	return 1;
+}
+
+/* Whether the pod's learned overlay may decide a flow `hook` of ep
+ * judges: only the pod's egress (names are egress-only: the ingress hook
+ * never looks), only when it is isolated (not isolated, everything passes
+ * anyway) and only for a pod with domain-name rules (EP_FLAG_LEARNS). */
+static __always_inline bool learned_consulted(const struct ep_view *ep, __u8 hook)
+{
+	return hook == HOOK_FROM_POD && (ep->flags & EP_FLAG_LEARNS) && hook_policy(ep, hook);
 }
 
 /* What allowed a flow (hook_allows). */
@@ -135,16 +174,22 @@ enum allowed_by {
  * (its port set is the pod's whole egress verdict for that host); a new
  * flow ignores an expired one, an established flow (its conntrack entry,
  * of an older epoch, is being re-judged) does not: the flow opened while
- * the name was allowed.  Without an entry, the direction's table decides. */
+ * the name was allowed (learned_entry).  Without an entry, the direction's
+ * table decides. */
 static __always_inline int peer_allowed(const struct ep_view *ep, __u32 ifindex, __u8 hook,
 					const __u8 peer[16], __u8 proto, __u16 dport,
 					bool established)
 {
-	struct learned_value lv;
+	struct learned_key lk = {};
+	__u32 portset = 0;
 
-	if (learned_entry(ep, ifindex, hook, peer, &lv) &&
-	    (established || lv.expires_ns > bpf_ktime_get_boot_ns()))
-		return portset_allows(lv.portset_id, proto, dport) ? ALLOWED_BY_NAME : ALLOWED_NOT;
+	if (learned_consulted(ep, hook)) {
+		lk.ifindex = ifindex;
+		__builtin_memcpy(lk.addr, peer, 16);
+		if (learned_entry(&lk, established, &portset))
+			return portset_allows(portset, proto, dport) ? ALLOWED_BY_NAME
+								     : ALLOWED_NOT;
+	}
 	return policy_allows(hook_policy(ep, hook), peer, proto, dport) ? ALLOWED_BY_TABLE
 									: ALLOWED_NOT;
 }

@@ -43,8 +43,9 @@
  * used goes first. */
 #define PAL_MAX_FRAG_ENTRIES 8192
 
-/* Entries of pal_learned: the addresses pods learned by domain name, for
- * every pod of the node together (the enforcer bounds each pod's share). */
+/* Slots of pal_learned (and entries of its index, pal_learned_index): the
+ * addresses pods learned by domain name, for every pod of the node
+ * together (the enforcer bounds each pod's share). */
 #define PAL_MAX_LEARNED_ENTRIES 65536
 
 /* Kinds (STAT_*) pal_verdicts has room for, so that a kind added later

@@ -1,6 +1,7 @@
 //! One load of the object into a pin directory of its own, with the map
 //! writes and reads a test or benchmark needs.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -66,6 +67,10 @@ pub struct Harness {
     ebpf: Ebpf,
     lens: PolicyLenCounts,
     home: bool,
+    /// The slot of [`MAP_LEARNED`] each learned entry holds, as the
+    /// enforcer's learner would keep it; slots are never reused.
+    learned_slots: BTreeMap<LearnedKey, u32>,
+    next_learned_slot: u32,
     // Declared last so it is removed after the maps are closed.
     pins: PinDir,
 }
@@ -119,6 +124,8 @@ impl Harness {
             ebpf,
             lens: PolicyLenCounts::default(),
             home: true,
+            learned_slots: BTreeMap::new(),
+            next_learned_slot: 0,
             pins,
         };
         // As the enforcer does at start: a share no test meets unless it
@@ -228,29 +235,76 @@ impl Harness {
         self.ep_slots().set(at, slot, 0).unwrap();
     }
 
-    /// The pods' learned overlays ([`MAP_LEARNED`]).
-    pub fn learned(&mut self) -> HashMap<&mut MapData, LearnedKey, LearnedValue> {
-        HashMap::try_from(self.ebpf.map_mut(MAP_LEARNED).unwrap()).unwrap()
+    /// The slots of the pods' learned overlays ([`MAP_LEARNED`]).
+    pub fn learned(&mut self) -> Array<&mut MapData, LearnedSlot> {
+        Array::try_from(self.ebpf.map_mut(MAP_LEARNED).unwrap()).unwrap()
+    }
+
+    /// Their index ([`MAP_LEARNED_INDEX`]): key to slot number.
+    pub fn learned_index(&mut self) -> HashMap<&mut MapData, LearnedKey, u32> {
+        HashMap::try_from(self.ebpf.map_mut(MAP_LEARNED_INDEX).unwrap()).unwrap()
     }
 
     /// Writes the learned entry of the pod behind `ifindex` for `peer`:
     /// live until `expires_ns` (`CLOCK_BOOTTIME`), judged by `portset_id`.
+    /// As the enforcer does (see [`LearnedSlot`]): a new entry takes a
+    /// fresh slot, written before its index entry; an entry the pod
+    /// already has is rewritten in place, its addr and ifindex untouched.
+    /// No packet runs meanwhile, so each write is one update here.
     pub fn learn_at(&mut self, ifindex: u32, peer: &str, expires_ns: u64, portset_id: u32) {
-        let value = LearnedValue {
-            expires_ns,
-            portset_id,
-            pad: 0,
-        };
+        let key = LearnedKey::new(ifindex, ip(peer));
+        if let Some(&at) = self.learned_slots.get(&key) {
+            let mut slot = self.learned().get(&at, 0).unwrap();
+            assert_eq!(
+                (slot.ifindex, slot.addr),
+                (key.ifindex, key.addr),
+                "slot {at} is not the entry's"
+            );
+            slot.portset_id = portset_id;
+            slot.expires_ns = expires_ns;
+            self.learned().set(at, slot, 0).unwrap();
+            return;
+        }
+        let at = self.next_learned_slot;
+        self.next_learned_slot += 1;
         self.learned()
-            .insert(LearnedKey::new(ifindex, ip(peer)), value, 0)
+            .set(at, LearnedSlot::new(&key, portset_id, expires_ns), 0)
+            .unwrap();
+        self.learned_index().insert(key, at, 0).unwrap();
+        self.learned_slots.insert(key, at);
+    }
+
+    /// The slot of [`MAP_LEARNED`] that [`Harness::learn_at`] gave the
+    /// entry of the pod behind `ifindex` for `peer`, if it has one.
+    pub fn learned_slot_of(&self, ifindex: u32, peer: &str) -> Option<u32> {
+        self.learned_slots
+            .get(&LearnedKey::new(ifindex, ip(peer)))
+            .copied()
+    }
+
+    /// Points the index entry of the pod behind `ifindex` for `peer` at
+    /// slot `at` of [`MAP_LEARNED`], whatever that slot holds (or a number
+    /// past its end): what a reused index element may yield. The
+    /// harness's own record of the entries is left as it was.
+    pub fn set_learned_hint(&mut self, ifindex: u32, peer: &str, at: u32) {
+        self.learned_index()
+            .insert(LearnedKey::new(ifindex, ip(peer)), at, 0)
             .unwrap();
     }
 
-    /// Removes the learned entry of the pod behind `ifindex` for `peer`.
+    /// Removes the learned entry of the pod behind `ifindex` for `peer`,
+    /// as the enforcer retires a slot: its index entry, then its ifindex.
+    /// The slot is not used again.
     pub fn forget_at(&mut self, ifindex: u32, peer: &str) {
-        self.learned()
-            .remove(&LearnedKey::new(ifindex, ip(peer)))
-            .unwrap();
+        let key = LearnedKey::new(ifindex, ip(peer));
+        let at = self
+            .learned_slots
+            .remove(&key)
+            .expect("forget an entry not learned");
+        self.learned_index().remove(&key).unwrap();
+        let mut slot = self.learned().get(&at, 0).unwrap();
+        slot.ifindex = 0;
+        self.learned().set(at, slot, 0).unwrap();
     }
 
     /// A port set's entry that matches and denies (a tiered set's Deny).
