@@ -42,6 +42,7 @@ mod conntrack_maps;
 mod endpoint_slots;
 pub(crate) mod filters;
 pub(crate) mod grace;
+pub mod learned;
 mod legacy;
 pub(crate) mod mapped;
 mod policy_tables;

@@ -13,7 +13,7 @@ use palisade_ebpf::{
     MAP_PORTS, POLICY_ID_BITS,
 };
 
-use super::{Adopted, DatapathError, EndpointEntry, Result};
+use super::{Adopted, DatapathError, EndpointEntry, Result, LEARNED_PORTSET_BASE};
 use crate::compile::{PortEntry, Prefix};
 
 fn err(what: impl std::fmt::Display, e: impl Into<super::error::Cause>) -> DatapathError {
@@ -71,9 +71,29 @@ pub fn read_tables(
             .or_default()
             .push((Prefix::new(data.addr, len), value.portset_id));
     }
+    read_portsets(ports, out, |id| id < LEARNED_PORTSET_BASE)
+}
+
+/// The learner's port sets (ids from [`LEARNED_PORTSET_BASE`]) into
+/// `out.portsets`.
+pub fn read_learned_portsets(
+    ports: &LpmTrie<MapData, PortKey, PortValue>,
+    out: &mut Adopted,
+) -> Result<()> {
+    read_portsets(ports, out, |id| id >= LEARNED_PORTSET_BASE)
+}
+
+fn read_portsets(
+    ports: &LpmTrie<MapData, PortKey, PortValue>,
+    out: &mut Adopted,
+    mine: impl Fn(u32) -> bool,
+) -> Result<()> {
     for item in ports.iter() {
         let (key, value) = item.map_err(|e| err(MAP_PORTS, e))?;
         let data = key.data();
+        if !mine(data.portset_id) {
+            continue;
+        }
         let allow = value.allow != 0;
         let entry = match (key.prefix_len(), allow) {
             (0..=39, _) => PortEntry::Any,

@@ -62,6 +62,11 @@ pub type PolicyId = u32;
 /// Identifies a port set in the tables; 0 is the empty set (no entries).
 pub type PortSetId = u32;
 
+/// Port set ids from here up are the learner's (the port sets of learned
+/// overlay entries, `bpf::learned`): the reconciler never allocates,
+/// adopts or removes them, and the learner no other.
+pub const LEARNED_PORTSET_BASE: PortSetId = 1 << 31;
+
 pub use error::{DatapathError, DatapathErrorKind, Result};
 
 /// How a pod-up attaches the programs to the pod's host interface.

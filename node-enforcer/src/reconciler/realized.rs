@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::{Reconciler, DENY_ALL};
 use crate::compile::{PolicySet, PortSet, Prefix};
-use crate::datapath::{Datapath, EndpointEntry, PolicyId, PortSetId};
+use crate::datapath::{Datapath, EndpointEntry, PolicyId, PortSetId, LEARNED_PORTSET_BASE};
 use crate::desired::{Claim, Verdict};
 
 pub(super) struct RealizedPolicy {
@@ -94,7 +94,8 @@ impl Realized {
             .chain(self.garbage_portsets.iter().map(|(id, _)| *id))
             .collect();
         for _ in 0..=used.len() + 1 {
-            self.next_portset = self.next_portset.wrapping_add(1);
+            // Below the learner's ids (LEARNED_PORTSET_BASE), wrapping.
+            self.next_portset = self.next_portset.wrapping_add(1) % LEARNED_PORTSET_BASE;
             let id = self.next_portset;
             if id != 0 && !used.contains(&id) {
                 return Ok(id);
