@@ -133,6 +133,10 @@ pub struct DesiredEndpoint {
     pub ingress: Verdict,
     pub egress: Verdict,
     pub pod_addrs: Vec<[u8; 16]>,
+    /// The egress policy its table was compiled from, when it has rules
+    /// by domain name: what the learner compiles learned addresses with
+    /// (`names`). None when egress is not judged by that policy's table.
+    pub names: Option<crate::names::Egress>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -243,9 +247,13 @@ pub fn desired_pod(
     let knowledge = (i.knowledge)(key);
     let mut error = None;
     let mut awaiting_table = false;
+    // The egress policy as compiled, when it learns by name.
+    let mut names: Option<crate::names::Egress> = None;
     // None: the direction's table is not complete yet (resolved per
     // interface below: what it enforces now, or deny).
-    let mut direction = |d: Option<&DirectionPolicy>, name: &str| -> Option<Verdict> {
+    let mut direction = |d: Option<&DirectionPolicy>,
+                         name: &str|
+     -> (Option<Verdict>, Option<DirectionPolicy>) {
         // Deny, but never the node itself (kubelet probes must reach it).
         let node_only = |c: &mut Compiler<'_>| {
             Verdict::Policy(c(&DirectionPolicy::default()).unwrap_or_default())
@@ -254,10 +262,13 @@ pub fn desired_pod(
         // nothing, as an absent one.
         let d = d.filter(|d| !d.not_isolated || !d.admin.is_empty() || !d.baseline.is_empty());
         let Some(d) = d else {
-            return Some(match mode {
-                Mode::Standard => Verdict::Open,
-                Mode::Strict => node_only(compile_set),
-            });
+            return (
+                Some(match mode {
+                    Mode::Standard => Verdict::Open,
+                    Mode::Strict => node_only(compile_set),
+                }),
+                None,
+            );
         };
         let strict_default;
         let d = if mode == Mode::Strict && d.not_isolated {
@@ -267,30 +278,33 @@ pub fn desired_pod(
         } else {
             d
         };
+        let compiled_from = crate::names::rules::learns(d).then(|| d.clone());
         match compile_set(d) {
-            Ok(set) => Some(Verdict::Policy(set)),
+            Ok(set) => (Some(Verdict::Policy(set)), compiled_from),
             Err(NoTable::InFlight(why)) => {
                 awaiting_table = true;
                 error = Some(format!(
                     "{name} policy of {}/{} ({why}) is not realized yet: the pod keeps what it enforces now, or is denied, until its table is complete",
                     key.0, key.1
                 ));
-                None
+                (None, None)
             }
             Err(NoTable::Failed(e)) => {
                 error = Some(format!(
                     "{name} policy of {}/{} cannot be compiled, so it is denied: {e}",
                     key.0, key.1
                 ));
-                Some(node_only(compile_set))
+                (Some(node_only(compile_set)), None)
             }
         }
     };
     let (ingress, egress) = match &knowledge {
-        Knowledge::Known(p) => (
-            direction(p.ingress.as_ref(), "ingress"),
-            direction(p.egress.as_ref(), "egress"),
-        ),
+        Knowledge::Known(p) => {
+            let (ingress, _) = direction(p.ingress.as_ref(), "ingress");
+            let (egress, learned_from) = direction(p.egress.as_ref(), "egress");
+            names = learned_from.map(|d| crate::names::Egress(Arc::new(d)));
+            (ingress, egress)
+        }
         Knowledge::Waiting => {
             error = Some(format!(
                 "{}/{}: waiting for the controller to deliver the pod's policy; denied meanwhile",
@@ -338,6 +352,9 @@ pub fn desired_pod(
             continue;
         }
         let held = (i.held)(ifname);
+        // The table compiled from the policy judges this interface only
+        // when the direction is complete (not held, not awaiting).
+        let learns = egress.is_some() && !matches!(knowledge, Knowledge::Hold);
         let (ingress, egress) = match (&knowledge, held) {
             (Knowledge::Hold, Some((ing, eg, _))) => (ing, eg),
             // A table not complete yet: what the interface enforces now
@@ -358,6 +375,7 @@ pub fn desired_pod(
                 ingress,
                 egress,
                 pod_addrs: addrs.clone(),
+                names: names.clone().filter(|_| learns),
             },
         ));
     }
@@ -379,6 +397,7 @@ pub fn desired_unexplained(i: &Inputs<'_>, ifname: &str) -> Option<DesiredEndpoi
         ingress: ingress.clone(),
         egress: egress.clone(),
         pod_addrs: addrs.clone(),
+        names: None,
     })
 }
 

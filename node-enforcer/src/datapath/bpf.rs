@@ -732,6 +732,15 @@ impl Datapath for BpfDatapath {
         self.pin_root.display().to_string()
     }
 
+    fn set_learns(&mut self, ifindex: u32, learns: bool) -> Result<()> {
+        let flags = if learns {
+            palisade_ebpf::EP_FLAG_LEARNS
+        } else {
+            0
+        };
+        self.slots.set_flags(ifindex, flags)
+    }
+
     fn set_audit(&mut self, ifindex: u32, entry: &super::AuditEntry) -> Result<()> {
         self.slots
             .set_audit(ifindex, audit_word(entry.ingress, entry.egress))

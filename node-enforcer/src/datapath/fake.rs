@@ -39,6 +39,8 @@ pub struct FakeDatapath {
     pub stale_flows: BTreeSet<(u32, bool)>,
     /// The audit table (each endpoint slot's staged word), by ifindex.
     pub audit: BTreeMap<u32, AuditEntry>,
+    /// Endpoints whose pod learns by domain name (EP_FLAG_LEARNS).
+    pub learns: std::collections::BTreeSet<u32>,
     /// Attach fast, as the real datapath's `AttachMode::Fast`: attached
     /// interfaces are listed unpromoted until `promote`.
     pub fast_attach: bool,
@@ -389,6 +391,7 @@ impl Datapath for FakeDatapath {
         self.injected(&format!("remove_endpoint {ifindex}"))?;
         self.endpoints.remove(&ifindex);
         self.epochs.remove(&ifindex);
+        self.learns.remove(&ifindex);
         self.stale_flows.retain(|(i, _)| *i != ifindex);
         self.check(&format!("remove_endpoint {ifindex}"));
         Ok(())
@@ -399,6 +402,21 @@ impl Datapath for FakeDatapath {
     fn describe(&self) -> String {
         "fake".into()
     }
+    fn set_learns(&mut self, ifindex: u32, learns: bool) -> Result<()> {
+        self.injected(&format!("set_learns {ifindex}"))?;
+        if !self.endpoints.contains_key(&ifindex) {
+            return Err(crate::datapath::DatapathError::invariant(format!(
+                "flags for ifindex {ifindex}: it has no endpoint entry"
+            )));
+        }
+        if learns {
+            self.learns.insert(ifindex);
+        } else {
+            self.learns.remove(&ifindex);
+        }
+        Ok(())
+    }
+
     fn set_audit(&mut self, ifindex: u32, entry: &AuditEntry) -> Result<()> {
         self.injected(&format!("set_audit {ifindex}"))?;
         self.audit.insert(ifindex, *entry);

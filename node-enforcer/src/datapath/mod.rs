@@ -179,6 +179,11 @@ pub trait Datapath: Send {
     fn set_audit(&mut self, ifindex: u32, _entry: &AuditEntry) -> Result<()> {
         Err(no_audit_table(ifindex))
     }
+    /// Whether the interface's pod learns addresses by domain name (its
+    /// egress consults the learned overlay); the endpoint must exist.
+    fn set_learns(&mut self, _ifindex: u32, _learns: bool) -> Result<()> {
+        Ok(())
+    }
     /// Removes an interface's audit entry; one that is not there is fine.
     fn remove_audit(&mut self, _ifindex: u32) -> Result<()> {
         Ok(())

@@ -217,6 +217,23 @@ fn udp(src: IpAddr, dst: IpAddr, b: &[u8]) -> Result<Datagram, FrameError> {
     })
 }
 
+/// The IP datagram a frame is a fragment of: (source, destination, id);
+/// None for a frame that is no fragment (or cannot be read).
+pub fn fragment_of(frame: &[u8]) -> Option<(IpAddr, IpAddr, u32)> {
+    if frame.len() < ETH_HLEN {
+        return None;
+    }
+    let ip = &frame[ETH_HLEN..];
+    let packet = match be16(frame, 12) {
+        ETH_P_IP => ipv4(ip).ok()?,
+        ETH_P_IPV6 => ipv6(ip).ok()?,
+        _ => return None,
+    };
+    packet
+        .fragment
+        .map(|(id, _, _)| (packet.src, packet.dst, id))
+}
+
 impl Reassembly {
     pub fn new(limits: ReassemblyLimits) -> Self {
         Reassembly {

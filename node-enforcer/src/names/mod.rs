@@ -13,3 +13,15 @@ pub mod frame;
 pub mod learner;
 pub mod reinject;
 pub mod rules;
+
+use std::sync::Arc;
+
+use palisade_proto::v1::DirectionPolicy;
+
+/// A pod's egress policy as its table was compiled from it, when it has
+/// rules by domain name: what the learner compiles learned addresses with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Egress(pub Arc<DirectionPolicy>);
+
+// A plan's policy holds no floating-point field: equality is total.
+impl Eq for Egress {}

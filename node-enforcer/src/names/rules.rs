@@ -31,6 +31,16 @@ impl fmt::Display for RuleRef {
     }
 }
 
+/// Whether `egress` has a rule to learn for (cheap: patterns unread).
+pub fn learns(egress: &DirectionPolicy) -> bool {
+    egress
+        .admin
+        .iter()
+        .chain(&egress.baseline)
+        .any(|r| accepts(r) && !r.domain_names.is_empty())
+        || egress.rules.iter().any(|r| !r.domain_names.is_empty())
+}
+
 /// A pattern the plan holds that this enforcer cannot read; the rest of
 /// its rule is still learned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

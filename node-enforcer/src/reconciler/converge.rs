@@ -419,6 +419,9 @@ impl<D: Datapath> Reconciler<D> {
         //     written; their tables are made like the enforced ones.
         self.apply_audit();
 
+        // 3c. Pods that learn by domain name: flagged, and the learner told.
+        self.sync_names(want);
+
         // 4. Tables no attached endpoint references: only now can they go.
         self.collect_tables();
     }

@@ -292,7 +292,13 @@ impl<D: Datapath> Reconciler<D> {
                 .cloned()
                 .chain(self.background.describe())
                 .chain(self.promotion.error.clone())
-                .chain(unlearned_names(&self.plan.entries))
+                .chain(
+                    self.names
+                        .tx
+                        .is_none()
+                        .then(|| unlearned_names(&self.plan.entries))
+                        .flatten(),
+                )
                 .collect(),
             policy_sets: self
                 .realized
@@ -349,8 +355,8 @@ impl<D: Datapath> Reconciler<D> {
 /// How many pods the domain-name warning names by way of example.
 const NAMED_EXAMPLES: usize = 3;
 
-/// The warning for the plan's domain-name rules: this enforcer learns no
-/// names, so they match nothing (the Accept opens nothing), which the
+/// The warning for the plan's domain-name rules when this enforcer runs
+/// no learner: they match nothing (the Accept opens nothing), which the
 /// plan alone does not make visible. None when no pod has one.
 fn unlearned_names(plan: &BTreeMap<PodKey, PodPolicy>) -> Option<String> {
     let mut pods = 0;
@@ -382,7 +388,7 @@ fn unlearned_names(plan: &BTreeMap<PodKey, PodPolicy>) -> Option<String> {
     (pods > 0).then(|| {
         format!(
             "{pods} pod(s) have egress rules by domain name, which match nothing: this enforcer \
-             learns no names yet, so such an Accept opens nothing (e.g. {})",
+             runs no learner (no --dns-server given), so such an Accept opens nothing (e.g. {})",
             examples.join("; ")
         )
     })

@@ -32,6 +32,7 @@ mod background;
 mod converge;
 mod dump;
 mod in_place;
+pub mod names;
 mod plan;
 mod pods;
 mod promote;
@@ -144,6 +145,8 @@ pub struct Reconciler<D: Datapath> {
     realized: realized::Realized,
     /// Staged (audit) policies wanted, and why some are not audited.
     audit: audit::Audit,
+    /// Pods that learn by domain name, as the learner was told.
+    names: names::Names,
     /// Big policies compiled off this thread and written in slices.
     background: background::Background,
     /// Fast-attached interfaces' way to links (see `promote`).
@@ -171,6 +174,7 @@ impl<D: Datapath> Reconciler<D> {
             target: Default::default(),
             realized: Default::default(),
             audit: Default::default(),
+            names: Default::default(),
             background: Default::default(),
             promotion: Default::default(),
             health: Default::default(),
@@ -207,6 +211,13 @@ impl<D: Datapath> Reconciler<D> {
     /// Saves the inputs after every change, so a restart can recover them.
     pub fn with_checkpoint(mut self, checkpoint: Checkpoint) -> Self {
         self.ctx.checkpoint = Some(checkpoint);
+        self
+    }
+
+    /// Tells `learner` which interfaces learn by domain name, with their
+    /// egress policy, and flags their endpoints (see `names`).
+    pub fn with_learner(mut self, learner: mpsc::UnboundedSender<names::PodUpdate>) -> Self {
+        self.names.tx = Some(learner);
         self
     }
 

@@ -52,6 +52,7 @@ const HOME: usize = offset_of!(EpSlot, home);
 const INGRESS: usize = offset_of!(EpSlot, ingress);
 const EGRESS: usize = offset_of!(EpSlot, egress);
 const AUDIT: usize = offset_of!(EpSlot, audit);
+const FLAGS: usize = offset_of!(EpSlot, flags);
 
 /// What a slot is used for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -236,6 +237,21 @@ impl EndpointSlots {
         Ok(())
     }
 
+    /// Sets the endpoint's `EP_FLAG_*` bits, one store.
+    pub(super) fn set_flags(&self, ifindex: u32, flags: u32) -> Result<()> {
+        let mut state = self.shared.lock();
+        let slot = *state.at.get(&ifindex).ok_or_else(|| {
+            DatapathError::invariant(format!(
+                "flags for ifindex {ifindex}: it has no endpoint entry"
+            ))
+        })?;
+        if state.slots.read(slot).flags != flags {
+            state.slots.store_u32(slot, FLAGS, flags);
+            state.last_write = self.shared.grace.token();
+        }
+        Ok(())
+    }
+
     /// Removes the endpoint; one that is not there is fine.
     pub(super) fn remove(&self, ifindex: u32) -> Result<()> {
         let mut state = self.shared.lock();
@@ -377,7 +393,9 @@ impl State {
         let slot = self.alloc(grace, ifindex)?;
         let share = match old {
             Some(o) => {
-                value.audit = self.slots.read(o).audit;
+                let was = self.slots.read(o);
+                value.audit = was.audit;
+                value.flags = was.flags;
                 self.shares.read(o)
             }
             None => CtShare::default(),
