@@ -37,8 +37,8 @@ const SIZES_RS: &str = "sizes.rs";
 /// The enums shared with Rust, as (header, enum, Rust file generated from
 /// it, the Rust type of its constants: the width of the field that carries
 /// them): the verdict kinds (why a packet passed or dropped), the flow
-/// log's counters, its event kinds and modes, and the conntrack cleanup's
-/// answers.
+/// log's counters, its event kinds and modes, the conntrack cleanup's
+/// answers, and the DNS capture's counters and record kinds.
 const ENUMS: &[(&str, &str, &str, &str)] = &[
     ("c/lib/reasons.h", "pal_stat", "reasons.rs", "u32"),
     ("c/palisade.h", "pal_flow_stat", "flow_stats.rs", "u32"),
@@ -50,6 +50,13 @@ const ENUMS: &[(&str, &str, &str, &str)] = &[
         "u32",
     ),
     ("c/ct_explain.bpf.c", "pal_ct_answer", "ct_answers.rs", "u8"),
+    ("c/palisade.h", "pal_dns_stat", "dns_stats.rs", "u32"),
+    (
+        "c/palisade.h",
+        "pal_dns_frame_kind",
+        "dns_frame_kinds.rs",
+        "u8",
+    ),
 ];
 /// Only these defines are shared: the rest of a header is the programs'.
 const SHARED_PREFIX: &str = "PAL_";

@@ -59,6 +59,19 @@
  *  10. anything else                           -> drop, forget the flow
  *      (8 and 9 drop a new flow instead when the hook already holds its
  *      share of the conntrack table: see struct ct_share)
+ *  11. after the verdict, a packet it allowed, of a pod with
+ *      EP_FLAG_LEARNS only (dns_capture.h, a global function the programs
+ *      call; any other pod pays one flag test): DNS with a trusted server
+ *      (pal_dns_servers) while the learner is alive (pal_dns_config)
+ *        from_pod: a query                     -> copied to pal_dns_frames,
+ *                                                 next
+ *        to_pod: an answer (and the later
+ *        fragments of one held)                -> copied and dropped: held,
+ *                                                 the enforcer re-injects it
+ *                                                 after learning from it;
+ *                                                 next when the copy fails
+ *      (counted in pal_dns_stats; a held packet stays counted as the
+ *      verdict allowed it, never as a denial)
  *
  * Conntrack: an entry is created only by step 8 or 9, i.e. by a forward
  * packet this hook's policy let through, never by a packet that matched as a
@@ -113,7 +126,8 @@
  *
  * The parts live in lib/, one concern a header (maps.h, parse.h,
  * endpoint.h, policy.h, conntrack.h, fast_path.h, flow_events.h, audit.h,
- * counters.h, fragments.h): this file keeps the verdict and the programs.
+ * counters.h, fragments.h, dns_capture.h): this file keeps the verdict and
+ * the programs.
  * What user space shares: the layouts in palisade.h, the sizes in
  * lib/sizes.h and the verdict kinds in lib/reasons.h (the last two, and
  * palisade.h's flow log counters, generated into Rust by build.rs).
@@ -129,12 +143,15 @@
 #include "lib/audit.h"
 #include "lib/counters.h"
 #include "lib/fragments.h"
+#include "lib/dns_capture.h"
 
 char LICENSE[] SEC("license") = "Apache-2.0";
 
 /* ---- verdict ---- */
 
-static __always_inline int verdict(struct __sk_buff *skb, __u8 hook)
+/* Steps 1 to 10; the endpoint's flags (EP_FLAG_*, 0 without one) into
+ * *flags, for step 11. */
+static __always_inline int verdict(struct __sk_buff *skb, __u8 hook, __u32 *flags)
 {
 	__u32 ifindex = skb->ifindex;
 	struct ct_ref own_key;
@@ -151,6 +168,7 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 hook)
 		return VERDICT_NEXT;
 	if (found == EP_UNSURE)
 		return account(hook, STAT_DENIED_ENDPOINT_UNSURE, VERDICT_DROP);
+	*flags = ep.flags;
 
 	fast = fast_path_v4(skb, &ep, ifindex, hook);
 	if (fast == FAST_ESTABLISHED)
@@ -213,14 +231,29 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 hook)
 	return settle(&f, &ep, ifindex, hook, stat, VERDICT_NEXT);
 }
 
+/* Step 11: a learning pod's DNS, once the verdict allowed the packet. */
+static __always_inline int capture_dns(struct __sk_buff *skb, __u8 hook, int judged,
+				       __u32 flags)
+{
+	if (judged != VERDICT_NEXT || !(flags & EP_FLAG_LEARNS))
+		return judged;
+	return dns_capture(skb, skb->ifindex, hook);
+}
+
 SEC("classifier")
 int palisade_from_pod(struct __sk_buff *skb)
 {
-	return verdict(skb, HOOK_FROM_POD);
+	__u32 flags = 0;
+	int judged = verdict(skb, HOOK_FROM_POD, &flags);
+
+	return capture_dns(skb, HOOK_FROM_POD, judged, flags);
 }
 
 SEC("classifier")
 int palisade_to_pod(struct __sk_buff *skb)
 {
-	return verdict(skb, HOOK_TO_POD);
+	__u32 flags = 0;
+	int judged = verdict(skb, HOOK_TO_POD, &flags);
+
+	return capture_dns(skb, HOOK_TO_POD, judged, flags);
 }

@@ -325,6 +325,69 @@ enum pal_flow_stat {
 	FLOW_STAT_COUNT                    /* entries of pal_flow_stats (not a counter) */
 };
 
+/* ---- DNS capture for the learner (lib/dns_capture.h) ----
+ * A learning pod's (EP_FLAG_LEARNS) DNS traffic with the trusted servers
+ * (pal_dns_servers: key an address, IPv6 or IPv4-mapped; value 1), after
+ * the verdict allowed it: its queries are copied to pal_dns_frames, its
+ * answers copied there and held (dropped) while the learner is alive, for
+ * the enforcer to learn from and re-inject (docs/DESIGN.md, "Egress by
+ * domain name"). */
+
+/* Value of pal_dns_config (array, key 0), written by the enforcer. */
+struct dns_config {
+	/* CLOCK_BOOTTIME (bpf_ktime_get_boot_ns) until which the learner is
+	 * alive; the enforcer keeps moving it forward.  0 or past: no learner,
+	 * nothing is copied or held. */
+	__u64 learner_deadline_ns;
+	__u64 pad;
+};
+
+/* dns_frame_hdr.kind; build.rs turns these into palisade_ebpf's
+ * DNS_FRAME_* (u8). */
+enum pal_dns_frame_kind {
+	DNS_FRAME_QUERY = 0,  /* a query the pod sent: copied, not held */
+	DNS_FRAME_ANSWER = 1, /* an answer to the pod, held: the enforcer must re-inject it */
+};
+
+/* A record of pal_dns_frames: this header, then `len` bytes of the frame
+ * from its Ethernet header on, as the hook saw it. */
+struct dns_frame_hdr {
+	__u64 ts_ns;   /* CLOCK_BOOTTIME (bpf_ktime_get_boot_ns) */
+	__u32 ifindex; /* the pod's host veth */
+	__u16 len;     /* bytes of the frame that follow */
+	__u8 kind;     /* DNS_FRAME_* */
+	__u8 pad;
+};
+
+/* Indices into pal_dns_stats (per-CPU counters); build.rs turns each into
+ * palisade_ebpf's DNS_STAT_*. */
+enum pal_dns_stat {
+	DNS_STAT_QUERY_COPIED = 0,       /* queries copied to the ring buffer */
+	DNS_STAT_ANSWER_HELD = 1,        /* answers (or first fragments) copied and dropped */
+	DNS_STAT_PASSED_NO_LEARNER = 2,  /* answers passed: the learner's deadline is past */
+	DNS_STAT_PASSED_RING_FULL = 3,   /* answers passed (queries not copied): ring buffer full */
+	DNS_STAT_PASSED_TOO_BIG = 4,     /* answers passed (queries not copied): above PAL_DNS_FRAME_MAX */
+	DNS_STAT_FRAGMENT_HELD = 5,      /* later fragments of a held answer, copied and dropped */
+	DNS_STAT_FRAGMENT_PASSED = 6,    /* later fragments of an answer not held, or not copied */
+	DNS_STAT_COUNT                   /* entries of pal_dns_stats (not a counter) */
+};
+
+/* Key of pal_dns_frags: one datagram (as struct frag4_key and frag6_key
+ * name it, both families in one map) to one pod.  Value: __u32, 1 when its
+ * first fragment was held, 0 when it passed. */
+struct dns_frag_key {
+	__u8 src[16]; /* IPv6 or IPv4-mapped */
+	__u8 dst[16];
+	__u32 id;      /* IPv6's identification; IPv4's in the low 16 bits, network order */
+	__u32 ifindex; /* the pod's host veth */
+	__u8 proto;    /* IPv4's protocol; 0 for IPv6 */
+	__u8 pad[3];
+};
+
+_Static_assert(sizeof(struct dns_config) == 16, "dns_config layout");
+_Static_assert(sizeof(struct dns_frame_hdr) == 16, "dns_frame_hdr layout");
+_Static_assert(sizeof(struct dns_frag_key) == 44, "dns_frag_key layout");
+_Static_assert(PAL_DNS_FRAME_MAX < 65536, "dns_frame_hdr.len holds any frame length");
 _Static_assert(sizeof(struct flow_event) == 56, "flow_event layout");
 _Static_assert(sizeof(struct flow_config) == 16, "flow_config layout");
 _Static_assert(sizeof(struct ep_slot) == 128, "ep_slot layout");

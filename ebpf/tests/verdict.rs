@@ -773,6 +773,10 @@ fn maps_have_the_sizes_rust_shares() {
         (MAP_FRAGS6, MAX_FRAG_ENTRIES),
         (MAP_LEARNED, MAX_LEARNED_ENTRIES),
         (MAP_LEARNED_INDEX, MAX_LEARNED_ENTRIES),
+        (MAP_DNS_SERVERS, MAX_DNS_SERVERS),
+        (MAP_DNS_FRAMES, DNS_FRAMES_BYTES),
+        (MAP_DNS_STATS, DNS_STAT_COUNT),
+        (MAP_DNS_FRAGS, MAX_DNS_FRAGS),
     ] {
         let map = aya::maps::MapData::from_pin(h.pins().join(name)).unwrap();
         assert_eq!(map.info().unwrap().max_entries(), entries, "{name}");

@@ -48,6 +48,24 @@
  * together (the enforcer bounds each pod's share). */
 #define PAL_MAX_LEARNED_ENTRIES 65536
 
+/* Trusted DNS servers pal_dns_servers holds: the cluster DNS Service's
+ * addresses and its backends'. */
+#define PAL_MAX_DNS_SERVERS 64
+
+/* Bytes of the pal_dns_frames ring buffer: the DNS queries copied and the
+ * answers held for the learner (a record is 16 bytes of struct
+ * dns_frame_hdr, the frame, and the ring's 8-byte header, rounded up to 8:
+ * some 6000 answers of 600 bytes at once). */
+#define PAL_DNS_FRAMES_BYTES (4 << 20)
+
+/* The longest frame (from its Ethernet header) copied to pal_dns_frames:
+ * a longer one is never held (it passes, counted). */
+#define PAL_DNS_FRAME_MAX 4096
+
+/* Records of pal_dns_frags (a DNS answer's first fragment: was it held?);
+ * the least recently used goes first. */
+#define PAL_MAX_DNS_FRAGS 4096
+
 /* Kinds (STAT_*) pal_verdicts has room for, so that a kind added later
  * takes free slots of the pinned map instead of a new pin name. */
 #define PAL_STAT_CAPACITY 32
