@@ -52,6 +52,9 @@ pub struct RawDns {
     resolver: Option<String>,
     #[serde(default)]
     records: BTreeMap<String, RawRecord>,
+    /// The enforcers learn from this DNS (`--dns-server`).
+    #[serde(default)]
+    learn: bool,
 }
 
 /// `dns:` in a step: the records from this step on.
@@ -75,6 +78,10 @@ pub struct DnsSpec {
     pub server: PodName,
     pub resolver: Target,
     pub records: Records,
+    /// Once the server and the resolver exist, every enforcer is restarted
+    /// trusting them (`--dns-server`, as an operator sets the chart's
+    /// `dns.servers`), so egress rules by domain name are learned.
+    pub learn: bool,
 }
 
 /// A name's answer as the scenario writes it.
@@ -125,6 +132,7 @@ pub fn parse(raw: RawDns) -> Result<DnsSpec> {
         server,
         resolver,
         records: parse_records(raw.records).context("records")?,
+        learn: raw.learn,
     })
 }
 

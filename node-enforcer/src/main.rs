@@ -160,6 +160,36 @@ struct Args {
     /// pod-ups keep coming.
     #[arg(long, env = "PALISADE_PROMOTE_MAX_WAIT_MS", default_value_t = node_enforcer::reconciler::PROMOTE_MAX_WAIT.as_millis() as u64)]
     promote_max_wait_ms: u64,
+    /// The cluster's DNS servers, whose answers teach egress rules by
+    /// domain name: the kube-dns Service's ClusterIP (answers come back
+    /// from it) and any address pods query directly (a node-local cache).
+    /// Repeat the flag or separate with commas. None: no learner runs,
+    /// rules by name match nothing, and the dump says so.
+    #[arg(
+        long = "dns-server",
+        env = "PALISADE_DNS_SERVERS",
+        value_delimiter = ','
+    )]
+    dns_servers: Vec<std::net::IpAddr>,
+    /// An address learned by name stays allowed at least this long after
+    /// its answer, whatever its TTL (clients connect after the answer).
+    #[arg(long, env = "PALISADE_DNS_MIN_TTL_SECS", default_value_t = palisade_dns::Limits::default().min_ttl_s)]
+    dns_min_ttl_secs: u32,
+    /// Names remembered per pod; beyond it the least recently answered is
+    /// forgotten (counted).
+    #[arg(long, env = "PALISADE_DNS_NAMES_PER_POD", default_value_t = palisade_dns::Limits::default().names_per_pod)]
+    dns_names_per_pod: usize,
+    /// Addresses learned per name; beyond it the soonest to expire go.
+    #[arg(long, env = "PALISADE_DNS_ADDRS_PER_NAME", default_value_t = palisade_dns::Limits::default().addrs_per_name)]
+    dns_addrs_per_name: usize,
+    /// Learned (rule, address) entries per pod; beyond it the soonest to
+    /// expire go (counted: the next connection needs a new answer).
+    #[arg(long, env = "PALISADE_DNS_ENTRIES_PER_POD", default_value_t = palisade_dns::Limits::default().entries_per_pod)]
+    dns_entries_per_pod: usize,
+    /// Queries awaiting their answer per pod; beyond it the oldest is
+    /// forgotten (its answer then teaches nothing).
+    #[arg(long, env = "PALISADE_DNS_PENDING_PER_POD", default_value_t = palisade_dns::Limits::default().pending_per_pod)]
+    dns_pending_per_pod: usize,
 }
 
 /// The longest the enforcer spends promoting interfaces before it exits
@@ -311,6 +341,15 @@ async fn run(args: Args) -> Result<(), RunError> {
         )
         .with_background_compile(tx.clone(), args.background_compile_peers)
         .map_err(|e| format!("starting the compile thread: {e}"))?;
+    // The learner hears of pods from the reconciler; it starts once the
+    // reconciler runs (updates queue meanwhile).
+    let learner_updates = if args.dns_servers.is_empty() {
+        None
+    } else {
+        let (names_tx, names_rx) = mpsc::unbounded_channel();
+        reconciler = reconciler.with_learner(names_tx);
+        Some(names_rx)
+    };
     let busy_since = reconciler.busy_since();
     // Before serving anything: the previous process's links keep enforcing
     // until this one has taken them over.
@@ -329,6 +368,27 @@ async fn run(args: Args) -> Result<(), RunError> {
         std::time::Duration::from_millis(args.pod_up_deadline_ms),
     );
     node_enforcer::links::watch(tx.clone(), links_pending)?;
+    if let Some(updates) = learner_updates {
+        let limits = palisade_dns::Limits {
+            min_ttl_s: args.dns_min_ttl_secs,
+            names_per_pod: args.dns_names_per_pod,
+            addrs_per_name: args.dns_addrs_per_name,
+            entries_per_pod: args.dns_entries_per_pod,
+            pending_per_pod: args.dns_pending_per_pod,
+            ..Default::default()
+        };
+        node_enforcer::names::task::start(
+            node_enforcer::names::task::Options {
+                pin_root: args.pin_root.clone(),
+                servers: args.dns_servers.clone(),
+                limits,
+                reassembly: Default::default(),
+            },
+            updates,
+        )
+        .map_err(|e| format!("starting the learner: {e}"))?;
+        tracing::info!(servers = ?args.dns_servers, "learning egress by domain name from these DNS servers");
+    }
     if let Some(addr) = args.metrics_addr {
         let listener = palisade_runtime::metrics_http::bind(addr).await?;
         tracing::info!(metrics_addr = %listener.local_addr().map_err(|e| e.to_string())?, "serving metrics");

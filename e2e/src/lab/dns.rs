@@ -12,6 +12,7 @@ use crate::scenario::{PodName, Target};
 
 pub(super) struct LabDns {
     server: PodName,
+    learn: bool,
     resolver: Target,
     records: Records,
     /// What the server pod's UDP port 53 answers from.
@@ -30,6 +31,7 @@ impl Lab {
         }
         self.dns = Some(LabDns {
             server: spec.server.clone(),
+            learn: spec.learn,
             resolver: spec.resolver.clone(),
             records: spec.records.clone(),
             zone: Arc::new(RwLock::new(Default::default())),
@@ -67,6 +69,28 @@ impl Lab {
             .as_ref()
             .filter(|d| &d.server == pod)
             .map(|d| d.zone.clone())
+    }
+
+    /// With `dns: {learn: true}`: restarts every enforcer trusting the
+    /// resolver's address and the server pod's (`--dns-server`), once both
+    /// exist; a no-op otherwise. Follow with [`Lab::wait_realized`].
+    pub fn trust_dns(&mut self) -> Result<()> {
+        let Some(d) = self.dns.as_ref().filter(|d| d.learn) else {
+            return Ok(());
+        };
+        let server = self
+            .pod_ip(&d.server)
+            .ok_or_else(|| anyhow!("dns.learn: the server pod {} has no address", d.server))?;
+        let resolver = self.dns_resolver()?.ip();
+        let flag = format!("--dns-server={resolver},{server}");
+        self.config
+            .enforcer_args
+            .retain(|a| !a.starts_with("--dns-server"));
+        self.config.enforcer_args.push(flag);
+        for i in 0..self.node_names().len() {
+            self.restart_enforcer_of(i)?;
+        }
+        Ok(())
     }
 
     /// Where pods send their queries: the resolver's address, port 53.

@@ -217,6 +217,78 @@ fn udp(src: IpAddr, dst: IpAddr, b: &[u8]) -> Result<Datagram, FrameError> {
     })
 }
 
+/// The frame with its UDP checksum computed, when it carries a whole UDP
+/// datagram (IPv4 or IPv6 without extension headers); any other frame as
+/// it is. A frame copied at the host veth may carry a partial checksum
+/// (the sender's offload, finished by the device): sent again through a
+/// packet socket it would reach the pod unfinished, and be dropped there.
+pub fn with_udp_checksum(frame: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    use std::borrow::Cow;
+    if frame.len() < ETH_HLEN {
+        return Cow::Borrowed(frame);
+    }
+    let (l4_at, pseudo): (usize, Vec<u8>) = match be16(frame, 12) {
+        ETH_P_IP => {
+            let ip = &frame[ETH_HLEN..];
+            let Ok(p) = ipv4(ip) else {
+                return Cow::Borrowed(frame);
+            };
+            if p.fragment.is_some() || p.proto != IPPROTO_UDP {
+                return Cow::Borrowed(frame);
+            }
+            let ihl = usize::from(ip[0] & 0x0f) * 4;
+            let mut ph = Vec::with_capacity(12);
+            ph.extend_from_slice(&ip[12..20]);
+            ph.extend_from_slice(&[0, IPPROTO_UDP]);
+            ph.extend_from_slice(&(p.body.len() as u16).to_be_bytes());
+            (ETH_HLEN + ihl, ph)
+        }
+        ETH_P_IPV6 => {
+            let ip = &frame[ETH_HLEN..];
+            if ip.len() < 40 || ip[6] != IPPROTO_UDP {
+                return Cow::Borrowed(frame);
+            }
+            let Ok(p) = ipv6(ip) else {
+                return Cow::Borrowed(frame);
+            };
+            let mut ph = Vec::with_capacity(40);
+            ph.extend_from_slice(&ip[8..40]);
+            ph.extend_from_slice(&(p.body.len() as u32).to_be_bytes());
+            ph.extend_from_slice(&[0, 0, 0, IPPROTO_UDP]);
+            (ETH_HLEN + 40, ph)
+        }
+        _ => return Cow::Borrowed(frame),
+    };
+    if frame.len() < l4_at + UDP_HLEN {
+        return Cow::Borrowed(frame);
+    }
+    let udp_len = usize::from(be16(frame, l4_at + 4));
+    if udp_len < UDP_HLEN || l4_at + udp_len > frame.len() {
+        return Cow::Borrowed(frame);
+    }
+    let mut out = frame.to_vec();
+    out[l4_at + 6] = 0;
+    out[l4_at + 7] = 0;
+    let mut sum: u32 = 0;
+    let mut add = |bytes: &[u8]| {
+        for w in bytes.chunks(2) {
+            let hi = u32::from(w[0]) << 8;
+            sum += hi | w.get(1).map_or(0, |&b| u32::from(b));
+        }
+    };
+    add(&pseudo);
+    add(&out[l4_at..l4_at + udp_len]);
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    let mut check = !(sum as u16);
+    if check == 0 {
+        check = 0xffff; // 0 means "no checksum" (RFC 768)
+    }
+    out[l4_at + 6..l4_at + 8].copy_from_slice(&check.to_be_bytes());
+    Cow::Owned(out)
+}
+
 /// The IP datagram a frame is a fragment of: (source, destination, id);
 /// None for a frame that is no fragment (or cannot be read).
 pub fn fragment_of(frame: &[u8]) -> Option<(IpAddr, IpAddr, u32)> {
@@ -623,6 +695,57 @@ mod tests {
         assert_eq!(r.datagram(0, 1, last), Err(FrameError::TooLarge(2000)));
     }
 
+    /// The one's complement sum over pseudo-header and UDP datagram is
+    /// 0xffff when the checksum is right.
+    fn checksum_ok(frame: &[u8]) -> bool {
+        let v6 = frame[12] == 0x86;
+        let (l4, mut words): (usize, Vec<u8>) = if v6 {
+            let ip = &frame[14..];
+            let mut ph = ip[8..40].to_vec();
+            let len = u16::from_be_bytes([ip[4], ip[5]]) as u32;
+            ph.extend_from_slice(&len.to_be_bytes());
+            ph.extend_from_slice(&[0, 0, 0, 17]);
+            (54, ph)
+        } else {
+            let ip = &frame[14..];
+            let mut ph = ip[12..20].to_vec();
+            ph.extend_from_slice(&[0, 17]);
+            let len = u16::from_be_bytes([ip[2], ip[3]]) - 20;
+            ph.extend_from_slice(&len.to_be_bytes());
+            (34, ph)
+        };
+        words.extend_from_slice(&frame[l4..]);
+        let mut sum: u32 = words
+            .chunks(2)
+            .map(|w| (u32::from(w[0]) << 8) | w.get(1).map_or(0, |&b| u32::from(b)))
+            .sum();
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        sum == 0xffff
+    }
+
+    #[test]
+    fn a_whole_datagram_gets_its_udp_checksum_and_a_fragment_is_left_alone() {
+        for (src, dst) in [
+            (sa("10.96.0.10:53"), sa("10.0.1.5:40000")),
+            (sa("[fd00::a]:53"), sa("[fd00:1::5]:40000")),
+        ] {
+            for n in [0, 1, 77, 300] {
+                let f = build::datagram(src, dst, &payload(n));
+                assert!(!checksum_ok(&f) || n == 0, "the builder leaves it 0");
+                let fixed = with_udp_checksum(&f);
+                assert!(checksum_ok(&fixed), "{src} {n}");
+                assert_eq!(fixed.len(), f.len());
+                // Idempotent: a right checksum stays right.
+                assert_eq!(with_udp_checksum(&fixed), fixed);
+            }
+            let frags = build::fragments(src, dst, 3, &payload(900), 300);
+            assert_eq!(with_udp_checksum(&frags[0]), frags[0]);
+        }
+        assert_eq!(with_udp_checksum(&[1, 2, 3]), &[1u8, 2, 3][..]);
+    }
+
     #[test]
     fn any_truncation_or_noise_is_an_error_never_a_panic() {
         let mut rng = Rng(0xbad);
@@ -642,6 +765,7 @@ mod tests {
         for f in &frames {
             for cut in 0..f.len() {
                 let _ = r.datagram(0, 1, &f[..cut]);
+                let _ = with_udp_checksum(&f[..cut]);
             }
         }
         for _ in 0..20_000 {
@@ -651,6 +775,7 @@ mod tests {
                 f[i] = rng.below(256) as u8;
             }
             let _ = r.datagram(0, rng.below(4) as u32, &f);
+            let _ = with_udp_checksum(&f);
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod frame;
 pub mod learner;
 pub mod reinject;
 pub mod rules;
+pub mod task;
 
 use std::sync::Arc;
 
