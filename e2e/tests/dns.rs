@@ -1,9 +1,9 @@
-//! The lab's DNS with real traffic (the groundwork of egress by domain
-//! name): examples/dns.yaml plays (names resolve from a pod through the
-//! kube-dns Service to the server pod, a CNAME is followed, an answer
-//! changes between steps, and a ClusterNetworkPolicy `domainNames` rule,
-//! not enforced yet, fails closed while DNS, allowed by its own rule, keeps
-//! working); what a pod's own resolver reads after it.
+//! The lab's DNS with real traffic: examples/dns.yaml plays (names resolve
+//! from a pod through the kube-dns Service to the server pod, a CNAME is
+//! followed, an answer changes between steps, and a ClusterNetworkPolicy
+//! `domainNames` rule, with no learner running, fails closed while DNS,
+//! allowed by its own rule, keeps working); what a pod's own resolver
+//! reads after it. tests/dns_names.rs is the same with learning.
 
 mod common;
 use common::require_root;

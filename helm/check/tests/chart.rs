@@ -136,10 +136,22 @@ fn the_controller_is_restricted_and_the_enforcer_needs_privileged_for_its_host_a
             .iter()
             .filter(|v| v.starts_with("capabilities"))
             .collect();
+        // NET_RAW only where it learns by domain name (dns.servers): the
+        // packet socket that re-injects held answers.
+        let learns = enforcer["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "PALISADE_DNS_SERVERS");
         assert_eq!(
             added.len(),
-            3,
-            "{label}: only BPF, NET_ADMIN, PERFMON: {added:?}"
+            3 + usize::from(learns),
+            "{label}: only BPF, NET_ADMIN, PERFMON (and NET_RAW to learn names): {added:?}"
+        );
+        assert_eq!(
+            added.iter().any(|v| v.contains("NET_RAW")),
+            learns,
+            "{label}: {added:?}"
         );
     }
 }
@@ -421,6 +433,11 @@ fn telemetry_values_become_env_only_when_set() {
         )
     };
     let (enforcer, controller) = containers(&render(None).unwrap());
+    assert_eq!(
+        env_of(&enforcer, "PALISADE_DNS_SERVERS"),
+        None,
+        "no learner by default"
+    );
     for name in TELEMETRY {
         assert_eq!(env_of(&enforcer, name), None, "default values set {name}");
         assert_eq!(env_of(&controller, name), None, "default values set {name}");
@@ -449,6 +466,19 @@ fn telemetry_values_become_env_only_when_set() {
         env_of(&controller, "PALISADE_FLOW_LOG"),
         None,
         "the controller has no flow log"
+    );
+    assert_eq!(
+        env_of(&enforcer, "PALISADE_DNS_SERVERS").as_deref(),
+        Some("10.96.0.10,169.254.20.10")
+    );
+    assert_eq!(
+        env_of(&enforcer, "PALISADE_DNS_MIN_TTL_SECS").as_deref(),
+        Some("10")
+    );
+    assert_eq!(
+        env_of(&enforcer, "PALISADE_DNS_ENTRIES_PER_POD").as_deref(),
+        Some("8192"),
+        "the defaults go with the servers"
     );
 
     let dir = std::env::temp_dir().join(format!("palisade-chart-telemetry-{}", std::process::id()));
