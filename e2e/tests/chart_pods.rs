@@ -33,6 +33,7 @@ use serde_json::Value;
 
 /// Capability numbers (linux/capability.h).
 const CAP_NET_ADMIN: u32 = 12;
+const CAP_NET_RAW: u32 = 13;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
@@ -116,7 +117,16 @@ fn run_case(label: &str, values: &Value) -> Result<(), String> {
     let lab = Lab::start(config).map_err(|e| format!("{label}: {e:#}"))?;
     let check = || -> Result<(), String> {
         let enforcer = Status::of(lab.enforcer_pid().ok_or("no enforcer")?);
-        let want = caps(&[CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON]);
+        // NET_RAW too where it learns names (dns.servers): the packet
+        // socket that re-injects held answers.
+        let learns = values["dns"]["servers"]
+            .as_array()
+            .is_some_and(|s| !s.is_empty());
+        let mut bits = vec![CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON];
+        if learns {
+            bits.push(CAP_NET_RAW);
+        }
+        let want = caps(&bits);
         if enforcer.effective_caps() != want {
             return Err(format!(
                 "enforcer CapEff {:x}, want {want:x}",
