@@ -11,6 +11,9 @@ use crate::reconciler::{Dump, Event, PlanError, PlanMessage, PodUp, PodUpOutcome
 pub struct Handle {
     tx: mpsc::Sender<Event>,
     pod_up_deadline: std::time::Duration,
+    /// The DNS learner, where one runs (--dns-server): the dump and the
+    /// metrics ask it for what it learned.
+    learning: Option<crate::names::report::Learning>,
 }
 
 /// Why the reconciler did not do what it was asked.
@@ -49,7 +52,17 @@ impl Handle {
         Handle {
             tx,
             pod_up_deadline,
+            learning: None,
         }
+    }
+
+    pub fn with_learning(mut self, learning: crate::names::report::Learning) -> Self {
+        self.learning = Some(learning);
+        self
+    }
+
+    pub fn learning(&self) -> Option<&crate::names::report::Learning> {
+        self.learning.as_ref()
     }
 
     pub fn sender(&self) -> mpsc::Sender<Event> {

@@ -15,6 +15,7 @@ pub mod links;
 pub mod lock;
 pub mod metrics;
 pub mod metrics_maps;
+pub mod metrics_names;
 pub mod names;
 pub mod plan_client;
 pub mod private;

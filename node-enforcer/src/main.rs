@@ -363,12 +363,7 @@ async fn run(args: Args) -> Result<(), RunError> {
             reconciler.run(rx, state_tx)
         })
         .map_err(|e| format!("starting the reconciler: {e}"))?;
-    let handle = Handle::new(
-        tx.clone(),
-        std::time::Duration::from_millis(args.pod_up_deadline_ms),
-    );
-    node_enforcer::links::watch(tx.clone(), links_pending)?;
-    if let Some(updates) = learner_updates {
+    let learning = if let Some(updates) = learner_updates {
         let limits = palisade_dns::Limits {
             min_ttl_s: args.dns_min_ttl_secs,
             names_per_pod: args.dns_names_per_pod,
@@ -377,7 +372,7 @@ async fn run(args: Args) -> Result<(), RunError> {
             pending_per_pod: args.dns_pending_per_pod,
             ..Default::default()
         };
-        node_enforcer::names::task::start(
+        let (_, learning) = node_enforcer::names::task::start(
             node_enforcer::names::task::Options {
                 pin_root: args.pin_root.clone(),
                 servers: args.dns_servers.clone(),
@@ -388,7 +383,18 @@ async fn run(args: Args) -> Result<(), RunError> {
         )
         .map_err(|e| format!("starting the learner: {e}"))?;
         tracing::info!(servers = ?args.dns_servers, "learning egress by domain name from these DNS servers");
+        Some(learning)
+    } else {
+        None
+    };
+    let mut handle = Handle::new(
+        tx.clone(),
+        std::time::Duration::from_millis(args.pod_up_deadline_ms),
+    );
+    if let Some(learning) = learning {
+        handle = handle.with_learning(learning);
     }
+    node_enforcer::links::watch(tx.clone(), links_pending)?;
     if let Some(addr) = args.metrics_addr {
         let listener = palisade_runtime::metrics_http::bind(addr).await?;
         tracing::info!(metrics_addr = %listener.local_addr().map_err(|e| e.to_string())?, "serving metrics");

@@ -51,10 +51,26 @@ pub fn scraper(
             if let Err(e) = &audit {
                 tracing::warn!(error = %e, "metrics: reading the staged (audit) counters");
             }
+            let dns_pins = pin_root.clone();
             let flow_log = flow_log_reading(pin_root).await;
+            let dns =
+                tokio::task::spawn_blocking(move || crate::metrics_names::read_datapath(&dns_pins))
+                    .await
+                    .unwrap_or_else(|e| Err(e.to_string()));
+            if let Err(e) = &dns {
+                tracing::warn!(error = %e, "metrics: reading the DNS capture counters");
+            }
+            let learner = match handle.learning() {
+                Some(l) => Some(l.report().await),
+                None => None,
+            };
             let mut text = render(dump.as_ref().ok(), datapath.as_ref().ok());
             text.push_str(&audit::render(audit.as_ref().ok()));
             text.push_str(&render_flow_log(flow_log.as_ref()));
+            text.push_str(&crate::metrics_names::render(
+                dns.as_deref().ok(),
+                learner.as_ref(),
+            ));
             text
         })
     }

@@ -7,11 +7,13 @@
 //! fragments put back together), [`rules`] numbers a pod's rules by
 //! name, and [`learner`] matches answers to queries and says which
 //! overlay entries to write. It does no I/O: the enforcer's learner task
-//! reads the ring buffer, writes the maps and re-injects the answers.
+//! ([`task`]) reads the ring buffer, writes the maps and re-injects the
+//! answers, and answers [`report`]'s requests for the dump and metrics.
 
 pub mod frame;
 pub mod learner;
 pub mod reinject;
+pub mod report;
 pub mod rules;
 pub mod task;
 

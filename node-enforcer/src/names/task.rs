@@ -13,7 +13,6 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, RingBuf};
@@ -28,6 +27,7 @@ use tokio::sync::mpsc;
 use super::frame::{fragment_of, with_udp_checksum, FrameError, ReassemblyLimits};
 use super::learner::{Ignored, Learner, Write};
 use super::reinject::Reinjector;
+use super::report::{Evictions, LearnedAddr, Learning, PodReport, Report, Request};
 use crate::datapath::bpf::learned::LearnedMaps;
 use crate::reconciler::names::PodUpdate;
 
@@ -63,17 +63,6 @@ pub enum NamesError {
     Socket(std::io::Error),
 }
 
-/// What the learner has done, for the dump and metrics.
-#[derive(Debug, Default, Clone)]
-pub struct Stats {
-    pub counters: super::learner::Counters,
-    pub held_released: u64,
-    pub reinject_errors: u64,
-    pub write_errors: u64,
-    pub pending_queries: usize,
-    pub overlay_entries: usize,
-}
-
 /// One IP datagram on one interface: (ifindex, source, destination, id).
 type DatagramKey = (u32, IpAddr, IpAddr, u32);
 
@@ -82,7 +71,8 @@ struct Waiting {
     /// When reassembly gives up on it (boot clock): its fragments are
     /// re-injected as they are.
     deadline: u64,
-    frames: Vec<Vec<u8>>,
+    /// Each with when the datapath copied it.
+    frames: Vec<(u64, Vec<u8>)>,
 }
 
 /// CLOCK_BOOTTIME in ns: the datapath's clock for expiries and deadlines.
@@ -110,7 +100,10 @@ struct Task {
     /// Interfaces told of since start (an adopted entry survives the first).
     told: std::collections::HashSet<u32>,
     timeout_ns: u64,
-    stats: Arc<Mutex<Stats>>,
+    /// Held frames re-injected, and how many of those sends failed.
+    released: u64,
+    reinject_errors: u64,
+    write_errors: u64,
 }
 
 fn map_error<'a>(
@@ -131,11 +124,12 @@ fn open_map(pin_root: &std::path::Path, name: &'static str) -> Result<Map, Names
 }
 
 /// Starts the learner on the maps pinned under `opts.pin_root`, hearing of
-/// pods from `updates` (the reconciler's `with_learner`).
+/// pods from `updates` (the reconciler's `with_learner`); the dump and the
+/// metrics ask it through the [`Learning`] returned.
 pub fn start(
     opts: Options,
     updates: mpsc::UnboundedReceiver<PodUpdate>,
-) -> Result<(tokio::task::JoinHandle<()>, Arc<Mutex<Stats>>), NamesError> {
+) -> Result<(tokio::task::JoinHandle<()>, Learning), NamesError> {
     let root = opts.pin_root.as_path();
     let ring = RingBuf::try_from(open_map(root, MAP_DNS_FRAMES)?)
         .map_err(|e| map_error(MAP_DNS_FRAMES, root)(e.to_string()))?;
@@ -161,7 +155,9 @@ pub fn start(
     // for as long as the AsyncFd holds it.
     let ring = unsafe { AsyncFd::register(ring) }
         .map_err(|e| map_error(MAP_DNS_FRAMES, root)(e.to_string()))?;
-    let stats = Arc::new(Mutex::new(Stats::default()));
+    // One request at a time is plenty: a scrape and a dump at once wait.
+    let (requests_tx, requests) = mpsc::channel(4);
+    let learning = Learning::new(opts.servers.clone(), requests_tx);
     let task = Task {
         learner: Learner::new(opts.limits, opts.reassembly, opts.servers.iter().copied()),
         maps,
@@ -174,9 +170,11 @@ pub fn start(
             .collect(),
         told: Default::default(),
         timeout_ns: opts.reassembly.timeout_ns,
-        stats: stats.clone(),
+        released: 0,
+        reinject_errors: 0,
+        write_errors: 0,
     };
-    Ok((tokio::spawn(task.run(ring, updates)), stats))
+    Ok((tokio::spawn(task.run(ring, updates, requests)), learning))
 }
 
 impl Drop for Task {
@@ -192,6 +190,7 @@ impl Task {
         mut self,
         mut ring: AsyncFd<RingBuf<MapData>>,
         mut updates: mpsc::UnboundedReceiver<PodUpdate>,
+        mut requests: mpsc::Receiver<Request>,
     ) {
         let mut refresh = tokio::time::interval(REFRESH);
         refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -230,11 +229,13 @@ impl Task {
                     let Some(u) = update else { break };
                     self.pod(u);
                 }
+                Some(reply) = requests.recv() => {
+                    let _ = reply.send(self.report());
+                }
                 _ = refresh.tick() => self.keep_alive(),
                 _ = tokio::time::sleep(sleep.unwrap_or(REFRESH)), if sleep.is_some() => {}
             }
             self.expire();
-            self.publish();
         }
     }
 
@@ -291,7 +292,7 @@ impl Task {
                             frames: Vec::new(),
                         })
                         .frames
-                        .push(frame.to_vec());
+                        .push((ts, frame.to_vec()));
                     return;
                 }
             }
@@ -299,21 +300,24 @@ impl Task {
         }
         if let Some(key) = datagram {
             if let Some(w) = self.waiting.remove(&key) {
-                for f in w.frames {
-                    self.release(ifindex, &f);
+                for (held_at, f) in w.frames {
+                    self.release(ifindex, held_at, &f);
                 }
             }
         }
-        self.release(ifindex, frame);
+        self.release(ifindex, ts, frame);
     }
 
-    fn release(&mut self, ifindex: u32, frame: &[u8]) {
-        let mut stats = self.stats.lock().expect("stats");
-        stats.held_released += 1;
+    /// Re-injects a frame the datapath held since `held_at` (boot clock).
+    fn release(&mut self, ifindex: u32, held_at: u64, frame: &[u8]) {
+        self.released += 1;
         if let Err(e) = self.reinjector.send(ifindex, &with_udp_checksum(frame)) {
-            stats.reinject_errors += 1;
+            self.reinject_errors += 1;
             tracing::debug!(ifindex, "learner: re-injecting a held answer: {e}");
         }
+        crate::metrics_names::observe_answer_hold(Duration::from_nanos(
+            boot_ns().saturating_sub(held_at),
+        ));
     }
 
     fn write(&mut self, writes: Vec<Write>) {
@@ -331,7 +335,7 @@ impl Task {
                 Write::Clear { ifindex, addr } => (ifindex, addr, self.maps.clear(ifindex, addr)),
             };
             if let Err(e) = result {
-                self.stats.lock().expect("stats").write_errors += 1;
+                self.write_errors += 1;
                 tracing::warn!(ifindex, %addr, "learner: writing the overlay: {e}");
             }
         }
@@ -403,17 +407,68 @@ impl Task {
             .collect();
         for key in timed_out {
             if let Some(w) = self.waiting.remove(&key) {
-                for f in w.frames {
-                    self.release(key.0, &f);
+                for (held_at, f) in w.frames {
+                    self.release(key.0, held_at, &f);
                 }
             }
         }
     }
 
-    fn publish(&self) {
-        let mut stats = self.stats.lock().expect("stats");
-        stats.counters = self.learner.counters.clone();
-        stats.pending_queries = self.learner.pending();
-        stats.overlay_entries = self.maps.len();
+    fn report(&self) -> Report {
+        let (learned, queries, fragments) = self.learner.evictions();
+        let mut pods: std::collections::BTreeMap<u32, PodReport> = Default::default();
+        for &ifindex in &self.told {
+            let names = self.learner.names(ifindex);
+            if names.is_empty() {
+                continue;
+            }
+            let names = names
+                .into_iter()
+                .map(|(n, addrs)| {
+                    let addrs = addrs
+                        .into_iter()
+                        .map(|(addr, expiry)| LearnedAddr { addr, expiry })
+                        .collect();
+                    (n, addrs)
+                })
+                .collect();
+            pods.insert(
+                ifindex,
+                PodReport {
+                    ifindex,
+                    names,
+                    adopted: Vec::new(),
+                },
+            );
+        }
+        for (&(ifindex, addr), &expiry) in &self.adopted {
+            pods.entry(ifindex)
+                .or_insert_with(|| PodReport {
+                    ifindex,
+                    ..Default::default()
+                })
+                .adopted
+                .push(LearnedAddr { addr, expiry });
+        }
+        for p in pods.values_mut() {
+            p.adopted.sort_by_key(|a| a.addr);
+        }
+        Report {
+            now: boot_ns(),
+            counters: self.learner.counters.clone(),
+            evicted: Evictions {
+                names: learned.names_evicted,
+                addrs: learned.addrs_evicted,
+                entries: learned.entries_evicted,
+                queries,
+                fragments,
+            },
+            released: self.released,
+            reinject_errors: self.reinject_errors,
+            write_errors: self.write_errors,
+            pending_queries: self.learner.pending(),
+            overlay_entries: self.maps.len(),
+            pods: pods.into_values().collect(),
+        }
     }
 }

@@ -3,11 +3,14 @@
 use palisade_proto::v1::{
     debug_service_server::DebugService, ExplainRequest, ExplainResponse, GetControllerStateRequest,
     GetControllerStateResponse, GetEnforcerStateRequest, GetEnforcerStateResponse,
-    GetRealizationRequest, GetRealizationResponse, InterfaceState, PolicySetState,
+    GetRealizationRequest, GetRealizationResponse, InterfaceState, LearnedAddress, LearnedName,
+    LearnedPodState, NamesEvictions, NamesState, PolicySetState,
 };
 use tonic::{Request, Response, Status};
 
 use crate::handle::Handle;
+use crate::names::report::{LearnedAddr, Learning};
+use crate::reconciler::InterfaceDump;
 
 pub struct DebugServer {
     handle: Handle,
@@ -57,7 +60,12 @@ impl DebugService for DebugServer {
             .dump()
             .await
             .map_err(|e| Status::unavailable(e.to_string()))?;
+        let names = match self.handle.learning() {
+            Some(l) => Some(names_state(l, &d.interfaces).await),
+            None => None,
+        };
         Ok(Response::new(GetEnforcerStateResponse {
+            names,
             state: Some(d.state),
             plan_version: d.plan_version,
             plan_connected: d.plan_connected,
@@ -112,5 +120,77 @@ impl DebugService for DebugServer {
                 })
                 .collect(),
         }))
+    }
+}
+
+/// The learner's report for the dump, its interfaces named as the
+/// reconciler knows them. A learner that stopped says so, and why.
+async fn names_state(learning: &Learning, interfaces: &[InterfaceDump]) -> NamesState {
+    let servers = learning.servers.iter().map(|s| s.to_string()).collect();
+    let r = match learning.report().await {
+        Ok(r) => r,
+        Err(e) => {
+            return NamesState {
+                servers,
+                learning: false,
+                error: e.to_string(),
+                ..Default::default()
+            }
+        }
+    };
+    let address = |a: &LearnedAddr| LearnedAddress {
+        address: a.addr.to_string(),
+        expires_in_ms: a.expiry.saturating_sub(r.now) / 1_000_000,
+    };
+    let pods = r
+        .pods
+        .iter()
+        .map(|p| {
+            let known = interfaces.iter().find(|i| i.ifindex == p.ifindex);
+            LearnedPodState {
+                ifindex: p.ifindex,
+                interface: known.map(|i| i.name.clone()).unwrap_or_default(),
+                pod: known
+                    .and_then(|i| i.pod.as_ref())
+                    .map(|p| format!("{}/{}", p.0, p.1))
+                    .unwrap_or_default(),
+                names: p
+                    .names
+                    .iter()
+                    .map(|(name, addrs)| LearnedName {
+                        name: name.clone(),
+                        addresses: addrs.iter().map(address).collect(),
+                    })
+                    .collect(),
+                adopted: p.adopted.iter().map(address).collect(),
+            }
+        })
+        .collect();
+    NamesState {
+        servers,
+        learning: true,
+        error: String::new(),
+        queries: r.counters.queries,
+        answers: r.counters.answers,
+        answers_learned_from: r.counters.learned,
+        ignored: r
+            .counters
+            .ignored
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect(),
+        released: r.released,
+        reinject_errors: r.reinject_errors,
+        write_errors: r.write_errors,
+        pending_queries: r.pending_queries as u64,
+        evicted: Some(NamesEvictions {
+            names: r.evicted.names,
+            addresses: r.evicted.addrs,
+            entries: r.evicted.entries,
+            queries: r.evicted.queries,
+            fragments: r.evicted.fragments,
+        }),
+        overlay_entries: r.overlay_entries as u64,
+        pods,
     }
 }
