@@ -290,22 +290,8 @@ fn resolve_here(server: SocketAddr, name: Name, timeout: Duration) -> Result<Res
     // Connected: the kernel drops datagrams from anyone but the server.
     sock.connect(server)?;
     let id = query_id();
-    let question = Question {
-        name,
-        qtype: TYPE_A,
-        qclass: CLASS_IN,
-    };
-    let query = Message {
-        header: Header {
-            id,
-            response: false,
-            opcode: OPCODE_QUERY,
-            truncated: false,
-            rcode: 0,
-        },
-        question: question.clone(),
-        answers: Vec::new(),
-    };
+    let query = a_query(id, name);
+    let question = query.question.clone();
     sock.send(&query.encode())?;
     let deadline = Instant::now() + timeout;
     let mut buf = vec![0u8; 65536];
@@ -342,6 +328,56 @@ fn resolve_here(server: SocketAddr, name: Name, timeout: Duration) -> Result<Res
             bail!("no address in the answer");
         }
         return Ok(Resolved { addrs: r.addrs });
+    }
+}
+
+/// What a client that connects the instant it has an address saw: the
+/// address, and whether its TCP connection to it was accepted.
+#[derive(Debug)]
+pub struct Connected {
+    pub addr: IpAddr,
+    pub result: std::io::Result<()>,
+}
+
+/// Resolves `name` as [`resolve`] does and, on the same thread the moment
+/// the answer is read, connects to its first address on `port` (TCP,
+/// waiting at most `connect_timeout`): no gap a learner could hide in.
+pub fn resolve_and_connect(
+    ns: &NetNs,
+    server: SocketAddr,
+    name: &str,
+    port: u16,
+    timeout: Duration,
+    connect_timeout: Duration,
+) -> Result<Connected> {
+    let qname = parse_name(name)?;
+    ns.run(|| -> Result<Connected> {
+        let r = resolve_here(server, qname, timeout)?;
+        let addr = r.addrs[0].0;
+        let result =
+            std::net::TcpStream::connect_timeout(&SocketAddr::new(addr, port), connect_timeout)
+                .map(drop);
+        Ok(Connected { addr, result })
+    })?
+    .with_context(|| format!("resolving {name} through {server} from netns {}", ns.name()))
+}
+
+/// A type A query for `name` with `id`, as a stub resolver sends it.
+pub fn a_query(id: u16, name: Name) -> Message {
+    Message {
+        header: Header {
+            id,
+            response: false,
+            opcode: OPCODE_QUERY,
+            truncated: false,
+            rcode: 0,
+        },
+        question: Question {
+            name,
+            qtype: TYPE_A,
+            qclass: CLASS_IN,
+        },
+        answers: Vec::new(),
     }
 }
 

@@ -28,6 +28,7 @@ pub const REPLY_FLAGS: [(u8, &str); 5] = [
 ];
 
 const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
 /// IPv4 "more fragments" flag, in the flags/offset field.
 const MF: u16 = 0x2000;
 
@@ -88,9 +89,38 @@ pub fn tcp_segment(
     seg
 }
 
-/// An IPv4 packet around `payload`; `frag` is the flags/offset field (offset
-/// in 8-byte units, plus [`MF`]).
+/// An IPv4 packet around the TCP segment `payload`; `frag` is the
+/// flags/offset field (offset in 8-byte units, plus [`MF`]).
 pub fn ipv4_packet(src: Ipv4Addr, dst: Ipv4Addr, id: u16, frag: u16, payload: &[u8]) -> Vec<u8> {
+    ipv4_of(IPPROTO_TCP, src, dst, id, frag, payload)
+}
+
+/// A whole UDP datagram in an IPv4 packet, checksummed: e.g. a DNS answer
+/// from anyone, to anyone.
+pub fn udp_packet(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
+    let len = (8 + payload.len()) as u16;
+    let mut d = Vec::with_capacity(len as usize);
+    d.extend_from_slice(&sport.to_be_bytes());
+    d.extend_from_slice(&dport.to_be_bytes());
+    d.extend_from_slice(&len.to_be_bytes());
+    d.extend_from_slice(&[0, 0]);
+    d.extend_from_slice(payload);
+    let mut pseudo = 0u32;
+    for addr in [src, dst] {
+        let o = addr.octets();
+        pseudo += u32::from(u16::from_be_bytes([o[0], o[1]]));
+        pseudo += u32::from(u16::from_be_bytes([o[2], o[3]]));
+    }
+    pseudo += u32::from(IPPROTO_UDP) + u32::from(len);
+    let sum = match checksum(&d, pseudo) {
+        0 => 0xffff, // 0 means "no checksum" in UDP
+        s => s,
+    };
+    d[6..8].copy_from_slice(&sum.to_be_bytes());
+    ipv4_of(IPPROTO_UDP, src, dst, 0x6100, 0, &d)
+}
+
+fn ipv4_of(proto: u8, src: Ipv4Addr, dst: Ipv4Addr, id: u16, frag: u16, payload: &[u8]) -> Vec<u8> {
     let total = (20 + payload.len()) as u16;
     let mut p = Vec::with_capacity(total as usize);
     p.push(0x45); // version 4, header 5 words
@@ -99,7 +129,7 @@ pub fn ipv4_packet(src: Ipv4Addr, dst: Ipv4Addr, id: u16, frag: u16, payload: &[
     p.extend_from_slice(&id.to_be_bytes());
     p.extend_from_slice(&frag.to_be_bytes());
     p.push(64); // ttl
-    p.push(IPPROTO_TCP);
+    p.push(proto);
     p.extend_from_slice(&[0, 0]);
     p.extend_from_slice(&src.octets());
     p.extend_from_slice(&dst.octets());

@@ -5,17 +5,47 @@
 //! it; nothing else is).
 
 mod common;
+use common::metrics::{get, metrics_addr, scrape};
 use common::require_root;
 
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream, UdpSocket};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::pod_ns;
-use palisade_e2e::scenario::{ProbeSpec, Protocol, Verdict};
+use common::{pod_ipv4, pod_ns};
+use palisade_e2e::forge;
+use palisade_e2e::netns::NetNs;
+use palisade_e2e::scenario::{ProbeSpec, Protocol, Target, Verdict};
 use palisade_e2e::{dns, run_scenario, Lab, LabConfig, Scenario};
 
 fn example() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/dns-names.yaml")
+}
+
+/// Every process serves /metrics on a port of its own; set before any lab
+/// of this binary starts a process.
+fn metrics_on() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| std::env::set_var("PALISADE_METRICS_ADDR", "127.0.0.1:0"));
+}
+
+/// A lab where the example has played: app/client may reach
+/// `*.example.com` on 443 by name, and nothing else but DNS.
+fn lab_after_example() -> (Lab, Scenario) {
+    metrics_on();
+    let scenario = Scenario::from_file(&example()).expect("the example is valid");
+    let mut lab = Lab::start(LabConfig::default().for_scenario(&scenario)).expect("lab starts");
+    let mut out = Vec::new();
+    let result = run_scenario(&mut lab, &scenario, &mut out);
+    let table = String::from_utf8_lossy(&out).into_owned();
+    match result {
+        Ok(report) if report.passed() => {}
+        Ok(report) => panic!("{}\n{table}\n{}", report.summary(), lab.log_tails(60)),
+        Err(e) => panic!("{e:#}\n{table}\n{}", lab.log_tails(60)),
+    }
+    (lab, scenario)
 }
 
 #[test]
@@ -28,21 +58,67 @@ fn the_example_is_valid_and_learns() {
 #[ignore = "needs root"]
 fn a_resolved_name_opens_its_addresses_to_the_pod_that_resolved_it_only() {
     require_root();
-    let scenario = Scenario::from_file(&example()).expect("the example is valid");
-    let mut lab = Lab::start(LabConfig::default().for_scenario(&scenario)).expect("lab starts");
-    let mut out = Vec::new();
-    let result = run_scenario(&mut lab, &scenario, &mut out);
-    let table = String::from_utf8_lossy(&out).into_owned();
-    match result {
-        Ok(report) if report.passed() => {}
-        Ok(report) => panic!("{}\n{table}\n{}", report.summary(), lab.log_tails(60)),
-        Err(e) => panic!("{e:#}\n{table}\n{}", lab.log_tails(60)),
-    }
+    let (mut lab, scenario) = lab_after_example();
     // The enforcer learns: no warning that names match nothing.
-    let warnings = lab.enforcer_state().expect("the enforcer answers").warnings;
+    let state = lab.enforcer_state().expect("the enforcer answers");
     assert!(
-        !warnings.iter().any(|w| w.contains("match nothing")),
-        "{warnings:?}"
+        !state.warnings.iter().any(|w| w.contains("match nothing")),
+        "{:?}",
+        state.warnings
+    );
+    // The dump lists what the client learned, with the answer's address
+    // and what is left of its TTL; the bystander resolved nothing.
+    let api = lab
+        .pod_ip(&palisade_e2e::PodName::parse("web/api").unwrap())
+        .unwrap()
+        .to_string();
+    let names = state.names.expect("a learner runs");
+    assert!(names.learning, "{names:?}");
+    assert!(!names.servers.is_empty(), "{names:?}");
+    let client = names
+        .pods
+        .iter()
+        .find(|p| p.pod == "app/client")
+        .unwrap_or_else(|| panic!("app/client learned nothing: {names:?}"));
+    let learned = client
+        .names
+        .iter()
+        .find(|n| n.name == "api.example.com")
+        .unwrap_or_else(|| panic!("api.example.com not learned: {client:?}"));
+    let entry = learned
+        .addresses
+        .iter()
+        .find(|a| a.address == api)
+        .unwrap_or_else(|| panic!("{api} not learned for api.example.com: {learned:?}"));
+    assert!(
+        entry.expires_in_ms > 0 && entry.expires_in_ms <= 30_000,
+        "TTL 30 s: {entry:?}"
+    );
+    assert!(
+        !names.pods.iter().any(|p| p.pod == "app/bystander"),
+        "{names:?}"
+    );
+    assert!(names.answers_learned_from >= 3, "{names:?}");
+    // The same in the metrics, with how long answers were held.
+    let enforcer_metrics = || {
+        let addr = metrics_addr(&lab.log_dir().join("enforcer.log"));
+        scrape(lab.node_netns(), &addr)
+    };
+    let m = enforcer_metrics();
+    assert_eq!(get(&m, "palisade_dns_learner_up"), 1.0);
+    assert!(get(&m, "palisade_dns_learned_names") >= 3.0, "{m:#?}");
+    // api and www answer one address; deep another.
+    assert!(get(&m, "palisade_dns_learned_addresses") >= 2.0, "{m:#?}");
+    assert!(
+        get(
+            &m,
+            "palisade_dns_datapath_frames_total{event=\"answer_held\"}"
+        ) >= 3.0,
+        "{m:#?}"
+    );
+    assert!(
+        get(&m, "palisade_dns_answer_hold_seconds_count") >= 3.0,
+        "{m:#?}"
     );
 
     // A name the rule matches, for an address the client never learned.
@@ -101,6 +177,26 @@ fn a_resolved_name_opens_its_addresses_to_the_pod_that_resolved_it_only() {
     // A new enforcer adopts what was learned, and learns again.
     lab.restart_enforcer().expect("the enforcer restarts");
     lab.wait_realized().expect("realized");
+    // Its dump shows what it adopted: addresses without their names.
+    let learned_by = |lab: &Lab| {
+        let names = lab
+            .enforcer_state()
+            .expect("the enforcer answers")
+            .names
+            .expect("a learner runs");
+        assert!(names.learning, "{names:?}");
+        names
+            .pods
+            .iter()
+            .find(|p| p.pod == "app/client")
+            .cloned()
+            .unwrap_or_else(|| panic!("app/client has nothing learned: {names:?}"))
+    };
+    let client = learned_by(&lab);
+    assert!(
+        client.adopted.iter().any(|a| a.address == api),
+        "{api} adopted: {client:?}"
+    );
     assert_eq!(
         probe(&lab, "name:api.example.com"),
         Some(Verdict::Allow),
@@ -111,4 +207,326 @@ fn a_resolved_name_opens_its_addresses_to_the_pod_that_resolved_it_only() {
         Some(Verdict::Allow),
         "learned by the new enforcer"
     );
+    let client = learned_by(&lab);
+    assert!(
+        client.names.iter().any(|n| n.name == "late.example.com"),
+        "learned again, by name: {client:?}"
+    );
+}
+
+/// No window: a client that connects the instant its answer is read is
+/// allowed, every time. Each name answers a fresh address of the lab's
+/// internet (the fabric answers them all, on 443), so each connection
+/// needs what its own answer taught.
+#[test]
+#[ignore = "needs root"]
+fn a_client_that_connects_the_instant_its_answer_arrives_is_allowed_a_thousand_times() {
+    require_root();
+    const NAMES: usize = 1000;
+    let (mut lab, scenario) = lab_after_example();
+    let _internet = Internet::serve(&lab);
+    // Addresses 198.18.0.1 on, one per name, none resolved before.
+    let addr = |i: usize| Ipv4Addr::new(198, 18, (i / 250) as u8, (i % 250) as u8 + 1);
+    assert!(palisade_e2e::lab::INTERNET.starts_with("198.18."));
+    let mut records = scenario.dns.clone().unwrap().records;
+    for i in 0..NAMES {
+        records.insert(
+            dns::parse_name(&format!("n{i}.example.com")).unwrap(),
+            (60, dns::Answer::Addrs(vec![Target::Ip(addr(i).into())])),
+        );
+    }
+    lab.set_dns_records(&records).unwrap();
+    let client = pod_ns(&lab, "app/client");
+    let resolver = lab.dns_resolver().unwrap();
+    // The test can fail: an internet address nobody resolved is refused.
+    assert!(
+        connect(&client, Ipv4Addr::new(198, 19, 0, 1)).is_err(),
+        "an unresolved address"
+    );
+    // A SYN refused would be retransmitted a second later and might then
+    // pass: every first SYN must pass, which the denial counter says (and a
+    // connection not made well within the retransmission timeout).
+    let denied_before = denied(&lab);
+    let mut failed = Vec::new();
+    for i in 0..NAMES {
+        let name = format!("n{i}.example.com");
+        let c = dns::resolve_and_connect(
+            &client,
+            resolver,
+            &name,
+            443,
+            Duration::from_secs(2),
+            Duration::from_millis(900),
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        assert_eq!(c.addr, IpAddr::from(addr(i)), "{name}");
+        if let Err(e) = c.result {
+            failed.push(format!("{name} ({}): {e}", c.addr));
+        }
+    }
+    let denied_during = denied(&lab) - denied_before;
+    // What the client learned is the client's.
+    let bystander = pod_ns(&lab, "app/bystander");
+    assert!(connect(&bystander, addr(0)).is_err(), "the bystander");
+    assert!(
+        failed.is_empty(),
+        "{} of {NAMES} connections made the instant the answer arrived were refused: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(10)]
+    );
+    assert_eq!(
+        denied_during, 0.0,
+        "packets of the client's egress denied while it connected to what it had just resolved"
+    );
+}
+
+/// Every address of the lab's internet accepts TCP connections on 443
+/// while this lives.
+struct Internet {
+    ns: NetNs,
+    stop: Arc<AtomicBool>,
+    acceptor: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Internet {
+    fn serve(lab: &Lab) -> Internet {
+        let ns = NetNs::from_existing(lab.internet_netns().expect("a fabric"));
+        let listener = ns
+            .run(|| TcpListener::bind((Ipv4Addr::UNSPECIFIED, 443)))
+            .unwrap()
+            .expect("a listener for the internet");
+        let stop = Arc::new(AtomicBool::new(false));
+        let acceptor = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                for conn in listener.incoming() {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    drop(conn);
+                }
+            })
+        };
+        Internet {
+            ns,
+            stop,
+            acceptor: Some(acceptor),
+        }
+    }
+}
+
+impl Drop for Internet {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wakes the acceptor, which then sees the flag.
+        let _ = self
+            .ns
+            .run(|| TcpStream::connect((Ipv4Addr::LOCALHOST, 443)));
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+    }
+}
+
+/// A TCP connection from `ns` to `to`:443, given a second.
+fn connect(ns: &NetNs, to: Ipv4Addr) -> std::io::Result<TcpStream> {
+    ns.run(|| TcpStream::connect_timeout(&(to, 443).into(), Duration::from_secs(1)))
+        .unwrap()
+}
+
+/// Sends `packets` out of the pod's eth0 as they are (a packet socket: what
+/// a pod with CAP_NET_RAW can do).
+fn forge_from(ns: &NetNs, packets: &[forge::Forged]) {
+    ns.run(|| {
+        let gw = forge::default_gateway()?;
+        let mac = forge::gateway_mac(gw, Duration::from_secs(2))?;
+        forge::send(palisade_e2e::cni::IFNAME, mac, packets)
+    })
+    .unwrap()
+    .expect("forging");
+}
+
+/// Packets of pods' egress the enforcer's node denied by policy, so far.
+fn denied(lab: &Lab) -> f64 {
+    let addr = metrics_addr(&lab.log_dir().join("enforcer.log"));
+    let m = scrape(lab.node_netns(), &addr);
+    get(
+        &m,
+        "palisade_enforcer_verdicts_total{direction=\"egress\",verdict=\"denied\",reason=\"policy\"}",
+    )
+}
+
+/// Packets the enforcer's node denied for a spoofed source, so far.
+fn spoofed(lab: &Lab) -> f64 {
+    let addr = metrics_addr(&lab.log_dir().join("enforcer.log"));
+    let m = scrape(lab.node_netns(), &addr);
+    get(
+        &m,
+        "palisade_enforcer_verdicts_total{direction=\"egress\",verdict=\"denied\",reason=\"spoofed_source\"}",
+    )
+}
+
+/// Only the trusted servers' answers, to a query the pod sent, teach: an
+/// answer forged by the pod itself or by another pod, with the server's
+/// address or its own, and an answer from a resolver the enforcer does not
+/// trust (one the policy lets the pod query), open nothing.
+#[test]
+#[ignore = "needs root"]
+fn forged_answers_and_untrusted_resolvers_teach_nothing() {
+    require_root();
+    let (mut lab, scenario) = lab_after_example();
+    let _internet = Internet::serve(&lab);
+    let genuine = Ipv4Addr::new(198, 18, 100, 1);
+    let forged = Ipv4Addr::new(198, 18, 100, 2);
+    let rogue = Ipv4Addr::new(198, 18, 100, 3);
+    let name = dns::parse_name("target.example.com").unwrap();
+    let mut records = scenario.dns.clone().unwrap().records;
+    records.insert(
+        name.clone(),
+        (60, dns::Answer::Addrs(vec![Target::Ip(genuine.into())])),
+    );
+    lab.set_dns_records(&records).unwrap();
+    let (client, bystander) = (pod_ns(&lab, "app/client"), pod_ns(&lab, "app/bystander"));
+    let client_ip = pod_ipv4(&lab, "app/client");
+    let bystander_ip = pod_ipv4(&lab, "app/bystander");
+    let server_ip = pod_ipv4(&lab, "kube-system/coredns");
+    let resolver = lab.dns_resolver().unwrap();
+    let IpAddr::V4(service_ip) = resolver.ip() else {
+        panic!("an IPv4 resolver: {resolver}")
+    };
+
+    // The client asks, from a port and with an id the forgers are given
+    // (the worst case: they need not guess).
+    const PORT: u16 = 35353;
+    const ID: u16 = 0x4242;
+    let query = dns::a_query(ID, name.clone()).encode();
+    let evil: dns::Records = [(
+        name.clone(),
+        (60, dns::Answer::Addrs(vec![Target::Ip(forged.into())])),
+    )]
+    .into();
+    let answer = dns::respond(&dns::zone(&evil, |_| None).unwrap(), &query).unwrap();
+    let forgery = |what: &str, src: Ipv4Addr| forge::Forged {
+        what: what.into(),
+        packet: forge::udp_packet(src, client_ip, 53, PORT, &answer),
+    };
+    let spoofed_before = spoofed(&lab);
+    let sock = client
+        .run(|| -> std::io::Result<UdpSocket> {
+            let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, PORT))?;
+            s.send_to(&query, resolver)?;
+            Ok(s)
+        })
+        .unwrap()
+        .expect("the client's query");
+    forge_from(
+        &client,
+        &[
+            forgery("from the client as the Service", service_ip),
+            forgery("from the client as the server pod", server_ip),
+            forgery("from the client as itself", client_ip),
+        ],
+    );
+    forge_from(
+        &bystander,
+        &[
+            forgery("from the bystander as the Service", service_ip),
+            forgery("from the bystander as the server pod", server_ip),
+            forgery("from the bystander as itself", bystander_ip),
+        ],
+    );
+    // The genuine answer reaches the client, and teaches.
+    sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 1500];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        assert!(Instant::now() < deadline, "no genuine answer");
+        let Ok((n, from)) = sock.recv_from(&mut buf) else {
+            continue;
+        };
+        if from == resolver {
+            let m = palisade_dns::Message::parse(&buf[..n]).unwrap();
+            let got = palisade_dns::resolve(&m).unwrap();
+            if got.addrs.iter().any(|(a, _)| *a == IpAddr::from(genuine)) {
+                break;
+            }
+        }
+    }
+    assert!(
+        connect(&client, genuine).is_ok(),
+        "the genuine answer teaches"
+    );
+    assert!(
+        connect(&client, forged).is_err(),
+        "a forged answer opened {forged}"
+    );
+    // Each forgery with another's address was dropped at its sender.
+    assert!(
+        spoofed(&lab) - spoofed_before >= 4.0,
+        "spoofed sources denied: before {spoofed_before}, now {}",
+        spoofed(&lab)
+    );
+
+    // A resolver of the pod's own choosing, which the policy lets it ask.
+    let other = pod_ns(&lab, "web/other");
+    let rogue_zone = dns::zone(
+        &[(
+            dns::parse_name("rogue.example.com").unwrap(),
+            (60, dns::Answer::Addrs(vec![Target::Ip(rogue.into())])),
+        )]
+        .into(),
+        |_| None,
+    )
+    .unwrap();
+    let rogue_sock = other
+        .run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 53)))
+        .unwrap()
+        .expect("the rogue resolver's socket");
+    let rogue_server = std::thread::spawn(move || {
+        let mut buf = [0u8; 1500];
+        let (n, from) = rogue_sock.recv_from(&mut buf).expect("a query");
+        let reply = dns::respond(&rogue_zone, &buf[..n]).expect("an answer");
+        rogue_sock.send_to(&reply, from).expect("answering");
+    });
+    lab.apply(&common::objects(
+        r#"
+objects:
+  - apiVersion: policy.networking.k8s.io/v1alpha2
+    kind: ClusterNetworkPolicy
+    metadata: {name: rogue-dns}
+    spec:
+      tier: Admin
+      priority: 5
+      subject: {namespaces: {matchLabels: {kubernetes.io/metadata.name: app}}}
+      egress:
+        - name: rogue
+          action: Accept
+          to: [{pods: {namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: web}}, podSelector: {matchLabels: {app: other}}}}]
+          protocols: [{udp: {destinationPort: {number: 53}}}]
+"#,
+    ))
+    .unwrap();
+    lab.wait_realized().unwrap();
+    let other_ip = pod_ipv4(&lab, "web/other");
+    let got = dns::resolve(
+        &client,
+        (other_ip, 53).into(),
+        "rogue.example.com",
+        Duration::from_secs(5),
+    )
+    .expect("the rogue resolver answers");
+    rogue_server.join().unwrap();
+    assert_eq!(got.addrs[0].0, IpAddr::from(rogue));
+    assert!(
+        connect(&client, rogue).is_err(),
+        "an untrusted resolver's answer opened {rogue}"
+    );
+    // Nothing of it is in the dump.
+    let names = lab.enforcer_state().unwrap().names.expect("a learner runs");
+    let text = format!("{names:?}");
+    assert!(
+        !text.contains("198.18.100.2") && !text.contains("198.18.100.3"),
+        "{text}"
+    );
+    assert!(text.contains("198.18.100.1"), "{text}");
 }

@@ -331,6 +331,60 @@ pub(super) fn join_fabric6(node: &NetNs, index: usize) -> Result<()> {
     ])
 }
 
+/// "The internet": addresses outside the pod, Service and fabric ranges
+/// (RFC 2544's benchmarking range) that the fabric namespace answers for
+/// itself, every one of them (a local route), reached from every node
+/// through the fabric: as many distinct external hosts as a test needs
+/// (egress by domain name), without an interface per address.
+pub const INTERNET: &str = "198.18.0.0/15";
+
+/// Makes the fabric answer for [`INTERNET`].
+pub(super) fn make_internet(fabric: &NetNs) -> Result<()> {
+    ip(&[
+        "-n",
+        fabric.name(),
+        "route",
+        "add",
+        "local",
+        INTERNET,
+        "dev",
+        "lo",
+    ])
+}
+
+/// Routes node `node`'s traffic to [`INTERNET`] through the fabric, and the
+/// fabric's answers to the node's pod range (`subnet`) back through node
+/// `index`.
+pub(super) fn join_internet(
+    fabric: &NetNs,
+    node: &NetNs,
+    index: usize,
+    subnet: &str,
+) -> Result<()> {
+    ip(&[
+        "-n",
+        node.name(),
+        "route",
+        "add",
+        INTERNET,
+        "via",
+        &controller_ip().to_string(),
+        "dev",
+        NODE_LINK,
+    ])?;
+    ip(&[
+        "-n",
+        fabric.name(),
+        "route",
+        "add",
+        subnet,
+        "via",
+        &fabric_ip(index).to_string(),
+        "dev",
+        BRIDGE,
+    ])
+}
+
 /// A route in `node` to another node's pod range through its fabric address.
 pub(super) fn route_to(node: &NetNs, subnet: &str, via_index: usize) -> Result<()> {
     ip(&[
