@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use common::{pod_ipv4, pod_ns};
 use palisade_e2e::forge;
 use palisade_e2e::netns::NetNs;
-use palisade_e2e::scenario::{ProbeSpec, Protocol, Target, Verdict};
+use palisade_e2e::scenario::{FlowLogMode, ProbeSpec, Protocol, Target, Verdict};
 use palisade_e2e::{dns, run_scenario, Lab, LabConfig, Scenario};
 
 fn example() -> PathBuf {
@@ -36,7 +36,10 @@ fn metrics_on() {
 fn lab_after_example() -> (Lab, Scenario) {
     metrics_on();
     let scenario = Scenario::from_file(&example()).expect("the example is valid");
-    let mut lab = Lab::start(LabConfig::default().for_scenario(&scenario)).expect("lab starts");
+    let mut config = LabConfig::default().for_scenario(&scenario);
+    // Every new flow logged: a learned allow names its name.
+    config.flow_log = Some(FlowLogMode::All);
+    let mut lab = Lab::start(config).expect("lab starts");
     let mut out = Vec::new();
     let result = run_scenario(&mut lab, &scenario, &mut out);
     let table = String::from_utf8_lossy(&out).into_owned();
@@ -99,6 +102,24 @@ fn a_resolved_name_opens_its_addresses_to_the_pod_that_resolved_it_only() {
         "{names:?}"
     );
     assert!(names.answers_learned_from >= 3, "{names:?}");
+    // The flow log names the name that allowed the connection.
+    let node = lab.node_name().to_string();
+    lab.wait_flow_log(
+        &node,
+        "app/client's connection allowed as learned, naming api.example.com",
+        Duration::from_secs(30),
+        |lines| {
+            lines.iter().any(|l| {
+                l["pod"] == "app/client"
+                    && l["reason"] == "learned"
+                    && l["dst_ip"] == api.as_str()
+                    && l["domain_names"]
+                        .as_array()
+                        .is_some_and(|n| n.iter().any(|n| n == "api.example.com"))
+            })
+        },
+    )
+    .unwrap();
     // The same in the metrics, with how long answers were held.
     let enforcer_metrics = || {
         let addr = metrics_addr(&lab.log_dir().join("enforcer.log"));

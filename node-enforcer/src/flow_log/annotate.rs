@@ -90,6 +90,14 @@ pub fn annotate(e: &FlowEvent, k: &Knowledge, realtime_offset_ns: i128) -> FlowR
     let pod = k.by_ifindex.get(&e.ifindex);
     let plan = pod.and_then(|p| k.plans.get(p));
     let d = decide(e, egress, peer, dport, plan, &k.node_addresses);
+    let domain_names = match d.reason {
+        "learned" => k
+            .learned
+            .get(&(e.ifindex, peer))
+            .cloned()
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    };
     FlowRecord {
         time: super::rfc3339::format_unix_ns(i128::from(e.ts_ns) + realtime_offset_ns),
         node: k.node.clone(),
@@ -110,6 +118,7 @@ pub fn annotate(e: &FlowEvent, k: &Knowledge, realtime_offset_ns: i128) -> FlowR
         priority: d.priority,
         rule_name: d.rule_name,
         policies: d.policies,
+        domain_names,
     }
 }
 
@@ -283,6 +292,7 @@ mod tests {
             .into(),
             plans: [(web, plan)].into(),
             node_addresses: vec![Prefix::from_ip("10.244.0.1".parse().unwrap(), 32)],
+            learned: Default::default(),
         }
     }
 
@@ -317,6 +327,7 @@ mod tests {
                 priority: None,
                 rule_name: None,
                 policies: vec![],
+                domain_names: vec![],
             }
         );
         assert_eq!(
@@ -390,6 +401,23 @@ mod tests {
             (r.verdict, r.reason, r.policy, r.policies.len()),
             ("allowed", "learned", None, 0)
         );
+        assert!(r.domain_names.is_empty(), "the learner reported nothing");
+        // The names the learner reported for that pod and address.
+        let mut named = k.clone();
+        named.learned.insert(
+            (7, "10.1.1.1".parse().unwrap()),
+            vec!["api.example.com".into(), "www.example.com".into()],
+        );
+        let r = annotate(&learned, &named, 0);
+        assert_eq!(r.domain_names, ["api.example.com", "www.example.com"]);
+        // Only a learned allow carries names.
+        let by_policy = event(
+            FLOW_ALLOWED,
+            STAT_ALLOWED_POLICY,
+            HOOK_FROM_POD,
+            ("10.244.0.5", 40000, "10.1.1.1", 443, 6),
+        );
+        assert!(annotate(&by_policy, &named, 0).domain_names.is_empty());
         let over_share = event(
             FLOW_DENIED,
             STAT_DENIED_CT_SHARE,

@@ -14,10 +14,13 @@ use std::time::{Duration, Instant};
 
 use palisade_proto::v1::{IpPrefix, PlanSnapshot, PodPolicy};
 
+use palisade_ebpf::{FlowEvent, STAT_ALLOWED_LEARNED};
+
 use crate::checkpoint::Checkpoint;
 use crate::compile::Prefix;
 use crate::desired::PodKey;
 use crate::handle::Handle;
+use crate::names::report::Report;
 use crate::reconciler::Dump;
 
 #[derive(Clone, Debug, Default)]
@@ -28,6 +31,8 @@ pub struct Knowledge {
     pub plans: HashMap<PodKey, PodPolicy>,
     /// Peers every policy allows (the pod's own node).
     pub node_addresses: Vec<Prefix>,
+    /// (host interface, peer) -> the names the pod learned the peer by.
+    pub learned: HashMap<(u32, IpAddr), Vec<String>>,
 }
 
 impl Knowledge {
@@ -55,6 +60,22 @@ impl Knowledge {
             }
         }
         k
+    }
+
+    /// Indexes what the learner reports: each learned address of each pod
+    /// with its names.
+    pub fn learn(&mut self, report: &Report) {
+        self.learned.clear();
+        for pod in &report.pods {
+            for (name, addrs) in &pod.names {
+                for a in addrs {
+                    self.learned
+                        .entry((pod.ifindex, a.addr))
+                        .or_default()
+                        .push(name.clone());
+                }
+            }
+        }
     }
 }
 
@@ -127,6 +148,23 @@ impl Source {
                     .any(|i| !self.knowledge.by_ifindex.contains_key(&i)))
     }
 
+    /// Whether an event allowed by a learned address names a pair the
+    /// learner had not reported at the last refresh (it learned since).
+    pub fn wants_names(&self, events: &[FlowEvent], now: Instant) -> bool {
+        let Some(at) = self.refreshed else {
+            return true;
+        };
+        now.saturating_duration_since(at) >= MIN_REFRESH
+            && self.handle.learning().is_some()
+            && events.iter().any(|e| {
+                u32::from(e.stat) == STAT_ALLOWED_LEARNED
+                    && !self
+                        .knowledge
+                        .learned
+                        .contains_key(&(e.ifindex, learned_peer(e)))
+            })
+    }
+
     /// Re-reads the dump, and the checkpointed plan when its version moved.
     /// On failure or timeout the old knowledge stays.
     pub async fn refresh(&mut self) {
@@ -162,7 +200,20 @@ impl Source {
             }
         }
         self.knowledge = Knowledge::from_dump(&self.node, &dump, self.plan.as_ref());
+        if let Some(learning) = self.handle.learning() {
+            match tokio::time::timeout(REFRESH_TIMEOUT, learning.report()).await {
+                Ok(Ok(r)) => self.knowledge.learn(&r),
+                Ok(Err(e)) => tracing::debug!("flow log: {e}"),
+                Err(_) => tracing::debug!("flow log: the learner's report took too long"),
+            }
+        }
     }
+}
+
+/// The peer a learned-address allow names: the destination (only egress
+/// consults what was learned).
+fn learned_peer(e: &FlowEvent) -> IpAddr {
+    super::annotate::address(e.dst)
 }
 
 #[cfg(test)]
@@ -247,5 +298,52 @@ mod tests {
         assert_eq!(k.by_ip.len(), 2, "a malformed address is skipped");
         assert_eq!(k.plans[&key("web")].policies, ["ns/p"]);
         assert!(Knowledge::from_dump("node-1", &dump, None).plans.is_empty());
+    }
+
+    #[test]
+    fn learned_addresses_are_indexed_by_interface_and_peer_with_their_names() {
+        use crate::names::report::{LearnedAddr, PodReport};
+        let at = |a: &str| LearnedAddr {
+            addr: a.parse().unwrap(),
+            expiry: 1,
+        };
+        let report = Report {
+            pods: vec![
+                PodReport {
+                    ifindex: 7,
+                    names: vec![
+                        ("api.example.com".into(), vec![at("192.0.2.1")]),
+                        (
+                            "www.example.com".into(),
+                            vec![at("192.0.2.1"), at("192.0.2.2")],
+                        ),
+                    ],
+                    adopted: vec![at("192.0.2.9")],
+                },
+                PodReport {
+                    ifindex: 8,
+                    names: vec![("api.example.com".into(), vec![at("192.0.2.1")])],
+                    adopted: vec![],
+                },
+            ],
+            ..Default::default()
+        };
+        let mut k = Knowledge::default();
+        k.learn(&report);
+        let names = |i: u32, a: &str| k.learned.get(&(i, a.parse().unwrap())).cloned();
+        assert_eq!(
+            names(7, "192.0.2.1"),
+            Some(vec!["api.example.com".into(), "www.example.com".into()])
+        );
+        assert_eq!(names(7, "192.0.2.2"), Some(vec!["www.example.com".into()]));
+        assert_eq!(names(8, "192.0.2.1"), Some(vec!["api.example.com".into()]));
+        assert_eq!(
+            names(8, "192.0.2.2"),
+            None,
+            "what one pod learned is its own"
+        );
+        assert_eq!(names(7, "192.0.2.9"), None, "adopted: no name");
+        k.learn(&Report::default());
+        assert!(k.learned.is_empty(), "a new report replaces the old");
     }
 }

@@ -75,7 +75,10 @@ pub async fn run(mut ring: Ring, mut source: Source, lines: Lines) {
         if batch.is_empty() {
             continue;
         }
-        if source.wants_refresh(batch.iter().map(|e| e.ifindex), Instant::now()) {
+        let now = Instant::now();
+        if source.wants_refresh(batch.iter().map(|e| e.ifindex), now)
+            || source.wants_names(&batch, now)
+        {
             source.refresh().await;
         }
         let offset = super::rfc3339::realtime_offset_ns();

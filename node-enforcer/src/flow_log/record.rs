@@ -46,6 +46,11 @@ pub struct FlowRecord {
     /// for `would-deny`, the staged ones.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub policies: Vec<String>,
+    /// For `learned`: the names whose answers gave the pod this address,
+    /// as the learner knew them when the line was written (none for an
+    /// address adopted from a previous enforcer, whose names are lost).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub domain_names: Vec<String>,
 }
 
 impl FlowRecord {
