@@ -265,9 +265,11 @@ fn if_index(name: &str) -> Result<i32> {
 }
 
 /// The default gateway of the calling thread's namespace, from
-/// /proc/net/route.
+/// /proc/thread-self/net/route (/proc/self/net is the main thread's
+/// namespace, not the one this thread entered).
 pub fn default_gateway() -> Result<Ipv4Addr> {
-    let text = std::fs::read_to_string("/proc/self/net/route").context("reading the routes")?;
+    let text =
+        std::fs::read_to_string("/proc/thread-self/net/route").context("reading the routes")?;
     parse_default_gateway(&text).ok_or_else(|| anyhow!("the pod has no IPv4 default route"))
 }
 
@@ -290,7 +292,8 @@ pub fn gateway_mac(gateway: Ipv4Addr, timeout: Duration) -> Result<[u8; 6]> {
     let deadline = Instant::now() + timeout;
     loop {
         let _ = sock.send_to(b"arp", (gateway, 9));
-        let arp = std::fs::read_to_string("/proc/self/net/arp").context("reading the ARP table")?;
+        let arp = std::fs::read_to_string("/proc/thread-self/net/arp")
+            .context("reading the ARP table")?;
         if let Some(mac) = parse_arp(&arp, gateway) {
             return Ok(mac);
         }
