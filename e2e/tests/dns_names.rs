@@ -301,8 +301,8 @@ fn a_client_that_connects_the_instant_its_answer_arrives_is_allowed_a_thousand_t
     );
 }
 
-/// Every address of the lab's internet accepts TCP connections on 443
-/// while this lives.
+/// Every address of the lab's internet accepts TCP connections on 443,
+/// and echoes what it is sent, while this lives.
 struct Internet {
     ns: NetNs,
     stop: Arc<AtomicBool>,
@@ -324,7 +324,14 @@ impl Internet {
                     if stop.load(Ordering::SeqCst) {
                         break;
                     }
-                    drop(conn);
+                    // Echoes until the client closes: an established
+                    // connection shows it still works.
+                    if let Ok(mut c) = conn {
+                        std::thread::spawn(move || {
+                            let mut r = c.try_clone().expect("a second handle");
+                            let _ = std::io::copy(&mut r, &mut c);
+                        });
+                    }
                 }
             })
         };
@@ -550,4 +557,189 @@ objects:
         "{text}"
     );
     assert!(text.contains("198.18.100.1"), "{text}");
+}
+
+/// The addresses the dump lists for `pod`'s learned `name` (empty: none,
+/// or expired and cleared).
+fn learned_addresses(lab: &Lab, pod: &str, name: &str) -> Vec<String> {
+    let names = lab
+        .enforcer_state()
+        .expect("the enforcer answers")
+        .names
+        .expect("a learner runs");
+    names
+        .pods
+        .iter()
+        .filter(|p| p.pod == pod)
+        .flat_map(|p| &p.names)
+        .filter(|n| n.name == name)
+        .flat_map(|n| n.addresses.iter().map(|a| a.address.clone()))
+        .collect()
+}
+
+/// Sends `data` on `stream` and reads it back from the echo.
+fn echoes(stream: &mut TcpStream, data: &[u8]) -> std::io::Result<()> {
+    use std::io::{Read, Write};
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.write_all(data)?;
+    let mut back = vec![0u8; data.len()];
+    stream.read_exact(&mut back)?;
+    assert_eq!(back, data);
+    Ok(())
+}
+
+/// An answer's TTL bounds new connections, never open ones; a name whose
+/// answer changes opens its new address.
+#[test]
+#[ignore = "needs root"]
+fn expiry_keeps_open_connections_and_refuses_new_ones_and_a_changed_answer_opens_its_address() {
+    require_root();
+    let (mut lab, scenario) = lab_after_example();
+    let _internet = Internet::serve(&lab);
+    let first = Ipv4Addr::new(198, 18, 110, 1);
+    let second = Ipv4Addr::new(198, 18, 110, 2);
+    let mut records = scenario.dns.clone().unwrap().records;
+    let record = |addr: Ipv4Addr| (1, dns::Answer::Addrs(vec![Target::Ip(addr.into())]));
+    let name = dns::parse_name("brief.example.com").unwrap();
+    records.insert(name.clone(), record(first));
+    lab.set_dns_records(&records).unwrap();
+    let client = pod_ns(&lab, "app/client");
+    let resolve = |lab: &Lab| {
+        dns::resolve(
+            &client,
+            lab.dns_resolver().unwrap(),
+            "brief.example.com",
+            Duration::from_secs(2),
+        )
+        .expect("it resolves")
+    };
+    // TTL 1 s, raised to the 5 s floor.
+    let got = resolve(&lab);
+    assert_eq!(got.addrs, vec![(IpAddr::from(first), 1)]);
+    let mut open = connect(&client, first).expect("allowed once resolved");
+    echoes(&mut open, b"before").unwrap();
+    let learned = learned_addresses(&lab, "app/client", "brief.example.com");
+    assert_eq!(learned, [first.to_string()]);
+
+    // Expired: the learner clears it (the datapath already ignores it for
+    // new flows at its expiry).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !learned_addresses(&lab, "app/client", "brief.example.com").is_empty() {
+        assert!(Instant::now() < deadline, "brief.example.com never expired");
+        std::thread::sleep(Duration::from_millis(200)); // poll: expiry is the learner's own clock
+    }
+    echoes(&mut open, b"after expiry").expect("an open connection outlives its answer");
+    assert!(
+        connect(&client, first).is_err(),
+        "a new connection after expiry"
+    );
+
+    // The answer changes: the new address is allowed once resolved; the
+    // old one, not answered again, stays refused.
+    records.insert(name, record(second));
+    lab.set_dns_records(&records).unwrap();
+    let got = resolve(&lab);
+    assert_eq!(got.addrs, vec![(IpAddr::from(second), 1)]);
+    assert!(connect(&client, second).is_ok(), "the new answer's address");
+    assert!(connect(&client, first).is_err(), "the old answer's address");
+    echoes(&mut open, b"still").expect("the first connection still works");
+}
+
+/// An answer from the trusted server itself to a query the pod never sent
+/// teaches nothing; one name with 100 addresses (an answer IP fragments
+/// carry) opens all of them.
+#[test]
+#[ignore = "needs root"]
+fn an_unasked_answer_teaches_nothing_and_a_hundred_addresses_are_learned() {
+    require_root();
+    let (mut lab, scenario) = lab_after_example();
+    let _internet = Internet::serve(&lab);
+    let client = pod_ns(&lab, "app/client");
+    let client_ip = pod_ipv4(&lab, "app/client");
+    let server = pod_ns(&lab, "kube-system/coredns");
+    let server_ip = pod_ipv4(&lab, "kube-system/coredns");
+    let unasked = Ipv4Addr::new(198, 18, 120, 1);
+    let name = dns::parse_name("unasked.example.com").unwrap();
+    let zone: dns::Records = [(
+        name.clone(),
+        (60, dns::Answer::Addrs(vec![Target::Ip(unasked.into())])),
+    )]
+    .into();
+    let answer = dns::respond(
+        &dns::zone(&zone, |_| None).unwrap(),
+        &dns::a_query(0x777, name).encode(),
+    )
+    .unwrap();
+    let ignored = |lab: &Lab| {
+        lab.enforcer_state()
+            .unwrap()
+            .names
+            .expect("a learner runs")
+            .ignored
+            .get("no_query")
+            .copied()
+            .unwrap_or(0)
+    };
+    let before = ignored(&lab);
+    forge_from(
+        &server,
+        &[forge::Forged {
+            what: "an answer from the server to a query never sent".into(),
+            packet: forge::udp_packet(server_ip, client_ip, 53, 34343, &answer),
+        }],
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ignored(&lab) == before {
+        assert!(
+            Instant::now() < deadline,
+            "the learner never saw the unasked answer: {:?}",
+            lab.enforcer_state().unwrap().names
+        );
+        std::thread::sleep(Duration::from_millis(100)); // poll: the learner reads on its own schedule
+    }
+    assert!(
+        connect(&client, unasked).is_err(),
+        "an unasked answer opened {unasked}"
+    );
+
+    // 100 addresses: about 1.6 KB of answer, more than one frame.
+    let addrs: Vec<Ipv4Addr> = (1..=100).map(|i| Ipv4Addr::new(198, 18, 121, i)).collect();
+    let mut records = scenario.dns.clone().unwrap().records;
+    records.insert(
+        dns::parse_name("many.example.com").unwrap(),
+        (
+            60,
+            dns::Answer::Addrs(addrs.iter().map(|a| Target::Ip((*a).into())).collect()),
+        ),
+    );
+    lab.set_dns_records(&records).unwrap();
+    let got = dns::resolve(
+        &client,
+        lab.dns_resolver().unwrap(),
+        "many.example.com",
+        Duration::from_secs(2),
+    )
+    .unwrap_or_else(|e| {
+        let addr = metrics_addr(&lab.log_dir().join("enforcer.log"));
+        let m = scrape(lab.node_netns(), &addr);
+        let dns: Vec<_> = m
+            .iter()
+            .filter(|(k, v)| {
+                (k.starts_with("palisade_dns") || k.starts_with("palisade_enforcer_verdicts"))
+                    && **v > 0.0
+                    && !k.contains("bucket")
+            })
+            .collect();
+        panic!("{e:#}\n{:?}\n{dns:#?}", lab.enforcer_state().unwrap().names)
+    });
+    assert_eq!(got.addrs.len(), 100, "{got:?}");
+    let refused: Vec<Ipv4Addr> = addrs
+        .iter()
+        .copied()
+        .filter(|a| connect(&client, *a).is_err())
+        .collect();
+    assert!(refused.is_empty(), "refused: {refused:?}");
+    let state = lab.enforcer_state().unwrap();
+    let learned = learned_addresses(&lab, "app/client", "many.example.com");
+    assert_eq!(learned.len(), 100, "{:?}", state.names);
 }

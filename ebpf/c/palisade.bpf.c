@@ -66,7 +66,9 @@
  *        from_pod: a query                     -> copied to pal_dns_frames,
  *                                                 next
  *        to_pod: an answer (and the later
- *        fragments of one held)                -> copied and dropped: held,
+ *        fragments of one held)                -> copied and held (taken
+ *                                                 from the stack, not
+ *                                                 dropped: verdict_hold),
  *                                                 the enforcer re-injects it
  *                                                 after learning from it;
  *                                                 next when the copy fails

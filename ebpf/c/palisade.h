@@ -363,11 +363,11 @@ struct dns_frame_hdr {
  * palisade_ebpf's DNS_STAT_*. */
 enum pal_dns_stat {
 	DNS_STAT_QUERY_COPIED = 0,       /* queries copied to the ring buffer */
-	DNS_STAT_ANSWER_HELD = 1,        /* answers (or first fragments) copied and dropped */
+	DNS_STAT_ANSWER_HELD = 1,        /* answers (or first fragments) copied and held */
 	DNS_STAT_PASSED_NO_LEARNER = 2,  /* answers passed: the learner's deadline is past */
 	DNS_STAT_PASSED_RING_FULL = 3,   /* answers passed (queries not copied): ring buffer full */
 	DNS_STAT_PASSED_TOO_BIG = 4,     /* answers passed (queries not copied): above PAL_DNS_FRAME_MAX */
-	DNS_STAT_FRAGMENT_HELD = 5,      /* later fragments of a held answer, copied and dropped */
+	DNS_STAT_FRAGMENT_HELD = 5,      /* later fragments of a held answer, copied and held */
 	DNS_STAT_FRAGMENT_PASSED = 6,    /* later fragments of an answer not held, or not copied */
 	DNS_STAT_COUNT                   /* entries of pal_dns_stats (not a counter) */
 };

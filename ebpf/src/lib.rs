@@ -266,6 +266,10 @@ pub const fn stat_slot(hook: u8, stat: u32) -> u32 {
 pub const VERDICT_NEXT: i32 = -1;
 /// What a denied packet returns: `TC_ACT_SHOT` (`TCX_DROP`).
 pub const VERDICT_DROP: i32 = 2;
+/// What a held DNS answer returns: `TC_ACT_REDIRECT` (`TCX_REDIRECT`) to
+/// no interface, which frees it while telling its sender it went out (a
+/// sender fragmenting a datagram stops at a fragment that was dropped).
+pub const VERDICT_HOLD: i32 = 7;
 
 /// Most addresses an [`EpSlot`] holds.
 pub const MAX_POD_ADDRS: usize = sizes::MAX_POD_ADDRS as usize;

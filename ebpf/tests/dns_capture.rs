@@ -1,7 +1,7 @@
 //! Egress by domain name, the capture: a learning pod's (`EP_FLAG_LEARNS`)
 //! DNS with the trusted servers (`pal_dns_servers`), once the verdict
 //! allowed it, goes to `pal_dns_frames` (`c/lib/dns_capture.h`): its
-//! queries copied, its answers copied and held (dropped) while the learner
+//! queries copied, its answers copied and held (taken from the stack: HOLD) while the learner
 //! is alive (`pal_dns_config`), first fragments and later fragments alike.
 //! Real programs run with BPF_PROG_TEST_RUN on hand-built frames, IPv4 and
 //! IPv6; deadlines are set from the real `CLOCK_BOOTTIME` (the programs'
@@ -266,7 +266,7 @@ fn an_answer_from_a_trusted_server_is_copied_and_held_as_an_allowed_reply() {
         drain(&h);
         let a = answer(f, f.server, 53);
         let before = boot_ns();
-        assert_eq!(h.pod_receives(&a), DROP, "held: {}", f.server);
+        assert_eq!(h.pod_receives(&a), HOLD, "held: {}", f.server);
         let after = boot_ns();
         let frames = drain(&h);
         assert_eq!(frames.len(), 1);
@@ -302,7 +302,7 @@ fn without_a_live_learner_answers_pass_and_are_counted() {
         assert_eq!(dns_stat(&h, DNS_STAT_PASSED_NO_LEARNER), 2);
         // Alive again: held again.
         learner_alive(&h);
-        assert_eq!(h.pod_receives(&answer(f, f.server, 53)), DROP);
+        assert_eq!(h.pod_receives(&answer(f, f.server, 53)), HOLD);
         assert_eq!(drain(&h).len(), 1);
     }
 }
@@ -341,7 +341,7 @@ fn a_full_ring_buffer_lets_answers_pass_and_counts_them() {
         assert!(frames
             .iter()
             .all(|(hdr, bytes)| hdr.kind == DNS_FRAME_ANSWER && *bytes == big));
-        assert_eq!(h.pod_receives(&big), DROP);
+        assert_eq!(h.pod_receives(&big), HOLD);
         assert_eq!(drain(&h).len(), 1);
         assert_eq!(dns_stat(&h, DNS_STAT_PASSED_RING_FULL), full);
     }
@@ -388,8 +388,8 @@ fn the_fragments_of_a_held_answer_are_held_too() {
         assert_eq!(h.pod_sends(&query(f, f.server, 53)), ALLOW);
         drain(&h);
         let [first, later] = answer_fragments(f, 77, 64);
-        assert_eq!(h.pod_receives(&first), DROP, "first: {}", f.server);
-        assert_eq!(h.pod_receives(&later), DROP, "later: {}", f.server);
+        assert_eq!(h.pod_receives(&first), HOLD, "first: {}", f.server);
+        assert_eq!(h.pod_receives(&later), HOLD, "later: {}", f.server);
         let frames = drain(&h);
         assert_eq!(frames.len(), 2);
         assert_eq!(frames[0].0.kind, DNS_FRAME_ANSWER);
@@ -407,9 +407,9 @@ fn the_fragments_of_a_held_answer_are_held_too() {
         // Held even when the learner died in between: the enforcer holds
         // the first fragment, and re-injects the datagram whole.
         let [first, later] = answer_fragments(f, 78, 64);
-        assert_eq!(h.pod_receives(&first), DROP);
+        assert_eq!(h.pod_receives(&first), HOLD);
         learner_dead(&h);
-        assert_eq!(h.pod_receives(&later), DROP);
+        assert_eq!(h.pod_receives(&later), HOLD);
         assert_eq!(drain(&h).len(), 2);
     }
 }
@@ -458,7 +458,7 @@ fn headers_read_by_copy_capture_alike() {
         trust(&h, f.server);
         learner_alive(&h);
         assert_eq!(h.pod_sends(&query(f, f.server, 53)), ALLOW);
-        assert_eq!(h.pod_receives(&answer(f, f.server, 53)), DROP);
+        assert_eq!(h.pod_receives(&answer(f, f.server, 53)), HOLD);
         let kinds: Vec<u8> = drain(&h).iter().map(|(hdr, _)| hdr.kind).collect();
         assert_eq!(kinds, [DNS_FRAME_QUERY, DNS_FRAME_ANSWER]);
     }

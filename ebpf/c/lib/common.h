@@ -19,6 +19,9 @@
 
 #define VERDICT_NEXT TC_ACT_UNSPEC /* TCX_NEXT: allowed, later programs run */
 #define VERDICT_DROP TC_ACT_SHOT   /* TCX_DROP */
+/* A held packet (dns_capture.h): taken from the stack as consumed, not
+ * dropped.  Returned only through verdict_hold(). */
+#define VERDICT_HOLD TC_ACT_REDIRECT /* TCX_REDIRECT */
 
 /* One plain load the compiler may neither split nor repeat. */
 #define READ_ONCE_U32(p) (*(volatile __u32 *)(p))

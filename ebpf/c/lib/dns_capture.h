@@ -11,12 +11,13 @@
  *   to_pod:   a UDP packet from port 53 of a trusted server: while the
  *             learner is alive (pal_dns_config), when the frame fits
  *             (PAL_DNS_FRAME_MAX) and the ring buffer takes it, copied as
- *             DNS_FRAME_ANSWER and dropped: held, the enforcer re-injects
- *             it once it has learned from it.  Otherwise it passes,
+ *             DNS_FRAME_ANSWER and held (verdict_hold: taken from the
+ *             stack, not dropped), the enforcer re-injects it once it has
+ *             learned from it.  Otherwise it passes,
  *             counted by why.
  *             A first fragment of such a datagram records in pal_dns_frags
  *             whether it was held.  A later fragment of a datagram whose
- *             first fragment was held is copied and dropped too, or, when
+ *             first fragment was held is copied and held too, or, when
  *             the copy fails, passes (the enforcer re-injects what it holds
  *             of a datagram when its reassembly times out, so the pod gets
  *             every fragment either way); one of a datagram not held passes.
@@ -178,6 +179,22 @@ static __always_inline void dns_frag_key_of(struct dns_frag_key *k, const struct
 	k->pad[2] = 0;
 }
 
+/* No interface has index 0: a redirect to it frees the packet. */
+#define DNS_HOLD_NOWHERE 0
+
+/* Takes a held packet out of the stack.  Not a drop: on the egress hook a
+ * drop reports NET_XMIT_DROP to the sender, and a sender fragmenting a
+ * datagram (the node refragmenting what its conntrack reassembled, as for
+ * a Service's answer) stops at the first fragment that failed, so the
+ * later fragments would never reach the hook.  A redirect reports success
+ * whatever becomes of it, and a redirect to no interface frees the packet
+ * (skb_do_redirect); bpf_redirect also resets the CPU's redirect target,
+ * which a bare TC_ACT_REDIRECT would take stale from another program. */
+static __always_inline int verdict_hold(void)
+{
+	return bpf_redirect(DNS_HOLD_NOWHERE, 0);
+}
+
 /* A query the pod sends (from_pod): copied, never held. */
 static __always_inline int dns_copy_query(struct __sk_buff *skb, struct dns_scratch *s,
 					  __u32 ifindex)
@@ -226,7 +243,7 @@ static __always_inline int dns_hold_answer(struct __sk_buff *skb, struct dns_scr
 		dns_frag_key_of(&s->key, f, ifindex);
 		bpf_map_update_elem(&pal_dns_frags, &s->key, &held, BPF_ANY);
 	}
-	return held ? VERDICT_DROP : VERDICT_NEXT;
+	return held ? verdict_hold() : VERDICT_NEXT;
 }
 
 /* A later fragment to the pod (to_pod): held as its first fragment was. */
@@ -241,7 +258,7 @@ static __always_inline int dns_hold_later_fragment(struct __sk_buff *skb,
 		return VERDICT_NEXT; /* not a DNS answer's (or its record is gone) */
 	if (*held && dns_copy(skb, s, ifindex, DNS_FRAME_ANSWER) == DNS_COPIED) {
 		dns_count(DNS_STAT_FRAGMENT_HELD);
-		return VERDICT_DROP;
+		return verdict_hold();
 	}
 	dns_count(DNS_STAT_FRAGMENT_PASSED);
 	return VERDICT_NEXT;
@@ -323,8 +340,8 @@ static __always_inline bool dns_parse(struct __sk_buff *skb, struct dns_scratch 
 }
 
 /* The capture, for a packet the verdict allowed on the `hook` of a pod
- * with EP_FLAG_LEARNS behind ifindex: VERDICT_DROP when it holds the
- * packet, VERDICT_NEXT otherwise.  It reads the frame again (a packet on
+ * with EP_FLAG_LEARNS behind ifindex: VERDICT_HOLD when it holds the
+ * packet (verdict_hold), VERDICT_NEXT otherwise.  It reads the frame again (a packet on
  * the verdict's fast path was never parsed whole), which only a learning
  * pod's packets pay.
  *

@@ -18,6 +18,8 @@ use crate::*;
 /// denied one (DROP), as BPF_PROG_TEST_RUN reports them.
 pub const ALLOW: u32 = VERDICT_NEXT as u32;
 pub const DROP: u32 = VERDICT_DROP as u32;
+/// What they return for a DNS answer they hold.
+pub const HOLD: u32 = VERDICT_HOLD as u32;
 
 /// BPF_PROG_TEST_RUN resolves `__sk_buff.ifindex` to a device in the caller's
 /// netns; loopback is 1 everywhere.

@@ -12,7 +12,7 @@ pub mod frames;
 mod harness;
 
 pub use harness::{
-    cidr_key, ct, ct_at, ip, skb_ctx, test_run, Harness, PinDir, ALLOW, DROP, LO, POD4, POD6,
+    cidr_key, ct, ct_at, ip, skb_ctx, test_run, Harness, PinDir, ALLOW, DROP, HOLD, LO, POD4, POD6,
 };
 
 static ALIGNED_HEADERS_BY_COPY_OBJECT: &Aligned<[u8]> = &Aligned(*include_bytes!(concat!(
