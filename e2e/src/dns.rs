@@ -281,16 +281,28 @@ pub struct Resolved {
 /// question match, until `timeout`. Runs on the calling thread.
 pub fn resolve(ns: &NetNs, server: SocketAddr, name: &str, timeout: Duration) -> Result<Resolved> {
     let qname = parse_name(name)?;
-    ns.run(|| resolve_here(server, qname, timeout))?
+    ns.run(|| resolve_here(server, qname, TYPE_A, timeout))?
         .with_context(|| format!("resolving {name} through {server} from netns {}", ns.name()))
 }
 
-fn resolve_here(server: SocketAddr, name: Name, timeout: Duration) -> Result<Resolved> {
+/// [`resolve`] for IPv6 addresses: a type AAAA query.
+pub fn resolve6(ns: &NetNs, server: SocketAddr, name: &str, timeout: Duration) -> Result<Resolved> {
+    let qname = parse_name(name)?;
+    ns.run(|| resolve_here(server, qname, TYPE_AAAA, timeout))?
+        .with_context(|| {
+            format!(
+                "resolving {name} (AAAA) through {server} from netns {}",
+                ns.name()
+            )
+        })
+}
+
+fn resolve_here(server: SocketAddr, name: Name, qtype: u16, timeout: Duration) -> Result<Resolved> {
     let sock = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)))?;
     // Connected: the kernel drops datagrams from anyone but the server.
     sock.connect(server)?;
     let id = query_id();
-    let query = a_query(id, name);
+    let query = query_of(id, name, qtype);
     let question = query.question.clone();
     sock.send(&query.encode())?;
     let deadline = Instant::now() + timeout;
@@ -352,7 +364,7 @@ pub fn resolve_and_connect(
 ) -> Result<Connected> {
     let qname = parse_name(name)?;
     ns.run(|| -> Result<Connected> {
-        let r = resolve_here(server, qname, timeout)?;
+        let r = resolve_here(server, qname, TYPE_A, timeout)?;
         let addr = r.addrs[0].0;
         let result =
             std::net::TcpStream::connect_timeout(&SocketAddr::new(addr, port), connect_timeout)
@@ -364,6 +376,10 @@ pub fn resolve_and_connect(
 
 /// A type A query for `name` with `id`, as a stub resolver sends it.
 pub fn a_query(id: u16, name: Name) -> Message {
+    query_of(id, name, TYPE_A)
+}
+
+fn query_of(id: u16, name: Name, qtype: u16) -> Message {
     Message {
         header: Header {
             id,
@@ -374,7 +390,7 @@ pub fn a_query(id: u16, name: Name) -> Message {
         },
         question: Question {
             name,
-            qtype: TYPE_A,
+            qtype,
             qclass: CLASS_IN,
         },
         answers: Vec::new(),

@@ -34,9 +34,14 @@ fn metrics_on() {
 /// A lab where the example has played: app/client may reach
 /// `*.example.com` on 443 by name, and nothing else but DNS.
 fn lab_after_example() -> (Lab, Scenario) {
+    lab_after_example_on(LabConfig::default())
+}
+
+/// The same on a lab configured from `base` (e.g. dual-stack).
+fn lab_after_example_on(base: LabConfig) -> (Lab, Scenario) {
     metrics_on();
     let scenario = Scenario::from_file(&example()).expect("the example is valid");
-    let mut config = LabConfig::default().for_scenario(&scenario);
+    let mut config = base.for_scenario(&scenario);
     // Every new flow logged: a learned allow names its name.
     config.flow_log = Some(FlowLogMode::All);
     let mut lab = Lab::start(config).expect("lab starts");
@@ -311,9 +316,14 @@ struct Internet {
 
 impl Internet {
     fn serve(lab: &Lab) -> Internet {
+        Internet::serve_on(lab, Ipv4Addr::UNSPECIFIED.into())
+    }
+
+    /// Bound to `any`: `::` serves IPv6 and IPv4 alike.
+    fn serve_on(lab: &Lab, any: IpAddr) -> Internet {
         let ns = NetNs::from_existing(lab.internet_netns().expect("a fabric"));
         let listener = ns
-            .run(|| TcpListener::bind((Ipv4Addr::UNSPECIFIED, 443)))
+            .run(|| TcpListener::bind((any, 443)))
             .unwrap()
             .expect("a listener for the internet");
         let stop = Arc::new(AtomicBool::new(false));
@@ -357,8 +367,9 @@ impl Drop for Internet {
 }
 
 /// A TCP connection from `ns` to `to`:443, given a second.
-fn connect(ns: &NetNs, to: Ipv4Addr) -> std::io::Result<TcpStream> {
-    ns.run(|| TcpStream::connect_timeout(&(to, 443).into(), Duration::from_secs(1)))
+fn connect(ns: &NetNs, to: impl Into<IpAddr>) -> std::io::Result<TcpStream> {
+    let to = std::net::SocketAddr::new(to.into(), 443);
+    ns.run(|| TcpStream::connect_timeout(&to, Duration::from_secs(1)))
         .unwrap()
 }
 
@@ -742,4 +753,65 @@ fn an_unasked_answer_teaches_nothing_and_a_hundred_addresses_are_learned() {
     let state = lab.enforcer_state().unwrap();
     let learned = learned_addresses(&lab, "app/client", "many.example.com");
     assert_eq!(learned.len(), 100, "{:?}", state.names);
+}
+
+/// AAAA: an IPv6 address a AAAA answer gave is allowed, over IPv6, to the
+/// pod that asked; one never answered is not, nor is the address to
+/// another pod.
+#[test]
+#[ignore = "needs root"]
+fn an_address_from_a_aaaa_answer_is_learned_for_ipv6() {
+    require_root();
+    let (mut lab, scenario) = lab_after_example_on(LabConfig {
+        pod_subnet6: Some("fd00:10:244::/64".into()),
+        ..LabConfig::default()
+    });
+    // The example denies the IPv4 rest; deny IPv6's below the names too.
+    lab.apply(&common::objects(
+        r#"
+objects:
+  - apiVersion: policy.networking.k8s.io/v1alpha2
+    kind: ClusterNetworkPolicy
+    metadata: {name: no-other-ipv6}
+    spec:
+      tier: Admin
+      priority: 20
+      subject: {namespaces: {matchLabels: {kubernetes.io/metadata.name: app}}}
+      egress:
+        - name: nothing-else-v6
+          action: Deny
+          to: [{networks: ["::/0"]}]
+"#,
+    ))
+    .unwrap();
+    lab.wait_realized().unwrap();
+    let _internet = Internet::serve_on(&lab, std::net::Ipv6Addr::UNSPECIFIED.into());
+    let answered: std::net::Ipv6Addr = "2001:2::1".parse().unwrap();
+    let unanswered: std::net::Ipv6Addr = "2001:2::2".parse().unwrap();
+    assert!(palisade_e2e::lab::INTERNET6.starts_with("2001:2::"));
+    let mut records = scenario.dns.clone().unwrap().records;
+    records.insert(
+        dns::parse_name("six.example.com").unwrap(),
+        (60, dns::Answer::Addrs(vec![Target::Ip(answered.into())])),
+    );
+    lab.set_dns_records(&records).unwrap();
+    let client = pod_ns(&lab, "app/client");
+    assert!(
+        connect(&client, answered).is_err(),
+        "not resolved yet: the policy denies it"
+    );
+    let got = dns::resolve6(
+        &client,
+        lab.dns_resolver().unwrap(),
+        "six.example.com",
+        Duration::from_secs(2),
+    )
+    .expect("it resolves");
+    assert_eq!(got.addrs, vec![(IpAddr::from(answered), 60)]);
+    connect(&client, answered).expect("learned from the AAAA answer");
+    assert!(connect(&client, unanswered).is_err(), "never answered");
+    let bystander = pod_ns(&lab, "app/bystander");
+    assert!(connect(&bystander, answered).is_err(), "the bystander");
+    let learned = learned_addresses(&lab, "app/client", "six.example.com");
+    assert_eq!(learned, [answered.to_string()]);
 }

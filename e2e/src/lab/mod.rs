@@ -48,7 +48,7 @@ pub use cri_bench::BurstTimes;
 pub use footprint::Footprint;
 pub use image::{conflist_name, node_root_bpffs, ApiServer, ImageRun, LAB_LABEL};
 use node::LabNode;
-pub use node::{node_manifest, INTERNET, MAX_NODES};
+pub use node::{node_manifest, INTERNET, INTERNET6, MAX_NODES};
 use pods::LabPod;
 pub use services::services_table_exists;
 pub use upgrade::{Handover, Retiring, Surge};
@@ -329,7 +329,7 @@ impl Lab {
         self.made_netns.push(fabric_name.clone());
         self.fabric = Some(NetNs::create(&fabric_name)?);
         node::make_fabric(self.fabric())?;
-        node::make_internet(self.fabric())?;
+        node::make_internet(self.fabric(), self.config.pod_subnet6.is_some())?;
         if self.config.otlp_listener {
             self.otlp = Some(otlp::Listener::bind(self.fabric(), node::controller_ip())?);
         }
@@ -352,7 +352,13 @@ impl Lab {
             self.nodes[i].ns = Some(ns);
         }
         for (i, n) in self.nodes.iter().enumerate() {
-            node::join_internet(self.fabric(), n.ns(), i, &n.pod_subnet)?;
+            node::join_internet(
+                self.fabric(),
+                n.ns(),
+                i,
+                &n.pod_subnet,
+                n.pod_subnet6.as_deref(),
+            )?;
             for (j, other) in self.nodes.iter().enumerate() {
                 if i != j {
                     node::route_to(n.ns(), &other.pod_subnet, j)?;

@@ -338,51 +338,57 @@ pub(super) fn join_fabric6(node: &NetNs, index: usize) -> Result<()> {
 /// (egress by domain name), without an interface per address.
 pub const INTERNET: &str = "198.18.0.0/15";
 
-/// Makes the fabric answer for [`INTERNET`].
-pub(super) fn make_internet(fabric: &NetNs) -> Result<()> {
-    ip(&[
-        "-n",
-        fabric.name(),
-        "route",
-        "add",
-        "local",
-        INTERNET,
-        "dev",
-        "lo",
-    ])
+/// The same for IPv6 (RFC 5180's benchmarking range), in dual-stack labs.
+pub const INTERNET6: &str = "2001:2::/48";
+
+/// The fabric bridge's IPv6 address, where nodes route [`INTERNET6`].
+fn internet_gateway6() -> Ipv6Addr {
+    Ipv6Addr::from(FABRIC6_PREFIX | u128::from(CONTROLLER_HOST))
 }
 
-/// Routes node `node`'s traffic to [`INTERNET`] through the fabric, and the
-/// fabric's answers to the node's pod range (`subnet`) back through node
-/// `index`.
+/// Makes the fabric answer for [`INTERNET`], and for [`INTERNET6`] when
+/// the lab is dual-stack.
+pub(super) fn make_internet(fabric: &NetNs, dual_stack: bool) -> Result<()> {
+    let f = fabric.name();
+    ip(&["-n", f, "route", "add", "local", INTERNET, "dev", "lo"])?;
+    if dual_stack {
+        let gw = format!("{}/64", internet_gateway6());
+        ip(&["-n", f, "addr", "add", &gw, "dev", BRIDGE, "nodad"])?;
+        ip(&[
+            "-n", f, "-6", "route", "add", "local", INTERNET6, "dev", "lo",
+        ])?;
+    }
+    Ok(())
+}
+
+/// Routes node `node`'s traffic to [`INTERNET`] (and [`INTERNET6`]) through
+/// the fabric, and the fabric's answers to the node's pod ranges
+/// (`subnet`, `subnet6`) back through node `index`.
 pub(super) fn join_internet(
     fabric: &NetNs,
     node: &NetNs,
     index: usize,
     subnet: &str,
+    subnet6: Option<&str>,
 ) -> Result<()> {
+    let (f, n) = (fabric.name(), node.name());
+    let gw = controller_ip().to_string();
     ip(&[
-        "-n",
-        node.name(),
-        "route",
-        "add",
-        INTERNET,
-        "via",
-        &controller_ip().to_string(),
-        "dev",
-        NODE_LINK,
+        "-n", n, "route", "add", INTERNET, "via", &gw, "dev", NODE_LINK,
     ])?;
-    ip(&[
-        "-n",
-        fabric.name(),
-        "route",
-        "add",
-        subnet,
-        "via",
-        &fabric_ip(index).to_string(),
-        "dev",
-        BRIDGE,
-    ])
+    let back = fabric_ip(index).to_string();
+    ip(&["-n", f, "route", "add", subnet, "via", &back, "dev", BRIDGE])?;
+    if let Some(subnet6) = subnet6 {
+        let gw6 = internet_gateway6().to_string();
+        ip(&[
+            "-n", n, "-6", "route", "add", INTERNET6, "via", &gw6, "dev", NODE_LINK,
+        ])?;
+        let back6 = fabric_ip6(index).to_string();
+        ip(&[
+            "-n", f, "-6", "route", "add", subnet6, "via", &back6, "dev", BRIDGE,
+        ])?;
+    }
+    Ok(())
 }
 
 /// A route in `node` to another node's pod range through its fabric address.
