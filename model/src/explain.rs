@@ -138,6 +138,12 @@ pub struct Explanation {
     /// most one per tier).
     pub passed: Vec<TierRule>,
     pub decided: Decided,
+    /// Egress only: the Accept rules by domain name met above what decided
+    /// whose protocols take the connection, in order. Any of them allows it
+    /// instead when the pod resolved one of its names to the peer's
+    /// address, which only the pod's node knows (its learner), not
+    /// Explain.
+    pub by_name: Vec<TierRule>,
 }
 
 impl Explanation {
@@ -260,44 +266,51 @@ pub fn staged_change(
 
 fn walk(cluster: &ClusterState, mode: Mode, q: &Query<'_>, with_staged: bool) -> Explanation {
     let mut passed = Vec::new();
-    let done = |passed: Vec<TierRule>, decided| Explanation { passed, decided };
+    let mut by_name = Vec::new();
+    let done = |passed: Vec<TierRule>, by_name: Vec<TierRule>, decided| Explanation {
+        passed,
+        decided,
+        by_name,
+    };
     if tiers::host_network(q.subject) {
-        return done(passed, Decided::HostNetwork);
+        return done(passed, by_name, Decided::HostNetwork);
     }
     let peer_ip = match q.peer {
         Peer::Pod(p) => p.ip,
         Peer::External(ip) => ip,
     };
     if tiers::own_node_addresses(cluster, q.subject).contains(&peer_ip) {
-        return done(passed, Decided::OwnNode);
+        return done(passed, by_name, Decided::OwnNode);
     }
-    if let Some(rule) = first_tier_rule(cluster, Tier::Admin, q, with_staged) {
+    if let Some(rule) = first_tier_rule(cluster, Tier::Admin, q, with_staged, &mut by_name) {
         if rule.action != Action::Pass {
-            return done(passed, Decided::Rule(rule));
+            return done(passed, by_name, Decided::Rule(rule));
         }
         passed.push(rule);
     }
     match network_policies(cluster, q, with_staged) {
         Decision::NotIsolated => {}
-        decision => return done(passed, Decided::NetworkPolicy(decision)),
+        decision => return done(passed, by_name, Decided::NetworkPolicy(decision)),
     }
-    if let Some(rule) = first_tier_rule(cluster, Tier::Baseline, q, with_staged) {
+    if let Some(rule) = first_tier_rule(cluster, Tier::Baseline, q, with_staged, &mut by_name) {
         if rule.action != Action::Pass {
-            return done(passed, Decided::Rule(rule));
+            return done(passed, by_name, Decided::Rule(rule));
         }
         passed.push(rule);
     }
     let allowed = mode == Mode::Standard;
-    done(passed, Decided::Default { allowed })
+    done(passed, by_name, Decided::Default { allowed })
 }
 
 /// The first rule of `tier` (policies in precedence order, rules in order)
-/// that matches the connection.
+/// that matches the connection; the egress Accept rules by name met before
+/// it whose protocols take the connection go to `by_name`.
 fn first_tier_rule(
     cluster: &ClusterState,
     tier: Tier,
     q: &Query<'_>,
     with_staged: bool,
+    by_name: &mut Vec<TierRule>,
 ) -> Option<TierRule> {
     let other = match q.peer {
         Peer::Pod(p) => Other {
@@ -308,6 +321,19 @@ fn first_tier_rule(
     };
     for policy in tiers::applying(cluster, tier, q.subject, with_staged) {
         for (i, rule) in tiers::rules(policy, q.dir).iter().enumerate() {
+            if q.dir == Direction::Egress
+                && tiers::accepting_names(rule, q.server, q.protocol, q.port).is_some()
+            {
+                by_name.push(TierRule {
+                    tier,
+                    policy: policy.id(),
+                    priority: policy.priority,
+                    rule: i,
+                    name: rule.name.clone(),
+                    action: Action::Accept,
+                    description: describe_tier_rule(policy, q.dir, i),
+                });
+            }
             if let Some(action) =
                 tiers::rule_matches(cluster, rule, other, q.server, q.protocol, q.port)
             {

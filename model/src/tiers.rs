@@ -162,6 +162,34 @@ pub(crate) fn rule_matches(
     }
 }
 
+/// The names of an Accept rule by domain name whose protocols take in
+/// `protocol`/`port`: the connection is allowed by it when the subject
+/// resolved one of them to the peer's address (which only the node's
+/// learner knows). None for any other rule.
+pub(crate) fn accepting_names(
+    rule: &Rule,
+    server: Option<&Pod>,
+    protocol: &str,
+    port: u16,
+) -> Option<Vec<String>> {
+    let Effective::AsWritten(rule) = rule.effective() else {
+        return None;
+    };
+    let names: Vec<String> = rule
+        .peers
+        .iter()
+        .filter_map(|p| match p {
+            Peer::DomainNames(n) => Some(n.iter().cloned()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    (rule.action == Action::Accept
+        && !names.is_empty()
+        && ports_match(rule, server, protocol, port))
+    .then_some(names)
+}
+
 fn peer_matches(cluster: &ClusterState, peer: &Peer, other: Other<'_>) -> bool {
     match peer {
         Peer::Namespaces(_) | Peer::Pods(_) => other

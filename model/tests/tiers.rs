@@ -741,3 +741,58 @@ fn an_aws_policy_is_judged_in_rule_order() {
         "ClusterNetworkPolicy.networking.k8s.aws/p"
     );
 }
+
+#[test]
+fn explain_lists_the_accepts_by_name_above_the_decision_that_take_the_connection() {
+    let c = cluster(vec![cnp(
+        "names",
+        json!({"tier": "Admin", "priority": 1, "subject": {"namespaces": ns_sel("red")},
+                   "egress": [
+                       {"name": "web-by-name", "action": "Accept", "to": [{"domainNames": ["*.example.com"]}],
+                        "protocols": [{"tcp": {"destinationPort": {"number": 443}}}]},
+                       {"name": "dns-by-name", "action": "Accept", "to": [{"domainNames": ["ns.example.org"]}],
+                        "protocols": [{"udp": {"destinationPort": {"number": 53}}}]},
+                       {"name": "rest", "action": "Deny", "to": [{"networks": ["0.0.0.0/0"]}]},
+                       {"name": "below", "action": "Accept", "to": [{"domainNames": ["late.example.com"]}]}]}),
+    )]);
+    let r1 = find(&c, "r1");
+    let ask_external = |port: u16, dir: Direction| {
+        explain(
+            &c,
+            Mode::Standard,
+            &Query {
+                subject: r1.pod,
+                peer: Peer::External("203.0.113.1".parse().unwrap()),
+                server: None,
+                protocol: "TCP",
+                port,
+                dir,
+            },
+        )
+    };
+    let e = ask_external(443, Direction::Egress);
+    assert_eq!(
+        rule_of(&e).name,
+        "rest",
+        "the Deny decides what Explain can see"
+    );
+    let names: Vec<&str> = e.by_name.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["web-by-name"],
+        "only an Accept by name above the Deny, on the connection's protocol and port"
+    );
+    assert!(
+        e.by_name[0].description.contains("*.example.com"),
+        "{:?}",
+        e.by_name
+    );
+    assert!(
+        ask_external(80, Direction::Egress).by_name.is_empty(),
+        "another port"
+    );
+    assert!(
+        ask_external(443, Direction::Ingress).by_name.is_empty(),
+        "names are egress-only"
+    );
+}

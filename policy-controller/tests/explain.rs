@@ -868,3 +868,73 @@ async fn the_explain_rpc_names_the_deciding_policy_and_rule() {
         assert!(status.message().contains(text), "{request:?}: {status}");
     }
 }
+
+/// TIERED's pods, with an Admin Accept by name above a Deny of the rest.
+const BY_NAME: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: prod, labels: {team: red}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: prod, labels: {app: client}}
+spec: {nodeName: n2, containers: [{name: c, image: i}]}
+status: {podIP: 10.1.0.2}
+---
+apiVersion: policy.networking.k8s.io/v1alpha2
+kind: ClusterNetworkPolicy
+metadata: {name: egress-by-name}
+spec:
+  tier: Admin
+  priority: 4
+  subject: {pods: {namespaceSelector: {}, podSelector: {matchLabels: {app: client}}}}
+  egress:
+  - {name: api, action: Accept, to: [{domainNames: ["*.example.com"]}], protocols: [{tcp: {destinationPort: {number: 443}}}]}
+  - {name: rest, action: Deny, to: [{networks: ["0.0.0.0/0"]}]}
+"#;
+
+#[tokio::test]
+async fn the_explain_rpc_lists_the_accepts_by_name_it_cannot_judge() {
+    let manifests = tempfile::tempdir().unwrap();
+    let sock_dir = tempfile::tempdir().unwrap();
+    let socket = Address::Unix(sock_dir.path().join("controller.sock"));
+    start_with(manifests.path(), &socket, BY_NAME).await;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let mut client = loop {
+        if let Ok(c) = connect(&socket, Duration::from_secs(1)).await {
+            break DebugServiceClient::new(c);
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no server");
+        tokio::time::sleep(Duration::from_millis(20)).await; // poll: the server binds asynchronously
+    };
+    let r = loop {
+        match client
+            .explain(req("prod/client", "203.0.113.7", 443, "TCP"))
+            .await
+        {
+            Ok(r) => break r.into_inner(),
+            Err(s) if s.code() == Code::Unavailable || s.code() == Code::NotFound => {
+                assert!(tokio::time::Instant::now() < deadline, "{s}");
+                tokio::time::sleep(Duration::from_millis(20)).await; // poll: the source scans every 10 ms
+            }
+            Err(s) => panic!("{s}"),
+        }
+    };
+    assert!(!r.allowed, "{r:?}");
+    let egress = r.egress.unwrap();
+    assert_eq!(egress.rule_name, "rest");
+    assert_eq!(egress.by_name.len(), 1, "{egress:?}");
+    assert!(
+        egress.by_name[0]
+            .starts_with("Admin tier, ClusterNetworkPolicy/egress-by-name (priority 4)"),
+        "{egress:?}"
+    );
+    assert!(egress.by_name[0].contains("*.example.com"), "{egress:?}");
+    // On a port the rule by name does not take: nothing to list.
+    let r = client
+        .explain(req("prod/client", "203.0.113.7", 80, "TCP"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.egress.unwrap().by_name.is_empty());
+}

@@ -215,20 +215,20 @@ fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
     ips
 }
 
+/// A tier rule met on the way, as `passed` and `by_name` list it.
+fn met(r: &palisade_model::explain::TierRule) -> String {
+    format!(
+        "{} tier, {} (priority {}): {}",
+        r.tier.as_str(),
+        r.policy,
+        r.priority,
+        r.description
+    )
+}
+
 fn direction(pod: &Pod, e: Explanation) -> DirectionExplanation {
-    let passed: Vec<String> = e
-        .passed
-        .iter()
-        .map(|r| {
-            format!(
-                "{} tier, {} (priority {}): {}",
-                r.tier.as_str(),
-                r.policy,
-                r.priority,
-                r.description
-            )
-        })
-        .collect();
+    let passed: Vec<String> = e.passed.iter().map(met).collect();
+    let by_name: Vec<String> = e.by_name.iter().map(met).collect();
     let allowed = e.allowed();
     let mut out = match e.decided {
         Decided::NetworkPolicy(d) => network_policy(pod, d),
@@ -282,6 +282,7 @@ fn direction(pod: &Pod, e: Explanation) -> DirectionExplanation {
         },
     };
     out.passed = passed;
+    out.by_name = by_name;
     out
 }
 
