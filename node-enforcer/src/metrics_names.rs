@@ -87,7 +87,7 @@ pub fn render(datapath: Option<&[u64]>, learner: Option<&Result<Report, LearnerG
     e.single(
         "palisade_dns_learner_up",
         "gauge",
-        "1 while the DNS learner answers; 0 when it stopped (answers then pass unheld and rules by name allow no new address).",
+        "1 while the DNS learner answers; 0 when it stopped (answers then pass unheld and rules by name allow no new address) or did not answer within 2 s.",
         u64::from(learner.is_ok()),
     );
     if let Ok(r) = learner {
@@ -200,7 +200,10 @@ mod tests {
 
     #[test]
     fn a_stopped_learner_is_down_not_absent() {
-        let text = render(Some(&[0; DNS_STAT_COUNT as usize]), Some(&Err(LearnerGone)));
+        let text = render(
+            Some(&[0; DNS_STAT_COUNT as usize]),
+            Some(&Err(LearnerGone::Stopped)),
+        );
         assert!(text.contains("palisade_dns_learner_up 0"), "{text}");
         assert!(!text.contains("palisade_dns_learned_names"), "{text}");
     }

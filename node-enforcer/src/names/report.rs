@@ -76,11 +76,22 @@ pub struct Learning {
     requests: mpsc::Sender<Request>,
 }
 
-/// The learner answers no more: its task ended. Rules by name then allow
-/// nothing new (the datapath passes answers unheld; DNS keeps working).
+/// How long a report may take: the learner answers between two records,
+/// so a learner this late is stuck or swamped, and the dump says so rather
+/// than wait on it.
+pub const REPORT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Why the learner gave no report.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the DNS learner has stopped: rules by domain name allow no new address on this node")]
-pub struct LearnerGone;
+pub enum LearnerGone {
+    /// Its task ended. Rules by name then allow nothing new (the datapath
+    /// passes answers unheld; DNS keeps working).
+    #[error("the DNS learner has stopped: rules by domain name allow no new address on this node")]
+    Stopped,
+    /// It did not answer within [`REPORT_TIMEOUT`].
+    #[error("the DNS learner did not answer within {0:?}: it is stuck or swamped")]
+    Slow(std::time::Duration),
+}
 
 impl Learning {
     pub fn new(servers: Vec<IpAddr>, requests: mpsc::Sender<Request>) -> Self {
@@ -88,8 +99,37 @@ impl Learning {
     }
 
     pub async fn report(&self) -> Result<Report, LearnerGone> {
-        let (tx, rx) = oneshot::channel();
-        self.requests.send(tx).await.map_err(|_| LearnerGone)?;
-        rx.await.map_err(|_| LearnerGone)
+        let ask = async {
+            let (tx, rx) = oneshot::channel();
+            self.requests
+                .send(tx)
+                .await
+                .map_err(|_| LearnerGone::Stopped)?;
+            rx.await.map_err(|_| LearnerGone::Stopped)
+        };
+        tokio::time::timeout(REPORT_TIMEOUT, ask)
+            .await
+            .map_err(|_| LearnerGone::Slow(REPORT_TIMEOUT))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_learner_that_stopped_or_does_not_answer_is_told_apart() {
+        let (tx, rx) = mpsc::channel(1);
+        let learning = Learning::new(vec![], tx);
+        drop(rx);
+        assert_eq!(learning.report().await.unwrap_err(), LearnerGone::Stopped);
+
+        let (tx, _rx) = mpsc::channel(1);
+        let learning = Learning::new(vec![], tx);
+        tokio::time::pause();
+        assert_eq!(
+            learning.report().await.unwrap_err(),
+            LearnerGone::Slow(REPORT_TIMEOUT)
+        );
     }
 }
