@@ -6,7 +6,10 @@
 # domain rules (untouched), interleaved query by query on one lab
 # (examples/dns-names.yaml, its steps played first). One line:
 # `bench=dns queries= with_p50_ms= with_p99_ms= without_p50_ms=
-# without_p99_ms= added_p99_ms=`. Then the learner's own logic on one core
+# without_p99_ms= added_p99_ms=`, and the enforcer's own timing of the
+# held answers, from the datapath's copy through its map writes to the
+# re-injection (answer to map entry, and then some): `bench=dns part=hold
+# held= hold_p50_us= hold_p99_us= hold_max_us=`. Then the learner's own logic on one core
 # (cargo bench -p palisade-dns): `bench=dns_learn part=userspace
 # answers_per_s= ...`. Run as root.
 #

@@ -107,6 +107,10 @@ fn a_resolved_name_opens_its_addresses_to_the_pod_that_resolved_it_only() {
         "{names:?}"
     );
     assert!(names.answers_learned_from >= 3, "{names:?}");
+    assert!(
+        names.recent_holds >= 3 && names.hold_p50_us > 0 && names.hold_max_us >= names.hold_p99_us,
+        "hold times: {names:?}"
+    );
     // The flow log names the name that allowed the connection.
     let node = lab.node_name().to_string();
     lab.wait_flow_log(

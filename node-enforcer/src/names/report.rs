@@ -53,6 +53,48 @@ pub struct Report {
     /// Overlay entries in the datapath: one per (pod, address).
     pub overlay_entries: usize,
     pub pods: Vec<PodReport>,
+    /// How long the most recent held frames were held, from the
+    /// datapath's copy to their re-injection (the learner's writes come
+    /// in between).
+    pub holds: Holds,
+}
+
+/// Most held frames [`Holds`] keeps.
+pub const RECENT_HOLDS: usize = 4096;
+
+/// Hold times of the last [`RECENT_HOLDS`] held frames, in µs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Holds {
+    recent: std::collections::VecDeque<u32>,
+}
+
+impl Holds {
+    pub fn record(&mut self, held: std::time::Duration) {
+        if self.recent.len() == RECENT_HOLDS {
+            self.recent.pop_front();
+        }
+        self.recent
+            .push_back(u32::try_from(held.as_micros()).unwrap_or(u32::MAX));
+    }
+
+    pub fn len(&self) -> usize {
+        self.recent.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.recent.is_empty()
+    }
+
+    /// The `p`th percentile (nearest rank) in µs; 0 when none was held.
+    pub fn percentile_us(&self, p: f64) -> u32 {
+        let mut sorted: Vec<u32> = self.recent.iter().copied().collect();
+        sorted.sort_unstable();
+        if sorted.is_empty() {
+            return 0;
+        }
+        let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+        sorted[rank.clamp(1, sorted.len()) - 1]
+    }
 }
 
 impl Report {
@@ -116,6 +158,22 @@ impl Learning {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hold_percentiles_are_over_the_recent_holds_only() {
+        let mut h = Holds::default();
+        assert_eq!(h.percentile_us(99.0), 0);
+        for us in 1..=100u64 {
+            h.record(std::time::Duration::from_micros(us));
+        }
+        assert_eq!((h.percentile_us(50.0), h.percentile_us(99.0)), (50, 99));
+        assert_eq!(h.percentile_us(100.0), 100);
+        for _ in 0..RECENT_HOLDS {
+            h.record(std::time::Duration::from_micros(7));
+        }
+        assert_eq!(h.len(), RECENT_HOLDS);
+        assert_eq!(h.percentile_us(100.0), 7, "the old ones are gone");
+    }
 
     #[tokio::test]
     async fn a_learner_that_stopped_or_does_not_answer_is_told_apart() {

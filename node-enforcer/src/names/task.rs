@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use super::frame::{fragment_of, with_udp_checksum, FrameError, ReassemblyLimits};
 use super::learner::{Ignored, Learner, Write};
 use super::reinject::Reinjector;
-use super::report::{Evictions, LearnedAddr, Learning, PodReport, Report, Request};
+use super::report::{Evictions, Holds, LearnedAddr, Learning, PodReport, Report, Request};
 use crate::datapath::bpf::learned::LearnedMaps;
 use crate::reconciler::names::PodUpdate;
 
@@ -104,6 +104,7 @@ struct Task {
     released: u64,
     reinject_errors: u64,
     write_errors: u64,
+    holds: Holds,
 }
 
 fn map_error<'a>(
@@ -173,6 +174,7 @@ pub fn start(
         released: 0,
         reinject_errors: 0,
         write_errors: 0,
+        holds: Holds::default(),
     };
     Ok((tokio::spawn(task.run(ring, updates, requests)), learning))
 }
@@ -315,9 +317,9 @@ impl Task {
             self.reinject_errors += 1;
             tracing::debug!(ifindex, "learner: re-injecting a held answer: {e}");
         }
-        crate::metrics_names::observe_answer_hold(Duration::from_nanos(
-            boot_ns().saturating_sub(held_at),
-        ));
+        let held = Duration::from_nanos(boot_ns().saturating_sub(held_at));
+        crate::metrics_names::observe_answer_hold(held);
+        self.holds.record(held);
     }
 
     fn write(&mut self, writes: Vec<Write>) {
@@ -469,6 +471,7 @@ impl Task {
             pending_queries: self.learner.pending(),
             overlay_entries: self.maps.len(),
             pods: pods.into_values().collect(),
+            holds: self.holds.clone(),
         }
     }
 }

@@ -192,5 +192,9 @@ async fn names_state(learning: &Learning, interfaces: &[InterfaceDump]) -> Names
         }),
         overlay_entries: r.overlay_entries as u64,
         pods,
+        recent_holds: r.holds.len() as u64,
+        hold_p50_us: u64::from(r.holds.percentile_us(50.0)),
+        hold_p99_us: u64::from(r.holds.percentile_us(99.0)),
+        hold_max_us: u64::from(r.holds.percentile_us(100.0)),
     }
 }
