@@ -81,6 +81,9 @@ impl Knowledge {
 
 /// Refreshes at most this often for events on interfaces it does not know.
 const MIN_REFRESH: Duration = Duration::from_millis(200);
+/// Asks the learner for names at most this often: its report is cheap, and
+/// a learned allow is logged right after the answer that taught it.
+const NAMES_MIN_REFRESH: Duration = Duration::from_millis(20);
 /// Refreshes at least this often while events keep coming (the node's
 /// addresses change without touching the checkpoint).
 const MAX_AGE: Duration = Duration::from_secs(10);
@@ -94,6 +97,8 @@ pub struct Source {
     plan: Option<PlanSnapshot>,
     knowledge: Knowledge,
     refreshed: Option<Instant>,
+    /// When the learner was last asked for names.
+    names_refreshed: Option<Instant>,
     /// The state directory's modification time at the last refresh.
     stamps: Stamps,
 }
@@ -115,6 +120,7 @@ impl Source {
             checkpoint,
             plan: None,
             refreshed: None,
+            names_refreshed: None,
             stamps: None,
         }
     }
@@ -149,20 +155,38 @@ impl Source {
     }
 
     /// Whether an event allowed by a learned address names a pair the
-    /// learner had not reported at the last refresh (it learned since).
-    pub fn wants_names(&self, events: &[FlowEvent], now: Instant) -> bool {
-        let Some(at) = self.refreshed else {
-            return true;
-        };
-        now.saturating_duration_since(at) >= MIN_REFRESH
-            && self.handle.learning().is_some()
+    /// learner had not reported when last asked (it learned since): then
+    /// [`Source::refresh_names`] after the wait returned (zero, or what is
+    /// left of [`NAMES_MIN_REFRESH`]: the lines wait for their names
+    /// rather than go without). None: no need.
+    pub fn names_wait(&self, events: &[FlowEvent], now: Instant) -> Option<Duration> {
+        let unknown = self.handle.learning().is_some()
             && events.iter().any(|e| {
                 u32::from(e.stat) == STAT_ALLOWED_LEARNED
                     && !self
                         .knowledge
                         .learned
                         .contains_key(&(e.ifindex, learned_peer(e)))
+            });
+        unknown.then(|| {
+            self.names_refreshed.map_or(Duration::ZERO, |at| {
+                NAMES_MIN_REFRESH.saturating_sub(now.saturating_duration_since(at))
             })
+        })
+    }
+
+    /// Asks the learner what each pod learned; on failure or timeout the
+    /// old names stay.
+    pub async fn refresh_names(&mut self) {
+        self.names_refreshed = Some(Instant::now());
+        let Some(learning) = self.handle.learning() else {
+            return;
+        };
+        match tokio::time::timeout(REFRESH_TIMEOUT, learning.report()).await {
+            Ok(Ok(r)) => self.knowledge.learn(&r),
+            Ok(Err(e)) => tracing::debug!("flow log: {e}"),
+            Err(_) => tracing::debug!("flow log: the learner's report took too long"),
+        }
     }
 
     /// Re-reads the dump, and the checkpointed plan when its version moved.
@@ -172,8 +196,14 @@ impl Source {
         self.stamps = self.stamps();
         let dump = match tokio::time::timeout(REFRESH_TIMEOUT, self.handle.dump()).await {
             Ok(Ok(d)) => d,
-            Ok(Err(e)) => return tracing::debug!("flow log: dump: {e}"),
-            Err(_) => return tracing::debug!("flow log: the dump took too long"),
+            failed => {
+                match failed {
+                    Ok(Err(e)) => tracing::debug!("flow log: dump: {e}"),
+                    _ => tracing::debug!("flow log: the dump took too long"),
+                }
+                // The names come from the learner, not the reconciler.
+                return self.refresh_names().await;
+            }
         };
         let held = self.plan.as_ref().map(|p| p.version);
         if held != Some(dump.plan_version) {
@@ -200,13 +230,7 @@ impl Source {
             }
         }
         self.knowledge = Knowledge::from_dump(&self.node, &dump, self.plan.as_ref());
-        if let Some(learning) = self.handle.learning() {
-            match tokio::time::timeout(REFRESH_TIMEOUT, learning.report()).await {
-                Ok(Ok(r)) => self.knowledge.learn(&r),
-                Ok(Err(e)) => tracing::debug!("flow log: {e}"),
-                Err(_) => tracing::debug!("flow log: the learner's report took too long"),
-            }
-        }
+        self.refresh_names().await;
     }
 }
 
@@ -298,6 +322,80 @@ mod tests {
         assert_eq!(k.by_ip.len(), 2, "a malformed address is skipped");
         assert_eq!(k.plans[&key("web")].policies, ["ns/p"]);
         assert!(Knowledge::from_dump("node-1", &dump, None).plans.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_learned_allow_of_a_pair_not_yet_known_asks_the_learner_first() {
+        use crate::names::report::{LearnedAddr, Learning, PodReport};
+        use palisade_ebpf::{FLOW_ALLOWED, HOOK_FROM_POD, STAT_ALLOWED_POLICY};
+        let (tx, _events) = tokio::sync::mpsc::channel(1);
+        let (learner_tx, mut learner_rx) = tokio::sync::mpsc::channel(1);
+        let handle = Handle::new(tx, Duration::from_secs(1))
+            .with_learning(Learning::new(vec![], learner_tx));
+        let dir = tempfile::tempdir().unwrap();
+        let mut source = Source::new(handle, "n1".into(), dir.path());
+        // The learner: api.example.com is 192.0.2.1 for interface 7.
+        tokio::spawn(async move {
+            while let Some(reply) = learner_rx.recv().await {
+                let _ = reply.send(Report {
+                    pods: vec![PodReport {
+                        ifindex: 7,
+                        names: vec![(
+                            "api.example.com".into(),
+                            vec![LearnedAddr {
+                                addr: "192.0.2.1".parse().unwrap(),
+                                expiry: 1,
+                            }],
+                        )],
+                        adopted: vec![],
+                    }],
+                    ..Default::default()
+                });
+            }
+        });
+        let event = |stat: u32| FlowEvent {
+            ifindex: 7,
+            kind: FLOW_ALLOWED,
+            hook: HOOK_FROM_POD,
+            stat: stat as u8,
+            dst: std::net::Ipv4Addr::new(192, 0, 2, 1)
+                .to_ipv6_mapped()
+                .octets(),
+            ..Default::default()
+        };
+        let now = Instant::now();
+        assert_eq!(
+            source.names_wait(&[event(STAT_ALLOWED_POLICY)], now),
+            None,
+            "not learned"
+        );
+        assert_eq!(
+            source.names_wait(&[event(STAT_ALLOWED_LEARNED)], now),
+            Some(Duration::ZERO)
+        );
+        source.refresh_names().await;
+        let key = (7, "192.0.2.1".parse().unwrap());
+        assert_eq!(source.knowledge().learned[&key], ["api.example.com"]);
+        // Known now: no need to ask again.
+        let later = Instant::now() + NAMES_MIN_REFRESH;
+        assert_eq!(
+            source.names_wait(&[event(STAT_ALLOWED_LEARNED)], later),
+            None
+        );
+        // An unknown pair right after asking waits its turn, never goes
+        // without.
+        let mut other = event(STAT_ALLOWED_LEARNED);
+        other.dst = std::net::Ipv4Addr::new(192, 0, 2, 9)
+            .to_ipv6_mapped()
+            .octets();
+        let wait = source
+            .names_wait(&[other], Instant::now())
+            .expect("asked for");
+        assert!(
+            wait > Duration::ZERO && wait <= NAMES_MIN_REFRESH,
+            "{wait:?}"
+        );
+        assert_eq!(source.names_wait(&[other], later), Some(Duration::ZERO));
     }
 
     #[test]

@@ -76,10 +76,13 @@ pub async fn run(mut ring: Ring, mut source: Source, lines: Lines) {
             continue;
         }
         let now = Instant::now();
-        if source.wants_refresh(batch.iter().map(|e| e.ifindex), now)
-            || source.wants_names(&batch, now)
-        {
+        if source.wants_refresh(batch.iter().map(|e| e.ifindex), now) {
             source.refresh().await;
+        } else if let Some(wait) = source.names_wait(&batch, now) {
+            // At most NAMES_MIN_REFRESH: a learned allow's line waits for
+            // the name that allowed it.
+            tokio::time::sleep(wait).await;
+            source.refresh_names().await;
         }
         let offset = super::rfc3339::realtime_offset_ns();
         for e in batch.drain(..) {
