@@ -6,8 +6,11 @@
 //! - [`cluster_network_policy`]: one typed reading of both
 //!   ClusterNetworkPolicy groups (`policy.networking.k8s.io/v1alpha2` and
 //!   AWS's `networking.k8s.aws/v1alpha1`), what the reference model, the
-//!   controller's resolution and explain work on.
+//!   controller's resolution and explain work on;
+//! - [`application_network_policy`]: AWS's ApplicationNetworkPolicy, read
+//!   as the NetworkPolicy it is, its `domainNames` peers carried beside.
 
+pub mod application_network_policy;
 pub mod cluster_network_policy;
 pub mod wire;
 

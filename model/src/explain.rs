@@ -526,6 +526,11 @@ pub fn describe_rule(
 }
 
 fn describe_peer(p: &NetworkPolicyPeer) -> String {
+    if *p == palisade_apis::application_network_policy::never_peer() {
+        // An ApplicationNetworkPolicy rule whose peers are all domain
+        // names: what they resolve to only the node knows.
+        return "no address (domainNames only)".to_string();
+    }
     if let Some(block) = &p.ip_block {
         let except = block.except.as_deref().unwrap_or_default();
         return if except.is_empty() {

@@ -46,7 +46,8 @@ pub fn check_rules(policy: &str, ingress: usize, egress: usize, limit: usize) ->
     let rules = ingress + egress;
     (rules > limit).then(|| {
         format!(
-            "NetworkPolicy {policy}: spec: {rules} rules ({ingress} ingress, {egress} egress), more than the {limit} one policy may have (--max-rules-per-policy); not enforced: the pods it selects are denied what it would allow"
+            "{}: spec: {rules} rules ({ingress} ingress, {egress} egress), more than the {limit} one policy may have (--max-rules-per-policy); not enforced: the pods it selects are denied what it would allow",
+            crate::resolve::PolicyLabel(policy)
         )
     })
 }

@@ -272,7 +272,8 @@ async fn kube_source_delivers_changes_that_yield_the_manifest_sources_plans() {
     assert_eq!(
         hub.view().source_marker,
         "k8s namespaces=3 pods=8 networkpolicies=11 services=12 endpointslices=13 \
-         nodes= clusternetworkpolicies= clusternetworkpolicies.networking.k8s.aws="
+         nodes= clusternetworkpolicies= clusternetworkpolicies.networking.k8s.aws= \
+         applicationnetworkpolicies.networking.k8s.aws="
     );
     assert_eq!(hub.counters().views, 0);
     assert_eq!(changes_taken(&hub), 12, "{:?}", hub.counters());
@@ -658,6 +659,89 @@ async fn cluster_network_policies_of_both_groups_and_nodes_reach_the_plans() {
     assert_eq!((want.cluster_policies.len(), want.nodes.len()), (0, 1));
     let plans = wait_for_plans(&hub, &want, "the deletes").await.plans;
     assert!(tier_rules(&plans, "node-a", ("prod", "web-1"), false, true).is_empty());
+    assert!(hub.view().errors.is_empty(), "{:?}", hub.view().errors);
+    source.abort();
+}
+
+const APPLICATION_POLICY: &str = r#"
+apiVersion: networking.k8s.aws/v1alpha1
+kind: ApplicationNetworkPolicy
+metadata: {name: allow-web, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{domainNames: [api.example.com, "*.example.org"]}]
+    ports: [{protocol: TCP, port: 443}]
+  - to: [{ipBlock: {cidr: 192.0.2.0/24}}]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_network_policy_is_a_network_policy_with_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut objects = yaml_documents(OBJECTS);
+    objects.extend(yaml_documents(APPLICATION_POLICY));
+    let double = ApiDouble::start().await;
+    for object in &objects {
+        double.apply(object.clone());
+    }
+    let (hub, source) = start_controller(&double.url);
+
+    let want = manifest_state(dir.path(), &objects, "a1");
+    let plans = wait_for_plans(&hub, &want, "the initial lists").await.plans;
+    // Beside the NetworkPolicy of the same name, not in its place.
+    assert_eq!(
+        pod_policies(&plans, "node-a", "prod", "web-1"),
+        [
+            "prod/ApplicationNetworkPolicy:allow-web",
+            "prod/allow-web",
+            "prod/default-deny"
+        ]
+    );
+    let egress = plans["node-a"].pods[&("prod".to_string(), "web-1".to_string())]
+        .egress
+        .clone()
+        .expect("the policy isolates egress");
+    let by_name: Vec<_> = egress
+        .rules
+        .iter()
+        .filter(|r| !r.domain_names.is_empty())
+        .map(|r| {
+            (
+                r.domain_names.clone(),
+                r.ports.len(),
+                r.peers.len(),
+                r.policy.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        by_name,
+        [(
+            vec!["*.example.org".to_string(), "api.example.com".to_string()],
+            1,
+            0,
+            "prod/ApplicationNetworkPolicy:allow-web".to_string()
+        )]
+    );
+    assert_eq!(egress.rules.len(), 2, "the names and the block: {egress:?}");
+    assert!(
+        hub.view()
+            .source_marker
+            .contains("applicationnetworkpolicies.networking.k8s.aws=14"),
+        "{}",
+        hub.view().source_marker
+    );
+
+    // Deleted: the NetworkPolicy of that name stays.
+    double.delete(Kind::ApplicationNetworkPolicy, Some("prod"), "allow-web");
+    objects.retain(|o| o["kind"] != "ApplicationNetworkPolicy");
+    let want = manifest_state(dir.path(), &objects, "a2");
+    let plans = wait_for_plans(&hub, &want, "the delete").await.plans;
+    assert_eq!(
+        pod_policies(&plans, "node-a", "prod", "web-1"),
+        ["prod/allow-web", "prod/default-deny"]
+    );
     assert!(hub.view().errors.is_empty(), "{:?}", hub.view().errors);
     source.abort();
 }

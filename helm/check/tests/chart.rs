@@ -595,6 +595,7 @@ fn controller_reads_exactly_what_its_source_watches() {
             "/pods",
             "/services",
             "discovery.k8s.io/endpointslices",
+            "networking.k8s.aws/applicationnetworkpolicies",
             "networking.k8s.aws/clusternetworkpolicies",
             "networking.k8s.io/networkpolicies",
             "policy.networking.k8s.io/clusternetworkpolicies",

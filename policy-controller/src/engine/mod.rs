@@ -52,6 +52,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use objects::{Labels, Objects};
+use palisade_apis::application_network_policy::DOMAIN_NAMES_ANNOTATION;
 use palisade_apis::{ApiGroup, ClusterNetworkPolicy};
 use policy_endpoints::EndpointPolicies;
 use selection::{Selections, Selector, Used};
@@ -346,8 +347,8 @@ impl Engine {
             let known = self
                 .objects
                 .policy(&key.0, &key.1)
-                .map(|p| (&p.spec, audit_annotation(&p.metadata)));
-            if known != Some((&np.spec, audit_annotation(&np.metadata))) {
+                .map(|p| (&p.spec, read_annotations(&p.metadata)));
+            if known != Some((&np.spec, read_annotations(&np.metadata))) {
                 changes.push(Change::ApplyPolicy(np.clone()));
             }
             seen_policies.insert(key);
@@ -437,13 +438,9 @@ impl Engine {
             Change::ApplyPolicy(mut np) => {
                 let ns = namespace_of(&np.metadata);
                 let name = np.metadata.name.clone().unwrap_or_default();
-                let audit = audit_annotation(&np.metadata).cloned();
+                let read = read_annotations(&np.metadata);
                 np.metadata = bare_meta(&ns, &name);
-                // Staging is the one annotation resolution reads.
-                if let Some(value) = audit {
-                    np.metadata.annotations =
-                        Some(BTreeMap::from([(AUDIT_ANNOTATION.to_string(), value)]));
-                }
+                np.metadata.annotations = (!read.is_empty()).then_some(read);
                 self.set_policy(&ns, &name, Some(Arc::new(np)), dirty);
             }
             Change::DeletePolicy((ns, name)) => self.set_policy(&ns, &name, None, dirty),
@@ -892,17 +889,24 @@ impl Engine {
     }
 }
 
-/// The staging annotation of a policy, which resolution reads.
-fn audit_annotation(
+/// The annotations of a policy that resolution reads: staging, and an
+/// ApplicationNetworkPolicy's names (see `palisade_apis`).
+fn read_annotations(
     meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-) -> Option<&String> {
-    meta.annotations.as_ref()?.get(AUDIT_ANNOTATION)
+) -> BTreeMap<String, String> {
+    const READ: [&str; 2] = [AUDIT_ANNOTATION, DOMAIN_NAMES_ANNOTATION];
+    meta.annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| READ.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 /// Only what resolution reads of a policy's or a Service's metadata: the
 /// rest (annotations such as kubectl's last-applied-configuration, managed
 /// fields, labels) can be most of an object, and the engine holds every one.
-/// A policy keeps its staging annotation besides (see `take`).
+/// A policy keeps the annotations resolution reads besides (see `take`).
 fn bare_meta(ns: &str, name: &str) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
     k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
         namespace: Some(ns.to_string()),

@@ -48,7 +48,7 @@ pub use peers::{parse_block, BlockError};
 pub use selectors::{selector_matches, validate_selector, SelectorError, UnknownOperator};
 pub(crate) use services::{is_selectorless, selector_of, service_info, slice_service, ServiceInfo};
 pub use staging::{is_staged, AUDIT_ANNOTATION};
-pub(crate) use target::resolve_pod;
+pub(crate) use target::{resolve_pod, PolicyLabel};
 pub(crate) use tiers::{node_ips, TierRules, TieredPolicy};
 
 #[cfg(test)]
@@ -83,6 +83,11 @@ mod tests {
                 ),
                 "Node" => Object::Node(serde_yaml::from_value(v).unwrap()),
                 "Service" => Object::Service(serde_yaml::from_value(v).unwrap()),
+                "ApplicationNetworkPolicy" => {
+                    Object::NetworkPolicy(palisade_apis::application_network_policy::lower(
+                        &serde_yaml::from_value(v).unwrap(),
+                    ))
+                }
                 k => panic!("kind {k}"),
             });
         }
@@ -647,6 +652,60 @@ spec:
         );
         // Pods it does not select are untouched.
         assert!(pod(&r, "n1", "x", "b").unwrap().ingress.is_none());
+    }
+
+    #[test]
+    fn an_application_network_policy_isolates_and_allows_by_name_beside_network_policies() {
+        let anp = |name: &str, egress: &str| {
+            format!("apiVersion: networking.k8s.aws/v1alpha1\nkind: ApplicationNetworkPolicy\nmetadata: {{name: {name}, namespace: x}}\nspec:\n  podSelector: {{matchLabels: {{app: a}}}}\n  policyTypes: [Egress]\n  egress:\n{egress}")
+        };
+        let r = with(&[
+            anp("p", "  - {to: [{domainNames: [\"API.Example.com.\", \"*.example.org\"]}, {ipBlock: {cidr: 192.0.2.0/24}}], ports: [{port: 443}]}\n  - {to: [{domainNames: [example.net]}]}\n  - {to: [{domainNames: [a.example]}], ports: [{port: http}]}\n"),
+            // Same name as the ApplicationNetworkPolicy: a second policy.
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p, namespace: x}\nspec:\n  podSelector: {matchLabels: {app: a}}\n  policyTypes: [Egress]\n  egress: [{to: [{ipBlock: {cidr: 198.51.100.0/24}}]}]".to_string(),
+        ].join("\n---\n"));
+        let a = pod(&r, "n1", "x", "a").unwrap();
+        assert_eq!(a.policies, ["x/ApplicationNetworkPolicy:p", "x/p"]);
+        let rules: Vec<_> = a
+            .egress
+            .as_ref()
+            .unwrap()
+            .rules
+            .iter()
+            .map(|r| {
+                (
+                    r.policy.as_str(),
+                    r.rule_index,
+                    r.peers.len(),
+                    r.ports.len(),
+                    r.domain_names.clone(),
+                )
+            })
+            .collect();
+        let anp_name = "x/ApplicationNetworkPolicy:p";
+        assert_eq!(
+            rules,
+            [
+                (anp_name, 0, 1, 1, vec![]),
+                // Lower-cased, no trailing dot, sorted; the rule's ports.
+                (
+                    anp_name,
+                    0,
+                    0,
+                    1,
+                    vec!["*.example.org".to_string(), "api.example.com".to_string()]
+                ),
+                // Names alone: nothing by address, every port by name.
+                (anp_name, 1, 0, 0, vec!["example.net".to_string()]),
+                ("x/p", 0, 1, 0, vec![]),
+            ]
+        );
+        assert_eq!(
+            r.errors,
+            ["ApplicationNetworkPolicy x/p: spec.egress[2]: port \"http\" is named, which a peer by domain name cannot have; the names allow nothing"]
+        );
+        // Pods it does not select are not isolated by it.
+        assert!(pod(&r, "n1", "x", "b").unwrap().egress.is_none());
     }
 
     mod tiers {

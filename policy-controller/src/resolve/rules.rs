@@ -141,6 +141,50 @@ impl RuleContext<'_> {
         rules
     }
 
+    /// An egress rule's peers by name (an ApplicationNetworkPolicy's
+    /// `domainNames`, as written) on its ports: one plan rule whose peers
+    /// are what the pod resolved them to. A name DNS cannot have, or a
+    /// named port (a port of which pod?), is an error and drops the part it
+    /// spoils: a name that cannot match, the whole rule by name for a port.
+    pub(super) fn name_rule(
+        &mut self,
+        field: &dyn Display,
+        names: &[String],
+        ports: Option<&[NetworkPolicyPort]>,
+    ) -> Option<Rule> {
+        let mut patterns = Vec::new();
+        for name in names {
+            match name.parse::<palisade_dns::Pattern>() {
+                Ok(p) => patterns.push(p.to_string()),
+                Err(e) => self.error(field, format!("domainNames: {e}; it matches nothing")),
+            }
+        }
+        patterns.sort();
+        patterns.dedup();
+        if patterns.is_empty() {
+            return None;
+        }
+        let port_specs = self.ports(field, ports)?;
+        let mut numbered = Vec::new();
+        for spec in port_specs {
+            match spec {
+                PortSpec::Numbered(p) => numbered.push(p),
+                PortSpec::Named(_, name) => {
+                    self.error(
+                        field,
+                        format!("port {name:?} is named, which a peer by domain name cannot have; the names allow nothing"),
+                    );
+                    return None;
+                }
+            }
+        }
+        Some(Rule {
+            ports: numbered,
+            domain_names: patterns,
+            ..Default::default()
+        })
+    }
+
     fn named_port_rules(
         &mut self,
         peers: &[PeerSpec],

@@ -18,7 +18,7 @@ pub const AUDIT_ANNOTATION: &str = "palisade.io/audit";
 pub fn is_staged(policy: &NetworkPolicy, policy_name: &str, errors: &mut Vec<String>) -> bool {
     staged_by(
         policy.metadata.annotations.as_ref(),
-        &format!("NetworkPolicy {policy_name}"),
+        &super::target::PolicyLabel(policy_name).to_string(),
         errors,
     )
 }

@@ -6,6 +6,7 @@
 //! This is where every kind of policy meets.
 
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
+use palisade_apis::application_network_policy::{domain_names, kind_and_name};
 use palisade_proto::v1::{IpPrefix, PodPolicy, PodRef, Rule};
 
 use super::objects::{namespace_of, PodInfo};
@@ -55,7 +56,8 @@ pub(crate) fn resolve_pod<'p, 't>(
             Ok(false) => continue,
             Err(e) => {
                 errors.push(format!(
-                    "NetworkPolicy {policy_name}: spec.podSelector: {e}"
+                    "{}: spec.podSelector: {e}",
+                    PolicyLabel(&policy_name)
                 ));
                 continue;
             }
@@ -108,13 +110,19 @@ pub(crate) fn resolve_pod<'p, 't>(
         }
         if applies_egress {
             egress.add(staged, std::iter::empty());
+            // An ApplicationNetworkPolicy's peers by name (see
+            // `palisade_apis::application_network_policy`).
+            let mut by_name = domain_names(policy);
             for (i, r) in spec.egress.iter().flatten().enumerate() {
                 let field = Path {
                     parent: &"spec",
                     key: "egress",
                     index: i,
                 };
-                let rules = ctx.egress_rule(&field, r.to.as_deref(), r.ports.as_deref());
+                let mut rules = ctx.egress_rule(&field, r.to.as_deref(), r.ports.as_deref());
+                if let Some(names) = by_name.remove(&i) {
+                    rules.extend(ctx.name_rule(&field, &names, r.ports.as_deref()));
+                }
                 egress.add(staged, with_origin(rules, &policy_name, i));
             }
         }
@@ -170,12 +178,14 @@ fn policy_types(spec: &NetworkPolicySpec) -> (bool, bool) {
     }
 }
 
-/// How errors name a NetworkPolicy (`NetworkPolicy ns/name`), written out
-/// only when one does.
-struct PolicyLabel<'a>(&'a str);
+/// How errors name a namespaced policy (`NetworkPolicy ns/name`,
+/// `ApplicationNetworkPolicy ns/name`), written out only when one does.
+pub(crate) struct PolicyLabel<'a>(pub &'a str);
 
 impl std::fmt::Display for PolicyLabel<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "NetworkPolicy {}", self.0)
+        let (ns, name) = self.0.split_once('/').unwrap_or(("", self.0));
+        let (kind, name) = kind_and_name(name);
+        write!(f, "{kind} {ns}/{name}")
     }
 }

@@ -1,5 +1,6 @@
 //! The real cluster: Namespaces, Pods, NetworkPolicies, Services,
-//! EndpointSlices, Nodes and the ClusterNetworkPolicies of both API groups
+//! EndpointSlices, Nodes, the ClusterNetworkPolicies of both API groups and
+//! AWS's ApplicationNetworkPolicies (read as NetworkPolicies)
 //! from the API server through kube-rs watchers (list, then watch, all
 //! namespaces), delivered as changes to single objects.
 //!
@@ -31,7 +32,8 @@
 //!
 //! The marker is `k8s namespaces=<rv> pods=<rv> networkpolicies=<rv>
 //! services=<rv> endpointslices=<rv> nodes=<rv> clusternetworkpolicies=<rv>
-//! clusternetworkpolicies.networking.k8s.aws=<rv>`: for
+//! clusternetworkpolicies.networking.k8s.aws=<rv>
+//! applicationnetworkpolicies.networking.k8s.aws=<rv>`: for
 //! each kind, the highest resourceVersion its watch has delivered (compared
 //! as numbers, as etcd issues them; a non-numeric one simply replaces the
 //! previous). Kinds are kept apart because each has its own watch stream: the
@@ -60,6 +62,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
+use super::application_network_policy as anp;
 use super::cluster_network_policy::{self as cnp, AwsObject, UpstreamObject};
 use super::cluster_policy_endpoint::ClusterPolicyEndpoint;
 use super::policy_endpoint::{PolicyEndpoint, PolicySource};
@@ -81,6 +84,7 @@ enum Kind {
     Nodes,
     UpstreamClusterNetworkPolicies,
     AwsClusterNetworkPolicies,
+    ApplicationNetworkPolicies,
 }
 
 impl Kind {
@@ -99,6 +103,7 @@ impl Kind {
                 "ClusterNetworkPolicies.policy.networking.k8s.io"
             }
             Kind::AwsClusterNetworkPolicies => "ClusterNetworkPolicies.networking.k8s.aws",
+            Kind::ApplicationNetworkPolicies => "ApplicationNetworkPolicies.networking.k8s.aws",
         }
     }
 }
@@ -308,11 +313,20 @@ fn network_policy_watches(client: Client) -> Vec<BoxStream<'static, Notice>> {
             |o| cnp::read_upstream(o).map(Change::ApplyClusterPolicy),
         ),
         watch_kind::<AwsObject>(
-            Api::all(client),
+            Api::all(client.clone()),
             Kind::AwsClusterNetworkPolicies,
             false,
             ByCrd,
             |o| cnp::read_aws(o).map(Change::ApplyClusterPolicy),
+        ),
+        // Lowered to NetworkPolicies: applied and deleted as those are,
+        // under their own (prefixed) names.
+        watch_kind::<anp::Object>(
+            Api::all(client),
+            Kind::ApplicationNetworkPolicies,
+            true,
+            ByCrd,
+            |o| anp::read(o).map(Change::ApplyPolicy),
         ),
     ]
 }
@@ -366,6 +380,10 @@ where
             Kind::AwsClusterNetworkPolicies => {
                 Change::DeleteClusterPolicy(palisade_apis::ApiGroup::Aws, name)
             }
+            Kind::ApplicationNetworkPolicies => Change::DeletePolicy((
+                ns,
+                palisade_apis::application_network_policy::lowered_name(&name),
+            )),
         }
     };
     let mut tracker: Tracker<ObjectKey> = Tracker::default();
@@ -561,6 +579,7 @@ struct Versions {
     nodes: String,
     upstream_cluster_policies: String,
     aws_cluster_policies: String,
+    application_policies: String,
 }
 
 impl Versions {
@@ -583,6 +602,7 @@ impl Versions {
             Kind::Nodes => &mut self.nodes,
             Kind::UpstreamClusterNetworkPolicies => &mut self.upstream_cluster_policies,
             Kind::AwsClusterNetworkPolicies => &mut self.aws_cluster_policies,
+            Kind::ApplicationNetworkPolicies => &mut self.application_policies,
         };
         if is_newer(rv, slot) {
             *slot = rv.to_string();
@@ -598,7 +618,8 @@ impl Versions {
         }
         format!(
             "k8s namespaces={} pods={} networkpolicies={} services={} endpointslices={} \
-             nodes={} clusternetworkpolicies={} clusternetworkpolicies.networking.k8s.aws={}",
+             nodes={} clusternetworkpolicies={} clusternetworkpolicies.networking.k8s.aws={} \
+             applicationnetworkpolicies.networking.k8s.aws={}",
             self.namespaces,
             self.pods,
             self.policies,
@@ -606,7 +627,8 @@ impl Versions {
             self.slices,
             self.nodes,
             self.upstream_cluster_policies,
-            self.aws_cluster_policies
+            self.aws_cluster_policies,
+            self.application_policies
         )
     }
 }

@@ -57,6 +57,7 @@ macro_rules! watched_resource {
     };
 }
 
+pub mod application_network_policy;
 pub mod cluster_network_policy;
 pub mod cluster_policy_endpoint;
 mod error;
@@ -583,6 +584,24 @@ status:
     }
 
     #[test]
+    fn an_application_network_policy_is_read_as_a_network_policy_with_names() {
+        let text = "apiVersion: networking.k8s.aws/v1alpha1\nkind: ApplicationNetworkPolicy\nmetadata: {name: p}\nspec:\n  podSelector: {}\n  egress: [{to: [{domainNames: [api.example.com]}]}]\n";
+        let objects = parse_objects(text).unwrap();
+        let [Object::NetworkPolicy(np)] = &objects[..] else {
+            panic!("{objects:?}");
+        };
+        assert_eq!(np.metadata.namespace.as_deref(), Some("default"));
+        assert_eq!(
+            np.metadata.name.as_deref(),
+            Some("ApplicationNetworkPolicy:p")
+        );
+        assert_eq!(
+            palisade_apis::application_network_policy::domain_names(np),
+            std::collections::BTreeMap::from([(0, vec!["api.example.com".to_string()])])
+        );
+    }
+
+    #[test]
     fn a_refused_cluster_network_policy_or_node_names_object_and_field() {
         let up = "apiVersion: policy.networking.k8s.io/v1alpha2\nkind: ClusterNetworkPolicy\nmetadata: {name: p}\n";
         let aws = "apiVersion: networking.k8s.aws/v1alpha1\nkind: ClusterNetworkPolicy\nmetadata: {name: q}\n";
@@ -602,6 +621,10 @@ status:
             (
                 format!("{aws}spec: {{tier: Admin, priority: 1, subject: {{namespaces: {{}}}}, egress: [{{action: Pass, to: [{{domainNames: [a.com]}}]}}]}}\n"),
                 "document 1: ClusterNetworkPolicy.networking.k8s.aws q: spec.egress[0]: Invalid value: \"object\": domainNames peer can only be used with Accept action",
+            ),
+            (
+                "apiVersion: networking.k8s.aws/v1alpha1\nkind: ApplicationNetworkPolicy\nmetadata: {name: r, namespace: x}\nspec: {podSelector: {}, egress: [{to: [{ipBlock: {cidr: 10.0.0.0/8}, domainNames: [a.com]}]}]}\n".to_string(),
+                "document 1: ApplicationNetworkPolicy.networking.k8s.aws x/r: spec.egress[0].to[0]: Invalid value: \"object\": ipBlock and domainNames are mutually exclusive",
             ),
             (
                 "apiVersion: networking.k8s.aws/v1alpha1\nkind: ClusterNetworkPolcy\nmetadata: {name: q}\n".to_string(),

@@ -58,12 +58,14 @@ pub enum Kind {
     UpstreamClusterNetworkPolicy,
     /// networking.k8s.aws/v1alpha1 ClusterNetworkPolicy.
     AwsClusterNetworkPolicy,
+    /// networking.k8s.aws/v1alpha1 ApplicationNetworkPolicy.
+    ApplicationNetworkPolicy,
     /// Served as single named objects (GET/PUT/POST), not listed or watched.
     Lease,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::NetworkPolicy,
@@ -72,6 +74,7 @@ impl Kind {
         Kind::Node,
         Kind::UpstreamClusterNetworkPolicy,
         Kind::AwsClusterNetworkPolicy,
+        Kind::ApplicationNetworkPolicy,
     ];
     /// Served as well, outside `ALL` (the kinds the NetworkPolicy source
     /// watches, which tests check one by one).
@@ -83,6 +86,7 @@ impl Kind {
             }
             "ClusterNetworkPolicy" => Kind::UpstreamClusterNetworkPolicy,
             "Node" => Kind::Node,
+            "ApplicationNetworkPolicy" => Kind::ApplicationNetworkPolicy,
             "Namespace" => Kind::Namespace,
             "Pod" => Kind::Pod,
             "NetworkPolicy" => Kind::NetworkPolicy,
@@ -98,9 +102,10 @@ impl Kind {
         match self {
             Kind::NetworkPolicy => "networking.k8s.io/v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
-            Kind::PolicyEndpoint | Kind::ClusterPolicyEndpoint | Kind::AwsClusterNetworkPolicy => {
-                "networking.k8s.aws/v1alpha1"
-            }
+            Kind::PolicyEndpoint
+            | Kind::ClusterPolicyEndpoint
+            | Kind::AwsClusterNetworkPolicy
+            | Kind::ApplicationNetworkPolicy => "networking.k8s.aws/v1alpha1",
             Kind::UpstreamClusterNetworkPolicy => "policy.networking.k8s.io/v1alpha2",
             Kind::Lease => "coordination.k8s.io/v1",
             _ => "v1",
@@ -117,6 +122,7 @@ impl Kind {
             Kind::ClusterPolicyEndpoint => "ClusterPolicyEndpoint",
             Kind::Lease => "Lease",
             Kind::Node => "Node",
+            Kind::ApplicationNetworkPolicy => "ApplicationNetworkPolicy",
             Kind::UpstreamClusterNetworkPolicy | Kind::AwsClusterNetworkPolicy => {
                 "ClusterNetworkPolicy"
             }
@@ -151,6 +157,9 @@ impl Kind {
             }
             Kind::AwsClusterNetworkPolicy => {
                 "/apis/networking.k8s.aws/v1alpha1/clusternetworkpolicies"
+            }
+            Kind::ApplicationNetworkPolicy => {
+                "/apis/networking.k8s.aws/v1alpha1/applicationnetworkpolicies"
             }
         }
     }

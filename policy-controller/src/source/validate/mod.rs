@@ -9,7 +9,8 @@
 //! ([`networkpolicy`], [`core`], [`discovery`], with [`meta`]'s shared
 //! checks). [`cluster_network_policy`] checks ClusterNetworkPolicies of
 //! both API groups against their CRDs (schema and CEL rules);
-//! [`policy_endpoint`] checks PolicyEndpoint and ClusterPolicyEndpoint
+//! [`application_network_policy`] checks AWS's ApplicationNetworkPolicy
+//! against its CRD; [`policy_endpoint`] checks PolicyEndpoint and ClusterPolicyEndpoint
 //! specs against the AWS controller's CRD schemas.
 //!
 //! The kube source does not come through here for the built-in kinds: the
@@ -17,6 +18,7 @@
 //! decode is what keeps a field newer than our k8s-openapi version from
 //! breaking the watch. Every function here is pure.
 
+pub mod application_network_policy;
 pub mod cluster_network_policy;
 pub mod core;
 pub mod discovery;
@@ -30,6 +32,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use palisade_apis::application_network_policy as anp;
 use palisade_apis::wire::{AWS_API_VERSION, UPSTREAM_API_VERSION};
 use palisade_apis::ClusterNetworkPolicy;
 use serde_json::Value;
@@ -50,6 +53,8 @@ pub enum Kind {
     UpstreamClusterNetworkPolicy,
     /// `networking.k8s.aws/v1alpha1` ClusterNetworkPolicy.
     AwsClusterNetworkPolicy,
+    /// `networking.k8s.aws/v1alpha1` ApplicationNetworkPolicy.
+    ApplicationNetworkPolicy,
 }
 
 impl Kind {
@@ -59,7 +64,7 @@ impl Kind {
             Kind::EndpointSlice => "discovery.k8s.io/v1",
             Kind::NetworkPolicy => "networking.k8s.io/v1",
             Kind::UpstreamClusterNetworkPolicy => UPSTREAM_API_VERSION,
-            Kind::AwsClusterNetworkPolicy => AWS_API_VERSION,
+            Kind::AwsClusterNetworkPolicy | Kind::ApplicationNetworkPolicy => AWS_API_VERSION,
         }
     }
 
@@ -74,11 +79,12 @@ impl Kind {
             Kind::UpstreamClusterNetworkPolicy | Kind::AwsClusterNetworkPolicy => {
                 "ClusterNetworkPolicy"
             }
+            Kind::ApplicationNetworkPolicy => anp::KIND,
         }
     }
 }
 
-const READ: [Kind; 8] = [
+const READ: [Kind; 9] = [
     Kind::Namespace,
     Kind::Pod,
     Kind::Service,
@@ -87,6 +93,7 @@ const READ: [Kind; 8] = [
     Kind::Node,
     Kind::UpstreamClusterNetworkPolicy,
     Kind::AwsClusterNetworkPolicy,
+    Kind::ApplicationNetworkPolicy,
 ];
 
 /// Kinds the API server serves at each version of the groups Palisade
@@ -275,6 +282,11 @@ pub fn object(kind: Kind, value: Value) -> Result<Object, Vec<FieldError>> {
             let wire = cluster_network_policy::aws(value)?;
             Object::ClusterNetworkPolicy(ClusterNetworkPolicy::from_aws(&wire))
         }
+        // Read as the NetworkPolicy it is (see `palisade_apis`).
+        Kind::ApplicationNetworkPolicy => {
+            let wire = application_network_policy::validate(value)?;
+            Object::NetworkPolicy(anp::lower(&wire))
+        }
     };
     errs.into_result().map(|()| object)
 }
@@ -317,6 +329,10 @@ mod tests {
         assert_eq!(
             kind_of("networking.k8s.aws/v1alpha1", "ClusterNetworkPolicy"),
             Ok(Some(Kind::AwsClusterNetworkPolicy))
+        );
+        assert_eq!(
+            kind_of("networking.k8s.aws/v1alpha1", "ApplicationNetworkPolicy"),
+            Ok(Some(Kind::ApplicationNetworkPolicy))
         );
         for skipped in [
             ("networking.k8s.aws/v1alpha1", "PolicyEndpoint"),
