@@ -194,6 +194,12 @@ pub fn cluster_of<'a>(
                 Kind::ClusterNetworkPolicy => {
                     ModelObject::ClusterNetworkPolicy(cluster_policy(body)?)
                 }
+                // As the controller reads it: the NetworkPolicy it is.
+                Kind::ApplicationNetworkPolicy => {
+                    ModelObject::NetworkPolicy(palisade_apis::application_network_policy::lower(
+                        &serde_json::from_value(body)?,
+                    ))
+                }
             };
             out.push(typed);
         }

@@ -62,9 +62,13 @@ pub enum Kind {
     EndpointSlice,
     /// Either API group's (`apiVersion` says which); cluster-scoped.
     ClusterNetworkPolicy,
+    /// AWS's (`networking.k8s.aws/v1alpha1`): a NetworkPolicy whose egress
+    /// peers may be `domainNames`.
+    ApplicationNetworkPolicy,
 }
 
-/// The apiVersion of AWS's ClusterNetworkPolicy, which the lab takes too.
+/// The apiVersion of AWS's ClusterNetworkPolicy, which the lab takes too,
+/// and of its ApplicationNetworkPolicy.
 const AWS_CNP_API_VERSION: &str = palisade_apis::wire::AWS_API_VERSION;
 
 impl Kind {
@@ -76,6 +80,7 @@ impl Kind {
             "Service" => Some(Self::Service),
             "EndpointSlice" => Some(Self::EndpointSlice),
             "ClusterNetworkPolicy" => Some(Self::ClusterNetworkPolicy),
+            "ApplicationNetworkPolicy" => Some(Self::ApplicationNetworkPolicy),
             _ => None,
         }
     }
@@ -88,6 +93,7 @@ impl Kind {
             Self::Service => "Service",
             Self::EndpointSlice => "EndpointSlice",
             Self::ClusterNetworkPolicy => "ClusterNetworkPolicy",
+            Self::ApplicationNetworkPolicy => "ApplicationNetworkPolicy",
         }
     }
 
@@ -97,6 +103,7 @@ impl Kind {
             Self::NetworkPolicy => "networking.k8s.io/v1",
             Self::EndpointSlice => "discovery.k8s.io/v1",
             Self::ClusterNetworkPolicy => "policy.networking.k8s.io/v1alpha2",
+            Self::ApplicationNetworkPolicy => AWS_CNP_API_VERSION,
         }
     }
 
@@ -105,8 +112,8 @@ impl Kind {
     }
 }
 
-const SUPPORTED_KINDS: &str =
-    "Namespace, Pod, NetworkPolicy, Service, EndpointSlice, ClusterNetworkPolicy";
+const SUPPORTED_KINDS: &str = "Namespace, Pod, NetworkPolicy, Service, EndpointSlice, \
+     ClusterNetworkPolicy, ApplicationNetworkPolicy";
 
 impl fmt::Display for Kind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -39,8 +39,13 @@ fn lab_after_example() -> (Lab, Scenario) {
 
 /// The same on a lab configured from `base` (e.g. dual-stack).
 fn lab_after_example_on(base: LabConfig) -> (Lab, Scenario) {
+    lab_after(&example(), base)
+}
+
+/// A lab where `example` has played, every new flow logged.
+fn lab_after(example: &std::path::Path, base: LabConfig) -> (Lab, Scenario) {
     metrics_on();
-    let scenario = Scenario::from_file(&example()).expect("the example is valid");
+    let scenario = Scenario::from_file(example).expect("the example is valid");
     let mut config = base.for_scenario(&scenario);
     // Every new flow logged: a learned allow names its name.
     config.flow_log = Some(FlowLogMode::All);
@@ -60,6 +65,76 @@ fn lab_after_example_on(base: LabConfig) -> (Lab, Scenario) {
 fn the_example_is_valid_and_learns() {
     let s = Scenario::from_file(&example()).unwrap_or_else(|e| panic!("{e:#}"));
     assert!(s.dns.expect("the example has a DNS").learn);
+}
+
+/// The same with AWS's ApplicationNetworkPolicy.
+fn aws_example() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/dns-names-aws.yaml")
+}
+
+#[test]
+fn the_aws_example_is_valid_and_learns() {
+    let s = Scenario::from_file(&aws_example()).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(s.dns.expect("the example has a DNS").learn);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn an_application_network_policy_allows_its_names_beside_a_network_policy_of_the_same_name() {
+    require_root();
+    // The example's probes: the NetworkPolicy's pod allowed, an unresolved
+    // address, an unlisted name and another port denied, both listed names
+    // (one by wildcard) allowed once resolved.
+    let (lab, _) = lab_after(&aws_example(), LabConfig::default());
+    let ip = |pod: &str| {
+        lab.pod_ip(&palisade_e2e::PodName::parse(pod).unwrap())
+            .unwrap()
+            .to_string()
+    };
+    let (api, deep) = (ip("web/api"), ip("web/deep"));
+    assert_eq!(
+        learned_addresses(&lab, "app/client", "api.example.com"),
+        [api.clone()]
+    );
+    assert_eq!(
+        learned_addresses(&lab, "app/client", "deep.in.example.com"),
+        [deep]
+    );
+    assert!(
+        learned_addresses(&lab, "app/client", "elsewhere.example.net").is_empty(),
+        "a name the policy does not list is not learned"
+    );
+    // Both policies are the pod's, each under its own name.
+    let node = lab.node_name().to_string();
+    let state = lab.enforcer_state().expect("the enforcer answers");
+    let pods = state.state.expect("the dump has the node's state").pods;
+    let client = pods
+        .iter()
+        .find(|p| {
+            p.pod
+                .as_ref()
+                .is_some_and(|r| r.namespace == "app" && r.name == "client")
+        })
+        .unwrap_or_else(|| panic!("app/client not in the dump: {pods:?}"));
+    assert_eq!(
+        client.policies,
+        ["app/ApplicationNetworkPolicy:egress", "app/egress"],
+        "{client:?}"
+    );
+    lab.wait_flow_log(
+        &node,
+        "app/client's connection to api allowed as learned, naming api.example.com",
+        Duration::from_secs(30),
+        |lines| {
+            lines.iter().any(|l| {
+                l["pod"] == "app/client"
+                    && l["reason"] == "learned"
+                    && l["dst_ip"] == api.as_str()
+                    && l["domain_names"] == serde_json::json!(["api.example.com"])
+            })
+        },
+    )
+    .unwrap();
 }
 
 #[test]
