@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use palisade_proto::v1::{NodeState, PodPolicy, PodRef, PodState};
+use palisade_proto::v1::{DirectionPolicy, NodeState, PodPolicy, PodRef, PodState};
 
 use super::Reconciler;
 use crate::compile::Prefix;
@@ -292,13 +292,10 @@ impl<D: Datapath> Reconciler<D> {
                 .cloned()
                 .chain(self.background.describe())
                 .chain(self.promotion.error.clone())
-                .chain(
-                    self.names
-                        .tx
-                        .is_none()
-                        .then(|| unlearned_names(&self.plan.entries))
-                        .flatten(),
-                )
+                .chain(match self.names.tx {
+                    None => unlearned_names(&self.plan.entries),
+                    Some(_) => unlearned_staged_names(&self.plan.entries),
+                })
                 .collect(),
             policy_sets: self
                 .realized
@@ -359,11 +356,36 @@ const NAMED_EXAMPLES: usize = 3;
 /// no learner: they match nothing (the Accept opens nothing), which the
 /// plan alone does not make visible. None when no pod has one.
 fn unlearned_names(plan: &BTreeMap<PodKey, PodPolicy>) -> Option<String> {
+    let (pods, examples) = pods_with_names(plan, |p| [p.egress.as_ref(), p.audit_egress.as_ref()])?;
+    Some(format!(
+        "{pods} pod(s) have egress rules by domain name, which match nothing: this enforcer \
+         runs no learner (no --dns-server given), so such an Accept opens nothing (e.g. {examples})"
+    ))
+}
+
+/// The warning for staged (audit) rules by domain name while a learner
+/// runs: the staged tables never consult what a pod learned, so such a
+/// rule matches nothing there, and a staged policy's `would-deny` lines
+/// for names its pods resolved overstate what it would deny.
+fn unlearned_staged_names(plan: &BTreeMap<PodKey, PodPolicy>) -> Option<String> {
+    let (pods, examples) = pods_with_names(plan, |p| [p.audit_egress.as_ref(), None])?;
+    Some(format!(
+        "{pods} pod(s) have staged egress rules by domain name, which staged policies judge \
+         as matching nothing (learned addresses are not consulted for them): their \
+         would-deny lines may name flows the staged policy would allow (e.g. {examples})"
+    ))
+}
+
+/// How many pods have rules by name in the directions `of` picks, and up
+/// to [`NAMED_EXAMPLES`] of them with their names; None when none has.
+fn pods_with_names<'a>(
+    plan: &'a BTreeMap<PodKey, PodPolicy>,
+    of: impl Fn(&'a PodPolicy) -> [Option<&'a DirectionPolicy>; 2],
+) -> Option<(usize, String)> {
     let mut pods = 0;
     let mut examples = Vec::new();
     for (pod, p) in plan {
-        let directions = [&p.egress, &p.audit_egress];
-        let mut names: Vec<&str> = directions
+        let mut names: Vec<&str> = of(p)
             .into_iter()
             .flatten()
             .flat_map(|d| {
@@ -385,13 +407,7 @@ fn unlearned_names(plan: &BTreeMap<PodKey, PodPolicy>) -> Option<String> {
             examples.push(format!("{}/{} ({})", pod.0, pod.1, names.join(", ")));
         }
     }
-    (pods > 0).then(|| {
-        format!(
-            "{pods} pod(s) have egress rules by domain name, which match nothing: this enforcer \
-             runs no learner (no --dns-server given), so such an Accept opens nothing (e.g. {})",
-            examples.join("; ")
-        )
-    })
+    (pods > 0).then(|| (pods, examples.join("; ")))
 }
 
 #[cfg(test)]
@@ -503,6 +519,15 @@ mod tests {
             w.ends_with("(e.g. x/p0 (*.example.com, b.example.com); x/p1 (*.example.com, b.example.com); x/p2 (*.example.com, b.example.com))"),
             "{w}"
         );
+        // With a learner, only the staged rules are named.
+        let w = unlearned_staged_names(&plan).unwrap();
+        assert!(
+            w.starts_with("1 pod(s) have staged egress rules by domain name"),
+            "{w}"
+        );
+        assert!(w.ends_with("(e.g. y/staged (a.example.org))"), "{w}");
+        plan.remove(&("y".to_string(), "staged".to_string()));
+        assert_eq!(unlearned_staged_names(&plan), None);
     }
 
     #[test]
