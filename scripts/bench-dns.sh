@@ -11,7 +11,8 @@
 # re-injection (answer to map entry, and then some): `bench=dns part=hold
 # held= hold_p50_us= hold_p99_us= hold_max_us=`. Then the learner's own logic on one core
 # (cargo bench -p palisade-dns): `bench=dns_learn part=userspace
-# answers_per_s= ...`. Run as root.
+# answers_per_s= ...`; last, the two together as `bench=dns answers_per_s=
+# answer_to_entry_us= answer_to_entry_p99_us=`. Run as root.
 #
 #   scripts/bench-dns.sh [QUERIES]      (default 2000)
 #
@@ -28,5 +29,13 @@ else
   cargo build --workspace --bins --quiet
   lab=target/debug/palisade-lab
 fi
-"$lab" bench-dns --queries "$queries" --scenario examples/dns-names.yaml
-cargo bench -p palisade-dns --quiet 2>/dev/null | grep '^bench='
+lab_out=$("$lab" bench-dns --queries "$queries" --scenario examples/dns-names.yaml)
+echo "$lab_out"
+learn_out=$(cargo bench -p palisade-dns --quiet 2>/dev/null | grep '^bench=')
+echo "$learn_out"
+# The issue's summary line: answers learned from per second on one core,
+# and the time from an answer to its map entry (the hold, p50 and p99).
+field() { tr ' ' '\n' | sed -n "s/^$1=//p" | head -1; }
+echo "bench=dns answers_per_s=$(echo "$learn_out" | field answers_per_s)" \
+  "answer_to_entry_us=$(echo "$lab_out" | field hold_p50_us)" \
+  "answer_to_entry_p99_us=$(echo "$lab_out" | field hold_p99_us)"
