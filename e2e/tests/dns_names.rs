@@ -67,6 +67,78 @@ fn the_example_is_valid_and_learns() {
     assert!(s.dns.expect("the example has a DNS").learn);
 }
 
+/// A staged policy's rules by name judge by what the pod resolved, as the
+/// enforced ones do: staged above the example's policy, an Accept of
+/// api.example.com alone and a Deny of the rest report the connection to
+/// www/deep.in.example.com as would-deny and the one to api.example.com
+/// not at all; enforcement is the example's.
+#[test]
+#[ignore = "needs root"]
+fn a_staged_rule_by_name_judges_what_the_pod_resolved() {
+    require_root();
+    let (mut lab, _) = lab_after_example();
+    let staged = palisade_e2e::scenario::Object::from_value(serde_json::json!({
+        "apiVersion": "policy.networking.k8s.io/v1alpha2",
+        "kind": "ClusterNetworkPolicy",
+        "metadata": {"name": "staged-api-only", "annotations": {"palisade.io/audit": "true"}},
+        "spec": {
+            "tier": "Admin", "priority": 5,
+            "subject": {"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": "app"}}},
+            "egress": [
+                {"name": "dns", "action": "Accept",
+                 "to": [{"pods": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                                  "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}}],
+                 "protocols": [{"udp": {"destinationPort": {"number": 53}}}]},
+                {"name": "api", "action": "Accept", "to": [{"domainNames": ["api.example.com"]}],
+                 "protocols": [{"tcp": {"destinationPort": {"number": 443}}}]},
+                {"name": "rest", "action": "Deny", "to": [{"networks": ["0.0.0.0/0"]}]},
+            ],
+        },
+    }))
+    .unwrap();
+    lab.apply(&[staged]).unwrap();
+    lab.wait_realized().unwrap();
+    let ip = |pod: &str| {
+        lab.pod_ip(&palisade_e2e::PodName::parse(pod).unwrap())
+            .unwrap()
+            .to_string()
+    };
+    let (api, deep) = (ip("web/api"), ip("web/deep"));
+    // One after the other: api's line, if any, is written before deep's.
+    for to in ["name:api.example.com", "name:deep.in.example.com"] {
+        let spec = ProbeSpec::new("app/client", to, 443, Protocol::Tcp).unwrap();
+        assert_eq!(
+            lab.probe(&spec).unwrap().verdict(),
+            Some(Verdict::Allow),
+            "{to}"
+        );
+    }
+    let node = lab.node_name().to_string();
+    let would_deny = |l: &serde_json::Value, dst: &str| {
+        l["verdict"] == "would-deny" && l["pod"] == "app/client" && l["dst_ip"] == dst
+    };
+    let lines = lab
+        .wait_flow_log(
+            &node,
+            "the staged policy's would-deny for deep.in.example.com",
+            Duration::from_secs(30),
+            |lines| {
+                lines
+                    .iter()
+                    .any(|l| would_deny(l, &deep) && l["dst_port"] == 443)
+            },
+        )
+        .unwrap();
+    assert!(
+        !lines.iter().any(|l| would_deny(l, &api)),
+        "the staged Accept of api.example.com allows what the pod resolved: {:?}",
+        lines
+            .iter()
+            .filter(|l| would_deny(l, &api))
+            .collect::<Vec<_>>()
+    );
+}
+
 /// The same with AWS's ApplicationNetworkPolicy.
 fn aws_example() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/dns-names-aws.yaml")

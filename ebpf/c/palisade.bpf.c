@@ -222,8 +222,8 @@ static __always_inline int verdict(struct __sk_buff *skb, __u8 hook, __u32 *flag
 		stat = STAT_ALLOWED_LEARNED;
 	else
 		stat = hook_policy(&ep, hook) ? STAT_ALLOWED_POLICY : STAT_ALLOWED_UNISOLATED;
-	/* Staged tables are judged alone: the learned overlay is the enforced
-	 * egress's only (names are never staged). */
+	/* Staged tables are judged alone (a learning pod's by its learned
+	 * entries' staged port sets first, see audit_allows). */
 	audit_check(&f, &ep, ifindex, hook, allowed, allowed ? stat : STAT_DENIED);
 	if (!allowed) {
 		flow_event(&f, ifindex, hook, FLOW_DENIED, hook_policy(&ep, hook), STAT_DENIED);

@@ -139,8 +139,8 @@ struct port_value {
  *    flow opened while the name was allowed, and connections opened then
  *    keep working past the TTL.  The enforcer deletes or rewrites the
  *    entries of a name the policy no longer grants.
- * The pod's ingress and staged (audit) policies never consult it: names
- * are egress-only.
+ * The pod's ingress never consults it (names are egress-only); its staged
+ * (audit) egress does, by the entry's audit_portset_id (lib/audit.h).
  *
  * Stored as endpoints are (struct ep_slot, docs/DESIGN.md invariant 14):
  * each entry is a slot of pal_learned, a memory-mapped array, found
@@ -186,6 +186,12 @@ struct learned_slot {
 	 * host, compiled with the learned name rules included (so tier order,
 	 * an Admin Deny above an Accept by name, is resolved in it). */
 	__u32 portset_id;
+	/* The same for the pod's staged (audit) egress table, with its staged
+	 * rules by name: what a staged policy would decide for this host.
+	 * 0: none (the pod has no staged rule by name; the staged table
+	 * decides).  Written and read as portset_id is. */
+	__u32 audit_portset_id;
+	__u32 pad;
 	/* CLOCK_BOOTTIME (bpf_ktime_get_boot_ns): a suspend or a restart of
 	 * the enforcer does not reset it.  Live while later than now. */
 	__u64 expires_ns;
@@ -403,9 +409,10 @@ _Static_assert(sizeof(struct frag4_key) == 16, "frag4_key layout");
 _Static_assert(sizeof(struct frag6_key) == 44, "frag6_key layout");
 _Static_assert(sizeof(struct frag_value) == 16, "frag_value layout");
 _Static_assert(sizeof(struct learned_key) == 24, "learned_key layout");
-_Static_assert(sizeof(struct learned_slot) == 32, "learned_slot layout");
+_Static_assert(sizeof(struct learned_slot) == 40, "learned_slot layout");
 _Static_assert(__builtin_offsetof(struct learned_slot, ifindex) == 16, "learned_slot layout");
 _Static_assert(__builtin_offsetof(struct learned_slot, portset_id) == 20, "learned_slot layout");
-_Static_assert(__builtin_offsetof(struct learned_slot, expires_ns) == 24, "learned_slot layout");
+_Static_assert(__builtin_offsetof(struct learned_slot, audit_portset_id) == 24, "learned_slot layout");
+_Static_assert(__builtin_offsetof(struct learned_slot, expires_ns) == 32, "learned_slot layout");
 
 #endif

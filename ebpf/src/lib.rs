@@ -801,7 +801,8 @@ impl LearnedKey {
 ///   entry;
 /// - never changes `addr` or `ifindex` while `ifindex` is non-zero
 ///   (another peer or pod takes another slot);
-/// - rewrites `portset_id` and `expires_ns` of a live slot in place, each
+/// - rewrites `portset_id`, `audit_portset_id` and `expires_ns` of a live
+///   slot in place, each
 ///   with one atomic store (a packet reads each once, and may see the old
 ///   or the new value of each: both are the key's);
 /// - retires a slot by deleting its index entry, then clearing `ifindex`
@@ -813,16 +814,24 @@ pub struct LearnedSlot {
     pub addr: [u8; 16],
     pub ifindex: u32,
     pub portset_id: u32,
+    /// The staged (audit) egress's port set for the host, its staged
+    /// rules by name included; 0: none (the staged table decides).
+    /// Written as `portset_id` is.
+    pub audit_portset_id: u32,
+    pub pad: u32,
     pub expires_ns: u64,
 }
 
 impl LearnedSlot {
-    /// The slot of `key`, live until `expires_ns`, judged by `portset_id`.
-    pub fn new(key: &LearnedKey, portset_id: u32, expires_ns: u64) -> Self {
+    /// The slot of `key`, live until `expires_ns`, judged by `portset_id`
+    /// (and its staged table by `audit_portset_id`, 0: by the table).
+    pub fn new(key: &LearnedKey, portset_id: u32, audit_portset_id: u32, expires_ns: u64) -> Self {
         LearnedSlot {
             addr: key.addr,
             ifindex: key.ifindex,
             portset_id,
+            audit_portset_id,
+            pad: 0,
             expires_ns,
         }
     }
@@ -982,7 +991,7 @@ const _: () = {
     use std::mem::size_of;
     assert!(size_of::<EpSlot>() == 128);
     assert!(size_of::<LearnedKey>() == 24);
-    assert!(size_of::<LearnedSlot>() == 32);
+    assert!(size_of::<LearnedSlot>() == 40);
     assert!(size_of::<DnsConfig>() == 16);
     assert!(size_of::<DnsFrameHdr>() == 16);
     assert!(size_of::<DnsFragKey>() == 44);
@@ -990,7 +999,8 @@ const _: () = {
     // them too).
     assert!(std::mem::offset_of!(LearnedSlot, ifindex) == 16);
     assert!(std::mem::offset_of!(LearnedSlot, portset_id) == 20);
-    assert!(std::mem::offset_of!(LearnedSlot, expires_ns) == 24);
+    assert!(std::mem::offset_of!(LearnedSlot, audit_portset_id) == 24);
+    assert!(std::mem::offset_of!(LearnedSlot, expires_ns) == 32);
     assert!(size_of::<CtShare>() == 32);
     assert!(size_of::<CtConfig>() == 8);
     assert!(size_of::<PolicyKey>() == 20);

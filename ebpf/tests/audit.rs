@@ -246,3 +246,71 @@ fn removing_the_audit_entry_stops_reporting() {
     assert_eq!(m.would(), [0, 1, 0, 0]);
     assert_eq!(m.drain().len(), 1);
 }
+
+/// A learning pod's staged egress consults its learned entries as the
+/// enforced one does: an entry's staged port set (the staged rules by name
+/// it was learned for) decides for its host; an entry without one (0) and
+/// a host without an entry leave it to the staged table.
+#[test]
+#[ignore = "needs root"]
+fn a_learned_entry_s_staged_port_set_judges_the_staged_egress() {
+    require_root();
+    let mut h = harness();
+    // Egress not isolated (the staged policy is the pod's first); staged
+    // table 2 denies everything; port sets: 1 is TCP 80, 4 TCP 443.
+    h.ports(4, PROTO_TCP, 443, 443);
+    h.endpoint(0, 0);
+    h.set_learns(LO, true);
+    let mut m = AuditMaps::open(&h);
+    h.set_audit(LO, 0, 2);
+    let far = u64::MAX;
+    // 10.9.9.9 resolved by a staged name on 443; 10.9.9.10 learned for an
+    // enforced name only (no staged port set).
+    h.learn_staged_at(LO, "10.9.9.9", far, 1, 4);
+    h.learn_staged_at(LO, "10.9.9.10", far, 1, 0);
+
+    assert_eq!(
+        h.pod_sends(&tcp_flags(POD4, 40000, "10.9.9.9", 443, 0x02)),
+        ALLOW
+    );
+    assert_eq!(
+        m.would(),
+        [0; 4],
+        "the staged name allows it: no would-deny"
+    );
+    assert_eq!(
+        h.pod_sends(&tcp_flags(POD4, 40001, "10.9.9.9", 80, 0x02)),
+        ALLOW
+    );
+    assert_eq!(m.would(), [1, 0, 0, 0], "not on the name's port");
+    assert_eq!(
+        h.pod_sends(&tcp_flags(POD4, 40002, "10.9.9.10", 443, 0x02)),
+        ALLOW
+    );
+    assert_eq!(
+        m.would(),
+        [2, 0, 0, 0],
+        "no staged port set: the table denies"
+    );
+    assert_eq!(
+        h.pod_sends(&tcp_flags(POD4, 40003, "10.8.8.8", 443, 0x02)),
+        ALLOW
+    );
+    assert_eq!(m.would(), [3, 0, 0, 0], "no entry: the table denies");
+    // Without the flag the overlay is not read, staged or enforced.
+    h.set_learns(LO, false);
+    assert_eq!(
+        h.pod_sends(&tcp_flags(POD4, 40004, "10.9.9.9", 443, 0x02)),
+        ALLOW
+    );
+    assert_eq!(m.would(), [4, 0, 0, 0]);
+    // An expired entry is no entry for a new flow.
+    h.set_learns(LO, true);
+    h.learn_staged_at(LO, "10.9.9.9", 1, 1, 4);
+    assert_eq!(
+        h.pod_sends(&tcp_flags(POD4, 40005, "10.9.9.9", 443, 0x02)),
+        ALLOW
+    );
+    assert_eq!(m.would(), [5, 0, 0, 0]);
+    assert_eq!(m.drain().len(), 5);
+}

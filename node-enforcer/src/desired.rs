@@ -247,10 +247,12 @@ pub fn desired_pod(
     let knowledge = (i.knowledge)(key);
     let mut error = None;
     let mut awaiting_table = false;
-    // The egress policy as compiled, when it learns by name.
+    // The egress policy as compiled, when it or the staged egress learns
+    // by name.
     let mut names: Option<crate::names::Egress> = None;
-    // None: the direction's table is not complete yet (resolved per
-    // interface below: what it enforces now, or deny).
+    // The verdict (None: the direction's table is not complete yet,
+    // resolved per interface below: what it enforces now, or deny) and
+    // the policy its table was compiled from (None: no table).
     let mut direction = |d: Option<&DirectionPolicy>,
                          name: &str|
      -> (Option<Verdict>, Option<DirectionPolicy>) {
@@ -278,9 +280,8 @@ pub fn desired_pod(
         } else {
             d
         };
-        let compiled_from = crate::names::rules::learns(d).then(|| d.clone());
         match compile_set(d) {
-            Ok(set) => (Some(Verdict::Policy(set)), compiled_from),
+            Ok(set) => (Some(Verdict::Policy(set)), Some(d.clone())),
             Err(NoTable::InFlight(why)) => {
                 awaiting_table = true;
                 error = Some(format!(
@@ -301,8 +302,21 @@ pub fn desired_pod(
     let (ingress, egress) = match &knowledge {
         Knowledge::Known(p) => {
             let (ingress, _) = direction(p.ingress.as_ref(), "ingress");
-            let (egress, learned_from) = direction(p.egress.as_ref(), "egress");
-            names = learned_from.map(|d| crate::names::Egress(Arc::new(d)));
+            let (egress, compiled_from) = direction(p.egress.as_ref(), "egress");
+            let staged = p
+                .audit_egress
+                .as_ref()
+                .filter(|d| crate::names::rules::learns(d));
+            let enforced_learns = compiled_from
+                .as_ref()
+                .is_some_and(crate::names::rules::learns);
+            names = (enforced_learns || staged.is_some()).then(|| crate::names::Egress {
+                // Without a table (not isolated, policy 0) the datapath
+                // never reads an entry's enforced port set; were it to,
+                // the empty policy's (the node only) denies.
+                enforced: Arc::new(compiled_from.unwrap_or_default()),
+                staged: staged.cloned().map(Arc::new),
+            });
             (ingress, egress)
         }
         Knowledge::Waiting => {

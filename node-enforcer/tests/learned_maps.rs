@@ -48,28 +48,31 @@ fn entries_share_port_sets_survive_a_new_process_and_stay_out_of_the_reconcilers
 
     let (mut maps, adopted) = LearnedMaps::open(&root.0).unwrap();
     assert!(adopted.is_empty());
-    maps.set(7, ip("192.0.2.7"), &tcp(443), 1_000).unwrap();
-    maps.set(7, ip("2001:db8::7"), &tcp(443), 2_000).unwrap();
-    maps.set(8, ip("192.0.2.7"), &tcp(80), 3_000).unwrap();
+    maps.set(7, ip("192.0.2.7"), &tcp(443), None, 1_000)
+        .unwrap();
+    // With a staged port set (its staged egress's rules by name).
+    maps.set(7, ip("2001:db8::7"), &tcp(443), Some(&tcp(53)), 2_000)
+        .unwrap();
+    maps.set(8, ip("192.0.2.7"), &tcp(80), None, 3_000).unwrap();
     assert_eq!(maps.len(), 3);
-    assert_eq!(maps.port_sets(), 2, "the two 443 entries share one");
+    assert_eq!(maps.port_sets(), 3, "the two 443 entries share one");
     let (slot, v) = maps.slot_of(7, ip("192.0.2.7")).unwrap();
-    assert_eq!((v.ifindex, v.expires_ns), (7, 1_000));
+    assert_eq!((v.ifindex, v.expires_ns, v.audit_portset_id), (7, 1_000, 0));
     assert!(v.portset_id >= LEARNED_PORTSET_BASE, "{}", v.portset_id);
     assert_eq!(v.addr[10..], [0xff, 0xff, 192, 0, 2, 7]);
     let shared = v.portset_id;
-    assert_eq!(
-        maps.slot_of(7, ip("2001:db8::7")).unwrap().1.portset_id,
-        shared
-    );
+    let v6 = maps.slot_of(7, ip("2001:db8::7")).unwrap().1;
+    assert_eq!(v6.portset_id, shared);
+    assert!(v6.audit_portset_id >= LEARNED_PORTSET_BASE && v6.audit_portset_id != shared);
 
     // In place: the same slot, a new port set and expiry.
-    maps.set(7, ip("192.0.2.7"), &tcp(8443), 5_000).unwrap();
+    maps.set(7, ip("192.0.2.7"), &tcp(8443), None, 5_000)
+        .unwrap();
     let (again, v) = maps.slot_of(7, ip("192.0.2.7")).unwrap();
     assert_eq!(again, slot);
     assert_ne!(v.portset_id, shared);
     assert_eq!(v.expires_ns, 5_000);
-    assert_eq!(maps.port_sets(), 3);
+    assert_eq!(maps.port_sets(), 4);
 
     // The reconciler's adoption sees its own port set only.
     drop(dp);
@@ -83,26 +86,26 @@ fn entries_share_port_sets_survive_a_new_process_and_stay_out_of_the_reconcilers
     drop(maps);
     let (mut maps, mut adopted) = LearnedMaps::open(&root.0).unwrap();
     adopted.sort_by_key(|e| (e.ifindex, e.addr));
-    let seen: Vec<(u32, IpAddr, PortSet, u64)> = adopted
+    let seen: Vec<(u32, IpAddr, PortSet, Option<PortSet>, u64)> = adopted
         .into_iter()
-        .map(|e| (e.ifindex, e.addr, e.ports, e.expiry))
+        .map(|e| (e.ifindex, e.addr, e.ports, e.staged, e.expiry))
         .collect();
     assert_eq!(
         seen,
         [
-            (7, ip("192.0.2.7"), tcp(8443), 5_000),
-            (7, ip("2001:db8::7"), tcp(443), 2_000),
+            (7, ip("192.0.2.7"), tcp(8443), None, 5_000),
+            (7, ip("2001:db8::7"), tcp(443), Some(tcp(53)), 2_000),
         ]
     );
-    assert_eq!(maps.port_sets(), 2);
+    assert_eq!(maps.port_sets(), 3);
 
     // Many entries written and retired in a row: each takes a free slot,
     // retired ones wait out their grace period before they are free.
     for i in 0..300u32 {
         let a = IpAddr::from([10, 1, (i >> 8) as u8, i as u8]);
-        maps.set(9, a, &tcp(443), 1).unwrap();
+        maps.set(9, a, &tcp(443), None, 1).unwrap();
         maps.clear(9, a).unwrap();
     }
-    maps.set(9, ip("10.9.9.9"), &tcp(443), 1).unwrap();
+    maps.set(9, ip("10.9.9.9"), &tcp(443), None, 1).unwrap();
     assert_eq!(maps.len(), 3);
 }

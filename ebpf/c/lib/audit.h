@@ -12,6 +12,26 @@
 #include "policy.h"
 #include "flow_events.h"
 
+/* Would the staged table audit_id allow the new flow f to or from peer?
+ * A learning pod's egress consults its learned entry for the peer first,
+ * as the enforced egress does: the entry's staged port set (its staged
+ * rules by name included) decides when it has one; else the table.  The
+ * entry's liveness is the enforced one's (a new flow: not expired). */
+static __always_inline bool audit_allows(const struct ep_view *ep, __u32 ifindex, bool egress,
+					 __u32 audit_id, const __u8 *peer, const struct flow *f)
+{
+	struct learned_key lk = {};
+	__u32 portset = 0, staged = 0;
+
+	if (egress && (ep->flags & EP_FLAG_LEARNS)) {
+		lk.ifindex = ifindex;
+		__builtin_memcpy(lk.addr, peer, 16);
+		if (learned_entry(&lk, 0, &portset, &staged) && staged)
+			return portset_allows(staged, f->proto, f->dport);
+	}
+	return policy_allows(audit_id, peer, f->proto, f->dport);
+}
+
 /* Judges a new flow by the pod's staged (audit) policy table for this
  * direction, if it has one, and reports a flow whose verdict that table
  * would change.  Never changes the verdict: it only reads the tables and
@@ -28,7 +48,7 @@ static __always_inline void audit_check(const struct flow *f, const struct ep_vi
 
 	if (!audit_id)
 		return;
-	if (policy_allows(audit_id, peer, f->proto, f->dport) == allowed)
+	if (audit_allows(ep, ifindex, egress, audit_id, peer, f) == allowed)
 		return;
 	if (allowed) {
 		flow_count(egress ? FLOW_STAT_WOULD_DENY_EGRESS : FLOW_STAT_WOULD_DENY_INGRESS);

@@ -100,8 +100,9 @@ static __always_inline bool policy_allows(__u32 policy_id, const __u8 peer[16], 
 
 /* ---- egress by domain name: the pod's learned overlay ---- */
 
-/* The port set of the learned entry for key (the pod's host veth and the
- * peer) into *portset, when the entry decides the flow: 1; no entry, or
+/* The port sets of the learned entry for key (the pod's host veth and the
+ * peer) into *portset and *audit_portset (the staged table's, 0: none),
+ * when the entry decides the flow: 1; no entry, or
  * (for a new flow, established 0) an expired one: 0, and the table
  * decides.
  *
@@ -122,14 +123,15 @@ static __always_inline bool policy_allows(__u32 policy_id, const __u8 peer[16], 
  * of along every path of the verdict that may consult the overlay (the
  * programs are near the verifier's limit); its pointers may be NULL to
  * it, hence the checks. */
-__noinline int learned_entry(const struct learned_key *key, __u32 established, __u32 *portset)
+__noinline int learned_entry(const struct learned_key *key, __u32 established, __u32 *portset,
+			     __u32 *audit_portset)
 {
 	struct learned_key lk;
 	const struct learned_slot *s;
 	const __u32 *index;
 	__u32 slot, seen;
 
-	if (!key || !portset)
+	if (!key || !portset || !audit_portset)
 		return 0;
 	__builtin_memcpy(&lk, key, sizeof(lk));
 	if (!lk.ifindex)
@@ -150,6 +152,7 @@ __noinline int learned_entry(const struct learned_key *key, __u32 established, _
 	if (!established && READ_ONCE_U64(&s->expires_ns) <= bpf_ktime_get_boot_ns())
 		return 0;
 	*portset = READ_ONCE_U32(&s->portset_id);
+	*audit_portset = READ_ONCE_U32(&s->audit_portset_id);
 	return 1;
 }
 
@@ -181,12 +184,12 @@ static __always_inline int peer_allowed(const struct ep_view *ep, __u32 ifindex,
 					bool established)
 {
 	struct learned_key lk = {};
-	__u32 portset = 0;
+	__u32 portset = 0, staged = 0;
 
 	if (learned_consulted(ep, hook)) {
 		lk.ifindex = ifindex;
 		__builtin_memcpy(lk.addr, peer, 16);
-		if (learned_entry(&lk, established, &portset))
+		if (learned_entry(&lk, established, &portset, &staged))
 			return portset_allows(portset, proto, dport) ? ALLOWED_BY_NAME
 								     : ALLOWED_NOT;
 	}

@@ -254,6 +254,19 @@ impl Harness {
     /// already has is rewritten in place, its addr and ifindex untouched.
     /// No packet runs meanwhile, so each write is one update here.
     pub fn learn_at(&mut self, ifindex: u32, peer: &str, expires_ns: u64, portset_id: u32) {
+        self.learn_staged_at(ifindex, peer, expires_ns, portset_id, 0)
+    }
+
+    /// [`Harness::learn_at`] with the staged (audit) egress's port set for
+    /// the peer too (0: none, the staged table decides).
+    pub fn learn_staged_at(
+        &mut self,
+        ifindex: u32,
+        peer: &str,
+        expires_ns: u64,
+        portset_id: u32,
+        audit_portset_id: u32,
+    ) {
         let key = LearnedKey::new(ifindex, ip(peer));
         if let Some(&at) = self.learned_slots.get(&key) {
             let mut slot = self.learned().get(&at, 0).unwrap();
@@ -263,15 +276,15 @@ impl Harness {
                 "slot {at} is not the entry's"
             );
             slot.portset_id = portset_id;
+            slot.audit_portset_id = audit_portset_id;
             slot.expires_ns = expires_ns;
             self.learned().set(at, slot, 0).unwrap();
             return;
         }
         let at = self.next_learned_slot;
         self.next_learned_slot += 1;
-        self.learned()
-            .set(at, LearnedSlot::new(&key, portset_id, expires_ns), 0)
-            .unwrap();
+        let slot = LearnedSlot::new(&key, portset_id, audit_portset_id, expires_ns);
+        self.learned().set(at, slot, 0).unwrap();
         self.learned_index().insert(key, at, 0).unwrap();
         self.learned_slots.insert(key, at);
     }

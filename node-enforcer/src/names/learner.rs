@@ -41,6 +41,9 @@ pub enum Write {
         ifindex: u32,
         addr: IpAddr,
         ports: PortSet,
+        /// The same for the pod's staged egress (None: it has no staged
+        /// rule by name, and its staged table decides).
+        staged: Option<PortSet>,
         expiry: u64,
     },
     Clear {
@@ -96,19 +99,24 @@ pub struct Counters {
     pub ignored: BTreeMap<&'static str, u64>,
 }
 
-/// A learning pod: its egress as the plan gives it, read for learning.
+/// A learning pod: its egress (and staged egress) as the plan gives it,
+/// read for learning.
 struct Pod {
     egress: DirectionPolicy,
+    staged: Option<DirectionPolicy>,
     node: Vec<Prefix>,
     rules: DomainRules,
     patterns: Vec<Vec<Pattern>>,
     compiler: HostCompiler,
+    /// The staged egress's, when it has rules by name.
+    staged_compiler: Option<HostCompiler>,
 }
 
 /// An overlay entry as written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     pub ports: PortSet,
+    pub staged: Option<PortSet>,
     pub expiry: u64,
 }
 
@@ -150,36 +158,44 @@ impl Learner {
     }
 
     /// The pod on `ifindex` has egress `egress` (None: it is gone, or has
-    /// no egress policy) on a node whose addresses are `node`. A pod whose
-    /// egress has no rule to learn for is forgotten, its entries cleared.
-    /// Returns the writes, and the patterns that cannot be read.
+    /// no egress policy) and staged egress `staged` on a node whose
+    /// addresses are `node`. A pod with no rule to learn for in either is
+    /// forgotten, its entries cleared. Returns the writes, and the
+    /// patterns that cannot be read.
     pub fn set_pod(
         &mut self,
         now: u64,
         ifindex: u32,
         egress: Option<&DirectionPolicy>,
+        staged: Option<&DirectionPolicy>,
         node: &[Prefix],
     ) -> Result<(Vec<Write>, Vec<PatternError>), CompileError> {
-        let (rules, errors) = egress.map(DomainRules::of).unwrap_or_default();
+        let staged = staged.filter(|s| super::rules::learns(s));
+        let (rules, errors) = egress
+            .map(|e| DomainRules::of(e, staged))
+            .unwrap_or_default();
         let (Some(egress), false) = (egress, rules.is_empty()) else {
             return Ok((self.forget(ifindex), errors));
         };
         if let Some(pod) = self.pods.get(&ifindex) {
-            if pod.egress == *egress && pod.node == node {
+            if pod.egress == *egress && pod.staged.as_ref() == staged && pod.node == node {
                 return Ok((Vec::new(), errors));
             }
         }
         let compiler = HostCompiler::new(egress, node)?;
+        let staged_compiler = staged.map(|s| HostCompiler::new(s, node)).transpose()?;
         let patterns = rules.patterns();
         let renumbered = self.pods.get(&ifindex).is_some_and(|p| p.rules != rules);
         self.pods.insert(
             ifindex,
             Pod {
                 egress: egress.clone(),
+                staged: staged.cloned(),
                 node: node.to_vec(),
                 rules,
                 patterns,
                 compiler,
+                staged_compiler,
             },
         );
         let mut addrs: BTreeSet<IpAddr> = self
@@ -375,9 +391,13 @@ impl Learner {
                 })
                 .collect();
             let expiry = live.iter().map(|(_, e)| *e).min()?;
-            let named = pod.rules.named(live.iter().map(|(s, _)| *s));
+            let slots = || live.iter().map(|(s, _)| *s);
             Some(Entry {
-                ports: pod.compiler.port_set(addr, &named),
+                ports: pod.compiler.port_set(addr, &pod.rules.named(slots())),
+                staged: pod
+                    .staged_compiler
+                    .as_ref()
+                    .map(|c| c.port_set(addr, &pod.rules.named_staged(slots()))),
                 expiry,
             })
         });
@@ -395,6 +415,7 @@ impl Learner {
                     ifindex,
                     addr,
                     ports: e.ports.clone(),
+                    staged: e.staged.clone(),
                     expiry: e.expiry,
                 };
                 self.overlay.insert((ifindex, addr), e);
@@ -524,7 +545,7 @@ mod tests {
             ReassemblyLimits::default(),
             [sa(SERVER).ip(), "fd00::a".parse().unwrap()],
         );
-        let (writes, errors) = l.set_pod(0, POD, Some(&egress(names)), &[]).unwrap();
+        let (writes, errors) = l.set_pod(0, POD, Some(&egress(names)), None, &[]).unwrap();
         assert!(writes.is_empty() && errors.is_empty());
         l
     }
@@ -634,7 +655,7 @@ mod tests {
             Ignored::Mismatch(Mismatch::NoQuery)
         );
         // Another pod cannot use this pod's query (nor an unknown one).
-        l.set_pod(0, OTHER_POD, Some(&egress(&["*.example.com"])), &[])
+        l.set_pod(0, OTHER_POD, Some(&egress(&["*.example.com"])), None, &[])
             .unwrap();
         assert_eq!(
             refused(&mut l, OTHER_POD, answer_frame(1, "api.example.com", rec())),
@@ -761,7 +782,7 @@ mod tests {
             ..Default::default()
         });
         let mut l = learner(&["api.example.com"]);
-        l.set_pod(0, POD, Some(&d), &[]).unwrap();
+        l.set_pod(0, POD, Some(&d), None, &[]).unwrap();
         ask(&mut l, 0, 1, "api.example.com");
         let w = l
             .answer(
@@ -804,7 +825,13 @@ mod tests {
         )
         .unwrap();
         let (w, _) = l
-            .set_pod(71 * S, POD, Some(&egress(&["other.example.org"])), &[])
+            .set_pod(
+                71 * S,
+                POD,
+                Some(&egress(&["other.example.org"])),
+                None,
+                &[],
+            )
             .unwrap();
         assert_eq!(
             w,
@@ -815,7 +842,7 @@ mod tests {
         );
 
         // Learned again; then only the ports change: rewritten, same expiry.
-        l.set_pod(72 * S, POD, Some(&egress(&["api.example.com"])), &[])
+        l.set_pod(72 * S, POD, Some(&egress(&["api.example.com"])), None, &[])
             .unwrap();
         ask(&mut l, 72 * S, 3, "api.example.com");
         l.answer(
@@ -830,7 +857,7 @@ mod tests {
         .unwrap();
         let mut wider = egress(&["api.example.com"]);
         wider.admin[1].ports.push(tcp(80));
-        let (w, _) = l.set_pod(73 * S, POD, Some(&wider), &[]).unwrap();
+        let (w, _) = l.set_pod(73 * S, POD, Some(&wider), None, &[]).unwrap();
         let Write::Set { ports, expiry, .. } = &w[0] else {
             panic!("{w:?}")
         };
@@ -839,12 +866,77 @@ mod tests {
 
         // The pod goes: everything of it is cleared.
         assert_eq!(
-            l.set_pod(74 * S, POD, None, &[]).unwrap().0,
+            l.set_pod(74 * S, POD, None, None, &[]).unwrap().0,
             [Write::Clear {
                 ifindex: POD,
                 addr: ip("192.0.2.7")
             }]
         );
         assert!(!l.learns(POD));
+    }
+
+    #[test]
+    fn staged_rules_by_name_give_the_staged_port_set_and_a_staged_only_pod_learns() {
+        let mut l = Learner::new(
+            Limits::default(),
+            ReassemblyLimits::default(),
+            [sa(SERVER).ip()],
+        );
+        // Enforced: not isolated, no names (the staged policy is the
+        // pod's first); staged: the example's Accept of api.example.com.
+        let open = DirectionPolicy {
+            not_isolated: true,
+            ..Default::default()
+        };
+        let staged = egress(&["api.example.com"]);
+        l.set_pod(0, POD, Some(&open), Some(&staged), &[]).unwrap();
+        assert!(l.learns(POD), "staged names alone make a pod learn");
+        let staged_ports = |w: &[Write]| match &w[0] {
+            Write::Set { staged, .. } => staged.clone().expect("a staged port set"),
+            other => panic!("{other:?}"),
+        };
+        ask(&mut l, S, 1, "api.example.com");
+        let w = l
+            .answer(
+                S,
+                POD,
+                &answer_frame(
+                    1,
+                    "api.example.com",
+                    vec![a("api.example.com", 60, [192, 0, 2, 7])],
+                ),
+            )
+            .unwrap();
+        let ports = staged_ports(&w);
+        assert!(ports.allows(6, 443) && !ports.allows(6, 80), "{ports:?}");
+        // A staged policy without names changes nothing: the pod forgets.
+        let w = l
+            .set_pod(2 * S, POD, Some(&open), Some(&open), &[])
+            .unwrap()
+            .0;
+        assert_eq!(
+            w,
+            [Write::Clear {
+                ifindex: POD,
+                addr: ip("192.0.2.7")
+            }]
+        );
+        assert!(!l.learns(POD));
+        // Enforced names and no staged ones: no staged port set.
+        l.set_pod(3 * S, POD, Some(&egress(&["api.example.com"])), None, &[])
+            .unwrap();
+        ask(&mut l, 3 * S, 2, "api.example.com");
+        let w = l
+            .answer(
+                3 * S,
+                POD,
+                &answer_frame(
+                    2,
+                    "api.example.com",
+                    vec![a("api.example.com", 60, [192, 0, 2, 7])],
+                ),
+            )
+            .unwrap();
+        assert!(matches!(&w[0], Write::Set { staged: None, .. }), "{w:?}");
     }
 }

@@ -21,10 +21,14 @@ use std::sync::Arc;
 
 use palisade_proto::v1::DirectionPolicy;
 
-/// A pod's egress policy as its table was compiled from it, when it has
-/// rules by domain name: what the learner compiles learned addresses with.
+/// A pod's egress policy as its table was compiled from it, and its
+/// staged (audit) egress, when either has rules by domain name: what the
+/// learner compiles learned addresses with.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Egress(pub Arc<DirectionPolicy>);
+pub struct Egress {
+    pub enforced: Arc<DirectionPolicy>,
+    pub staged: Option<Arc<DirectionPolicy>>,
+}
 
 // A plan's policy holds no floating-point field: equality is total.
 impl Eq for Egress {}

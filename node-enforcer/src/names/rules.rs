@@ -3,7 +3,10 @@
 //!
 //! Only rules that allow by name can be learned (tier rules that Accept,
 //! NetworkPolicy rules): the controller sends no other, and a Deny or Pass
-//! by name could not be enforced before its name was resolved.
+//! by name could not be enforced before its name was resolved. A pod's
+//! staged (audit) egress rules by name are numbered after its enforced
+//! ones: what they learn gives the staged table's port set for a host,
+//! which only reports.
 
 use std::fmt;
 
@@ -19,6 +22,10 @@ pub enum RuleRef {
     Admin(usize),
     NetworkPolicy(usize),
     Baseline(usize),
+    /// The same in the pod's staged (audit) egress.
+    StagedAdmin(usize),
+    StagedNetworkPolicy(usize),
+    StagedBaseline(usize),
 }
 
 impl fmt::Display for RuleRef {
@@ -27,6 +34,9 @@ impl fmt::Display for RuleRef {
             RuleRef::Admin(i) => write!(f, "admin[{i}]"),
             RuleRef::NetworkPolicy(i) => write!(f, "rules[{i}]"),
             RuleRef::Baseline(i) => write!(f, "baseline[{i}]"),
+            RuleRef::StagedAdmin(i) => write!(f, "staged admin[{i}]"),
+            RuleRef::StagedNetworkPolicy(i) => write!(f, "staged rules[{i}]"),
+            RuleRef::StagedBaseline(i) => write!(f, "staged baseline[{i}]"),
         }
     }
 }
@@ -68,10 +78,13 @@ fn accepts(r: &TierRule) -> bool {
 }
 
 impl DomainRules {
-    /// The learnable rules of `egress`, with the patterns that cannot be
-    /// read. More rules than slots can number are not learned (an error
-    /// each).
-    pub fn of(egress: &DirectionPolicy) -> (DomainRules, Vec<PatternError>) {
+    /// The learnable rules of `egress` and then of `staged` (the pod's
+    /// staged egress), with the patterns that cannot be read. More rules
+    /// than slots can number are not learned (an error each).
+    pub fn of(
+        egress: &DirectionPolicy,
+        staged: Option<&DirectionPolicy>,
+    ) -> (DomainRules, Vec<PatternError>) {
         let mut rules = Vec::new();
         let mut errors = Vec::new();
         fn tier(list: &[TierRule], at: fn(usize) -> RuleRef) -> Vec<(RuleRef, &Vec<String>)> {
@@ -81,16 +94,26 @@ impl DomainRules {
                 .map(|(i, r)| (at(i), &r.domain_names))
                 .collect()
         }
-        let mut named = tier(&egress.admin, RuleRef::Admin);
-        named.extend(
-            egress
-                .rules
-                .iter()
-                .enumerate()
-                .filter(|(_, r)| !r.domain_names.is_empty())
-                .map(|(i, r)| (RuleRef::NetworkPolicy(i), &r.domain_names)),
-        );
-        named.extend(tier(&egress.baseline, RuleRef::Baseline));
+        type At = fn(usize) -> RuleRef;
+        let enforced: [At; 3] = [RuleRef::Admin, RuleRef::NetworkPolicy, RuleRef::Baseline];
+        let staged_at: [At; 3] = [
+            RuleRef::StagedAdmin,
+            RuleRef::StagedNetworkPolicy,
+            RuleRef::StagedBaseline,
+        ];
+        let mut named = Vec::new();
+        for (d, [admin, np, baseline]) in [(Some(egress), enforced), (staged, staged_at)] {
+            let Some(d) = d else { continue };
+            named.extend(tier(&d.admin, admin));
+            named.extend(
+                d.rules
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| !r.domain_names.is_empty())
+                    .map(|(i, r)| (np(i), &r.domain_names)),
+            );
+            named.extend(tier(&d.baseline, baseline));
+        }
         for (rule, names) in named {
             if rules.len() > usize::from(Slot::MAX) {
                 errors.push(PatternError {
@@ -130,7 +153,7 @@ impl DomainRules {
         self.rules.get(usize::from(slot)).map(|(r, _)| *r)
     }
 
-    /// The rules of `slots`, as the compiler takes them.
+    /// The enforced rules of `slots`, as the compiler takes them.
     pub fn named(&self, slots: impl IntoIterator<Item = Slot>) -> Named {
         let mut named = Named::default();
         for slot in slots {
@@ -138,7 +161,22 @@ impl DomainRules {
                 Some(RuleRef::Admin(i)) => named.admin.insert(i),
                 Some(RuleRef::NetworkPolicy(i)) => named.network_policy.insert(i),
                 Some(RuleRef::Baseline(i)) => named.baseline.insert(i),
-                None => false,
+                _ => false,
+            };
+        }
+        named
+    }
+
+    /// The staged rules of `slots`, as the compiler takes them (for the
+    /// staged egress).
+    pub fn named_staged(&self, slots: impl IntoIterator<Item = Slot>) -> Named {
+        let mut named = Named::default();
+        for slot in slots {
+            match self.rule(slot) {
+                Some(RuleRef::StagedAdmin(i)) => named.admin.insert(i),
+                Some(RuleRef::StagedNetworkPolicy(i)) => named.network_policy.insert(i),
+                Some(RuleRef::StagedBaseline(i)) => named.baseline.insert(i),
+                _ => false,
             };
         }
         named
@@ -189,7 +227,7 @@ mod tests {
             baseline: vec![tier(TierAction::Accept, &["b.example"])],
             not_isolated: false,
         };
-        let (rules, errors) = DomainRules::of(&egress);
+        let (rules, errors) = DomainRules::of(&egress, None);
         assert_eq!(
             rules.describe(),
             [
@@ -209,6 +247,18 @@ mod tests {
         assert_eq!(named.baseline, [0].into());
         assert!(named.network_policy.is_empty());
         assert_eq!(rules.rule(1), Some(RuleRef::NetworkPolicy(1)));
-        assert!(DomainRules::of(&DirectionPolicy::default()).0.is_empty());
+        assert!(DomainRules::of(&DirectionPolicy::default(), None)
+            .0
+            .is_empty());
+        // Staged rules come after, and are named apart.
+        let staged = DirectionPolicy {
+            admin: vec![tier(TierAction::Accept, &["s.example"])],
+            ..Default::default()
+        };
+        let (both, _) = DomainRules::of(&egress, Some(&staged));
+        assert_eq!(both.rule(3), Some(RuleRef::StagedAdmin(0)));
+        assert_eq!(both.named_staged([0, 3]).admin, [0].into());
+        assert_eq!(both.named([0, 3]).admin, [1].into());
+        assert_eq!(RuleRef::StagedAdmin(0).to_string(), "staged admin[0]");
     }
 }

@@ -329,10 +329,14 @@ impl Task {
                     ifindex,
                     addr,
                     ports,
+                    staged,
                     expiry,
                 } => {
                     self.adopted.remove(&(ifindex, addr));
-                    (ifindex, addr, self.maps.set(ifindex, addr, &ports, expiry))
+                    let set = self
+                        .maps
+                        .set(ifindex, addr, &ports, staged.as_ref(), expiry);
+                    (ifindex, addr, set)
                 }
                 Write::Clear { ifindex, addr } => (ifindex, addr, self.maps.clear(ifindex, addr)),
             };
@@ -365,8 +369,12 @@ impl Task {
         if u.egress.is_none() {
             self.told.remove(&u.ifindex);
         }
-        let egress = u.egress.as_ref().map(|e| &*e.0);
-        match self.learner.set_pod(boot_ns(), u.ifindex, egress, &u.node) {
+        let egress = u.egress.as_ref().map(|e| &*e.enforced);
+        let staged = u.egress.as_ref().and_then(|e| e.staged.as_deref());
+        match self
+            .learner
+            .set_pod(boot_ns(), u.ifindex, egress, staged, &u.node)
+        {
             Ok((writes, errors)) => {
                 for e in errors {
                     tracing::warn!(ifindex = u.ifindex, "learner: {e}");

@@ -292,10 +292,13 @@ impl<D: Datapath> Reconciler<D> {
                 .cloned()
                 .chain(self.background.describe())
                 .chain(self.promotion.error.clone())
-                .chain(match self.names.tx {
-                    None => unlearned_names(&self.plan.entries),
-                    Some(_) => unlearned_staged_names(&self.plan.entries),
-                })
+                .chain(
+                    self.names
+                        .tx
+                        .is_none()
+                        .then(|| unlearned_names(&self.plan.entries))
+                        .flatten(),
+                )
                 .collect(),
             policy_sets: self
                 .realized
@@ -360,19 +363,6 @@ fn unlearned_names(plan: &BTreeMap<PodKey, PodPolicy>) -> Option<String> {
     Some(format!(
         "{pods} pod(s) have egress rules by domain name, which match nothing: this enforcer \
          runs no learner (no --dns-server given), so such an Accept opens nothing (e.g. {examples})"
-    ))
-}
-
-/// The warning for staged (audit) rules by domain name while a learner
-/// runs: the staged tables never consult what a pod learned, so such a
-/// rule matches nothing there, and a staged policy's `would-deny` lines
-/// for names its pods resolved overstate what it would deny.
-fn unlearned_staged_names(plan: &BTreeMap<PodKey, PodPolicy>) -> Option<String> {
-    let (pods, examples) = pods_with_names(plan, |p| [p.audit_egress.as_ref(), None])?;
-    Some(format!(
-        "{pods} pod(s) have staged egress rules by domain name, which staged policies judge \
-         as matching nothing (learned addresses are not consulted for them): their \
-         would-deny lines may name flows the staged policy would allow (e.g. {examples})"
     ))
 }
 
@@ -519,15 +509,6 @@ mod tests {
             w.ends_with("(e.g. x/p0 (*.example.com, b.example.com); x/p1 (*.example.com, b.example.com); x/p2 (*.example.com, b.example.com))"),
             "{w}"
         );
-        // With a learner, only the staged rules are named.
-        let w = unlearned_staged_names(&plan).unwrap();
-        assert!(
-            w.starts_with("1 pod(s) have staged egress rules by domain name"),
-            "{w}"
-        );
-        assert!(w.ends_with("(e.g. y/staged (a.example.org))"), "{w}");
-        plan.remove(&("y".to_string(), "staged".to_string()));
-        assert_eq!(unlearned_staged_names(&plan), None);
     }
 
     #[test]

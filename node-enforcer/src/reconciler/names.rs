@@ -165,7 +165,7 @@ mod tests {
         assert_eq!(told.len(), 1, "{told:?}");
         assert_eq!(told[0].ifindex, ifindex);
         assert_eq!(
-            told[0].egress.as_ref().unwrap().0.rules[0].domain_names,
+            told[0].egress.as_ref().unwrap().enforced.rules[0].domain_names,
             ["*.example.com"]
         );
 

@@ -39,6 +39,7 @@ use crate::datapath::{DatapathError, PortSetId, Result, LEARNED_PORTSET_BASE};
 
 const IFINDEX: usize = std::mem::offset_of!(LearnedSlot, ifindex);
 const PORTSET: usize = std::mem::offset_of!(LearnedSlot, portset_id);
+const AUDIT: usize = std::mem::offset_of!(LearnedSlot, audit_portset_id);
 const EXPIRES: usize = std::mem::offset_of!(LearnedSlot, expires_ns);
 
 /// One overlay entry as the maps hold it.
@@ -47,7 +48,16 @@ pub struct LearnedEntry {
     pub ifindex: u32,
     pub addr: IpAddr,
     pub ports: PortSet,
+    /// The staged (audit) egress's port set for the host, if it has one.
+    pub staged: Option<PortSet>,
     pub expiry: u64,
+}
+
+/// The port sets a live slot names.
+#[derive(Clone)]
+struct Sets {
+    ports: PortSet,
+    staged: Option<PortSet>,
 }
 
 struct SharedSet {
@@ -61,8 +71,8 @@ pub struct LearnedMaps {
     _slots_data: MapData,
     ports: LpmTrie<MapData, PortKey, PortValue>,
     grace: Arc<Grace>,
-    /// Live entries: key → (slot, its port set).
-    at: StdHashMap<LearnedKey, (u32, PortSet)>,
+    /// Live entries: key → (slot, its port sets).
+    at: StdHashMap<LearnedKey, (u32, Sets)>,
     /// Slots free to fill now.
     free: Vec<u32>,
     /// Slots retired at a grace token, oldest first.
@@ -143,22 +153,42 @@ impl LearnedMaps {
             }
             let v = v.expect("checked");
             used[slot as usize] = true;
-            let set = by_id[&v.portset_id].clone();
-            self.sets
-                .entry(set.clone())
-                .or_insert(SharedSet {
-                    id: v.portset_id,
-                    users: 0,
-                })
-                .users += 1;
-            self.next_id = self.next_id.max(v.portset_id);
-            self.at.insert(key, (slot, set.clone()));
+            let mut adopt_set = |id: PortSetId| {
+                let set = by_id.get(&id)?.clone();
+                self.sets
+                    .entry(set.clone())
+                    .or_insert(SharedSet { id, users: 0 })
+                    .users += 1;
+                self.next_id = self.next_id.max(id);
+                Some(set)
+            };
+            let set = adopt_set(v.portset_id).expect("checked");
+            // A staged port set the range does not hold is dropped: the
+            // staged table judges that host again (reports only).
+            let staged = match v.audit_portset_id {
+                0 => None,
+                id => adopt_set(id),
+            };
+            if v.audit_portset_id != 0 && staged.is_none() {
+                self.slots.store_u32(slot, AUDIT, 0);
+            }
+            self.at.insert(
+                key,
+                (
+                    slot,
+                    Sets {
+                        ports: set.clone(),
+                        staged: staged.clone(),
+                    },
+                ),
+            );
             out.push(LearnedEntry {
                 ifindex: key.ifindex,
                 addr: std::net::Ipv6Addr::from(key.addr)
                     .to_ipv4_mapped()
                     .map_or(IpAddr::V6(std::net::Ipv6Addr::from(key.addr)), IpAddr::V4),
                 ports: set,
+                staged,
                 expiry: v.expires_ns,
             });
         }
@@ -188,36 +218,56 @@ impl LearnedMaps {
         Ok(out)
     }
 
-    /// Writes the entry of (ifindex, addr): `ports` until `expiry`.
-    pub fn set(&mut self, ifindex: u32, addr: IpAddr, ports: &PortSet, expiry: u64) -> Result<()> {
+    /// Writes the entry of (ifindex, addr): `ports` until `expiry`, and
+    /// `staged` for the pod's staged egress (None: its table decides).
+    pub fn set(
+        &mut self,
+        ifindex: u32,
+        addr: IpAddr,
+        ports: &PortSet,
+        staged: Option<&PortSet>,
+        expiry: u64,
+    ) -> Result<()> {
         self.collect();
         let key = LearnedKey::new(ifindex, addr);
         let id = self.acquire(ports)?;
-        if let Some((slot, old)) = self.at.get(&key).cloned() {
-            self.slots.store_u32(slot, PORTSET, id);
-            self.slots.store_u64(slot, EXPIRES, expiry);
-            self.at.insert(key, (slot, ports.clone()));
-            self.release(&old);
-            return Ok(());
-        }
-        let slot = match self.take_slot() {
-            Ok(s) => s,
+        let staged_id = match staged.map(|s| self.acquire(s)).transpose() {
+            Ok(id) => id.unwrap_or(0),
             Err(e) => {
                 self.release(ports);
                 return Err(e);
             }
         };
-        let mut value = LearnedSlot::new(&key, id, expiry);
+        let sets = Sets {
+            ports: ports.clone(),
+            staged: staged.cloned(),
+        };
+        if let Some((slot, old)) = self.at.get(&key).cloned() {
+            self.slots.store_u32(slot, PORTSET, id);
+            self.slots.store_u32(slot, AUDIT, staged_id);
+            self.slots.store_u64(slot, EXPIRES, expiry);
+            self.at.insert(key, (slot, sets));
+            self.release_sets(&old);
+            return Ok(());
+        }
+        let slot = match self.take_slot() {
+            Ok(s) => s,
+            Err(e) => {
+                self.release_sets(&sets);
+                return Err(e);
+            }
+        };
+        let mut value = LearnedSlot::new(&key, id, staged_id, expiry);
         value.ifindex = 0;
         self.slots.write(slot, value);
         self.slots.store_u32(slot, IFINDEX, ifindex);
         if let Err(e) = self.index.insert(key, slot, 0) {
             self.slots.store_u32(slot, IFINDEX, 0);
             self.retired.push_back((self.grace.token(), slot));
-            self.release(ports);
+            self.release_sets(&sets);
             return Err(err(format!("writing {MAP_LEARNED_INDEX}"), e));
         }
-        self.at.insert(key, (slot, ports.clone()));
+        self.at.insert(key, (slot, sets));
         Ok(())
     }
 
@@ -225,13 +275,13 @@ impl LearnedMaps {
     pub fn clear(&mut self, ifindex: u32, addr: IpAddr) -> Result<()> {
         self.collect();
         let key = LearnedKey::new(ifindex, addr);
-        let Some((slot, set)) = self.at.remove(&key) else {
+        let Some((slot, sets)) = self.at.remove(&key) else {
             return Ok(());
         };
         let removed = self.index.remove(&key);
         self.slots.store_u32(slot, IFINDEX, 0);
         self.retired.push_back((self.grace.token(), slot));
-        self.release(&set);
+        self.release_sets(&sets);
         removed.map_err(|e| err(format!("removing from {MAP_LEARNED_INDEX}"), e))
     }
 
@@ -320,6 +370,13 @@ impl LearnedMaps {
         }
         self.sets.insert(set.clone(), SharedSet { id, users: 1 });
         Ok(id)
+    }
+
+    fn release_sets(&mut self, sets: &Sets) {
+        self.release(&sets.ports);
+        if let Some(staged) = &sets.staged {
+            self.release(staged);
+        }
     }
 
     fn release(&mut self, set: &PortSet) {
