@@ -166,7 +166,7 @@ fn an_application_network_policy_allows_its_names_beside_a_network_policy_of_the
     let (api, deep) = (ip("web/api"), ip("web/deep"));
     assert_eq!(
         learned_addresses(&lab, "app/client", "api.example.com"),
-        [api.clone()]
+        std::slice::from_ref(&api)
     );
     assert_eq!(
         learned_addresses(&lab, "app/client", "deep.in.example.com"),
