@@ -144,6 +144,10 @@ pub struct Explanation {
     /// address, which only the pod's node knows (its learner), not
     /// Explain.
     pub by_name: Vec<TierRule>,
+    /// The same for the NetworkPolicy tier, when it denied: the rules by
+    /// name (an ApplicationNetworkPolicy's) of the policies isolating the
+    /// pod whose ports take the connection.
+    pub by_name_network_policy: Vec<DecidingRule>,
 }
 
 impl Explanation {
@@ -267,10 +271,12 @@ pub fn staged_change(
 fn walk(cluster: &ClusterState, mode: Mode, q: &Query<'_>, with_staged: bool) -> Explanation {
     let mut passed = Vec::new();
     let mut by_name = Vec::new();
+    let mut by_name_np = Vec::new();
     let done = |passed: Vec<TierRule>, by_name: Vec<TierRule>, decided| Explanation {
         passed,
         decided,
         by_name,
+        by_name_network_policy: Vec::new(),
     };
     if tiers::host_network(q.subject) {
         return done(passed, by_name, Decided::HostNetwork);
@@ -288,9 +294,16 @@ fn walk(cluster: &ClusterState, mode: Mode, q: &Query<'_>, with_staged: bool) ->
         }
         passed.push(rule);
     }
-    match network_policies(cluster, q, with_staged) {
+    match network_policies(cluster, q, with_staged, &mut by_name_np) {
         Decision::NotIsolated => {}
-        decision => return done(passed, by_name, Decided::NetworkPolicy(decision)),
+        decision => {
+            let denied = !decision.allowed();
+            let mut e = done(passed, by_name, Decided::NetworkPolicy(decision));
+            if denied {
+                e.by_name_network_policy = by_name_np;
+            }
+            return e;
+        }
     }
     if let Some(rule) = first_tier_rule(cluster, Tier::Baseline, q, with_staged, &mut by_name) {
         if rule.action != Action::Pass {
@@ -353,7 +366,15 @@ fn first_tier_rule(
 }
 
 /// The NetworkPolicy tier: NotIsolated when no policy isolates the pod.
-fn network_policies(cluster: &ClusterState, q: &Query<'_>, with_staged: bool) -> Decision {
+/// Egress rules by name of the policies that isolate it whose ports take
+/// the connection go to `by_name` (only the node knows whether they
+/// match its peer).
+fn network_policies(
+    cluster: &ClusterState,
+    q: &Query<'_>,
+    with_staged: bool,
+    by_name: &mut Vec<DecidingRule>,
+) -> Decision {
     let (subject, peer, server, protocol, port, dir) =
         (q.subject, q.peer, q.server, q.protocol, q.port, q.dir);
     let mut isolated_by = Vec::new();
@@ -364,6 +385,23 @@ fn network_policies(cluster: &ClusterState, q: &Query<'_>, with_staged: bool) ->
         let name = policy_name(policy);
         let spec = policy.spec.as_ref().expect("selects checked spec");
         let ns = namespace(policy.metadata.namespace.as_deref());
+        if dir == Direction::Egress {
+            let names = palisade_apis::application_network_policy::domain_names(policy);
+            for (i, r) in spec.egress.iter().flatten().enumerate() {
+                let Some(names) = names.get(&i) else { continue };
+                let port_ok = match server {
+                    Some(s) => ports_match(r.ports.as_ref(), s, protocol, port),
+                    None => numbered_ports_match(r.ports.as_ref(), protocol, port),
+                };
+                if port_ok {
+                    by_name.push(DecidingRule {
+                        policy: name.clone(),
+                        rule: i,
+                        description: describe_names_rule(i, names, r.ports.as_ref()),
+                    });
+                }
+            }
+        }
         let rules: Vec<Rule<'_>> = match dir {
             Direction::Ingress => spec
                 .ingress
@@ -523,6 +561,27 @@ pub fn describe_rule(
             .join(", "),
     };
     format!("{list}[{index}]: {word} {peers} on {ports}")
+}
+
+/// An egress rule's peers by name as one line: `egress[1]: to
+/// domainNames api.example.com, *.example.org on TCP/443`.
+fn describe_names_rule(
+    index: usize,
+    names: &[String],
+    ports: Option<&Vec<NetworkPolicyPort>>,
+) -> String {
+    let ports = match ports.filter(|p| !p.is_empty()) {
+        None => "any port".to_string(),
+        Some(ports) => ports
+            .iter()
+            .map(describe_port)
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    format!(
+        "egress[{index}]: to domainNames {} on {ports}",
+        names.join(", ")
+    )
 }
 
 fn describe_peer(p: &NetworkPolicyPeer) -> String {

@@ -796,3 +796,54 @@ fn explain_lists_the_accepts_by_name_above_the_decision_that_take_the_connection
         "names are egress-only"
     );
 }
+
+#[test]
+fn explain_lists_an_application_network_policy_s_rules_by_name_when_its_tier_denies() {
+    use palisade_apis::application_network_policy::{lower, ApplicationNetworkPolicy};
+    let anp: ApplicationNetworkPolicy = serde_json::from_value(json!({
+        "metadata": {"name": "by-name", "namespace": "red"},
+        "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [
+            {"to": [{"domainNames": ["api.example.com", "*.example.org"]}], "ports": [{"port": 443}]},
+            {"to": [{"domainNames": ["dns.example.net"]}], "ports": [{"port": 53, "protocol": "UDP"}]},
+            {"to": [{"ipBlock": {"cidr": "198.51.100.0/24"}}]},
+        ]},
+    }))
+    .unwrap();
+    let c = cluster(vec![Object::NetworkPolicy(lower(&anp))]);
+    let r1 = find(&c, "r1");
+    let ask = |ip: &str, port: u16| {
+        explain(
+            &c,
+            Mode::Standard,
+            &Query {
+                subject: r1.pod,
+                peer: Peer::External(ip.parse().unwrap()),
+                server: None,
+                protocol: "TCP",
+                port,
+                dir: Direction::Egress,
+            },
+        )
+    };
+    // Denied by address; the rule by name on 443 could allow it.
+    let e = ask("203.0.113.1", 443);
+    assert!(!e.allowed(), "names match nothing in the model");
+    let listed: Vec<(String, usize)> = e
+        .by_name_network_policy
+        .iter()
+        .map(|r| (r.policy.clone(), r.rule))
+        .collect();
+    assert_eq!(
+        listed,
+        [("red/ApplicationNetworkPolicy:by-name".to_string(), 0)]
+    );
+    assert_eq!(
+        e.by_name_network_policy[0].description,
+        "egress[0]: to domainNames api.example.com, *.example.org on TCP/443"
+    );
+    // Another port: no rule by name takes it.
+    assert!(ask("203.0.113.1", 80).by_name_network_policy.is_empty());
+    // Allowed by its address rule: nothing to list.
+    let e = ask("198.51.100.7", 443);
+    assert!(e.allowed() && e.by_name_network_policy.is_empty(), "{e:?}");
+}

@@ -23,7 +23,9 @@ use palisade_model::explain::{
 };
 use palisade_model::tiers::Mode;
 use palisade_model::verdict::{allowed_in, Direction};
-use palisade_proto::v1::{debug_service_client::DebugServiceClient, ExplainRequest};
+use palisade_proto::v1::{
+    debug_service_client::DebugServiceClient, ExplainRequest, ExplainResponse,
+};
 use palisade_runtime::transport::{connect, serve, Address};
 use policy_controller::cluster::{ClusterState, Object};
 use policy_controller::engine::Engine;
@@ -601,6 +603,36 @@ async fn start_with(dir: &Path, socket: &Address, manifests: &str) {
     tokio::spawn(async move { serve(router, &addr, std::future::pending()).await.unwrap() });
 }
 
+/// A client of the controller serving on `socket`, and its answer to
+/// `first` once it has one: the server binds, and the source reads the
+/// manifests, on their own schedules.
+async fn explain_when_ready(
+    socket: &Address,
+    first: ExplainRequest,
+) -> (
+    DebugServiceClient<tonic::transport::Channel>,
+    ExplainResponse,
+) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let mut client = loop {
+        if let Ok(c) = connect(socket, Duration::from_secs(1)).await {
+            break DebugServiceClient::new(c);
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no server");
+        tokio::time::sleep(Duration::from_millis(20)).await; // poll: the server binds asynchronously
+    };
+    loop {
+        match client.explain(first.clone()).await {
+            Ok(r) => return (client, r.into_inner()),
+            Err(s) if s.code() == Code::Unavailable || s.code() == Code::NotFound => {
+                assert!(tokio::time::Instant::now() < deadline, "{s}");
+                tokio::time::sleep(Duration::from_millis(20)).await; // poll: the source scans every 10 ms
+            }
+            Err(s) => panic!("{s}"),
+        }
+    }
+}
+
 fn req(source: &str, destination: &str, port: u32, protocol: &str) -> ExplainRequest {
     ExplainRequest {
         source: source.into(),
@@ -657,27 +689,8 @@ async fn the_explain_rpc_names_the_tier_rule_and_the_pass_chain() {
     let sock_dir = tempfile::tempdir().unwrap();
     let socket = Address::Unix(sock_dir.path().join("controller.sock"));
     start_with(manifests.path(), &socket, TIERED).await;
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    let mut client = loop {
-        if let Ok(c) = connect(&socket, Duration::from_secs(1)).await {
-            break DebugServiceClient::new(c);
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no server");
-        tokio::time::sleep(Duration::from_millis(20)).await; // poll: the server binds asynchronously
-    };
-    let r = loop {
-        match client
-            .explain(req("prod/client", "prod/web", 8080, ""))
-            .await
-        {
-            Ok(r) => break r.into_inner(),
-            Err(s) if s.code() == Code::Unavailable || s.code() == Code::NotFound => {
-                assert!(tokio::time::Instant::now() < deadline, "{s}");
-                tokio::time::sleep(Duration::from_millis(20)).await; // poll: the source scans every 10 ms
-            }
-            Err(s) => panic!("{s}"),
-        }
-    };
+    let (mut client, r) =
+        explain_when_ready(&socket, req("prod/client", "prod/web", 8080, "")).await;
     assert!(!r.allowed, "{r:?}");
     let egress = r.egress.unwrap();
     assert_eq!(
@@ -730,28 +743,8 @@ async fn the_explain_rpc_names_the_deciding_policy_and_rule() {
     let sock_dir = tempfile::tempdir().unwrap();
     let socket = Address::Unix(sock_dir.path().join("controller.sock"));
     start(manifests.path(), &socket).await;
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    let mut client = loop {
-        if let Ok(c) = connect(&socket, Duration::from_secs(1)).await {
-            break DebugServiceClient::new(c);
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no server");
-        tokio::time::sleep(Duration::from_millis(20)).await; // poll: the server binds asynchronously
-    };
-    // The source reads the manifests on its own schedule.
-    let first = loop {
-        match client
-            .explain(req("prod/client", "prod/web", 8080, ""))
-            .await
-        {
-            Ok(r) => break r.into_inner(),
-            Err(s) if s.code() == Code::Unavailable || s.code() == Code::NotFound => {
-                assert!(tokio::time::Instant::now() < deadline, "{s}");
-                tokio::time::sleep(Duration::from_millis(20)).await; // poll: the source scans every 10 ms
-            }
-            Err(s) => panic!("{s}"),
-        }
-    };
+    let (mut client, first) =
+        explain_when_ready(&socket, req("prod/client", "prod/web", 8080, "")).await;
     assert!(first.allowed, "{first:?}");
     assert_eq!(first.source, "pod prod/client (10.1.0.2)");
     assert_eq!(first.destination, "pod prod/web (10.1.0.1)");
@@ -891,6 +884,21 @@ spec:
   egress:
   - {name: api, action: Accept, to: [{domainNames: ["*.example.com"]}], protocols: [{tcp: {destinationPort: {number: 443}}}]}
   - {name: rest, action: Deny, to: [{networks: ["0.0.0.0/0"]}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: app, namespace: prod, labels: {app: app}}
+spec: {nodeName: n2, containers: [{name: c, image: i}]}
+status: {podIP: 10.1.0.3}
+---
+apiVersion: networking.k8s.aws/v1alpha1
+kind: ApplicationNetworkPolicy
+metadata: {name: app-egress, namespace: prod}
+spec:
+  podSelector: {matchLabels: {app: app}}
+  policyTypes: [Egress]
+  egress:
+  - {to: [{domainNames: [api.example.com]}], ports: [{port: 443}]}
 "#;
 
 #[tokio::test]
@@ -899,27 +907,8 @@ async fn the_explain_rpc_lists_the_accepts_by_name_it_cannot_judge() {
     let sock_dir = tempfile::tempdir().unwrap();
     let socket = Address::Unix(sock_dir.path().join("controller.sock"));
     start_with(manifests.path(), &socket, BY_NAME).await;
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    let mut client = loop {
-        if let Ok(c) = connect(&socket, Duration::from_secs(1)).await {
-            break DebugServiceClient::new(c);
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no server");
-        tokio::time::sleep(Duration::from_millis(20)).await; // poll: the server binds asynchronously
-    };
-    let r = loop {
-        match client
-            .explain(req("prod/client", "203.0.113.7", 443, "TCP"))
-            .await
-        {
-            Ok(r) => break r.into_inner(),
-            Err(s) if s.code() == Code::Unavailable || s.code() == Code::NotFound => {
-                assert!(tokio::time::Instant::now() < deadline, "{s}");
-                tokio::time::sleep(Duration::from_millis(20)).await; // poll: the source scans every 10 ms
-            }
-            Err(s) => panic!("{s}"),
-        }
-    };
+    let (mut client, r) =
+        explain_when_ready(&socket, req("prod/client", "203.0.113.7", 443, "TCP")).await;
     assert!(!r.allowed, "{r:?}");
     let egress = r.egress.unwrap();
     assert_eq!(egress.rule_name, "rest");
@@ -937,4 +926,16 @@ async fn the_explain_rpc_lists_the_accepts_by_name_it_cannot_judge() {
         .unwrap()
         .into_inner();
     assert!(r.egress.unwrap().by_name.is_empty());
+    // An ApplicationNetworkPolicy's rule by name, in the NetworkPolicy
+    // tier that denied.
+    let r = client
+        .explain(req("prod/app", "203.0.113.7", 443, "TCP"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!r.allowed, "{r:?}");
+    assert_eq!(
+        r.egress.unwrap().by_name,
+        ["NetworkPolicy tier, prod/ApplicationNetworkPolicy:app-egress: egress[0]: to domainNames api.example.com on TCP/443"]
+    );
 }

@@ -228,7 +228,16 @@ fn met(r: &palisade_model::explain::TierRule) -> String {
 
 fn direction(pod: &Pod, e: Explanation) -> DirectionExplanation {
     let passed: Vec<String> = e.passed.iter().map(met).collect();
-    let by_name: Vec<String> = e.by_name.iter().map(met).collect();
+    let by_name: Vec<String> = e
+        .by_name
+        .iter()
+        .map(met)
+        .chain(
+            e.by_name_network_policy
+                .iter()
+                .map(|r| format!("NetworkPolicy tier, {}: {}", r.policy, r.description)),
+        )
+        .collect();
     let allowed = e.allowed();
     let mut out = match e.decided {
         Decided::NetworkPolicy(d) => network_policy(pod, d),
