@@ -62,15 +62,17 @@ fn lab_after(example: &std::path::Path, base: LabConfig) -> (Lab, Scenario) {
 }
 
 #[test]
-fn the_example_is_valid_and_learns() {
-    let s = Scenario::from_file(&example()).unwrap_or_else(|e| panic!("{e:#}"));
-    assert!(s.dns.expect("the example has a DNS").learn);
+fn the_examples_are_valid_and_learn() {
+    for path in [example(), aws_example()] {
+        let s = Scenario::from_file(&path).unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(s.dns.expect("the example has a DNS").learn, "{path:?}");
+    }
 }
 
 /// A staged policy's rules by name judge by what the pod resolved, as the
 /// enforced ones do: staged above the example's policy, an Accept of
 /// api.example.com alone and a Deny of the rest report the connection to
-/// www/deep.in.example.com as would-deny and the one to api.example.com
+/// deep.in.example.com as would-deny and the one to api.example.com
 /// not at all; enforcement is the example's.
 #[test]
 #[ignore = "needs root"]
@@ -142,12 +144,6 @@ fn a_staged_rule_by_name_judges_what_the_pod_resolved() {
 /// The same with AWS's ApplicationNetworkPolicy.
 fn aws_example() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/dns-names-aws.yaml")
-}
-
-#[test]
-fn the_aws_example_is_valid_and_learns() {
-    let s = Scenario::from_file(&aws_example()).unwrap_or_else(|e| panic!("{e:#}"));
-    assert!(s.dns.expect("the example has a DNS").learn);
 }
 
 #[test]

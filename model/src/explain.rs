@@ -552,15 +552,10 @@ pub fn describe_rule(
             .collect::<Vec<_>>()
             .join("; "),
     };
-    let ports = match ports.filter(|p| !p.is_empty()) {
-        None => "any port".to_string(),
-        Some(ports) => ports
-            .iter()
-            .map(describe_port)
-            .collect::<Vec<_>>()
-            .join(", "),
-    };
-    format!("{list}[{index}]: {word} {peers} on {ports}")
+    format!(
+        "{list}[{index}]: {word} {peers} on {}",
+        describe_ports(ports)
+    )
 }
 
 /// An egress rule's peers by name as one line: `egress[1]: to
@@ -570,18 +565,23 @@ fn describe_names_rule(
     names: &[String],
     ports: Option<&Vec<NetworkPolicyPort>>,
 ) -> String {
-    let ports = match ports.filter(|p| !p.is_empty()) {
+    format!(
+        "egress[{index}]: to domainNames {} on {}",
+        names.join(", "),
+        describe_ports(ports)
+    )
+}
+
+/// A rule's ports as one phrase: `TCP/80, UDP/dns`, or `any port`.
+fn describe_ports(ports: Option<&Vec<NetworkPolicyPort>>) -> String {
+    match ports.filter(|p| !p.is_empty()) {
         None => "any port".to_string(),
         Some(ports) => ports
             .iter()
             .map(describe_port)
             .collect::<Vec<_>>()
             .join(", "),
-    };
-    format!(
-        "egress[{index}]: to domainNames {} on {ports}",
-        names.join(", ")
-    )
+    }
 }
 
 fn describe_peer(p: &NetworkPolicyPeer) -> String {
