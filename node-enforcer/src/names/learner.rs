@@ -567,6 +567,14 @@ mod tests {
         )
     }
 
+    /// The pod asks `q` (query `id`) at `now` and gets one A record, TTL
+    /// 60 s: the writes it makes.
+    fn resolved(l: &mut Learner, now: u64, id: u16, q: &str, ip: [u8; 4]) -> Vec<Write> {
+        ask(l, now, id, q);
+        l.answer(now, POD, &answer_frame(id, q, vec![a(q, 60, ip)]))
+            .unwrap()
+    }
+
     fn set(writes: &[Write]) -> Vec<(IpAddr, u64)> {
         writes
             .iter()
@@ -783,18 +791,7 @@ mod tests {
         });
         let mut l = learner(&["api.example.com"]);
         l.set_pod(0, POD, Some(&d), None, &[]).unwrap();
-        ask(&mut l, 0, 1, "api.example.com");
-        let w = l
-            .answer(
-                0,
-                POD,
-                &answer_frame(
-                    1,
-                    "api.example.com",
-                    vec![a("api.example.com", 60, [192, 0, 2, 7])],
-                ),
-            )
-            .unwrap();
+        let w = resolved(&mut l, 0, 1, "api.example.com", [192, 0, 2, 7]);
         let Write::Set { ports, expiry, .. } = &w[0] else {
             panic!()
         };
@@ -895,18 +892,7 @@ mod tests {
             Write::Set { staged, .. } => staged.clone().expect("a staged port set"),
             other => panic!("{other:?}"),
         };
-        ask(&mut l, S, 1, "api.example.com");
-        let w = l
-            .answer(
-                S,
-                POD,
-                &answer_frame(
-                    1,
-                    "api.example.com",
-                    vec![a("api.example.com", 60, [192, 0, 2, 7])],
-                ),
-            )
-            .unwrap();
+        let w = resolved(&mut l, S, 1, "api.example.com", [192, 0, 2, 7]);
         let ports = staged_ports(&w);
         assert!(ports.allows(6, 443) && !ports.allows(6, 80), "{ports:?}");
         // A staged policy without names changes nothing: the pod forgets.
@@ -925,18 +911,7 @@ mod tests {
         // Enforced names and no staged ones: no staged port set.
         l.set_pod(3 * S, POD, Some(&egress(&["api.example.com"])), None, &[])
             .unwrap();
-        ask(&mut l, 3 * S, 2, "api.example.com");
-        let w = l
-            .answer(
-                3 * S,
-                POD,
-                &answer_frame(
-                    2,
-                    "api.example.com",
-                    vec![a("api.example.com", 60, [192, 0, 2, 7])],
-                ),
-            )
-            .unwrap();
+        let w = resolved(&mut l, 3 * S, 2, "api.example.com", [192, 0, 2, 7]);
         assert!(matches!(&w[0], Write::Set { staged: None, .. }), "{w:?}");
     }
 }
