@@ -148,11 +148,12 @@ fn aws_example() -> PathBuf {
 
 #[test]
 #[ignore = "needs root"]
-fn an_application_network_policy_allows_its_names_beside_a_network_policy_of_the_same_name() {
+fn aws_policies_allow_their_names_an_application_one_beside_a_network_policy_of_its_name() {
     require_root();
     // The example's probes: the NetworkPolicy's pod allowed, an unresolved
     // address, an unlisted name and another port denied, both listed names
-    // (one by wildcard) allowed once resolved.
+    // (one by wildcard) allowed once resolved; the same for a pod of AWS's
+    // ClusterNetworkPolicy.
     let (lab, _) = lab_after(&aws_example(), LabConfig::default());
     let ip = |pod: &str| {
         lab.pod_ip(&palisade_e2e::PodName::parse(pod).unwrap())
@@ -172,6 +173,12 @@ fn an_application_network_policy_allows_its_names_beside_a_network_policy_of_the
         learned_addresses(&lab, "app/client", "elsewhere.example.net").is_empty(),
         "a name the policy does not list is not learned"
     );
+    // ops/tool, by AWS's ClusterNetworkPolicy: its one name, not another.
+    assert_eq!(
+        learned_addresses(&lab, "ops/tool", "api.example.com"),
+        std::slice::from_ref(&api)
+    );
+    assert!(learned_addresses(&lab, "ops/tool", "deep.in.example.com").is_empty());
     // Both policies are the pod's, each under its own name.
     let node = lab.node_name().to_string();
     let state = lab.enforcer_state().expect("the enforcer answers");
