@@ -190,6 +190,12 @@ struct Args {
     /// forgotten (its answer then teaches nothing).
     #[arg(long, env = "PALISADE_DNS_PENDING_PER_POD", default_value_t = palisade_dns::Limits::default().pending_per_pod)]
     dns_pending_per_pod: usize,
+    /// Bytes of the datapath's ring of DNS frames copied and held for the
+    /// learner: what bounds the answers held at once (an answer that does
+    /// not fit passes unheld, counted, and teaches nothing). A power of
+    /// two from 4096; applied when the ring is first created on a node.
+    #[arg(long, env = "PALISADE_DNS_HELD_BYTES", default_value_t = palisade_ebpf::DNS_FRAMES_BYTES)]
+    dns_held_bytes: u32,
 }
 
 /// The longest the enforcer spends promoting interfaces before it exits
@@ -290,7 +296,13 @@ async fn run(args: Args) -> Result<(), RunError> {
     if args.conntrack_cleanup_secs == 0 {
         return Err("--conntrack-cleanup-secs must be at least 1".into());
     }
-    let mut datapath = BpfDatapath::load_with(&args.pin_root, Some(args.conntrack_max_entries))
+    node_enforcer::datapath::bpf::check_dns_frames_bytes(args.dns_held_bytes)
+        .map_err(|e| format!("--dns-held-bytes: {e}"))?;
+    let load = node_enforcer::datapath::bpf::LoadOptions {
+        conntrack_entries: Some(args.conntrack_max_entries),
+        dns_frames_bytes: Some(args.dns_held_bytes),
+    };
+    let mut datapath = BpfDatapath::load_opts(&args.pin_root, load)
         .map_err(|e| e.to_string())?
         .with_attach_mode(args.attach);
     let share = datapath

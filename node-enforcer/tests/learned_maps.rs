@@ -109,3 +109,39 @@ fn entries_share_port_sets_survive_a_new_process_and_stay_out_of_the_reconcilers
     maps.set(9, ip("10.9.9.9"), &tcp(443), None, 1).unwrap();
     assert_eq!(maps.len(), 3);
 }
+
+/// `--dns-held-bytes`: the ring of held DNS frames is created at the size
+/// asked; a ring already pinned keeps its size; a size the kernel cannot
+/// have is refused by name.
+#[test]
+#[ignore = "needs root"]
+fn the_held_frames_ring_is_created_at_the_size_asked_and_keeps_it() {
+    use node_enforcer::datapath::bpf::{check_dns_frames_bytes, LoadOptions};
+    palisade_test_support::require_root();
+    let root = PinRoot(PathBuf::from(format!(
+        "/sys/fs/bpf/palisade-test-ring-{}",
+        std::process::id()
+    )));
+    let ring_size = || {
+        let data =
+            aya::maps::MapData::from_pin(root.0.join(palisade_ebpf::MAP_DNS_FRAMES)).unwrap();
+        data.info().unwrap().max_entries()
+    };
+    let opts = |bytes| LoadOptions {
+        dns_frames_bytes: Some(bytes),
+        ..Default::default()
+    };
+    let dp = BpfDatapath::load_opts(&root.0, opts(1 << 16)).unwrap();
+    assert_eq!(ring_size(), 1 << 16);
+    drop(dp);
+    let _dp = BpfDatapath::load_opts(&root.0, opts(1 << 20)).unwrap();
+    assert_eq!(ring_size(), 1 << 16, "a pinned ring keeps its size");
+    for bad in [0, 4095, 3 << 12, 1 << 31] {
+        let e = check_dns_frames_bytes(bad).unwrap_err();
+        assert!(e.contains("a power of two from 4096"), "{bad}: {e}");
+    }
+    assert_eq!(
+        check_dns_frames_bytes(palisade_ebpf::DNS_FRAMES_BYTES),
+        Ok(())
+    );
+}

@@ -62,7 +62,7 @@ use endpoint_slots::EndpointSlots;
 use grace::Grace;
 use palisade_ebpf::{
     audit_word, CtConfig, Direction, EpSlot, PortKey, PortValue, MAP_CONNTRACK, MAP_CT4,
-    MAP_CT_CONFIG, MAP_PORTS, PROG_FROM_POD, PROG_TO_POD,
+    MAP_CT_CONFIG, MAP_DNS_FRAMES, MAP_PORTS, PROG_FROM_POD, PROG_TO_POD,
 };
 use policy_tables::PolicyTables;
 
@@ -137,6 +137,30 @@ pub(super) fn err(
     DatapathError::caused(what, e)
 }
 
+/// Sizes of the maps [`BpfDatapath::load_opts`] creates; None: as compiled.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadOptions {
+    /// Entries of the conntrack maps.
+    pub conntrack_entries: Option<u32>,
+    /// Bytes of the ring buffer of DNS frames copied and held for the
+    /// learner (`pal_dns_frames`): what bounds the answers held at once;
+    /// one that does not fit passes unheld (counted).
+    pub dns_frames_bytes: Option<u32>,
+}
+
+/// The kernel's rule for a ring buffer's size: a power of two, and whole
+/// pages (4 KiB here); at most 1 GiB, far past any need.
+pub fn check_dns_frames_bytes(n: u32) -> std::result::Result<(), String> {
+    const PAGE: u32 = 4096;
+    const MAX: u32 = 1 << 30;
+    if !n.is_power_of_two() || !(PAGE..=MAX).contains(&n) {
+        return Err(format!(
+            "{n} bytes for the held DNS frames: a power of two from {PAGE} to {MAX} is needed"
+        ));
+    }
+    Ok(())
+}
+
 impl BpfDatapath {
     /// Loads the programs, pinning their maps under `pin_root` (created if
     /// missing) so that several enforcers on one machine stay apart.
@@ -148,11 +172,23 @@ impl BpfDatapath {
     /// created (an existing pinned map keeps its size: replacing it would
     /// forget every established flow).
     pub fn load_with(pin_root: &Path, conntrack_entries: Option<u32>) -> Result<Self> {
+        Self::load_opts(
+            pin_root,
+            LoadOptions {
+                conntrack_entries,
+                ..Default::default()
+            },
+        )
+    }
+
+    /// [`BpfDatapath::load`] with the sizes of `opts` for the maps it
+    /// creates (an existing pinned map keeps its size).
+    pub fn load_opts(pin_root: &Path, opts: LoadOptions) -> Result<Self> {
         std::fs::create_dir_all(pin_root)
             .map_err(|e| err(format!("creating pin root {}", pin_root.display()), e))?;
         let mut loader = EbpfLoader::new();
         loader.default_map_pin_directory(pin_root);
-        if let Some(n) = conntrack_entries {
+        if let Some(n) = opts.conntrack_entries {
             if n == 0 {
                 return Err(DatapathError::invariant(
                     "the conntrack map needs at least one entry",
@@ -160,6 +196,10 @@ impl BpfDatapath {
             }
             loader.map_max_entries(MAP_CONNTRACK, n);
             loader.map_max_entries(MAP_CT4, n);
+        }
+        if let Some(n) = opts.dns_frames_bytes {
+            check_dns_frames_bytes(n).map_err(DatapathError::invariant)?;
+            loader.map_max_entries(MAP_DNS_FRAMES, n);
         }
         let mut ebpf = loader
             .load(palisade_ebpf::OBJECT)
