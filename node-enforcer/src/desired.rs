@@ -251,10 +251,13 @@ pub fn desired_pod(
     // by name.
     let mut names: Option<crate::names::Egress> = None;
     // The verdict (None: the direction's table is not complete yet,
-    // resolved per interface below: what it enforces now, or deny) and
-    // the policy its table was compiled from (None: no table).
+    // resolved per interface below: what it enforces now, or deny) and,
+    // when it learns by name or `keep` asks, the policy its table was
+    // compiled from (None: no table). A copy only then: policies can be
+    // large, and every pod of a convergence passes here.
     let mut direction = |d: Option<&DirectionPolicy>,
-                         name: &str|
+                         name: &str,
+                         keep: bool|
      -> (Option<Verdict>, Option<DirectionPolicy>) {
         // Deny, but never the node itself (kubelet probes must reach it).
         let node_only = |c: &mut Compiler<'_>| {
@@ -281,7 +284,10 @@ pub fn desired_pod(
             d
         };
         match compile_set(d) {
-            Ok(set) => (Some(Verdict::Policy(set)), Some(d.clone())),
+            Ok(set) => {
+                let learns = keep || crate::names::rules::learns(d);
+                (Some(Verdict::Policy(set)), learns.then(|| d.clone()))
+            }
             Err(NoTable::InFlight(why)) => {
                 awaiting_table = true;
                 error = Some(format!(
@@ -301,12 +307,12 @@ pub fn desired_pod(
     };
     let (ingress, egress) = match &knowledge {
         Knowledge::Known(p) => {
-            let (ingress, _) = direction(p.ingress.as_ref(), "ingress");
-            let (egress, compiled_from) = direction(p.egress.as_ref(), "egress");
+            let (ingress, _) = direction(p.ingress.as_ref(), "ingress", false);
             let staged = p
                 .audit_egress
                 .as_ref()
                 .filter(|d| crate::names::rules::learns(d));
+            let (egress, compiled_from) = direction(p.egress.as_ref(), "egress", staged.is_some());
             let enforced_learns = compiled_from
                 .as_ref()
                 .is_some_and(crate::names::rules::learns);
