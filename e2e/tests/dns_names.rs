@@ -202,9 +202,7 @@ fn aws_policies_allow_their_names_an_application_one_beside_a_network_policy_of_
         Duration::from_secs(30),
         |lines| {
             lines.iter().any(|l| {
-                l["pod"] == "app/client"
-                    && l["reason"] == "learned"
-                    && l["dst_ip"] == api.as_str()
+                learned_line(l, "app/client", &api)
                     && l["domain_names"] == serde_json::json!(["api.example.com"])
             })
         },
@@ -272,9 +270,7 @@ fn a_resolved_name_opens_its_addresses_to_the_pod_that_resolved_it_only() {
             // in either order, and a line names what the learner had
             // reported for the address by then: one of them, or both.
             lines.iter().any(|l| {
-                l["pod"] == "app/client"
-                    && l["reason"] == "learned"
-                    && l["dst_ip"] == api.as_str()
+                learned_line(l, "app/client", &api)
                     && l["domain_names"].as_array().is_some_and(|n| {
                         !n.is_empty()
                             && n.iter()
@@ -727,6 +723,12 @@ objects:
         "{text}"
     );
     assert!(text.contains("198.18.100.1"), "{text}");
+}
+
+/// Whether flow log line `l` is `pod`'s connection to `dst` allowed by
+/// what it learned.
+fn learned_line(l: &serde_json::Value, pod: &str, dst: &str) -> bool {
+    l["pod"] == pod && l["reason"] == "learned" && l["dst_ip"] == dst
 }
 
 /// The addresses the dump lists for `pod`'s learned `name` (empty: none,

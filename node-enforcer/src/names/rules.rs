@@ -155,29 +155,32 @@ impl DomainRules {
 
     /// The enforced rules of `slots`, as the compiler takes them.
     pub fn named(&self, slots: impl IntoIterator<Item = Slot>) -> Named {
-        let mut named = Named::default();
-        for slot in slots {
-            match self.rule(slot) {
-                Some(RuleRef::Admin(i)) => named.admin.insert(i),
-                Some(RuleRef::NetworkPolicy(i)) => named.network_policy.insert(i),
-                Some(RuleRef::Baseline(i)) => named.baseline.insert(i),
-                _ => false,
-            };
-        }
-        named
+        self.named_of(slots, false)
     }
 
     /// The staged rules of `slots`, as the compiler takes them (for the
     /// staged egress).
     pub fn named_staged(&self, slots: impl IntoIterator<Item = Slot>) -> Named {
+        self.named_of(slots, true)
+    }
+
+    fn named_of(&self, slots: impl IntoIterator<Item = Slot>, staged: bool) -> Named {
         let mut named = Named::default();
         for slot in slots {
-            match self.rule(slot) {
-                Some(RuleRef::StagedAdmin(i)) => named.admin.insert(i),
-                Some(RuleRef::StagedNetworkPolicy(i)) => named.network_policy.insert(i),
-                Some(RuleRef::StagedBaseline(i)) => named.baseline.insert(i),
-                _ => false,
+            let Some(rule) = self.rule(slot) else {
+                continue;
             };
+            let (is_staged, list, i) = match rule {
+                RuleRef::Admin(i) => (false, &mut named.admin, i),
+                RuleRef::NetworkPolicy(i) => (false, &mut named.network_policy, i),
+                RuleRef::Baseline(i) => (false, &mut named.baseline, i),
+                RuleRef::StagedAdmin(i) => (true, &mut named.admin, i),
+                RuleRef::StagedNetworkPolicy(i) => (true, &mut named.network_policy, i),
+                RuleRef::StagedBaseline(i) => (true, &mut named.baseline, i),
+            };
+            if is_staged == staged {
+                list.insert(i);
+            }
         }
         named
     }
