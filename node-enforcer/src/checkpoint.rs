@@ -28,6 +28,7 @@ const PODS_FILE: &str = "pods.json";
 const MAGIC: &[u8; 8] = b"PALCKP01";
 const HEADER: usize = 8 + 8 + 20;
 
+#[derive(Clone)]
 pub struct Checkpoint {
     dir: PathBuf,
 }

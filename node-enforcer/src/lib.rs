@@ -18,6 +18,7 @@ pub mod metrics_maps;
 pub mod metrics_names;
 pub mod names;
 pub mod plan_client;
+pub mod pods_saver;
 pub mod private;
 pub mod reconciler;
 pub mod server;

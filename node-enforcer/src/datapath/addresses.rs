@@ -1,10 +1,17 @@
-//! The node's own addresses, from one rtnetlink RTM_GETADDR dump.
+//! The node's own addresses, from rtnetlink RTM_GETADDR dumps, one per
+//! family.
 //!
 //! The reconciler reads them on every burst of link or address events (a
 //! pod-up brings several). glibc's `getifaddrs` dumps every link first,
 //! with its statistics, before the addresses: on a node with hundreds of
 //! pod veths that link dump was most of the reconciler's time in a pod-up
 //! burst. An address dump carries only addresses.
+//!
+//! One dump per family, not one of every family (AF_UNSPEC): the kernel
+//! serves the per-family dumps of IPv4 and IPv6 without RTNL (since Linux
+//! 6.9), the all-families one holding it, so the dump no longer queues
+//! behind the veths other plugins create in a burst, nor delays them.
+//! Older kernels take RTNL for both, as for the one dump before.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -33,22 +40,23 @@ pub enum AddressError {
 /// link-local ones), sorted, without duplicates.
 pub fn node_addresses() -> Result<Vec<IpAddr>, AddressError> {
     let fd = socket()?;
-    let seq = 1u32;
-    send_request(&fd, seq)?;
     let mut out = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        // SAFETY: reading into an owned buffer of the given length.
-        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
+    for (seq, family) in [(1u32, libc::AF_INET), (2, libc::AF_INET6)] {
+        send_request(&fd, seq, family as u8)?;
+        loop {
+            // SAFETY: reading into an owned buffer of the given length.
+            let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e.into());
             }
-            return Err(e.into());
-        }
-        if parse(&buf[..n as usize], seq, &mut out)? {
-            break;
+            if parse(&buf[..n as usize], seq, &mut out)? {
+                break;
+            }
         }
     }
     // Link-local addresses exist per interface (one more with every pod
@@ -76,7 +84,7 @@ fn socket() -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn send_request(fd: &OwnedFd, seq: u32) -> std::io::Result<()> {
+fn send_request(fd: &OwnedFd, seq: u32, family: u8) -> std::io::Result<()> {
     let len = NLMSG_HDRLEN + IFADDRMSG_LEN;
     let mut req = Vec::with_capacity(len);
     req.extend_from_slice(&(len as u32).to_ne_bytes());
@@ -84,8 +92,10 @@ fn send_request(fd: &OwnedFd, seq: u32) -> std::io::Result<()> {
     req.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
     req.extend_from_slice(&seq.to_ne_bytes());
     req.extend_from_slice(&0u32.to_ne_bytes());
-    // ifaddrmsg: AF_UNSPEC asks for every family.
-    req.extend_from_slice(&[0u8; IFADDRMSG_LEN]);
+    // ifaddrmsg: the family, the rest zero (every interface).
+    let mut ifaddrmsg = [0u8; IFADDRMSG_LEN];
+    ifaddrmsg[0] = family;
+    req.extend_from_slice(&ifaddrmsg);
     let mut to: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
     to.nl_family = libc::AF_NETLINK as u16;
     // SAFETY: sending an owned buffer to a zeroed kernel address.

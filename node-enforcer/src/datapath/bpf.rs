@@ -641,15 +641,18 @@ impl Datapath for BpfDatapath {
     }
 
     fn interfaces_named(&mut self, names: &[&str]) -> Result<BTreeMap<String, u32>> {
-        // One lookup by name each (SIOCGIFINDEX): a dump of every link with
-        // its statistics costs a node with many pods far more.
+        // One lookup by name each (SIOCGIFINDEX) on one socket: a dump of
+        // every link with its statistics costs a node with many pods far
+        // more, and so does a socket per name (see `ifindex`).
+        let lookup = super::ifindex::IndexLookup::open()
+            .map_err(|e| err("opening a socket to look up interfaces", e))?;
         let mut out = BTreeMap::new();
         for name in names {
-            match nix::net::if_::if_nametoindex(*name) {
-                Ok(i) => {
+            match lookup.index(name) {
+                Ok(Some(i)) => {
                     out.insert(name.to_string(), i);
                 }
-                Err(nix::errno::Errno::ENODEV) => {}
+                Ok(None) => {}
                 // Not an answer about the interface: the caller keeps what
                 // it knew rather than forget a pod's interface.
                 Err(e) => return Err(err(format!("looking up interface {name:?}"), e)),

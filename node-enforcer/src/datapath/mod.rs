@@ -7,6 +7,7 @@ pub mod addresses;
 pub mod bpf;
 mod error;
 pub mod fake;
+pub mod ifindex;
 pub mod inspect;
 pub mod rtnetlink;
 

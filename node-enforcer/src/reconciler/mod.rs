@@ -123,6 +123,8 @@ struct Context {
     /// Where the inputs are saved after every change, so a restart can
     /// recover them.
     checkpoint: Option<Checkpoint>,
+    /// The pods file's writer (see `crate::pods_saver`).
+    pods_saver: Option<crate::pods_saver::PodsSaver>,
     /// Where to ask for one pod's plan (see `plan`).
     fetch: Option<mpsc::UnboundedSender<PodKey>>,
     /// Shared with the link watcher: set while an [`Event::Links`] is queued.
@@ -165,6 +167,7 @@ impl<D: Datapath> Reconciler<D> {
                 mode: Mode::Standard,
                 in_place_edits: true,
                 checkpoint: None,
+                pods_saver: None,
                 fetch: None,
                 link_event_queued: Default::default(),
                 busy_since: Default::default(),
@@ -210,6 +213,7 @@ impl<D: Datapath> Reconciler<D> {
 
     /// Saves the inputs after every change, so a restart can recover them.
     pub fn with_checkpoint(mut self, checkpoint: Checkpoint) -> Self {
+        self.ctx.pods_saver = Some(crate::pods_saver::PodsSaver::start(checkpoint.clone()));
         self.ctx.checkpoint = Some(checkpoint);
         self
     }
@@ -252,7 +256,7 @@ impl<D: Datapath> Reconciler<D> {
     ///
     /// Work that only matters once a burst is over (the pods checkpoint, the
     /// state report) is done when the queue is empty, so a burst of pod-ups
-    /// pays for it once.
+    /// pays for it once; the checkpoint is written by its own thread.
     ///
     /// A big table is written a slice per turn, between events (see
     /// `background`): an event waits at most one slice behind it. So is
@@ -291,7 +295,7 @@ impl<D: Datapath> Reconciler<D> {
                 Ok(e) => e,
                 Err(mpsc::error::TryRecvError::Disconnected) => break,
                 Err(mpsc::error::TryRecvError::Empty) => {
-                    self.flush();
+                    self.flush_behind();
                     let now = self.node_state();
                     state.send_if_modified(|old| {
                         if *old != now {
@@ -345,14 +349,36 @@ impl<D: Datapath> Reconciler<D> {
         self.ctx.busy_since.store(now, Ordering::Relaxed);
     }
 
-    /// Writes what was deferred.
+    /// Writes what was deferred, and waits until it is on disk.
     pub fn flush(&mut self) {
-        if std::mem::take(&mut self.pods.unsaved) {
-            if let Some(cp) = &self.ctx.checkpoint {
+        self.flush_behind();
+        if let Some(saver) = &self.ctx.pods_saver {
+            saver.wait();
+        }
+        self.report_checkpoint_error();
+    }
+
+    /// Hands what was deferred to the checkpoint's writer, without waiting
+    /// for the disk (a burst's pod-ups do not queue behind an fsync).
+    fn flush_behind(&mut self) {
+        self.report_checkpoint_error();
+        if !std::mem::take(&mut self.pods.unsaved) {
+            return;
+        }
+        match (&self.ctx.pods_saver, &self.ctx.checkpoint) {
+            (Some(saver), _) if saver.running() => saver.submit(self.pods.runtime.clone()),
+            (_, Some(cp)) => {
                 if let Err(e) = cp.save_pods(&self.pods.runtime) {
                     self.health.warn(format!("checkpoint: {e}"));
                 }
             }
+            _ => {}
+        }
+    }
+
+    fn report_checkpoint_error(&mut self) {
+        if let Some(e) = self.ctx.pods_saver.as_ref().and_then(|s| s.take_error()) {
+            self.health.warn(format!("checkpoint: {e}"));
         }
     }
 
