@@ -4,9 +4,9 @@
 //! the directory, 1.5 to 8 ms on this machine's disk. Written on the
 //! reconciler's thread, every pod-up queued behind it waited for the disk
 //! (issue 19.6). A pod-up is answered before the checkpoint is written
-//! either way (a restart rebuilds a missing pod from the kernel, see
-//! `reconciler::recover`), so nothing waits for the write but the next
-//! write.
+//! either way (a pod a restart finds no record of keeps what the kernel
+//! enforces, see `reconciler::recover`), so nothing waits for the write
+//! but the next write and shutdown.
 //!
 //! Only the newest snapshot matters: one submitted while a write is under
 //! way replaces any other waiting, so a burst costs one write after the
@@ -32,6 +32,9 @@ struct Slot {
     /// The last write's failure, until taken.
     error: Option<CheckpointError>,
     closing: bool,
+    /// The writer is gone (it panicked): callers write in line again and
+    /// nobody waits for it.
+    stopped: bool,
 }
 
 struct Shared {
@@ -84,7 +87,7 @@ impl PodsSaver {
             return;
         }
         let mut slot = self.shared.lock();
-        while slot.done < slot.submitted {
+        while slot.done < slot.submitted && !slot.stopped {
             slot = self
                 .shared
                 .changed
@@ -100,7 +103,7 @@ impl PodsSaver {
 
     /// Whether the writer runs (false: the caller writes in line).
     pub fn running(&self) -> bool {
-        self.thread.is_some()
+        self.thread.is_some() && !self.shared.lock().stopped
     }
 }
 
@@ -115,7 +118,19 @@ impl Drop for PodsSaver {
     }
 }
 
+/// Marks the writer stopped however its loop ends, a panic included, so a
+/// shutdown never waits for a write that will not come.
+struct Stopped<'a>(&'a Shared);
+
+impl Drop for Stopped<'_> {
+    fn drop(&mut self) {
+        self.0.lock().stopped = true;
+        self.0.changed.notify_all();
+    }
+}
+
 fn write_loop(checkpoint: &Checkpoint, shared: &Shared) {
+    let _stopped = Stopped(shared);
     let mut slot = shared.lock();
     loop {
         if let Some(pods) = slot.waiting.take() {
@@ -181,6 +196,23 @@ mod tests {
         drop(saver);
         let saved = Checkpoint::open(dir.path()).unwrap().load().unwrap();
         assert_eq!(saved.pods, pods(3));
+    }
+
+    #[test]
+    fn a_stopped_writer_is_not_waited_for_and_callers_write_in_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let saver = PodsSaver::start(Checkpoint::open(dir.path()).unwrap());
+        // End the loop as a panic would, without dropping the saver.
+        saver.shared.lock().closing = true;
+        saver.shared.changed.notify_all();
+        let mut slot = saver.shared.lock();
+        while !slot.stopped {
+            slot = saver.shared.changed.wait(slot).unwrap();
+        }
+        drop(slot);
+        assert!(!saver.running(), "the reconciler writes in line now");
+        saver.submit(pods(2));
+        saver.wait(); // returns: nothing will write it
     }
 
     #[test]
