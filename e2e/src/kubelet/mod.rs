@@ -20,7 +20,7 @@ use serde_json::Value;
 
 use crate::cancel::Cancel;
 use crate::process::{self, Daemon};
-pub use run::{ImageConfig, Node, Overlay, PodRun, Rlimits, RunError};
+pub use run::{ImageConfig, Node, Overlay, PodRun, Rlimits, RunError, CLUSTER_DOMAIN};
 pub use spec::{parse_template, PodTemplate, Probe, ProbeAction, Seccomp, SpecError};
 
 /// podman's own overhead for a `podman exec` (a runc exec), on top of the

@@ -6,7 +6,7 @@
 //! |---|---|
 //! | `hostNetwork: true` | `--network ns:<node netns>` (the lab node is a network namespace), hostname = node name |
 //! | `hostNetwork: false` | `--network ns:<pod netns>` given by the caller, hostname = pod name |
-//! | `dnsPolicy` | ClusterFirst (without host network) and ClusterFirstWithHostNet: the cluster's names ([`PodRun::cluster_hosts`]) in `/etc/hosts`, as cluster DNS would answer them; Default (and ClusterFirst with host network, as the kubelet falls back): none |
+//! | `dnsPolicy` | ClusterFirst (without host network) and ClusterFirstWithHostNet: the cluster's DNS server ([`PodRun::cluster_dns`]) in `/etc/resolv.conf` with the kubelet's search path and `ndots:5`, so names resolve through the C library's resolver and real queries; Default (and ClusterFirst with host network, as the kubelet falls back): none |
 //! | `command` / `args` | `--entrypoint` (JSON) / arguments after the image |
 //! | `env` | `--env`; `fieldRef` spec.nodeName, metadata.name, metadata.namespace answered from the pod's placement |
 //! | `runAsUser` / `runAsGroup` (container over pod) | `--user UID[:GID]`; `runAsNonRoot` refuses to start a container whose user would be 0, as the kubelet does |
@@ -97,8 +97,8 @@ pub struct PodRun {
     pub node: Node,
     /// The pod's own network namespace (None for host network pods).
     pub pod_netns: Option<PathBuf>,
-    /// What cluster DNS would answer: (name, address).
-    pub cluster_hosts: Vec<(String, IpAddr)>,
+    /// The cluster's DNS server (the kube-dns Service's address).
+    pub cluster_dns: Option<IpAddr>,
     /// Where the secret and configMap volumes' files were written, by
     /// volume name.
     pub volume_dirs: BTreeMap<String, PathBuf>,
@@ -109,6 +109,18 @@ pub struct PodRun {
     pub labels: Vec<(String, String)>,
     /// By container name.
     pub overlays: BTreeMap<String, Overlay>,
+}
+
+/// The cluster's DNS domain, the kubelet's `--cluster-domain` default.
+pub const CLUSTER_DOMAIN: &str = "cluster.local";
+
+/// The kubelet's DNS search path for a ClusterFirst pod in `namespace`.
+pub fn cluster_search(namespace: &str) -> [String; 3] {
+    [
+        format!("{namespace}.svc.{CLUSTER_DOMAIN}"),
+        format!("svc.{CLUSTER_DOMAIN}"),
+        CLUSTER_DOMAIN.to_string(),
+    ]
 }
 
 /// Where the kubeconfig goes in a container that gets API access.
@@ -206,16 +218,22 @@ impl PodRun {
             &self.name
         };
         a.push(format!("--hostname={hostname}"));
-        a.push("--dns=none".into());
         let cluster_dns = match pod.dns_policy {
             DnsPolicy::ClusterFirstWithHostNet => true,
             DnsPolicy::ClusterFirst => !pod.host_network,
             DnsPolicy::Default => false,
         };
-        if cluster_dns {
-            for (host, ip) in &self.cluster_hosts {
-                a.push(format!("--add-host={host}:{ip}"));
+        match self.cluster_dns.filter(|_| cluster_dns) {
+            // What the kubelet writes for ClusterFirst: the names a pod
+            // gives are tried under its namespace's domains first.
+            Some(server) => {
+                a.push(format!("--dns={server}"));
+                for domain in cluster_search(&self.namespace) {
+                    a.push(format!("--dns-search={domain}"));
+                }
+                a.push("--dns-option=ndots:5".into());
             }
+            None => a.push("--dns=none".into()),
         }
 
         self.user_args(pod, container, image, &mut a)?;
@@ -438,7 +456,7 @@ mod tests {
                 seccomp_dir: "/var/lib/kubelet/seccomp".into(),
             },
             pod_netns: None,
-            cluster_hosts: vec![("ctl.ns.svc".into(), "10.0.0.1".parse().unwrap())],
+            cluster_dns: Some("10.0.0.10".parse().unwrap()),
             volume_dirs: BTreeMap::new(),
             api_kubeconfig: None,
             seccomp_default: Seccomp::Unconfined,
@@ -489,8 +507,11 @@ mod tests {
             "--label=io.kubernetes.container.name=enforcer",
             "--network=ns:/run/netns/node",
             "--hostname=node-1",
-            "--dns=none",
-            "--add-host=ctl.ns.svc:10.0.0.1",
+            "--dns=10.0.0.10",
+            "--dns-search=palisade-system.svc.cluster.local",
+            "--dns-search=svc.cluster.local",
+            "--dns-search=cluster.local",
+            "--dns-option=ndots:5",
             "--user=0",
             "--security-opt=no-new-privileges",
             "--read-only",
@@ -571,7 +592,11 @@ mod tests {
         let t = |host: bool, policy: &str| json!({"spec": {"hostNetwork": host, "dnsPolicy": policy, "containers": [{"name": "c", "image": "i"}]}});
         let mut r = run();
         r.pod_netns = Some("/p".into());
-        let has = |a: Vec<String>| a.iter().any(|x| x.starts_with("--add-host"));
+        let has = |a: Vec<String>| {
+            let dns = a.iter().any(|x| x == "--dns=10.0.0.10");
+            assert_eq!(dns, !a.iter().any(|x| x == "--dns=none"), "{a:?}");
+            dns
+        };
         assert!(has(
             args_of(t(true, "ClusterFirstWithHostNet"), &r, "").unwrap()
         ));

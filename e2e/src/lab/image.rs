@@ -11,7 +11,10 @@
 //! into the node's conflist, which the lab then uses, and install the
 //! seccomp profile), and the Deployment's pod in the fabric namespace (the
 //! controller's pod network), found by the enforcers through its Service
-//! name as cluster DNS would answer it.
+//! name: the lab serves cluster DNS (the Service's name under the cluster
+//! domain, answered with the controller's address) on UDP port 53 of the
+//! fabric namespace, and the pods' C library resolves it there with real
+//! queries, under the pods' seccomp profiles.
 //!
 //! What the lab adds, because it stands in for the API server: the
 //! controller reads the lab's manifests (`PALISADE_MANIFESTS`, a read-only
@@ -21,6 +24,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
@@ -30,8 +34,13 @@ use super::node::{self, LabNode};
 use super::{Lab, LabConfig};
 use crate::chart;
 use crate::cni::{CNI_VERSION, NETWORK_NAME};
-use crate::kubelet::{self, Node, Overlay, Pod, PodRun, ProbeKind, Rlimits, Seccomp};
+use crate::dns;
+use crate::kubelet::{
+    self, Node, Overlay, Pod, PodRun, ProbeKind, Rlimits, Seccomp, CLUSTER_DOMAIN,
+};
+use crate::listener::{self, Listeners};
 use crate::process::Daemon;
+use crate::scenario::{Protocol, ServedPort};
 
 /// The release's namespace, and the names the chart gives its objects.
 pub const NAMESPACE: &str = "palisade-system";
@@ -114,6 +123,8 @@ pub(super) struct ImageState {
     pub(super) forwarder: Option<Forwarder>,
     /// The kubeconfig of the caller's API ([`LabConfig::api`]).
     pub(super) kubeconfig: Option<PathBuf>,
+    /// The cluster DNS server the pods resolve the Service names with.
+    pub(super) cluster_dns: Option<Listeners>,
 }
 
 /// The values the lab renders node `node`'s chart with.
@@ -264,6 +275,37 @@ impl Lab {
                 .collect::<Result<Vec<_>>>()
         })?;
         self.image.as_mut().expect("image mode").rendered = rendered;
+        self.serve_cluster_dns()
+    }
+
+    /// Serves the controller's Service names as cluster DNS would, on the
+    /// address pods are told to ask ([`PodRun::cluster_dns`]).
+    fn serve_cluster_dns(&mut self) -> Result<()> {
+        let server = node::controller_ip();
+        let mut zone = dns::Zone::new();
+        for name in controller_service_names(&self.image().expect("image").rendered[0])? {
+            zone.insert(
+                dns::parse_name(&name)?,
+                (
+                    dns::DEFAULT_TTL,
+                    dns::ZoneAnswer::Addrs(vec![IpAddr::V4(server)]),
+                ),
+            );
+        }
+        let port = ServedPort {
+            port: dns::DNS_PORT,
+            protocol: Protocol::Udp,
+        };
+        let zone = Arc::new(RwLock::new(zone));
+        let listeners = listener::start(
+            self.rt().handle(),
+            self.fabric(),
+            server,
+            &[port],
+            Some(zone),
+        )
+        .context("serving the lab's cluster DNS in the fabric namespace")?;
+        self.image.as_mut().expect("image mode").cluster_dns = Some(listeners);
         Ok(())
     }
 
@@ -279,16 +321,12 @@ impl Lab {
     }
 
     fn pod_run(&self, name: &str, node: Node, pod_netns: Option<PathBuf>) -> Result<PodRun> {
-        let cluster_hosts = controller_service_names(&self.image().expect("image").rendered[0])?
-            .into_iter()
-            .map(|n| (n, IpAddr::V4(node::controller_ip())))
-            .collect();
         Ok(PodRun {
             name: name.to_string(),
             namespace: NAMESPACE.to_string(),
             node,
             pod_netns,
-            cluster_hosts,
+            cluster_dns: Some(IpAddr::V4(node::controller_ip())),
             volume_dirs: Default::default(),
             api_kubeconfig: None,
             // The kubelet's default without --seccomp-default.
@@ -745,13 +783,9 @@ fn controller_service_names(objects: &[Value]) -> Result<Vec<String>> {
                 bail!("Service {name} maps port {} to {target:?}: the lab answers its name with the pod's address and translates no port", port["port"]);
             }
         }
-        for n in [
-            format!("{name}.{NAMESPACE}"),
-            format!("{name}.{NAMESPACE}.svc"),
-            format!("{name}.{NAMESPACE}.svc.cluster.local"),
-        ] {
-            names.push(n);
-        }
+        // Only the full name, as CoreDNS serves it: the shorter ones pods
+        // write resolve through the kubelet's search path.
+        names.push(format!("{name}.{NAMESPACE}.svc.{CLUSTER_DOMAIN}"));
     }
     Ok(names)
 }

@@ -304,6 +304,7 @@ impl Lab {
                     controller_pod: None,
                     forwarder: None,
                     kubeconfig: None,
+                    cluster_dns: None,
                 }),
             dns: None,
             cleaned: false,
