@@ -14,6 +14,14 @@
 //! plugins create in a burst, nor delays them. Older kernels take RTNL for
 //! both, as for the one dump before. A kernel without IPv6 answers the
 //! IPv6 dump with every family's addresses: duplicates, removed below.
+//!
+//! An address of a Service interface ([`SERVICE_INTERFACES`]) is not the
+//! node's: kube-proxy in IPVS mode binds every Service's ClusterIP (and
+//! LoadBalancer and external IPs) to `kube-ipvs0`, NodeLocal DNSCache the
+//! kube-dns ClusterIP to `nodelocaldns`. Counted as the node, which every
+//! policy allows, they would open every Service to every pod whatever its
+//! egress policy says (a pod's hook sees the ClusterIP before the host
+//! translates it), and grow every table by one entry per Service.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -38,10 +46,19 @@ pub enum AddressError {
     Malformed(String),
 }
 
-/// Every address of the node (all interfaces, IPv4 and IPv6, without IPv6
-/// link-local ones), sorted, without duplicates.
+/// The interfaces whose addresses are Services' rather than the node's,
+/// by the names their owners give them (kube-proxy's is fixed; NodeLocal
+/// DNSCache's is its default). Matched by name, not by kind: a node's own
+/// address may live on a dummy interface (a router id in BGP fabrics), and
+/// the kubelet's probes come from it.
+pub const SERVICE_INTERFACES: [&str; 2] = ["kube-ipvs0", "nodelocaldns"];
+
+/// Every address of the node (all interfaces but the Service interfaces,
+/// IPv4 and IPv6, without IPv6 link-local ones), sorted, without
+/// duplicates.
 pub fn node_addresses() -> Result<Vec<IpAddr>, AddressError> {
     let fd = socket()?;
+    let services = service_interface_indexes()?;
     let mut out = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
     for (seq, family) in [(1u32, libc::AF_INET), (2, libc::AF_INET6)] {
@@ -64,9 +81,23 @@ pub fn node_addresses() -> Result<Vec<IpAddr>, AddressError> {
     // Link-local addresses exist per interface (one more with every pod
     // veth) and never source a connection to a pod; counting them would
     // rewrite every table on each pod add.
-    out.retain(|a| !matches!(a, IpAddr::V6(v6) if v6.is_unicast_link_local()));
+    out.retain(|(a, ifindex)| {
+        !matches!(a, IpAddr::V6(v6) if v6.is_unicast_link_local()) && !services.contains(ifindex)
+    });
+    let mut out: Vec<IpAddr> = out.into_iter().map(|(a, _)| a).collect();
     out.sort();
     out.dedup();
+    Ok(out)
+}
+
+/// The indexes of the Service interfaces present (two SIOCGIFINDEX, no
+/// RTNL).
+fn service_interface_indexes() -> Result<Vec<u32>, AddressError> {
+    let lookup = super::ifindex::IndexLookup::open()?;
+    let mut out = Vec::new();
+    for name in SERVICE_INTERFACES {
+        out.extend(lookup.index(name)?);
+    }
     Ok(out)
 }
 
@@ -131,7 +162,7 @@ fn align4(n: usize) -> usize {
 
 /// Adds the addresses of one datagram of the dump to `out`; true once the
 /// dump is done. Messages of another sequence are not ours and are skipped.
-fn parse(mut b: &[u8], seq: u32, out: &mut Vec<IpAddr>) -> Result<bool, AddressError> {
+fn parse(mut b: &[u8], seq: u32, out: &mut Vec<(IpAddr, u32)>) -> Result<bool, AddressError> {
     while !b.is_empty() {
         if b.len() < NLMSG_HDRLEN {
             return Err(AddressError::Malformed(format!(
@@ -176,10 +207,10 @@ fn parse(mut b: &[u8], seq: u32, out: &mut Vec<IpAddr>) -> Result<bool, AddressE
     Ok(false)
 }
 
-/// One RTM_NEWADDR body: ifaddrmsg, then attributes. An IPv4 address is
-/// IFA_LOCAL where present: on a point-to-point link IFA_ADDRESS is the
-/// peer's (as getifaddrs reads it).
-fn address(body: &[u8]) -> Result<Option<IpAddr>, AddressError> {
+/// One RTM_NEWADDR body: ifaddrmsg, then attributes; the address and its
+/// interface's index. An IPv4 address is IFA_LOCAL where present: on a
+/// point-to-point link IFA_ADDRESS is the peer's (as getifaddrs reads it).
+fn address(body: &[u8]) -> Result<Option<(IpAddr, u32)>, AddressError> {
     if body.len() < IFADDRMSG_LEN {
         return Err(AddressError::Malformed(format!(
             "an address message of {} bytes",
@@ -187,6 +218,8 @@ fn address(body: &[u8]) -> Result<Option<IpAddr>, AddressError> {
         )));
     }
     let family = body[0] as i32;
+    // struct ifaddrmsg: family, prefixlen, flags, scope, then the index.
+    let ifindex = u32_at(body, 4);
     let mut attrs = &body[IFADDRMSG_LEN..];
     let (mut local, mut address) = (None, None);
     while attrs.len() >= 4 {
@@ -217,7 +250,7 @@ fn address(body: &[u8]) -> Result<Option<IpAddr>, AddressError> {
         }
         attrs = &attrs[align4(len).min(attrs.len())..];
     }
-    Ok(local.or(address))
+    Ok(local.or(address).map(|a| (a, ifindex)))
 }
 
 #[cfg(test)]
@@ -283,8 +316,8 @@ mod tests {
         assert_eq!(
             out,
             vec![
-                "10.0.0.1".parse::<IpAddr>().unwrap(),
-                "fd00::5".parse().unwrap()
+                ("10.0.0.1".parse::<IpAddr>().unwrap(), 7),
+                ("fd00::5".parse().unwrap(), 7)
             ]
         );
         assert!(parse(&message(NLMSG_DONE, 1, &[0; 4]), 1, &mut out).unwrap());
