@@ -53,6 +53,32 @@ pub fn backoff(attempt: u32, cap: Duration) -> Duration {
     Duration::from_millis(ms).min(cap)
 }
 
+/// The wait before trying the next address.
+const QUICK_RETRY: Duration = Duration::from_millis(50);
+
+/// Standby refusals in a row retried at once before the backoff applies:
+/// the controller's Service sends each new connection to any Ready replica,
+/// leader or standby (a Deployment rolls, and a drain evicts, only through
+/// Ready replicas, so standbys are Ready too). With two replicas, 16 misses
+/// in a row is one chance in 65,536; with no leader at all (an election
+/// under way) the backoff takes over.
+const STANDBY_QUICK_RETRIES: u32 = 16;
+
+/// How long to wait after failed attempt `attempt` (from 0) over
+/// `addresses` controller addresses, the last `standby_refusals` of them in
+/// a row refused by a standby.
+fn retry_delay(attempt: u32, addresses: u32, standby_refusals: u32) -> Duration {
+    let addresses = addresses.max(1);
+    if (1..=STANDBY_QUICK_RETRIES).contains(&standby_refusals)
+        || attempt % addresses != addresses - 1
+    {
+        QUICK_RETRY
+    } else {
+        // Each full round of addresses doubles the wait.
+        backoff(attempt / addresses, Duration::from_secs(5))
+    }
+}
+
 /// The controller addresses, the one in use, and the highest leadership
 /// term applied (shared by the stream, the reports and the fetches).
 #[derive(Clone)]
@@ -141,11 +167,18 @@ pub async fn run(
     reachable: std::sync::Arc<tokio::sync::Notify>,
 ) {
     let mut attempt = 0u32;
+    let mut standby_refusals = 0u32;
     loop {
         let (i, controller) = controllers.current();
         let controller = controller.clone();
-        let why = match stream_once(&controllers, &node, &enforcer_id, &handle, &mut attempt).await
-        {
+        let outcome = stream_once(&controllers, &node, &enforcer_id, &handle, &mut attempt).await;
+        standby_refusals = match &outcome {
+            Err(PlanClientError::Subscribe(s)) if palisade_proto::is_standby_refusal(s) => {
+                standby_refusals.saturating_add(1)
+            }
+            _ => 0,
+        };
+        let why = match outcome {
             Ok(()) => "the plan stream ended".to_string(),
             Err(e) => e.to_string(),
         };
@@ -155,13 +188,7 @@ pub async fn run(
         tracing::warn!(%controller, "plan stream: {why}; keeping the current plan and retrying");
         handle.plan_connected(false).await;
         handle.plan_stream_error(why).await;
-        // Each full round of addresses doubles the wait.
-        let n = controllers.len() as u32;
-        let delay = if attempt % n != n - 1 {
-            Duration::from_millis(50)
-        } else {
-            backoff(attempt / n, Duration::from_secs(5))
-        };
+        let delay = retry_delay(attempt, controllers.len() as u32, standby_refusals);
         attempt = attempt.saturating_add(1);
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
@@ -400,6 +427,27 @@ fn plan_service(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_standbys_refusal_is_retried_at_once_then_backs_off() {
+        // One address (the Service): other failures back off from the first.
+        assert_eq!(retry_delay(0, 1, 0), Duration::from_millis(100));
+        assert_eq!(retry_delay(3, 1, 0), Duration::from_millis(800));
+        for refusals in 1..=STANDBY_QUICK_RETRIES {
+            assert_eq!(retry_delay(refusals + 5, 1, refusals), QUICK_RETRY);
+        }
+        assert_eq!(
+            retry_delay(40, 1, STANDBY_QUICK_RETRIES + 1),
+            Duration::from_secs(5)
+        );
+        // Several addresses: the next one at once, a full round backs off.
+        assert_eq!(retry_delay(0, 3, 0), QUICK_RETRY);
+        assert_eq!(retry_delay(2, 3, 0), Duration::from_millis(100));
+        assert_eq!(
+            retry_delay(7, 0, 0),
+            Duration::from_millis(12800).min(Duration::from_secs(5))
+        );
+    }
 
     #[test]
     fn backoff_doubles_and_caps() {

@@ -308,6 +308,10 @@ async fn only_the_leader_serves_and_failover_is_bounded() {
             .expect_err("a standby refuses");
         assert_eq!(refused.code(), tonic::Code::Unavailable);
         assert!(
+            palisade_proto::is_standby_refusal(&refused),
+            "the enforcer must see a standby's refusal as one: {refused:?}"
+        );
+        assert!(
             refused.message().contains("not the leader"),
             "{}",
             refused.message()

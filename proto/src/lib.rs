@@ -31,6 +31,17 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 /// enforcer's dump shows (`plan_stream_error`); the node keeps its plan.
 pub const MAX_PLAN_MESSAGE_BYTES: usize = 64 << 20;
 
+/// The response metadata key a standby controller sets on the UNAVAILABLE
+/// with which it refuses plan calls: the enforcer then tries again at once,
+/// since every replica behind the controller's Service is Ready, leader or
+/// not, and the next connection may reach the leader.
+pub const STANDBY_METADATA: &str = "palisade-standby";
+
+/// Whether `status` is a standby controller's refusal.
+pub fn is_standby_refusal(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::Unavailable && status.metadata().contains_key(STANDBY_METADATA)
+}
+
 /// Fully-qualified service names, as reflection and health report them.
 pub mod service_names {
     pub const PLAN: &str = "palisade.v1.PlanService";

@@ -27,7 +27,12 @@ pub struct PlanServer {
 }
 
 fn not_leader(e: NotLeader) -> Status {
-    Status::unavailable(e.to_string())
+    let mut status = Status::unavailable(e.to_string());
+    status.metadata_mut().insert(
+        palisade_proto::STANDBY_METADATA,
+        tonic::metadata::MetadataValue::from_static("true"),
+    );
+    status
 }
 
 #[tonic::async_trait]
