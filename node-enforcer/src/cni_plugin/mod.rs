@@ -89,11 +89,17 @@ mod tests {
     }
 
     fn run_with(env: &HashMap<String, String>, stdin: &str) -> Result<Output, CniError> {
-        super::run_with(
-            env,
-            stdin.as_bytes(),
-            &super::host_veth::Fixed(HOST_VETH.into()),
-        )
+        run_host(env, stdin, HOST_VETH)
+    }
+
+    /// [`run_with`] where the kernel says the container interface's peer is
+    /// `veth`.
+    fn run_host(
+        env: &HashMap<String, String>,
+        stdin: &str,
+        veth: &str,
+    ) -> Result<Output, CniError> {
+        super::run_with(env, stdin.as_bytes(), &super::host_veth::Fixed(veth.into()))
     }
 
     fn expect_err(result: Result<Output, CniError>) -> CniError {
@@ -981,6 +987,48 @@ mod tests {
             PathBuf::from(DEFAULT_ENFORCER_SOCKET)
         );
     }
+
+    // ---- CHECK finds the host veth as ADD does ----
+
+    /// After `bridge`: the bridge and the veth, both without `sandbox`.
+    const PREV_RESULT_BRIDGE: &str = r#"{"cniVersion":"1.0.0",
+  "interfaces":[{"name":"cni0","mac":"aa:00:00:00:00:01"},
+                {"name":"veth9f8e7d6c","mac":"2a:1b:3c:4d:5e:6f"},
+                {"name":"eth0","mac":"0a:58:0a:f4:01:05","sandbox":"/var/run/netns/cni-1234"}],
+  "ips":[{"address":"10.244.1.5/24","gateway":"10.244.1.1","interface":2}]}"#;
+
+    #[test]
+    fn check_after_bridge_compares_the_kernel_peer_not_prev_result() {
+        let server = TestServer::start(FakeEnforcer {
+            check_state: Some(enforced_state()),
+            ..Default::default()
+        });
+        let stdin = conf(&server.socket, Some(PREV_RESULT_BRIDGE));
+        run_with(&env("CHECK"), &stdin).expect("CHECK passes on a bridge chain");
+        // And the peer, not prevResult, is what must match.
+        let err = expect_err(run_host(&env("CHECK"), &stdin, "vethother0"));
+        assert_eq!(err.code, code::CHECK_MISMATCH);
+        assert!(err.details.contains("vethother0"), "{err}");
+    }
+
+    #[test]
+    fn check_names_a_container_interface_it_cannot_find() {
+        struct Gone;
+        impl super::host_veth::HostVeth for Gone {
+            fn host_interface(&self, _: &str, _: &str) -> Result<String, String> {
+                Err("no such netns".into())
+            }
+        }
+        let server = TestServer::start(FakeEnforcer {
+            check_state: Some(enforced_state()),
+            ..Default::default()
+        });
+        let stdin = conf(&server.socket, Some(PREV_RESULT));
+        let err = expect_err(super::run_with(&env("CHECK"), stdin.as_bytes(), &Gone));
+        assert_eq!(err.code, code::INTERNAL);
+        assert!(err.msg.contains("eth0") && err.msg.contains(NETNS), "{err}");
+        assert_eq!(err.details, "no such netns");
+    }
 }
 
 use std::collections::HashMap;
@@ -1081,7 +1129,7 @@ fn execute(
     match command {
         Command::Add => add(env, input, host),
         Command::Del => del(env, input),
-        Command::Check => check(env, input),
+        Command::Check => check(env, input, host),
         // The enforcer reconciles its own state and reports readiness through
         // its health service, so there is nothing for these to do.
         Command::Status | Command::Gc | Command::Version => Ok(Output::default()),
@@ -1106,9 +1154,21 @@ fn add(
         )
     })?;
     let mut network = config::pod_network(prev_result)?;
-    // The kernel, not prevResult, says which host interface is the pod's.
-    let veth = host
-        .host_interface(&invocation.netns, &invocation.ifname)
+    network.host_interfaces = vec![host_veth_of(&invocation, host)?];
+    client_for(&conf).pod_up(pod_up_request(&invocation, &network)?)?;
+    Ok(Output {
+        stdout: prev_result.get().to_string(),
+        ..Output::default()
+    })
+}
+
+/// The kernel, not prevResult, says which host interface is the pod's
+/// (see [`host_veth`]).
+fn host_veth_of(
+    invocation: &Invocation,
+    host: &dyn host_veth::HostVeth,
+) -> Result<String, CniError> {
+    host.host_interface(&invocation.netns, &invocation.ifname)
         .map_err(|e| {
             CniError::new(
                 code::INTERNAL,
@@ -1118,13 +1178,7 @@ fn add(
                 ),
             )
             .with_details(e)
-        })?;
-    network.host_interfaces = vec![veth];
-    client_for(&conf).pod_up(pod_up_request(&invocation, &network)?)?;
-    Ok(Output {
-        stdout: prev_result.get().to_string(),
-        ..Output::default()
-    })
+        })
 }
 
 fn del(env: &HashMap<String, String>, input: &str) -> Result<Output, CniError> {
@@ -1175,7 +1229,11 @@ fn del_refused(
     })
 }
 
-fn check(env: &HashMap<String, String>, input: &str) -> Result<Output, CniError> {
+fn check(
+    env: &HashMap<String, String>,
+    input: &str,
+    host: &dyn host_veth::HostVeth,
+) -> Result<Output, CniError> {
     let conf = config::parse_net_conf(input)?;
     config::check_allows_check(&conf.cni_version)?;
     let invocation = Invocation::from_env(Command::Check, env)?;
@@ -1185,8 +1243,12 @@ fn check(env: &HashMap<String, String>, input: &str) -> Result<Output, CniError>
              interface plugin such as ptp",
         )
     })?;
-    let network = config::pod_network(prev_result)?;
+    let mut network = config::pod_network(prev_result)?;
     let response = client_for(&conf).pod_check(pod_check_request(&invocation)?)?;
+    // The interface ADD recorded, found the same way: prevResult also lists
+    // the bridge after `bridge`. Asked after the enforcer, whose answer
+    // settles most CHECKs without entering the pod's netns.
+    network.host_interfaces = vec![host_veth_of(&invocation, host)?];
     verify_check(&invocation, &network, &response)?;
     Ok(Output::default())
 }
@@ -1278,10 +1340,11 @@ pub fn verify_check(
     if !config::same_interfaces(&state.host_interfaces, &network.host_interfaces) {
         return Err(CniError::new(
             code::CHECK_MISMATCH,
-            "the enforcer's host interfaces for the pod differ from prevResult",
+            "the enforcer's host interfaces for the pod differ from the peer of the \
+             container interface",
         )
         .with_details(format!(
-            "enforcer: {:?}, prevResult: {:?}",
+            "enforcer: {:?}, kernel: {:?}",
             state.host_interfaces, network.host_interfaces
         )));
     }
