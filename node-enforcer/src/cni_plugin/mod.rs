@@ -131,6 +131,8 @@ mod tests {
         /// Every call fails with this, when set.
         reject: Option<(Code, &'static str)>,
         check_state: Option<PodState>,
+        /// PodUpResponse.warning.
+        warning: &'static str,
     }
 
     impl FakeEnforcer {
@@ -155,7 +157,7 @@ mod tests {
                 ingress_isolated: true,
                 egress_isolated: false,
                 policy_realized: true,
-                warning: String::new(),
+                warning: self.warning.into(),
             }))
         }
 
@@ -1029,6 +1031,31 @@ mod tests {
         assert!(err.msg.contains("eth0") && err.msg.contains(NETNS), "{err}");
         assert_eq!(err.details, "no such netns");
     }
+
+    // ---- the enforcer's warning ----
+
+    #[test]
+    fn add_warning_goes_to_stderr_and_stdout_stays_the_result() {
+        let warning = "pod shop/cart-7d4b9f-x2x8k starts UNPROTECTED: policy not known by the \
+                       pod-up deadline (no plan)";
+        let server = TestServer::start(FakeEnforcer {
+            warning,
+            ..Default::default()
+        });
+        let out = run_with(&env("ADD"), &conf(&server.socket, Some(PREV_RESULT))).unwrap();
+        assert_eq!(out.stdout, PREV_RESULT);
+        assert_eq!(out.stderr.len(), 1, "{:?}", out.stderr);
+        assert!(out.stderr[0].contains(warning), "{:?}", out.stderr);
+        assert!(
+            out.stderr[0].contains("shop/cart-7d4b9f-x2x8k"),
+            "{:?}",
+            out.stderr
+        );
+
+        let quiet = TestServer::start(FakeEnforcer::default());
+        let out = run_with(&env("ADD"), &conf(&quiet.socket, Some(PREV_RESULT))).unwrap();
+        assert!(out.stderr.is_empty(), "{:?}", out.stderr);
+    }
 }
 
 use std::collections::HashMap;
@@ -1155,10 +1182,20 @@ fn add(
     })?;
     let mut network = config::pod_network(prev_result)?;
     network.host_interfaces = vec![host_veth_of(&invocation, host)?];
-    client_for(&conf).pod_up(pod_up_request(&invocation, &network)?)?;
+    let response = client_for(&conf).pod_up(pod_up_request(&invocation, &network)?)?;
+    let mut stderr = Vec::new();
+    // Standard mode lets a pod whose policy is unknown start open; the
+    // runtime's log is where an operator looks for why.
+    if !response.warning.is_empty() {
+        stderr.push(format!(
+            "ADD {}: {}",
+            pod_label(&invocation),
+            response.warning
+        ));
+    }
     Ok(Output {
         stdout: prev_result.get().to_string(),
-        ..Output::default()
+        stderr,
     })
 }
 
@@ -1179,6 +1216,13 @@ fn host_veth_of(
             )
             .with_details(e)
         })
+}
+
+fn pod_label(invocation: &Invocation) -> String {
+    match &invocation.pod {
+        Some(pod) => format!("pod {}/{}", pod.namespace, pod.name),
+        None => format!("container {}", invocation.container_id),
+    }
 }
 
 fn del(env: &HashMap<String, String>, input: &str) -> Result<Output, CniError> {
