@@ -14,12 +14,17 @@
 //! temporary file in the same directory, fsync, rename), so the runtime
 //! never reads half a file. A plain `.conf` (one plugin, no list) cannot be
 //! chained into; it is refused with an error that says so rather than
-//! rewritten into a list behind the operator's back.
+//! rewritten into a list behind the operator's back. So are a list whose
+//! cniVersion the plugin does not speak and options (`--timeout-seconds`,
+//! `--enforcer-socket`) the plugin would refuse, by the plugin's own rules
+//! and before anything is written: either would fail every ADD on the node.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
+
+use super::config;
 
 /// The `type` of our entry, which is also the binary's name in the CNI bin dir.
 pub const PLUGIN_TYPE: &str = "palisade-cni";
@@ -92,6 +97,17 @@ pub fn parse_args(args: &[String]) -> Result<Options, InstallError> {
     Ok(opts)
 }
 
+/// Our entry as `opts` asks for it, checked by the plugin's own rules for
+/// its options: an entry the plugin refuses would fail every ADD on the
+/// node.
+pub fn checked_entry(opts: &Options) -> Result<Value, InstallError> {
+    config::enforcer_socket(Some(opts.enforcer_socket.clone()))
+        .map_err(|e| InstallError::Usage(format!("--enforcer-socket: {}", e.msg)))?;
+    config::timeout(Some(opts.timeout_seconds))
+        .map_err(|e| InstallError::Usage(format!("--timeout-seconds: {}", e.msg)))?;
+    Ok(entry(&opts.enforcer_socket, opts.timeout_seconds))
+}
+
 /// Our entry in a plugin list.
 pub fn entry(enforcer_socket: &str, timeout_seconds: u64) -> Value {
     json!({
@@ -129,7 +145,25 @@ fn plugins_of<'a>(conf: &'a mut Value, path: &str) -> Result<&'a mut Vec<Value>,
 /// older entry of ours in place), and whether that changed anything.
 pub fn chain(conf: &Value, ours: &Value, path: &str) -> Result<(Value, bool), InstallError> {
     let mut conf = conf.clone();
+    // The runtime hands each plugin the list's cniVersion.
+    let version = conf.get("cniVersion").cloned();
     let plugins = plugins_of(&mut conf, path)?;
+    let refused = |reason: String| InstallError::Config {
+        path: path.to_string(),
+        reason: format!("{reason}; chained in, palisade-cni would fail every pod's ADD"),
+    };
+    match version.as_ref().and_then(Value::as_str) {
+        Some(v) if !v.is_empty() => {
+            config::check_version(v).map_err(|e| refused(format!("{} ({})", e.msg, e.details)))?
+        }
+        _ => {
+            return Err(refused(format!(
+                "cniVersion is {} (supported: {})",
+                version.map_or("missing".to_string(), |v| v.to_string()),
+                config::SUPPORTED_VERSIONS.join(", ")
+            )))
+        }
+    }
     if plugins.iter().filter(|p| !is_ours(p)).count() == 0 {
         return Err(InstallError::Config {
             path: path.to_string(),
@@ -231,17 +265,22 @@ pub(super) fn replace_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result
     result
 }
 
+fn read_conf(path: &Path) -> Result<(Value, String), InstallError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| io(format!("reading {shown}"), e))?;
+    let conf: Value = serde_json::from_str(&text).map_err(|e| InstallError::Config {
+        path: shown.clone(),
+        reason: format!("not valid JSON: {e}"),
+    })?;
+    Ok((conf, shown))
+}
+
 fn rewrite(
     opts: &Options,
     edit: impl Fn(&Value, &str) -> Result<(Value, bool), InstallError>,
 ) -> Result<String, InstallError> {
     let path = config_path(opts)?;
-    let shown = path.display().to_string();
-    let text = std::fs::read_to_string(&path).map_err(|e| io(format!("reading {shown}"), e))?;
-    let conf: Value = serde_json::from_str(&text).map_err(|e| InstallError::Config {
-        path: shown.clone(),
-        reason: format!("not valid JSON: {e}"),
-    })?;
+    let (conf, shown) = read_conf(&path)?;
     let (new, changed) = edit(&conf, &shown)?;
     if !changed {
         return Ok(format!("{shown}: unchanged"));
@@ -256,6 +295,12 @@ fn rewrite(
 /// network configuration; in that order, so the runtime never finds an
 /// entry whose binary is missing.
 pub fn install(opts: &Options, own_binary: &Path) -> Result<Vec<String>, InstallError> {
+    let ours = checked_entry(opts)?;
+    // A list that cannot take our entry is refused before anything is
+    // written, the binary included.
+    let path = config_path(opts)?;
+    let (conf, shown) = read_conf(&path)?;
+    chain(&conf, &ours, &shown)?;
     let mut done = Vec::new();
     if let Some(bin_dir) = &opts.bin_dir {
         let target = bin_dir.join(PLUGIN_TYPE);
@@ -268,7 +313,6 @@ pub fn install(opts: &Options, own_binary: &Path) -> Result<Vec<String>, Install
             done.push(format!("{}: installed", target.display()));
         }
     }
-    let ours = entry(&opts.enforcer_socket, opts.timeout_seconds);
     done.push(rewrite(opts, |conf, path| chain(conf, &ours, path))?);
     Ok(done)
 }
@@ -353,12 +397,135 @@ mod tests {
         let err = chain(&single, &ours(), "/etc/cni/net.d/10-bridge.conf").unwrap_err();
         assert!(err.to_string().contains("10-bridge.conf"), "{err}");
         assert!(err.to_string().contains("single-plugin"), "{err}");
-        let only_ours = json!({"name": "n", "plugins": [ours()]});
+        let only_ours = json!({"cniVersion": "1.0.0", "name": "n", "plugins": [ours()]});
         let err = chain(&only_ours, &ours(), "f").unwrap_err();
         assert!(err.to_string().contains("no interface plugin"), "{err}");
         let not_list = json!({"name": "n", "plugins": {"type": "x"}});
         assert!(chain(&not_list, &ours(), "f").is_err());
         assert!(unchain(&json!([1, 2]), "f").is_err());
+    }
+
+    #[test]
+    fn chain_refuses_a_list_whose_cni_version_the_plugin_refuses() {
+        for version in ["0.3.0", "0.3.1", "0.4.0", "1.0.0"] {
+            let mut conf = flannel();
+            conf["cniVersion"] = json!(version);
+            chain(&conf, &ours(), "f").unwrap_or_else(|e| panic!("{version}: {e}"));
+        }
+        let path = "/etc/cni/net.d/10-old.conflist";
+        for (version, shown) in [
+            (json!("0.2.0"), "\"0.2.0\""),
+            (json!(""), "\"\""),
+            (json!(1), "1"),
+        ] {
+            let mut conf = flannel();
+            conf["cniVersion"] = version;
+            let err = chain(&conf, &ours(), path).unwrap_err().to_string();
+            assert!(err.starts_with(path), "{err}");
+            assert!(err.contains("cniVersion") && err.contains(shown), "{err}");
+        }
+        let mut conf = flannel();
+        conf.as_object_mut().unwrap().remove("cniVersion");
+        let err = chain(&conf, &ours(), path).unwrap_err().to_string();
+        assert!(err.contains("cniVersion is missing"), "{err}");
+    }
+
+    /// A conf dir with `10-flannel.conflist` (of `conf`), a bin dir and a
+    /// binary to install; `Options` for them.
+    fn node(conf: &Value) -> (tempfile::TempDir, Options, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let conf_dir = dir.path().join("net.d");
+        let bin = dir.path().join("bin");
+        std::fs::create_dir_all(&conf_dir).unwrap();
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(
+            conf_dir.join("10-flannel.conflist"),
+            serde_json::to_vec_pretty(conf).unwrap(),
+        )
+        .unwrap();
+        let own = dir.path().join("self");
+        std::fs::write(&own, b"binary").unwrap();
+        let opts = Options {
+            conf_dir,
+            conf_file: None,
+            bin_dir: Some(bin),
+            enforcer_socket: "/run/palisade/cni.sock".into(),
+            timeout_seconds: 10,
+        };
+        (dir, opts, own)
+    }
+
+    /// Every file under `dir`, with its bytes.
+    fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                out.extend(tree(&path));
+            } else {
+                let bytes = std::fs::read(&path).unwrap();
+                out.push((path, bytes));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn install_writes_nothing_into_a_list_of_a_refused_cni_version() {
+        let mut conf = flannel();
+        conf["cniVersion"] = json!("0.2.0");
+        let (dir, opts, own) = node(&conf);
+        let before = tree(dir.path());
+        let err = install(&opts, &own).unwrap_err().to_string();
+        assert!(err.contains("10-flannel.conflist"), "{err}");
+        assert!(err.contains("cniVersion \"0.2.0\""), "{err}");
+        // Neither the list nor the binary.
+        assert_eq!(tree(dir.path()), before);
+    }
+
+    #[test]
+    fn install_refuses_options_the_plugin_would_refuse() {
+        let (dir, opts, own) = node(&flannel());
+        let before = tree(dir.path());
+        for (opts, flag) in [
+            (
+                Options {
+                    timeout_seconds: 0,
+                    ..opts.clone()
+                },
+                "--timeout-seconds",
+            ),
+            (
+                Options {
+                    timeout_seconds: 601,
+                    ..opts.clone()
+                },
+                "--timeout-seconds",
+            ),
+            (
+                Options {
+                    enforcer_socket: "run/palisade/cni.sock".into(),
+                    ..opts.clone()
+                },
+                "--enforcer-socket",
+            ),
+        ] {
+            let err = install(&opts, &own).unwrap_err().to_string();
+            assert!(err.starts_with(flag), "{err}");
+            assert_eq!(tree(dir.path()), before, "{err}");
+        }
+        // The bounds are the plugin's own.
+        for timeout_seconds in [1, config::MAX_TIMEOUT_SECONDS] {
+            install(
+                &Options {
+                    timeout_seconds,
+                    ..opts.clone()
+                },
+                &own,
+            )
+            .unwrap();
+        }
     }
 
     #[test]
