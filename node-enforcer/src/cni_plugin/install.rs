@@ -199,20 +199,53 @@ pub fn unchain(conf: &Value, path: &str) -> Result<(Value, bool), InstallError> 
     Ok((conf, changed))
 }
 
-/// The runtime's choice among the file names of a conf dir: the first
-/// configuration file in lexicographic order.
-pub fn runtime_choice(names: &[String]) -> Option<&String> {
-    let mut candidates: Vec<&String> = names
+/// The extensions containerd and CRI-O pass to libcni's `ConfFiles`.
+const CONF_EXTENSIONS: &[&str] = &[".conf", ".conflist", ".json"];
+
+/// One entry of a conf dir, as `os.ReadDir` reports it to libcni: the type
+/// is the entry's own, a symlink's not followed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: String,
+    pub is_dir: bool,
+}
+
+/// libcni's test of a name: its last extension (Go's `filepath.Ext`, so
+/// `.conf` itself counts and `a.conflist.bak` does not) is one it loads.
+pub fn is_conf_name(name: &str) -> bool {
+    name.rfind('.')
+        .is_some_and(|i| CONF_EXTENSIONS.contains(&&name[i..]))
+}
+
+/// The configuration files of a conf dir as libcni's `ConfFiles` lists them
+/// and containerd and CRI-O sort them: every entry but directories (symlinks
+/// included), dot-files NOT skipped, in byte order of their names.
+pub fn conf_files(entries: &[DirEntry]) -> Vec<&String> {
+    let mut files: Vec<&String> = entries
         .iter()
-        .filter(|n| {
-            !n.starts_with('.')
-                && [".conflist", ".conf", ".json"]
-                    .iter()
-                    .any(|ext| n.ends_with(ext))
-        })
+        .filter(|e| !e.is_dir && is_conf_name(&e.name))
+        .map(|e| &e.name)
         .collect();
-    candidates.sort();
-    candidates.first().copied()
+    files.sort();
+    files
+}
+
+/// The runtime's choice: the first of [`conf_files`].
+pub fn runtime_choice(entries: &[DirEntry]) -> Option<&String> {
+    conf_files(entries).first().copied()
+}
+
+fn read_conf_dir(dir: &Path) -> Result<Vec<DirEntry>, InstallError> {
+    let reading = |e| io(format!("reading {}", dir.display()), e);
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(reading)? {
+        let entry = entry.map_err(reading)?;
+        out.push(DirEntry {
+            name: entry.file_name().to_string_lossy().into_owned(),
+            is_dir: entry.file_type().map_err(reading)?.is_dir(),
+        });
+    }
+    Ok(out)
 }
 
 fn io(what: impl std::fmt::Display, e: std::io::Error) -> InstallError {
@@ -223,12 +256,8 @@ fn config_path(opts: &Options) -> Result<PathBuf, InstallError> {
     if let Some(name) = &opts.conf_file {
         return Ok(opts.conf_dir.join(name));
     }
-    let names: Vec<String> = std::fs::read_dir(&opts.conf_dir)
-        .map_err(|e| io(format!("reading {}", opts.conf_dir.display()), e))?
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    runtime_choice(&names)
+    let entries = read_conf_dir(&opts.conf_dir)?;
+    runtime_choice(&entries)
         .map(|n| opts.conf_dir.join(n))
         .ok_or_else(|| InstallError::NoConfig(opts.conf_dir.display().to_string()))
 }
@@ -239,7 +268,7 @@ pub(super) fn replace_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().unwrap_or_default().to_string_lossy();
-    // A dot name: the runtime skips it if it ever sees it.
+    // Its last extension is none libcni loads (it does not skip dot-files).
     let tmp = dir.join(format!(".{name}.palisade-{}", std::process::id()));
     let result = (|| {
         let mut f = std::fs::OpenOptions::new()
@@ -528,17 +557,52 @@ mod tests {
         }
     }
 
+    fn files(v: &[&str]) -> Vec<DirEntry> {
+        v.iter()
+            .map(|s| DirEntry {
+                name: s.to_string(),
+                is_dir: false,
+            })
+            .collect()
+    }
+
     #[test]
     fn the_runtime_uses_the_first_configuration_file() {
-        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let dir = names(&[
-            "99-last.conflist",
-            "10-flannel.conflist",
-            "05-x.txt",
-            ".10-tmp.conflist",
-        ]);
+        let dir = files(&["99-last.conflist", "10-flannel.conflist", "05-x.txt"]);
         assert_eq!(runtime_choice(&dir).unwrap(), "10-flannel.conflist");
-        assert_eq!(runtime_choice(&names(&["README", "a.txt"])), None);
+        assert_eq!(runtime_choice(&files(&["README", "a.txt"])), None);
+    }
+
+    /// libcni's `ConfFiles` skips no dot-file, and Go sorts '.' (0x2e)
+    /// before digits: a dot-file with a conf extension wins.
+    #[test]
+    fn the_runtime_choice_counts_dot_files() {
+        let dir = files(&["10-flannel.conflist", ".10-tmp.conflist"]);
+        assert_eq!(runtime_choice(&dir).unwrap(), ".10-tmp.conflist");
+    }
+
+    #[test]
+    fn the_runtime_choice_takes_the_last_extension_and_byte_order() {
+        assert!(is_conf_name(".conf") && is_conf_name("a.json.conf"));
+        assert!(!is_conf_name("a.conflist.bak") && !is_conf_name("conflist"));
+        assert!(!is_conf_name("a.CONF") && !is_conf_name("a.conf~"));
+        // Byte order: upper case before lower, '-' before digits.
+        let dir = files(&["b.conf", "B.conf", "1.conf", "-.conf", "a.conflist.bak"]);
+        assert_eq!(conf_files(&dir), ["-.conf", "1.conf", "B.conf", "b.conf"]);
+    }
+
+    #[test]
+    fn the_runtime_choice_skips_directories_but_not_symlinks() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("00-dir.conflist")).unwrap();
+        std::fs::write(dir.path().join("20-real.conflist"), b"{}").unwrap();
+        std::os::unix::fs::symlink("20-real.conflist", dir.path().join("10-link.conflist"))
+            .unwrap();
+        let entries = read_conf_dir(dir.path()).unwrap();
+        assert_eq!(
+            conf_files(&entries),
+            ["10-link.conflist", "20-real.conflist"]
+        );
     }
 
     #[test]
