@@ -11,16 +11,25 @@
 //! second install changes nothing, an install over an older entry of ours
 //! replaces it in place, and uninstall removes our entries and leaves the
 //! other plugins as they were. Files are replaced atomically (write to a
-//! temporary file in the same directory, fsync, rename), so the runtime
-//! never reads half a file. A plain `.conf` (one plugin, no list) cannot be
+//! new temporary file in the same directory, fsync, rename), so the runtime
+//! never reads half a file; a run holds an flock on the conf dir from its
+//! first read to its last rename, so two runs never mix their edits; and a
+//! file that another writer changed between our read and our rename is
+//! read and edited again, not overwritten. A plain `.conf` (one plugin, no list) cannot be
 //! chained into; it is refused with an error that says so rather than
 //! rewritten into a list behind the operator's back. So are a list whose
 //! cniVersion the plugin does not speak and options (`--timeout-seconds`,
 //! `--enforcer-socket`) the plugin would refuse, by the plugin's own rules
 //! and before anything is written: either would fail every ADD on the node.
 
-use std::io::Write;
+use std::collections::hash_map::RandomState;
+use std::fs::{File, OpenOptions};
+use std::hash::{BuildHasher, Hasher};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::{json, Map, Value};
 
@@ -262,69 +271,209 @@ fn config_path(opts: &Options) -> Result<PathBuf, InstallError> {
         .ok_or_else(|| InstallError::NoConfig(opts.conf_dir.display().to_string()))
 }
 
-/// Replaces `path` with `bytes` so that a reader sees the old file or the
-/// new one, never a mix, and the new one survives a crash.
-pub(super) fn replace_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), InstallError> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    // Its last extension is none libcni loads (it does not skip dot-files).
-    let tmp = dir.join(format!(".{name}.palisade-{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
+/// How many times an edit starts over because another writer changed the
+/// file under it, before it gives up.
+const EDIT_ATTEMPTS: usize = 3;
+
+/// An exclusive flock on a conf dir, held while palisade-cni reads, edits
+/// and replaces its files (and installs or removes the binary), so two runs
+/// (an init container restarted while the last one still runs, an operator
+/// by hand) never publish a mix of their edits. The lock is on the directory
+/// itself, not on a lock file: libcni lists dot-files too, and a file left
+/// in the conf dir could not be removed safely while another run waits on it.
+pub struct DirLock {
+    _dir: File,
+}
+
+pub fn lock_dir(dir: &Path) -> Result<DirLock, InstallError> {
+    let file =
+        File::open(dir).map_err(|e| io(format!("opening {} to lock it", dir.display()), e))?;
+    loop {
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(DirLock { _dir: file });
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(io(format!("locking {}", dir.display()), e));
+        }
+    }
+}
+
+/// A new file beside `dest` for its next contents, opened O_EXCL: never a
+/// file another run (or a crashed one) left, which O_TRUNC would reset
+/// under it. The pid alone repeats (it is 1 in every container): a counter
+/// tells this process's files apart, RandomState's keys other processes'.
+fn create_temp(dest: &Path) -> Result<(PathBuf, File), InstallError> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let dir = dest.parent().unwrap_or(Path::new("."));
+    let name = dest.file_name().unwrap_or_default().to_string_lossy();
+    for _ in 0..8 {
+        let mut nonce = RandomState::new().build_hasher();
+        nonce.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+        // Its last extension is none libcni loads (it does not skip dot-files).
+        let tmp = dir.join(format!(
+            ".{name}.palisade-{}-{:016x}",
+            std::process::id(),
+            nonce.finish()
+        ));
+        match OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
+            .create_new(true)
+            .mode(0o600)
             .open(&tmp)
-            .map_err(|e| io(format!("creating {}", tmp.display()), e))?;
-        f.write_all(bytes)
-            .and_then(|_| f.sync_all())
-            .map_err(|e| io(format!("writing {}", tmp.display()), e))?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
-            .map_err(|e| io(format!("chmod {}", tmp.display()), e))?;
-        std::fs::rename(&tmp, path).map_err(|e| io(format!("replacing {}", path.display()), e))?;
-        std::fs::File::open(dir)
+        {
+            Ok(file) => return Ok((tmp, file)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(io(format!("creating {}", tmp.display()), e)),
+        }
+    }
+    Err(InstallError::Io(format!(
+        "creating a temporary file for {}: every name tried exists",
+        dest.display()
+    )))
+}
+
+/// `dest`'s next contents, written and synced beside it, not yet in place;
+/// removed on drop unless published, so no error path leaves it behind.
+struct Staged {
+    tmp: PathBuf,
+    published: bool,
+}
+
+impl Staged {
+    fn new(dest: &Path, bytes: &[u8], mode: u32) -> Result<Self, InstallError> {
+        let (tmp, mut file) = create_temp(dest)?;
+        let staged = Staged {
+            tmp,
+            published: false,
+        };
+        // fchmod, not the open's mode: the umask must not narrow it.
+        file.write_all(bytes)
+            .and_then(|_| file.set_permissions(std::fs::Permissions::from_mode(mode)))
+            .and_then(|_| file.sync_all())
+            .map_err(|e| io(format!("writing {}", staged.tmp.display()), e))?;
+        Ok(staged)
+    }
+
+    /// Renames it over `dest`: a reader sees the old file or the new one,
+    /// never a mix, and the new one survives a crash.
+    fn publish(mut self, dest: &Path) -> Result<(), InstallError> {
+        std::fs::rename(&self.tmp, dest)
+            .map_err(|e| io(format!("replacing {}", dest.display()), e))?;
+        self.published = true;
+        let dir = dest.parent().unwrap_or(Path::new("."));
+        File::open(dir)
             .and_then(|d| d.sync_all())
             .map_err(|e| io(format!("syncing {}", dir.display()), e))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
     }
-    result
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.published {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Replaces `path` with `bytes` atomically (see [`Staged::publish`]).
+pub(super) fn replace_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), InstallError> {
+    Staged::new(path, bytes, mode)?.publish(path)
+}
+
+/// A file as read, and what tells whether it changed since.
+#[derive(PartialEq)]
+struct Snapshot {
+    bytes: Vec<u8>,
+    dev: u64,
+    ino: u64,
+}
+
+fn snapshot(path: &Path) -> Result<Snapshot, InstallError> {
+    let reading = |e| io(format!("reading {}", path.display()), e);
+    // One open file for both: a rename between a stat and a read cannot
+    // pair one file's identity with another's contents.
+    let mut file = File::open(path).map_err(reading)?;
+    let meta = file.metadata().map_err(reading)?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(reading)?;
+    Ok(Snapshot {
+        bytes,
+        dev: meta.dev(),
+        ino: meta.ino(),
+    })
+}
+
+fn parse_conf(bytes: &[u8], shown: &str) -> Result<Value, InstallError> {
+    serde_json::from_slice(bytes).map_err(|e| InstallError::Config {
+        path: shown.to_string(),
+        reason: format!("not valid JSON: {e}"),
+    })
 }
 
 fn read_conf(path: &Path) -> Result<(Value, String), InstallError> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| io(format!("reading {shown}"), e))?;
-    let conf: Value = serde_json::from_str(&text).map_err(|e| InstallError::Config {
-        path: shown.clone(),
-        reason: format!("not valid JSON: {e}"),
-    })?;
+    let conf = parse_conf(&snapshot(path)?.bytes, &shown)?;
     Ok((conf, shown))
 }
 
-fn rewrite(
-    opts: &Options,
-    edit: impl Fn(&Value, &str) -> Result<(Value, bool), InstallError>,
+type Edit<'a> = &'a dyn Fn(&Value, &str) -> Result<(Value, bool), InstallError>;
+
+/// Reads `path`, edits it and publishes the result, unless the file changed
+/// between the read and the rename: the primary CNI's agent re-rendering
+/// its list then, and publishing would silently undo its write. The edit
+/// then starts over from the new contents. The caller holds the conf dir's
+/// [`DirLock`]; `before_publish` lets tests act in the window.
+fn edit_file(
+    path: &Path,
+    edit: Edit<'_>,
+    before_publish: &mut dyn FnMut(&Path),
 ) -> Result<String, InstallError> {
-    let path = config_path(opts)?;
-    let (conf, shown) = read_conf(&path)?;
-    let (new, changed) = edit(&conf, &shown)?;
-    if !changed {
-        return Ok(format!("{shown}: unchanged"));
+    let shown = path.display().to_string();
+    for _ in 0..EDIT_ATTEMPTS {
+        let seen = snapshot(path)?;
+        let (new, changed) = edit(&parse_conf(&seen.bytes, &shown)?, &shown)?;
+        if !changed {
+            return Ok(format!("{shown}: unchanged"));
+        }
+        let mut bytes = serde_json::to_vec_pretty(&new).expect("a JSON value serializes");
+        bytes.push(b'\n');
+        let staged = Staged::new(path, &bytes, 0o644)?;
+        before_publish(path);
+        // As late as it can be; a writer that ignores our lock can still
+        // land between this and the rename, but not between read and edit.
+        if snapshot(path)? != seen {
+            continue;
+        }
+        staged.publish(path)?;
+        return Ok(format!("{shown}: updated"));
     }
-    let mut bytes = serde_json::to_vec_pretty(&new).expect("a JSON value serializes");
-    bytes.push(b'\n');
-    replace_atomically(&path, &bytes, 0o644)?;
-    Ok(format!("{shown}: updated"))
+    Err(InstallError::Config {
+        path: shown,
+        reason: format!(
+            "changed by another writer during each of {EDIT_ATTEMPTS} attempts to edit it; \
+             nothing was written (run again once it settles)"
+        ),
+    })
 }
 
 /// Copies this binary into the CNI bin dir, then chains it into the
 /// network configuration; in that order, so the runtime never finds an
 /// entry whose binary is missing.
 pub fn install(opts: &Options, own_binary: &Path) -> Result<Vec<String>, InstallError> {
+    install_with(opts, own_binary, &mut |_| {})
+}
+
+fn install_with(
+    opts: &Options,
+    own_binary: &Path,
+    before_publish: &mut dyn FnMut(&Path),
+) -> Result<Vec<String>, InstallError> {
     let ours = checked_entry(opts)?;
+    // Held over the binary too: an uninstall must not remove it between
+    // our copy and our entry.
+    let _lock = lock_dir(&opts.conf_dir)?;
     // A list that cannot take our entry is refused before anything is
     // written, the binary included.
     let path = config_path(opts)?;
@@ -342,14 +491,19 @@ pub fn install(opts: &Options, own_binary: &Path) -> Result<Vec<String>, Install
             done.push(format!("{}: installed", target.display()));
         }
     }
-    done.push(rewrite(opts, |conf, path| chain(conf, &ours, path))?);
+    done.push(edit_file(
+        &path,
+        &|conf, path| chain(conf, &ours, path),
+        before_publish,
+    )?);
     Ok(done)
 }
 
 /// Takes our entry out of the network configuration, then (with a bin dir)
 /// the binary; the reverse order of [`install`].
 pub fn uninstall(opts: &Options) -> Result<Vec<String>, InstallError> {
-    let mut done = vec![rewrite(opts, unchain)?];
+    let _lock = lock_dir(&opts.conf_dir)?;
+    let mut done = vec![edit_file(&config_path(opts)?, &unchain, &mut |_| {})?];
     if let Some(bin_dir) = &opts.bin_dir {
         let target = bin_dir.join(PLUGIN_TYPE);
         match std::fs::remove_file(&target) {
@@ -626,6 +780,159 @@ mod tests {
             .to_string()
             .contains("--bogus"));
         assert!(parse_args(&args(&["--conf-dir"])).is_err());
+    }
+
+    fn read_json(path: &Path) -> Value {
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    }
+
+    /// The names in `dir` that are none of `expected`.
+    fn strays(dir: &Path, expected: &[&str]) -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !expected.contains(&n.as_str()))
+            .collect()
+    }
+
+    #[test]
+    fn temporary_files_are_new_files_with_names_of_their_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("10-flannel.conflist");
+        // The name every run in a container used (pid 1): another run's
+        // half-written file, which O_TRUNC would have reset and moved.
+        let theirs = dir.path().join(format!(
+            ".10-flannel.conflist.palisade-{}",
+            std::process::id()
+        ));
+        std::fs::write(&theirs, b"another run's bytes").unwrap();
+        replace_atomically(&dest, b"ours", 0o644).unwrap();
+        assert_eq!(std::fs::read(&theirs).unwrap(), b"another run's bytes");
+        assert_eq!(std::fs::read(&dest).unwrap(), b"ours");
+
+        let (a, _) = create_temp(&dest).unwrap();
+        let (b, _) = create_temp(&dest).unwrap();
+        assert_ne!(a, b);
+        assert!(!is_conf_name(&a.file_name().unwrap().to_string_lossy()));
+    }
+
+    #[test]
+    fn a_failed_replace_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // rename(2) cannot put a file over a non-empty directory.
+        let dest = dir.path().join("10-x.conflist");
+        std::fs::create_dir(&dest).unwrap();
+        std::fs::write(dest.join("inside"), b"").unwrap();
+        let err = replace_atomically(&dest, b"{}", 0o644).unwrap_err();
+        assert!(err.to_string().contains("10-x.conflist"), "{err}");
+        assert_eq!(strays(dir.path(), &["10-x.conflist"]), Vec::<String>::new());
+    }
+
+    #[test]
+    fn install_holds_the_conf_dir_lock_from_read_to_rename() {
+        let (_dir, opts, own) = node(&flannel());
+        let mut tried = 0;
+        install_with(&opts, &own, &mut |_| {
+            tried += 1;
+            let other = File::open(&opts.conf_dir).unwrap();
+            // SAFETY: flock on a descriptor this closure owns.
+            let rc = unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+            let e = std::io::Error::last_os_error();
+            assert_eq!(rc, -1, "another run could lock the conf dir mid-edit");
+            assert_eq!(e.raw_os_error(), Some(libc::EWOULDBLOCK));
+        })
+        .unwrap();
+        assert_eq!(tried, 1);
+        // And released after.
+        drop(lock_dir(&opts.conf_dir).unwrap());
+    }
+
+    #[test]
+    fn a_write_by_another_during_the_edit_is_kept_and_the_edit_redone() {
+        let (_dir, opts, own) = node(&flannel());
+        let mut vendor = flannel();
+        vendor["plugins"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"type": "bandwidth"}));
+        let mut writes = 0;
+        install_with(&opts, &own, &mut |path| {
+            if writes == 0 {
+                std::fs::write(path, serde_json::to_vec(&vendor).unwrap()).unwrap();
+            }
+            writes += 1;
+        })
+        .unwrap();
+        assert_eq!(writes, 2, "the edit is redone once");
+        let conf = read_json(&opts.conf_dir.join("10-flannel.conflist"));
+        let types: Vec<&str> = conf["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(types, ["flannel", "portmap", "bandwidth", PLUGIN_TYPE]);
+        assert_eq!(
+            strays(&opts.conf_dir, &["10-flannel.conflist"]),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn a_file_that_keeps_changing_is_refused_by_name_and_left_as_written() {
+        let (_dir, opts, own) = node(&flannel());
+        let path = opts.conf_dir.join("10-flannel.conflist");
+        let mut writes = 0u64;
+        let err = install_with(&opts, &own, &mut |path| {
+            writes += 1;
+            let mut vendor = flannel();
+            vendor["name"] = json!(format!("cbr{writes}"));
+            // Replaced by rename, as agents do: a new inode each time.
+            let tmp = path.with_extension("vendor-tmp");
+            std::fs::write(&tmp, serde_json::to_vec(&vendor).unwrap()).unwrap();
+            std::fs::rename(&tmp, path).unwrap();
+        })
+        .unwrap_err()
+        .to_string();
+        assert_eq!(writes, EDIT_ATTEMPTS as u64);
+        assert!(err.starts_with(&path.display().to_string()), "{err}");
+        assert!(err.contains("changed by another writer"), "{err}");
+        let conf = read_json(&path);
+        assert_eq!(conf["name"], format!("cbr{writes}"));
+        assert_eq!(conf["plugins"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            strays(&opts.conf_dir, &["10-flannel.conflist"]),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn concurrent_installs_publish_whole_files() {
+        let (_dir, opts, own) = node(&flannel());
+        std::thread::scope(|s| {
+            for timeout_seconds in 1..=8 {
+                let (opts, own) = (&opts, &own);
+                s.spawn(move || {
+                    install(
+                        &Options {
+                            timeout_seconds,
+                            ..opts.clone()
+                        },
+                        own,
+                    )
+                    .unwrap();
+                });
+            }
+        });
+        let conf = read_json(&opts.conf_dir.join("10-flannel.conflist"));
+        let plugins = conf["plugins"].as_array().unwrap();
+        assert_eq!(plugins.len(), 3, "{conf}");
+        assert_eq!(plugins[..2], flannel()["plugins"].as_array().unwrap()[..]);
+        assert!(is_ours(&plugins[2]));
+        assert_eq!(
+            strays(&opts.conf_dir, &["10-flannel.conflist"]),
+            Vec::<String>::new()
+        );
     }
 
     #[test]
