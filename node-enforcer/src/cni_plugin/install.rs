@@ -15,7 +15,9 @@
 //! never reads half a file; a run holds an flock on the conf dir from its
 //! first read to its last rename, so two runs never mix their edits; and a
 //! file that another writer changed between our read and our rename is
-//! read and edited again, not overwritten. A plain `.conf` (one plugin, no list) cannot be
+//! read and edited again, not overwritten. A symlinked file is edited where
+//! the link points, which stays a link; an edited file keeps its mode and
+//! owner. A plain `.conf` (one plugin, no list) cannot be
 //! chained into; it is refused with an error that says so rather than
 //! rewritten into a list behind the operator's back. So are a list whose
 //! cniVersion the plugin does not speak and options (`--timeout-seconds`,
@@ -342,17 +344,29 @@ struct Staged {
 }
 
 impl Staged {
-    fn new(dest: &Path, bytes: &[u8], mode: u32) -> Result<Self, InstallError> {
+    /// `owner`: the uid and gid to give it; `None`: ours.
+    fn new(
+        dest: &Path,
+        bytes: &[u8],
+        mode: u32,
+        owner: Option<(u32, u32)>,
+    ) -> Result<Self, InstallError> {
         let (tmp, mut file) = create_temp(dest)?;
         let staged = Staged {
             tmp,
             published: false,
         };
-        // fchmod, not the open's mode: the umask must not narrow it.
+        let shown = staged.tmp.display();
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
+                .map_err(|e| io(format!("chown {uid}:{gid} {shown}"), e))?;
+        }
+        // fchmod, not the open's mode: the umask must not narrow it; and
+        // after fchown, which clears set-id bits.
         file.write_all(bytes)
             .and_then(|_| file.set_permissions(std::fs::Permissions::from_mode(mode)))
             .and_then(|_| file.sync_all())
-            .map_err(|e| io(format!("writing {}", staged.tmp.display()), e))?;
+            .map_err(|e| io(format!("writing {shown}"), e))?;
         Ok(staged)
     }
 
@@ -379,7 +393,7 @@ impl Drop for Staged {
 
 /// Replaces `path` with `bytes` atomically (see [`Staged::publish`]).
 pub(super) fn replace_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), InstallError> {
-    Staged::new(path, bytes, mode)?.publish(path)
+    Staged::new(path, bytes, mode, None)?.publish(path)
 }
 
 /// A file as read, and what tells whether it changed since.
@@ -388,6 +402,9 @@ struct Snapshot {
     bytes: Vec<u8>,
     dev: u64,
     ino: u64,
+    mode: u32,
+    uid: u32,
+    gid: u32,
 }
 
 fn snapshot(path: &Path) -> Result<Snapshot, InstallError> {
@@ -402,6 +419,9 @@ fn snapshot(path: &Path) -> Result<Snapshot, InstallError> {
         bytes,
         dev: meta.dev(),
         ino: meta.ino(),
+        mode: meta.mode() & 0o7777,
+        uid: meta.uid(),
+        gid: meta.gid(),
     })
 }
 
@@ -418,6 +438,17 @@ fn read_conf(path: &Path) -> Result<(Value, String), InstallError> {
     Ok((conf, shown))
 }
 
+/// `path` if it is not a symlink, else the file it finally points to.
+fn resolve(path: &Path) -> Result<PathBuf, InstallError> {
+    let meta = std::fs::symlink_metadata(path)
+        .map_err(|e| io(format!("reading {}", path.display()), e))?;
+    if !meta.file_type().is_symlink() {
+        return Ok(path.to_path_buf());
+    }
+    std::fs::canonicalize(path)
+        .map_err(|e| io(format!("following the symlink {}", path.display()), e))
+}
+
 type Edit<'a> = &'a dyn Fn(&Value, &str) -> Result<(Value, bool), InstallError>;
 
 /// Reads `path`, edits it and publishes the result, unless the file changed
@@ -430,23 +461,32 @@ fn edit_file(
     edit: Edit<'_>,
     before_publish: &mut dyn FnMut(&Path),
 ) -> Result<String, InstallError> {
-    let shown = path.display().to_string();
+    let mut shown = path.display().to_string();
     for _ in 0..EDIT_ATTEMPTS {
-        let seen = snapshot(path)?;
+        // A symlinked list is edited where it points, in that directory:
+        // replacing the link with a file would cut whoever maintains the
+        // target (a vendor's agent, config management) off from the
+        // runtime, and refusing it would leave the node unenforced.
+        let target = resolve(path)?;
+        if target != path {
+            shown = format!("{} -> {}", path.display(), target.display());
+        }
+        let seen = snapshot(&target)?;
         let (new, changed) = edit(&parse_conf(&seen.bytes, &shown)?, &shown)?;
         if !changed {
             return Ok(format!("{shown}: unchanged"));
         }
         let mut bytes = serde_json::to_vec_pretty(&new).expect("a JSON value serializes");
         bytes.push(b'\n');
-        let staged = Staged::new(path, &bytes, 0o644)?;
-        before_publish(path);
+        // The file's own mode and owner, not ours: it is still the vendor's.
+        let staged = Staged::new(&target, &bytes, seen.mode, Some((seen.uid, seen.gid)))?;
+        before_publish(&target);
         // As late as it can be; a writer that ignores our lock can still
         // land between this and the rename, but not between read and edit.
-        if snapshot(path)? != seen {
+        if resolve(path)? != target || snapshot(&target)? != seen {
             continue;
         }
-        staged.publish(path)?;
+        staged.publish(&target)?;
         return Ok(format!("{shown}: updated"));
     }
     Err(InstallError::Config {
@@ -904,6 +944,72 @@ mod tests {
             strays(&opts.conf_dir, &["10-flannel.conflist"]),
             Vec::<String>::new()
         );
+    }
+
+    #[test]
+    fn a_symlinked_list_is_edited_where_it_points_and_stays_a_link() {
+        let (dir, opts, own) = node(&flannel());
+        let vendor = dir.path().join("vendor");
+        std::fs::create_dir(&vendor).unwrap();
+        let link = opts.conf_dir.join("10-flannel.conflist");
+        std::fs::rename(&link, vendor.join("flannel.conflist")).unwrap();
+        std::fs::set_permissions(
+            vendor.join("flannel.conflist"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("../vendor/flannel.conflist", &link).unwrap();
+
+        let done = install(&opts, &own).unwrap();
+        assert!(
+            done.last().unwrap().contains("vendor/flannel.conflist"),
+            "{done:?}"
+        );
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(
+            std::fs::read_link(&link).unwrap(),
+            Path::new("../vendor/flannel.conflist")
+        );
+        let target = vendor.join("flannel.conflist");
+        assert_eq!(read_json(&target)["plugins"][2], ours());
+        let mode = std::fs::metadata(&target).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o600);
+        // The temporary file lived beside the target, and is gone.
+        assert_eq!(strays(&vendor, &["flannel.conflist"]), Vec::<String>::new());
+        assert_eq!(
+            strays(&opts.conf_dir, &["10-flannel.conflist"]),
+            Vec::<String>::new()
+        );
+
+        uninstall(&opts).unwrap();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(read_json(&target), flannel());
+    }
+
+    #[test]
+    fn an_edit_keeps_the_files_mode_and_owner() {
+        let (_dir, opts, own) = node(&flannel());
+        let path = opts.conf_dir.join("10-flannel.conflist");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        // Only root can give a file away; as anyone else the owner is ours.
+        let owner = if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::chown(&path, Some(4321), Some(4322)).unwrap();
+            (4321, 4322)
+        } else {
+            let meta = std::fs::metadata(&path).unwrap();
+            (meta.uid(), meta.gid())
+        };
+        install(&opts, &own).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(read_json(&path)["plugins"][2], ours());
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+        assert_eq!((meta.uid(), meta.gid()), owner);
     }
 
     #[test]
