@@ -3,26 +3,30 @@
 //! DaemonSet's init container does, and take it out again.
 //!
 //! The runtime (containerd, CRI-O) uses the first configuration file of its
-//! conf dir in lexicographic order. Palisade does not replace that network:
+//! conf dir as libcni lists them ([`conf_files`]). Palisade does not replace that network:
 //! it appends itself to the file's `plugins` list, after the interface and
 //! IPAM plugins, so the pod's interface exists when palisade-cni runs.
 //!
 //! Both directions are idempotent, and touch nothing but our own entry: a
 //! second install changes nothing, an install over an older entry of ours
-//! replaces it in place, and uninstall removes our entries and leaves the
-//! other plugins as they were. Files are replaced atomically (write to a
-//! new temporary file in the same directory, fsync, rename), so the runtime
-//! never reads half a file; a run holds an flock on the conf dir from its
-//! first read to its last rename, so two runs never mix their edits; and a
-//! file that another writer changed between our read and our rename is
-//! read and edited again, not overwritten. A symlinked file is edited where
-//! the link points, which stays a link; an edited file keeps its mode and
-//! owner. A plain `.conf` (one plugin, no list) cannot be
-//! chained into; it is refused with an error that says so rather than
-//! rewritten into a list behind the operator's back. So are a list whose
-//! cniVersion the plugin does not speak and options (`--timeout-seconds`,
-//! `--enforcer-socket`) the plugin would refuse, by the plugin's own rules
-//! and before anything is written: either would fail every ADD on the node.
+//! replaces it in place, and uninstall removes our entries from every file
+//! of the conf dir and leaves the other plugins as they were (and the
+//! binary, while any file still names it).
+//!
+//! Files are replaced atomically (write to a new temporary file in the same
+//! directory, fsync, rename), so the runtime never reads half a file; a run
+//! holds an flock on the conf dir from its first read to its last rename,
+//! so two runs never mix their edits; and a file that another writer
+//! changed between our read and our rename is read and edited again, not
+//! overwritten. A symlinked file is edited where the link points, which
+//! stays a link; an edited file keeps its mode and owner.
+//!
+//! A plain `.conf` (one plugin, no list) cannot be chained into; it is
+//! refused with an error that says so rather than rewritten into a list
+//! behind the operator's back. So are a list whose cniVersion the plugin
+//! does not speak and options (`--timeout-seconds`, `--enforcer-socket`)
+//! the plugin would refuse, by the plugin's own rules and before anything
+//! is written: either would fail every ADD on the node.
 
 use std::collections::hash_map::RandomState;
 use std::fs::{File, OpenOptions};
@@ -539,20 +543,94 @@ fn install_with(
     Ok(done)
 }
 
-/// Takes our entry out of the network configuration, then (with a bin dir)
-/// the binary; the reverse order of [`install`].
+/// What a configuration file says of palisade-cni.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reference {
+    None,
+    /// An entry of its plugin list, which [`unchain`] removes.
+    InList,
+    /// Anywhere else (a single-plugin config of our type, a delegate, a
+    /// file that is not JSON): not ours to edit, but the runtime may still
+    /// run the binary for it.
+    Other,
+}
+
+fn reference_in(path: &Path) -> Result<Reference, InstallError> {
+    let bytes = match snapshot(path) {
+        Ok(seen) => seen.bytes,
+        // Listed, then gone or a dangling link: nothing the runtime can run.
+        Err(_) if !path.exists() => return Ok(Reference::None),
+        Err(e) => return Err(e),
+    };
+    let in_list = serde_json::from_slice::<Value>(&bytes).is_ok_and(|conf| {
+        conf.get("plugins")
+            .and_then(Value::as_array)
+            .is_some_and(|plugins| plugins.iter().any(is_ours))
+    });
+    let quoted = format!("\"{PLUGIN_TYPE}\"");
+    Ok(if in_list {
+        Reference::InList
+    } else if bytes.windows(quoted.len()).any(|w| w == quoted.as_bytes()) {
+        Reference::Other
+    } else {
+        Reference::None
+    })
+}
+
+/// Takes our entry out of every configuration file of the conf dir that
+/// has one (not only the runtime's choice: an install with --conf-file may
+/// have chained another), then (with a bin dir) removes the binary, unless
+/// a file still names it; the reverse order of [`install`].
 pub fn uninstall(opts: &Options) -> Result<Vec<String>, InstallError> {
     let _lock = lock_dir(&opts.conf_dir)?;
-    let mut done = vec![edit_file(&config_path(opts)?, &unchain, &mut |_| {})?];
-    if let Some(bin_dir) = &opts.bin_dir {
-        let target = bin_dir.join(PLUGIN_TYPE);
-        match std::fs::remove_file(&target) {
-            Ok(()) => done.push(format!("{}: removed", target.display())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                done.push(format!("{}: absent", target.display()))
-            }
-            Err(e) => return Err(io(format!("removing {}", target.display()), e)),
+    let entries = read_conf_dir(&opts.conf_dir)?;
+    let mut files: Vec<PathBuf> = conf_files(&entries)
+        .into_iter()
+        .map(|name| opts.conf_dir.join(name))
+        .collect();
+    if let Some(name) = &opts.conf_file {
+        let named = opts.conf_dir.join(name);
+        if !files.contains(&named) {
+            files.push(named);
         }
+    }
+    let mut done = Vec::new();
+    for path in &files {
+        if reference_in(path)? == Reference::InList {
+            done.push(edit_file(path, &unchain, &mut |_| {})?);
+        }
+    }
+    if done.is_empty() {
+        done.push(format!(
+            "{}: no plugin list has an entry of {PLUGIN_TYPE}",
+            opts.conf_dir.display()
+        ));
+    }
+    let Some(bin_dir) = &opts.bin_dir else {
+        return Ok(done);
+    };
+    let target = bin_dir.join(PLUGIN_TYPE);
+    // Removing the binary while a file names it would fail every ADD and
+    // DEL of that network instead of leaving palisade-cni in place.
+    for path in &files {
+        if reference_in(path)? != Reference::None {
+            return Err(InstallError::Config {
+                path: path.display().to_string(),
+                reason: format!(
+                    "still references {PLUGIN_TYPE} outside a plugin list entry uninstall can \
+                     remove; {} is kept so the runtime can still run it: remove the \
+                     reference, then run uninstall again",
+                    target.display()
+                ),
+            });
+        }
+    }
+    match std::fs::remove_file(&target) {
+        Ok(()) => done.push(format!("{}: removed", target.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            done.push(format!("{}: absent", target.display()))
+        }
+        Err(e) => return Err(io(format!("removing {}", target.display()), e)),
     }
     Ok(done)
 }
@@ -1010,6 +1088,79 @@ mod tests {
         assert_eq!(read_json(&path)["plugins"][2], ours());
         assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
         assert_eq!((meta.uid(), meta.gid()), owner);
+    }
+
+    #[test]
+    fn uninstall_removes_our_entry_from_every_file() {
+        let (_dir, opts, own) = node(&flannel());
+        let mut calico = flannel();
+        calico["name"] = json!("k8s-pod-network");
+        let calico_bytes = serde_json::to_vec_pretty(&calico).unwrap();
+        std::fs::write(opts.conf_dir.join("20-calico.conflist"), &calico_bytes).unwrap();
+        let plain = br#"{"cniVersion":"1.0.0","name":"p","plugins":[{"type":"ptp"}]}"#;
+        std::fs::write(opts.conf_dir.join("30-plain.conflist"), plain).unwrap();
+        // libcni lists it, and reading it fails: not a reference.
+        std::os::unix::fs::symlink("gone", opts.conf_dir.join("40-dangling.conf")).unwrap();
+        install(&opts, &own).unwrap();
+        let calico_opts = Options {
+            conf_file: Some("20-calico.conflist".into()),
+            ..opts.clone()
+        };
+        install(&calico_opts, &own).unwrap();
+        assert_eq!(
+            read_json(&opts.conf_dir.join("20-calico.conflist"))["plugins"][2],
+            ours()
+        );
+
+        let done = uninstall(&opts).unwrap();
+        assert_eq!(done.len(), 3, "{done:?}");
+        assert_eq!(
+            read_json(&opts.conf_dir.join("10-flannel.conflist")),
+            flannel()
+        );
+        assert_eq!(read_json(&opts.conf_dir.join("20-calico.conflist")), calico);
+        assert_eq!(
+            std::fs::read(opts.conf_dir.join("30-plain.conflist")).unwrap(),
+            plain
+        );
+        assert!(!opts.bin_dir.as_ref().unwrap().join(PLUGIN_TYPE).exists());
+    }
+
+    #[test]
+    fn uninstall_keeps_the_binary_while_a_file_still_references_it() {
+        let (_dir, opts, own) = node(&flannel());
+        install(&opts, &own).unwrap();
+        let binary = opts.bin_dir.as_ref().unwrap().join(PLUGIN_TYPE);
+        for (name, text) in [
+            (
+                "50-single.conf",
+                r#"{"cniVersion":"1.0.0","name":"x","type":"palisade-cni"}"#,
+            ),
+            (
+                "50-delegate.conflist",
+                r#"{"cniVersion":"1.0.0","name":"x","plugins":[{"type":"multus","delegates":[{"type":"palisade-cni"}]}]}"#,
+            ),
+            (
+                "50-broken.json",
+                r#"{"plugins": [{"type": "palisade-cni"},"#,
+            ),
+        ] {
+            let path = opts.conf_dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            let err = uninstall(&opts).unwrap_err().to_string();
+            assert!(err.starts_with(&path.display().to_string()), "{err}");
+            assert!(err.contains("still references"), "{err}");
+            assert!(binary.exists(), "{name}");
+            // What uninstall can remove, it did; the file it cannot edit is as it was.
+            assert_eq!(
+                read_json(&opts.conf_dir.join("10-flannel.conflist")),
+                flannel()
+            );
+            assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+            std::fs::remove_file(&path).unwrap();
+        }
+        uninstall(&opts).unwrap();
+        assert!(!binary.exists());
     }
 
     #[test]
