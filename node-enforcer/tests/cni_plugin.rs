@@ -99,6 +99,30 @@ fn version_reports_supported_cni_versions() {
     assert!(out.status.success());
     assert_eq!(
         String::from_utf8(out.stdout).unwrap(),
-        r#"{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0"]}"#
+        r#"{"cniVersion":"1.0.0","supportedVersions":["0.3.0","0.3.1","0.4.0","1.0.0"]}"#
     );
+}
+
+/// A sandbox must always come down: DEL under a config ADD refuses still
+/// exits 0 with nothing on stdout, and says why in the runtime's log.
+#[test]
+fn del_under_a_refused_config_succeeds_and_logs_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("absent.sock");
+    for stdin in [
+        format!(
+            r#"{{"cniVersion":"0.2.0","name":"n","type":"palisade-cni","enforcerSocket":"{}"}}"#,
+            socket.display()
+        ),
+        format!(
+            r#"{{"cniVersion":"1.0.0","name":"n","type":"palisade-cni","enforcerSocket":"{}","timeoutSeconds":601}}"#,
+            socket.display()
+        ),
+    ] {
+        let out = plugin("DEL", &stdin);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stdin}: {stderr}");
+        assert!(out.stdout.is_empty(), "{stdin}: {:?}", out.stdout);
+        assert!(stderr.contains("refused"), "{stdin}: {stderr}");
+    }
 }

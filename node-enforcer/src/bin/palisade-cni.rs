@@ -40,6 +40,10 @@ fn main() -> ExitCode {
     let mut stdout = std::io::stdout().lock();
     match outcome {
         Ok(output) => {
+            // The runtime logs stderr; stdout is the result and nothing else.
+            for line in &output.stderr {
+                eprintln!("palisade-cni: {line}");
+            }
             if stdout.write_all(output.stdout.as_bytes()).is_err() || stdout.flush().is_err() {
                 return ExitCode::FAILURE;
             }

@@ -12,7 +12,12 @@ use serde_json::value::RawValue;
 
 use super::error::{code, CniError};
 
-pub const SUPPORTED_VERSIONS: &[&str] = &["0.4.0", "1.0.0"];
+/// 0.3.x results have the shape 0.4.0's do (`version` in each ip, which
+/// palisade-cni does not read); many primary CNIs (flannel, Calico,
+/// kindnet) still ship 0.3.1 conflists.
+pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0"];
+/// CHECK was added in spec 0.4.0; a config of an older version must fail it.
+const CHECK_SINCE: &[&str] = &["0.4.0", "1.0.0"];
 pub const DEFAULT_ENFORCER_SOCKET: &str = "/run/palisade/cni.sock";
 pub const DEFAULT_TIMEOUT_SECONDS: u64 = 10;
 /// Beyond this the runtime's own pod-sandbox deadline has long passed, so a
@@ -231,40 +236,85 @@ pub fn parse_net_conf(input: &str) -> Result<NetConf, CniError> {
         .cni_version
         .filter(|v| !v.is_empty())
         .ok_or_else(|| CniError::invalid_config("network configuration has no cniVersion"))?;
-    if !SUPPORTED_VERSIONS.contains(&cni_version.as_str()) {
-        return Err(CniError::new(
-            code::INCOMPATIBLE_VERSION,
-            format!("cniVersion {cni_version:?} is not supported by palisade-cni"),
-        )
-        .with_details(format!(
-            "supported versions: {}",
-            SUPPORTED_VERSIONS.join(", ")
-        )));
+    check_version(&cni_version)?;
+    let enforcer_socket = enforcer_socket(raw.enforcer_socket)?;
+    let timeout = timeout(raw.timeout_seconds)?;
+
+    Ok(NetConf {
+        cni_version,
+        enforcer_socket,
+        timeout,
+        prev_result: raw.prev_result,
+    })
+}
+
+/// The rule for `cniVersion`, shared with `install`, which must not chain
+/// palisade-cni into a list the plugin would then refuse on every call.
+pub fn check_version(cni_version: &str) -> Result<(), CniError> {
+    if SUPPORTED_VERSIONS.contains(&cni_version) {
+        return Ok(());
     }
+    Err(CniError::new(
+        code::INCOMPATIBLE_VERSION,
+        format!("cniVersion {cni_version:?} is not supported by palisade-cni"),
+    )
+    .with_details(format!(
+        "supported versions: {}",
+        SUPPORTED_VERSIONS.join(", ")
+    )))
+}
 
-    let enforcer_socket = match raw.enforcer_socket {
-        None => PathBuf::from(DEFAULT_ENFORCER_SOCKET),
-        Some(path) if path.starts_with('/') => PathBuf::from(path),
-        Some(path) => {
-            return Err(CniError::invalid_config(format!(
-                "enforcerSocket {path:?} must be an absolute path"
-            )))
-        }
-    };
+/// The spec's rule (as libcni's skel applies it): CHECK under a config older
+/// than 0.4.0 is an incompatible version, whatever else the config says.
+pub fn check_allows_check(cni_version: &str) -> Result<(), CniError> {
+    if CHECK_SINCE.contains(&cni_version) {
+        return Ok(());
+    }
+    Err(CniError::new(
+        code::INCOMPATIBLE_VERSION,
+        format!("cniVersion {cni_version:?} does not allow CHECK"),
+    )
+    .with_details(format!(
+        "CHECK exists from cniVersion 0.4.0; supported for CHECK: {}",
+        CHECK_SINCE.join(", ")
+    )))
+}
 
-    let timeout_seconds = raw.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECONDS);
+/// The rule for `enforcerSocket` (absent: the default), shared with `install`.
+pub fn enforcer_socket(raw: Option<String>) -> Result<PathBuf, CniError> {
+    match raw {
+        None => Ok(PathBuf::from(DEFAULT_ENFORCER_SOCKET)),
+        Some(path) if path.starts_with('/') => Ok(PathBuf::from(path)),
+        Some(path) => Err(CniError::invalid_config(format!(
+            "enforcerSocket {path:?} must be an absolute path"
+        ))),
+    }
+}
+
+/// The rule for `timeoutSeconds` (absent: the default), shared with `install`.
+pub fn timeout(raw: Option<u64>) -> Result<Duration, CniError> {
+    let timeout_seconds = raw.unwrap_or(DEFAULT_TIMEOUT_SECONDS);
     if timeout_seconds == 0 || timeout_seconds > MAX_TIMEOUT_SECONDS {
         return Err(CniError::invalid_config(format!(
             "timeoutSeconds {timeout_seconds} is out of range 1..={MAX_TIMEOUT_SECONDS}"
         )));
     }
+    Ok(Duration::from_secs(timeout_seconds))
+}
 
-    Ok(NetConf {
-        cni_version,
-        enforcer_socket,
-        timeout: Duration::from_secs(timeout_seconds),
-        prev_result: raw.prev_result,
-    })
+/// Where a DEL whose config [`parse_net_conf`] refused sends its PodDown:
+/// each option the config gives that passes its own rule, else the default.
+/// Nothing here fails, so no config can block a sandbox's teardown.
+pub fn del_target(input: &str) -> (PathBuf, Duration) {
+    let value: Option<serde_json::Value> = serde_json::from_str(input).ok();
+    let field = |key: &str| value.as_ref().and_then(|v| v.get(key));
+    let socket = field("enforcerSocket")
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_string);
+    let socket = enforcer_socket(socket).unwrap_or_else(|_| PathBuf::from(DEFAULT_ENFORCER_SOCKET));
+    let timeout = timeout(field("timeoutSeconds").and_then(serde_json::Value::as_u64))
+        .unwrap_or(Duration::from_secs(DEFAULT_TIMEOUT_SECONDS));
+    (socket, timeout)
 }
 
 #[derive(Deserialize)]

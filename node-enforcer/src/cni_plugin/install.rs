@@ -3,23 +3,43 @@
 //! DaemonSet's init container does, and take it out again.
 //!
 //! The runtime (containerd, CRI-O) uses the first configuration file of its
-//! conf dir in lexicographic order. Palisade does not replace that network:
+//! conf dir as libcni lists them ([`conf_files`]). Palisade does not replace that network:
 //! it appends itself to the file's `plugins` list, after the interface and
 //! IPAM plugins, so the pod's interface exists when palisade-cni runs.
 //!
 //! Both directions are idempotent, and touch nothing but our own entry: a
 //! second install changes nothing, an install over an older entry of ours
-//! replaces it in place, and uninstall removes our entries and leaves the
-//! other plugins as they were. Files are replaced atomically (write to a
-//! temporary file in the same directory, fsync, rename), so the runtime
-//! never reads half a file. A plain `.conf` (one plugin, no list) cannot be
-//! chained into; it is refused with an error that says so rather than
-//! rewritten into a list behind the operator's back.
+//! replaces it in place, and uninstall removes our entries from every file
+//! of the conf dir and leaves the other plugins as they were (and the
+//! binary, while any file still names it).
+//!
+//! Files are replaced atomically (write to a new temporary file in the same
+//! directory, fsync, rename), so the runtime never reads half a file; a run
+//! holds an flock on the conf dir from its first read to its last rename,
+//! so two runs never mix their edits; and a file that another writer
+//! changed between our read and our rename is read and edited again, not
+//! overwritten. A symlinked file is edited where the link points, which
+//! stays a link; an edited file keeps its mode and owner.
+//!
+//! A plain `.conf` (one plugin, no list) cannot be chained into; it is
+//! refused with an error that says so rather than rewritten into a list
+//! behind the operator's back. So are a list whose cniVersion the plugin
+//! does not speak and options (`--timeout-seconds`, `--enforcer-socket`)
+//! the plugin would refuse, by the plugin's own rules and before anything
+//! is written: either would fail every ADD on the node.
 
-use std::io::Write;
+use std::collections::hash_map::RandomState;
+use std::fs::{File, OpenOptions};
+use std::hash::{BuildHasher, Hasher};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::{json, Map, Value};
+
+use super::config;
 
 /// The `type` of our entry, which is also the binary's name in the CNI bin dir.
 pub const PLUGIN_TYPE: &str = "palisade-cni";
@@ -92,6 +112,17 @@ pub fn parse_args(args: &[String]) -> Result<Options, InstallError> {
     Ok(opts)
 }
 
+/// Our entry as `opts` asks for it, checked by the plugin's own rules for
+/// its options: an entry the plugin refuses would fail every ADD on the
+/// node.
+pub fn checked_entry(opts: &Options) -> Result<Value, InstallError> {
+    config::enforcer_socket(Some(opts.enforcer_socket.clone()))
+        .map_err(|e| InstallError::Usage(format!("--enforcer-socket: {}", e.msg)))?;
+    config::timeout(Some(opts.timeout_seconds))
+        .map_err(|e| InstallError::Usage(format!("--timeout-seconds: {}", e.msg)))?;
+    Ok(entry(&opts.enforcer_socket, opts.timeout_seconds))
+}
+
 /// Our entry in a plugin list.
 pub fn entry(enforcer_socket: &str, timeout_seconds: u64) -> Value {
     json!({
@@ -129,7 +160,25 @@ fn plugins_of<'a>(conf: &'a mut Value, path: &str) -> Result<&'a mut Vec<Value>,
 /// older entry of ours in place), and whether that changed anything.
 pub fn chain(conf: &Value, ours: &Value, path: &str) -> Result<(Value, bool), InstallError> {
     let mut conf = conf.clone();
+    // The runtime hands each plugin the list's cniVersion.
+    let version = conf.get("cniVersion").cloned();
     let plugins = plugins_of(&mut conf, path)?;
+    let refused = |reason: String| InstallError::Config {
+        path: path.to_string(),
+        reason: format!("{reason}; chained in, palisade-cni would fail every pod's ADD"),
+    };
+    match version.as_ref().and_then(Value::as_str) {
+        Some(v) if !v.is_empty() => {
+            config::check_version(v).map_err(|e| refused(format!("{} ({})", e.msg, e.details)))?
+        }
+        _ => {
+            return Err(refused(format!(
+                "cniVersion is {} (supported: {})",
+                version.map_or("missing".to_string(), |v| v.to_string()),
+                config::SUPPORTED_VERSIONS.join(", ")
+            )))
+        }
+    }
     if plugins.iter().filter(|p| !is_ours(p)).count() == 0 {
         return Err(InstallError::Config {
             path: path.to_string(),
@@ -165,20 +214,53 @@ pub fn unchain(conf: &Value, path: &str) -> Result<(Value, bool), InstallError> 
     Ok((conf, changed))
 }
 
-/// The runtime's choice among the file names of a conf dir: the first
-/// configuration file in lexicographic order.
-pub fn runtime_choice(names: &[String]) -> Option<&String> {
-    let mut candidates: Vec<&String> = names
+/// The extensions containerd and CRI-O pass to libcni's `ConfFiles`.
+const CONF_EXTENSIONS: &[&str] = &[".conf", ".conflist", ".json"];
+
+/// One entry of a conf dir, as `os.ReadDir` reports it to libcni: the type
+/// is the entry's own, a symlink's not followed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: String,
+    pub is_dir: bool,
+}
+
+/// libcni's test of a name: its last extension (Go's `filepath.Ext`, so
+/// `.conf` itself counts and `a.conflist.bak` does not) is one it loads.
+pub fn is_conf_name(name: &str) -> bool {
+    name.rfind('.')
+        .is_some_and(|i| CONF_EXTENSIONS.contains(&&name[i..]))
+}
+
+/// The configuration files of a conf dir as libcni's `ConfFiles` lists them
+/// and containerd and CRI-O sort them: every entry but directories (symlinks
+/// included), dot-files NOT skipped, in byte order of their names.
+pub fn conf_files(entries: &[DirEntry]) -> Vec<&String> {
+    let mut files: Vec<&String> = entries
         .iter()
-        .filter(|n| {
-            !n.starts_with('.')
-                && [".conflist", ".conf", ".json"]
-                    .iter()
-                    .any(|ext| n.ends_with(ext))
-        })
+        .filter(|e| !e.is_dir && is_conf_name(&e.name))
+        .map(|e| &e.name)
         .collect();
-    candidates.sort();
-    candidates.first().copied()
+    files.sort();
+    files
+}
+
+/// The runtime's choice: the first of [`conf_files`].
+pub fn runtime_choice(entries: &[DirEntry]) -> Option<&String> {
+    conf_files(entries).first().copied()
+}
+
+fn read_conf_dir(dir: &Path) -> Result<Vec<DirEntry>, InstallError> {
+    let reading = |e| io(format!("reading {}", dir.display()), e);
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(reading)? {
+        let entry = entry.map_err(reading)?;
+        out.push(DirEntry {
+            name: entry.file_name().to_string_lossy().into_owned(),
+            is_dir: entry.file_type().map_err(reading)?.is_dir(),
+        });
+    }
+    Ok(out)
 }
 
 fn io(what: impl std::fmt::Display, e: std::io::Error) -> InstallError {
@@ -189,73 +271,258 @@ fn config_path(opts: &Options) -> Result<PathBuf, InstallError> {
     if let Some(name) = &opts.conf_file {
         return Ok(opts.conf_dir.join(name));
     }
-    let names: Vec<String> = std::fs::read_dir(&opts.conf_dir)
-        .map_err(|e| io(format!("reading {}", opts.conf_dir.display()), e))?
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    runtime_choice(&names)
+    let entries = read_conf_dir(&opts.conf_dir)?;
+    runtime_choice(&entries)
         .map(|n| opts.conf_dir.join(n))
         .ok_or_else(|| InstallError::NoConfig(opts.conf_dir.display().to_string()))
 }
 
-/// Replaces `path` with `bytes` so that a reader sees the old file or the
-/// new one, never a mix, and the new one survives a crash.
-pub(super) fn replace_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), InstallError> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    // A dot name: the runtime skips it if it ever sees it.
-    let tmp = dir.join(format!(".{name}.palisade-{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)
-            .map_err(|e| io(format!("creating {}", tmp.display()), e))?;
-        f.write_all(bytes)
-            .and_then(|_| f.sync_all())
-            .map_err(|e| io(format!("writing {}", tmp.display()), e))?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
-            .map_err(|e| io(format!("chmod {}", tmp.display()), e))?;
-        std::fs::rename(&tmp, path).map_err(|e| io(format!("replacing {}", path.display()), e))?;
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io(format!("syncing {}", dir.display()), e))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+/// How many times an edit starts over because another writer changed the
+/// file under it, before it gives up.
+const EDIT_ATTEMPTS: usize = 3;
+
+/// An exclusive flock on a conf dir, held while palisade-cni reads, edits
+/// and replaces its files (and installs or removes the binary), so two runs
+/// (an init container restarted while the last one still runs, an operator
+/// by hand) never publish a mix of their edits. The lock is on the directory
+/// itself, not on a lock file: libcni lists dot-files too, and a file left
+/// in the conf dir could not be removed safely while another run waits on it.
+pub struct DirLock {
+    _dir: File,
 }
 
-fn rewrite(
-    opts: &Options,
-    edit: impl Fn(&Value, &str) -> Result<(Value, bool), InstallError>,
-) -> Result<String, InstallError> {
-    let path = config_path(opts)?;
-    let shown = path.display().to_string();
-    let text = std::fs::read_to_string(&path).map_err(|e| io(format!("reading {shown}"), e))?;
-    let conf: Value = serde_json::from_str(&text).map_err(|e| InstallError::Config {
-        path: shown.clone(),
-        reason: format!("not valid JSON: {e}"),
-    })?;
-    let (new, changed) = edit(&conf, &shown)?;
-    if !changed {
-        return Ok(format!("{shown}: unchanged"));
+pub fn lock_dir(dir: &Path) -> Result<DirLock, InstallError> {
+    let file =
+        File::open(dir).map_err(|e| io(format!("opening {} to lock it", dir.display()), e))?;
+    loop {
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(DirLock { _dir: file });
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(io(format!("locking {}", dir.display()), e));
+        }
     }
-    let mut bytes = serde_json::to_vec_pretty(&new).expect("a JSON value serializes");
-    bytes.push(b'\n');
-    replace_atomically(&path, &bytes, 0o644)?;
-    Ok(format!("{shown}: updated"))
+}
+
+/// A new file beside `dest` for its next contents, opened O_EXCL: never a
+/// file another run (or a crashed one) left, which O_TRUNC would reset
+/// under it. The pid alone repeats (it is 1 in every container): a counter
+/// tells this process's files apart, RandomState's keys other processes'.
+fn create_temp(dest: &Path) -> Result<(PathBuf, File), InstallError> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let dir = dest.parent().unwrap_or(Path::new("."));
+    let name = dest.file_name().unwrap_or_default().to_string_lossy();
+    for _ in 0..8 {
+        let mut nonce = RandomState::new().build_hasher();
+        nonce.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+        // Its last extension is none libcni loads (it does not skip dot-files).
+        let tmp = dir.join(format!(
+            ".{name}.palisade-{}-{:016x}",
+            std::process::id(),
+            nonce.finish()
+        ));
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+        {
+            Ok(file) => return Ok((tmp, file)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(io(format!("creating {}", tmp.display()), e)),
+        }
+    }
+    Err(InstallError::Io(format!(
+        "creating a temporary file for {}: every name tried exists",
+        dest.display()
+    )))
+}
+
+/// `dest`'s next contents, written and synced beside it, not yet in place;
+/// removed on drop unless published, so no error path leaves it behind.
+struct Staged {
+    tmp: PathBuf,
+    published: bool,
+}
+
+impl Staged {
+    /// `owner`: the uid and gid to give it; `None`: ours.
+    fn new(
+        dest: &Path,
+        bytes: &[u8],
+        mode: u32,
+        owner: Option<(u32, u32)>,
+    ) -> Result<Self, InstallError> {
+        let (tmp, mut file) = create_temp(dest)?;
+        let staged = Staged {
+            tmp,
+            published: false,
+        };
+        let shown = staged.tmp.display();
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
+                .map_err(|e| io(format!("chown {uid}:{gid} {shown}"), e))?;
+        }
+        // fchmod, not the open's mode: the umask must not narrow it; and
+        // after fchown, which clears set-id bits.
+        file.write_all(bytes)
+            .and_then(|_| file.set_permissions(std::fs::Permissions::from_mode(mode)))
+            .and_then(|_| file.sync_all())
+            .map_err(|e| io(format!("writing {shown}"), e))?;
+        Ok(staged)
+    }
+
+    /// Renames it over `dest`: a reader sees the old file or the new one,
+    /// never a mix, and the new one survives a crash.
+    fn publish(mut self, dest: &Path) -> Result<(), InstallError> {
+        std::fs::rename(&self.tmp, dest)
+            .map_err(|e| io(format!("replacing {}", dest.display()), e))?;
+        self.published = true;
+        let dir = dest.parent().unwrap_or(Path::new("."));
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io(format!("syncing {}", dir.display()), e))
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.published {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Replaces `path` with `bytes` atomically (see [`Staged::publish`]).
+pub(super) fn replace_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), InstallError> {
+    Staged::new(path, bytes, mode, None)?.publish(path)
+}
+
+/// A file as read, and what tells whether it changed since.
+#[derive(PartialEq)]
+struct Snapshot {
+    bytes: Vec<u8>,
+    dev: u64,
+    ino: u64,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+}
+
+fn snapshot(path: &Path) -> Result<Snapshot, InstallError> {
+    let reading = |e| io(format!("reading {}", path.display()), e);
+    // One open file for both: a rename between a stat and a read cannot
+    // pair one file's identity with another's contents.
+    let mut file = File::open(path).map_err(reading)?;
+    let meta = file.metadata().map_err(reading)?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(reading)?;
+    Ok(Snapshot {
+        bytes,
+        dev: meta.dev(),
+        ino: meta.ino(),
+        mode: meta.mode() & 0o7777,
+        uid: meta.uid(),
+        gid: meta.gid(),
+    })
+}
+
+fn parse_conf(bytes: &[u8], shown: &str) -> Result<Value, InstallError> {
+    serde_json::from_slice(bytes).map_err(|e| InstallError::Config {
+        path: shown.to_string(),
+        reason: format!("not valid JSON: {e}"),
+    })
+}
+
+fn read_conf(path: &Path) -> Result<(Value, String), InstallError> {
+    let shown = path.display().to_string();
+    let conf = parse_conf(&snapshot(path)?.bytes, &shown)?;
+    Ok((conf, shown))
+}
+
+/// `path` if it is not a symlink, else the file it finally points to.
+fn resolve(path: &Path) -> Result<PathBuf, InstallError> {
+    let meta = std::fs::symlink_metadata(path)
+        .map_err(|e| io(format!("reading {}", path.display()), e))?;
+    if !meta.file_type().is_symlink() {
+        return Ok(path.to_path_buf());
+    }
+    std::fs::canonicalize(path)
+        .map_err(|e| io(format!("following the symlink {}", path.display()), e))
+}
+
+type Edit<'a> = &'a dyn Fn(&Value, &str) -> Result<(Value, bool), InstallError>;
+
+/// Reads `path`, edits it and publishes the result, unless the file changed
+/// between the read and the rename: the primary CNI's agent re-rendering
+/// its list then, and publishing would silently undo its write. The edit
+/// then starts over from the new contents. The caller holds the conf dir's
+/// [`DirLock`]; `before_publish` lets tests act in the window.
+fn edit_file(
+    path: &Path,
+    edit: Edit<'_>,
+    before_publish: &mut dyn FnMut(&Path),
+) -> Result<String, InstallError> {
+    let mut shown = path.display().to_string();
+    for _ in 0..EDIT_ATTEMPTS {
+        // A symlinked list is edited where it points, in that directory:
+        // replacing the link with a file would cut whoever maintains the
+        // target (a vendor's agent, config management) off from the
+        // runtime, and refusing it would leave the node unenforced.
+        let target = resolve(path)?;
+        if target != path {
+            shown = format!("{} -> {}", path.display(), target.display());
+        }
+        let seen = snapshot(&target)?;
+        let (new, changed) = edit(&parse_conf(&seen.bytes, &shown)?, &shown)?;
+        if !changed {
+            return Ok(format!("{shown}: unchanged"));
+        }
+        let mut bytes = serde_json::to_vec_pretty(&new).expect("a JSON value serializes");
+        bytes.push(b'\n');
+        // The file's own mode and owner, not ours: it is still the vendor's.
+        let staged = Staged::new(&target, &bytes, seen.mode, Some((seen.uid, seen.gid)))?;
+        before_publish(&target);
+        // As late as it can be; a writer that ignores our lock can still
+        // land between this and the rename, but not between read and edit.
+        if resolve(path)? != target || snapshot(&target)? != seen {
+            continue;
+        }
+        staged.publish(&target)?;
+        return Ok(format!("{shown}: updated"));
+    }
+    Err(InstallError::Config {
+        path: shown,
+        reason: format!(
+            "changed by another writer during each of {EDIT_ATTEMPTS} attempts to edit it; \
+             nothing was written (run again once it settles)"
+        ),
+    })
 }
 
 /// Copies this binary into the CNI bin dir, then chains it into the
 /// network configuration; in that order, so the runtime never finds an
 /// entry whose binary is missing.
 pub fn install(opts: &Options, own_binary: &Path) -> Result<Vec<String>, InstallError> {
+    install_with(opts, own_binary, &mut |_| {})
+}
+
+fn install_with(
+    opts: &Options,
+    own_binary: &Path,
+    before_publish: &mut dyn FnMut(&Path),
+) -> Result<Vec<String>, InstallError> {
+    let ours = checked_entry(opts)?;
+    // Held over the binary too: an uninstall must not remove it between
+    // our copy and our entry.
+    let _lock = lock_dir(&opts.conf_dir)?;
+    // A list that cannot take our entry is refused before anything is
+    // written, the binary included.
+    let path = config_path(opts)?;
+    let (conf, shown) = read_conf(&path)?;
+    chain(&conf, &ours, &shown)?;
     let mut done = Vec::new();
     if let Some(bin_dir) = &opts.bin_dir {
         let target = bin_dir.join(PLUGIN_TYPE);
@@ -268,24 +535,102 @@ pub fn install(opts: &Options, own_binary: &Path) -> Result<Vec<String>, Install
             done.push(format!("{}: installed", target.display()));
         }
     }
-    let ours = entry(&opts.enforcer_socket, opts.timeout_seconds);
-    done.push(rewrite(opts, |conf, path| chain(conf, &ours, path))?);
+    done.push(edit_file(
+        &path,
+        &|conf, path| chain(conf, &ours, path),
+        before_publish,
+    )?);
     Ok(done)
 }
 
-/// Takes our entry out of the network configuration, then (with a bin dir)
-/// the binary; the reverse order of [`install`].
+/// What a configuration file says of palisade-cni.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reference {
+    None,
+    /// An entry of its plugin list, which [`unchain`] removes.
+    InList,
+    /// Anywhere else (a single-plugin config of our type, a delegate, a
+    /// file that is not JSON): not ours to edit, but the runtime may still
+    /// run the binary for it.
+    Other,
+}
+
+fn reference_in(path: &Path) -> Result<Reference, InstallError> {
+    let bytes = match snapshot(path) {
+        Ok(seen) => seen.bytes,
+        // Listed, then gone or a dangling link: nothing the runtime can run.
+        Err(_) if !path.exists() => return Ok(Reference::None),
+        Err(e) => return Err(e),
+    };
+    let in_list = serde_json::from_slice::<Value>(&bytes).is_ok_and(|conf| {
+        conf.get("plugins")
+            .and_then(Value::as_array)
+            .is_some_and(|plugins| plugins.iter().any(is_ours))
+    });
+    let quoted = format!("\"{PLUGIN_TYPE}\"");
+    Ok(if in_list {
+        Reference::InList
+    } else if bytes.windows(quoted.len()).any(|w| w == quoted.as_bytes()) {
+        Reference::Other
+    } else {
+        Reference::None
+    })
+}
+
+/// Takes our entry out of every configuration file of the conf dir that
+/// has one (not only the runtime's choice: an install with --conf-file may
+/// have chained another), then (with a bin dir) removes the binary, unless
+/// a file still names it; the reverse order of [`install`].
 pub fn uninstall(opts: &Options) -> Result<Vec<String>, InstallError> {
-    let mut done = vec![rewrite(opts, unchain)?];
-    if let Some(bin_dir) = &opts.bin_dir {
-        let target = bin_dir.join(PLUGIN_TYPE);
-        match std::fs::remove_file(&target) {
-            Ok(()) => done.push(format!("{}: removed", target.display())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                done.push(format!("{}: absent", target.display()))
-            }
-            Err(e) => return Err(io(format!("removing {}", target.display()), e)),
+    let _lock = lock_dir(&opts.conf_dir)?;
+    let entries = read_conf_dir(&opts.conf_dir)?;
+    let mut files: Vec<PathBuf> = conf_files(&entries)
+        .into_iter()
+        .map(|name| opts.conf_dir.join(name))
+        .collect();
+    if let Some(name) = &opts.conf_file {
+        let named = opts.conf_dir.join(name);
+        if !files.contains(&named) {
+            files.push(named);
         }
+    }
+    let mut done = Vec::new();
+    for path in &files {
+        if reference_in(path)? == Reference::InList {
+            done.push(edit_file(path, &unchain, &mut |_| {})?);
+        }
+    }
+    if done.is_empty() {
+        done.push(format!(
+            "{}: no plugin list has an entry of {PLUGIN_TYPE}",
+            opts.conf_dir.display()
+        ));
+    }
+    let Some(bin_dir) = &opts.bin_dir else {
+        return Ok(done);
+    };
+    let target = bin_dir.join(PLUGIN_TYPE);
+    // Removing the binary while a file names it would fail every ADD and
+    // DEL of that network instead of leaving palisade-cni in place.
+    for path in &files {
+        if reference_in(path)? != Reference::None {
+            return Err(InstallError::Config {
+                path: path.display().to_string(),
+                reason: format!(
+                    "still references {PLUGIN_TYPE} outside a plugin list entry uninstall can \
+                     remove; {} is kept so the runtime can still run it: remove the \
+                     reference, then run uninstall again",
+                    target.display()
+                ),
+            });
+        }
+    }
+    match std::fs::remove_file(&target) {
+        Ok(()) => done.push(format!("{}: removed", target.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            done.push(format!("{}: absent", target.display()))
+        }
+        Err(e) => return Err(io(format!("removing {}", target.display()), e)),
     }
     Ok(done)
 }
@@ -353,7 +698,7 @@ mod tests {
         let err = chain(&single, &ours(), "/etc/cni/net.d/10-bridge.conf").unwrap_err();
         assert!(err.to_string().contains("10-bridge.conf"), "{err}");
         assert!(err.to_string().contains("single-plugin"), "{err}");
-        let only_ours = json!({"name": "n", "plugins": [ours()]});
+        let only_ours = json!({"cniVersion": "1.0.0", "name": "n", "plugins": [ours()]});
         let err = chain(&only_ours, &ours(), "f").unwrap_err();
         assert!(err.to_string().contains("no interface plugin"), "{err}");
         let not_list = json!({"name": "n", "plugins": {"type": "x"}});
@@ -362,16 +707,174 @@ mod tests {
     }
 
     #[test]
+    fn chain_refuses_a_list_whose_cni_version_the_plugin_refuses() {
+        for version in ["0.3.0", "0.3.1", "0.4.0", "1.0.0"] {
+            let mut conf = flannel();
+            conf["cniVersion"] = json!(version);
+            chain(&conf, &ours(), "f").unwrap_or_else(|e| panic!("{version}: {e}"));
+        }
+        let path = "/etc/cni/net.d/10-old.conflist";
+        for (version, shown) in [
+            (json!("0.2.0"), "\"0.2.0\""),
+            (json!(""), "\"\""),
+            (json!(1), "1"),
+        ] {
+            let mut conf = flannel();
+            conf["cniVersion"] = version;
+            let err = chain(&conf, &ours(), path).unwrap_err().to_string();
+            assert!(err.starts_with(path), "{err}");
+            assert!(err.contains("cniVersion") && err.contains(shown), "{err}");
+        }
+        let mut conf = flannel();
+        conf.as_object_mut().unwrap().remove("cniVersion");
+        let err = chain(&conf, &ours(), path).unwrap_err().to_string();
+        assert!(err.contains("cniVersion is missing"), "{err}");
+    }
+
+    /// A conf dir with `10-flannel.conflist` (of `conf`), a bin dir and a
+    /// binary to install; `Options` for them.
+    fn node(conf: &Value) -> (tempfile::TempDir, Options, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let conf_dir = dir.path().join("net.d");
+        let bin = dir.path().join("bin");
+        std::fs::create_dir_all(&conf_dir).unwrap();
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(
+            conf_dir.join("10-flannel.conflist"),
+            serde_json::to_vec_pretty(conf).unwrap(),
+        )
+        .unwrap();
+        let own = dir.path().join("self");
+        std::fs::write(&own, b"binary").unwrap();
+        let opts = Options {
+            conf_dir,
+            conf_file: None,
+            bin_dir: Some(bin),
+            enforcer_socket: "/run/palisade/cni.sock".into(),
+            timeout_seconds: 10,
+        };
+        (dir, opts, own)
+    }
+
+    /// Every file under `dir`, with its bytes.
+    fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                out.extend(tree(&path));
+            } else {
+                let bytes = std::fs::read(&path).unwrap();
+                out.push((path, bytes));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn install_writes_nothing_into_a_list_of_a_refused_cni_version() {
+        let mut conf = flannel();
+        conf["cniVersion"] = json!("0.2.0");
+        let (dir, opts, own) = node(&conf);
+        let before = tree(dir.path());
+        let err = install(&opts, &own).unwrap_err().to_string();
+        assert!(err.contains("10-flannel.conflist"), "{err}");
+        assert!(err.contains("cniVersion \"0.2.0\""), "{err}");
+        // Neither the list nor the binary.
+        assert_eq!(tree(dir.path()), before);
+    }
+
+    #[test]
+    fn install_refuses_options_the_plugin_would_refuse() {
+        let (dir, opts, own) = node(&flannel());
+        let before = tree(dir.path());
+        for (opts, flag) in [
+            (
+                Options {
+                    timeout_seconds: 0,
+                    ..opts.clone()
+                },
+                "--timeout-seconds",
+            ),
+            (
+                Options {
+                    timeout_seconds: 601,
+                    ..opts.clone()
+                },
+                "--timeout-seconds",
+            ),
+            (
+                Options {
+                    enforcer_socket: "run/palisade/cni.sock".into(),
+                    ..opts.clone()
+                },
+                "--enforcer-socket",
+            ),
+        ] {
+            let err = install(&opts, &own).unwrap_err().to_string();
+            assert!(err.starts_with(flag), "{err}");
+            assert_eq!(tree(dir.path()), before, "{err}");
+        }
+        // The bounds are the plugin's own.
+        for timeout_seconds in [1, config::MAX_TIMEOUT_SECONDS] {
+            install(
+                &Options {
+                    timeout_seconds,
+                    ..opts.clone()
+                },
+                &own,
+            )
+            .unwrap();
+        }
+    }
+
+    fn files(v: &[&str]) -> Vec<DirEntry> {
+        v.iter()
+            .map(|s| DirEntry {
+                name: s.to_string(),
+                is_dir: false,
+            })
+            .collect()
+    }
+
+    #[test]
     fn the_runtime_uses_the_first_configuration_file() {
-        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let dir = names(&[
-            "99-last.conflist",
-            "10-flannel.conflist",
-            "05-x.txt",
-            ".10-tmp.conflist",
-        ]);
+        let dir = files(&["99-last.conflist", "10-flannel.conflist", "05-x.txt"]);
         assert_eq!(runtime_choice(&dir).unwrap(), "10-flannel.conflist");
-        assert_eq!(runtime_choice(&names(&["README", "a.txt"])), None);
+        assert_eq!(runtime_choice(&files(&["README", "a.txt"])), None);
+    }
+
+    /// libcni's `ConfFiles` skips no dot-file, and Go sorts '.' (0x2e)
+    /// before digits: a dot-file with a conf extension wins.
+    #[test]
+    fn the_runtime_choice_counts_dot_files() {
+        let dir = files(&["10-flannel.conflist", ".10-tmp.conflist"]);
+        assert_eq!(runtime_choice(&dir).unwrap(), ".10-tmp.conflist");
+    }
+
+    #[test]
+    fn the_runtime_choice_takes_the_last_extension_and_byte_order() {
+        assert!(is_conf_name(".conf") && is_conf_name("a.json.conf"));
+        assert!(!is_conf_name("a.conflist.bak") && !is_conf_name("conflist"));
+        assert!(!is_conf_name("a.CONF") && !is_conf_name("a.conf~"));
+        // Byte order: upper case before lower, '-' before digits.
+        let dir = files(&["b.conf", "B.conf", "1.conf", "-.conf", "a.conflist.bak"]);
+        assert_eq!(conf_files(&dir), ["-.conf", "1.conf", "B.conf", "b.conf"]);
+    }
+
+    #[test]
+    fn the_runtime_choice_skips_directories_but_not_symlinks() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("00-dir.conflist")).unwrap();
+        std::fs::write(dir.path().join("20-real.conflist"), b"{}").unwrap();
+        std::os::unix::fs::symlink("20-real.conflist", dir.path().join("10-link.conflist"))
+            .unwrap();
+        let entries = read_conf_dir(dir.path()).unwrap();
+        assert_eq!(
+            conf_files(&entries),
+            ["10-link.conflist", "20-real.conflist"]
+        );
     }
 
     #[test]
@@ -395,6 +898,298 @@ mod tests {
             .to_string()
             .contains("--bogus"));
         assert!(parse_args(&args(&["--conf-dir"])).is_err());
+    }
+
+    fn read_json(path: &Path) -> Value {
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    }
+
+    /// The names in `dir` that are none of `expected`.
+    fn strays(dir: &Path, expected: &[&str]) -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !expected.contains(&n.as_str()))
+            .collect()
+    }
+
+    #[test]
+    fn temporary_files_are_new_files_with_names_of_their_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("10-flannel.conflist");
+        // The name every run in a container used (pid 1): another run's
+        // half-written file, which O_TRUNC would have reset and moved.
+        let theirs = dir.path().join(format!(
+            ".10-flannel.conflist.palisade-{}",
+            std::process::id()
+        ));
+        std::fs::write(&theirs, b"another run's bytes").unwrap();
+        replace_atomically(&dest, b"ours", 0o644).unwrap();
+        assert_eq!(std::fs::read(&theirs).unwrap(), b"another run's bytes");
+        assert_eq!(std::fs::read(&dest).unwrap(), b"ours");
+
+        let (a, _) = create_temp(&dest).unwrap();
+        let (b, _) = create_temp(&dest).unwrap();
+        assert_ne!(a, b);
+        assert!(!is_conf_name(&a.file_name().unwrap().to_string_lossy()));
+    }
+
+    #[test]
+    fn a_failed_replace_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // rename(2) cannot put a file over a non-empty directory.
+        let dest = dir.path().join("10-x.conflist");
+        std::fs::create_dir(&dest).unwrap();
+        std::fs::write(dest.join("inside"), b"").unwrap();
+        let err = replace_atomically(&dest, b"{}", 0o644).unwrap_err();
+        assert!(err.to_string().contains("10-x.conflist"), "{err}");
+        assert_eq!(strays(dir.path(), &["10-x.conflist"]), Vec::<String>::new());
+    }
+
+    #[test]
+    fn install_holds_the_conf_dir_lock_from_read_to_rename() {
+        let (_dir, opts, own) = node(&flannel());
+        let mut tried = 0;
+        install_with(&opts, &own, &mut |_| {
+            tried += 1;
+            let other = File::open(&opts.conf_dir).unwrap();
+            // SAFETY: flock on a descriptor this closure owns.
+            let rc = unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+            let e = std::io::Error::last_os_error();
+            assert_eq!(rc, -1, "another run could lock the conf dir mid-edit");
+            assert_eq!(e.raw_os_error(), Some(libc::EWOULDBLOCK));
+        })
+        .unwrap();
+        assert_eq!(tried, 1);
+        // And released after.
+        drop(lock_dir(&opts.conf_dir).unwrap());
+    }
+
+    #[test]
+    fn a_write_by_another_during_the_edit_is_kept_and_the_edit_redone() {
+        let (_dir, opts, own) = node(&flannel());
+        let mut vendor = flannel();
+        vendor["plugins"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"type": "bandwidth"}));
+        let mut writes = 0;
+        install_with(&opts, &own, &mut |path| {
+            if writes == 0 {
+                std::fs::write(path, serde_json::to_vec(&vendor).unwrap()).unwrap();
+            }
+            writes += 1;
+        })
+        .unwrap();
+        assert_eq!(writes, 2, "the edit is redone once");
+        let conf = read_json(&opts.conf_dir.join("10-flannel.conflist"));
+        let types: Vec<&str> = conf["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(types, ["flannel", "portmap", "bandwidth", PLUGIN_TYPE]);
+        assert_eq!(
+            strays(&opts.conf_dir, &["10-flannel.conflist"]),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn a_file_that_keeps_changing_is_refused_by_name_and_left_as_written() {
+        let (_dir, opts, own) = node(&flannel());
+        let path = opts.conf_dir.join("10-flannel.conflist");
+        let mut writes = 0u64;
+        let err = install_with(&opts, &own, &mut |path| {
+            writes += 1;
+            let mut vendor = flannel();
+            vendor["name"] = json!(format!("cbr{writes}"));
+            // Replaced by rename, as agents do: a new inode each time.
+            let tmp = path.with_extension("vendor-tmp");
+            std::fs::write(&tmp, serde_json::to_vec(&vendor).unwrap()).unwrap();
+            std::fs::rename(&tmp, path).unwrap();
+        })
+        .unwrap_err()
+        .to_string();
+        assert_eq!(writes, EDIT_ATTEMPTS as u64);
+        assert!(err.starts_with(&path.display().to_string()), "{err}");
+        assert!(err.contains("changed by another writer"), "{err}");
+        let conf = read_json(&path);
+        assert_eq!(conf["name"], format!("cbr{writes}"));
+        assert_eq!(conf["plugins"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            strays(&opts.conf_dir, &["10-flannel.conflist"]),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn a_symlinked_list_is_edited_where_it_points_and_stays_a_link() {
+        let (dir, opts, own) = node(&flannel());
+        let vendor = dir.path().join("vendor");
+        std::fs::create_dir(&vendor).unwrap();
+        let link = opts.conf_dir.join("10-flannel.conflist");
+        std::fs::rename(&link, vendor.join("flannel.conflist")).unwrap();
+        std::fs::set_permissions(
+            vendor.join("flannel.conflist"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("../vendor/flannel.conflist", &link).unwrap();
+
+        let done = install(&opts, &own).unwrap();
+        assert!(
+            done.last().unwrap().contains("vendor/flannel.conflist"),
+            "{done:?}"
+        );
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(
+            std::fs::read_link(&link).unwrap(),
+            Path::new("../vendor/flannel.conflist")
+        );
+        let target = vendor.join("flannel.conflist");
+        assert_eq!(read_json(&target)["plugins"][2], ours());
+        let mode = std::fs::metadata(&target).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o600);
+        // The temporary file lived beside the target, and is gone.
+        assert_eq!(strays(&vendor, &["flannel.conflist"]), Vec::<String>::new());
+        assert_eq!(
+            strays(&opts.conf_dir, &["10-flannel.conflist"]),
+            Vec::<String>::new()
+        );
+
+        uninstall(&opts).unwrap();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(read_json(&target), flannel());
+    }
+
+    #[test]
+    fn an_edit_keeps_the_files_mode_and_owner() {
+        let (_dir, opts, own) = node(&flannel());
+        let path = opts.conf_dir.join("10-flannel.conflist");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        // Only root can give a file away; as anyone else the owner is ours.
+        let owner = if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::chown(&path, Some(4321), Some(4322)).unwrap();
+            (4321, 4322)
+        } else {
+            let meta = std::fs::metadata(&path).unwrap();
+            (meta.uid(), meta.gid())
+        };
+        install(&opts, &own).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(read_json(&path)["plugins"][2], ours());
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+        assert_eq!((meta.uid(), meta.gid()), owner);
+    }
+
+    #[test]
+    fn uninstall_removes_our_entry_from_every_file() {
+        let (_dir, opts, own) = node(&flannel());
+        let mut calico = flannel();
+        calico["name"] = json!("k8s-pod-network");
+        let calico_bytes = serde_json::to_vec_pretty(&calico).unwrap();
+        std::fs::write(opts.conf_dir.join("20-calico.conflist"), &calico_bytes).unwrap();
+        let plain = br#"{"cniVersion":"1.0.0","name":"p","plugins":[{"type":"ptp"}]}"#;
+        std::fs::write(opts.conf_dir.join("30-plain.conflist"), plain).unwrap();
+        // libcni lists it, and reading it fails: not a reference.
+        std::os::unix::fs::symlink("gone", opts.conf_dir.join("40-dangling.conf")).unwrap();
+        install(&opts, &own).unwrap();
+        let calico_opts = Options {
+            conf_file: Some("20-calico.conflist".into()),
+            ..opts.clone()
+        };
+        install(&calico_opts, &own).unwrap();
+        assert_eq!(
+            read_json(&opts.conf_dir.join("20-calico.conflist"))["plugins"][2],
+            ours()
+        );
+
+        let done = uninstall(&opts).unwrap();
+        assert_eq!(done.len(), 3, "{done:?}");
+        assert_eq!(
+            read_json(&opts.conf_dir.join("10-flannel.conflist")),
+            flannel()
+        );
+        assert_eq!(read_json(&opts.conf_dir.join("20-calico.conflist")), calico);
+        assert_eq!(
+            std::fs::read(opts.conf_dir.join("30-plain.conflist")).unwrap(),
+            plain
+        );
+        assert!(!opts.bin_dir.as_ref().unwrap().join(PLUGIN_TYPE).exists());
+    }
+
+    #[test]
+    fn uninstall_keeps_the_binary_while_a_file_still_references_it() {
+        let (_dir, opts, own) = node(&flannel());
+        install(&opts, &own).unwrap();
+        let binary = opts.bin_dir.as_ref().unwrap().join(PLUGIN_TYPE);
+        for (name, text) in [
+            (
+                "50-single.conf",
+                r#"{"cniVersion":"1.0.0","name":"x","type":"palisade-cni"}"#,
+            ),
+            (
+                "50-delegate.conflist",
+                r#"{"cniVersion":"1.0.0","name":"x","plugins":[{"type":"multus","delegates":[{"type":"palisade-cni"}]}]}"#,
+            ),
+            (
+                "50-broken.json",
+                r#"{"plugins": [{"type": "palisade-cni"},"#,
+            ),
+        ] {
+            let path = opts.conf_dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            let err = uninstall(&opts).unwrap_err().to_string();
+            assert!(err.starts_with(&path.display().to_string()), "{err}");
+            assert!(err.contains("still references"), "{err}");
+            assert!(binary.exists(), "{name}");
+            // What uninstall can remove, it did; the file it cannot edit is as it was.
+            assert_eq!(
+                read_json(&opts.conf_dir.join("10-flannel.conflist")),
+                flannel()
+            );
+            assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+            std::fs::remove_file(&path).unwrap();
+        }
+        uninstall(&opts).unwrap();
+        assert!(!binary.exists());
+    }
+
+    #[test]
+    fn concurrent_installs_publish_whole_files() {
+        let (_dir, opts, own) = node(&flannel());
+        std::thread::scope(|s| {
+            for timeout_seconds in 1..=8 {
+                let (opts, own) = (&opts, &own);
+                s.spawn(move || {
+                    install(
+                        &Options {
+                            timeout_seconds,
+                            ..opts.clone()
+                        },
+                        own,
+                    )
+                    .unwrap();
+                });
+            }
+        });
+        let conf = read_json(&opts.conf_dir.join("10-flannel.conflist"));
+        let plugins = conf["plugins"].as_array().unwrap();
+        assert_eq!(plugins.len(), 3, "{conf}");
+        assert_eq!(plugins[..2], flannel()["plugins"].as_array().unwrap()[..]);
+        assert!(is_ours(&plugins[2]));
+        assert_eq!(
+            strays(&opts.conf_dir, &["10-flannel.conflist"]),
+            Vec::<String>::new()
+        );
     }
 
     #[test]

@@ -1,10 +1,11 @@
-//! `palisade-cni`, a CNI (spec 1.0.0, also 0.4.0) chained plugin.
+//! `palisade-cni`, a CNI (spec 1.0.0, also 0.4.0, 0.3.1 and 0.3.0) chained
+//! plugin.
 //!
-//! It runs after an interface plugin such as ptp, reads the host-side veth(s)
-//! and pod IPs from `prevResult`, and asks the node-enforcer (over its unix
-//! socket) to enforce the pod's policy before the runtime starts the pod. ADD
-//! returns only once the enforcer says the policy is in the datapath, so a pod
-//! never runs unprotected.
+//! It runs after an interface plugin such as ptp, reads the pod IPs from
+//! `prevResult` and the pod's host veth from the kernel, and asks the
+//! node-enforcer (over its unix socket) to enforce the pod's policy before
+//! the runtime starts the pod. ADD returns only once the enforcer says the
+//! policy is in the datapath, so a pod never runs unprotected.
 //!
 //! Network config (stdin):
 //! ```json
@@ -71,8 +72,12 @@ mod tests {
     }
 
     fn conf(socket: &Path, prev_result: Option<&str>) -> String {
+        conf_v("1.0.0", socket, prev_result)
+    }
+
+    fn conf_v(version: &str, socket: &Path, prev_result: Option<&str>) -> String {
         let mut out = format!(
-            r#"{{"cniVersion":"1.0.0","name":"k8s-pod-network","type":"palisade-cni","enforcerSocket":"{}","timeoutSeconds":5"#,
+            r#"{{"cniVersion":"{version}","name":"k8s-pod-network","type":"palisade-cni","enforcerSocket":"{}","timeoutSeconds":5"#,
             socket.display()
         );
         if let Some(prev) = prev_result {
@@ -84,11 +89,17 @@ mod tests {
     }
 
     fn run_with(env: &HashMap<String, String>, stdin: &str) -> Result<Output, CniError> {
-        super::run_with(
-            env,
-            stdin.as_bytes(),
-            &super::host_veth::Fixed(HOST_VETH.into()),
-        )
+        run_host(env, stdin, HOST_VETH)
+    }
+
+    /// [`run_with`] where the kernel says the container interface's peer is
+    /// `veth`.
+    fn run_host(
+        env: &HashMap<String, String>,
+        stdin: &str,
+        veth: &str,
+    ) -> Result<Output, CniError> {
+        super::run_with(env, stdin.as_bytes(), &super::host_veth::Fixed(veth.into()))
     }
 
     fn expect_err(result: Result<Output, CniError>) -> CniError {
@@ -120,6 +131,8 @@ mod tests {
         /// Every call fails with this, when set.
         reject: Option<(Code, &'static str)>,
         check_state: Option<PodState>,
+        /// PodUpResponse.warning.
+        warning: &'static str,
     }
 
     impl FakeEnforcer {
@@ -144,7 +157,7 @@ mod tests {
                 ingress_isolated: true,
                 egress_isolated: false,
                 policy_realized: true,
-                warning: String::new(),
+                warning: self.warning.into(),
             }))
         }
 
@@ -263,7 +276,7 @@ mod tests {
     fn wrong_field_type_is_a_decode_error_in_the_config_version() {
         let stdin =
             r#"{"cniVersion":"0.4.0","name":"n","type":"palisade-cni","timeoutSeconds":"ten"}"#;
-        let err = expect_err(run_with(&env("DEL"), stdin));
+        let err = expect_err(run_with(&env("ADD"), stdin));
         assert_eq!(err.code, code::DECODE);
         assert!(err.details.contains("timeoutSeconds") || err.details.contains("invalid type"));
         assert_eq!(err.cni_version.as_deref(), Some("0.4.0"));
@@ -280,10 +293,10 @@ mod tests {
 
     #[test]
     fn unsupported_cni_version_is_incompatible() {
-        let stdin = r#"{"cniVersion":"0.3.1","name":"n","type":"palisade-cni"}"#;
+        let stdin = r#"{"cniVersion":"0.2.0","name":"n","type":"palisade-cni"}"#;
         let err = expect_err(run_with(&env("ADD"), stdin));
         assert_eq!(err.code, code::INCOMPATIBLE_VERSION);
-        assert!(err.msg.contains("0.3.1"));
+        assert!(err.msg.contains("0.2.0"));
         // Reported in a version the plugin speaks.
         assert!(err.to_json().contains(r#""cniVersion":"1.0.0""#));
     }
@@ -298,14 +311,14 @@ mod tests {
         assert!(err.msg.contains("cniVersion"));
 
         let err = expect_err(run_with(
-            &env("DEL"),
+            &env("ADD"),
             r#"{"cniVersion":"1.0.0","enforcerSocket":"run/cni.sock"}"#,
         ));
         assert_eq!(err.code, code::INVALID_CONFIG);
         assert!(err.msg.contains("absolute"));
 
         let err = expect_err(run_with(
-            &env("DEL"),
+            &env("CHECK"),
             r#"{"cniVersion":"1.0.0","timeoutSeconds":0}"#,
         ));
         assert_eq!(err.code, code::INVALID_CONFIG);
@@ -496,7 +509,7 @@ mod tests {
         let out = run(&env("VERSION"), Unreadable).unwrap();
         assert_eq!(
             out.stdout,
-            r#"{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0"]}"#
+            r#"{"cniVersion":"1.0.0","supportedVersions":["0.3.0","0.3.1","0.4.0","1.0.0"]}"#
         );
     }
 
@@ -807,6 +820,242 @@ mod tests {
         assert_eq!(err.code, code::INVALID_CONFIG);
         assert!(err.msg.contains("prevResult is required for CHECK"));
     }
+
+    // ---- cniVersion 0.3.x ----
+
+    /// A 0.3.1 result as flannel's chain hands it on: `version` in each ip.
+    const PREV_RESULT_031: &str = r#"{"cniVersion":"0.3.1",
+  "interfaces":[{"name":"veth9f8e7d6c","mac":"2a:1b:3c:4d:5e:6f"},
+                {"name":"eth0","mac":"0a:58:0a:f4:01:05","sandbox":"/var/run/netns/cni-1234"}],
+  "ips":[{"version":"4","interface":1,"address":"10.244.1.5/24","gateway":"10.244.1.1"}],
+  "dns":{}}"#;
+
+    #[test]
+    fn cni_0_3_x_configs_are_served() {
+        for version in ["0.3.0", "0.3.1"] {
+            let server = TestServer::start(FakeEnforcer::default());
+            let stdin = conf_v(version, &server.socket, Some(PREV_RESULT_031));
+            let out = run_with(&env("ADD"), &stdin).unwrap();
+            assert_eq!(out.stdout, PREV_RESULT_031, "{version}");
+            run_with(&env("DEL"), &conf_v(version, &server.socket, None)).unwrap();
+            let seen = server.seen();
+            assert_eq!(seen.len(), 2, "{version}: {seen:?}");
+            let Seen::Up(up) = &seen[0] else {
+                panic!("{version}: {seen:?}")
+            };
+            assert_eq!(
+                up.pod_ips,
+                vec![ip_prefix(&"10.244.1.5/32".parse().unwrap())]
+            );
+            assert!(matches!(seen[1], Seen::Down(_)), "{version}: {seen:?}");
+        }
+        // Errors speak the config's version.
+        let (_dir, socket) = missing_socket();
+        let err = expect_err(run_with(&env("ADD"), &conf_v("0.3.1", &socket, None)));
+        assert_eq!(err.code, code::INVALID_CONFIG);
+        assert!(
+            err.to_json().contains(r#""cniVersion":"0.3.1""#),
+            "{}",
+            err.to_json()
+        );
+    }
+
+    #[test]
+    fn check_under_0_3_x_is_an_incompatible_version_and_asks_nothing() {
+        for version in ["0.3.0", "0.3.1"] {
+            let server = TestServer::start(FakeEnforcer {
+                check_state: Some(enforced_state()),
+                ..Default::default()
+            });
+            let stdin = conf_v(version, &server.socket, Some(PREV_RESULT_031));
+            let err = expect_err(run_with(&env("CHECK"), &stdin));
+            assert_eq!(err.code, code::INCOMPATIBLE_VERSION, "{version}");
+            assert!(
+                err.msg.contains(version) && err.msg.contains("CHECK"),
+                "{err}"
+            );
+            assert!(
+                err.to_json()
+                    .contains(&format!(r#""cniVersion":"{version}""#)),
+                "{}",
+                err.to_json()
+            );
+            assert_eq!(server.seen(), vec![], "{version}");
+        }
+    }
+
+    // ---- DEL under a refused config ----
+
+    #[test]
+    fn del_under_a_refused_config_still_sends_pod_down_and_succeeds() {
+        let server = TestServer::start(FakeEnforcer::default());
+        let socket = server.socket.display().to_string();
+        let cases = [
+            format!(r#"{{"cniVersion":"0.2.0","enforcerSocket":"{socket}"}}"#),
+            format!(r#"{{"cniVersion":"9.9.9","enforcerSocket":"{socket}","timeoutSeconds":3}}"#),
+            format!(r#"{{"enforcerSocket":"{socket}"}}"#),
+            format!(r#"{{"cniVersion":"1.0.0","enforcerSocket":"{socket}","timeoutSeconds":0}}"#),
+            format!(
+                r#"{{"cniVersion":"1.0.0","enforcerSocket":"{socket}","timeoutSeconds":"ten"}}"#
+            ),
+        ];
+        for (i, stdin) in cases.iter().enumerate() {
+            let out = run_with(&env("DEL"), stdin).unwrap_or_else(|e| panic!("{stdin}: {e}"));
+            assert!(out.stdout.is_empty(), "{stdin}");
+            assert!(
+                out.stderr[0].contains("refused"),
+                "{stdin}: {:?}",
+                out.stderr
+            );
+            assert_eq!(out.stderr.len(), 1, "{stdin}: {:?}", out.stderr);
+            assert_eq!(server.seen().len(), i + 1, "{stdin}");
+            assert_eq!(
+                server.seen()[i],
+                Seen::Down(PodDownRequest {
+                    pod: expected_pod(),
+                    container_id: CONTAINER_ID.into(),
+                }),
+                "{stdin}"
+            );
+        }
+    }
+
+    #[test]
+    fn del_under_a_refused_config_succeeds_whatever_the_enforcer_says() {
+        let server = TestServer::start(FakeEnforcer {
+            reject: Some((Code::Internal, "boom")),
+            ..Default::default()
+        });
+        let stdin = format!(
+            r#"{{"cniVersion":"0.2.0","enforcerSocket":"{}"}}"#,
+            server.socket.display()
+        );
+        let out = run_with(&env("DEL"), &stdin).unwrap();
+        assert!(out.stdout.is_empty());
+        assert_eq!(server.seen().len(), 1);
+        assert!(
+            out.stderr.iter().any(|l| l.contains("boom")),
+            "{:?}",
+            out.stderr
+        );
+
+        // Nothing to decode, and nothing usable in it: still torn down.
+        let (_dir, socket) = missing_socket();
+        for stdin in [
+            &b""[..],
+            &[0xff, 0xfe][..],
+            b"{oops",
+            br#"{"enforcerSocket":"rel/x"}"#,
+        ] {
+            let out = super::run_with(
+                &env("DEL"),
+                stdin,
+                &super::host_veth::Fixed(HOST_VETH.into()),
+            )
+            .unwrap_or_else(|e| panic!("{:?}: {e}", String::from_utf8_lossy(stdin)));
+            assert!(out.stdout.is_empty());
+        }
+        // The socket the refused config names is used when it is valid.
+        let out = run_with(
+            &env("DEL"),
+            &format!(
+                r#"{{"cniVersion":"0.2.0","enforcerSocket":"{}"}}"#,
+                socket.display()
+            ),
+        )
+        .unwrap();
+        assert!(
+            out.stderr
+                .iter()
+                .any(|l| l.contains(&socket.display().to_string())),
+            "{:?}",
+            out.stderr
+        );
+    }
+
+    #[test]
+    fn del_target_keeps_each_valid_option_and_defaults_the_rest() {
+        let (socket, timeout) = config::del_target(
+            r#"{"cniVersion":"0.2.0","enforcerSocket":"/x.sock","timeoutSeconds":0}"#,
+        );
+        assert_eq!(socket, PathBuf::from("/x.sock"));
+        assert_eq!(timeout.as_secs(), DEFAULT_TIMEOUT_SECONDS);
+        let (socket, timeout) =
+            config::del_target(r#"{"enforcerSocket":"x.sock","timeoutSeconds":3}"#);
+        assert_eq!(socket, PathBuf::from(DEFAULT_ENFORCER_SOCKET));
+        assert_eq!(timeout.as_secs(), 3);
+        assert_eq!(
+            config::del_target("not json").0,
+            PathBuf::from(DEFAULT_ENFORCER_SOCKET)
+        );
+    }
+
+    // ---- CHECK finds the host veth as ADD does ----
+
+    /// After `bridge`: the bridge and the veth, both without `sandbox`.
+    const PREV_RESULT_BRIDGE: &str = r#"{"cniVersion":"1.0.0",
+  "interfaces":[{"name":"cni0","mac":"aa:00:00:00:00:01"},
+                {"name":"veth9f8e7d6c","mac":"2a:1b:3c:4d:5e:6f"},
+                {"name":"eth0","mac":"0a:58:0a:f4:01:05","sandbox":"/var/run/netns/cni-1234"}],
+  "ips":[{"address":"10.244.1.5/24","gateway":"10.244.1.1","interface":2}]}"#;
+
+    #[test]
+    fn check_after_bridge_compares_the_kernel_peer_not_prev_result() {
+        let server = TestServer::start(FakeEnforcer {
+            check_state: Some(enforced_state()),
+            ..Default::default()
+        });
+        let stdin = conf(&server.socket, Some(PREV_RESULT_BRIDGE));
+        run_with(&env("CHECK"), &stdin).expect("CHECK passes on a bridge chain");
+        // And the peer, not prevResult, is what must match.
+        let err = expect_err(run_host(&env("CHECK"), &stdin, "vethother0"));
+        assert_eq!(err.code, code::CHECK_MISMATCH);
+        assert!(err.details.contains("vethother0"), "{err}");
+    }
+
+    #[test]
+    fn check_names_a_container_interface_it_cannot_find() {
+        struct Gone;
+        impl super::host_veth::HostVeth for Gone {
+            fn host_interface(&self, _: &str, _: &str) -> Result<String, String> {
+                Err("no such netns".into())
+            }
+        }
+        let server = TestServer::start(FakeEnforcer {
+            check_state: Some(enforced_state()),
+            ..Default::default()
+        });
+        let stdin = conf(&server.socket, Some(PREV_RESULT));
+        let err = expect_err(super::run_with(&env("CHECK"), stdin.as_bytes(), &Gone));
+        assert_eq!(err.code, code::INTERNAL);
+        assert!(err.msg.contains("eth0") && err.msg.contains(NETNS), "{err}");
+        assert_eq!(err.details, "no such netns");
+    }
+
+    // ---- the enforcer's warning ----
+
+    #[test]
+    fn add_warning_goes_to_stderr_and_stdout_stays_the_result() {
+        let warning = "pod shop/cart-7d4b9f-x2x8k starts UNPROTECTED: policy not known by the \
+                       pod-up deadline (no plan)";
+        let server = TestServer::start(FakeEnforcer {
+            warning,
+            ..Default::default()
+        });
+        let out = run_with(&env("ADD"), &conf(&server.socket, Some(PREV_RESULT))).unwrap();
+        assert_eq!(out.stdout, PREV_RESULT);
+        assert_eq!(out.stderr.len(), 1, "{:?}", out.stderr);
+        assert!(out.stderr[0].contains(warning), "{:?}", out.stderr);
+        assert!(
+            out.stderr[0].contains("shop/cart-7d4b9f-x2x8k"),
+            "{:?}",
+            out.stderr
+        );
+
+        let quiet = TestServer::start(FakeEnforcer::default());
+        let out = run_with(&env("ADD"), &conf(&quiet.socket, Some(PREV_RESULT))).unwrap();
+        assert!(out.stderr.is_empty(), "{:?}", out.stderr);
+    }
 }
 
 use std::collections::HashMap;
@@ -830,7 +1079,10 @@ const MAX_STDIN_BYTES: u64 = 4 << 20;
 /// What the plugin prints on success.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Output {
+    /// The CNI result, and nothing else: the runtime parses all of it.
     pub stdout: String,
+    /// Lines for the runtime's log of the plugin's stderr.
+    pub stderr: Vec<String>,
 }
 
 /// The whole plugin: the process environment and stdin in, stdout or a CNI
@@ -850,9 +1102,15 @@ pub fn run_with(
         // VERSION may be invoked with no config at all; don't wait on stdin.
         return Ok(Output {
             stdout: version_json(),
+            ..Output::default()
         });
     }
-    let input = read_input(stdin)?;
+    let input = match read_input(stdin) {
+        Ok(input) => input,
+        // DEL must never be blocked by its config, even an unreadable one.
+        Err(e) if command == Command::Del => return del_refused(env, "", e),
+        Err(e) => return Err(e),
+    };
     let version = config::sniff_version(&input);
     execute(command, env, &input, host).map_err(|mut e| {
         if e.cni_version.is_none() {
@@ -898,7 +1156,7 @@ fn execute(
     match command {
         Command::Add => add(env, input, host),
         Command::Del => del(env, input),
-        Command::Check => check(env, input),
+        Command::Check => check(env, input, host),
         // The enforcer reconciles its own state and reports readiness through
         // its health service, so there is nothing for these to do.
         Command::Status | Command::Gc | Command::Version => Ok(Output::default()),
@@ -923,9 +1181,31 @@ fn add(
         )
     })?;
     let mut network = config::pod_network(prev_result)?;
-    // The kernel, not prevResult, says which host interface is the pod's.
-    let veth = host
-        .host_interface(&invocation.netns, &invocation.ifname)
+    network.host_interfaces = vec![host_veth_of(&invocation, host)?];
+    let response = client_for(&conf).pod_up(pod_up_request(&invocation, &network)?)?;
+    let mut stderr = Vec::new();
+    // Standard mode lets a pod whose policy is unknown start open; the
+    // runtime's log is where an operator looks for why.
+    if !response.warning.is_empty() {
+        stderr.push(format!(
+            "ADD {}: {}",
+            pod_label(&invocation),
+            response.warning
+        ));
+    }
+    Ok(Output {
+        stdout: prev_result.get().to_string(),
+        stderr,
+    })
+}
+
+/// The kernel, not prevResult, says which host interface is the pod's
+/// (see [`host_veth`]).
+fn host_veth_of(
+    invocation: &Invocation,
+    host: &dyn host_veth::HostVeth,
+) -> Result<String, CniError> {
+    host.host_interface(&invocation.netns, &invocation.ifname)
         .map_err(|e| {
             CniError::new(
                 code::INTERNAL,
@@ -935,35 +1215,71 @@ fn add(
                 ),
             )
             .with_details(e)
-        })?;
-    network.host_interfaces = vec![veth];
-    client_for(&conf).pod_up(pod_up_request(&invocation, &network)?)?;
-    Ok(Output {
-        stdout: prev_result.get().to_string(),
-    })
+        })
+}
+
+fn pod_label(invocation: &Invocation) -> String {
+    match &invocation.pod {
+        Some(pod) => format!("pod {}/{}", pod.namespace, pod.name),
+        None => format!("container {}", invocation.container_id),
+    }
 }
 
 fn del(env: &HashMap<String, String>, input: &str) -> Result<Output, CniError> {
-    let conf = config::parse_net_conf(input)?;
+    let conf = match config::parse_net_conf(input) {
+        Ok(conf) => conf,
+        Err(refused) => return del_refused(env, input, refused),
+    };
     let invocation = Invocation::from_env(Command::Del, env)?;
     match client_for(&conf).pod_down(pod_down_request(&invocation)) {
         Ok(_) => Ok(Output::default()),
         // Nothing this DEL can do while the enforcer is down, and failing it
         // would block the sandbox's teardown: the next enforcer forgets pods
         // whose interfaces are gone.
-        Err(e) if e.code == code::TRY_AGAIN_LATER => {
-            eprintln!(
-                "palisade-cni: DEL: {}; the enforcer cleans up when it returns",
+        Err(e) if e.code == code::TRY_AGAIN_LATER => Ok(Output {
+            stderr: vec![format!(
+                "DEL: {}; the enforcer cleans up when it returns",
                 e.msg
-            );
-            Ok(Output::default())
-        }
+            )],
+            ..Output::default()
+        }),
         Err(e) => Err(e),
     }
 }
 
-fn check(env: &HashMap<String, String>, input: &str) -> Result<Output, CniError> {
+/// DEL under a config ADD would refuse (an unknown cniVersion, a bad
+/// option, stdin that does not decode): the sandbox must still be torn
+/// down, so PodDown goes out best effort, keyed by CNI_CONTAINERID, and DEL
+/// succeeds whatever the answer; the refusal goes to the runtime's log.
+fn del_refused(
+    env: &HashMap<String, String>,
+    input: &str,
+    refused: CniError,
+) -> Result<Output, CniError> {
+    let invocation = Invocation::from_env(Command::Del, env)?;
+    let (socket, timeout) = config::del_target(input);
+    let mut stderr = vec![format!(
+        "DEL: the network config is refused ({refused}); sending PodDown for container {} \
+         to {} anyway",
+        invocation.container_id,
+        socket.display()
+    )];
+    if let Err(e) = EnforcerClient::new(&socket, timeout).pod_down(pod_down_request(&invocation)) {
+        stderr.push(format!("DEL: {e}; the enforcer cleans up when it returns"));
+    }
+    Ok(Output {
+        stderr,
+        ..Output::default()
+    })
+}
+
+fn check(
+    env: &HashMap<String, String>,
+    input: &str,
+    host: &dyn host_veth::HostVeth,
+) -> Result<Output, CniError> {
     let conf = config::parse_net_conf(input)?;
+    config::check_allows_check(&conf.cni_version)?;
     let invocation = Invocation::from_env(Command::Check, env)?;
     let prev_result = conf.prev_result.as_deref().ok_or_else(|| {
         CniError::invalid_config(
@@ -971,8 +1287,12 @@ fn check(env: &HashMap<String, String>, input: &str) -> Result<Output, CniError>
              interface plugin such as ptp",
         )
     })?;
-    let network = config::pod_network(prev_result)?;
+    let mut network = config::pod_network(prev_result)?;
     let response = client_for(&conf).pod_check(pod_check_request(&invocation)?)?;
+    // The interface ADD recorded, found the same way: prevResult also lists
+    // the bridge after `bridge`. Asked after the enforcer, whose answer
+    // settles most CHECKs without entering the pod's netns.
+    network.host_interfaces = vec![host_veth_of(&invocation, host)?];
     verify_check(&invocation, &network, &response)?;
     Ok(Output::default())
 }
@@ -1064,10 +1384,11 @@ pub fn verify_check(
     if !config::same_interfaces(&state.host_interfaces, &network.host_interfaces) {
         return Err(CniError::new(
             code::CHECK_MISMATCH,
-            "the enforcer's host interfaces for the pod differ from prevResult",
+            "the enforcer's host interfaces for the pod differ from the peer of the \
+             container interface",
         )
         .with_details(format!(
-            "enforcer: {:?}, prevResult: {:?}",
+            "enforcer: {:?}, kernel: {:?}",
             state.host_interfaces, network.host_interfaces
         )));
     }
