@@ -129,7 +129,7 @@ struct Context {
     fetch: Option<mpsc::UnboundedSender<PodKey>>,
     /// Shared with the link watcher: set while an [`Event::Links`] is queued.
     link_event_queued: crate::links::Pending,
-    /// When the event being handled began (ms since the Unix epoch; 0:
+    /// When the event being handled began (`crate::stall::now_ms`; 0:
     /// idle), for the stall watchdog (`crate::stall`).
     busy_since: Arc<AtomicU64>,
 }
@@ -338,11 +338,9 @@ impl<D: Datapath> Reconciler<D> {
     }
 
     fn busy(&self, on: bool) {
+        // The watchdog's monotonic clock; 0 means idle, so never store it.
         let now = if on {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_millis() as u64)
-                .max(1)
+            crate::stall::now_ms().max(1)
         } else {
             0
         };
@@ -557,6 +555,19 @@ mod tests {
             "e1".into(),
             FakeDatapath::with_interfaces(&["veth-a", "veth-b", "veth-c", "veth-d"]),
         )
+    }
+
+    /// The watchdog compares `busy_since` with its own clock: both must be
+    /// the monotonic one, or a wall-clock step reads as a stall or hides one.
+    #[test]
+    fn busy_since_is_on_the_watchdogs_clock() {
+        let r = reconciler();
+        r.busy(true);
+        let since = r.busy_since().load(Ordering::Relaxed);
+        let now = crate::stall::now_ms();
+        assert!(since >= 1 && since <= now.max(1), "{since} vs {now}");
+        r.busy(false);
+        assert_eq!(r.busy_since().load(Ordering::Relaxed), 0);
     }
 
     #[test]
