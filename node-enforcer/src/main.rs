@@ -198,9 +198,9 @@ struct Args {
     dns_held_bytes: u32,
 }
 
-/// The longest the enforcer spends promoting interfaces before it exits
-/// (two grace periods each: 400 interfaces here), well inside the pod's
-/// termination grace period.
+/// The longest the enforcer spends promoting interfaces (two grace periods
+/// each: 400 interfaces here) and writing the pods checkpoint before it
+/// exits, well inside the pod's termination grace period.
 const PROMOTE_ON_EXIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[tokio::main]
@@ -533,15 +533,17 @@ async fn run(args: Args) -> Result<(), RunError> {
         return Err("the reconciler thread died".into());
     }
     // An interface still on filters would be unknown to an older version
-    // taking over (a rollback): give every one its links first.
+    // taking over (a rollback): give every one its links first. The answer
+    // also waits for the pods checkpoint: the reconciler thread is not
+    // joined, and the process ends with this function.
     match tokio::time::timeout(PROMOTE_ON_EXIT, on_exit.promote_all()).await {
         Ok(Ok(0)) => {}
         Ok(Ok(left)) => {
             tracing::warn!(left, "interfaces left on filters at exit; the next enforcer promotes them")
         }
-        Ok(Err(e)) => tracing::warn!("promoting interfaces at exit: {e}"),
+        Ok(Err(e)) => tracing::warn!("promoting interfaces and saving pods at exit: {e}"),
         Err(_) => tracing::warn!(
-            "promoting interfaces at exit took over {PROMOTE_ON_EXIT:?}; the next enforcer promotes the rest"
+            "promoting interfaces and saving pods at exit took over {PROMOTE_ON_EXIT:?}; the next enforcer promotes the rest, and finds the pods the checkpoint missed by their addresses"
         ),
     }
     Ok(result?)

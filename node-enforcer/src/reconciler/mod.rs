@@ -99,8 +99,9 @@ pub enum Event {
     /// Periodic: re-reads inputs that change without telling us (the node's
     /// addresses, interfaces if a link event was lost) and converges.
     Tick,
-    /// Promote every fast-attached interface now (shutdown): answered with
-    /// how many are left on filters.
+    /// Shutdown: promote every fast-attached interface now and write the
+    /// pods checkpoint; answered, once it is on disk (or failed), with how
+    /// many interfaces are left on filters.
     PromoteAll(oneshot::Sender<usize>),
     /// A big policy compiled off the reconciler's thread (see `background`),
     /// by its encoding.
@@ -418,7 +419,11 @@ impl<D: Datapath> Reconciler<D> {
                 let _ = reply.send(self.dump());
             }
             Event::PromoteAll(reply) => {
-                let _ = reply.send(self.promote_all());
+                let left = self.promote_all();
+                // The process exits on the answer, without waiting for this
+                // thread: a pod-up answered just before must be on disk.
+                self.flush();
+                let _ = reply.send(left);
             }
             Event::ConntrackCleaned(r) => self.health.conntrack.record(r),
             Event::Compiled {
@@ -850,6 +855,24 @@ mod tests {
         r.datapath.log.clear();
         r.recover(saved).unwrap();
         r
+    }
+
+    /// SIGTERM: the process exits once PromoteAll is answered, so the
+    /// answer must wait for the pods checkpoint of every pod-up before it.
+    #[test]
+    fn shutdown_is_answered_once_the_pods_are_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = reconciler().with_checkpoint(Checkpoint::open(dir.path()).unwrap());
+        r.apply_plan(snapshot(1, vec![unselected("a")])).unwrap();
+        up_now(&mut r, up("a", "veth-a")).unwrap();
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        r.handle(Event::PromoteAll(tx));
+        assert_eq!(rx.try_recv(), Ok(0));
+        let saved = Checkpoint::open(dir.path()).unwrap().load().unwrap();
+        assert_eq!(
+            saved.pods.keys().collect::<Vec<_>>(),
+            vec![&("x".to_string(), "a".to_string())]
+        );
     }
 
     #[test]
