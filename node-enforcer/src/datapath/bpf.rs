@@ -67,7 +67,8 @@ use palisade_ebpf::{
 use policy_tables::PolicyTables;
 
 use super::{
-    Adopted, AttachMode, Datapath, DatapathError, EndpointEntry, PolicyId, PortSetId, Result,
+    Adopted, AttachMode, Datapath, DatapathError, DatapathErrorKind, EndpointEntry, PolicyId,
+    PortSetId, Result,
 };
 use crate::compile::{PortSet, Prefix};
 
@@ -390,8 +391,15 @@ impl BpfDatapath {
 
     /// Takes over the links a previous process pinned: each gets this
     /// process's program, atomically, so the hook is never empty. A link
-    /// whose interface is gone is unpinned.
-    fn adopt_links(&mut self) -> Result<std::collections::BTreeSet<String>> {
+    /// whose interface is gone is unpinned. One that cannot be taken over
+    /// for another reason keeps its pins, and with them the previous
+    /// process's program (on the same pinned maps): it is listed as
+    /// attached and named in `warnings`. Unpinning it would detach a live
+    /// pod's policy.
+    fn adopt_links(
+        &mut self,
+        warnings: &mut Vec<String>,
+    ) -> Result<std::collections::BTreeSet<String>> {
         let dir = self.pin_root.join("links");
         let mut names: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
         for entry in std::fs::read_dir(&dir).map_err(|e| err(dir.display(), e))? {
@@ -408,11 +416,17 @@ impl BpfDatapath {
                     self.links.insert(ifname.clone(), links);
                     adopted.insert(ifname);
                 }
-                Err(e) => {
-                    tracing::warn!(%ifname, "dropping a pinned link that cannot be adopted: {e}");
+                Err(e) if e.kind() == DatapathErrorKind::InterfaceGone => {
+                    tracing::info!(%ifname, "unpinning the links of an interface that is gone: {e}");
                     for (_, _, hook) in HOOKS {
                         let _ = std::fs::remove_file(self.link_pin(&ifname, hook));
                     }
+                }
+                Err(e) => {
+                    warnings.push(format!(
+                        "{ifname}: its pinned links could not be taken over ({e}); kept, so the previous enforcer's programs go on enforcing there until the interface goes or a restart takes them over"
+                    ));
+                    adopted.insert(ifname);
                 }
             }
         }
@@ -570,7 +584,8 @@ fn port_keys(id: PortSetId, set: &PortSet) -> Vec<(Key<PortKey>, PortValue)> {
 
 impl Datapath for BpfDatapath {
     fn adopt(&mut self) -> Result<Adopted> {
-        let mut attached = self.adopt_links()?;
+        let mut warnings = Vec::new();
+        let mut attached = self.adopt_links(&mut warnings)?;
         let promoted = self.adopt_filters(&attached)?;
         if !promoted.is_empty() {
             tracing::info!(interfaces = ?promoted, "promoted to links the interfaces a previous process had attached by filters");
@@ -578,6 +593,7 @@ impl Datapath for BpfDatapath {
         attached.extend(promoted);
         let mut adopted = Adopted {
             attached,
+            warnings,
             ..Adopted::default()
         };
         super::inspect::read_tables(

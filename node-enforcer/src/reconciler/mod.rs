@@ -55,6 +55,7 @@ pub use dump::{ConntrackDump, Dump, InterfaceDump, PolicySetDump};
 pub use plan::{PlanError, PlanMessage};
 pub use pods::{PodUp, PodUpOutcome, PodUpReply};
 pub use promote::{MAX_WAIT as PROMOTE_MAX_WAIT, QUIET as PROMOTE_QUIET};
+pub use recover::RecoverError;
 
 /// The policy id an endpoint gets when its policy could not be written: no
 /// table entry ever has it, so every lookup misses and the pod is denied
@@ -340,11 +341,7 @@ impl<D: Datapath> Reconciler<D> {
 
     fn busy(&self, on: bool) {
         // The watchdog's monotonic clock; 0 means idle, so never store it.
-        let now = if on {
-            crate::stall::now_ms().max(1)
-        } else {
-            0
-        };
+        let now = if on { crate::stall::now_ms().max(1) } else { 0 };
         self.ctx.busy_since.store(now, Ordering::Relaxed);
     }
 
@@ -873,6 +870,69 @@ mod tests {
             saved.pods.keys().collect::<Vec<_>>(),
             vec![&("x".to_string(), "a".to_string())]
         );
+    }
+
+    /// The fail-open the reading guards against: a new process that cannot
+    /// tell which interfaces exist (no socket: EMFILE, ENOMEM) took every
+    /// interface for gone, forgot every pod, detached every endpoint and
+    /// saved an empty pods file. It must stop before changing anything.
+    #[test]
+    fn a_failed_interface_reading_at_startup_detaches_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = reconciler().with_checkpoint(Checkpoint::open(dir.path()).unwrap());
+        r.apply_plan(snapshot(
+            1,
+            vec![
+                pod_policy("a", Some(allow_from([10, 0, 0, 9], 80))),
+                unselected("b"),
+            ],
+        ))
+        .unwrap();
+        up_now(&mut r, up("a", "veth-a")).unwrap();
+        up_now(&mut r, up("b", "veth-b")).unwrap();
+        r.flush();
+        let kernel = |d: &FakeDatapath| {
+            (
+                d.endpoints.clone(),
+                d.policies.clone(),
+                d.portsets.clone(),
+                d.attached.clone(),
+            )
+        };
+        let before = kernel(&r.datapath);
+        let pods_file = std::fs::read(dir.path().join("pods.json")).unwrap();
+
+        let mut datapath = std::mem::take(&mut r.datapath);
+        datapath.fail.insert("interfaces".into());
+        datapath.log.clear();
+        let cp = Checkpoint::open(dir.path()).unwrap();
+        let mut r2 =
+            Reconciler::new("n1".into(), "e2".into(), datapath).with_checkpoint(cp.clone());
+        let e = r2.recover(cp.load().unwrap()).unwrap_err();
+        assert!(
+            matches!(e, RecoverError::Interfaces { count: 2, .. }),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains("injected failure")
+                && e.to_string().contains("nothing was detached"),
+            "{e}"
+        );
+        r2.flush();
+        assert!(r2.datapath.log.is_empty(), "{:?}", r2.datapath.log);
+        assert_eq!(kernel(&r2.datapath), before);
+        assert_eq!(
+            std::fs::read(dir.path().join("pods.json")).unwrap(),
+            pods_file,
+            "the pods checkpoint is left as it was"
+        );
+
+        // The next process, whose reading works, takes over unchanged.
+        r2.datapath.fail.clear();
+        let r3 = restart(&mut r2, dir.path());
+        assert_eq!(kernel(&r3.datapath), before);
+        assert_eq!(r3.node_state().pods.len(), 2);
+        r3.datapath.assert_no_violations();
     }
 
     #[test]
