@@ -334,7 +334,7 @@ async fn run(args: Args) -> Result<(), RunError> {
                 }
             },
         },
-        saved.plan.as_ref().map_or(0, |p| p.term),
+        saved.highest_term(),
     )?;
     let enforcer_id = node_enforcer::incarnation::enforcer_id(&args.node_name);
     let (tx, rx) = mpsc::channel(256);

@@ -441,6 +441,9 @@ impl<D: Datapath> Reconciler<D> {
                 }
             }
             Event::Tick => {
+                if self.plan.save_error.is_some() {
+                    self.save_plan();
+                }
                 let addresses = self.refresh_node_addresses();
                 if addresses {
                     self.forget_compiled();

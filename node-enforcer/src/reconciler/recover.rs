@@ -44,7 +44,7 @@ pub enum RecoverError {
 }
 
 impl<D: Datapath> Reconciler<D> {
-    pub fn recover(&mut self, saved: Saved) -> Result<(), RecoverError> {
+    pub fn recover(&mut self, mut saved: Saved) -> Result<(), RecoverError> {
         let adopted = self
             .datapath
             .adopt()
@@ -67,10 +67,17 @@ impl<D: Datapath> Reconciler<D> {
                 count: names.len(),
                 source,
             })?;
-        for w in saved.damage.into_iter().chain(adopted.warnings.clone()) {
+        for w in std::mem::take(&mut saved.damage)
+            .into_iter()
+            .chain(adopted.warnings.clone())
+        {
             self.health.warn(w);
         }
         self.forget_adopted_audit();
+        // Kept without a plan too: a plan that could not be saved removed
+        // plan.pb, and plans of older terms stay refused.
+        self.plan.term = saved.highest_term();
+        self.plan.saved_term = saved.term;
         if let Some(plan) = saved.plan {
             self.plan.entries = plan
                 .pods
@@ -78,7 +85,6 @@ impl<D: Datapath> Reconciler<D> {
                 .filter_map(|p| Some((key(p.pod.as_ref())?, p)))
                 .collect();
             self.plan.version = plan.version;
-            self.plan.term = plan.term;
             self.plan.realized_version = plan.version;
             self.plan.received = true;
         }
