@@ -207,8 +207,8 @@ impl<D: Datapath> Reconciler<D> {
             }
         }
         self.renew_after_recovery();
-        // A pod whose interfaces are all gone was deleted while we were down.
         self.refresh_node_addresses();
+        // A pod whose interfaces are all gone was deleted while we were down.
         self.pods.live = live;
         let live = &self.pods.live;
         self.pods.runtime.retain(|_, rt| {
