@@ -25,6 +25,9 @@ use crate::desired::{PodKey, PodRuntime};
 
 const PLAN_FILE: &str = "plan.pb";
 const PODS_FILE: &str = "pods.json";
+/// The highest leadership term applied, apart from the plan: a plan that
+/// could not be saved takes plan.pb with it, and the term must stay.
+const TERM_FILE: &str = "term";
 const MAGIC: &[u8; 8] = b"PALCKP01";
 const HEADER: usize = 8 + 8 + 20;
 
@@ -38,8 +41,18 @@ pub struct Checkpoint {
 pub struct Saved {
     pub plan: Option<PlanSnapshot>,
     pub pods: BTreeMap<PodKey, PodRuntime>,
+    /// The term file's term (0: none); see [`Saved::highest_term`].
+    pub term: u64,
     /// Files that were present but unusable, each named with its problem.
     pub damage: Vec<String>,
+}
+
+impl Saved {
+    /// The highest leadership term a previous process applied, from the
+    /// term file or the plan (one written before the term file existed).
+    pub fn highest_term(&self) -> u64 {
+        self.term.max(self.plan.as_ref().map_or(0, |p| p.term))
+    }
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -80,6 +93,9 @@ pub enum Damage {
     /// A whole frame whose payload does not decode as the pods.
     #[error("{0}")]
     Pods(#[source] serde_json::Error),
+    /// A whole frame whose payload is not a term (8 bytes).
+    #[error("not a term: {0} payload bytes, 8 expected")]
+    Term(usize),
 }
 
 /// Why the checkpoint could not be opened, read or written.
@@ -171,7 +187,7 @@ impl Checkpoint {
         let had = crate::private::dir(dir)
             .map_err(CheckpointError::io("creating state directory", dir))?;
         crate::private::log_tightened("the state directory", dir, had);
-        for name in [PLAN_FILE, PODS_FILE] {
+        for name in [PLAN_FILE, PODS_FILE, TERM_FILE] {
             let path = dir.join(name);
             let had = crate::private::tighten_file(&path)
                 .map_err(CheckpointError::io("restricting", &path))?;
@@ -195,6 +211,27 @@ impl Checkpoint {
         plan: &BTreeMap<PodKey, PodPolicy>,
     ) -> Result<(), CheckpointError> {
         self.write(PLAN_FILE, &encode_plan(version, term, plan))
+    }
+
+    /// Saves the highest leadership term applied on its own, so that it
+    /// outlives a plan.pb removed by [`Checkpoint::forget_plan`].
+    pub fn save_term(&self, term: u64) -> Result<(), CheckpointError> {
+        self.write(TERM_FILE, &term.to_le_bytes())
+    }
+
+    /// Removes plan.pb, durably: after a plan that could not be saved, a
+    /// restart must find no plan (and hold what the datapath enforces)
+    /// rather than an older one. An unlink needs no free space.
+    pub fn forget_plan(&self) -> Result<(), CheckpointError> {
+        let path = self.path(PLAN_FILE);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(CheckpointError::io("removing", &path)(e)),
+        }
+        std::fs::File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(CheckpointError::io("removing", &path))
     }
 
     pub fn save_pods(&self, pods: &BTreeMap<PodKey, PodRuntime>) -> Result<(), CheckpointError> {
@@ -221,6 +258,15 @@ impl Checkpoint {
                 Err(e) => saved.damage.push(format!(
                     "checkpoint {} is damaged ({e}); starting without a plan and keeping what the datapath enforces",
                     self.path(PLAN_FILE).display()
+                )),
+            }
+        }
+        if let Some(bytes) = self.read(TERM_FILE)? {
+            match decode_term(&bytes) {
+                Ok(term) => saved.term = term,
+                Err(e) => saved.damage.push(format!(
+                    "checkpoint {} is damaged ({e}); the plan's term is the highest known",
+                    self.path(TERM_FILE).display()
                 )),
             }
         }
@@ -272,6 +318,14 @@ impl Checkpoint {
 
 fn decode_plan(bytes: &[u8]) -> Result<PlanSnapshot, Damage> {
     PlanSnapshot::decode(unframe(bytes)?).map_err(Damage::Plan)
+}
+
+fn decode_term(bytes: &[u8]) -> Result<u64, Damage> {
+    let payload = unframe(bytes)?;
+    let raw: [u8; 8] = payload
+        .try_into()
+        .map_err(|_| Damage::Term(payload.len()))?;
+    Ok(u64::from_le_bytes(raw))
 }
 
 fn decode_pods(bytes: &[u8]) -> Result<Vec<SavedPod>, Damage> {
@@ -465,6 +519,32 @@ mod tests {
             format!("creating state directory {}: {source}", dir.display())
         );
         assert!(std::error::Error::source(&e).is_some());
+    }
+
+    #[test]
+    fn the_term_outlives_a_forgotten_plan() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::open(dir.path()).unwrap();
+        cp.save_plan(5, 3, &BTreeMap::new()).unwrap();
+        assert_eq!(cp.load().unwrap().highest_term(), 3, "from the plan");
+        cp.save_term(4).unwrap();
+        cp.forget_plan().unwrap();
+        cp.forget_plan().unwrap(); // already gone: fine
+        let saved = cp.load().unwrap();
+        assert_eq!((saved.plan, saved.term), (None, 4));
+        assert!(saved.damage.is_empty(), "{:?}", saved.damage);
+
+        std::fs::write(dir.path().join(TERM_FILE), frame(b"1234")).unwrap();
+        let saved = cp.load().unwrap();
+        assert_eq!(saved.term, 0);
+        assert!(
+            saved
+                .damage
+                .iter()
+                .any(|d| d.contains("term") && d.contains("not a term: 4 payload bytes")),
+            "{:?}",
+            saved.damage
+        );
     }
 
     fn mode(p: &Path) -> u32 {

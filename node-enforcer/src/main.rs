@@ -198,9 +198,9 @@ struct Args {
     dns_held_bytes: u32,
 }
 
-/// The longest the enforcer spends promoting interfaces before it exits
-/// (two grace periods each: 400 interfaces here), well inside the pod's
-/// termination grace period.
+/// The longest the enforcer spends promoting interfaces (two grace periods
+/// each: 400 interfaces here) and writing the pods checkpoint before it
+/// exits, well inside the pod's termination grace period.
 const PROMOTE_ON_EXIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[tokio::main]
@@ -259,17 +259,110 @@ impl Stop {
 /// error, typed or text).
 type RunError = Box<dyn std::error::Error + Send + Sync>;
 
-async fn run(args: Args) -> Result<(), RunError> {
+/// A setting `run` refuses before it waits for the node lock.
+#[derive(Debug, thiserror::Error)]
+enum SettingError {
+    /// A flag's value (`flag` names it, with its dashes) is refused.
+    #[error("{flag}: {problem}")]
+    Flag { flag: &'static str, problem: String },
+    /// A TLS file could not be read (the text names it).
+    #[error("--tls-ca, --tls-cert, --tls-key: {0}")]
+    TlsFiles(String),
+    /// The TLS files do not make a client configuration for `controller`.
+    #[error("TLS towards the controller {controller}: {problem}")]
+    Tls { controller: String, problem: String },
+}
+
+fn flag(flag: &'static str, problem: impl Into<String>) -> SettingError {
+    SettingError::Flag {
+        flag,
+        problem: problem.into(),
+    }
+}
+
+/// Checks every setting that needs no node state (flags; the TLS files,
+/// read and parsed), and gives the controller client's options. Done
+/// before the node lock: in a surge rollout the new enforcer waits for the
+/// old one to exit, and a bad setting found after that would leave the
+/// node with no enforcer at all.
+fn check_settings(args: &Args) -> Result<palisade_runtime::transport::ClientOptions, SettingError> {
     if args.node_name.is_empty() {
-        return Err("--node-name must not be empty".into());
+        return Err(flag("--node-name", "must not be empty"));
     }
     if args.pod_up_deadline_ms == 0 || args.pod_up_deadline_ms > 600_000 {
-        return Err(format!(
-            "--pod-up-deadline-ms {} is out of range 1..=600000",
-            args.pod_up_deadline_ms
-        )
-        .into());
+        return Err(flag(
+            "--pod-up-deadline-ms",
+            format!("{} is out of range 1..=600000", args.pod_up_deadline_ms),
+        ));
     }
+    if args.conntrack_cleanup_secs == 0 {
+        return Err(flag("--conntrack-cleanup-secs", "must be at least 1"));
+    }
+    if args.conntrack_max_entries == 0 {
+        return Err(flag("--conntrack-max-entries", "must be at least 1"));
+    }
+    node_enforcer::datapath::bpf::check_dns_frames_bytes(args.dns_held_bytes)
+        .map_err(|e| flag("--dns-held-bytes", e))?;
+    node_enforcer::flow_log::check_rate(args.flow_log_rate)
+        .map_err(|e| flag("--flow-log-rate", e.to_string()))?;
+    if args.controller_keepalive_ms == 0 {
+        return Err(flag("--controller-keepalive-ms", "must be at least 1"));
+    }
+    let tls = match &args.tls_ca {
+        Some(ca) => {
+            let tls = palisade_runtime::transport::client_tls(
+                ca,
+                args.tls_cert.as_deref().zip(args.tls_key.as_deref()),
+                args.tls_server_name.as_deref(),
+            )
+            .map_err(SettingError::TlsFiles)?;
+            for controller in &args.controller {
+                check_tls(&tls, controller)?;
+            }
+            Some(tls)
+        }
+        None => {
+            if args.controller.iter().any(|a| matches!(a, Address::Tcp(_))) {
+                tracing::warn!("talking to the controller over plaintext TCP: use --tls-ca, --tls-cert and --tls-key outside a lab");
+            }
+            None
+        }
+    };
+    Ok(palisade_runtime::transport::ClientOptions {
+        keepalive: Some(std::time::Duration::from_millis(
+            args.controller_keepalive_ms,
+        )),
+        tls,
+    })
+}
+
+/// Parses the certificates and key as a connection to `controller` will
+/// (tonic reads the PEM only when an endpoint takes the configuration).
+fn check_tls(
+    tls: &tonic::transport::ClientTlsConfig,
+    controller: &Address,
+) -> Result<(), SettingError> {
+    let uri = match controller {
+        // As the transport dials a socket: the URI is a placeholder.
+        Address::Unix(_) => "http://[::]:50051".to_string(),
+        Address::Tcp(uri) => match uri.strip_prefix("http://") {
+            Some(rest) => format!("https://{rest}"),
+            None => uri.clone(),
+        },
+    };
+    let problem = |problem: String| SettingError::Tls {
+        controller: controller.to_string(),
+        problem,
+    };
+    tonic::transport::Endpoint::from_shared(uri)
+        .map_err(|e| problem(e.to_string()))?
+        .tls_config(tls.clone())
+        .map_err(|e| problem(palisade_runtime::transport::source_chain(&e)))?;
+    Ok(())
+}
+
+async fn run(args: Args) -> Result<(), RunError> {
+    let client_options = check_settings(&args)?;
     // Listened for from here on: as a container's PID 1 the enforcer has no
     // default action for SIGTERM, so one that came before a listener (while
     // it waits for the node lock, in a surge rollout) would be lost and the
@@ -293,11 +386,6 @@ async fn run(args: Args) -> Result<(), RunError> {
             return Ok(());
         }
     };
-    if args.conntrack_cleanup_secs == 0 {
-        return Err("--conntrack-cleanup-secs must be at least 1".into());
-    }
-    node_enforcer::datapath::bpf::check_dns_frames_bytes(args.dns_held_bytes)
-        .map_err(|e| format!("--dns-held-bytes: {e}"))?;
     let load = node_enforcer::datapath::bpf::LoadOptions {
         conntrack_entries: Some(args.conntrack_max_entries),
         dns_frames_bytes: Some(args.dns_held_bytes),
@@ -311,30 +399,10 @@ async fn run(args: Args) -> Result<(), RunError> {
     tracing::info!(share, "conntrack entries one pod hook may hold");
     let checkpoint = Checkpoint::open(&args.state_dir)?;
     let saved = checkpoint.load()?;
-    if args.controller_keepalive_ms == 0 {
-        return Err("--controller-keepalive-ms must be at least 1".into());
-    }
     let controllers = plan_client::Controllers::new(
         args.controller.clone(),
-        palisade_runtime::transport::ClientOptions {
-            keepalive: Some(std::time::Duration::from_millis(
-                args.controller_keepalive_ms,
-            )),
-            tls: match &args.tls_ca {
-                Some(ca) => Some(palisade_runtime::transport::client_tls(
-                    ca,
-                    args.tls_cert.as_deref().zip(args.tls_key.as_deref()),
-                    args.tls_server_name.as_deref(),
-                )?),
-                None => {
-                    if args.controller.iter().any(|a| matches!(a, Address::Tcp(_))) {
-                        tracing::warn!("talking to the controller over plaintext TCP: use --tls-ca, --tls-cert and --tls-key outside a lab");
-                    }
-                    None
-                }
-            },
-        },
-        saved.plan.as_ref().map_or(0, |p| p.term),
+        client_options,
+        saved.highest_term(),
     )?;
     let enforcer_id = node_enforcer::incarnation::enforcer_id(&args.node_name);
     let (tx, rx) = mpsc::channel(256);
@@ -533,16 +601,92 @@ async fn run(args: Args) -> Result<(), RunError> {
         return Err("the reconciler thread died".into());
     }
     // An interface still on filters would be unknown to an older version
-    // taking over (a rollback): give every one its links first.
+    // taking over (a rollback): give every one its links first. The answer
+    // also waits for the pods checkpoint: the reconciler thread is not
+    // joined, and the process ends with this function.
     match tokio::time::timeout(PROMOTE_ON_EXIT, on_exit.promote_all()).await {
         Ok(Ok(0)) => {}
         Ok(Ok(left)) => {
             tracing::warn!(left, "interfaces left on filters at exit; the next enforcer promotes them")
         }
-        Ok(Err(e)) => tracing::warn!("promoting interfaces at exit: {e}"),
+        Ok(Err(e)) => tracing::warn!("promoting interfaces and saving pods at exit: {e}"),
         Err(_) => tracing::warn!(
-            "promoting interfaces at exit took over {PROMOTE_ON_EXIT:?}; the next enforcer promotes the rest"
+            "promoting interfaces and saving pods at exit took over {PROMOTE_ON_EXIT:?}; the next enforcer promotes the rest, and finds the pods the checkpoint missed by their addresses"
         ),
     }
     Ok(result?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A surge rollout: the old enforcer holds the node's lock. A new one
+    /// with a bad setting must fail at once, not once the old one exits.
+    #[tokio::test]
+    async fn a_bad_setting_fails_before_the_node_lock_is_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let (state, pins) = (dir.path().join("state"), dir.path().join("pins"));
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let _old = node_enforcer::lock::acquire(&state, &pins, None, &stop).unwrap();
+        let garbage = dir.path().join("garbage.pem");
+        std::fs::write(&garbage, "not a PEM file").unwrap();
+        let garbage = garbage.to_str().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let missing = missing.to_str().unwrap();
+        let cases: [(&[&str], &str); 6] = [
+            (
+                &["--conntrack-cleanup-secs", "0"],
+                "--conntrack-cleanup-secs: must be at least 1",
+            ),
+            (
+                &["--dns-held-bytes", "1000"],
+                "--dns-held-bytes: 1000 bytes",
+            ),
+            (
+                &["--controller-keepalive-ms", "0"],
+                "--controller-keepalive-ms: must be at least 1",
+            ),
+            (
+                &["--conntrack-max-entries", "0"],
+                "--conntrack-max-entries: must be at least 1",
+            ),
+            (
+                &["--tls-ca", missing],
+                &format!("--tls-ca, --tls-cert, --tls-key: reading {missing}"),
+            ),
+            (
+                &[
+                    "--tls-ca",
+                    garbage,
+                    "--tls-cert",
+                    garbage,
+                    "--tls-key",
+                    garbage,
+                ],
+                "TLS towards the controller unix:",
+            ),
+        ];
+        for (flags, expected) in cases {
+            let mut argv = vec![
+                "palisade-enforcer",
+                "--node-name",
+                "n1",
+                "--controller",
+                "unix:/nonexistent/controller.sock",
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--pin-root",
+                pins.to_str().unwrap(),
+                // Bounds the test should the lock be waited for: then the
+                // error is the lock's, not the setting's.
+                "--lock-timeout-secs",
+                "1",
+            ];
+            argv.extend_from_slice(flags);
+            let args = Args::try_parse_from(argv).unwrap();
+            let e = run(args).await.unwrap_err().to_string();
+            assert!(e.starts_with(expected), "{flags:?}: {e}");
+        }
+    }
 }

@@ -10,8 +10,9 @@
 //!
 //! Only the newest snapshot matters: one submitted while a write is under
 //! way replaces any other waiting, so a burst costs one write after the
-//! one in progress (group commit). Errors are kept for the reconciler to
-//! report on its next turn.
+//! one in progress (group commit). A failed write is kept for the
+//! reconciler to report on its next turn, unless a later write succeeded
+//! first.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -29,7 +30,7 @@ struct Slot {
     /// Snapshots submitted, and written (or failed), so far.
     submitted: u64,
     done: u64,
-    /// The last write's failure, until taken.
+    /// The last write's failure, until taken or a later write succeeds.
     error: Option<CheckpointError>,
     closing: bool,
     /// The writer is gone (it panicked): callers write in line again and
@@ -139,9 +140,9 @@ fn write_loop(checkpoint: &Checkpoint, shared: &Shared) {
             let result = checkpoint.save_pods(&pods);
             slot = shared.lock();
             slot.done = upto;
-            if let Err(e) = result {
-                slot.error = Some(e);
-            }
+            // A later write that succeeded makes an earlier failure stale:
+            // the file on disk is whole and current again.
+            slot.error = result.err();
             shared.changed.notify_all();
             continue;
         }
@@ -227,5 +228,26 @@ mod tests {
         let e = saver.take_error().expect("the write failed");
         assert!(e.to_string().contains("pods.json"), "{e}");
         assert!(saver.take_error().is_none(), "taken once");
+    }
+
+    #[test]
+    fn a_write_that_succeeds_clears_an_earlier_failure_not_yet_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::open(dir.path()).unwrap();
+        std::fs::remove_dir_all(dir.path()).unwrap();
+        let saver = PodsSaver::start(cp);
+        saver.submit(pods(1));
+        saver.wait();
+        // The directory is back before the reconciler looked: the next
+        // write lands, and the file is current.
+        std::fs::create_dir(dir.path()).unwrap();
+        saver.submit(pods(2));
+        saver.wait();
+        assert!(
+            saver.take_error().is_none(),
+            "a stale failure would be reported as the checkpoint's state"
+        );
+        let saved = Checkpoint::open(dir.path()).unwrap().load().unwrap();
+        assert_eq!(saved.pods, pods(2));
     }
 }

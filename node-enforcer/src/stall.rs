@@ -23,7 +23,8 @@ pub const STALL_AFTER: Duration = Duration::from_secs(5);
 const LOOK_EVERY: Duration = Duration::from_millis(100);
 
 /// How long the reconciler has been on its current event, when that is
-/// longer than `bound`. `busy_since_ms`: 0 when idle.
+/// longer than `bound`. `busy_since_ms` and `now_ms` are [`now_ms`]
+/// readings; `busy_since_ms` is 0 when idle.
 pub fn stalled_for(busy_since_ms: u64, now_ms: u64, bound: Duration) -> Option<Duration> {
     if busy_since_ms == 0 {
         return None;
@@ -32,10 +33,16 @@ pub fn stalled_for(busy_since_ms: u64, now_ms: u64, bound: Duration) -> Option<D
     (busy > bound).then_some(busy)
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+/// Milliseconds on the monotonic clock, counted from the first reading in
+/// this process: what `busy_since` holds and the watchdog compares with.
+/// Not the wall clock: an NTP step backwards would hide a stall, and one
+/// forwards would report a stall that never was.
+pub fn now_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
 }
 
 /// Watches `busy_since` (the reconciler's) and turns health NOT_SERVING
@@ -88,5 +95,15 @@ mod tests {
         );
         // A clock that went back is not a stall.
         assert_eq!(stalled_for(11_000, 10_000, bound), None);
+    }
+
+    #[test]
+    fn the_clock_counts_from_the_process_start() {
+        let now = now_ms();
+        // The wall clock would read some 1.7e12 ms since 1970 here.
+        assert!(
+            now < 24 * 3600 * 1000,
+            "{now} ms: not the process's monotonic clock"
+        );
     }
 }

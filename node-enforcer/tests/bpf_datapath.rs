@@ -214,3 +214,43 @@ fn a_missing_interface_is_gone_to_the_real_datapath_with_the_text_it_had() {
         "{e}"
     );
 }
+
+/// A pinned link that cannot be taken over while its interface lives
+/// keeps its pins (they hold the previous program on the interface) and
+/// is named in the adoption's warnings; only a gone interface's are
+/// unpinned.
+#[test]
+#[ignore = "needs root"]
+fn a_link_that_cannot_be_adopted_is_kept_and_only_a_gone_ones_unpinned() {
+    let root = pin_root("adopt-kept");
+    let mut dp = BpfDatapath::load(&root.0).unwrap();
+    // Not links at all, where links are looked for: from_pin or the link
+    // update refuses them, as it would a link of another kind.
+    let pin = |ifname: &str, hook: &str| root.0.join("links").join(format!("{ifname}@{hook}"));
+    for ifname in ["lo", "pal-nosuch0"] {
+        for hook in ["from_pod", "to_pod"] {
+            aya::maps::HashMap::<aya::maps::MapData, u32, u32>::create(1, 0)
+                .unwrap()
+                .pin(pin(ifname, hook))
+                .unwrap();
+        }
+    }
+    let adopted = dp.adopt().unwrap();
+    assert!(adopted.attached.contains("lo"), "{adopted:?}");
+    assert!(!adopted.attached.contains("pal-nosuch0"), "{adopted:?}");
+    for hook in ["from_pod", "to_pod"] {
+        assert!(pin("lo", hook).exists(), "lo@{hook} was unpinned");
+        assert!(
+            !pin("pal-nosuch0", hook).exists(),
+            "a gone interface's pin stays"
+        );
+    }
+    assert!(
+        adopted
+            .warnings
+            .iter()
+            .any(|w| w.starts_with("lo: its pinned links could not be taken over")),
+        "{:?}",
+        adopted.warnings
+    );
+}

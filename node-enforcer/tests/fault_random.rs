@@ -386,7 +386,7 @@ impl World {
         )
         .with_checkpoint(cp)
         .with_mode(self.mode);
-        r.recover(saved)?;
+        r.recover(saved).map_err(|e| e.to_string())?;
         self.r = Some(r);
         Ok(())
     }

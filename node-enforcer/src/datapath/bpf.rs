@@ -67,7 +67,8 @@ use palisade_ebpf::{
 use policy_tables::PolicyTables;
 
 use super::{
-    Adopted, AttachMode, Datapath, DatapathError, EndpointEntry, PolicyId, PortSetId, Result,
+    Adopted, AttachMode, Datapath, DatapathError, DatapathErrorKind, EndpointEntry, PolicyId,
+    PortSetId, Result,
 };
 use crate::compile::{PortSet, Prefix};
 
@@ -357,29 +358,89 @@ impl BpfDatapath {
     /// Interfaces a previous process attached by filters and did not
     /// promote (it stopped first): found by the endpoint slots no link
     /// covers, and promoted now, so every adopted interface runs this
-    /// process's programs at the head of its chains.
+    /// process's programs at the head of its chains. Returns every such
+    /// interface that still exists. One that went meanwhile is skipped; one
+    /// whose promotion fails stays on its filters, which keep enforcing,
+    /// is named in `warnings` and is promoted later, as at runtime.
     fn adopt_filters(
         &mut self,
         linked: &std::collections::BTreeSet<String>,
+        warnings: &mut Vec<String>,
     ) -> Result<Vec<String>> {
         let covered: std::collections::BTreeSet<u32> = linked
             .iter()
             .filter_map(|n| nix::net::if_::if_nametoindex(n.as_str()).ok())
             .collect();
-        let candidates = self
+        let candidates: Vec<u32> = self
             .slots
             .all()
             .into_keys()
-            .filter(|i| !covered.contains(i));
-        let found = filters::with_ours(candidates)
-            .map_err(|e| err("listing the filters of endpoints without links", e))?;
-        let mut promoted = Vec::new();
-        for (ifindex, ifname) in found {
-            self.attach_tcx(&ifname)?;
-            self.remove_filters(ifindex)?;
-            promoted.push(ifname);
+            .filter(|i| !covered.contains(i))
+            .collect();
+        let mut found = BTreeMap::new();
+        for ifindex in candidates {
+            match filters::with_ours([ifindex]) {
+                Ok(ours) => found.extend(ours),
+                // Deleted while we looked, with its filters.
+                Err(_) if index_gone(ifindex) => {}
+                // Filters we cannot see would be left without an endpoint
+                // entry (which passes everything): stop instead.
+                Err(e) => {
+                    return Err(err(
+                        format!(
+                            "listing the filters of ifindex {ifindex}, an endpoint without links"
+                        ),
+                        e,
+                    ))
+                }
+            }
         }
-        Ok(promoted)
+        let mut adopted = Vec::new();
+        for (ifindex, ifname) in found {
+            // The links attach by name: only to this very interface.
+            let unsure = match nix::net::if_::if_nametoindex(ifname.as_str()) {
+                Ok(i) if i == ifindex => None,
+                Err(nix::errno::Errno::ENODEV) => continue,
+                Ok(_) if index_gone(ifindex) => continue,
+                Ok(i) => Some(DatapathError::invariant(format!(
+                    "interface {ifname:?} is index {i} now, not {ifindex}"
+                ))),
+                Err(e) => Some(err(format!("interface {ifname:?}"), e)),
+            };
+            if let Some(e) = unsure {
+                self.keep_on_filters(&ifname, ifindex, e, warnings);
+                adopted.push(ifname);
+                continue;
+            }
+            let promoted = self
+                .attach_tcx(&ifname)
+                .and_then(|()| self.remove_filters(ifindex).map(drop));
+            match promoted {
+                Ok(()) => {}
+                Err(e) if e.kind() == DatapathErrorKind::InterfaceGone => continue,
+                Err(e) => self.keep_on_filters(&ifname, ifindex, e, warnings),
+            }
+            adopted.push(ifname);
+        }
+        Ok(adopted)
+    }
+
+    /// An adopted interface whose promotion failed: its filters keep
+    /// enforcing, and it waits for promotion like a pod-up's (`promote`
+    /// retries; links already made are kept).
+    fn keep_on_filters(
+        &mut self,
+        ifname: &str,
+        ifindex: u32,
+        e: DatapathError,
+        warnings: &mut Vec<String>,
+    ) {
+        warnings.push(format!(
+            "promoting {ifname} (index {ifindex}) from the previous enforcer's filters to links: {e}; its filters keep enforcing its policy, and the promotion is retried"
+        ));
+        let since = std::time::Instant::now();
+        self.fast
+            .insert(ifname.to_string(), FastAttached { ifindex, since });
     }
 
     fn link_pin(&self, ifname: &str, hook: &str) -> PathBuf {
@@ -390,8 +451,15 @@ impl BpfDatapath {
 
     /// Takes over the links a previous process pinned: each gets this
     /// process's program, atomically, so the hook is never empty. A link
-    /// whose interface is gone is unpinned.
-    fn adopt_links(&mut self) -> Result<std::collections::BTreeSet<String>> {
+    /// whose interface is gone is unpinned. One that cannot be taken over
+    /// for another reason keeps its pins, and with them the previous
+    /// process's program (on the same pinned maps): it is listed as
+    /// attached and named in `warnings`. Unpinning it would detach a live
+    /// pod's policy.
+    fn adopt_links(
+        &mut self,
+        warnings: &mut Vec<String>,
+    ) -> Result<std::collections::BTreeSet<String>> {
         let dir = self.pin_root.join("links");
         let mut names: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
         for entry in std::fs::read_dir(&dir).map_err(|e| err(dir.display(), e))? {
@@ -408,11 +476,17 @@ impl BpfDatapath {
                     self.links.insert(ifname.clone(), links);
                     adopted.insert(ifname);
                 }
-                Err(e) => {
-                    tracing::warn!(%ifname, "dropping a pinned link that cannot be adopted: {e}");
+                Err(e) if e.kind() == DatapathErrorKind::InterfaceGone => {
+                    tracing::info!(%ifname, "unpinning the links of an interface that is gone: {e}");
                     for (_, _, hook) in HOOKS {
                         let _ = std::fs::remove_file(self.link_pin(&ifname, hook));
                     }
+                }
+                Err(e) => {
+                    warnings.push(format!(
+                        "{ifname}: its pinned links could not be taken over ({e}); kept, so the previous enforcer's programs go on enforcing there until the interface goes or a restart takes them over"
+                    ));
+                    adopted.insert(ifname);
                 }
             }
         }
@@ -473,6 +547,15 @@ impl BpfDatapath {
             .try_into()
             .map_err(|e| err(name, e))
     }
+}
+
+/// Whether the kernel says no interface has index `ifindex` (a failed
+/// lookup is not an answer).
+fn index_gone(ifindex: u32) -> bool {
+    matches!(
+        nix::net::if_::if_indextoname(ifindex),
+        Err(nix::errno::Errno::ENXIO | nix::errno::Errno::ENODEV)
+    )
 }
 
 /// bpffs refuses names with a dot, which interface names may have
@@ -570,14 +653,16 @@ fn port_keys(id: PortSetId, set: &PortSet) -> Vec<(Key<PortKey>, PortValue)> {
 
 impl Datapath for BpfDatapath {
     fn adopt(&mut self) -> Result<Adopted> {
-        let mut attached = self.adopt_links()?;
-        let promoted = self.adopt_filters(&attached)?;
-        if !promoted.is_empty() {
-            tracing::info!(interfaces = ?promoted, "promoted to links the interfaces a previous process had attached by filters");
+        let mut warnings = Vec::new();
+        let mut attached = self.adopt_links(&mut warnings)?;
+        let by_filters = self.adopt_filters(&attached, &mut warnings)?;
+        if !by_filters.is_empty() {
+            tracing::info!(interfaces = ?by_filters, "took over the interfaces a previous process had attached by filters");
         }
-        attached.extend(promoted);
+        attached.extend(by_filters);
         let mut adopted = Adopted {
             attached,
+            warnings,
             ..Adopted::default()
         };
         super::inspect::read_tables(

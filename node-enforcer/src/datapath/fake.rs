@@ -203,6 +203,7 @@ impl Datapath for FakeDatapath {
             policies: self.policies.clone(),
             portsets: self.portsets.clone(),
             attached: self.attached.clone(),
+            ..Adopted::default()
         })
     }
     fn add_portset(&mut self, id: PortSetId, set: &PortSet) -> Result<()> {
@@ -324,6 +325,8 @@ impl Datapath for FakeDatapath {
         })
     }
     fn interfaces(&mut self) -> Result<BTreeMap<String, u32>> {
+        // A reading that failed (no socket, say), which is not "gone".
+        self.injected("interfaces")?;
         Ok(self.interfaces.clone())
     }
     fn attach(&mut self, ifname: &str, _: u32) -> Result<()> {

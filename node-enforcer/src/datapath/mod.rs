@@ -24,6 +24,10 @@ pub struct Adopted {
     pub portsets: BTreeMap<PortSetId, PortSet>,
     /// Interfaces that still have our programs attached.
     pub attached: BTreeSet<String>,
+    /// What could not be taken over and keeps enforcing as it was (a link
+    /// kept with the previous program, filters not promoted), for the
+    /// dump's warnings.
+    pub warnings: Vec<String>,
 }
 
 /// Most addresses one pod may have (one per family is usual); a pod with

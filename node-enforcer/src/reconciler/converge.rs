@@ -263,6 +263,8 @@ impl<D: Datapath> Reconciler<D> {
             None => {
                 self.health.failures.clear();
                 self.health.errors.clear();
+                // Not a datapath operation, and failed until a save works.
+                self.health.errors.extend(self.plan.save_error.clone());
             }
             Some(_) => {
                 let claimed_pod = |e: &Claim| e.pod().cloned();

@@ -55,6 +55,7 @@ pub use dump::{ConntrackDump, Dump, InterfaceDump, PolicySetDump};
 pub use plan::{PlanError, PlanMessage};
 pub use pods::{PodUp, PodUpOutcome, PodUpReply};
 pub use promote::{MAX_WAIT as PROMOTE_MAX_WAIT, QUIET as PROMOTE_QUIET};
+pub use recover::RecoverError;
 
 /// The policy id an endpoint gets when its policy could not be written: no
 /// table entry ever has it, so every lookup misses and the pod is denied
@@ -99,8 +100,9 @@ pub enum Event {
     /// Periodic: re-reads inputs that change without telling us (the node's
     /// addresses, interfaces if a link event was lost) and converges.
     Tick,
-    /// Promote every fast-attached interface now (shutdown): answered with
-    /// how many are left on filters.
+    /// Shutdown: promote every fast-attached interface now and write the
+    /// pods checkpoint; answered, once it is on disk (or failed), with how
+    /// many interfaces are left on filters.
     PromoteAll(oneshot::Sender<usize>),
     /// A big policy compiled off the reconciler's thread (see `background`),
     /// by its encoding.
@@ -129,7 +131,7 @@ struct Context {
     fetch: Option<mpsc::UnboundedSender<PodKey>>,
     /// Shared with the link watcher: set while an [`Event::Links`] is queued.
     link_event_queued: crate::links::Pending,
-    /// When the event being handled began (ms since the Unix epoch; 0:
+    /// When the event being handled began (`crate::stall::now_ms`; 0:
     /// idle), for the stall watchdog (`crate::stall`).
     busy_since: Arc<AtomicU64>,
 }
@@ -338,14 +340,8 @@ impl<D: Datapath> Reconciler<D> {
     }
 
     fn busy(&self, on: bool) {
-        let now = if on {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_millis() as u64)
-                .max(1)
-        } else {
-            0
-        };
+        // The watchdog's monotonic clock; 0 means idle, so never store it.
+        let now = if on { crate::stall::now_ms().max(1) } else { 0 };
         self.ctx.busy_since.store(now, Ordering::Relaxed);
     }
 
@@ -420,7 +416,11 @@ impl<D: Datapath> Reconciler<D> {
                 let _ = reply.send(self.dump());
             }
             Event::PromoteAll(reply) => {
-                let _ = reply.send(self.promote_all());
+                let left = self.promote_all();
+                // The process exits on the answer, without waiting for this
+                // thread: a pod-up answered just before must be on disk.
+                self.flush();
+                let _ = reply.send(left);
             }
             Event::ConntrackCleaned(r) => self.health.conntrack.record(r),
             Event::Compiled {
@@ -441,6 +441,9 @@ impl<D: Datapath> Reconciler<D> {
                 }
             }
             Event::Tick => {
+                if self.plan.save_error.is_some() {
+                    self.save_plan();
+                }
                 let addresses = self.refresh_node_addresses();
                 if addresses {
                     self.forget_compiled();
@@ -557,6 +560,19 @@ mod tests {
             "e1".into(),
             FakeDatapath::with_interfaces(&["veth-a", "veth-b", "veth-c", "veth-d"]),
         )
+    }
+
+    /// The watchdog compares `busy_since` with its own clock: both must be
+    /// the monotonic one, or a wall-clock step reads as a stall or hides one.
+    #[test]
+    fn busy_since_is_on_the_watchdogs_clock() {
+        let r = reconciler();
+        r.busy(true);
+        let since = r.busy_since().load(Ordering::Relaxed);
+        let now = crate::stall::now_ms();
+        assert!(since >= 1 && since <= now.max(1), "{since} vs {now}");
+        r.busy(false);
+        assert_eq!(r.busy_since().load(Ordering::Relaxed), 0);
     }
 
     #[test]
@@ -839,6 +855,87 @@ mod tests {
         r.datapath.log.clear();
         r.recover(saved).unwrap();
         r
+    }
+
+    /// SIGTERM: the process exits once PromoteAll is answered, so the
+    /// answer must wait for the pods checkpoint of every pod-up before it.
+    #[test]
+    fn shutdown_is_answered_once_the_pods_are_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = reconciler().with_checkpoint(Checkpoint::open(dir.path()).unwrap());
+        r.apply_plan(snapshot(1, vec![unselected("a")])).unwrap();
+        up_now(&mut r, up("a", "veth-a")).unwrap();
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        r.handle(Event::PromoteAll(tx));
+        assert_eq!(rx.try_recv(), Ok(0));
+        let saved = Checkpoint::open(dir.path()).unwrap().load().unwrap();
+        assert_eq!(
+            saved.pods.keys().collect::<Vec<_>>(),
+            vec![&("x".to_string(), "a".to_string())]
+        );
+    }
+
+    /// The fail-open the reading guards against: a new process that cannot
+    /// tell which interfaces exist (no socket: EMFILE, ENOMEM) took every
+    /// interface for gone, forgot every pod, detached every endpoint and
+    /// saved an empty pods file. It must stop before changing anything.
+    #[test]
+    fn a_failed_interface_reading_at_startup_detaches_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = reconciler().with_checkpoint(Checkpoint::open(dir.path()).unwrap());
+        r.apply_plan(snapshot(
+            1,
+            vec![
+                pod_policy("a", Some(allow_from([10, 0, 0, 9], 80))),
+                unselected("b"),
+            ],
+        ))
+        .unwrap();
+        up_now(&mut r, up("a", "veth-a")).unwrap();
+        up_now(&mut r, up("b", "veth-b")).unwrap();
+        r.flush();
+        let kernel = |d: &FakeDatapath| {
+            (
+                d.endpoints.clone(),
+                d.policies.clone(),
+                d.portsets.clone(),
+                d.attached.clone(),
+            )
+        };
+        let before = kernel(&r.datapath);
+        let pods_file = std::fs::read(dir.path().join("pods.json")).unwrap();
+
+        let mut datapath = std::mem::take(&mut r.datapath);
+        datapath.fail.insert("interfaces".into());
+        datapath.log.clear();
+        let cp = Checkpoint::open(dir.path()).unwrap();
+        let mut r2 =
+            Reconciler::new("n1".into(), "e2".into(), datapath).with_checkpoint(cp.clone());
+        let e = r2.recover(cp.load().unwrap()).unwrap_err();
+        assert!(
+            matches!(e, RecoverError::Interfaces { count: 2, .. }),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains("injected failure")
+                && e.to_string().contains("nothing was detached"),
+            "{e}"
+        );
+        r2.flush();
+        assert!(r2.datapath.log.is_empty(), "{:?}", r2.datapath.log);
+        assert_eq!(kernel(&r2.datapath), before);
+        assert_eq!(
+            std::fs::read(dir.path().join("pods.json")).unwrap(),
+            pods_file,
+            "the pods checkpoint is left as it was"
+        );
+
+        // The next process, whose reading works, takes over unchanged.
+        r2.datapath.fail.clear();
+        let r3 = restart(&mut r2, dir.path());
+        assert_eq!(kernel(&r3.datapath), before);
+        assert_eq!(r3.node_state().pods.len(), 2);
+        r3.datapath.assert_no_violations();
     }
 
     #[test]

@@ -31,6 +31,14 @@ pub enum PlanError {
         term: u64,
         highest: u64,
     },
+    /// A plan of a newer term whose term could not be saved: applied, a
+    /// restart would forget the term and accept a deposed controller.
+    #[error("plan version {version} is from leadership term {term}, which could not be saved ({reason}); refused, the node keeps its current plan until the term is on disk")]
+    TermNotSaved {
+        version: u64,
+        term: u64,
+        reason: String,
+    },
 }
 
 /// The controller's plan as this node holds it.
@@ -52,6 +60,12 @@ pub(super) struct Plan {
     pub fetched: BTreeMap<PodKey, PodPolicy>,
     /// The plan version whose tables are all in the datapath.
     pub realized_version: u64,
+    /// The term the checkpoint's term file holds: a plan of a higher term
+    /// is applied only once it does.
+    pub saved_term: u64,
+    /// Why the plan is not on disk (plan.pb then holds no plan at all);
+    /// a failure in the state until a save succeeds (retried on ticks).
+    pub save_error: Option<String>,
 }
 
 impl Plan {
@@ -92,6 +106,7 @@ impl<D: Datapath> Reconciler<D> {
                     self.health.warn(e.to_string());
                     return Err(e);
                 }
+                self.save_term(s.version, s.term)?;
                 let plan: BTreeMap<PodKey, PodPolicy> = s
                     .pods
                     .into_iter()
@@ -132,6 +147,8 @@ impl<D: Datapath> Reconciler<D> {
                         held: self.plan.version,
                     });
                 }
+                // The term file may predate this version (an upgrade).
+                self.save_term(d.version, d.term)?;
                 let version = d.version;
                 changed = Some(palisade_proto::plan::apply_delta(&mut self.plan.entries, d));
                 self.plan.version = version;
@@ -158,12 +175,64 @@ impl<D: Datapath> Reconciler<D> {
         Ok(self.plan.version)
     }
 
-    pub(super) fn save_plan(&mut self) {
-        if let Some(cp) = &self.ctx.checkpoint {
-            if let Err(e) = cp.save_plan(self.plan.version, self.plan.term, &self.plan.entries) {
-                self.health.warn(format!("checkpoint: {e}"));
-            }
+    /// Makes `term` durable before a plan of it is applied (invariant 12:
+    /// a restart refuses what a deposed controller sends). Written only
+    /// when it grows, so once per leadership change.
+    fn save_term(&mut self, version: u64, term: u64) -> Result<(), PlanError> {
+        let Some(cp) = &self.ctx.checkpoint else {
+            return Ok(());
+        };
+        if term <= self.plan.saved_term {
+            return Ok(());
         }
+        if let Err(e) = cp.save_term(term) {
+            let e = PlanError::TermNotSaved {
+                version,
+                term,
+                reason: e.to_string(),
+            };
+            self.health.warn(e.to_string());
+            return Err(e);
+        }
+        self.plan.saved_term = term;
+        Ok(())
+    }
+
+    /// Saves the plan; on failure removes the older plan.pb, so a restart
+    /// holds what the datapath enforces instead of converging back to an
+    /// older (maybe looser) plan, and says so until a save succeeds.
+    pub(super) fn save_plan(&mut self) {
+        let Some(cp) = &self.ctx.checkpoint else {
+            return;
+        };
+        let (version, term) = (self.plan.version, self.plan.term);
+        let e = match cp.save_plan(version, term, &self.plan.entries) {
+            Ok(()) => {
+                if let Some(old) = self.plan.save_error.take() {
+                    tracing::info!(version, "the plan is saved again");
+                    self.health.errors.retain(|e| *e != old);
+                }
+                return;
+            }
+            Err(e) => e,
+        };
+        let e = match cp.forget_plan() {
+            Ok(()) => format!(
+                "saving plan version {version}: {e}; the older plan.pb is removed, so a restart holds what the datapath enforces until the controller's plan comes; retried every tick"
+            ),
+            Err(r) => format!(
+                "saving plan version {version}: {e}; removing the older plan.pb failed too ({r}), so a restart would go back to it; retried every tick"
+            ),
+        };
+        if self.plan.save_error.is_none() {
+            self.health.warn(e.clone());
+        }
+        // A failure of the node until a save succeeds: full convergences
+        // clear the errors, so `apply` puts it back.
+        if let Some(old) = self.plan.save_error.replace(e.clone()) {
+            self.health.errors.retain(|x| *x != old);
+        }
+        self.health.errors.push(e);
     }
 
     pub(super) fn pod_plan_fetched(&mut self, pod: PodKey, policy: Option<PodPolicy>) {
@@ -241,6 +310,7 @@ impl<D: Datapath> Reconciler<D> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Event;
     use super::*;
     use crate::checkpoint::Checkpoint;
     use crate::datapath::fake::FakeDatapath;
@@ -321,5 +391,92 @@ mod tests {
             Err(PlanError::StaleTerm { highest: 4, .. })
         ));
         assert_eq!(again.apply_plan(snapshot(4, 8, &[])), Ok(8));
+    }
+
+    /// What stands in for a full or read-only disk: the save's temp file
+    /// cannot be made (a directory holds its name; root ignores modes).
+    fn block_save(dir: &std::path::Path, file: &str) -> std::path::PathBuf {
+        let tmp = dir.join(format!(".{file}.{}.tmp", std::process::id()));
+        std::fs::create_dir(&tmp).unwrap();
+        tmp
+    }
+
+    #[test]
+    fn a_plan_that_cannot_be_saved_takes_the_older_one_off_disk_and_keeps_the_term() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::open(dir.path()).unwrap();
+        let mut r = Reconciler::new("n".into(), "e".into(), FakeDatapath::default())
+            .with_checkpoint(cp.clone());
+        assert_eq!(r.apply_plan(snapshot(3, 10, &["a"])), Ok(10));
+        let blocked = block_save(dir.path(), "plan.pb");
+        // Applied (the controller's plan is the newest word), but not saved:
+        // plan version 10 must not come back after a restart.
+        assert_eq!(r.apply_plan(delta(3, 10, "b")), Ok(11));
+        assert_eq!(r.plan.entries.len(), 2);
+        assert!(!dir.path().join("plan.pb").exists(), "the older plan stays");
+        let failed = |r: &Reconciler<FakeDatapath>| {
+            r.node_state()
+                .errors
+                .iter()
+                .filter(|e| e.contains("saving plan version 11"))
+                .count()
+        };
+        assert_eq!(failed(&r), 1, "{:?}", r.node_state().errors);
+        // A full convergence clears the datapath's errors, not this one.
+        r.handle(Event::Tick);
+        assert_eq!(failed(&r), 1, "{:?}", r.node_state().errors);
+
+        // A restart meanwhile: no plan, so every pod is held; the term is
+        // still refused below.
+        let saved = cp.load().unwrap();
+        assert_eq!((saved.plan.is_some(), saved.highest_term()), (false, 3));
+        let mut again = Reconciler::new("n".into(), "e2".into(), FakeDatapath::default());
+        again.recover(saved).unwrap();
+        assert!(!again.plan.received);
+        assert!(matches!(
+            again.apply_plan(snapshot(2, 99, &[])),
+            Err(PlanError::StaleTerm { highest: 3, .. })
+        ));
+
+        // The disk has room again: the next tick saves it.
+        std::fs::remove_dir(&blocked).unwrap();
+        r.handle(Event::Tick);
+        assert_eq!(failed(&r), 0, "{:?}", r.node_state().errors);
+        assert_eq!(cp.load().unwrap().plan.unwrap().version, 11);
+    }
+
+    #[test]
+    fn a_new_term_that_cannot_be_saved_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::open(dir.path()).unwrap();
+        let mut r = Reconciler::new("n".into(), "e".into(), FakeDatapath::default())
+            .with_checkpoint(cp.clone());
+        assert_eq!(r.apply_plan(snapshot(3, 10, &["a"])), Ok(10));
+        let blocked = block_save(dir.path(), "term");
+        // The same term needs no write.
+        assert_eq!(r.apply_plan(delta(3, 10, "b")), Ok(11));
+        let refused = r.apply_plan(snapshot(4, 1, &[])).unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                PlanError::TermNotSaved {
+                    version: 1,
+                    term: 4,
+                    ..
+                }
+            ),
+            "{refused:?}"
+        );
+        let path = dir.path().join("term");
+        assert!(
+            refused
+                .to_string()
+                .contains(&format!("writing {}", path.display())),
+            "{refused}"
+        );
+        assert_eq!((r.plan.term, r.plan.version), (3, 11), "nothing applied");
+        std::fs::remove_dir(&blocked).unwrap();
+        assert_eq!(r.apply_plan(snapshot(4, 1, &[])), Ok(1));
+        assert_eq!(cp.load().unwrap().term, 4);
     }
 }

@@ -7,6 +7,11 @@
 //! it has (shown as unexplained in the dump) until the plan explains it by
 //! its addresses or the interface goes away. Only links whose interface is
 //! gone, and tables nothing references, are removed.
+//!
+//! "Gone" is what the kernel answered (ENODEV), never a reading that
+//! failed: a new process that cannot read which interfaces exist stops
+//! before it changes anything ([`RecoverError`]), as taking "unknown" for
+//! "gone" would forget every pod and detach every interface on the node.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -17,20 +22,62 @@ use super::realized::{RealizedEndpoint, RealizedPolicy};
 use super::{Reconciler, DENY_ALL};
 use crate::checkpoint::Saved;
 use crate::compile::PolicySet;
-use crate::datapath::{Datapath, EndpointEntry, PolicyId};
+use crate::datapath::{Datapath, DatapathError, EndpointEntry, PolicyId};
 use crate::desired::{Claim, PodKey, Verdict};
 
+/// Why a new process could not take the node over. Returned before
+/// anything is detached or unpinned: the pinned programs keep enforcing
+/// what they enforce, and the process exits to be restarted.
+#[derive(Debug, thiserror::Error)]
+pub enum RecoverError {
+    /// The datapath's tables, links or filters could not be read.
+    #[error("reading the datapath left by the previous enforcer: {0}")]
+    Adopt(#[source] DatapathError),
+    /// Which of the interfaces the datapath and the saved pods name exist
+    /// could not be read (the lookup failed; none was said to be gone).
+    #[error("reading which of the {count} interfaces with our programs or saved pods exist: {source}; nothing was detached, the pinned programs keep enforcing")]
+    Interfaces {
+        count: usize,
+        #[source]
+        source: DatapathError,
+    },
+}
+
 impl<D: Datapath> Reconciler<D> {
-    pub fn recover(&mut self, saved: Saved) -> Result<(), String> {
+    pub fn recover(&mut self, mut saved: Saved) -> Result<(), RecoverError> {
         let adopted = self
             .datapath
             .adopt()
             .counted(&mut self.health)
-            .map_err(|e| format!("reading the datapath left by the previous enforcer: {e}"))?;
-        for w in saved.damage {
+            .map_err(RecoverError::Adopt)?;
+        // Read once, before anything changes: an interface missing from the
+        // answer is gone; a failed reading stops here.
+        let names: BTreeSet<&str> = adopted
+            .attached
+            .iter()
+            .chain(saved.pods.values().flat_map(|p| &p.host_interfaces))
+            .map(String::as_str)
+            .collect();
+        let names: Vec<&str> = names.into_iter().collect();
+        let live = self
+            .datapath
+            .interfaces_named(&names)
+            .counted(&mut self.health)
+            .map_err(|source| RecoverError::Interfaces {
+                count: names.len(),
+                source,
+            })?;
+        for w in std::mem::take(&mut saved.damage)
+            .into_iter()
+            .chain(adopted.warnings.clone())
+        {
             self.health.warn(w);
         }
         self.forget_adopted_audit();
+        // Kept without a plan too: a plan that could not be saved removed
+        // plan.pb, and plans of older terms stay refused.
+        self.plan.term = saved.highest_term();
+        self.plan.saved_term = saved.term;
         if let Some(plan) = saved.plan {
             self.plan.entries = plan
                 .pods
@@ -38,7 +85,6 @@ impl<D: Datapath> Reconciler<D> {
                 .filter_map(|p| Some((key(p.pod.as_ref())?, p)))
                 .collect();
             self.plan.version = plan.version;
-            self.plan.term = plan.term;
             self.plan.realized_version = plan.version;
             self.plan.received = true;
         }
@@ -105,7 +151,7 @@ impl<D: Datapath> Reconciler<D> {
             };
         let mut claimed = BTreeSet::new();
         for ifname in &adopted.attached {
-            let Ok(ifindex) = self.datapath.ifindex(ifname) else {
+            let Some(&ifindex) = live.get(ifname) else {
                 // The interface is gone, and its link with it: unpin.
                 if let Err(e) = self.datapath.detach(ifname, 0).counted(&mut self.health) {
                     self.health
@@ -161,10 +207,10 @@ impl<D: Datapath> Reconciler<D> {
             }
         }
         self.renew_after_recovery();
-        // A pod whose interfaces are all gone was deleted while we were down.
         self.refresh_node_addresses();
-        self.refresh_links();
-        let live = self.live_interfaces().clone();
+        // A pod whose interfaces are all gone was deleted while we were down.
+        self.pods.live = live;
+        let live = &self.pods.live;
         self.pods.runtime.retain(|_, rt| {
             rt.host_interfaces.iter().any(|i| {
                 live.get(i)
