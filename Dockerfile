@@ -1,6 +1,6 @@
 # Palisade's image: palisade-controller, palisade-enforcer and palisade-cni
 # (which the enforcer DaemonSet's init container copies onto the node), the
-# shared libraries they link (named by ldd), a passwd with the non-root user,
+# shared libraries the first two link (named by ldd), a passwd with the non-root user,
 # CA certificates. Nothing else: no shell, no package manager.
 #
 # Built by scripts/image.sh, which compiles the release binaries and stages
@@ -11,9 +11,9 @@
 #
 # FROM scratch so that the image tested in this repository's CI (no registry,
 # nothing to pull) is the image shipped. The libraries come from the build
-# machine's Debian packages (listed in /usr/share/palisade/image-contents):
-# build on Debian 12 or newer, since palisade-cni also runs on the host and
-# needs a glibc at least as new as the one it was linked against.
+# machine's Debian packages (listed in /usr/share/palisade/image-contents).
+# palisade-cni, which also runs on the node itself, is linked statically:
+# it needs nothing of the node's C library, whatever its version.
 FROM scratch
 COPY rootfs/ /
 ARG VERSION

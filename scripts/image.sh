@@ -58,7 +58,17 @@ ref="$repository:$version-$commit"
 
 cargo build --profile "$profile" --locked \
   -p policy-controller --bin palisade-controller \
-  -p node-enforcer --bin palisade-enforcer --bin palisade-cni >&2
+  -p node-enforcer --bin palisade-enforcer >&2
+# palisade-cni runs on the node itself (the init container copies it
+# there), under whatever C library the node has: linked statically, so that
+# a node older than this build machine (glibc before 2.34: RHEL 8, Amazon
+# Linux 2) runs it too. An explicit --target keeps the flag off build
+# scripts and proc macros, and this build in a target dir of its own.
+host=$(rustc -vV | sed -n 's/^host: //p')
+RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+  cargo build --profile "$profile" --locked --target "$host" \
+  -p node-enforcer --bin palisade-cni >&2
+cni_binary="target/$host/${target_dir#target/}/palisade-cni"
 
 context=$(mktemp -d "${TMPDIR:-/tmp}/palisade-image.XXXXXX")
 trap 'rm -rf "$context"' EXIT
@@ -89,11 +99,13 @@ stage_path() {
   cp "$path" "$root$path"
 }
 
-binaries=(palisade-controller palisade-enforcer palisade-cni)
+# The dynamically linked binaries; palisade-cni is static (above).
+binaries=(palisade-controller palisade-enforcer)
 mkdir -p "$root/usr/local/bin"
 for b in "${binaries[@]}"; do
   install -m 0755 "$target_dir/$b" "$root/usr/local/bin/$b"
 done
+install -m 0755 "$cni_binary" "$root/usr/local/bin/palisade-cni"
 
 # Every library any binary loads, and the dynamic loader itself.
 mapfile -t libraries < <(for b in "${binaries[@]}"; do
