@@ -551,6 +551,19 @@ fn bad_values_are_refused_naming_the_value() {
             "otlp: {endpoint: \"http://otel :4317\"}\n",
             "/otlp/endpoint",
         ),
+        ("dns: {heldBytes: 5000}\n", "/dns/heldBytes"),
+        (
+            "controller: {leaderElection: {enabled: true, leaseDurationSeconds: 10, renewDeadlineSeconds: 10, retryPeriodSeconds: 2}}\n",
+            "renewDeadlineSeconds (10) must be less than leaseDurationSeconds (10)",
+        ),
+        (
+            "controller: {leaderElection: {enabled: true, leaseDurationSeconds: 15, renewDeadlineSeconds: 10, retryPeriodSeconds: 10}}\n",
+            "retryPeriodSeconds (10) must be less than renewDeadlineSeconds (10)",
+        ),
+        (
+            "podUpDeadlineMs: 10000\n",
+            "podUpDeadlineMs (10000) must be less than cni.timeoutSeconds (10 s)",
+        ),
     ] {
         let file = dir.join("values.yaml");
         std::fs::write(&file, text).unwrap();

@@ -33,3 +33,22 @@ app.kubernetes.io/component: enforcer
 {{- define "palisade.seccompProfileName" -}}
 palisade/enforcer-{{ .Files.Get "files/enforcer-seccomp.json" | sha256sum | trunc 16 }}.json
 {{- end -}}
+
+{{- /* What the schema cannot say, refused at install naming the values: the
+       controller refuses to start with these out of order, and a pod-up
+       deadline as long as the plugin's would have the runtime give up first. */}}
+{{- define "palisade.validate" -}}
+{{- with .Values.controller.leaderElection }}
+{{- if .enabled }}
+{{- if ge (int .renewDeadlineSeconds) (int .leaseDurationSeconds) }}
+{{- fail (printf "controller.leaderElection.renewDeadlineSeconds (%d) must be less than leaseDurationSeconds (%d)" (int .renewDeadlineSeconds) (int .leaseDurationSeconds)) }}
+{{- end }}
+{{- if ge (int .retryPeriodSeconds) (int .renewDeadlineSeconds) }}
+{{- fail (printf "controller.leaderElection.retryPeriodSeconds (%d) must be less than renewDeadlineSeconds (%d)" (int .retryPeriodSeconds) (int .renewDeadlineSeconds)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if ge (int64 .Values.podUpDeadlineMs) (mul (int64 .Values.cni.timeoutSeconds) 1000) }}
+{{- fail (printf "podUpDeadlineMs (%d) must be less than cni.timeoutSeconds (%d s): the runtime would give up on the pod before the enforcer answers" (int64 .Values.podUpDeadlineMs) (int64 .Values.cni.timeoutSeconds)) }}
+{{- end }}
+{{- end -}}
