@@ -204,8 +204,10 @@ pub struct Inputs<'a> {
     pub live: &'a BTreeMap<String, u32>,
     /// Interfaces nobody explains, with what they enforce now.
     pub unexplained: &'a Held,
-    /// What an interface enforces now, for held pods.
-    pub held: &'a dyn Fn(&str) -> Option<Enforced>,
+    /// What an interface enforces now, with the index of the interface it
+    /// is enforced on: for held pods, and directions whose table is not
+    /// complete yet.
+    pub held: &'a dyn Fn(&str) -> Option<(u32, Enforced)>,
     /// The node's own addresses, always allowed in an isolated direction.
     pub node_addresses: &'a [Prefix],
 }
@@ -371,7 +373,12 @@ pub fn desired_pod(
         {
             continue;
         }
-        let held = (i.held)(ifname);
+        // Only what this very interface enforces: a record of an older
+        // interface of the same name (its DEL lost, its link event not
+        // handled yet) holds another pod's verdicts, maybe open.
+        let held = (i.held)(ifname)
+            .filter(|(at, _)| *at == ifindex)
+            .map(|(_, e)| e);
         // The table compiled from the policy judges this interface only
         // when the direction is complete (not held, not awaiting).
         let learns = egress.is_some() && !matches!(knowledge, Knowledge::Hold);

@@ -158,7 +158,7 @@ impl<D: Datapath> Reconciler<D> {
                 r.map_err(NoTable::Failed)
             };
             let realized = &self.realized.endpoints;
-            let held = |n: &str| realized.get(n).map(RealizedEndpoint::enforced);
+            let held = |n: &str| realized.get(n).map(|e| (e.ifindex, e.enforced()));
             let knowledge = |k: &PodKey| self.knowledge(k);
             let inputs = Inputs {
                 mode: self.ctx.mode,
@@ -239,7 +239,7 @@ impl<D: Datapath> Reconciler<D> {
         let kept = self.target.desired.clone();
         let unexplained = self.unexplained();
         let realized = &self.realized.endpoints;
-        let held = |n: &str| realized.get(n).map(RealizedEndpoint::enforced);
+        let held = |n: &str| realized.get(n).map(|e| (e.ifindex, e.enforced()));
         let knowledge = |k: &PodKey| self.knowledge(k);
         let full = crate::desired::desired(&Inputs {
             mode: self.ctx.mode,
@@ -647,5 +647,124 @@ impl<D: Datapath> Reconciler<D> {
                 .push(format!("removing endpoint {ifname}: {e}"));
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Interfaces are identified by index: what a name's older interface
+    //! enforced is not the newer one's.
+
+    use super::super::*;
+    use crate::datapath::fake::FakeDatapath;
+    use crate::desired::PodRuntime;
+    use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PlanSnapshot, PodRef, Rule};
+
+    /// `n` rules of one /32 peer each: big enough to compile off the thread.
+    fn big(n: usize) -> DirectionPolicy {
+        DirectionPolicy {
+            rules: (0..n)
+                .map(|i| Rule {
+                    peers: vec![PeerBlock {
+                        cidr: Some(IpPrefix {
+                            addr: vec![172, 16, (i >> 8) as u8, i as u8],
+                            prefix_len: 32,
+                        }),
+                        except: vec![],
+                    }],
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn pod(name: &str, ingress: Option<DirectionPolicy>) -> PodPolicy {
+        PodPolicy {
+            pod: Some(PodRef {
+                namespace: "x".into(),
+                name: name.into(),
+            }),
+            ingress,
+            ..Default::default()
+        }
+    }
+
+    fn up(name: &str, iface: &str, container: &str) -> PodUp {
+        PodUp {
+            pod: ("x".into(), name.into()),
+            runtime: PodRuntime {
+                container_id: container.into(),
+                netns: String::new(),
+                host_interfaces: vec![iface.into()],
+                ips: vec![],
+                ifindexes: Default::default(),
+                mode: None,
+            },
+        }
+    }
+
+    fn snapshot(version: u64, pods: Vec<PodPolicy>) -> PlanMessage {
+        PlanMessage::Snapshot(PlanSnapshot {
+            version,
+            pods,
+            source_synced: true,
+            ..Default::default()
+        })
+    }
+
+    /// Issue: a direction whose table was still compiling took what the
+    /// realized record of its interface's name enforced, whatever its
+    /// index. A pod recreated on the same name (its DEL lost, the link
+    /// event queued behind the pod-up) got its old interface's verdict,
+    /// here open, while its answer at the deadline said "starts denied".
+    #[test]
+    fn a_recreated_interface_never_takes_the_old_ones_verdicts_while_its_table_compiles() {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+        let mut r = Reconciler::new(
+            "n1".into(),
+            "e1".into(),
+            FakeDatapath::with_interfaces(&["veth-a"]),
+        )
+        .with_background_compile(tx.clone(), 1000)
+        .unwrap();
+        r.apply_plan(snapshot(1, vec![pod("a", None)])).unwrap();
+        let (reply, mut answer) = tokio::sync::oneshot::channel();
+        r.pod_up(up("a", "veth-a", "c1"), reply);
+        assert!(answer.try_recv().unwrap().is_ok());
+        assert_eq!(r.datapath.endpoint_of("veth-a"), Some((0, 0)));
+        // Its new policy compiles off the thread: the old interface keeps
+        // what it enforces meanwhile (open), as it should.
+        r.apply_plan(snapshot(2, vec![pod("a", Some(big(2000)))]))
+            .unwrap();
+        assert_eq!(r.datapath.endpoint_of("veth-a"), Some((0, 0)));
+
+        // The pod is recreated: same name, new interface (index 30).
+        r.datapath.interfaces.insert("veth-a".into(), 30);
+        let (reply, mut answer) = tokio::sync::oneshot::channel();
+        r.pod_up(up("a", "veth-a", "c2"), reply);
+        assert!(answer.try_recv().is_err(), "waits for its table");
+        assert_eq!(
+            r.datapath.endpoint_of("veth-a"),
+            Some((DENY_ALL, 0)),
+            "the new interface is denied, not given the old one's open verdict"
+        );
+        r.pod_up_deadline(&("x".into(), "a".into()), "c2");
+        let out = answer.try_recv().unwrap().unwrap();
+        assert!(out.warning.contains("starts denied"), "{}", out.warning);
+        assert_eq!(r.datapath.endpoint_of("veth-a"), Some((DENY_ALL, 0)));
+
+        // Once complete, the table is enforced on the new interface.
+        while r.background.compiling_count() > 0 {
+            let event = rx.blocking_recv().expect("the worker answers");
+            r.handle(event);
+        }
+        while r.background.has_writes() {
+            r.write_slice();
+        }
+        let (id, _) = r.datapath.endpoint_of("veth-a").unwrap();
+        assert!(id != 0 && id != DENY_ALL, "{id}");
+        r.datapath.assert_no_violations();
+        drop(tx);
     }
 }
