@@ -393,7 +393,17 @@ impl<D: Datapath> Reconciler<D> {
                 }
                 // The name now belongs to a new interface: the old one's
                 // link went with it.
-                if !self.remove_endpoint(ifname) {
+                if let Err(e) = self.remove_endpoint(ifname) {
+                    // The new interface is left without programs: its
+                    // pod's failure, so a pod-up waiting on it is refused
+                    // rather than answered as enforced.
+                    self.fail(
+                        pod.as_ref(),
+                        format!(
+                            "{ifname} (index {}) is not enforced: the older interface of that name could not be let go ({e})",
+                            de.ifindex
+                        ),
+                    );
                     continue;
                 }
             }
@@ -414,7 +424,9 @@ impl<D: Datapath> Reconciler<D> {
             .cloned()
             .collect();
         for ifname in stale {
-            self.remove_endpoint(&ifname);
+            if let Err(e) = self.remove_endpoint(&ifname) {
+                self.health.errors.push(e);
+            }
         }
 
         // 3b. Staged (audit) entries, once the endpoints they judge for are
@@ -621,20 +633,21 @@ impl<D: Datapath> Reconciler<D> {
 
     /// Detaches, then removes the entry. A detach that fails keeps both the
     /// entry and the record: a program with no entry would pass everything.
-    /// True when the interface is gone from the datapath.
-    pub(super) fn remove_endpoint(&mut self, ifname: &str) -> bool {
+    /// Ok when the interface is gone from the datapath; Err says why not
+    /// (its policy stays in force), for the caller to report.
+    pub(super) fn remove_endpoint(&mut self, ifname: &str) -> Result<(), String> {
         let Some(re) = self.realized.endpoints.get(ifname).cloned() else {
-            return true;
+            return Ok(());
         };
         if let Err(e) = self
             .datapath
             .detach(ifname, re.ifindex)
             .counted(&mut self.health)
         {
-            self.health.errors.push(format!(
-                "detaching {ifname}: {e}; its policy stays in force"
+            return Err(format!(
+                "detaching {ifname} (index {}): {e}; its policy stays in force",
+                re.ifindex
             ));
-            return false;
         }
         self.realized.endpoints.remove(ifname);
         if let Err(e) = self
@@ -646,7 +659,7 @@ impl<D: Datapath> Reconciler<D> {
                 .errors
                 .push(format!("removing endpoint {ifname}: {e}"));
         }
-        true
+        Ok(())
     }
 }
 

@@ -246,11 +246,12 @@ impl<D: Datapath> Reconciler<D> {
     /// reported, not refused).
     fn write_failure(&self, key: &PodKey) -> Option<String> {
         let rt = self.pods.runtime.get(key)?;
+        // Attached to the pod's own interface: a record of an older one of
+        // the same name (one that could not be removed) is not it.
         let attached = rt.host_interfaces.iter().all(|i| {
-            self.realized
-                .endpoints
-                .get(i)
-                .is_some_and(|e| e.claim.pod() == Some(key))
+            self.realized.endpoints.get(i).is_some_and(|e| {
+                e.claim.pod() == Some(key) && rt.ifindexes.get(i).is_none_or(|w| *w == e.ifindex)
+            })
         });
         if attached && !self.health.failures.contains_key(key) {
             return None;
@@ -520,5 +521,96 @@ impl<D: Datapath> Reconciler<D> {
             return Err(state.error);
         }
         Ok(state)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Pod-ups and link events where an interface name outlives its
+    //! interface: the identity is the index.
+
+    use super::super::*;
+    use crate::datapath::fake::FakeDatapath;
+    use crate::desired::PodRuntime;
+    use palisade_proto::v1::{DirectionPolicy, PlanSnapshot, PodRef};
+
+    fn reconciler() -> Reconciler<FakeDatapath> {
+        Reconciler::new(
+            "n1".into(),
+            "e1".into(),
+            FakeDatapath::with_interfaces(&["veth-a", "veth-b"]),
+        )
+    }
+
+    /// Isolated for ingress, nothing allowed: a table besides open and
+    /// deny-all, so a wrong entry shows.
+    fn isolated(name: &str) -> PodPolicy {
+        PodPolicy {
+            pod: Some(PodRef {
+                namespace: "x".into(),
+                name: name.into(),
+            }),
+            ingress: Some(DirectionPolicy::default()),
+            ..Default::default()
+        }
+    }
+
+    fn snapshot(version: u64, pods: Vec<PodPolicy>) -> PlanMessage {
+        PlanMessage::Snapshot(PlanSnapshot {
+            version,
+            pods,
+            source_synced: true,
+            ..Default::default()
+        })
+    }
+
+    fn up(name: &str, iface: &str, container: &str) -> PodUp {
+        PodUp {
+            pod: ("x".into(), name.into()),
+            runtime: PodRuntime {
+                container_id: container.into(),
+                netns: String::new(),
+                host_interfaces: vec![iface.into()],
+                ips: vec![],
+                ifindexes: Default::default(),
+                mode: None,
+            },
+        }
+    }
+
+    fn up_now(r: &mut Reconciler<FakeDatapath>, u: PodUp) -> Result<PodUpOutcome, String> {
+        let (tx, mut rx) = oneshot::channel();
+        r.pod_up(u, tx);
+        rx.try_recv().expect("pod up answered at once")
+    }
+
+    /// Issue: the older interface of the name could not be detached, so the
+    /// newer one was skipped (an error of the node's), and the pod-up was
+    /// answered as enforced because a record of that name claimed the pod:
+    /// the new veth ran without programs until a tick retried.
+    #[test]
+    fn a_pod_up_whose_older_interface_cannot_be_let_go_is_refused() {
+        let mut r = reconciler();
+        r.apply_plan(snapshot(1, vec![isolated("a")])).unwrap();
+        up_now(&mut r, up("a", "veth-a", "c1")).unwrap();
+        // Recreated on the same name (index 30), the DEL lost.
+        r.datapath.interfaces.insert("veth-a".into(), 30);
+        r.datapath.fail.insert("detach veth-a".into());
+        let err = up_now(&mut r, up("a", "veth-a", "c2")).unwrap_err();
+        assert!(
+            err.contains("veth-a (index 30) is not enforced") && err.contains("injected failure"),
+            "{err}"
+        );
+        assert!(!r.datapath.endpoints.contains_key(&30));
+
+        // Once the older one can go (a tick retries), the pod comes up
+        // enforced on its new interface.
+        r.datapath.fail.clear();
+        r.handle(Event::Tick);
+        up_now(&mut r, up("a", "veth-a", "c3")).unwrap();
+        let (ingress, _) = r.datapath.endpoint_of("veth-a").unwrap();
+        assert!(ingress != 0 && ingress != DENY_ALL, "{ingress}");
+        assert_eq!(r.datapath.attached_at["veth-a"], 30);
+        r.datapath.assert_no_violations();
     }
 }
