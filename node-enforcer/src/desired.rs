@@ -153,8 +153,9 @@ pub struct Desired {
 /// What an interface enforces now: ingress, egress, the pod's addresses.
 pub type Enforced = (Verdict, Verdict, Vec<[u8; 16]>);
 
-/// The interfaces' current verdicts, for [`Knowledge::Hold`].
-pub type Held = BTreeMap<String, Enforced>;
+/// What interfaces enforce now, by name, each with the index of the
+/// interface it is enforced on.
+pub type Held = BTreeMap<String, (u32, Enforced)>;
 
 /// Why a direction has no table to point at.
 #[derive(Clone, Debug, PartialEq)]
@@ -416,8 +417,10 @@ pub fn desired_pod(
 /// The endpoint an unexplained interface keeps, if it still lives and no
 /// pod claims it.
 pub fn desired_unexplained(i: &Inputs<'_>, ifname: &str) -> Option<DesiredEndpoint> {
-    let (ingress, egress, addrs) = i.unexplained.get(ifname)?;
-    let &ifindex = i.live.get(ifname)?;
+    let (at, (ingress, egress, addrs)) = i.unexplained.get(ifname)?;
+    // Only that interface: a newer one of its name is not the one whose
+    // policy and pod addresses it keeps (they would drop its traffic).
+    let &ifindex = i.live.get(ifname).filter(|&live| live == at)?;
     Some(DesiredEndpoint {
         claim: Claim::Unexplained,
         ifindex,

@@ -111,7 +111,7 @@ impl<D: Datapath> Reconciler<D> {
             .endpoints
             .iter()
             .filter(|(_, e)| e.claim == Claim::Unexplained)
-            .map(|(n, e)| (n.clone(), e.enforced()))
+            .map(|(n, e)| (n.clone(), (e.ifindex, e.enforced())))
             .collect()
     }
 

@@ -613,4 +613,44 @@ mod tests {
         assert_eq!(r.datapath.attached_at["veth-a"], 30);
         r.datapath.assert_no_violations();
     }
+
+    /// Issue: an interface no pod explains (the checkpoint lost) took its
+    /// index from its name, so a new veth reusing the name got our
+    /// programs with the old pod's addresses (dropping its egress) and its
+    /// own pod's pod-up was refused as "enforced for other addresses".
+    #[test]
+    fn a_new_interface_reusing_an_unexplained_ones_name_is_not_given_its_entry() {
+        let addr = |s: &str| Prefix::from_ip(s.parse().unwrap(), 32);
+        let mut r = reconciler();
+        r.apply_plan(snapshot(1, vec![isolated("a")])).unwrap();
+        let mut a = up("a", "veth-a", "c1");
+        a.runtime.ips = vec![addr("10.0.1.1")];
+        up_now(&mut r, a).unwrap();
+        // A restart that lost the checkpoint: veth-a is kept, unexplained.
+        let datapath = std::mem::take(&mut r.datapath);
+        let mut r = Reconciler::new("n1".into(), "e2".into(), datapath);
+        r.recover(crate::checkpoint::Saved::default()).unwrap();
+        assert_eq!(r.dump().interfaces[0].pod, None);
+
+        // Its veth goes and a new one takes the name (index 30).
+        r.datapath.interfaces.insert("veth-a".into(), 30);
+        r.handle(Event::Links);
+        assert!(
+            !r.datapath.endpoints.contains_key(&30),
+            "{:?}",
+            r.datapath.endpoints
+        );
+        assert!(r.realized.endpoints.is_empty());
+
+        // The new veth's pod comes up enforced with its own addresses.
+        r.apply_plan(snapshot(2, vec![isolated("b")])).unwrap();
+        let mut b = up("b", "veth-a", "c2");
+        b.runtime.ips = vec![addr("10.0.2.2")];
+        up_now(&mut r, b).unwrap();
+        assert_eq!(
+            r.datapath.endpoints[&30].pod_addrs,
+            vec![addr("10.0.2.2").addr]
+        );
+        r.datapath.assert_no_violations();
+    }
 }
