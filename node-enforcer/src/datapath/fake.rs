@@ -338,6 +338,15 @@ impl Datapath for FakeDatapath {
         self.injected("interfaces")?;
         Ok(self.interfaces.clone())
     }
+    fn interfaces_indexed(&mut self, indexes: &[u32]) -> Result<BTreeMap<u32, String>> {
+        self.injected("interfaces_indexed")?;
+        Ok(self
+            .interfaces
+            .iter()
+            .filter(|(_, i)| indexes.contains(i))
+            .map(|(n, i)| (*i, n.clone()))
+            .collect())
+    }
     fn attach(&mut self, ifname: &str, ifindex: u32) -> Result<()> {
         if self.fail_attach.contains(ifname) {
             return Err(DatapathError::new(

@@ -79,6 +79,8 @@ impl<D: Datapath> Reconciler<D> {
 
     /// Re-reads the index of every interface any pod or realized endpoint
     /// names (after link events and on ticks; pod-up looks its own up).
+    /// An interface whose name no longer finds it but whose index lives
+    /// was renamed: it stays live under the name we know it by.
     pub(super) fn refresh_links(&mut self) {
         let names: BTreeSet<&str> = self
             .pods
@@ -89,15 +91,69 @@ impl<D: Datapath> Reconciler<D> {
             .map(String::as_str)
             .collect();
         let names: Vec<&str> = names.into_iter().collect();
-        match self
+        // Keep what was known when a reading fails: forgetting interfaces
+        // would detach pods.
+        let mut live = match self
             .datapath
             .interfaces_named(&names)
             .counted(&mut self.health)
         {
-            Ok(live) => self.pods.live = live,
-            // Keep what was known: forgetting interfaces would detach pods.
-            Err(e) => tracing::warn!("{e}"),
+            Ok(live) => live,
+            Err(e) => {
+                tracing::warn!("{e}");
+                return;
+            }
+        };
+        // The interfaces we know whose name no longer finds them.
+        let lost: BTreeSet<(String, u32)> = self
+            .pods
+            .runtime
+            .values()
+            .flat_map(|p| p.ifindexes.iter().map(|(n, i)| (n.clone(), *i)))
+            .chain(
+                self.realized
+                    .endpoints
+                    .iter()
+                    .map(|(n, e)| (n.clone(), e.ifindex)),
+            )
+            .filter(|(n, i)| live.get(n) != Some(i))
+            .collect();
+        let mut renamed = BTreeMap::new();
+        if !lost.is_empty() {
+            let indexes: Vec<u32> = lost.iter().map(|(_, i)| *i).collect();
+            let now = match self
+                .datapath
+                .interfaces_indexed(&indexes)
+                .counted(&mut self.health)
+            {
+                Ok(now) => now,
+                Err(e) => {
+                    tracing::warn!("{e}");
+                    return;
+                }
+            };
+            for (name, index) in lost {
+                let Some(now) = now.get(&index).filter(|now| **now != name) else {
+                    continue;
+                };
+                // Renamed: its programs are on the interface, and its links
+                // are known by the old name, so it is followed by index.
+                // Unless a newer interface has the name now, which a pod-up
+                // of that name then waits for (the old one is never
+                // detached while it lives).
+                live.entry(name.clone()).or_insert(index);
+                renamed.insert(name, (index, now.clone()));
+            }
         }
+        for (was, (index, now)) in &renamed {
+            if self.pods.renamed.get(was) != Some(&(*index, now.clone())) {
+                self.health.warn(format!(
+                    "interface {was} (index {index}) was renamed {now}: it stays enforced with its policy, shown as {was}"
+                ));
+            }
+        }
+        self.pods.renamed = renamed;
+        self.pods.live = live;
     }
 
     /// The interfaces that exist, as last read.
@@ -639,6 +695,28 @@ impl<D: Datapath> Reconciler<D> {
         let Some(re) = self.realized.endpoints.get(ifname).cloned() else {
             return Ok(());
         };
+        // Never while the interface lives under another name: its programs
+        // are on it, and removing them leaves it unenforced.
+        match self
+            .datapath
+            .interfaces_indexed(&[re.ifindex])
+            .counted(&mut self.health)
+        {
+            Ok(now) => {
+                if let Some(now) = now.get(&re.ifindex).filter(|now| *now != ifname) {
+                    return Err(format!(
+                        "{ifname} (index {}) lives on as {now}: kept attached with its policy until it goes",
+                        re.ifindex
+                    ));
+                }
+            }
+            Err(e) => {
+                return Err(format!(
+                    "{ifname} (index {}): kept attached, as whether it lives on under another name cannot be read: {e}",
+                    re.ifindex
+                ))
+            }
+        }
         if let Err(e) = self
             .datapath
             .detach(ifname, re.ifindex)

@@ -50,8 +50,12 @@ pub(super) struct Pods {
     /// from a new one of the same name).
     pub deleting: BTreeSet<PodKey>,
     /// The interfaces that exist and their indexes, as last read (link
-    /// events and ticks refresh them; a pod-up reads its own).
+    /// events and ticks refresh them; a pod-up reads its own). A renamed
+    /// interface is listed under the name we know it by.
     pub live: BTreeMap<String, u32>,
+    /// Interfaces renamed since we attached them: the name we know each
+    /// by, with its index and the name it has now.
+    pub renamed: BTreeMap<String, (u32, String)>,
     /// `runtime` is not checkpointed yet; written when the event queue is
     /// idle (a lost write is rebuilt from the kernel's endpoint entries).
     pub unsaved: bool,
@@ -122,6 +126,23 @@ impl<D: Datapath> Reconciler<D> {
             }
         }
         up.runtime.ifindexes = ifindexes.clone();
+        // A renamed interface stays enforced under the name it had (the one
+        // its attachment is known by): a second record of its index would
+        // detach it when either goes.
+        for (ifname, &index) in &ifindexes {
+            if let Some((was, _)) = self
+                .realized
+                .endpoints
+                .iter()
+                .find(|(n, e)| e.ifindex == index && *n != ifname)
+            {
+                let _ = reply.send(Err(format!(
+                    "pod {}: interface {ifname} (index {index}) is enforced as {was}, its name before a rename; refusing rather than attaching it twice",
+                    name(&up.pod)
+                )));
+                return;
+            }
+        }
         // Another pod claiming the same live interface is a request we
         // cannot honour without taking enforcement from that pod. A claim
         // on an older interface of the same name is stale: that interface
@@ -651,6 +672,60 @@ mod tests {
             r.datapath.endpoints[&30].pod_addrs,
             vec![addr("10.0.2.2").addr]
         );
+        r.datapath.assert_no_violations();
+    }
+
+    /// Issue: liveness was decided by name, so `ip link set veth-a name
+    /// veth-z` on a live pod's veth forgot the pod and detached its
+    /// programs from the index, which still existed: its traffic went
+    /// unenforced, with only an info log.
+    #[test]
+    fn a_renamed_interface_stays_enforced_and_is_named_in_the_dump() {
+        let mut r = reconciler();
+        r.apply_plan(snapshot(1, vec![isolated("a")])).unwrap();
+        up_now(&mut r, up("a", "veth-a", "c1")).unwrap();
+        let enforced = r.datapath.endpoints[&10].clone();
+        r.datapath.interfaces.remove("veth-a");
+        r.datapath.interfaces.insert("veth-z".into(), 10);
+        r.handle(Event::Links);
+        r.handle(Event::Tick);
+        assert!(r.datapath.attached.contains("veth-a"));
+        assert_eq!(r.datapath.endpoints.get(&10), Some(&enforced));
+        assert_eq!(r.node_state().pods.len(), 1);
+        let warnings = r.dump().warnings;
+        assert_eq!(
+            warnings
+                .iter()
+                .filter(|w| w.contains("veth-a (index 10) was renamed veth-z"))
+                .count(),
+            1,
+            "{warnings:?}"
+        );
+
+        // Still the pod's: its policy changes reach it.
+        let open = PodPolicy {
+            ingress: None,
+            ..isolated("a")
+        };
+        r.apply_plan(snapshot(2, vec![open, isolated("b")]))
+            .unwrap();
+        assert_eq!(r.datapath.endpoints[&10].ingress, 0);
+        // A pod-up naming it by its new name is refused, not attached twice.
+        let err = up_now(&mut r, up("b", "veth-z", "c2")).unwrap_err();
+        assert!(err.contains("enforced as veth-a"), "{err}");
+
+        // Its DEL keeps it enforced while it lives; it goes with it.
+        r.pod_down(Some(("x".into(), "a".into())), "c1").unwrap();
+        assert!(r.datapath.attached.contains("veth-a"));
+        assert!(r.datapath.endpoints.contains_key(&10));
+        let errors = r.node_state().errors;
+        assert!(
+            errors.iter().any(|e| e.contains("lives on as veth-z")),
+            "{errors:?}"
+        );
+        r.datapath.interfaces.remove("veth-z");
+        r.handle(Event::Links);
+        r.datapath.assert_empty();
         r.datapath.assert_no_violations();
     }
 }
