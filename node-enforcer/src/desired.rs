@@ -153,8 +153,9 @@ pub struct Desired {
 /// What an interface enforces now: ingress, egress, the pod's addresses.
 pub type Enforced = (Verdict, Verdict, Vec<[u8; 16]>);
 
-/// The interfaces' current verdicts, for [`Knowledge::Hold`].
-pub type Held = BTreeMap<String, Enforced>;
+/// What interfaces enforce now, by name, each with the index of the
+/// interface it is enforced on.
+pub type Held = BTreeMap<String, (u32, Enforced)>;
 
 /// Why a direction has no table to point at.
 #[derive(Clone, Debug, PartialEq)]
@@ -204,8 +205,10 @@ pub struct Inputs<'a> {
     pub live: &'a BTreeMap<String, u32>,
     /// Interfaces nobody explains, with what they enforce now.
     pub unexplained: &'a Held,
-    /// What an interface enforces now, for held pods.
-    pub held: &'a dyn Fn(&str) -> Option<Enforced>,
+    /// What an interface enforces now, with the index of the interface it
+    /// is enforced on: for held pods, and directions whose table is not
+    /// complete yet.
+    pub held: &'a dyn Fn(&str) -> Option<(u32, Enforced)>,
     /// The node's own addresses, always allowed in an isolated direction.
     pub node_addresses: &'a [Prefix],
 }
@@ -371,7 +374,12 @@ pub fn desired_pod(
         {
             continue;
         }
-        let held = (i.held)(ifname);
+        // Only what this very interface enforces: a record of an older
+        // interface of the same name (its DEL lost, its link event not
+        // handled yet) holds another pod's verdicts, maybe open.
+        let held = (i.held)(ifname)
+            .filter(|(at, _)| *at == ifindex)
+            .map(|(_, e)| e);
         // The table compiled from the policy judges this interface only
         // when the direction is complete (not held, not awaiting).
         let learns = egress.is_some() && !matches!(knowledge, Knowledge::Hold);
@@ -409,8 +417,10 @@ pub fn desired_pod(
 /// The endpoint an unexplained interface keeps, if it still lives and no
 /// pod claims it.
 pub fn desired_unexplained(i: &Inputs<'_>, ifname: &str) -> Option<DesiredEndpoint> {
-    let (ingress, egress, addrs) = i.unexplained.get(ifname)?;
-    let &ifindex = i.live.get(ifname)?;
+    let (at, (ingress, egress, addrs)) = i.unexplained.get(ifname)?;
+    // Only that interface: a newer one of its name is not the one whose
+    // policy and pod addresses it keeps (they would drop its traffic).
+    let &ifindex = i.live.get(ifname).filter(|&live| live == at)?;
     Some(DesiredEndpoint {
         claim: Claim::Unexplained,
         ifindex,

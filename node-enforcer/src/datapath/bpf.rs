@@ -746,6 +746,23 @@ impl Datapath for BpfDatapath {
         Ok(out)
     }
 
+    fn interfaces_indexed(&mut self, indexes: &[u32]) -> Result<BTreeMap<u32, String>> {
+        // As `interfaces_named`: one SIOCGIFNAME each, on one socket.
+        let lookup = super::ifindex::IndexLookup::open()
+            .map_err(|e| err("opening a socket to look up interfaces", e))?;
+        let mut out = BTreeMap::new();
+        for &index in indexes {
+            match lookup.name(index) {
+                Ok(Some(name)) => {
+                    out.insert(index, name);
+                }
+                Ok(None) => {}
+                Err(e) => return Err(err(format!("looking up ifindex {index}"), e)),
+            }
+        }
+        Ok(out)
+    }
+
     fn attach(&mut self, ifname: &str, ifindex: u32) -> Result<()> {
         if self.links.contains_key(ifname) {
             return Ok(());

@@ -17,6 +17,9 @@ use crate::compile::{PortSet, Prefix};
 pub struct FakeDatapath {
     pub interfaces: BTreeMap<String, u32>,
     pub attached: BTreeSet<String>,
+    /// The index each attachment was made on: the kernel's programs are on
+    /// an interface, not a name, and go with it.
+    pub attached_at: BTreeMap<String, u32>,
     pub endpoints: BTreeMap<u32, EndpointEntry>,
     pub policies: BTreeMap<PolicyId, Vec<(Prefix, PortSetId)>>,
     pub portsets: BTreeMap<PortSetId, PortSet>,
@@ -106,7 +109,13 @@ impl FakeDatapath {
             }
         }
         for name in &self.attached {
-            let idx = self.interfaces.get(name).copied().unwrap_or(0);
+            let idx = match self.attached_at.get(name) {
+                // Gone with its interface: nothing of it runs.
+                Some(i) if !self.interfaces.values().any(|l| l == i) => continue,
+                Some(i) => *i,
+                // Attached by a test, not by `attach`.
+                None => self.interfaces.get(name).copied().unwrap_or(0),
+            };
             if !self.endpoints.contains_key(&idx) {
                 self.violations.push(format!(
                     "after {op}: {name} is attached without an endpoint entry (fails open)"
@@ -329,7 +338,16 @@ impl Datapath for FakeDatapath {
         self.injected("interfaces")?;
         Ok(self.interfaces.clone())
     }
-    fn attach(&mut self, ifname: &str, _: u32) -> Result<()> {
+    fn interfaces_indexed(&mut self, indexes: &[u32]) -> Result<BTreeMap<u32, String>> {
+        self.injected("interfaces_indexed")?;
+        Ok(self
+            .interfaces
+            .iter()
+            .filter(|(_, i)| indexes.contains(i))
+            .map(|(n, i)| (*i, n.clone()))
+            .collect())
+    }
+    fn attach(&mut self, ifname: &str, ifindex: u32) -> Result<()> {
         if self.fail_attach.contains(ifname) {
             return Err(DatapathError::new(
                 DatapathErrorKind::Kernel,
@@ -343,12 +361,14 @@ impl Datapath for FakeDatapath {
                 .insert(ifname.to_string(), (index, std::time::Instant::now()));
         }
         self.attached.insert(ifname.to_string());
+        self.attached_at.insert(ifname.to_string(), ifindex);
         self.check(&format!("attach {ifname}"));
         Ok(())
     }
     fn detach(&mut self, ifname: &str, _: u32) -> Result<()> {
         self.injected(&format!("detach {ifname}"))?;
         self.attached.remove(ifname);
+        self.attached_at.remove(ifname);
         self.unpromoted.remove(ifname);
         self.check(&format!("detach {ifname}"));
         Ok(())

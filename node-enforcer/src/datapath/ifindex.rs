@@ -1,4 +1,4 @@
-//! Interface indexes by name, many on one socket.
+//! Interface indexes by name (and names by index), many on one socket.
 //!
 //! The reconciler looks up every interface it knows on each burst of link
 //! events (a pod-up brings several). `if_nametoindex` opens and closes a
@@ -54,6 +54,35 @@ impl IndexLookup {
         let index = unsafe { req.ifr_ifru.ifru_ifindex };
         Ok(u32::try_from(index).ok())
     }
+
+    /// The name interface `index` has now; None when there is none of that
+    /// index. SIOCGIFNAME, no RTNL either.
+    pub fn name(&self, index: u32) -> std::io::Result<Option<String>> {
+        let Ok(index) = libc::c_int::try_from(index) else {
+            return Ok(None);
+        };
+        // SAFETY: ifreq is plain data; all zero is a valid value.
+        let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+        req.ifr_ifru.ifru_ifindex = index;
+        // SAFETY: SIOCGIFNAME reads the index and writes the name into the
+        // ifreq we own, which outlives the call.
+        let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), libc::SIOCGIFNAME, &mut req) };
+        if rc < 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::ENODEV) => Ok(None),
+                _ => Err(e),
+            };
+        }
+        // The kernel writes a NUL-terminated name of fewer than IFNAMSIZ bytes.
+        let name: Vec<u8> = req
+            .ifr_name
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
+        Ok(Some(String::from_utf8_lossy(&name).into_owned()))
+    }
 }
 
 #[cfg(test)]
@@ -69,6 +98,16 @@ mod tests {
         );
         for name in ["", "no-such-if-xyz", "a-name-longer-than-ifnamsiz", "lo\0x"] {
             assert_eq!(lookup.index(name).unwrap(), None, "{name:?}");
+        }
+    }
+
+    #[test]
+    fn indexes_name_as_if_indextoname_says_and_unused_ones_are_none() {
+        let lookup = IndexLookup::open().unwrap();
+        let lo = nix::net::if_::if_nametoindex("lo").unwrap();
+        assert_eq!(lookup.name(lo).unwrap().as_deref(), Some("lo"));
+        for index in [0x7fff_fff0, u32::MAX] {
+            assert_eq!(lookup.name(index).unwrap(), None, "{index}");
         }
     }
 }

@@ -152,6 +152,17 @@ pub trait Datapath: Send {
             .filter_map(|n| all.get(*n).map(|i| (n.to_string(), *i)))
             .collect())
     }
+    /// The names those of `indexes` that exist have now (an index missing
+    /// from the answer is gone). Asked about interfaces whose name no
+    /// longer finds them: renamed, or gone.
+    fn interfaces_indexed(&mut self, indexes: &[u32]) -> Result<BTreeMap<u32, String>> {
+        Ok(self
+            .interfaces()?
+            .into_iter()
+            .filter(|(_, i)| indexes.contains(i))
+            .map(|(n, i)| (i, n))
+            .collect())
+    }
     /// Attaches both programs to the interface; attaching twice is a no-op.
     /// Once it returns, the interface's packets are judged by our programs:
     /// by filters first where the datapath attaches fast, to be promoted.

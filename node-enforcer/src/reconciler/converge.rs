@@ -79,6 +79,8 @@ impl<D: Datapath> Reconciler<D> {
 
     /// Re-reads the index of every interface any pod or realized endpoint
     /// names (after link events and on ticks; pod-up looks its own up).
+    /// An interface whose name no longer finds it but whose index lives
+    /// was renamed: it stays live under the name we know it by.
     pub(super) fn refresh_links(&mut self) {
         let names: BTreeSet<&str> = self
             .pods
@@ -89,15 +91,69 @@ impl<D: Datapath> Reconciler<D> {
             .map(String::as_str)
             .collect();
         let names: Vec<&str> = names.into_iter().collect();
-        match self
+        // Keep what was known when a reading fails: forgetting interfaces
+        // would detach pods.
+        let mut live = match self
             .datapath
             .interfaces_named(&names)
             .counted(&mut self.health)
         {
-            Ok(live) => self.pods.live = live,
-            // Keep what was known: forgetting interfaces would detach pods.
-            Err(e) => tracing::warn!("{e}"),
+            Ok(live) => live,
+            Err(e) => {
+                tracing::warn!("{e}");
+                return;
+            }
+        };
+        // The interfaces we know whose name no longer finds them.
+        let lost: BTreeSet<(String, u32)> = self
+            .pods
+            .runtime
+            .values()
+            .flat_map(|p| p.ifindexes.iter().map(|(n, i)| (n.clone(), *i)))
+            .chain(
+                self.realized
+                    .endpoints
+                    .iter()
+                    .map(|(n, e)| (n.clone(), e.ifindex)),
+            )
+            .filter(|(n, i)| live.get(n) != Some(i))
+            .collect();
+        let mut renamed = BTreeMap::new();
+        if !lost.is_empty() {
+            let indexes: Vec<u32> = lost.iter().map(|(_, i)| *i).collect();
+            let now = match self
+                .datapath
+                .interfaces_indexed(&indexes)
+                .counted(&mut self.health)
+            {
+                Ok(now) => now,
+                Err(e) => {
+                    tracing::warn!("{e}");
+                    return;
+                }
+            };
+            for (name, index) in lost {
+                let Some(now) = now.get(&index).filter(|now| **now != name) else {
+                    continue;
+                };
+                // Renamed: its programs are on the interface, and its links
+                // are known by the old name, so it is followed by index.
+                // Unless a newer interface has the name now, which a pod-up
+                // of that name then waits for (the old one is never
+                // detached while it lives).
+                live.entry(name.clone()).or_insert(index);
+                renamed.insert(name, (index, now.clone()));
+            }
         }
+        for (was, (index, now)) in &renamed {
+            if self.pods.renamed.get(was) != Some(&(*index, now.clone())) {
+                self.health.warn(format!(
+                    "interface {was} (index {index}) was renamed {now}: it stays enforced with its policy, shown as {was}"
+                ));
+            }
+        }
+        self.pods.renamed = renamed;
+        self.pods.live = live;
     }
 
     /// The interfaces that exist, as last read.
@@ -111,7 +167,7 @@ impl<D: Datapath> Reconciler<D> {
             .endpoints
             .iter()
             .filter(|(_, e)| e.claim == Claim::Unexplained)
-            .map(|(n, e)| (n.clone(), e.enforced()))
+            .map(|(n, e)| (n.clone(), (e.ifindex, e.enforced())))
             .collect()
     }
 
@@ -158,7 +214,7 @@ impl<D: Datapath> Reconciler<D> {
                 r.map_err(NoTable::Failed)
             };
             let realized = &self.realized.endpoints;
-            let held = |n: &str| realized.get(n).map(RealizedEndpoint::enforced);
+            let held = |n: &str| realized.get(n).map(|e| (e.ifindex, e.enforced()));
             let knowledge = |k: &PodKey| self.knowledge(k);
             let inputs = Inputs {
                 mode: self.ctx.mode,
@@ -239,7 +295,7 @@ impl<D: Datapath> Reconciler<D> {
         let kept = self.target.desired.clone();
         let unexplained = self.unexplained();
         let realized = &self.realized.endpoints;
-        let held = |n: &str| realized.get(n).map(RealizedEndpoint::enforced);
+        let held = |n: &str| realized.get(n).map(|e| (e.ifindex, e.enforced()));
         let knowledge = |k: &PodKey| self.knowledge(k);
         let full = crate::desired::desired(&Inputs {
             mode: self.ctx.mode,
@@ -393,7 +449,17 @@ impl<D: Datapath> Reconciler<D> {
                 }
                 // The name now belongs to a new interface: the old one's
                 // link went with it.
-                if !self.remove_endpoint(ifname) {
+                if let Err(e) = self.remove_endpoint(ifname) {
+                    // The new interface is left without programs: its
+                    // pod's failure, so a pod-up waiting on it is refused
+                    // rather than answered as enforced.
+                    self.fail(
+                        pod.as_ref(),
+                        format!(
+                            "{ifname} (index {}) is not enforced: the older interface of that name could not be let go ({e})",
+                            de.ifindex
+                        ),
+                    );
                     continue;
                 }
             }
@@ -414,7 +480,9 @@ impl<D: Datapath> Reconciler<D> {
             .cloned()
             .collect();
         for ifname in stale {
-            self.remove_endpoint(&ifname);
+            if let Err(e) = self.remove_endpoint(&ifname) {
+                self.health.errors.push(e);
+            }
         }
 
         // 3b. Staged (audit) entries, once the endpoints they judge for are
@@ -621,20 +689,43 @@ impl<D: Datapath> Reconciler<D> {
 
     /// Detaches, then removes the entry. A detach that fails keeps both the
     /// entry and the record: a program with no entry would pass everything.
-    /// True when the interface is gone from the datapath.
-    pub(super) fn remove_endpoint(&mut self, ifname: &str) -> bool {
+    /// Ok when the interface is gone from the datapath; Err says why not
+    /// (its policy stays in force), for the caller to report.
+    pub(super) fn remove_endpoint(&mut self, ifname: &str) -> Result<(), String> {
         let Some(re) = self.realized.endpoints.get(ifname).cloned() else {
-            return true;
+            return Ok(());
         };
+        // Never while the interface lives under another name: its programs
+        // are on it, and removing them leaves it unenforced.
+        match self
+            .datapath
+            .interfaces_indexed(&[re.ifindex])
+            .counted(&mut self.health)
+        {
+            Ok(now) => {
+                if let Some(now) = now.get(&re.ifindex).filter(|now| *now != ifname) {
+                    return Err(format!(
+                        "{ifname} (index {}) lives on as {now}: kept attached with its policy until it goes",
+                        re.ifindex
+                    ));
+                }
+            }
+            Err(e) => {
+                return Err(format!(
+                    "{ifname} (index {}): kept attached, as whether it lives on under another name cannot be read: {e}",
+                    re.ifindex
+                ))
+            }
+        }
         if let Err(e) = self
             .datapath
             .detach(ifname, re.ifindex)
             .counted(&mut self.health)
         {
-            self.health.errors.push(format!(
-                "detaching {ifname}: {e}; its policy stays in force"
+            return Err(format!(
+                "detaching {ifname} (index {}): {e}; its policy stays in force",
+                re.ifindex
             ));
-            return false;
         }
         self.realized.endpoints.remove(ifname);
         if let Err(e) = self
@@ -646,6 +737,125 @@ impl<D: Datapath> Reconciler<D> {
                 .errors
                 .push(format!("removing endpoint {ifname}: {e}"));
         }
-        true
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Interfaces are identified by index: what a name's older interface
+    //! enforced is not the newer one's.
+
+    use super::super::*;
+    use crate::datapath::fake::FakeDatapath;
+    use crate::desired::PodRuntime;
+    use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PlanSnapshot, PodRef, Rule};
+
+    /// `n` rules of one /32 peer each: big enough to compile off the thread.
+    fn big(n: usize) -> DirectionPolicy {
+        DirectionPolicy {
+            rules: (0..n)
+                .map(|i| Rule {
+                    peers: vec![PeerBlock {
+                        cidr: Some(IpPrefix {
+                            addr: vec![172, 16, (i >> 8) as u8, i as u8],
+                            prefix_len: 32,
+                        }),
+                        except: vec![],
+                    }],
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn pod(name: &str, ingress: Option<DirectionPolicy>) -> PodPolicy {
+        PodPolicy {
+            pod: Some(PodRef {
+                namespace: "x".into(),
+                name: name.into(),
+            }),
+            ingress,
+            ..Default::default()
+        }
+    }
+
+    fn up(name: &str, iface: &str, container: &str) -> PodUp {
+        PodUp {
+            pod: ("x".into(), name.into()),
+            runtime: PodRuntime {
+                container_id: container.into(),
+                netns: String::new(),
+                host_interfaces: vec![iface.into()],
+                ips: vec![],
+                ifindexes: Default::default(),
+                mode: None,
+            },
+        }
+    }
+
+    fn snapshot(version: u64, pods: Vec<PodPolicy>) -> PlanMessage {
+        PlanMessage::Snapshot(PlanSnapshot {
+            version,
+            pods,
+            source_synced: true,
+            ..Default::default()
+        })
+    }
+
+    /// Issue: a direction whose table was still compiling took what the
+    /// realized record of its interface's name enforced, whatever its
+    /// index. A pod recreated on the same name (its DEL lost, the link
+    /// event queued behind the pod-up) got its old interface's verdict,
+    /// here open, while its answer at the deadline said "starts denied".
+    #[test]
+    fn a_recreated_interface_never_takes_the_old_ones_verdicts_while_its_table_compiles() {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+        let mut r = Reconciler::new(
+            "n1".into(),
+            "e1".into(),
+            FakeDatapath::with_interfaces(&["veth-a"]),
+        )
+        .with_background_compile(tx.clone(), 1000)
+        .unwrap();
+        r.apply_plan(snapshot(1, vec![pod("a", None)])).unwrap();
+        let (reply, mut answer) = tokio::sync::oneshot::channel();
+        r.pod_up(up("a", "veth-a", "c1"), reply);
+        assert!(answer.try_recv().unwrap().is_ok());
+        assert_eq!(r.datapath.endpoint_of("veth-a"), Some((0, 0)));
+        // Its new policy compiles off the thread: the old interface keeps
+        // what it enforces meanwhile (open), as it should.
+        r.apply_plan(snapshot(2, vec![pod("a", Some(big(2000)))]))
+            .unwrap();
+        assert_eq!(r.datapath.endpoint_of("veth-a"), Some((0, 0)));
+
+        // The pod is recreated: same name, new interface (index 30).
+        r.datapath.interfaces.insert("veth-a".into(), 30);
+        let (reply, mut answer) = tokio::sync::oneshot::channel();
+        r.pod_up(up("a", "veth-a", "c2"), reply);
+        assert!(answer.try_recv().is_err(), "waits for its table");
+        assert_eq!(
+            r.datapath.endpoint_of("veth-a"),
+            Some((DENY_ALL, 0)),
+            "the new interface is denied, not given the old one's open verdict"
+        );
+        r.pod_up_deadline(&("x".into(), "a".into()), "c2");
+        let out = answer.try_recv().unwrap().unwrap();
+        assert!(out.warning.contains("starts denied"), "{}", out.warning);
+        assert_eq!(r.datapath.endpoint_of("veth-a"), Some((DENY_ALL, 0)));
+
+        // Once complete, the table is enforced on the new interface.
+        while r.background.compiling_count() > 0 {
+            let event = rx.blocking_recv().expect("the worker answers");
+            r.handle(event);
+        }
+        while r.background.has_writes() {
+            r.write_slice();
+        }
+        let (id, _) = r.datapath.endpoint_of("veth-a").unwrap();
+        assert!(id != 0 && id != DENY_ALL, "{id}");
+        r.datapath.assert_no_violations();
+        drop(tx);
     }
 }

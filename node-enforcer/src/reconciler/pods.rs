@@ -50,8 +50,12 @@ pub(super) struct Pods {
     /// from a new one of the same name).
     pub deleting: BTreeSet<PodKey>,
     /// The interfaces that exist and their indexes, as last read (link
-    /// events and ticks refresh them; a pod-up reads its own).
+    /// events and ticks refresh them; a pod-up reads its own). A renamed
+    /// interface is listed under the name we know it by.
     pub live: BTreeMap<String, u32>,
+    /// Interfaces renamed since we attached them: the name we know each
+    /// by, with its index and the name it has now.
+    pub renamed: BTreeMap<String, (u32, String)>,
     /// `runtime` is not checkpointed yet; written when the event queue is
     /// idle (a lost write is rebuilt from the kernel's endpoint entries).
     pub unsaved: bool,
@@ -122,6 +126,23 @@ impl<D: Datapath> Reconciler<D> {
             }
         }
         up.runtime.ifindexes = ifindexes.clone();
+        // A renamed interface stays enforced under the name it had (the one
+        // its attachment is known by): a second record of its index would
+        // detach it when either goes.
+        for (ifname, &index) in &ifindexes {
+            if let Some((was, _)) = self
+                .realized
+                .endpoints
+                .iter()
+                .find(|(n, e)| e.ifindex == index && *n != ifname)
+            {
+                let _ = reply.send(Err(format!(
+                    "pod {}: interface {ifname} (index {index}) is enforced as {was}, its name before a rename; refusing rather than attaching it twice",
+                    name(&up.pod)
+                )));
+                return;
+            }
+        }
         // Another pod claiming the same live interface is a request we
         // cannot honour without taking enforcement from that pod. A claim
         // on an older interface of the same name is stale: that interface
@@ -246,11 +267,12 @@ impl<D: Datapath> Reconciler<D> {
     /// reported, not refused).
     fn write_failure(&self, key: &PodKey) -> Option<String> {
         let rt = self.pods.runtime.get(key)?;
+        // Attached to the pod's own interface: a record of an older one of
+        // the same name (one that could not be removed) is not it.
         let attached = rt.host_interfaces.iter().all(|i| {
-            self.realized
-                .endpoints
-                .get(i)
-                .is_some_and(|e| e.claim.pod() == Some(key))
+            self.realized.endpoints.get(i).is_some_and(|e| {
+                e.claim.pod() == Some(key) && rt.ifindexes.get(i).is_none_or(|w| *w == e.ifindex)
+            })
         });
         if attached && !self.health.failures.contains_key(key) {
             return None;
@@ -520,5 +542,190 @@ impl<D: Datapath> Reconciler<D> {
             return Err(state.error);
         }
         Ok(state)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Pod-ups and link events where an interface name outlives its
+    //! interface: the identity is the index.
+
+    use super::super::*;
+    use crate::datapath::fake::FakeDatapath;
+    use crate::desired::PodRuntime;
+    use palisade_proto::v1::{DirectionPolicy, PlanSnapshot, PodRef};
+
+    fn reconciler() -> Reconciler<FakeDatapath> {
+        Reconciler::new(
+            "n1".into(),
+            "e1".into(),
+            FakeDatapath::with_interfaces(&["veth-a", "veth-b"]),
+        )
+    }
+
+    /// Isolated for ingress, nothing allowed: a table besides open and
+    /// deny-all, so a wrong entry shows.
+    fn isolated(name: &str) -> PodPolicy {
+        PodPolicy {
+            pod: Some(PodRef {
+                namespace: "x".into(),
+                name: name.into(),
+            }),
+            ingress: Some(DirectionPolicy::default()),
+            ..Default::default()
+        }
+    }
+
+    fn snapshot(version: u64, pods: Vec<PodPolicy>) -> PlanMessage {
+        PlanMessage::Snapshot(PlanSnapshot {
+            version,
+            pods,
+            source_synced: true,
+            ..Default::default()
+        })
+    }
+
+    fn up(name: &str, iface: &str, container: &str) -> PodUp {
+        PodUp {
+            pod: ("x".into(), name.into()),
+            runtime: PodRuntime {
+                container_id: container.into(),
+                netns: String::new(),
+                host_interfaces: vec![iface.into()],
+                ips: vec![],
+                ifindexes: Default::default(),
+                mode: None,
+            },
+        }
+    }
+
+    fn up_now(r: &mut Reconciler<FakeDatapath>, u: PodUp) -> Result<PodUpOutcome, String> {
+        let (tx, mut rx) = oneshot::channel();
+        r.pod_up(u, tx);
+        rx.try_recv().expect("pod up answered at once")
+    }
+
+    /// Issue: the older interface of the name could not be detached, so the
+    /// newer one was skipped (an error of the node's), and the pod-up was
+    /// answered as enforced because a record of that name claimed the pod:
+    /// the new veth ran without programs until a tick retried.
+    #[test]
+    fn a_pod_up_whose_older_interface_cannot_be_let_go_is_refused() {
+        let mut r = reconciler();
+        r.apply_plan(snapshot(1, vec![isolated("a")])).unwrap();
+        up_now(&mut r, up("a", "veth-a", "c1")).unwrap();
+        // Recreated on the same name (index 30), the DEL lost.
+        r.datapath.interfaces.insert("veth-a".into(), 30);
+        r.datapath.fail.insert("detach veth-a".into());
+        let err = up_now(&mut r, up("a", "veth-a", "c2")).unwrap_err();
+        assert!(
+            err.contains("veth-a (index 30) is not enforced") && err.contains("injected failure"),
+            "{err}"
+        );
+        assert!(!r.datapath.endpoints.contains_key(&30));
+
+        // Once the older one can go (a tick retries), the pod comes up
+        // enforced on its new interface.
+        r.datapath.fail.clear();
+        r.handle(Event::Tick);
+        up_now(&mut r, up("a", "veth-a", "c3")).unwrap();
+        let (ingress, _) = r.datapath.endpoint_of("veth-a").unwrap();
+        assert!(ingress != 0 && ingress != DENY_ALL, "{ingress}");
+        assert_eq!(r.datapath.attached_at["veth-a"], 30);
+        r.datapath.assert_no_violations();
+    }
+
+    /// Issue: an interface no pod explains (the checkpoint lost) took its
+    /// index from its name, so a new veth reusing the name got our
+    /// programs with the old pod's addresses (dropping its egress) and its
+    /// own pod's pod-up was refused as "enforced for other addresses".
+    #[test]
+    fn a_new_interface_reusing_an_unexplained_ones_name_is_not_given_its_entry() {
+        let addr = |s: &str| Prefix::from_ip(s.parse().unwrap(), 32);
+        let mut r = reconciler();
+        r.apply_plan(snapshot(1, vec![isolated("a")])).unwrap();
+        let mut a = up("a", "veth-a", "c1");
+        a.runtime.ips = vec![addr("10.0.1.1")];
+        up_now(&mut r, a).unwrap();
+        // A restart that lost the checkpoint: veth-a is kept, unexplained.
+        let datapath = std::mem::take(&mut r.datapath);
+        let mut r = Reconciler::new("n1".into(), "e2".into(), datapath);
+        r.recover(crate::checkpoint::Saved::default()).unwrap();
+        assert_eq!(r.dump().interfaces[0].pod, None);
+
+        // Its veth goes and a new one takes the name (index 30).
+        r.datapath.interfaces.insert("veth-a".into(), 30);
+        r.handle(Event::Links);
+        assert!(
+            !r.datapath.endpoints.contains_key(&30),
+            "{:?}",
+            r.datapath.endpoints
+        );
+        assert!(r.realized.endpoints.is_empty());
+
+        // The new veth's pod comes up enforced with its own addresses.
+        r.apply_plan(snapshot(2, vec![isolated("b")])).unwrap();
+        let mut b = up("b", "veth-a", "c2");
+        b.runtime.ips = vec![addr("10.0.2.2")];
+        up_now(&mut r, b).unwrap();
+        assert_eq!(
+            r.datapath.endpoints[&30].pod_addrs,
+            vec![addr("10.0.2.2").addr]
+        );
+        r.datapath.assert_no_violations();
+    }
+
+    /// Issue: liveness was decided by name, so `ip link set veth-a name
+    /// veth-z` on a live pod's veth forgot the pod and detached its
+    /// programs from the index, which still existed: its traffic went
+    /// unenforced, with only an info log.
+    #[test]
+    fn a_renamed_interface_stays_enforced_and_is_named_in_the_dump() {
+        let mut r = reconciler();
+        r.apply_plan(snapshot(1, vec![isolated("a")])).unwrap();
+        up_now(&mut r, up("a", "veth-a", "c1")).unwrap();
+        let enforced = r.datapath.endpoints[&10].clone();
+        r.datapath.interfaces.remove("veth-a");
+        r.datapath.interfaces.insert("veth-z".into(), 10);
+        r.handle(Event::Links);
+        r.handle(Event::Tick);
+        assert!(r.datapath.attached.contains("veth-a"));
+        assert_eq!(r.datapath.endpoints.get(&10), Some(&enforced));
+        assert_eq!(r.node_state().pods.len(), 1);
+        let warnings = r.dump().warnings;
+        assert_eq!(
+            warnings
+                .iter()
+                .filter(|w| w.contains("veth-a (index 10) was renamed veth-z"))
+                .count(),
+            1,
+            "{warnings:?}"
+        );
+
+        // Still the pod's: its policy changes reach it.
+        let open = PodPolicy {
+            ingress: None,
+            ..isolated("a")
+        };
+        r.apply_plan(snapshot(2, vec![open, isolated("b")]))
+            .unwrap();
+        assert_eq!(r.datapath.endpoints[&10].ingress, 0);
+        // A pod-up naming it by its new name is refused, not attached twice.
+        let err = up_now(&mut r, up("b", "veth-z", "c2")).unwrap_err();
+        assert!(err.contains("enforced as veth-a"), "{err}");
+
+        // Its DEL keeps it enforced while it lives; it goes with it.
+        r.pod_down(Some(("x".into(), "a".into())), "c1").unwrap();
+        assert!(r.datapath.attached.contains("veth-a"));
+        assert!(r.datapath.endpoints.contains_key(&10));
+        let errors = r.node_state().errors;
+        assert!(
+            errors.iter().any(|e| e.contains("lives on as veth-z")),
+            "{errors:?}"
+        );
+        r.datapath.interfaces.remove("veth-z");
+        r.handle(Event::Links);
+        r.datapath.assert_empty();
+        r.datapath.assert_no_violations();
     }
 }
