@@ -33,3 +33,21 @@ app.kubernetes.io/component: enforcer
 {{- define "palisade.seccompProfileName" -}}
 palisade/enforcer-{{ .Files.Get "files/enforcer-seccomp.json" | sha256sum | trunc 16 }}.json
 {{- end -}}
+
+{{- /* The arguments of palisade-cni install, for the install-cni init
+       container and the cni-watch container alike: the watch must chain
+       exactly what the first install chained. */}}
+{{- define "palisade.cniInstallArgs" -}}
+- --bin-dir
+- /host/cni/bin
+- --conf-dir
+- /host/cni/net.d
+- --enforcer-socket
+- {{ printf "%s/cni.sock" .Values.enforcer.runDir | quote }}
+- --timeout-seconds
+- {{ int64 .Values.cni.timeoutSeconds | quote }}
+{{- if .Values.cni.confFile }}
+- --conf-file
+- {{ .Values.cni.confFile | quote }}
+{{- end }}
+{{- end -}}
