@@ -373,7 +373,15 @@ fn create_temp(dest: &Path) -> Result<(PathBuf, File), InstallError> {
         {
             Ok(file) => return Ok((tmp, file)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(io(format!("creating {}", tmp.display()), e)),
+            // Named by its destination: the temporary name is new each
+            // time, and the watch reports a failure again only when its
+            // text changes.
+            Err(e) => {
+                return Err(io(
+                    format!("creating a temporary file for {}", dest.display()),
+                    e,
+                ))
+            }
         }
     }
     Err(InstallError::Io(format!(
@@ -402,7 +410,8 @@ impl Staged {
             tmp,
             published: false,
         };
-        let shown = staged.tmp.display();
+        // Named by its destination, as in create_temp.
+        let shown = format!("the temporary file for {}", dest.display());
         if let Some((uid, gid)) = owner {
             std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
                 .map_err(|e| io(format!("chown {uid}:{gid} {shown}"), e))?;

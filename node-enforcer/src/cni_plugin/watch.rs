@@ -302,9 +302,11 @@ fn wait(watches: &Watches, stop: BorrowedFd<'_>, timeout: Duration) -> Result<Wo
         if let Some(inotify) = &watches.inotify {
             fds.push(PollFd::new(inotify.as_fd(), PollFlags::POLLIN));
         }
+        // Rounded up: a timeout rounded down to 0 ms would spin until it passes.
+        let millis = left.as_nanos().div_ceil(1_000_000);
         match poll(
             &mut fds,
-            PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX),
+            PollTimeout::try_from(millis).unwrap_or(PollTimeout::MAX),
         ) {
             Ok(_) | Err(Errno::EINTR) => {}
             Err(e) => return Err(InstallError::Io(format!("waiting for changes (poll): {e}"))),
@@ -319,8 +321,10 @@ fn wait(watches: &Watches, stop: BorrowedFd<'_>, timeout: Duration) -> Result<Wo
                 let before = changed.len();
                 drain(inotify, &mut changed)?;
                 if changed.len() > before {
-                    first.get_or_insert(now);
+                    // Read now, not `now`: that was before the poll, which
+                    // may have waited seconds for this change.
                     last = Instant::now();
+                    first.get_or_insert(last);
                 }
             }
             continue;
@@ -631,6 +635,37 @@ mod tests {
         let passes = w.passes_until("chaining it", |p| p.error.is_none());
         assert_eq!(passes.last().unwrap().chained, Some(Chained::Appended));
         assert_eq!(types(&broken), ["flannel", "portmap", PLUGIN_TYPE]);
+        w.finish();
+    }
+
+    /// A write that keeps failing is retried at every poll and reported
+    /// once: the message names the destination, not the temporary file,
+    /// whose name is new each time. (Here the temporary file's name, the
+    /// list's with 35 more bytes, is too long for the filesystem.)
+    #[test]
+    fn a_failing_write_is_retried_at_each_poll_and_reported_once() {
+        let (_dir, opts, own) = node();
+        std::fs::remove_file(opts.conf_dir.join("10-flannel.conflist")).unwrap();
+        let long = opts.conf_dir.join(format!("{}.conflist", "a".repeat(240)));
+        write_by_rename(&long, &flannel());
+        let opts = Options {
+            bin_dir: None,
+            ..opts
+        };
+        let mut w = Running::start(&opts, &own, Duration::from_millis(100));
+        let mut passes = w.passes_until("at start", |_| true);
+        for _ in 0..3 {
+            passes.extend(w.passes_until("a poll", |p| p.wake == Wake::Poll));
+        }
+        let errors: Vec<&str> = passes.iter().filter_map(|p| p.error.as_deref()).collect();
+        assert_eq!(errors.len(), passes.len(), "{passes:#?}");
+        let want = format!("creating a temporary file for {}", long.display());
+        assert!(errors[0].starts_with(&want), "{errors:?}");
+        assert!(errors.iter().all(|e| *e == errors[0]), "{errors:?}");
+        let logged: Vec<&String> = passes.iter().flat_map(|p| &p.log).collect();
+        assert_eq!(logged.len(), 1, "{logged:?}");
+        assert!(passes[0].log[0].contains("trying again"), "{passes:#?}");
+        assert_eq!(types(&long), ["flannel", "portmap"]);
         w.finish();
     }
 
