@@ -10,7 +10,9 @@
 //! (through the Service's name, with mutual TLS where the values ask).
 //! Then what the kernel says about each process: its user, capabilities,
 //! no_new_privs and seccomp mode, and what the init containers left on the
-//! node.
+//! node; and that the enforcer pod's cni-watch container chains
+//! palisade-cni again after a primary CNI's installer rewrote the conflist
+//! without it, and exits 0 on SIGTERM.
 //!
 //! The enforcer's seccomp: the runtime's default profile stops it at its
 //! first map (bpf(2) is refused without CAP_SYS_ADMIN); the chart's own
@@ -24,6 +26,7 @@ mod api_double;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use common::{finish, require_root};
 use palisade_e2e::chart::default_chart;
@@ -114,8 +117,8 @@ fn run_case(label: &str, values: &Value) -> Result<(), String> {
         api: Some(api()),
         ..LabConfig::default()
     };
-    let lab = Lab::start(config).map_err(|e| format!("{label}: {e:#}"))?;
-    let check = || -> Result<(), String> {
+    let mut lab = Lab::start(config).map_err(|e| format!("{label}: {e:#}"))?;
+    let check = |lab: &mut Lab| -> Result<(), String> {
         let enforcer = Status::of(lab.enforcer_pid().ok_or("no enforcer")?);
         // NET_RAW too where it learns names (dns.servers): the packet
         // socket that re-injects held answers.
@@ -172,21 +175,92 @@ fn run_case(label: &str, values: &Value) -> Result<(), String> {
         if installed.len() != 1 || std::fs::read(&installed[0]).unwrap() != shipped {
             return Err(format!("seccomp profiles installed: {installed:?}"));
         }
-        let conflist = conflist(&root.join("cni/net.d").join(conflist_name(values)))?;
-        let chained = conflist["plugins"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|p| p["type"] == "palisade-cni");
+        let name = conflist_name(values);
+        let path = root.join("cni/net.d").join(name);
+        let conflist = conflist(&path)?;
         let installs = values["cni"]["install"] != false;
-        if chained != installs || root.join("cni/bin/palisade-cni").exists() != installs {
+        if chained(&conflist) != installs || root.join("cni/bin/palisade-cni").exists() != installs
+        {
             return Err(format!("cni.install {installs}, conflist {conflist}"));
+        }
+        if installs {
+            rechained_after_a_rewrite(lab, label, &path, name)?;
         }
         Ok(())
     };
-    let result = check().map_err(|e| format!("{label}: {e}\n{}", lab.log_tails(20)));
+    let result = check(&mut lab).map_err(|e| format!("{label}: {e}\n{}", lab.log_tails(20)));
     finish(lab);
     result
+}
+
+/// The pod's cni-watch container, as a primary CNI's installer rewrites
+/// the node's conflist without palisade-cni (a new file renamed over it, as
+/// flannel's does on each restart of its pod): palisade-cni is chained
+/// again within the deadline, the container says so, and SIGTERM stops it
+/// with exit 0.
+fn rechained_after_a_rewrite(
+    lab: &mut Lab,
+    label: &str,
+    path: &Path,
+    name: &str,
+) -> Result<(), String> {
+    const DEADLINE: Duration = Duration::from_secs(30);
+    let node = lab.node_name().to_string();
+    let log = lab
+        .sidecar_log(&node, "cni-watch")
+        .map_err(|e| format!("{e:#}"))?;
+    let log_says = |line: &str| std::fs::read_to_string(&log).is_ok_and(|t| t.contains(line));
+    let wait_until = |what: &str, done: &dyn Fn() -> bool| -> Result<Instant, String> {
+        let deadline = Instant::now() + DEADLINE;
+        while !done() {
+            if Instant::now() > deadline {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                return Err(format!(
+                    "{what}: not within {DEADLINE:?}; conflist {:?}; cni-watch's log:\n{text}",
+                    conflist(path)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10)); // poll: inside a loop bounded by a deadline
+        }
+        Ok(Instant::now())
+    };
+    wait_until("cni-watch watching", &|| log_says("for changes"))?;
+
+    let mut theirs = conflist(path)?;
+    theirs["plugins"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|p| p["type"] != "palisade-cni");
+    let tmp = path.with_extension("vendor-tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(&theirs).unwrap()).unwrap();
+    let rewritten = Instant::now();
+    std::fs::rename(&tmp, path).unwrap();
+    let back = wait_until("chained again", &|| {
+        conflist(path).is_ok_and(|c| chained(&c))
+    })?;
+    eprintln!(
+        "{label}: palisade-cni chained again {:?} after the rewrite",
+        back - rewritten
+    );
+    let said = format!("palisade-cni was missing from /host/cni/net.d/{name}: chained again");
+    wait_until("cni-watch saying so", &|| log_says(&said))?;
+    let stopping = Instant::now();
+    match lab.stop_sidecar(&node, "cni-watch") {
+        Ok(Some(0)) => {
+            eprintln!(
+                "{label}: cni-watch exited 0 {:?} after SIGTERM",
+                stopping.elapsed()
+            );
+            Ok(())
+        }
+        other => Err(format!("cni-watch on SIGTERM: {other:?}")),
+    }
+}
+
+fn chained(conflist: &Value) -> bool {
+    conflist["plugins"]
+        .as_array()
+        .is_some_and(|p| p.iter().any(|p| p["type"] == "palisade-cni"))
 }
 
 fn conflist(path: &Path) -> Result<Value, String> {

@@ -100,3 +100,73 @@ fn install_and_uninstall_edit_only_our_entry() {
     assert_eq!(code, Some(2));
     assert!(text.contains("frobnicate"), "{text}");
 }
+
+/// `install --watch`, the DaemonSet's cni-watch container: a primary CNI's
+/// installer rewriting its list without our entry gets it back, said on
+/// stderr, and SIGTERM ends it with exit 0.
+#[test]
+fn install_watch_chains_again_after_a_rewrite_and_stops_on_sigterm() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let (conf, bin) = (dir.path().join("net.d"), dir.path().join("bin"));
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::create_dir_all(&bin).unwrap();
+    let original = r#"{"cniVersion": "1.0.0", "name": "k8s", "plugins": [{"type": "ptp"}]}"#;
+    let file = conf.join("10-k8s.conflist");
+    std::fs::write(&file, original).unwrap();
+    let log = dir.path().join("stderr");
+    let mut child = Command::new(cni_binary())
+        .args(["install", "--watch", "--conf-dir"])
+        .arg(&conf)
+        .arg("--bin-dir")
+        .arg(&bin)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("palisade-cni runs (cargo build --bins)");
+    let chained = || {
+        std::fs::read_to_string(&file)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .is_some_and(|c| c["plugins"][1]["type"] == "palisade-cni")
+    };
+    let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !done() {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            assert!(Instant::now() < deadline, "{what}: not within 20s\n{text}");
+            std::thread::sleep(Duration::from_millis(20)); // poll: inside a loop bounded by a deadline
+        }
+    };
+    let said = |line: &str| std::fs::read_to_string(&log).unwrap().contains(line);
+    wait_for("the first install", &|| said("for changes"));
+    assert!(chained());
+    // As flannel's installer does on its pod's restart.
+    let tmp = conf.join("10-k8s.tmp");
+    std::fs::write(&tmp, original).unwrap();
+    std::fs::rename(&tmp, &file).unwrap();
+    let line = format!(
+        "palisade-cni was missing from {}: chained again",
+        file.display()
+    );
+    wait_for("the re-chain", &|| said(&line));
+    assert!(chained());
+
+    let started = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("still running 20s after SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20)); // poll: inside a loop bounded by a deadline
+    };
+    assert_eq!(status.code(), Some(0), "{status}");
+}

@@ -190,6 +190,35 @@ impl Pod {
         Daemon::spawn_container(label, &name, &args, log, &pidfile, timeout)
     }
 
+    /// Starts every regular container but `main` (the kubelet starts all
+    /// of a pod's containers; a sidecar such as the enforcer pod's
+    /// cni-watch runs beside the one the lab waits on), each with its own
+    /// log beside `log` (`enforcer.log`: `enforcer.cni-watch.log`); each
+    /// with its container's name.
+    pub fn start_others(
+        &mut self,
+        main: &str,
+        log: &Path,
+        timeout: Duration,
+    ) -> Result<Vec<(String, Daemon)>> {
+        let others: Vec<String> = self
+            .template
+            .containers
+            .iter()
+            .filter(|c| c.name != main)
+            .map(|c| c.name.clone())
+            .collect();
+        let mut started = Vec::new();
+        for name in others {
+            let stem = log.file_stem().unwrap_or_default().to_string_lossy();
+            let own_log = log.with_file_name(format!("{stem}.{name}.log"));
+            let label = format!("{} container {name}", self.run.name);
+            let daemon = self.start(&name, &label, &own_log, timeout)?;
+            started.push((name, daemon));
+        }
+        Ok(started)
+    }
+
     /// Runs one probe of `container` against the running `daemon` once:
     /// Ok(true) when it passes.
     pub async fn probe_once(

@@ -462,6 +462,9 @@ impl Lab {
             let pod = self.new_enforcer_pod(i, "")?;
             self.nodes[i].pod = Some(pod);
             self.load_chain(i)?;
+            let log = self.nodes[i].enforcer_log.clone();
+            let sidecars = self.start_sidecars(i, false, &log)?;
+            self.nodes[i].sidecars = sidecars;
         }
         let log = self.nodes[i].enforcer_log.clone();
         let timeout = self.config.start_timeout;
@@ -475,7 +478,7 @@ impl Lab {
     }
 
     /// A second pod of the DaemonSet on node 1 (a surge rollout): init
-    /// containers, then its enforcer.
+    /// containers, then its enforcer and its other containers.
     pub(super) fn spawn_second_enforcer_pod(&mut self) -> Result<Daemon> {
         let mut pod = self.new_enforcer_pod(0, "-surge")?;
         let log = self.nodes[0].second_log.clone();
@@ -486,7 +489,67 @@ impl Lab {
             self.config.start_timeout,
         )?;
         self.nodes[0].second_pod = Some(pod);
+        let sidecars = self.start_sidecars(0, true, &log)?;
+        self.nodes[0].second_sidecars = sidecars;
         Ok(daemon)
+    }
+
+    /// Starts the other containers of node `i`'s pod (`second`: its second
+    /// pod's), their logs beside `log`.
+    pub(super) fn start_sidecars(
+        &mut self,
+        i: usize,
+        second: bool,
+        log: &Path,
+    ) -> Result<Vec<(String, Daemon)>> {
+        let timeout = self.config.start_timeout;
+        let n = &mut self.nodes[i];
+        let pod = if second {
+            &mut n.second_pod
+        } else {
+            &mut n.pod
+        };
+        let sidecars = pod.as_mut().expect("the pod is made first").start_others(
+            ENFORCER_CONTAINER,
+            log,
+            timeout,
+        )?;
+        for (_, d) in &sidecars {
+            self.record_pid(d.pid())?;
+        }
+        Ok(sidecars)
+    }
+
+    /// Stops the container `name` of node `node`'s enforcer pod as the
+    /// kubelet does (SIGTERM, SIGKILL after the pod's grace period) and
+    /// returns its exit code.
+    pub fn stop_sidecar(&mut self, node: &str, name: &str) -> Result<Option<i32>> {
+        let i = self.node_index(node)?;
+        let grace = self.nodes[i]
+            .pod
+            .as_ref()
+            .map(|p| p.template.termination_grace)
+            .ok_or_else(|| anyhow!("node {node} runs no enforcer pod"))?;
+        let n = &mut self.nodes[i];
+        let at = n
+            .sidecars
+            .iter()
+            .position(|(c, _)| c == name)
+            .ok_or_else(|| anyhow!("node {node}'s enforcer pod runs no container {name}"))?;
+        let (_, mut sidecar) = n.sidecars.remove(at);
+        sidecar.stop(grace)?;
+        Ok(sidecar.exit_status().and_then(|s| s.code()))
+    }
+
+    /// The log of container `name` of node `node`'s enforcer pod.
+    pub fn sidecar_log(&self, node: &str, name: &str) -> Result<PathBuf> {
+        let i = self.node_index(node)?;
+        self.nodes[i]
+            .sidecars
+            .iter()
+            .find(|(c, _)| c == name)
+            .map(|(_, d)| d.log_path().to_path_buf())
+            .ok_or_else(|| anyhow!("node {node}'s enforcer pod runs no container {name}"))
     }
 
     /// The node's chain is what its conflist says after the init container

@@ -571,6 +571,8 @@ impl Lab {
                 n.cni.log.clone(),
                 n.containerd_log.clone(),
             ]);
+            let sidecars = n.sidecars.iter().chain(&n.second_sidecars);
+            paths.extend(sidecars.map(|(_, d)| d.log_path().to_path_buf()));
         }
         for path in paths {
             if path.exists() {
@@ -603,6 +605,11 @@ impl Lab {
                     errors.push(format!("{e:#}"));
                 }
             }
+            for (_, mut d) in std::mem::take(&mut n.second_sidecars) {
+                if let Err(e) = d.stop(self.config.stop_grace) {
+                    errors.push(format!("{e:#}"));
+                }
+            }
         }
         // Pods first, while the enforcers are alive to answer palisade-cni
         // DEL: one a fault left down is started again for that.
@@ -627,7 +634,11 @@ impl Lab {
         for d in self
             .nodes
             .iter_mut()
-            .filter_map(|n| n.enforcer.as_mut())
+            .flat_map(|n| {
+                n.enforcer
+                    .iter_mut()
+                    .chain(n.sidecars.iter_mut().map(|(_, d)| d))
+            })
             .chain(self.controller.as_mut())
         {
             if let Err(e) = d.stop(self.config.stop_grace) {
@@ -636,6 +647,7 @@ impl Lab {
         }
         for n in &mut self.nodes {
             n.enforcer = None;
+            n.sidecars.clear();
             n.pod = None;
             n.second_pod = None;
         }

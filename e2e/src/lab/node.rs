@@ -57,8 +57,14 @@ pub(super) struct LabNode {
     pub(super) bridge: String,
     pub(super) cni: CniChain,
     pub(super) enforcer: Option<Daemon>,
+    /// The enforcer pod's other containers (image mode: the chart's
+    /// cni-watch), by container name; they live as long as the pod,
+    /// across enforcer restarts.
+    pub(super) sidecars: Vec<(String, Daemon)>,
     /// Started by a `start: second-enforcer` fault; never waited on.
     pub(super) second_enforcer: Option<Daemon>,
+    /// The second pod's other containers.
+    pub(super) second_sidecars: Vec<(String, Daemon)>,
     /// The running enforcer's id, when it reports one.
     pub(super) enforcer_id: Option<String>,
     /// The nft script in force in the node (None: the lab made no table).
@@ -171,7 +177,9 @@ impl LabNode {
             bridge,
             cni,
             enforcer: None,
+            sidecars: Vec::new(),
             second_enforcer: None,
+            second_sidecars: Vec::new(),
             enforcer_id: None,
             nat_script: None,
             containerd: None,

@@ -275,7 +275,11 @@ impl Lab {
         for d in self
             .nodes
             .iter_mut()
-            .filter_map(|n| n.enforcer.as_mut())
+            .flat_map(|n| {
+                n.enforcer
+                    .iter_mut()
+                    .chain(n.sidecars.iter_mut().map(|(_, d)| d))
+            })
             .chain(self.controller.as_mut())
         {
             d.check_running()?;

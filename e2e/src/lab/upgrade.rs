@@ -115,6 +115,8 @@ impl Lab {
         self.record_pid(daemon.pid())?;
         self.nodes[i].second_enforcer = Some(daemon);
         self.nodes[i].second_pod = Some(pod);
+        let sidecars = self.start_sidecars(i, true, &log)?;
+        self.nodes[i].second_sidecars = sidecars;
         let deadline = Instant::now() + self.config.start_timeout;
         loop {
             self.config.cancel.check()?;
@@ -172,7 +174,13 @@ impl Lab {
         let socket = self.nodes[i].enforcer_socket.clone();
         let deadline = stopped_at + self.config.start_timeout;
         let watcher = std::thread::spawn(move || watch_serving(socket, deadline));
+        // The rest of the old pod goes too.
         let n = &mut self.nodes[i];
+        for (name, mut old) in std::mem::take(&mut n.sidecars) {
+            old.stop(grace)
+                .with_context(|| format!("stopping the old pod's {name}"))?;
+        }
+        n.sidecars = std::mem::take(&mut n.second_sidecars);
         n.enforcer = n.second_enforcer.take();
         n.pod = n.second_pod.take();
         // The node's enforcer log is the new one's; the next surge writes

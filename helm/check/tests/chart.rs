@@ -415,6 +415,56 @@ fn the_objects_carry_the_values() {
     assert_eq!(controller["securityContext"]["runAsNonRoot"], true);
 }
 
+/// Wherever the chart chains palisade-cni (cni.install), the cni-watch
+/// container keeps it chained: the install-cni init container's command
+/// with --watch, its security context and mounts, small resources; and
+/// nowhere else.
+#[test]
+fn cni_watch_runs_the_init_containers_install_with_watch() {
+    for (label, objects) in all_cases() {
+        let pod = pod_spec(&objects, "DaemonSet");
+        let containers = pod["containers"].as_array().unwrap();
+        let watch = containers.iter().find(|c| c["name"] == "cni-watch");
+        let init = pod["initContainers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "install-cni");
+        let (Some(init), Some(watch)) = (init, watch) else {
+            assert!(init.is_none() && watch.is_none(), "{label}: {pod}");
+            continue;
+        };
+        assert_eq!(containers[0]["name"], "enforcer", "{label}");
+        let mut command = init["command"].as_array().unwrap().clone();
+        command.insert(2, "--watch".into());
+        assert_eq!(watch["command"], Value::Array(command), "{label}");
+        for field in ["image", "securityContext", "volumeMounts"] {
+            assert_eq!(watch[field], init[field], "{label}: {field}");
+        }
+        assert_eq!(
+            watch["resources"],
+            serde_json::json!({"requests": {"cpu": "5m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}}),
+            "{label}"
+        );
+    }
+    let objects = render_with(
+        "cni: {confFile: 10-x.conflist, watch: {resources: {limits: {memory: 32Mi}}}}\n",
+    )
+    .unwrap();
+    let pod = pod_spec(&objects, "DaemonSet");
+    let watch = &pod["containers"][1];
+    // Helm merges a values file into the defaults, key by key.
+    assert_eq!(
+        watch["resources"],
+        serde_json::json!({"requests": {"cpu": "5m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}})
+    );
+    let command = watch["command"].as_array().unwrap();
+    assert_eq!(
+        &command[command.len() - 2..],
+        ["--conf-file", "10-x.conflist"]
+    );
+}
+
 /// Flow logs (enforcer) and OTLP (both processes) reach the processes as
 /// the env their flags read, and only when asked for: the defaults set none
 /// of it, so the binaries' own defaults (off) apply.
@@ -545,6 +595,7 @@ fn bad_values_are_refused_naming_the_value() {
             "/flowLogs/ratePerSecond",
         ),
         ("flowLogs: {mode: deny, rate: 10}\n", "rate"),
+        ("cni: {watch: {resource: {}}}\n", "resource"),
         ("otlp: {endpoint: otel-collector:4317}\n", "/otlp/endpoint"),
         ("otlp: {endpoint: \"grpc://otel:4317\"}\n", "/otlp/endpoint"),
         (

@@ -52,3 +52,21 @@ palisade/enforcer-{{ .Files.Get "files/enforcer-seccomp.json" | sha256sum | trun
 {{- fail (printf "podUpDeadlineMs (%d) must be less than cni.timeoutSeconds (%d s): the runtime would give up on the pod before the enforcer answers" (int64 .Values.podUpDeadlineMs) (int64 .Values.cni.timeoutSeconds)) }}
 {{- end }}
 {{- end -}}
+
+{{- /* The arguments of palisade-cni install, for the install-cni init
+       container and the cni-watch container alike: the watch must chain
+       exactly what the first install chained. */}}
+{{- define "palisade.cniInstallArgs" -}}
+- --bin-dir
+- /host/cni/bin
+- --conf-dir
+- /host/cni/net.d
+- --enforcer-socket
+- {{ printf "%s/cni.sock" .Values.enforcer.runDir | quote }}
+- --timeout-seconds
+- {{ int64 .Values.cni.timeoutSeconds | quote }}
+{{- if .Values.cni.confFile }}
+- --conf-file
+- {{ .Values.cni.confFile | quote }}
+{{- end }}
+{{- end -}}

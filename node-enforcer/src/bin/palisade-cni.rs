@@ -70,13 +70,19 @@ fn admin(command: &str, flags: &[String]) -> ExitCode {
             "install" => {
                 let own = std::env::current_exe()
                     .map_err(|e| install::InstallError::Io(format!("finding this binary: {e}")))?;
+                if opts.watch {
+                    return watch(&opts, &own);
+                }
                 install::install(&opts, &own)
             }
+            "uninstall" if opts.watch => Err(install::InstallError::Usage(
+                "--watch is for install only".into(),
+            )),
             "uninstall" => install::uninstall(&opts),
             other => Err(install::InstallError::Usage(format!(
                 "unknown command {other:?}: palisade-cni takes no arguments when a CNI runtime \
              runs it, and `install` or `uninstall` [--conf-dir DIR] [--conf-file NAME] \
-             [--bin-dir DIR] [--enforcer-socket PATH] [--timeout-seconds N], \
+             [--bin-dir DIR] [--enforcer-socket PATH] [--timeout-seconds N] (install: [--watch]), \
              `install-seccomp` --from FILE --dir DIR --name PATH, or `health` otherwise"
             ))),
         })
@@ -93,6 +99,43 @@ fn admin(command: &str, flags: &[String]) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// `palisade-cni install --watch`: see `cni_plugin::watch`. Its log goes
+/// to stderr; SIGTERM (the kubelet stopping the container) or SIGINT end it
+/// with exit 0. The signals are blocked and read from a signalfd: as a
+/// container's pid 1 with no handler, SIGTERM would otherwise be dropped.
+fn watch(
+    opts: &node_enforcer::cni_plugin::install::Options,
+    own: &std::path::Path,
+) -> Result<Vec<String>, node_enforcer::cni_plugin::install::InstallError> {
+    use nix::sys::signal::{SigSet, Signal};
+    use nix::sys::signalfd::{SfdFlags, SignalFd};
+    use node_enforcer::cni_plugin::install::InstallError;
+    use node_enforcer::cni_plugin::watch;
+    use std::os::fd::AsFd;
+
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGTERM);
+    signals.add(Signal::SIGINT);
+    // Before any thread exists (there are none), so none takes them.
+    signals
+        .thread_block()
+        .map_err(|e| InstallError::Io(format!("blocking SIGTERM and SIGINT: {e}")))?;
+    let stop = SignalFd::with_flags(&signals, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+        .map_err(|e| InstallError::Io(format!("signalfd for SIGTERM and SIGINT: {e}")))?;
+    watch::watch(opts, own, stop.as_fd(), watch::POLL_EVERY, &mut |pass| {
+        for line in &pass.log {
+            eprintln!("palisade-cni install --watch: {line}");
+        }
+    })?;
+    let signal = match stop.read_signal() {
+        Ok(Some(info)) => Signal::try_from(info.ssi_signo as i32)
+            .map(|s| s.as_str().to_string())
+            .unwrap_or_else(|_| format!("signal {}", info.ssi_signo)),
+        _ => "a signal".to_string(),
+    };
+    Ok(vec![format!("{signal}: stopped watching")])
 }
 
 /// `palisade-cni health [--enforcer-socket PATH] [--service NAME]`: exit 0

@@ -66,6 +66,9 @@ pub struct Options {
     pub bin_dir: Option<PathBuf>,
     pub enforcer_socket: String,
     pub timeout_seconds: u64,
+    /// `install --watch`: install, then chain again whenever the conf dir
+    /// changes ([`super::watch`]).
+    pub watch: bool,
 }
 
 pub fn parse_args(args: &[String]) -> Result<Options, InstallError> {
@@ -75,6 +78,7 @@ pub fn parse_args(args: &[String]) -> Result<Options, InstallError> {
         bin_dir: None,
         enforcer_socket: super::DEFAULT_ENFORCER_SOCKET.to_string(),
         timeout_seconds: super::DEFAULT_TIMEOUT_SECONDS,
+        watch: false,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -88,6 +92,7 @@ pub fn parse_args(args: &[String]) -> Result<Options, InstallError> {
             "--conf-file" => opts.conf_file = Some(value(flag)?),
             "--bin-dir" => opts.bin_dir = Some(PathBuf::from(value(flag)?)),
             "--enforcer-socket" => opts.enforcer_socket = value(flag)?,
+            "--watch" => opts.watch = true,
             "--timeout-seconds" => {
                 let v = value(flag)?;
                 opts.timeout_seconds = v.parse().map_err(|_| {
@@ -97,7 +102,7 @@ pub fn parse_args(args: &[String]) -> Result<Options, InstallError> {
             other => {
                 return Err(InstallError::Usage(format!(
                     "unknown flag {other} (known: --conf-dir DIR, --conf-file NAME, \
-                     --bin-dir DIR, --enforcer-socket PATH, --timeout-seconds N)"
+                     --bin-dir DIR, --enforcer-socket PATH, --timeout-seconds N, --watch)"
                 )))
             }
         }
@@ -159,6 +164,40 @@ fn plugins_of<'a>(conf: &'a mut Value, path: &str) -> Result<&'a mut Vec<Value>,
 /// The configuration with our entry last in its plugin list (replacing an
 /// older entry of ours in place), and whether that changed anything.
 pub fn chain(conf: &Value, ours: &Value, path: &str) -> Result<(Value, bool), InstallError> {
+    let (conf, chained) = chain_as(conf, ours, path, Keep::OnlyOurs)?;
+    Ok((conf, chained != Chained::Already))
+}
+
+/// Which entry of ours a chained list may keep as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Keep {
+    /// Only `ours` exactly: an install puts its own options in place.
+    OnlyOurs,
+    /// Any single entry of ours, last: the watch's re-chains. Two pods of
+    /// the DaemonSet overlap in a rollout that changes our options; each
+    /// replacing the other's entry would make their watches rewrite the
+    /// file after each other forever. The new pod's install (its init
+    /// container) puts the new options in place.
+    AnyOfOurs,
+}
+
+/// What [`chain_as`] did to a plugin list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chained {
+    /// Our entry was there, alone and last: nothing to write.
+    Already,
+    /// The list had no entry of ours: it was appended.
+    Appended,
+    /// An entry of ours was stale, not last, or not alone: it was put last.
+    Replaced,
+}
+
+pub(super) fn chain_as(
+    conf: &Value,
+    ours: &Value,
+    path: &str,
+    keep: Keep,
+) -> Result<(Value, Chained), InstallError> {
     let mut conf = conf.clone();
     // The runtime hands each plugin the list's cniVersion.
     let version = conf.get("cniVersion").cloned();
@@ -188,20 +227,23 @@ pub fn chain(conf: &Value, ours: &Value, path: &str) -> Result<(Value, bool), In
     let existing: Vec<usize> = (0..plugins.len())
         .filter(|&i| is_ours(&plugins[i]))
         .collect();
-    let changed = match existing.as_slice() {
+    let chained = match existing.as_slice() {
         [] => {
             plugins.push(ours.clone());
-            true
+            Chained::Appended
         }
-        // Exactly one entry of ours, already last and current.
-        [i] if *i == plugins.len() - 1 && plugins[*i] == *ours => false,
+        // Exactly one entry of ours, already last (and current, unless
+        // any entry of ours will do).
+        [i] if *i == plugins.len() - 1 && (keep == Keep::AnyOfOurs || plugins[*i] == *ours) => {
+            Chained::Already
+        }
         _ => {
             plugins.retain(|p| !is_ours(p));
             plugins.push(ours.clone());
-            true
+            Chained::Replaced
         }
     };
-    Ok((conf, changed))
+    Ok((conf, chained))
 }
 
 /// The configuration without any entry of ours, and whether it had one.
@@ -267,7 +309,7 @@ fn io(what: impl std::fmt::Display, e: std::io::Error) -> InstallError {
     InstallError::Io(format!("{what}: {e}"))
 }
 
-fn config_path(opts: &Options) -> Result<PathBuf, InstallError> {
+pub(super) fn config_path(opts: &Options) -> Result<PathBuf, InstallError> {
     if let Some(name) = &opts.conf_file {
         return Ok(opts.conf_dir.join(name));
     }
@@ -331,7 +373,15 @@ fn create_temp(dest: &Path) -> Result<(PathBuf, File), InstallError> {
         {
             Ok(file) => return Ok((tmp, file)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(io(format!("creating {}", tmp.display()), e)),
+            // Named by its destination: the temporary name is new each
+            // time, and the watch reports a failure again only when its
+            // text changes.
+            Err(e) => {
+                return Err(io(
+                    format!("creating a temporary file for {}", dest.display()),
+                    e,
+                ))
+            }
         }
     }
     Err(InstallError::Io(format!(
@@ -360,7 +410,8 @@ impl Staged {
             tmp,
             published: false,
         };
-        let shown = staged.tmp.display();
+        // Named by its destination, as in create_temp.
+        let shown = format!("the temporary file for {}", dest.display());
         if let Some((uid, gid)) = owner {
             std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
                 .map_err(|e| io(format!("chown {uid}:{gid} {shown}"), e))?;
@@ -443,7 +494,7 @@ fn read_conf(path: &Path) -> Result<(Value, String), InstallError> {
 }
 
 /// `path` if it is not a symlink, else the file it finally points to.
-fn resolve(path: &Path) -> Result<PathBuf, InstallError> {
+pub(super) fn resolve(path: &Path) -> Result<PathBuf, InstallError> {
     let meta = std::fs::symlink_metadata(path)
         .map_err(|e| io(format!("reading {}", path.display()), e))?;
     if !meta.file_type().is_symlink() {
@@ -455,6 +506,21 @@ fn resolve(path: &Path) -> Result<PathBuf, InstallError> {
 
 type Edit<'a> = &'a dyn Fn(&Value, &str) -> Result<(Value, bool), InstallError>;
 
+/// What [`edit_file`] did to one file.
+pub(super) struct Edited {
+    /// The file as named (`link -> target` for a symlink).
+    pub(super) shown: String,
+    /// Whether new contents were published.
+    pub(super) updated: bool,
+}
+
+impl Edited {
+    fn line(&self) -> String {
+        let what = if self.updated { "updated" } else { "unchanged" };
+        format!("{}: {what}", self.shown)
+    }
+}
+
 /// Reads `path`, edits it and publishes the result, unless the file changed
 /// between the read and the rename: the primary CNI's agent re-rendering
 /// its list then, and publishing would silently undo its write. The edit
@@ -464,7 +530,7 @@ fn edit_file(
     path: &Path,
     edit: Edit<'_>,
     before_publish: &mut dyn FnMut(&Path),
-) -> Result<String, InstallError> {
+) -> Result<Edited, InstallError> {
     let mut shown = path.display().to_string();
     for _ in 0..EDIT_ATTEMPTS {
         // A symlinked list is edited where it points, in that directory:
@@ -478,7 +544,10 @@ fn edit_file(
         let seen = snapshot(&target)?;
         let (new, changed) = edit(&parse_conf(&seen.bytes, &shown)?, &shown)?;
         if !changed {
-            return Ok(format!("{shown}: unchanged"));
+            return Ok(Edited {
+                shown,
+                updated: false,
+            });
         }
         let mut bytes = serde_json::to_vec_pretty(&new).expect("a JSON value serializes");
         bytes.push(b'\n');
@@ -491,7 +560,10 @@ fn edit_file(
             continue;
         }
         staged.publish(&target)?;
-        return Ok(format!("{shown}: updated"));
+        return Ok(Edited {
+            shown,
+            updated: true,
+        });
     }
     Err(InstallError::Config {
         path: shown,
@@ -506,14 +578,29 @@ fn edit_file(
 /// network configuration; in that order, so the runtime never finds an
 /// entry whose binary is missing.
 pub fn install(opts: &Options, own_binary: &Path) -> Result<Vec<String>, InstallError> {
-    install_with(opts, own_binary, &mut |_| {})
+    Ok(install_with(opts, own_binary, Keep::OnlyOurs, &mut |_| {})?.lines)
 }
 
-fn install_with(
+/// What one install did.
+#[derive(Debug, Clone)]
+pub struct Installed {
+    /// What `install` prints: a line for the binary (with a bin dir) and
+    /// one for the configuration file.
+    pub lines: Vec<String>,
+    /// The configuration file, as named (`link -> target` for a symlink).
+    pub file: String,
+    /// What it did to the file's plugin list (the attempt it published).
+    pub chained: Chained,
+    /// Whether it wrote anything: the binary or the file.
+    pub wrote: bool,
+}
+
+pub(super) fn install_with(
     opts: &Options,
     own_binary: &Path,
+    keep: Keep,
     before_publish: &mut dyn FnMut(&Path),
-) -> Result<Vec<String>, InstallError> {
+) -> Result<Installed, InstallError> {
     let ours = checked_entry(opts)?;
     // Held over the binary too: an uninstall must not remove it between
     // our copy and our entry.
@@ -522,25 +609,83 @@ fn install_with(
     // written, the binary included.
     let path = config_path(opts)?;
     let (conf, shown) = read_conf(&path)?;
-    chain(&conf, &ours, &shown)?;
-    let mut done = Vec::new();
+    chain_as(&conf, &ours, &shown, keep)?;
+    let mut lines = Vec::new();
+    let mut wrote = false;
     if let Some(bin_dir) = &opts.bin_dir {
         let target = bin_dir.join(PLUGIN_TYPE);
-        let bytes = std::fs::read(own_binary)
-            .map_err(|e| io(format!("reading {}", own_binary.display()), e))?;
-        if std::fs::read(&target).ok().as_deref() == Some(bytes.as_slice()) {
-            done.push(format!("{}: unchanged", target.display()));
+        if same_contents(own_binary, &target)? {
+            lines.push(format!("{}: unchanged", target.display()));
         } else {
+            let bytes = std::fs::read(own_binary)
+                .map_err(|e| io(format!("reading {}", own_binary.display()), e))?;
             replace_atomically(&target, &bytes, 0o755)?;
-            done.push(format!("{}: installed", target.display()));
+            lines.push(format!("{}: installed", target.display()));
+            wrote = true;
         }
     }
-    done.push(edit_file(
+    let chained = std::cell::Cell::new(Chained::Already);
+    let edited = edit_file(
         &path,
-        &|conf, path| chain(conf, &ours, path),
+        &|conf, path| {
+            let (new, what) = chain_as(conf, &ours, path, keep)?;
+            chained.set(what);
+            Ok((new, what != Chained::Already))
+        },
         before_publish,
-    )?);
-    Ok(done)
+    )?;
+    lines.push(edited.line());
+    Ok(Installed {
+        lines,
+        wrote: wrote || edited.updated,
+        chained: chained.get(),
+        file: edited.shown,
+    })
+}
+
+/// Whether `installed` (absent: no) has the bytes of `own`, compared a
+/// block at a time: the watch asks on every change of the conf dir, and
+/// two copies of the binary need not be in memory for that.
+fn same_contents(own: &Path, installed: &Path) -> Result<bool, InstallError> {
+    let reading = |path: &Path| {
+        let shown = path.display().to_string();
+        move |e| io(format!("reading {shown}"), e)
+    };
+    let mut a = File::open(own).map_err(reading(own))?;
+    let mut b = match File::open(installed) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(reading(installed)(e)),
+    };
+    let len = |f: &File, path: &Path| f.metadata().map(|m| m.len()).map_err(reading(path));
+    if len(&a, own)? != len(&b, installed)? {
+        return Ok(false);
+    }
+    let (mut x, mut y) = (vec![0u8; 64 << 10], vec![0u8; 64 << 10]);
+    loop {
+        let n = read_full(&mut a, &mut x).map_err(reading(own))?;
+        let m = read_full(&mut b, &mut y).map_err(reading(installed))?;
+        if x[..n] != y[..m] {
+            return Ok(false);
+        }
+        if n == 0 {
+            return Ok(true);
+        }
+    }
+}
+
+/// Fills `buf` unless the file ends first; the bytes read.
+fn read_full(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }
 
 /// What a configuration file says of palisade-cni.
@@ -597,7 +742,7 @@ pub fn uninstall(opts: &Options) -> Result<Vec<String>, InstallError> {
     let mut done = Vec::new();
     for path in &files {
         if reference_in(path)? == Reference::InList {
-            done.push(edit_file(path, &unchain, &mut |_| {})?);
+            done.push(edit_file(path, &unchain, &mut |_| {})?.line());
         }
     }
     if done.is_empty() {
@@ -681,6 +826,53 @@ mod tests {
         assert_eq!(plugins[0]["type"], "flannel");
     }
 
+    /// The watch's re-chain keeps any single entry of ours that is last
+    /// (another pod's options, in a rollout), and fixes the rest.
+    #[test]
+    fn a_rechain_keeps_any_entry_of_ours_alone_and_last() {
+        let (theirs, _) = chain(&flannel(), &entry("/old.sock", 5), "f").unwrap();
+        let (same, what) = chain_as(&theirs, &ours(), "f", Keep::AnyOfOurs).unwrap();
+        assert_eq!((what, &same), (Chained::Already, &theirs));
+        let (_, what) = chain_as(&theirs, &ours(), "f", Keep::OnlyOurs).unwrap();
+        assert_eq!(what, Chained::Replaced);
+        let (_, what) = chain_as(&flannel(), &ours(), "f", Keep::AnyOfOurs).unwrap();
+        assert_eq!(what, Chained::Appended);
+        // Not last, or not alone: ours, last.
+        let mut not_last = theirs.clone();
+        not_last["plugins"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"type": "bandwidth"}));
+        let mut twice = theirs.clone();
+        twice["plugins"].as_array_mut().unwrap().push(ours());
+        for conf in [not_last, twice] {
+            let (new, what) = chain_as(&conf, &ours(), "f", Keep::AnyOfOurs).unwrap();
+            assert_eq!(what, Chained::Replaced, "{conf}");
+            let plugins = new["plugins"].as_array().unwrap();
+            assert_eq!(plugins.iter().filter(|p| is_ours(p)).count(), 1, "{new}");
+            assert_eq!(plugins.last().unwrap(), &ours(), "{new}");
+        }
+    }
+
+    #[test]
+    fn the_binary_is_compared_by_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let (own, installed) = (dir.path().join("own"), dir.path().join("installed"));
+        // More than one block, differing only in the last byte.
+        let mut bytes = vec![7u8; (64 << 10) * 2 + 5];
+        std::fs::write(&own, &bytes).unwrap();
+        assert!(!same_contents(&own, &installed).unwrap(), "absent");
+        std::fs::write(&installed, &bytes).unwrap();
+        assert!(same_contents(&own, &installed).unwrap());
+        *bytes.last_mut().unwrap() = 8;
+        std::fs::write(&installed, &bytes).unwrap();
+        assert!(!same_contents(&own, &installed).unwrap());
+        std::fs::write(&installed, &bytes[1..]).unwrap();
+        assert!(!same_contents(&own, &installed).unwrap());
+        let err = same_contents(&dir.path().join("gone"), &installed).unwrap_err();
+        assert!(err.to_string().contains("gone"), "{err}");
+    }
+
     #[test]
     fn unchain_removes_only_ours_and_reverses_chain() {
         let (chained, _) = chain(&flannel(), &ours(), "f").unwrap();
@@ -752,6 +944,7 @@ mod tests {
             bin_dir: Some(bin),
             enforcer_socket: "/run/palisade/cni.sock".into(),
             timeout_seconds: 10,
+            watch: false,
         };
         (dir, opts, own)
     }
@@ -892,6 +1085,8 @@ mod tests {
         assert_eq!(o.conf_dir, PathBuf::from("/c"));
         assert_eq!(o.bin_dir, Some(PathBuf::from("/b")));
         assert_eq!(o.timeout_seconds, 7);
+        assert!(!o.watch);
+        assert!(parse_args(&args(&["--watch"])).unwrap().watch);
         assert!(parse_args(&args(&["--conf-file", "../x.conflist"])).is_err());
         assert!(parse_args(&args(&["--bogus"]))
             .unwrap_err()
@@ -950,7 +1145,7 @@ mod tests {
     fn install_holds_the_conf_dir_lock_from_read_to_rename() {
         let (_dir, opts, own) = node(&flannel());
         let mut tried = 0;
-        install_with(&opts, &own, &mut |_| {
+        install_with(&opts, &own, Keep::OnlyOurs, &mut |_| {
             tried += 1;
             let other = File::open(&opts.conf_dir).unwrap();
             // SAFETY: flock on a descriptor this closure owns.
@@ -974,7 +1169,7 @@ mod tests {
             .unwrap()
             .push(json!({"type": "bandwidth"}));
         let mut writes = 0;
-        install_with(&opts, &own, &mut |path| {
+        install_with(&opts, &own, Keep::OnlyOurs, &mut |path| {
             if writes == 0 {
                 std::fs::write(path, serde_json::to_vec(&vendor).unwrap()).unwrap();
             }
@@ -1001,7 +1196,7 @@ mod tests {
         let (_dir, opts, own) = node(&flannel());
         let path = opts.conf_dir.join("10-flannel.conflist");
         let mut writes = 0u64;
-        let err = install_with(&opts, &own, &mut |path| {
+        let err = install_with(&opts, &own, Keep::OnlyOurs, &mut |path| {
             writes += 1;
             let mut vendor = flannel();
             vendor["name"] = json!(format!("cbr{writes}"));
@@ -1210,6 +1405,7 @@ mod tests {
             bin_dir: Some(bin.clone()),
             enforcer_socket: "/run/palisade/cni.sock".into(),
             timeout_seconds: 10,
+            watch: false,
         };
 
         let first = install(&opts, &own).unwrap();

@@ -22,6 +22,7 @@ pub mod error;
 pub mod host_veth;
 pub mod install;
 pub mod seccomp_install;
+pub mod watch;
 
 #[cfg(test)]
 mod tests {
