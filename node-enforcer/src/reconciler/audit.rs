@@ -259,13 +259,13 @@ mod tests {
     //! Staged (audit) policies in the reconciler, on the fake datapath (which
     //! checks after every operation that no audit entry names a missing table).
 
+    use super::super::fixtures::{pod_up as up, snapshot};
     use super::super::*;
     use crate::checkpoint::Checkpoint;
     use crate::datapath::fake::FakeDatapath;
     use crate::datapath::AuditEntry;
-    use crate::desired::PodRuntime;
+    use palisade_proto::v1::PodRef;
     use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PortRange, Protocol, Rule};
-    use palisade_proto::v1::{PlanSnapshot, PodRef};
     use std::collections::BTreeMap;
 
     fn allow_from(peer: [u8; 4], port: u32) -> DirectionPolicy {
@@ -317,29 +317,6 @@ mod tests {
             audit_ingress: audit,
             ..Default::default()
         }
-    }
-
-    fn up(name: &str, iface: &str) -> PodUp {
-        PodUp {
-            pod: ("x".into(), name.into()),
-            runtime: PodRuntime {
-                container_id: format!("c-{name}"),
-                netns: format!("/run/netns/{name}"),
-                host_interfaces: vec![iface.into()],
-                ips: vec![],
-                ifindexes: Default::default(),
-                mode: None,
-            },
-        }
-    }
-
-    fn snapshot(version: u64, pods: Vec<PodPolicy>) -> PlanMessage {
-        PlanMessage::Snapshot(PlanSnapshot {
-            version,
-            pods,
-            source_synced: true,
-            ..Default::default()
-        })
     }
 
     fn reconciler() -> Reconciler<FakeDatapath> {

@@ -384,12 +384,12 @@ mod tests {
     //! table is complete, and the enforcer's own table limit denies a
     //! direction with an error naming the policy.
 
+    use super::super::fixtures::{pod_up_as, snapshot};
     use super::super::*;
     use super::*;
     use crate::datapath::fake::FakeDatapath;
-    use crate::desired::PodRuntime;
+    use palisade_proto::v1::PodRef;
     use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PortRange, Protocol, Rule};
-    use palisade_proto::v1::{PlanSnapshot, PodRef};
 
     #[test]
     fn slices_cover_every_entry_once_in_order() {
@@ -472,26 +472,7 @@ mod tests {
     }
 
     fn up(name: &str, iface: &str) -> PodUp {
-        PodUp {
-            pod: ("x".into(), name.into()),
-            runtime: PodRuntime {
-                container_id: format!("c-{name}"),
-                netns: String::new(),
-                host_interfaces: vec![iface.into()],
-                ips: vec![],
-                ifindexes: Default::default(),
-                mode: None,
-            },
-        }
-    }
-
-    fn snapshot(version: u64, pods: Vec<PodPolicy>) -> PlanMessage {
-        PlanMessage::Snapshot(PlanSnapshot {
-            version,
-            pods,
-            source_synced: true,
-            ..Default::default()
-        })
+        pod_up_as(name, iface, &format!("c-{name}"))
     }
 
     /// The reconciler's queue, and the sender that keeps it open as the

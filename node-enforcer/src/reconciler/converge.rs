@@ -746,10 +746,10 @@ mod tests {
     //! Interfaces are identified by index: what a name's older interface
     //! enforced is not the newer one's.
 
+    use super::super::fixtures::{pod_up_as as up, snapshot};
     use super::super::*;
     use crate::datapath::fake::FakeDatapath;
-    use crate::desired::PodRuntime;
-    use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PlanSnapshot, PodRef, Rule};
+    use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PodRef, Rule};
 
     /// `n` rules of one /32 peer each: big enough to compile off the thread.
     fn big(n: usize) -> DirectionPolicy {
@@ -779,29 +779,6 @@ mod tests {
             ingress,
             ..Default::default()
         }
-    }
-
-    fn up(name: &str, iface: &str, container: &str) -> PodUp {
-        PodUp {
-            pod: ("x".into(), name.into()),
-            runtime: PodRuntime {
-                container_id: container.into(),
-                netns: String::new(),
-                host_interfaces: vec![iface.into()],
-                ips: vec![],
-                ifindexes: Default::default(),
-                mode: None,
-            },
-        }
-    }
-
-    fn snapshot(version: u64, pods: Vec<PodPolicy>) -> PlanMessage {
-        PlanMessage::Snapshot(PlanSnapshot {
-            version,
-            pods,
-            source_synced: true,
-            ..Default::default()
-        })
     }
 
     /// Issue: a direction whose table was still compiling took what the

@@ -486,12 +486,13 @@ mod tests {
 
     use std::collections::{BTreeMap, BTreeSet};
 
+    use super::super::fixtures::snapshot;
     use super::super::*;
     use super::host_only_diff;
     use crate::compile::{compile, PortEntry, PortSet, Prefix};
     use crate::datapath::fake::FakeDatapath;
+    use palisade_proto::v1::PodRef;
     use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PlanDelta, PortRange, Rule};
-    use palisade_proto::v1::{PlanSnapshot, PodRef};
 
     // ---- helpers ----
 
@@ -544,16 +545,6 @@ mod tests {
             policies: vec!["x/p".into()],
             ..Default::default()
         }
-    }
-
-    fn snapshot(version: u64, pods: Vec<PodPolicy>) -> PlanMessage {
-        PlanMessage::Snapshot(PlanSnapshot {
-            term: 0,
-            version,
-            pods,
-            source_synced: true,
-            ..Default::default()
-        })
     }
 
     const IFACES: [&str; 6] = ["veth-a", "veth-b", "veth-c", "veth-d", "veth-e", "veth-f"];

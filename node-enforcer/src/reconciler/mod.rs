@@ -31,6 +31,8 @@ mod audit;
 mod background;
 mod converge;
 mod dump;
+#[cfg(test)]
+mod fixtures;
 mod in_place;
 pub mod names;
 mod plan;
@@ -467,13 +469,13 @@ pub fn prefixes(list: &[palisade_proto::v1::IpPrefix]) -> Result<Vec<Prefix>, St
 
 #[cfg(test)]
 mod tests {
+    use super::fixtures::{pod_up as up, snapshot};
     use super::*;
     use crate::checkpoint::Checkpoint;
     use crate::datapath::fake::FakeDatapath;
     use crate::datapath::EndpointEntry;
-    use crate::desired::PodRuntime;
     use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, PortRange, Protocol, Rule};
-    use palisade_proto::v1::{PlanDelta, PlanSnapshot, PodRef};
+    use palisade_proto::v1::{PlanDelta, PodRef};
     use std::collections::BTreeSet;
 
     fn ip4(a: [u8; 4], len: u32) -> IpPrefix {
@@ -513,30 +515,6 @@ mod tests {
             policies: vec!["x/p".into()],
             ..Default::default()
         }
-    }
-
-    fn up(name: &str, iface: &str) -> PodUp {
-        PodUp {
-            pod: ("x".into(), name.into()),
-            runtime: PodRuntime {
-                container_id: format!("c-{name}"),
-                netns: format!("/run/netns/{name}"),
-                host_interfaces: vec![iface.into()],
-                ips: vec![],
-                ifindexes: Default::default(),
-                mode: None,
-            },
-        }
-    }
-
-    fn snapshot(version: u64, pods: Vec<PodPolicy>) -> PlanMessage {
-        PlanMessage::Snapshot(PlanSnapshot {
-            term: 0,
-            version,
-            pods,
-            source_synced: true,
-            ..Default::default()
-        })
     }
 
     /// Pod up that must be answered at once (its policy is known).
@@ -1176,12 +1154,12 @@ mod tests {
         //! reconciler the way the bug was reproduced and checks the verdict the
         //! datapath would give (the endpoint entry), not just an error string.
 
+        use super::super::fixtures::snapshot_of as snapshot;
         use super::super::realized::Realized;
         use super::super::*;
         use crate::datapath::fake::FakeDatapath;
-        use crate::desired::PodRuntime;
+        use palisade_proto::v1::PodRef;
         use palisade_proto::v1::{DirectionPolicy, IpPrefix, PeerBlock, Rule};
-        use palisade_proto::v1::{PlanSnapshot, PodRef};
         use tokio::sync::oneshot;
 
         fn pod_policy(name: &str, ingress: Option<DirectionPolicy>) -> PodPolicy {
@@ -1203,27 +1181,7 @@ mod tests {
         }
 
         fn up(name: &str, iface: &str) -> PodUp {
-            PodUp {
-                pod: ("x".into(), name.into()),
-                runtime: PodRuntime {
-                    container_id: format!("c-{name}"),
-                    netns: String::new(),
-                    host_interfaces: vec![iface.into()],
-                    ips: vec![],
-                    ifindexes: Default::default(),
-                    mode: None,
-                },
-            }
-        }
-
-        fn snapshot(version: u64, synced: bool, pods: Vec<PodPolicy>) -> PlanMessage {
-            PlanMessage::Snapshot(PlanSnapshot {
-                term: 0,
-                version,
-                pods,
-                source_synced: synced,
-                ..Default::default()
-            })
+            crate::reconciler::fixtures::pod_up_as(name, iface, &format!("c-{name}"))
         }
 
         fn reconciler(mode: Mode) -> Reconciler<FakeDatapath> {

@@ -550,10 +550,10 @@ mod tests {
     //! Pod-ups and link events where an interface name outlives its
     //! interface: the identity is the index.
 
+    use super::super::fixtures::{pod_up_as as up, snapshot};
     use super::super::*;
     use crate::datapath::fake::FakeDatapath;
-    use crate::desired::PodRuntime;
-    use palisade_proto::v1::{DirectionPolicy, PlanSnapshot, PodRef};
+    use palisade_proto::v1::{DirectionPolicy, PodRef};
 
     fn reconciler() -> Reconciler<FakeDatapath> {
         Reconciler::new(
@@ -573,29 +573,6 @@ mod tests {
             }),
             ingress: Some(DirectionPolicy::default()),
             ..Default::default()
-        }
-    }
-
-    fn snapshot(version: u64, pods: Vec<PodPolicy>) -> PlanMessage {
-        PlanMessage::Snapshot(PlanSnapshot {
-            version,
-            pods,
-            source_synced: true,
-            ..Default::default()
-        })
-    }
-
-    fn up(name: &str, iface: &str, container: &str) -> PodUp {
-        PodUp {
-            pod: ("x".into(), name.into()),
-            runtime: PodRuntime {
-                container_id: container.into(),
-                netns: String::new(),
-                host_interfaces: vec![iface.into()],
-                ips: vec![],
-                ifindexes: Default::default(),
-                mode: None,
-            },
         }
     }
 
