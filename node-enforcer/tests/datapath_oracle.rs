@@ -650,7 +650,11 @@ fn a_new_process_promotes_the_filters_a_stopped_one_left() {
         assert_eq!(our_filters("pal-a", "ingress").len(), 1);
         let mut next = BpfDatapath::load(&root.0).expect("load the programs again");
         let adopted = next.adopt().unwrap();
-        assert!(adopted.attached.contains("pal-a"), "{:?}", adopted.attached);
+        assert!(
+            adopted.attached.contains_key("pal-a"),
+            "{:?}",
+            adopted.attached
+        );
         assert_eq!(adopted.endpoints.get(&ifindex), Some(&entry));
         assert!(next.unpromoted().is_empty());
         assert_eq!(tcx_chain("pal-a", Ingress).len(), 1);

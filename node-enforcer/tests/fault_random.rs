@@ -591,8 +591,11 @@ impl World {
                     "{name} (x/p{p}) is up with no endpoint entry: open"
                 ));
             };
-            if !k.attached.contains(&name) {
-                return Err(format!("{name} (x/p{p}) is up with no link: open"));
+            if k.attached.get(&name) != Some(&ifindex) {
+                return Err(format!(
+                    "{name} (x/p{p}, index {ifindex}) is up with no link on it ({:?}): open",
+                    k.attached.get(&name)
+                ));
             }
             let mut allowed: Vec<Option<u8>> = vec![self.policies.get(&p).copied().flatten()];
             if let Some(h) = &self.held {
@@ -629,7 +632,8 @@ impl World {
         let k = inspect::inspect(&self.pin_root).map_err(|e| e.to_string())?;
         let dumped: std::collections::BTreeSet<String> =
             dump.interfaces.iter().map(|i| i.name.clone()).collect();
-        if dumped != k.attached {
+        let linked: std::collections::BTreeSet<String> = k.attached.keys().cloned().collect();
+        if dumped != linked {
             return Err(format!("dump {dumped:?} != kernel links {:?}", k.attached));
         }
         for p in 0..PODS {

@@ -44,6 +44,7 @@ pub(crate) mod filters;
 pub(crate) mod grace;
 pub mod learned;
 mod legacy;
+mod link_target;
 pub(crate) mod mapped;
 mod policy_tables;
 
@@ -316,8 +317,19 @@ impl BpfDatapath {
             .map_err(|e| err(format!("removing the filters of ifindex {ifindex}"), e))
     }
 
-    /// The links at the head of both hooks, pinned: the steady state.
-    fn attach_tcx(&mut self, ifname: &str) -> Result<()> {
+    /// The links at the head of both hooks of interface `ifindex`, pinned
+    /// under `ifname`, the name it was attached by: the steady state. The
+    /// links attach by the interface's name now, and are kept only if the
+    /// kernel says they are on `ifindex` (a rename or a newer interface of
+    /// the name in between would have put them elsewhere).
+    fn attach_tcx(&mut self, ifname: &str, ifindex: u32) -> Result<()> {
+        let (first, _, _) = HOOKS[0];
+        let now = match nix::net::if_::if_indextoname(ifindex) {
+            Ok(now) if ifindex != 0 => Ok(now.to_string_lossy().into_owned()),
+            Ok(_) => Err(nix::errno::Errno::ENXIO),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| gone_or(ifindex, format!("attaching {first} to {ifname}"), e))?;
         let mut made: Vec<FdLink> = Vec::with_capacity(2);
         for (prog_name, attach_type, hook) in HOOKS {
             let path = self.link_pin(ifname, hook);
@@ -326,16 +338,33 @@ impl BpfDatapath {
                 // Head of the chain: see the module comment.
                 let id = prog
                     .attach_with_options(
-                        ifname,
+                        &now,
                         attach_type,
                         TcAttachOptions::TcxOrder(LinkOrder::first()),
                     )
-                    .map_err(|e| err(format!("attaching {prog_name} to {ifname}"), e))?;
+                    .map_err(|e| {
+                        let to = match now == ifname {
+                            true => now.clone(),
+                            false => format!("{ifname} (named {now} now)"),
+                        };
+                        err(format!("attaching {prog_name} to {to}"), e)
+                    })?;
                 let link = prog.take_link(id).map_err(|e| err(prog_name, e))?;
                 let fd = FdLink::try_from(link).map_err(|e| err(prog_name, e))?;
                 let pinned = fd
                     .pin(&path)
                     .map_err(|e| err(format!("pinning {}", path.display()), e))?;
+                let on = link_target::pinned_tcx_ifindex(&path)
+                    .map_err(|e| err(format!("checking {}", path.display()), e))?;
+                if on != ifindex {
+                    return Err(gone_or(
+                        ifindex,
+                        format!("attaching {prog_name} to ifindex {ifindex} ({ifname})"),
+                        DatapathError::invariant(format!(
+                            "the name {now} was index {on} by the time the link was made"
+                        )),
+                    ));
+                }
                 Ok(FdLink::from(pinned))
             })();
             match result {
@@ -359,18 +388,16 @@ impl BpfDatapath {
     /// promote (it stopped first): found by the endpoint slots no link
     /// covers, and promoted now, so every adopted interface runs this
     /// process's programs at the head of its chains. Returns every such
-    /// interface that still exists. One that went meanwhile is skipped; one
-    /// whose promotion fails stays on its filters, which keep enforcing,
-    /// is named in `warnings` and is promoted later, as at runtime.
+    /// interface that still exists, by its name now and its index. One that
+    /// went meanwhile is skipped; one whose promotion fails stays on its
+    /// filters, which keep enforcing, is named in `warnings` and is promoted
+    /// later, as at runtime.
     fn adopt_filters(
         &mut self,
-        linked: &std::collections::BTreeSet<String>,
+        linked: &BTreeMap<String, u32>,
         warnings: &mut Vec<String>,
-    ) -> Result<Vec<String>> {
-        let covered: std::collections::BTreeSet<u32> = linked
-            .iter()
-            .filter_map(|n| nix::net::if_::if_nametoindex(n.as_str()).ok())
-            .collect();
+    ) -> Result<BTreeMap<String, u32>> {
+        let covered: std::collections::BTreeSet<u32> = linked.values().copied().collect();
         let candidates: Vec<u32> = self
             .slots
             .all()
@@ -395,32 +422,17 @@ impl BpfDatapath {
                 }
             }
         }
-        let mut adopted = Vec::new();
+        let mut adopted = BTreeMap::new();
         for (ifindex, ifname) in found {
-            // The links attach by name: only to this very interface.
-            let unsure = match nix::net::if_::if_nametoindex(ifname.as_str()) {
-                Ok(i) if i == ifindex => None,
-                Err(nix::errno::Errno::ENODEV) => continue,
-                Ok(_) if index_gone(ifindex) => continue,
-                Ok(i) => Some(DatapathError::invariant(format!(
-                    "interface {ifname:?} is index {i} now, not {ifindex}"
-                ))),
-                Err(e) => Some(err(format!("interface {ifname:?}"), e)),
-            };
-            if let Some(e) = unsure {
-                self.keep_on_filters(&ifname, ifindex, e, warnings);
-                adopted.push(ifname);
-                continue;
-            }
-            let promoted = self
-                .attach_tcx(&ifname)
-                .and_then(|()| self.remove_filters(ifindex).map(drop));
-            match promoted {
+            match self
+                .attach_tcx(&ifname, ifindex)
+                .and_then(|()| self.remove_filters(ifindex).map(drop))
+            {
                 Ok(()) => {}
                 Err(e) if e.kind() == DatapathErrorKind::InterfaceGone => continue,
                 Err(e) => self.keep_on_filters(&ifname, ifindex, e, warnings),
             }
-            adopted.push(ifname);
+            adopted.insert(ifname, ifindex);
         }
         Ok(adopted)
     }
@@ -444,58 +456,86 @@ impl BpfDatapath {
     }
 
     fn link_pin(&self, ifname: &str, hook: &str) -> PathBuf {
-        self.pin_root
-            .join("links")
-            .join(format!("{}@{hook}", pin_name(ifname)))
+        link_pin(&self.pin_root, ifname, hook)
     }
 
     /// Takes over the links a previous process pinned: each gets this
-    /// process's program, atomically, so the hook is never empty. A link
-    /// whose interface is gone is unpinned. One that cannot be taken over
-    /// for another reason keeps its pins, and with them the previous
-    /// process's program (on the same pinned maps): it is listed as
-    /// attached and named in `warnings`. Unpinning it would detach a live
-    /// pod's policy.
-    fn adopt_links(
-        &mut self,
-        warnings: &mut Vec<String>,
-    ) -> Result<std::collections::BTreeSet<String>> {
-        let dir = self.pin_root.join("links");
-        let mut names: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
-        for entry in std::fs::read_dir(&dir).map_err(|e| err(dir.display(), e))? {
-            let entry = entry.map_err(|e| err(dir.display(), e))?;
-            let file = entry.file_name().to_string_lossy().into_owned();
-            if let Some((encoded, _)) = file.rsplit_once('@') {
-                names.insert(ifname_of_pin(encoded));
-            }
-        }
-        let mut adopted = std::collections::BTreeSet::new();
-        for ifname in names {
-            match self.adopt_interface(&ifname) {
-                Ok(links) => {
-                    self.links.insert(ifname.clone(), links);
-                    adopted.insert(ifname);
-                }
-                Err(e) if e.kind() == DatapathErrorKind::InterfaceGone => {
+    /// process's program, atomically, so the hook is never empty. Returns
+    /// them by the name they were pinned by, with the index of the
+    /// interface the kernel says they are on: an interface renamed since is
+    /// still taken over (the reconciler follows it by index). A link whose
+    /// interface is gone is unpinned. One that cannot be taken over for
+    /// another reason keeps its pins, and with them the previous process's
+    /// program (on the same pinned maps): it is listed as attached and
+    /// named in `warnings`. Unpinning it would detach a live pod's policy.
+    fn adopt_links(&mut self, warnings: &mut Vec<String>) -> Result<BTreeMap<String, u32>> {
+        let mut adopted = BTreeMap::new();
+        for ifname in super::inspect::pinned_link_names(&self.pin_root)? {
+            let taken = match self.pinned_links_on(&ifname) {
+                PinnedOn::Live(index) => self.adopt_interface(&ifname).map(|l| (l, index)),
+                PinnedOn::Unknown(e) => Err(e),
+                PinnedOn::Gone(e) => {
                     tracing::info!(%ifname, "unpinning the links of an interface that is gone: {e}");
                     for (_, _, hook) in HOOKS {
                         let _ = std::fs::remove_file(self.link_pin(&ifname, hook));
                     }
+                    continue;
+                }
+            };
+            match taken {
+                Ok((links, index)) => {
+                    self.links.insert(ifname.clone(), links);
+                    adopted.insert(ifname, index);
                 }
                 Err(e) => {
                     warnings.push(format!(
                         "{ifname}: its pinned links could not be taken over ({e}); kept, so the previous enforcer's programs go on enforcing there until the interface goes or a restart takes them over"
                     ));
-                    adopted.insert(ifname);
+                    // Listed by the index the name has: the best there is.
+                    if let Ok(index) = nix::net::if_::if_nametoindex(ifname.as_str()) {
+                        adopted.insert(ifname, index);
+                    }
                 }
             }
         }
         Ok(adopted)
     }
 
+    /// Which interface `ifname`'s pinned links are on, read from the links
+    /// themselves; only pins that are not readable links fall back to the
+    /// name.
+    fn pinned_links_on(&self, ifname: &str) -> PinnedOn {
+        let gone =
+            |msg: String| PinnedOn::Gone(DatapathError::new(DatapathErrorKind::InterfaceGone, msg));
+        let mut on = Vec::with_capacity(2);
+        for (_, _, hook) in HOOKS {
+            let path = self.link_pin(ifname, hook);
+            match link_target::pinned_tcx_ifindex(&path) {
+                Ok(0) => return gone(format!("{} is on no interface", path.display())),
+                Ok(index) => on.push(index),
+                Err(e) => {
+                    return match nix::net::if_::if_nametoindex(ifname) {
+                        Err(nix::errno::Errno::ENODEV) => {
+                            gone(format!("{e}, and no interface is named {ifname}"))
+                        }
+                        _ => PinnedOn::Unknown(err(format!("interface {ifname:?}"), e)),
+                    }
+                }
+            }
+        }
+        if on[0] != on[1] {
+            return PinnedOn::Unknown(DatapathError::invariant(format!(
+                "the links pinned for {ifname} are on two interfaces, {} and {}",
+                on[0], on[1]
+            )));
+        }
+        if index_gone(on[0]) {
+            return gone(format!("interface {} of {ifname}'s links is gone", on[0]));
+        }
+        PinnedOn::Live(on[0])
+    }
+
     fn adopt_interface(&mut self, ifname: &str) -> Result<[FdLink; 2]> {
-        nix::net::if_::if_nametoindex(ifname)
-            .map_err(|e| err(format!("interface {ifname:?}"), e))?;
         let mut out = Vec::with_capacity(2);
         for (prog_name, _, hook) in HOOKS {
             let path = self.link_pin(ifname, hook);
@@ -549,13 +589,54 @@ impl BpfDatapath {
     }
 }
 
+/// Which interface a previous process's pinned links are on.
+enum PinnedOn {
+    /// This one, which exists (under the pin's name or another).
+    Live(u32),
+    /// None any more: the links can be unpinned.
+    Gone(DatapathError),
+    /// Cannot be said: the links are kept.
+    Unknown(DatapathError),
+}
+
 /// Whether the kernel says no interface has index `ifindex` (a failed
 /// lookup is not an answer).
 fn index_gone(ifindex: u32) -> bool {
-    matches!(
-        nix::net::if_::if_indextoname(ifindex),
-        Err(nix::errno::Errno::ENXIO | nix::errno::Errno::ENODEV)
-    )
+    ifindex == 0
+        || matches!(
+            nix::net::if_::if_indextoname(ifindex),
+            Err(nix::errno::Errno::ENXIO | nix::errno::Errno::ENODEV)
+        )
+}
+
+/// `what` failed because of `e`: an InterfaceGone error if interface
+/// `ifindex` is gone by now (whatever `e` says), else of `e`'s kind.
+fn gone_or(ifindex: u32, what: String, e: impl Into<super::error::Cause>) -> DatapathError {
+    if index_gone(ifindex) {
+        DatapathError::new(
+            DatapathErrorKind::InterfaceGone,
+            format!("{what}: no interface has index {ifindex}"),
+        )
+    } else {
+        err(what, e)
+    }
+}
+
+/// Where the link of `ifname`'s `hook` is pinned.
+fn link_pin(pin_root: &Path, ifname: &str, hook: &str) -> PathBuf {
+    pin_root
+        .join("links")
+        .join(format!("{}@{hook}", pin_name(ifname)))
+}
+
+/// The index of the interface the links pinned for `ifname` are on, for
+/// reading only (0: gone, or neither the links nor the name say).
+pub(crate) fn pinned_link_index(pin_root: &Path, ifname: &str) -> u32 {
+    let (_, _, hook) = HOOKS[0];
+    link_target::pinned_tcx_ifindex(&link_pin(pin_root, ifname, hook))
+        .ok()
+        .or_else(|| nix::net::if_::if_nametoindex(ifname).ok())
+        .unwrap_or(0)
 }
 
 /// bpffs refuses names with a dot, which interface names may have
@@ -786,7 +867,7 @@ impl Datapath for BpfDatapath {
                 Err(e) => tracing::info!(%ifname, "attaching by links: {e}"),
             }
         }
-        self.attach_tcx(ifname)?;
+        self.attach_tcx(ifname, ifindex)?;
         if self.attach_mode == AttachMode::Fast {
             // Our own filters from an earlier process may be what stood
             // in the way; behind the links they only judge twice.
@@ -831,13 +912,15 @@ impl Datapath for BpfDatapath {
         let Some(f) = self.fast.get(ifname).copied() else {
             return Ok(());
         };
-        if nix::net::if_::if_nametoindex(ifname).ok() != Some(f.ifindex) {
-            // Gone (a newer interface may have its name): so are its filters.
+        if index_gone(f.ifindex) {
+            // A newer interface may have its name; its filters went with it.
             self.fast.remove(ifname);
             return Ok(());
         }
+        // By index: a renamed interface is promoted too, its links pinned
+        // by the name it was attached by, as the reconciler knows it.
         if !self.links.contains_key(ifname) {
-            self.attach_tcx(ifname)?;
+            self.attach_tcx(ifname, f.ifindex)?;
         }
         // The links judge first from here on; the filters only twice.
         self.remove_filters(f.ifindex)?;

@@ -211,7 +211,14 @@ impl Datapath for FakeDatapath {
             endpoints: self.endpoints.clone(),
             policies: self.policies.clone(),
             portsets: self.portsets.clone(),
-            attached: self.attached.clone(),
+            attached: self
+                .attached
+                .iter()
+                .map(|n| {
+                    let at = self.attached_at.get(n).or(self.interfaces.get(n));
+                    (n.clone(), at.copied().unwrap_or(0))
+                })
+                .collect(),
             ..Adopted::default()
         })
     }

@@ -119,8 +119,9 @@ fn read_portsets(
     Ok(())
 }
 
-/// The interfaces that have pinned links under `pin_root/links`.
-pub fn linked_interfaces(pin_root: &Path) -> Result<BTreeSet<String>> {
+/// The names the links under `pin_root/links` are pinned by: the names
+/// their interfaces had when they were attached.
+pub fn pinned_link_names(pin_root: &Path) -> Result<BTreeSet<String>> {
     let dir = pin_root.join("links");
     let mut names = BTreeSet::new();
     let entries = match std::fs::read_dir(&dir) {
@@ -151,16 +152,19 @@ pub fn inspect(pin_root: &Path) -> Result<Adopted> {
     let endpoints = endpoints(pin_root)?;
     let policy = LpmTrie::try_from(open(pin_root, MAP_POLICY)?).map_err(|e| err(MAP_POLICY, e))?;
     let ports = LpmTrie::try_from(open(pin_root, MAP_PORTS)?).map_err(|e| err(MAP_PORTS, e))?;
-    let mut attached = linked_interfaces(pin_root)?;
-    // Endpoints attached fast (filters, not yet promoted to links).
-    let linked: BTreeSet<u32> = attached
-        .iter()
-        .filter_map(|n| nix::net::if_::if_nametoindex(n.as_str()).ok())
+    let mut attached: BTreeMap<String, u32> = pinned_link_names(pin_root)?
+        .into_iter()
+        .map(|n| {
+            let index = super::bpf::pinned_link_index(pin_root, &n);
+            (n, index)
+        })
         .collect();
+    // Endpoints attached fast (filters, not yet promoted to links).
+    let linked: BTreeSet<u32> = attached.values().copied().collect();
     let filtered =
         super::bpf::filters::with_ours(endpoints.keys().copied().filter(|i| !linked.contains(i)))
             .map_err(|e| err("listing filters", e))?;
-    attached.extend(filtered.into_values());
+    attached.extend(filtered.into_iter().map(|(i, n)| (n, i)));
     let mut out = Adopted {
         attached,
         ..Adopted::default()

@@ -11,7 +11,7 @@ pub mod ifindex;
 pub mod inspect;
 pub mod rtnetlink;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use crate::compile::{PortSet, Prefix};
 
@@ -22,8 +22,10 @@ pub struct Adopted {
     pub endpoints: BTreeMap<u32, EndpointEntry>,
     pub policies: BTreeMap<PolicyId, Vec<(Prefix, PortSetId)>>,
     pub portsets: BTreeMap<PortSetId, PortSet>,
-    /// Interfaces that still have our programs attached.
-    pub attached: BTreeSet<String>,
+    /// Interfaces that still have our programs attached, by the name they
+    /// were attached by (a renamed one's is its old name), with the index
+    /// of the interface the programs are on (0: not known).
+    pub attached: BTreeMap<String, u32>,
     /// What could not be taken over and keeps enforcing as it was (a link
     /// kept with the previous program, filters not promoted), for the
     /// dump's warnings.

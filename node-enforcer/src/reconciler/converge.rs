@@ -147,9 +147,7 @@ impl<D: Datapath> Reconciler<D> {
         }
         for (was, (index, now)) in &renamed {
             if self.pods.renamed.get(was) != Some(&(*index, now.clone())) {
-                self.health.warn(format!(
-                    "interface {was} (index {index}) was renamed {now}: it stays enforced with its policy, shown as {was}"
-                ));
+                self.health.warn(renamed_warning(was, *index, now));
             }
         }
         self.pods.renamed = renamed;
@@ -739,6 +737,11 @@ impl<D: Datapath> Reconciler<D> {
         }
         Ok(())
     }
+}
+
+/// The dump's warning for an interface renamed after it was attached.
+pub(super) fn renamed_warning(was: &str, index: u32, now: &str) -> String {
+    format!("interface {was} (index {index}) was renamed {now}: it stays enforced with its policy, shown as {was}")
 }
 
 #[cfg(test)]

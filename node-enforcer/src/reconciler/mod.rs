@@ -916,6 +916,67 @@ mod tests {
         r3.datapath.assert_no_violations();
     }
 
+    /// Issue: a restart found the pinned links by the name they were
+    /// pinned by, so an interface renamed (`ip link set veth-a name
+    /// veth-z`) before the enforcer restarted was taken for gone: its links
+    /// were unpinned, which detached its programs, and its pod forgotten,
+    /// while the interface lived on, unenforced.
+    #[test]
+    fn an_interface_renamed_while_no_enforcer_ran_stays_enforced() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = reconciler().with_checkpoint(Checkpoint::open(dir.path()).unwrap());
+        r.apply_plan(snapshot(
+            1,
+            vec![
+                pod_policy("a", Some(allow_from([10, 0, 0, 9], 80))),
+                unselected("b"),
+            ],
+        ))
+        .unwrap();
+        up_now(&mut r, up("a", "veth-a")).unwrap();
+        let enforced = r.datapath.endpoints[&10].clone();
+        // Renamed, and a newer interface takes the old name meanwhile.
+        r.datapath.interfaces.remove("veth-a");
+        r.datapath.interfaces.insert("veth-z".into(), 10);
+        r.datapath.interfaces.insert("veth-a".into(), 14);
+
+        let mut r2 = restart(&mut r, dir.path());
+        assert!(
+            !r2.datapath.log.iter().any(|l| l.starts_with("detach")),
+            "{:?}",
+            r2.datapath.log
+        );
+        assert_eq!(r2.datapath.attached_at.get("veth-a"), Some(&10));
+        assert_eq!(r2.datapath.endpoints.get(&10), Some(&enforced));
+        assert!(!r2.datapath.endpoints.contains_key(&14));
+        assert_eq!(r2.node_state().pods.len(), 1);
+        r2.handle(Event::Links);
+        r2.handle(Event::Tick);
+        let warnings = r2.dump().warnings;
+        assert_eq!(
+            warnings
+                .iter()
+                .filter(|w| w.contains("veth-a (index 10) was renamed veth-z"))
+                .count(),
+            1,
+            "{warnings:?}"
+        );
+        // The newer interface of the name is not the renamed one's: its
+        // pod-up waits for the old one to go rather than take its verdicts.
+        let err = up_now(&mut r2, up("b", "veth-a")).unwrap_err();
+        assert!(err.contains("veth-a"), "{err}");
+        assert!(!r2.datapath.endpoints.contains_key(&14));
+
+        // Still enforced after its DEL while it lives; gone with it.
+        r2.pod_down(Some(("x".into(), "a".into())), "").unwrap();
+        assert_eq!(r2.datapath.endpoints.get(&10), Some(&enforced));
+        r2.datapath.interfaces.remove("veth-z");
+        r2.handle(Event::Links);
+        assert!(!r2.datapath.attached.contains("veth-a"));
+        assert!(!r2.datapath.endpoints.contains_key(&10));
+        r2.datapath.assert_no_violations();
+    }
+
     #[test]
     fn restart_takes_over_without_touching_a_correct_datapath() {
         let dir = tempfile::tempdir().unwrap();

@@ -16,6 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use super::converge::renamed_warning;
 use super::dump::Counted;
 use super::plan::key;
 use super::realized::{RealizedEndpoint, RealizedPolicy};
@@ -54,12 +55,12 @@ impl<D: Datapath> Reconciler<D> {
         // answer is gone; a failed reading stops here.
         let names: BTreeSet<&str> = adopted
             .attached
-            .iter()
+            .keys()
             .chain(saved.pods.values().flat_map(|p| &p.host_interfaces))
             .map(String::as_str)
             .collect();
         let names: Vec<&str> = names.into_iter().collect();
-        let live = self
+        let mut live = self
             .datapath
             .interfaces_named(&names)
             .counted(&mut self.health)
@@ -67,6 +68,13 @@ impl<D: Datapath> Reconciler<D> {
                 count: names.len(),
                 source,
             })?;
+        let renamed = self.renamed_while_down(&adopted.attached, &live)?;
+        for (was, (index, now)) in &renamed {
+            self.health.warn(renamed_warning(was, *index, now));
+            // Live under the name it was attached by, unless a newer
+            // interface has that name (whose pod-up waits for it to go).
+            live.entry(was.clone()).or_insert(*index);
+        }
         for w in std::mem::take(&mut saved.damage)
             .into_iter()
             .chain(adopted.warnings.clone())
@@ -150,8 +158,12 @@ impl<D: Datapath> Reconciler<D> {
                     .map(|(k, _)| k.clone())
             };
         let mut claimed = BTreeSet::new();
-        for ifname in &adopted.attached {
-            let Some(&ifindex) = live.get(ifname) else {
+        for ifname in adopted.attached.keys() {
+            let at = match renamed.get(ifname) {
+                Some((index, _)) => Some(*index),
+                None => live.get(ifname).copied(),
+            };
+            let Some(ifindex) = at else {
                 // The interface is gone, and its link with it: unpin.
                 if let Err(e) = self.datapath.detach(ifname, 0).counted(&mut self.health) {
                     self.health
@@ -210,11 +222,12 @@ impl<D: Datapath> Reconciler<D> {
         self.refresh_node_addresses();
         // A pod whose interfaces are all gone was deleted while we were down.
         self.pods.live = live;
-        let live = &self.pods.live;
+        self.pods.renamed = renamed;
+        let (live, renamed) = (&self.pods.live, &self.pods.renamed);
         self.pods.runtime.retain(|_, rt| {
             rt.host_interfaces.iter().any(|i| {
-                live.get(i)
-                    .is_some_and(|idx| rt.ifindexes.get(i).is_none_or(|w| w == idx))
+                let at = renamed.get(i).map(|(idx, _)| idx).or(live.get(i));
+                at.is_some_and(|idx| rt.ifindexes.get(i).is_none_or(|w| w == idx))
             })
         });
         tracing::info!(
@@ -228,6 +241,43 @@ impl<D: Datapath> Reconciler<D> {
         self.converge();
         self.save_pods();
         Ok(())
+    }
+
+    /// The adopted interfaces whose links are on an interface that lives
+    /// under another name now: renamed while no enforcer ran. Each is
+    /// followed by index, under the name its links are pinned by, as a
+    /// rename at runtime is (`refresh_links`). A failed reading stops the
+    /// recovery: taking them for gone would unpin live pods' links.
+    fn renamed_while_down(
+        &mut self,
+        attached: &BTreeMap<String, u32>,
+        live: &BTreeMap<String, u32>,
+    ) -> Result<BTreeMap<String, (u32, String)>, RecoverError> {
+        // Index 0: the datapath could not say; the name decides.
+        let moved: BTreeMap<&String, u32> = attached
+            .iter()
+            .filter(|(n, i)| **i != 0 && live.get(*n) != Some(*i))
+            .map(|(n, i)| (n, *i))
+            .collect();
+        if moved.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        let indexes: Vec<u32> = moved.values().copied().collect();
+        let now = self
+            .datapath
+            .interfaces_indexed(&indexes)
+            .counted(&mut self.health)
+            .map_err(|source| RecoverError::Interfaces {
+                count: indexes.len(),
+                source,
+            })?;
+        Ok(moved
+            .into_iter()
+            .filter_map(|(was, index)| {
+                let now = now.get(&index).filter(|now| *now != was)?;
+                Some((was.clone(), (index, now.clone())))
+            })
+            .collect())
     }
 
     fn adopt_unexplained_after_recovery(&mut self) {
