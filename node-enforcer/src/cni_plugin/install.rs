@@ -54,6 +54,23 @@ pub enum InstallError {
     Config { path: String, reason: String },
     #[error("{0}")]
     Io(String),
+    /// install-seccomp: `--from` holds another profile than the
+    /// content-addressed `--name` says, and the node has none of the
+    /// name's content to keep (hashes: the name's 16 hex digits).
+    #[error(
+        "{target}: named for the seccomp profile with sha256 {expected}…, but {from} holds \
+         another (sha256 {found}…) and the node's file {on_node}: the ConfigMap was changed \
+         by an upgrade of the chart, and this pod's version's profile is not on the node; \
+         nothing written"
+    )]
+    ProfileMismatch {
+        target: String,
+        expected: String,
+        from: String,
+        found: String,
+        /// What the node's file is: missing, unreadable, or its hash.
+        on_node: String,
+    },
 }
 
 /// What `install` or `uninstall` was asked to do, from the command line.
