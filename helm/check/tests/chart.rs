@@ -159,7 +159,9 @@ fn the_controller_is_restricted_and_the_enforcer_needs_privileged_for_its_host_a
 /// The enforcer runs under the chart's own seccomp profile (Localhost),
 /// named by the profile file's content, which the install-seccomp init
 /// container copies from the chart's ConfigMap onto the node first; every
-/// other container of both pods runs under the runtime's default.
+/// other container of both pods runs under the runtime's default. The
+/// ConfigMap holds the file's exact bytes: install-seccomp refuses content
+/// whose sha256 does not begin with the name's 16 hex digits.
 #[test]
 fn the_enforcer_runs_under_the_charts_seccomp_profile() {
     let profile =

@@ -29,7 +29,9 @@ app.kubernetes.io/component: enforcer
 
 {{- /* The enforcer's Localhost seccomp profile, named by its content: a pod
        (and a restart of its container) always gets the profile of its own
-       chart version, even while another version's pods install theirs. */}}
+       chart version, even while another version's pods install theirs.
+       install-seccomp writes only content that hashes to the name (the
+       ConfigMap changes in place on upgrade), so keep sha256 and 16. */}}
 {{- define "palisade.seccompProfileName" -}}
 palisade/enforcer-{{ .Files.Get "files/enforcer-seccomp.json" | sha256sum | trunc 16 }}.json
 {{- end -}}

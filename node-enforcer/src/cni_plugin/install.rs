@@ -54,6 +54,23 @@ pub enum InstallError {
     Config { path: String, reason: String },
     #[error("{0}")]
     Io(String),
+    /// install-seccomp: `--from` holds another profile than the
+    /// content-addressed `--name` says, and the node has none of the
+    /// name's content to keep (hashes: the name's 16 hex digits).
+    #[error(
+        "{target}: named for the seccomp profile with sha256 {expected}…, but {from} holds \
+         another (sha256 {found}…) and the node's file {on_node}: the ConfigMap was changed \
+         by an upgrade of the chart, and this pod's version's profile is not on the node; \
+         nothing written"
+    )]
+    ProfileMismatch {
+        target: String,
+        expected: String,
+        from: String,
+        found: String,
+        /// What the node's file is: missing, unreadable, or its hash.
+        on_node: String,
+    },
 }
 
 /// What `install` or `uninstall` was asked to do, from the command line.
@@ -782,21 +799,12 @@ pub fn uninstall(opts: &Options) -> Result<Vec<String>, InstallError> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_fixtures::{flannel, node, tree, SOCKET};
     use super::*;
 
-    fn flannel() -> Value {
-        json!({
-            "cniVersion": "1.0.0",
-            "name": "cbr0",
-            "plugins": [
-                {"type": "flannel", "delegate": {"hairpinMode": true}},
-                {"type": "portmap", "capabilities": {"portMappings": true}}
-            ]
-        })
-    }
-
+    /// Our entry as `node`'s options chain it.
     fn ours() -> Value {
-        entry("/run/palisade/cni.sock", 10)
+        entry(SOCKET, 10)
     }
 
     #[test]
@@ -921,48 +929,6 @@ mod tests {
         conf.as_object_mut().unwrap().remove("cniVersion");
         let err = chain(&conf, &ours(), path).unwrap_err().to_string();
         assert!(err.contains("cniVersion is missing"), "{err}");
-    }
-
-    /// A conf dir with `10-flannel.conflist` (of `conf`), a bin dir and a
-    /// binary to install; `Options` for them.
-    fn node(conf: &Value) -> (tempfile::TempDir, Options, PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let conf_dir = dir.path().join("net.d");
-        let bin = dir.path().join("bin");
-        std::fs::create_dir_all(&conf_dir).unwrap();
-        std::fs::create_dir_all(&bin).unwrap();
-        std::fs::write(
-            conf_dir.join("10-flannel.conflist"),
-            serde_json::to_vec_pretty(conf).unwrap(),
-        )
-        .unwrap();
-        let own = dir.path().join("self");
-        std::fs::write(&own, b"binary").unwrap();
-        let opts = Options {
-            conf_dir,
-            conf_file: None,
-            bin_dir: Some(bin),
-            enforcer_socket: "/run/palisade/cni.sock".into(),
-            timeout_seconds: 10,
-            watch: false,
-        };
-        (dir, opts, own)
-    }
-
-    /// Every file under `dir`, with its bytes.
-    fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-        let mut out = Vec::new();
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                out.extend(tree(&path));
-            } else {
-                let bytes = std::fs::read(&path).unwrap();
-                out.push((path, bytes));
-            }
-        }
-        out.sort();
-        out
     }
 
     #[test]
@@ -1389,24 +1355,9 @@ mod tests {
 
     #[test]
     fn install_then_uninstall_on_disk_restores_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let conf = dir.path().join("net.d");
-        let bin = dir.path().join("bin");
-        std::fs::create_dir_all(&conf).unwrap();
-        std::fs::create_dir_all(&bin).unwrap();
-        let original = serde_json::to_vec_pretty(&flannel()).unwrap();
-        std::fs::write(conf.join("10-flannel.conflist"), &original).unwrap();
+        let (_dir, opts, own) = node(&flannel());
+        let (conf, bin) = (opts.conf_dir.clone(), opts.bin_dir.clone().unwrap());
         std::fs::write(conf.join("99-other.conflist"), b"{}").unwrap();
-        let own = dir.path().join("self");
-        std::fs::write(&own, b"binary").unwrap();
-        let opts = Options {
-            conf_dir: conf.clone(),
-            conf_file: None,
-            bin_dir: Some(bin.clone()),
-            enforcer_socket: "/run/palisade/cni.sock".into(),
-            timeout_seconds: 10,
-            watch: false,
-        };
 
         let first = install(&opts, &own).unwrap();
         assert!(first.iter().all(|l| !l.ends_with("unchanged")), "{first:?}");

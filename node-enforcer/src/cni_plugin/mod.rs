@@ -22,6 +22,8 @@ pub mod error;
 pub mod host_veth;
 pub mod install;
 pub mod seccomp_install;
+#[cfg(test)]
+pub(crate) mod test_fixtures;
 pub mod watch;
 
 #[cfg(test)]

@@ -366,20 +366,11 @@ mod tests {
 
     use serde_json::{json, Value};
 
+    use super::super::test_fixtures::{self, flannel, SOCKET};
+
     /// How long a test waits for the watch to do something; far above what
     /// it takes (tens of milliseconds), so a loaded machine does not fail it.
     const DEADLINE: Duration = Duration::from_secs(20);
-
-    fn flannel() -> Value {
-        json!({
-            "cniVersion": "1.0.0",
-            "name": "cbr0",
-            "plugins": [
-                {"type": "flannel", "delegate": {"hairpinMode": true}},
-                {"type": "portmap", "capabilities": {"portMappings": true}}
-            ]
-        })
-    }
 
     /// A pass as the test sees it.
     #[derive(Debug, Clone)]
@@ -469,24 +460,17 @@ mod tests {
         }
     }
 
+    /// The install tests' node, with the options of `install --watch`.
     fn node() -> (tempfile::TempDir, Options, PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let conf_dir = dir.path().join("net.d");
-        let bin = dir.path().join("bin");
-        std::fs::create_dir_all(&conf_dir).unwrap();
-        std::fs::create_dir_all(&bin).unwrap();
-        write_by_rename(&conf_dir.join("10-flannel.conflist"), &flannel());
-        let own = dir.path().join("self");
-        std::fs::write(&own, b"binary").unwrap();
-        let opts = Options {
-            conf_dir,
-            conf_file: None,
-            bin_dir: Some(bin),
-            enforcer_socket: "/run/palisade/cni.sock".into(),
-            timeout_seconds: 10,
-            watch: true,
-        };
-        (dir, opts, own)
+        let (dir, opts, own) = test_fixtures::node(&flannel());
+        (
+            dir,
+            Options {
+                watch: true,
+                ..opts
+            },
+            own,
+        )
     }
 
     /// As flannel's and most agents' installers do: a new file renamed over.
@@ -741,7 +725,7 @@ mod tests {
             let conf: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
             conf["plugins"][2].clone()
         };
-        assert_eq!(entry(), install::entry("/run/palisade/cni.sock", 20));
+        assert_eq!(entry(), install::entry(SOCKET, 20));
         let settled = std::fs::metadata(&file).unwrap().ino();
         std::fs::write(new_opts.conf_dir.join("README"), b"").unwrap();
         for w in [&mut old, &mut new] {
@@ -749,7 +733,7 @@ mod tests {
             assert!(after.iter().all(|p| !p.wrote), "{after:#?}");
         }
         assert_eq!(std::fs::metadata(&file).unwrap().ino(), settled);
-        assert_eq!(entry(), install::entry("/run/palisade/cni.sock", 20));
+        assert_eq!(entry(), install::entry(SOCKET, 20));
         // Dropped again: whichever gets there first chains its own entry once.
         write_by_rename(&file, &flannel());
         for w in [&mut old, &mut new] {
