@@ -23,4 +23,5 @@ pub mod private;
 pub mod reconciler;
 pub mod server;
 pub mod stall;
+pub(crate) mod sys_bpf;
 pub mod telemetry;

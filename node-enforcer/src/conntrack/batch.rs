@@ -5,11 +5,7 @@
 
 use std::os::fd::RawFd;
 
-const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
-const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
-const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
-const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
-const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
+use crate::sys_bpf::{self, cmd};
 
 /// Entries per batch syscall.
 pub const CHUNK: usize = 4096;
@@ -37,16 +33,14 @@ struct ElemAttr {
     flags: u64,
 }
 
-fn bpf(cmd: libc::c_long, attr: *mut u8, size: usize) -> Result<(), i32> {
-    // SAFETY: `attr` points at a live, correctly laid out bpf_attr member of
-    // `size` bytes whose pointers reference buffers of the sizes the map's
-    // key and value need (checked by the callers' types).
-    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr, size) };
-    if r < 0 {
-        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
-    } else {
-        Ok(())
-    }
+/// bpf(2) on a map with one of the members above; the errno if it failed.
+fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> Result<(), i32> {
+    // SAFETY: `attr` is a bpf_attr member laid out above whose pointers
+    // reference buffers of the sizes the map's key and value need (checked
+    // by the callers' types).
+    unsafe { sys_bpf::call(cmd, attr) }
+        .map(drop)
+        .map_err(|e| e.raw_os_error().unwrap_or(0))
 }
 
 fn unsupported(errno: i32) -> bool {
@@ -94,11 +88,7 @@ pub fn read_all<K: aya::Pod + Default, V: aya::Pod + Default>(
             elem_flags: 0,
             flags: 0,
         };
-        let r = bpf(
-            BPF_MAP_LOOKUP_BATCH,
-            (&mut attr as *mut BatchAttr).cast(),
-            std::mem::size_of::<BatchAttr>(),
-        );
+        let r = bpf(cmd::MAP_LOOKUP_BATCH, &mut attr);
         match r {
             Err(e) if first && unsupported(e) => return read_one_by_one(fd, each),
             Err(e) if e != libc::ENOENT => return Err(io("reading a conntrack map", e)),
@@ -131,11 +121,7 @@ fn read_one_by_one<K: aya::Pod + Default, V: aya::Pod + Default>(
             value_or_next: &mut next as *mut K as u64,
             flags: 0,
         };
-        match bpf(
-            BPF_MAP_GET_NEXT_KEY,
-            (&mut attr as *mut ElemAttr).cast(),
-            std::mem::size_of::<ElemAttr>(),
-        ) {
+        match bpf(cmd::MAP_GET_NEXT_KEY, &mut attr) {
             Err(libc::ENOENT) => return Ok(()),
             Err(e) => return Err(io("iterating a conntrack map", e)),
             Ok(()) => {}
@@ -149,11 +135,7 @@ fn read_one_by_one<K: aya::Pod + Default, V: aya::Pod + Default>(
             value_or_next: &mut value as *mut V as u64,
             flags: 0,
         };
-        match bpf(
-            BPF_MAP_LOOKUP_ELEM,
-            (&mut attr as *mut ElemAttr).cast(),
-            std::mem::size_of::<ElemAttr>(),
-        ) {
+        match bpf(cmd::MAP_LOOKUP_ELEM, &mut attr) {
             // Removed under us (LRU eviction, a program's delete): nothing
             // to report.
             Err(libc::ENOENT) => {}
@@ -180,11 +162,7 @@ pub fn delete_all<K: aya::Pod>(fd: RawFd, keys: &[K]) -> Result<usize, BatchErro
             elem_flags: 0,
             flags: 0,
         };
-        match bpf(
-            BPF_MAP_DELETE_BATCH,
-            (&mut attr as *mut BatchAttr).cast(),
-            std::mem::size_of::<BatchAttr>(),
-        ) {
+        match bpf(cmd::MAP_DELETE_BATCH, &mut attr) {
             Ok(()) => {
                 deleted += n;
                 rest = &rest[n..];
@@ -213,11 +191,7 @@ fn delete_one_by_one<K: aya::Pod>(fd: RawFd, keys: &[K]) -> Result<usize, BatchE
             value_or_next: 0,
             flags: 0,
         };
-        match bpf(
-            BPF_MAP_DELETE_ELEM,
-            (&mut attr as *mut ElemAttr).cast(),
-            std::mem::size_of::<ElemAttr>(),
-        ) {
+        match bpf(cmd::MAP_DELETE_ELEM, &mut attr) {
             Ok(()) => deleted += 1,
             Err(libc::ENOENT) => {}
             Err(e) => return Err(io("deleting a conntrack entry", e)),

@@ -6,7 +6,9 @@
 //! module's BTF is "split": its type ids continue after vmlinux's and its
 //! string offsets after vmlinux's strings, so vmlinux is read first.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
+
+use crate::sys_bpf::{self, cmd};
 
 const MAGIC: u16 = 0xeb9f;
 const KIND_FUNC: u32 = 12;
@@ -196,24 +198,14 @@ pub fn find(names: &[&str], module: &str) -> Result<Kfuncs, BtfError> {
     })
 }
 
-const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-const BPF_BTF_GET_FD_BY_ID: libc::c_long = 19;
-const BPF_BTF_GET_NEXT_ID: libc::c_long = 23;
-
-fn sys_bpf(cmd: libc::c_long, attr: &mut [u32]) -> libc::c_long {
-    // SAFETY: `attr` is a live, initialised buffer of the length given; any
-    // pointer in it names a buffer alive for the call.
-    unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len() * 4) }
-}
-
 /// A descriptor of the kernel's BTF object `name` (`vmlinux` or a module).
 pub fn kernel_btf_fd(name: &str) -> Result<OwnedFd, BtfError> {
     let mut id = 0u32;
     loop {
         // start_id, next_id, open_flags
         let mut attr = [id, 0, 0];
-        if sys_bpf(BPF_BTF_GET_NEXT_ID, &mut attr) < 0 {
-            let e = std::io::Error::last_os_error();
+        // SAFETY: the member BTF_GET_NEXT_ID reads, without pointers.
+        if let Err(e) = unsafe { sys_bpf::call(cmd::BTF_GET_NEXT_ID, &mut attr) } {
             return Err(match e.raw_os_error() {
                 Some(libc::ENOENT) => BtfError::NoObject(name.to_string()),
                 _ => BtfError::List(e),
@@ -221,12 +213,11 @@ pub fn kernel_btf_fd(name: &str) -> Result<OwnedFd, BtfError> {
         }
         id = attr[1];
         let mut attr = [id, 0, 0];
-        let fd = sys_bpf(BPF_BTF_GET_FD_BY_ID, &mut attr);
-        if fd < 0 {
+        // SAFETY: the member BTF_GET_FD_BY_ID reads, without pointers.
+        let Ok(fd) = (unsafe { sys_bpf::call(cmd::BTF_GET_FD_BY_ID, &mut attr) }) else {
             continue; // gone since listed
-        }
-        // SAFETY: the kernel just returned this descriptor to us alone.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        };
+        let fd = sys_bpf::owned_fd(fd);
         let mut got = [0u8; 64];
         // struct bpf_btf_info: btf, btf_size, id, name, name_len, kernel_btf
         let mut info = [0u32; 8];
@@ -234,14 +225,9 @@ pub fn kernel_btf_fd(name: &str) -> Result<OwnedFd, BtfError> {
         info[4] = ptr as u32;
         info[5] = (ptr >> 32) as u32;
         info[6] = got.len() as u32;
-        let info_ptr = info.as_mut_ptr() as u64;
-        let mut attr = [
-            fd.as_raw_fd() as u32,
-            std::mem::size_of_val(&info) as u32,
-            info_ptr as u32,
-            (info_ptr >> 32) as u32,
-        ];
-        if sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) < 0 {
+        // SAFETY: a prefix of bpf_btf_info whose name points at `got`, of
+        // the length given.
+        if unsafe { sys_bpf::obj_info(fd.as_fd(), &mut info) }.is_err() {
             continue;
         }
         let kernel_btf = info[7] != 0;

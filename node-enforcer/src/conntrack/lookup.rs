@@ -16,16 +16,15 @@
 //! [`KernelLookup::load`] fails with a reason, and the sweep uses the dump
 //! (and says so).
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget};
 use palisade_ebpf::ct_answers::{ANSWER_ERROR, ANSWER_FOUND, ANSWER_NONE};
 use palisade_ebpf::{sizes, CT_EXPLAIN_OBJECT, PROG_CT_EXPLAIN};
 
 use super::{btf, Tuple};
+use crate::sys_bpf::{self, cmd};
 
-const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
 const BPF_PSEUDO_KFUNC_CALL: u8 = 2;
 const KFUNCS: [&str; 2] = ["bpf_skb_ct_lookup", "bpf_ct_release"];
@@ -263,12 +262,6 @@ fn patched_program(
     Ok(insns)
 }
 
-fn sys_bpf(cmd: libc::c_long, attr: *mut u8, size: usize) -> libc::c_long {
-    // SAFETY: `attr` points at a live, initialised struct of `size` bytes
-    // whose pointers name buffers alive for the call.
-    unsafe { libc::syscall(libc::SYS_bpf, cmd, attr, size) }
-}
-
 /// The `BPF_PROG_LOAD` member of `union bpf_attr`, as far as used.
 #[repr(C)]
 #[derive(Default)]
@@ -321,18 +314,14 @@ fn prog_load(insns: &[u8], fd_array: &[i32]) -> Result<OwnedFd, LookupError> {
             attr.log_size = log.len() as u32;
             attr.log_buf = log.as_mut_ptr() as u64;
         }
-        sys_bpf(
-            BPF_PROG_LOAD,
-            (&mut attr as *mut ProgLoadAttr).cast(),
-            std::mem::size_of::<ProgLoadAttr>(),
-        )
+        // SAFETY: the PROG_LOAD member; its pointers name `insns`,
+        // `license`, `fd_array` and `log`, each of the length given.
+        unsafe { sys_bpf::call(cmd::PROG_LOAD, &mut attr) }
     };
-    let fd = attempt(None);
-    if fd >= 0 {
-        // SAFETY: the kernel just returned this descriptor to us alone.
-        return Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) });
-    }
-    let err = std::io::Error::last_os_error();
+    let err = match attempt(None) {
+        Ok(fd) => return Ok(sys_bpf::owned_fd(fd)),
+        Err(e) => e,
+    };
     // Again with the verifier's log, to say why.
     let mut log = vec![0u8; 1 << 16];
     let _ = attempt(Some(&mut log));
@@ -377,14 +366,9 @@ fn test_run(prog: &OwnedFd, data: &mut [u8], repeat: u32) -> Result<u32, LookupE
         repeat,
         ..Default::default()
     };
-    let rc = sys_bpf(
-        BPF_PROG_TEST_RUN,
-        (&mut attr as *mut TestRunAttr).cast(),
-        std::mem::size_of::<TestRunAttr>(),
-    );
-    if rc < 0 {
-        return Err(LookupError::Run(std::io::Error::last_os_error()));
-    }
+    // SAFETY: the PROG_TEST_RUN member; data_in and data_out name `data`,
+    // of the sizes given.
+    unsafe { sys_bpf::call(cmd::PROG_TEST_RUN, &mut attr) }.map_err(LookupError::Run)?;
     Ok(attr.retval)
 }
 
