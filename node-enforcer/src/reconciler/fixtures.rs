@@ -3,7 +3,8 @@
 
 use palisade_proto::v1::{PlanSnapshot, PodPolicy};
 
-use super::{PlanMessage, PodUp};
+use super::{PlanMessage, PodUp, Reconciler};
+use crate::datapath::fake::FakeDatapath;
 use crate::desired::PodRuntime;
 
 /// Pod `x/name`'s pod-up on `iface`, container `c-name`, in its netns.
@@ -40,4 +41,13 @@ pub fn snapshot_of(version: u64, synced: bool, pods: Vec<PodPolicy>) -> PlanMess
         source_synced: synced,
         ..Default::default()
     })
+}
+
+/// The dump's warnings that contain `text`.
+pub fn warnings_with(r: &Reconciler<FakeDatapath>, text: &str) -> Vec<String> {
+    r.dump()
+        .warnings
+        .into_iter()
+        .filter(|w| w.contains(text))
+        .collect()
 }

@@ -469,7 +469,7 @@ pub fn prefixes(list: &[palisade_proto::v1::IpPrefix]) -> Result<Vec<Prefix>, St
 
 #[cfg(test)]
 mod tests {
-    use super::fixtures::{pod_up as up, snapshot};
+    use super::fixtures::{pod_up as up, snapshot, warnings_with};
     use super::*;
     use crate::checkpoint::Checkpoint;
     use crate::datapath::fake::FakeDatapath;
@@ -819,6 +819,21 @@ mod tests {
         }
     }
 
+    /// A reconciler saving to `dir`, its plan isolating pod a (allowed from
+    /// 10.0.0.9 on TCP 80) and selecting no policy for pod b.
+    fn checkpointed(dir: &std::path::Path) -> Reconciler<FakeDatapath> {
+        let mut r = reconciler().with_checkpoint(Checkpoint::open(dir).unwrap());
+        r.apply_plan(snapshot(
+            1,
+            vec![
+                pod_policy("a", Some(allow_from([10, 0, 0, 9], 80))),
+                unselected("b"),
+            ],
+        ))
+        .unwrap();
+        r
+    }
+
     /// A restart: a new reconciler takes over the same datapath (the fake keeps
     /// the "kernel" state) from the checkpointed inputs.
     fn restart(
@@ -860,15 +875,7 @@ mod tests {
     #[test]
     fn a_failed_interface_reading_at_startup_detaches_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let mut r = reconciler().with_checkpoint(Checkpoint::open(dir.path()).unwrap());
-        r.apply_plan(snapshot(
-            1,
-            vec![
-                pod_policy("a", Some(allow_from([10, 0, 0, 9], 80))),
-                unselected("b"),
-            ],
-        ))
-        .unwrap();
+        let mut r = checkpointed(dir.path());
         up_now(&mut r, up("a", "veth-a")).unwrap();
         up_now(&mut r, up("b", "veth-b")).unwrap();
         r.flush();
@@ -924,15 +931,7 @@ mod tests {
     #[test]
     fn an_interface_renamed_while_no_enforcer_ran_stays_enforced() {
         let dir = tempfile::tempdir().unwrap();
-        let mut r = reconciler().with_checkpoint(Checkpoint::open(dir.path()).unwrap());
-        r.apply_plan(snapshot(
-            1,
-            vec![
-                pod_policy("a", Some(allow_from([10, 0, 0, 9], 80))),
-                unselected("b"),
-            ],
-        ))
-        .unwrap();
+        let mut r = checkpointed(dir.path());
         up_now(&mut r, up("a", "veth-a")).unwrap();
         let enforced = r.datapath.endpoints[&10].clone();
         // Renamed, and a newer interface takes the old name meanwhile.
@@ -952,15 +951,8 @@ mod tests {
         assert_eq!(r2.node_state().pods.len(), 1);
         r2.handle(Event::Links);
         r2.handle(Event::Tick);
-        let warnings = r2.dump().warnings;
-        assert_eq!(
-            warnings
-                .iter()
-                .filter(|w| w.contains("veth-a (index 10) was renamed veth-z"))
-                .count(),
-            1,
-            "{warnings:?}"
-        );
+        let warned = warnings_with(&r2, "veth-a (index 10) was renamed veth-z");
+        assert_eq!(warned.len(), 1, "{warned:?}");
         // The newer interface of the name is not the renamed one's: its
         // pod-up waits for the old one to go rather than take its verdicts.
         let err = up_now(&mut r2, up("b", "veth-a")).unwrap_err();
@@ -1048,15 +1040,7 @@ mod tests {
     #[test]
     fn restart_removes_vanished_pods_and_keeps_what_it_cannot_explain() {
         let dir = tempfile::tempdir().unwrap();
-        let mut r = reconciler().with_checkpoint(Checkpoint::open(dir.path()).unwrap());
-        r.apply_plan(snapshot(
-            1,
-            vec![
-                pod_policy("a", Some(allow_from([10, 0, 0, 9], 80))),
-                unselected("b"),
-            ],
-        ))
-        .unwrap();
+        let mut r = checkpointed(dir.path());
         up_now(&mut r, up("a", "veth-a")).unwrap();
         up_now(&mut r, up("b", "veth-b")).unwrap();
         // While the enforcer is down: x/a's veth disappears; something left an

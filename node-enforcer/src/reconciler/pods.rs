@@ -550,7 +550,7 @@ mod tests {
     //! Pod-ups and link events where an interface name outlives its
     //! interface: the identity is the index.
 
-    use super::super::fixtures::{pod_up_as as up, snapshot};
+    use super::super::fixtures::{pod_up_as as up, snapshot, warnings_with};
     use super::super::*;
     use crate::datapath::fake::FakeDatapath;
     use palisade_proto::v1::{DirectionPolicy, PodRef};
@@ -669,15 +669,8 @@ mod tests {
         assert!(r.datapath.attached.contains("veth-a"));
         assert_eq!(r.datapath.endpoints.get(&10), Some(&enforced));
         assert_eq!(r.node_state().pods.len(), 1);
-        let warnings = r.dump().warnings;
-        assert_eq!(
-            warnings
-                .iter()
-                .filter(|w| w.contains("veth-a (index 10) was renamed veth-z"))
-                .count(),
-            1,
-            "{warnings:?}"
-        );
+        let warned = warnings_with(&r, "veth-a (index 10) was renamed veth-z");
+        assert_eq!(warned.len(), 1, "{warned:?}");
 
         // Still the pod's: its policy changes reach it.
         let open = PodPolicy {
