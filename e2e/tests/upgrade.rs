@@ -202,6 +202,33 @@ fn an_upgrade_and_a_rollback_hand_the_node_over_losing_no_packet() {
     let mut conn = lab.connect(&a, &b, 80, TIMEOUT).unwrap();
     assert_eq!(echo(&mut conn, TIMEOUT), Outcome::Echo);
 
+    // A new version whose programs this node refuses (here: the enforcer
+    // under the runtime's default seccomp profile, which allows bpf(2)
+    // only with CAP_SYS_ADMIN) fails before the node lock, while the old
+    // enforcer still has the node. Waiting on the lock instead, it would
+    // have been Ready through the old one's socket, had the old pod
+    // deleted, and then failed: a node without an enforcer.
+    let old_id = lab.enforcer_id().map(str::to_string);
+    let refused = lab.surge_enforcer_with(
+        0,
+        &new.reference,
+        serde_json::json!({"enforcer": {"seccompProfile": "runtimeDefault"}}),
+    );
+    let err = match refused {
+        Ok(_) => panic!(
+            "a surge enforcer that cannot load its programs waits for the node lock\n{}",
+            lab.log_tails(30)
+        ),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        err.contains("does not take it over") && err.contains("failed to create map"),
+        "{err}"
+    );
+    lab.abandon_surge(0).unwrap();
+    assert_eq!(lab.answering_enforcer_id(), old_id);
+    assert_eq!(echo(&mut conn, TIMEOUT), Outcome::Echo);
+
     for (round, (from, to)) in [(old, new), (new, old)].into_iter().enumerate() {
         let round = round + 2;
         let direction = if round == 2 { "upgrade" } else { "rollback" };

@@ -368,6 +368,20 @@ async fn run(args: Args) -> Result<(), RunError> {
     // it waits for the node lock, in a surge rollout) would be lost and the
     // kubelet would have to SIGKILL it after the grace period.
     let mut stop = Stop::listen()?;
+    let load = node_enforcer::datapath::bpf::LoadOptions {
+        conntrack_entries: Some(args.conntrack_max_entries),
+        dns_frames_bytes: Some(args.dns_held_bytes),
+    };
+    // Before the lock, as the settings: a version whose programs this node
+    // refuses must fail while the running enforcer still has the node.
+    let started = std::time::Instant::now();
+    BpfDatapath::preflight(&args.pin_root, load).map_err(|e| {
+        format!("the eBPF programs cannot be loaded on this node, so this enforcer does not take it over: {e}")
+    })?;
+    tracing::info!(
+        ms = started.elapsed().as_millis() as u64,
+        "preflight: the eBPF programs load on this node"
+    );
     // Before touching anything shared: one enforcer per node.
     let lock_timeout = (args.lock_timeout_secs > 0)
         .then(|| std::time::Duration::from_secs(args.lock_timeout_secs));
@@ -385,10 +399,6 @@ async fn run(args: Args) -> Result<(), RunError> {
             tracing::info!("stopped while waiting for the node lock; nothing was touched");
             return Ok(());
         }
-    };
-    let load = node_enforcer::datapath::bpf::LoadOptions {
-        conntrack_entries: Some(args.conntrack_max_entries),
-        dns_frames_bytes: Some(args.dns_held_bytes),
     };
     let mut datapath = BpfDatapath::load_opts(&args.pin_root, load)
         .map_err(|e| e.to_string())?

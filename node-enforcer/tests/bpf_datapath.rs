@@ -387,3 +387,69 @@ fn links_follow_a_renamed_interface_across_a_restart_and_a_promotion() {
     }
     drop(dp);
 }
+
+/// The preflight loads the programs into maps of its own: the node's pinned
+/// maps and what they hold are not touched, its scratch directory goes with
+/// it, and one a killed preflight left is removed once stale.
+#[test]
+#[ignore = "needs root"]
+fn a_preflight_leaves_the_node_as_it_was() {
+    let root = pin_root("preflight");
+    let mut dp = BpfDatapath::load(&root.0).unwrap();
+    dp.set_endpoint(7, &entry(1, vec![v4(2)])).unwrap();
+    let parent = root.0.parent().unwrap();
+    let prefix = format!(
+        "{}-preflight-",
+        root.0.file_name().unwrap().to_string_lossy()
+    );
+    let scratch = || -> Vec<String> {
+        std::fs::read_dir(parent)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&prefix))
+            .collect()
+    };
+    let pins = |dir: &std::path::Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let before = pins(&root.0);
+    // Left by a preflight killed 20 minutes ago, and one running now.
+    let stale = parent.join(format!("{prefix}dead"));
+    let running = parent.join(format!("{prefix}live"));
+    for d in [&stale, &running] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let touched = std::process::Command::new("touch")
+        .args(["-d", "20 minutes ago"])
+        .arg(&stale)
+        .status()
+        .unwrap();
+    assert!(touched.success());
+
+    BpfDatapath::preflight(
+        &root.0,
+        node_enforcer::datapath::bpf::LoadOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(pins(&root.0), before);
+    assert_eq!(scratch(), vec![format!("{prefix}live")]);
+    std::fs::remove_dir(&running).unwrap();
+    assert_eq!(dp.test_slot(7).unwrap().ingress().policy, 1);
+
+    // Where no bpffs is, nothing loads: the error says so.
+    let tmp = tempfile::tempdir().unwrap();
+    let e = BpfDatapath::preflight(
+        &tmp.path().join("pins"),
+        node_enforcer::datapath::bpf::LoadOptions::default(),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("loading the eBPF object"), "{e}");
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+}

@@ -174,7 +174,7 @@ pub(super) fn values(config: &LabConfig, run: &ImageRun, root: &NodeRoot) -> Res
 }
 
 /// `over` written into `base`, object by object.
-fn merge(base: &mut Value, over: Value) {
+pub(super) fn merge(base: &mut Value, over: Value) {
     match (base, over) {
         (Value::Object(b), Value::Object(o)) => {
             for (k, v) in o {

@@ -80,6 +80,19 @@ impl Lab {
     /// installed on the node), its enforcer; returns once that enforcer
     /// says it waits for the node lock, the old one still serving.
     pub fn surge_enforcer(&mut self, i: usize, image: &str) -> Result<Surge> {
+        self.surge_enforcer_with(i, image, serde_json::Value::Null)
+    }
+
+    /// [`Lab::surge_enforcer`] with chart values of its own over the
+    /// lab's (`helm upgrade --set ...` that came with the new image). If
+    /// its enforcer exits instead of waiting, the error says why; the pod
+    /// stays until [`Lab::abandon_surge`].
+    pub fn surge_enforcer_with(
+        &mut self,
+        i: usize,
+        image: &str,
+        values: serde_json::Value,
+    ) -> Result<Surge> {
         let state = self
             .image()
             .ok_or_else(|| anyhow!("an upgrade needs --node-processes image"))?;
@@ -94,7 +107,12 @@ impl Lab {
             .root
             .as_ref()
             .expect("image mode nodes have a root");
-        let values = image::values(&self.config, &run, root)?;
+        let values = image::values(&self.config, &run, root).map(|mut v| {
+            if !values.is_null() {
+                image::merge(&mut v, values);
+            }
+            v
+        })?;
         let rendered = chart::render(&run.chart, &values, &self.run_dir)
             .with_context(|| format!("rendering the chart for {image}"))?;
         self.nodes[i].rollouts += 1;
@@ -148,6 +166,23 @@ impl Lab {
             image: image.to_string(),
             rendered,
         })
+    }
+
+    /// Deletes the surge pod of node `i` whose enforcer did not take the
+    /// node over (as an operator rolling back a rollout that stalled): its
+    /// containers are stopped, and the node stays the old pod's.
+    pub fn abandon_surge(&mut self, i: usize) -> Result<()> {
+        let grace = self.config.stop_grace;
+        let n = &mut self.nodes[i];
+        if let Some(mut second) = n.second_enforcer.take() {
+            second.stop(grace).context("stopping the surge enforcer")?;
+        }
+        for (name, mut d) in std::mem::take(&mut n.second_sidecars) {
+            d.stop(grace)
+                .with_context(|| format!("stopping the surge pod's {name}"))?;
+        }
+        n.second_pod = None;
+        Ok(())
     }
 
     /// Deletes the old pod (SIGTERM to its enforcer, SIGKILL after the

@@ -203,21 +203,7 @@ impl BpfDatapath {
             check_dns_frames_bytes(n).map_err(DatapathError::invariant)?;
             loader.map_max_entries(MAP_DNS_FRAMES, n);
         }
-        let mut ebpf = loader
-            .load(palisade_ebpf::OBJECT)
-            // With its causes: "failed to create map" alone does not say
-            // whether seccomp, a capability or memory refused it.
-            .map_err(|e| DatapathError::chained("loading the eBPF object", e))?;
-        for name in [PROG_FROM_POD, PROG_TO_POD] {
-            let prog: &mut SchedClassifier = ebpf
-                .program_mut(name)
-                .ok_or_else(|| {
-                    DatapathError::invariant(format!("program {name} missing from object"))
-                })?
-                .try_into()
-                .map_err(|e| err(name, e))?;
-            prog.load().map_err(|e| err(format!("loading {name}"), e))?;
-        }
+        let mut ebpf = load_object(&mut loader)?;
         let take = |ebpf: &mut Ebpf, name: &str| {
             ebpf.take_map(name)
                 .ok_or_else(|| DatapathError::invariant(format!("map {name} missing from object")))
@@ -249,6 +235,28 @@ impl BpfDatapath {
         };
         dp.set_conntrack_share(None)?;
         Ok(dp)
+    }
+
+    /// Loads the object once, into maps of its own in a scratch directory
+    /// beside `pin_root`, and lets it all go. What this node refuses (a
+    /// seccomp profile, a missing capability, the verifier, a kernel
+    /// without a feature) is found before the node lock: in a surge
+    /// rollout, a version that cannot run here must fail while the running
+    /// enforcer still has the node, not after taking it over. The large
+    /// hash maps are made small ([`PREFLIGHT_SMALL_MAPS`]): their creation
+    /// is what is in question, not their size.
+    pub fn preflight(pin_root: &Path, opts: LoadOptions) -> Result<()> {
+        let scratch = Scratch::create(pin_root)?;
+        let mut loader = EbpfLoader::new();
+        loader.default_map_pin_directory(&scratch.0);
+        for name in PREFLIGHT_SMALL_MAPS {
+            loader.map_max_entries(name, PREFLIGHT_MAP_ENTRIES);
+        }
+        if let Some(n) = opts.dns_frames_bytes {
+            check_dns_frames_bytes(n).map_err(DatapathError::invariant)?;
+            loader.map_max_entries(MAP_DNS_FRAMES, n);
+        }
+        load_object(&mut loader).map(drop)
     }
 
     /// Sets the most conntrack entries one hook of one endpoint may hold
@@ -586,6 +594,88 @@ impl BpfDatapath {
             .ok_or_else(|| DatapathError::invariant(format!("program {name} missing")))?
             .try_into()
             .map_err(|e| err(name, e))
+    }
+}
+
+/// The object loaded (maps created or opened, as `loader` says) with both
+/// programs through the verifier.
+fn load_object(loader: &mut EbpfLoader<'_>) -> Result<Ebpf> {
+    let mut ebpf = loader
+        .load(palisade_ebpf::OBJECT)
+        // With its causes: "failed to create map" alone does not say
+        // whether seccomp, a capability or memory refused it.
+        .map_err(|e| DatapathError::chained("loading the eBPF object", e))?;
+    for name in [PROG_FROM_POD, PROG_TO_POD] {
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut(name)
+            .ok_or_else(|| DatapathError::invariant(format!("program {name} missing from object")))?
+            .try_into()
+            .map_err(|e| err(name, e))?;
+        prog.load().map_err(|e| err(format!("loading {name}"), e))?;
+    }
+    Ok(ebpf)
+}
+
+/// The hash maps a preflight makes small: the verifier does not read their
+/// size, and at full size most are preallocated (tens of MB).
+const PREFLIGHT_SMALL_MAPS: [&str; 10] = [
+    palisade_ebpf::MAP_EP_INDEX,
+    palisade_ebpf::MAP_POLICY_EXACT,
+    palisade_ebpf::MAP_POLICY_LENS,
+    MAP_CONNTRACK,
+    MAP_CT4,
+    palisade_ebpf::MAP_LEARNED_INDEX,
+    palisade_ebpf::MAP_FRAGS4,
+    palisade_ebpf::MAP_FRAGS6,
+    palisade_ebpf::MAP_DNS_FRAGS,
+    palisade_ebpf::MAP_DNS_SERVERS,
+];
+const PREFLIGHT_MAP_ENTRIES: u32 = 1024;
+
+/// A preflight's own pin directory beside the pin root (bpffs refuses dots
+/// in names), removed with its pins when dropped. Two enforcers may preflight at once (a surge, each
+/// its container's PID 1): the name is drawn per process. One left by a
+/// process killed mid-preflight is removed by a later one once it is
+/// older than [`SCRATCH_STALE`].
+struct Scratch(PathBuf);
+
+const SCRATCH_STALE: std::time::Duration = std::time::Duration::from_secs(600);
+
+impl Scratch {
+    fn create(pin_root: &Path) -> Result<Scratch> {
+        let parent = pin_root.parent().unwrap_or(Path::new("/"));
+        let prefix = format!(
+            "{}-preflight-",
+            pin_root.file_name().unwrap_or_default().to_string_lossy()
+        );
+        if let Ok(entries) = std::fs::read_dir(parent) {
+            for e in entries.flatten() {
+                let stale = e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > SCRATCH_STALE);
+                if stale && e.file_name().to_string_lossy().starts_with(&prefix) {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let dir = parent.join(format!("{prefix}{:x}-{nanos:x}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| err(format!("creating {}", dir.display()), e))?;
+        Ok(Scratch(dir))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.0) {
+            tracing::warn!("removing the preflight's {}: {e}", self.0.display());
+        }
     }
 }
 
