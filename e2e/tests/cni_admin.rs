@@ -44,6 +44,28 @@ fn health_reports_a_live_enforcer_and_names_a_missing_one() {
         text.contains("cannot reach") && text.contains(&gone),
         "{text}"
     );
+
+    // The readiness probe's form: a serving socket is not enough without
+    // the file this pod's enforcer writes once its programs load.
+    let dir = tempfile::tempdir().unwrap();
+    let loaded = dir.path().join("programs-loaded");
+    let loaded = loaded.to_str().unwrap();
+    let probe = [
+        "health",
+        "--enforcer-socket",
+        &socket,
+        "--require-file",
+        loaded,
+    ];
+    let (code, text) = run(&probe);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains(loaded) && text.contains("has not loaded its programs"),
+        "{text}"
+    );
+    std::fs::write(loaded, b"").unwrap();
+    let (code, text) = run(&probe);
+    assert_eq!(code, Some(0), "{text}");
     finish(lab);
 }
 

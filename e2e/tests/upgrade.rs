@@ -225,6 +225,13 @@ fn an_upgrade_and_a_rollback_hand_the_node_over_losing_no_packet() {
         err.contains("does not take it over") && err.contains("failed to create map"),
         "{err}"
     );
+    // Nor was the surge pod ever Ready: its readiness probe needs the file
+    // its enforcer writes once its programs load.
+    let pod_run = lab
+        .surge_volume(0, "pod-run")
+        .expect("the surge pod's emptyDir");
+    assert!(pod_run.is_dir());
+    assert!(!pod_run.join("programs-loaded").exists());
     lab.abandon_surge(0).unwrap();
     assert_eq!(lab.answering_enforcer_id(), old_id);
     assert_eq!(echo(&mut conn, TIMEOUT), Outcome::Echo);

@@ -57,6 +57,17 @@ fn try_lock(f: &File) -> std::io::Result<bool> {
     }
 }
 
+/// Whether another process holds this node's lock now (an enforcer that
+/// starts would wait for it). A lock that cannot be read counts as held:
+/// the caller then checks more before waiting, which is the safe side.
+pub fn is_held(state_dir: &Path) -> bool {
+    match File::open(state_dir.join("enforcer.lock")) {
+        // Taken and let go at once (closing the file releases it).
+        Ok(f) => !matches!(try_lock(&f), Ok(true)),
+        Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+    }
+}
+
 /// Locks `<state_dir>/enforcer.lock` and the pin root directory, waiting up
 /// to `timeout` (None: forever) for another enforcer to let go, or until
 /// `stop` is set (the process was asked to exit while it waited).
@@ -125,6 +136,21 @@ pub fn acquire(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What decides whether a starting enforcer preflights first.
+    #[test]
+    fn is_held_says_whether_another_holds_the_lock_and_takes_nothing() {
+        let state = tempfile::tempdir().unwrap();
+        let pins = tempfile::tempdir().unwrap();
+        let go = AtomicBool::new(false);
+        assert!(!is_held(state.path()), "no lock file yet");
+        let first = acquire(state.path(), pins.path(), Some(Duration::ZERO), &go).unwrap();
+        assert!(is_held(state.path()));
+        drop(first);
+        assert!(!is_held(state.path()));
+        // Looking did not keep it: it can be taken at once.
+        acquire(state.path(), pins.path(), Some(Duration::ZERO), &go).unwrap();
+    }
 
     #[test]
     fn a_second_holder_waits_and_times_out_with_a_clear_message() {

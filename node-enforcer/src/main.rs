@@ -92,6 +92,12 @@ struct Args {
     /// exit; 0 waits forever (a surge rollout's new pod waits for the old).
     #[arg(long, env = "PALISADE_LOCK_TIMEOUT_SECS", default_value_t = 0)]
     lock_timeout_secs: u64,
+    /// A file written once this node is known to load the programs (the
+    /// preflight, or the load itself) and removed at start. The chart's
+    /// readiness probe requires it, so a surge pod whose programs the node
+    /// refuses is never Ready, although the old enforcer answers its socket.
+    #[arg(long, env = "PALISADE_PROGRAMS_LOADED_FILE")]
+    programs_loaded_file: Option<PathBuf>,
     /// Size of each of the eBPF conntrack maps (IPv4 and IPv6), applied when they are first created.
     #[arg(
         long,
@@ -280,6 +286,35 @@ fn flag(flag: &'static str, problem: impl Into<String>) -> SettingError {
     }
 }
 
+/// `--programs-loaded-file`: removed at start, written once the programs
+/// are known to load here.
+struct ProgramsLoaded(Option<PathBuf>);
+
+impl ProgramsLoaded {
+    fn reset(path: Option<PathBuf>) -> Result<Self, String> {
+        if let Some(p) = &path {
+            match std::fs::remove_file(p) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(format!(
+                        "--programs-loaded-file: removing {}: {e}",
+                        p.display()
+                    ))
+                }
+                _ => {}
+            }
+        }
+        Ok(ProgramsLoaded(path))
+    }
+
+    fn write(&self) -> Result<(), String> {
+        match &self.0 {
+            Some(p) => std::fs::write(p, b"")
+                .map_err(|e| format!("--programs-loaded-file: writing {}: {e}", p.display())),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Checks every setting that needs no node state (flags; the TLS files,
 /// read and parsed), and gives the controller client's options. Done
 /// before the node lock: in a surge rollout the new enforcer waits for the
@@ -372,16 +407,23 @@ async fn run(args: Args) -> Result<(), RunError> {
         conntrack_entries: Some(args.conntrack_max_entries),
         dns_frames_bytes: Some(args.dns_held_bytes),
     };
-    // Before the lock, as the settings: a version whose programs this node
-    // refuses must fail while the running enforcer still has the node.
-    let started = std::time::Instant::now();
-    BpfDatapath::preflight(&args.pin_root, load).map_err(|e| {
-        format!("the eBPF programs cannot be loaded on this node, so this enforcer does not take it over: {e}")
-    })?;
-    tracing::info!(
-        ms = started.elapsed().as_millis() as u64,
-        "preflight: the eBPF programs load on this node"
-    );
+    let loaded = ProgramsLoaded::reset(args.programs_loaded_file.clone())?;
+    // Before waiting on the lock, as the settings: a version whose programs
+    // this node refuses must fail while the running enforcer still has the
+    // node. With the lock free the load itself comes first (no preflight:
+    // it costs about as much as the load).
+    let preflighted = node_enforcer::lock::is_held(&args.state_dir);
+    if preflighted {
+        let started = std::time::Instant::now();
+        BpfDatapath::preflight(&args.pin_root, load).map_err(|e| {
+            format!("the eBPF programs cannot be loaded on this node, so this enforcer does not take it over: {e}")
+        })?;
+        tracing::info!(
+            ms = started.elapsed().as_millis() as u64,
+            "preflight: the eBPF programs load on this node"
+        );
+        loaded.write()?;
+    }
     // Before touching anything shared: one enforcer per node.
     let lock_timeout = (args.lock_timeout_secs > 0)
         .then(|| std::time::Duration::from_secs(args.lock_timeout_secs));
@@ -403,6 +445,9 @@ async fn run(args: Args) -> Result<(), RunError> {
     let mut datapath = BpfDatapath::load_opts(&args.pin_root, load)
         .map_err(|e| e.to_string())?
         .with_attach_mode(args.attach);
+    if !preflighted {
+        loaded.write()?;
+    }
     let share = datapath
         .set_conntrack_share((args.conntrack_share > 0).then_some(args.conntrack_share))
         .map_err(|e| format!("--conntrack-share: {e}"))?;

@@ -88,6 +88,19 @@ impl Pod {
                 spec::VolumeSource::HostPath { path, kind } => {
                     host_path(path, *kind).with_context(|| format!("{what}: volume {}", v.name))?
                 }
+                spec::VolumeSource::EmptyDir => {
+                    // Empty for each pod made, as the kubelet's.
+                    let dir = state_dir.join("volumes").join(&v.name);
+                    match std::fs::remove_dir_all(&dir) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            return Err(e).with_context(|| format!("emptying {}", dir.display()))
+                        }
+                        _ => {}
+                    }
+                    std::fs::create_dir_all(&dir)
+                        .with_context(|| format!("creating {}", dir.display()))?;
+                    run.volume_dirs.insert(v.name.clone(), dir);
+                }
                 spec::VolumeSource::Secret { name } => {
                     let files = secret_files(objects, name)
                         .with_context(|| format!("{what}: volume {}", v.name))?;

@@ -16,6 +16,7 @@
 //! | `seccompProfile` (container over pod) | RuntimeDefault: podman's default profile (containers-common's, as CRI-O's); Unconfined: `seccomp=unconfined`; Localhost: `seccomp=<kubelet seccomp dir>/<profile>`; unset: [`PodRun::seccomp_default`] (the kubelet's is Unconfined unless it runs with `--seccomp-default`) |
 //! | `volumeMounts` + `hostPath` | a bind mount of the path on the node (here: this machine's path); `HostToContainer` is `rslave` |
 //! | `volumeMounts` + `secret` / `configMap` | a read-only bind of the files the caller wrote for it ([`PodRun::volume_dirs`]), as the kubelet's volume dirs |
+//! | `volumeMounts` + `emptyDir` (default medium) | a bind of a directory the caller made empty for this pod ([`PodRun::volume_dirs`]) |
 //! | `resources` | limits.memory: `--memory`; limits.cpu: `--cpus`; requests.cpu: `--cpu-shares` (the kubelet's milli * 1024 / 1000); requests.memory: scheduling only |
 //! | `terminationGracePeriodSeconds` | `--stop-timeout` |
 //! | `automountServiceAccountToken` (default true) | with [`PodRun::api_kubeconfig`]: the stand-in API's kubeconfig, read-only, and `KUBECONFIG` (the stand-in serves plain HTTP, which in-cluster config cannot use); false: nothing |
@@ -390,6 +391,15 @@ impl PodRun {
                 .ok_or_else(|| self.fail(c, format!("volume {:?} is not declared", m.volume)))?;
             let (source, read_only) = match &volume.source {
                 VolumeSource::HostPath { path, .. } => (PathBuf::from(path), m.read_only),
+                VolumeSource::EmptyDir => (
+                    self.volume_dirs.get(&volume.name).cloned().ok_or_else(|| {
+                        self.fail(
+                            c,
+                            format!("no directory was made for volume {:?}", volume.name),
+                        )
+                    })?,
+                    m.read_only,
+                ),
                 // Secret and configMap volumes are always read-only.
                 VolumeSource::Secret { .. } | VolumeSource::ConfigMap { .. } => (
                     self.volume_dirs.get(&volume.name).cloned().ok_or_else(|| {

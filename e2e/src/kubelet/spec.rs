@@ -179,9 +179,18 @@ pub struct Volume {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VolumeSource {
-    HostPath { path: String, kind: HostPathType },
-    Secret { name: String },
-    ConfigMap { name: String },
+    HostPath {
+        path: String,
+        kind: HostPathType,
+    },
+    Secret {
+        name: String,
+    },
+    ConfigMap {
+        name: String,
+    },
+    /// A directory of the pod's own, empty when the pod is made.
+    EmptyDir,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -524,13 +533,20 @@ fn seccomp(s: &Obj) -> Result<Option<Seccomp>, SpecError> {
 }
 
 fn volume(value: &Value, path: String) -> Result<Volume, SpecError> {
-    let v = Obj::new(value, path, &["name", "hostPath", "secret", "configMap"])?;
+    let v = Obj::new(
+        value,
+        path,
+        &["name", "hostPath", "secret", "configMap", "emptyDir"],
+    )?;
     let name = v.required_str("name")?.to_string();
     let host = v.obj("hostPath", &["path", "type"])?;
     let secret = v.obj("secret", &["secretName"])?;
     let config_map = v.obj("configMap", &["name"])?;
-    let source = match (host, secret, config_map) {
-        (Some(h), None, None) => VolumeSource::HostPath {
+    // Only the default medium: a directory of the pod's, empty at start.
+    let empty = v.obj("emptyDir", &[])?;
+    let source = match (host, secret, config_map, empty) {
+        (None, None, None, Some(_)) => VolumeSource::EmptyDir,
+        (Some(h), None, None, None) => VolumeSource::HostPath {
             path: h.required_str("path")?.to_string(),
             kind: match h.str("type")? {
                 None | Some("") => HostPathType::Unchecked,
@@ -545,16 +561,16 @@ fn volume(value: &Value, path: String) -> Result<Volume, SpecError> {
                 }
             },
         },
-        (None, Some(s), None) => VolumeSource::Secret {
+        (None, Some(s), None, None) => VolumeSource::Secret {
             name: s.required_str("secretName")?.to_string(),
         },
-        (None, None, Some(c)) => VolumeSource::ConfigMap {
+        (None, None, Some(c), None) => VolumeSource::ConfigMap {
             name: c.required_str("name")?.to_string(),
         },
         _ => {
             return Err(err(
                 &v.path,
-                "a volume needs exactly one of hostPath, secret, configMap",
+                "a volume needs exactly one of hostPath, secret, configMap, emptyDir",
             ))
         }
     };
@@ -830,8 +846,8 @@ mod tests {
                 json!({"spec": {"containers": [{"name": "c", "image": "i", "resources": {"limits": {"hugepages-2Mi": "1Mi"}}}]}}),
             ),
             (
-                "t.spec.volumes[0].emptyDir",
-                json!({"spec": {"containers": [{"name": "c", "image": "i"}], "volumes": [{"name": "v", "emptyDir": {}}]}}),
+                "t.spec.volumes[0].emptyDir.medium",
+                json!({"spec": {"containers": [{"name": "c", "image": "i"}], "volumes": [{"name": "v", "emptyDir": {"medium": "Memory"}}]}}),
             ),
             (
                 "t.spec.volumes[0].secret.items",

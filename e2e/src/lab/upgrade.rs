@@ -160,12 +160,35 @@ impl Lab {
                 "while the surge enforcer waits, the node's socket is answered by {answering:?}, not the old enforcer {old_id:?}"
             );
         }
+        // The DaemonSet deletes the old pod only once this one is Ready:
+        // its readiness probe, as the chart sets it (the old enforcer's
+        // socket, and this pod's own programs loaded).
+        let n = &mut self.nodes[i];
+        crate::kubelet::wait_probe(
+            self.rt.as_ref().expect("the runtime lives until cleanup"),
+            n.second_pod.as_ref().expect("set above"),
+            ENFORCER_CONTAINER,
+            crate::kubelet::ProbeKind::Readiness,
+            n.second_enforcer.as_mut().expect("set above"),
+            self.config.start_timeout,
+            &self.config.cancel,
+        )
+        .context("the surge pod's readiness probe")?;
         Ok(Surge {
             node: i,
             from,
             image: image.to_string(),
             rendered,
         })
+    }
+
+    /// The directory of node `i`'s surge pod's volume `name` (an emptyDir
+    /// or a file volume), while that pod exists.
+    pub fn surge_volume(&self, i: usize, name: &str) -> Option<PathBuf> {
+        self.nodes[i]
+            .second_pod
+            .as_ref()
+            .and_then(|p| p.run.volume_dirs.get(name).cloned())
     }
 
     /// Deletes the surge pod of node `i` whose enforcer did not take the

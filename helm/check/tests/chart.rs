@@ -156,6 +156,56 @@ fn the_controller_is_restricted_and_the_enforcer_needs_privileged_for_its_host_a
     }
 }
 
+/// The enforcer's readiness needs the file its own enforcer writes once
+/// its programs load (`PALISADE_PROGRAMS_LOADED_FILE`), on a volume of this
+/// pod alone: in a surge the socket answers for the old pod.
+#[test]
+fn readiness_waits_for_this_pods_enforcer_to_load_its_programs() {
+    for (label, objects) in all_cases() {
+        let pod = pod_spec(&objects, "DaemonSet");
+        let enforcer = &pod["containers"][0];
+        let file = enforcer["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == "PALISADE_PROGRAMS_LOADED_FILE")
+            .and_then(|e| e["value"].as_str())
+            .unwrap_or_else(|| panic!("{label}: no PALISADE_PROGRAMS_LOADED_FILE"));
+        let probe: Vec<&str> = enforcer["readinessProbe"]["exec"]["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        let at = probe.iter().position(|a| *a == "--require-file");
+        assert_eq!(at.map(|i| probe[i + 1]), Some(file), "{label}: {probe:?}");
+        let live: Vec<&str> = enforcer["livenessProbe"]["exec"]["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert!(!live.contains(&"--require-file"), "{label}: {live:?}");
+        let mount = enforcer["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| file.starts_with(&format!("{}/", m["mountPath"].as_str().unwrap())))
+            .unwrap_or_else(|| panic!("{label}: {file} is on no volume"));
+        let volume = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap();
+        assert_eq!(
+            volume["emptyDir"],
+            serde_json::json!({}),
+            "{label}: {volume}"
+        );
+    }
+}
+
 /// The enforcer runs under the chart's own seccomp profile (Localhost),
 /// named by the profile file's content, which the install-seccomp init
 /// container copies from the chart's ConfigMap onto the node first; every

@@ -138,18 +138,23 @@ fn watch(
     Ok(vec![format!("{signal}: stopped watching")])
 }
 
-/// `palisade-cni health [--enforcer-socket PATH] [--service NAME]`: exit 0
-/// when the enforcer reports SERVING, 1 otherwise, with the reason on stderr.
+/// `palisade-cni health [--enforcer-socket PATH] [--service NAME]
+/// [--require-file PATH]`: exit 0 when the enforcer reports SERVING (and the
+/// file exists), 1 otherwise, with the reason on stderr. The file is the
+/// enforcer's `--programs-loaded-file`: in a surge the socket is answered
+/// by the old enforcer, and only the file says this pod's can run here.
 fn health(flags: &[String]) -> ExitCode {
     let mut socket = cni_plugin::DEFAULT_ENFORCER_SOCKET.to_string();
     let mut service = String::new();
+    let mut required = String::new();
     let mut it = flags.iter();
     while let Some(flag) = it.next() {
         let target = match flag.as_str() {
             "--enforcer-socket" => &mut socket,
             "--service" => &mut service,
+            "--require-file" => &mut required,
             other => {
-                eprintln!("palisade-cni health: unknown flag {other} (known: --enforcer-socket PATH, --service NAME)");
+                eprintln!("palisade-cni health: unknown flag {other} (known: --enforcer-socket PATH, --service NAME, --require-file PATH)");
                 return ExitCode::from(2);
             }
         };
@@ -160,6 +165,10 @@ fn health(flags: &[String]) -> ExitCode {
                 return ExitCode::from(2);
             }
         }
+    }
+    if !required.is_empty() && !std::path::Path::new(&required).exists() {
+        eprintln!("palisade-cni health: {required} does not exist: this pod's enforcer has not loaded its programs (yet)");
+        return ExitCode::FAILURE;
     }
     let client = cni_plugin::EnforcerClient::new(&socket, std::time::Duration::from_secs(5));
     match client.serving(&service) {
