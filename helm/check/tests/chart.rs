@@ -156,6 +156,15 @@ fn the_controller_is_restricted_and_the_enforcer_needs_privileged_for_its_host_a
     }
 }
 
+/// A list of strings (a command), as `&str`s.
+fn strings(v: &serde_json::Value) -> Vec<&str> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect()
+}
+
 /// The enforcer's readiness needs the file its own enforcer writes once
 /// its programs load (`PALISADE_PROGRAMS_LOADED_FILE`), on a volume of this
 /// pod alone: in a surge the socket answers for the old pod.
@@ -171,20 +180,10 @@ fn readiness_waits_for_this_pods_enforcer_to_load_its_programs() {
             .find(|e| e["name"] == "PALISADE_PROGRAMS_LOADED_FILE")
             .and_then(|e| e["value"].as_str())
             .unwrap_or_else(|| panic!("{label}: no PALISADE_PROGRAMS_LOADED_FILE"));
-        let probe: Vec<&str> = enforcer["readinessProbe"]["exec"]["command"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_str().unwrap())
-            .collect();
+        let probe = strings(&enforcer["readinessProbe"]["exec"]["command"]);
         let at = probe.iter().position(|a| *a == "--require-file");
         assert_eq!(at.map(|i| probe[i + 1]), Some(file), "{label}: {probe:?}");
-        let live: Vec<&str> = enforcer["livenessProbe"]["exec"]["command"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_str().unwrap())
-            .collect();
+        let live = strings(&enforcer["livenessProbe"]["exec"]["command"]);
         assert!(!live.contains(&"--require-file"), "{label}: {live:?}");
         let mount = enforcer["volumeMounts"]
             .as_array()
@@ -231,12 +230,7 @@ fn the_enforcer_runs_under_the_charts_seccomp_profile() {
             "{label}"
         );
         let init = init_container(pod, "install-seccomp");
-        let command: Vec<&str> = init["command"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_str().unwrap())
-            .collect();
+        let command = strings(&init["command"]);
         assert_eq!(command[1], "install-seccomp");
         assert_eq!(command.last(), Some(&name.as_str()), "{label}");
         let cm = objects
