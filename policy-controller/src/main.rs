@@ -148,10 +148,19 @@ async fn run(args: Args) -> Result<(), RunError> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
         .unwrap_or(1);
+    // Seeded per process by the standard library: enough to tell replicas
+    // apart (see first_version).
+    let random = {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.finish()
+    };
+    let first_version = policy_controller::hub::first_version(start_micros, random);
     if let Some(e) = policy_controller::limits::check_plan_budget(args.max_plan_bytes_per_node) {
         return Err(e.into());
     }
-    let hub = Hub::new(start_micros).with_plan_budget(args.max_plan_bytes_per_node);
+    let hub = Hub::new(first_version).with_plan_budget(args.max_plan_bytes_per_node);
     let (err_tx, err_rx) = watch::channel::<Vec<source::SourceProblem>>(Vec::new());
     let timings = Timings {
         lease_duration: std::time::Duration::from_millis(args.lease_duration_ms),

@@ -35,7 +35,7 @@ use crate::source::SourceProblem;
 
 pub use publish::Counters;
 pub use subscribers::Subscription;
-pub use versions::{delta, PlanChange, VersionedPlan};
+pub use versions::{delta, first_version, PlanChange, VersionedPlan};
 pub use view::{HubView, NodeView, PodLookup};
 
 /// Shared between the source loop and the gRPC handlers. Each method holds

@@ -10,6 +10,19 @@ use crate::keys::PodKey;
 use crate::plan::Plan;
 use crate::telemetry::PlanTrace;
 
+/// Bits of a controller's first plan version drawn at random.
+const FIRST_VERSION_RANDOM_BITS: u32 = 16;
+
+/// Where a controller's plan versions start: its start time in µs with the
+/// low [`FIRST_VERSION_RANDOM_BITS`] drawn at random. A restart (more than
+/// 65 ms later) still starts above its predecessor; two replicas started in
+/// the same microsecond (a Deployment's, on one machine) no longer share
+/// their versions, so a node's realized version names one leader's plan.
+pub fn first_version(now_micros: u64, random: u64) -> u64 {
+    let mask = (1u64 << FIRST_VERSION_RANDOM_BITS) - 1;
+    ((now_micros & !mask) | (random & mask)).max(1)
+}
+
 /// A node's plan at one version.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct VersionedPlan {
@@ -100,6 +113,17 @@ fn pod_ref(k: &PodKey) -> PodRef {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn first_versions_differ_for_replicas_started_together_and_grow_across_restarts() {
+        let now = 1_796_462_536_246_793;
+        assert_ne!(first_version(now, 1), first_version(now, 2));
+        for (r1, r2) in [(0xFFFF, 0), (0, 0xFFFF), (7, 7)] {
+            assert!(first_version(now + 65_536, r2) > first_version(now, r1));
+        }
+        assert_eq!(first_version(0, 0), 1);
+    }
+
     use super::*;
     use crate::cluster::ClusterState;
     use crate::hub::{tests::cluster, Hub};
