@@ -388,6 +388,86 @@ fn links_follow_a_renamed_interface_across_a_restart_and_a_promotion() {
     drop(dp);
 }
 
+/// A previous process stopped between pinning an interface's two links:
+/// the one left is replaced by a fresh pair, the new one on the hook
+/// before the old one leaves it. A pin that cannot be read as a link says
+/// nothing of where its interface is: it is kept, named, and its name is
+/// neither attached by links nor unpinned by a detach.
+#[test]
+#[ignore = "needs root"]
+fn a_half_pinned_interface_is_attached_anew_and_an_unreadable_pin_is_kept() {
+    let root = pin_root("half");
+    let id = std::process::id() % 100_000;
+    let half = Veth::new(format!("phl{id}"), format!("phr{id}"));
+    let odd = Veth::new(format!("pol{id}"), format!("por{id}"));
+    let index = |n: &str| nix::net::if_::if_nametoindex(n).unwrap();
+    let (hi, oi) = (index(&half.name), index(&odd.name));
+    let pin = |name: &str, hook: &str| root.0.join(format!("links/{name}@{hook}"));
+
+    let mut dp = BpfDatapath::load(&root.0).unwrap();
+    dp.adopt().unwrap();
+    dp.attach(&half.name, hi).unwrap();
+    dp.promote(&half.name).unwrap();
+    dp.set_endpoint(hi, &entry(0, vec![v4(2)])).unwrap();
+    drop(dp);
+    // Cut short: only the first hook's link is pinned.
+    std::fs::remove_file(pin(&half.name, "to_pod")).unwrap();
+    assert_eq!(tcx_programs(&half.name), (1, 0));
+    // Not a link at all where one of `odd`'s links would be pinned.
+    let made = std::process::Command::new("bpftool")
+        .args(["map", "create"])
+        .arg(pin(&odd.name, "from_pod"))
+        .args([
+            "type",
+            "array",
+            "key",
+            "4",
+            "value",
+            "4",
+            "entries",
+            "1",
+            "name",
+            "not_a_link",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+
+    let mut dp = BpfDatapath::load(&root.0).unwrap();
+    let adopted = dp.adopt().unwrap();
+    assert_eq!(adopted.attached.get(&half.name), Some(&hi), "{adopted:?}");
+    assert_eq!(tcx_programs(&half.name), (1, 1));
+    for hook in ["from_pod", "to_pod"] {
+        assert!(pin(&half.name, hook).exists());
+    }
+    assert!(!adopted.attached.contains_key(&odd.name), "{adopted:?}");
+    assert!(adopted.unlocated.contains(&odd.name), "{adopted:?}");
+    assert!(
+        adopted
+            .warnings
+            .iter()
+            .any(|w| w.starts_with(&odd.name) && w.contains("could not be read")),
+        "{:?}",
+        adopted.warnings
+    );
+    // Its name gets filters, never links over the kept pin, and a detach
+    // leaves the pin.
+    dp.attach(&odd.name, oi).unwrap();
+    let e = dp.promote(&odd.name).unwrap_err();
+    assert!(
+        e.to_string().contains(&odd.name) && e.to_string().contains("could not read"),
+        "{e}"
+    );
+    assert_eq!(tcx_programs(&odd.name), (0, 0));
+    dp.detach(&odd.name, oi).unwrap();
+    assert!(pin(&odd.name, "from_pod").exists());
+    drop(dp);
+}
+
 /// The preflight loads the programs into maps of its own: the node's pinned
 /// maps and what they hold are not touched, its scratch directory goes with
 /// it, and one a killed preflight left is removed once stale.

@@ -48,7 +48,7 @@ mod link_target;
 pub(crate) mod mapped;
 mod policy_tables;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -61,6 +61,7 @@ use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
 use endpoint_slots::EndpointSlots;
 use grace::Grace;
+use link_target::LinkTargetError;
 use palisade_ebpf::{
     audit_word, CtConfig, Direction, EpSlot, PortKey, PortValue, MAP_CONNTRACK, MAP_CT4,
     MAP_CT_CONFIG, MAP_DNS_FRAMES, MAP_PORTS, PROG_FROM_POD, PROG_TO_POD,
@@ -91,6 +92,10 @@ pub struct BpfDatapath {
     /// Interfaces attached by filters (`filters`), not yet promoted to
     /// links.
     fast: BTreeMap<String, FastAttached>,
+    /// Names whose pinned links a restart could not read (`PinnedOn::
+    /// Unknown`): kept, and never unpinned or replaced by name, as the
+    /// interface they are on may have another name by now.
+    unlocated: BTreeSet<String>,
     /// Last: the threads above wait on it.
     grace: Arc<Grace>,
 }
@@ -231,6 +236,7 @@ impl BpfDatapath {
             links: BTreeMap::new(),
             attach_mode: AttachMode::Fast,
             fast: BTreeMap::new(),
+            unlocated: BTreeSet::new(),
             grace,
         };
         dp.set_conntrack_share(None)?;
@@ -338,6 +344,11 @@ impl BpfDatapath {
             Err(e) => Err(e),
         }
         .map_err(|e| gone_or(ifindex, format!("attaching {first} to {ifname}"), e))?;
+        if self.unlocated.contains(ifname) {
+            return Err(DatapathError::invariant(format!(
+                "attaching to {ifname} (index {ifindex}): its name's pins hold links a restart could not read, which may be on another interface now; they are kept, and this interface is not attached by links until a restart reads them"
+            )));
+        }
         let mut made: Vec<FdLink> = Vec::with_capacity(2);
         for (prog_name, attach_type, hook) in HOOKS {
             let path = self.link_pin(ifname, hook);
@@ -359,27 +370,37 @@ impl BpfDatapath {
                     })?;
                 let link = prog.take_link(id).map_err(|e| err(prog_name, e))?;
                 let fd = FdLink::try_from(link).map_err(|e| err(prog_name, e))?;
+                // After the attach, so a stale link replaced here leaves
+                // the hook only once ours is on it.
+                self.clear_stale_pin(&path, ifindex)?;
                 let pinned = fd
                     .pin(&path)
                     .map_err(|e| err(format!("pinning {}", path.display()), e))?;
-                let on = link_target::pinned_tcx_ifindex(&path)
-                    .map_err(|e| err(format!("checking {}", path.display()), e))?;
-                if on != ifindex {
-                    return Err(gone_or(
-                        ifindex,
-                        format!("attaching {prog_name} to ifindex {ifindex} ({ifname})"),
-                        DatapathError::invariant(format!(
-                            "the name {now} was index {on} by the time the link was made"
+                let checked = link_target::pinned_tcx_ifindex(&path)
+                    .map_err(|e| err(format!("checking {}", path.display()), e))
+                    .and_then(|on| match on == ifindex {
+                        true => Ok(()),
+                        false => Err(gone_or(
+                            ifindex,
+                            format!("attaching {prog_name} to ifindex {ifindex} ({ifname})"),
+                            DatapathError::invariant(format!(
+                                "the name {now} was index {on} by the time the link was made"
+                            )),
                         )),
-                    ));
+                    });
+                if let Err(e) = checked {
+                    let _ = std::fs::remove_file(&path);
+                    return Err(e);
                 }
                 Ok(FdLink::from(pinned))
             })();
             match result {
                 Ok(fd) => made.push(fd),
                 Err(e) => {
-                    // Undo the first hook if the second failed: both or none.
-                    for (_, _, hook) in HOOKS {
+                    // Undo the first hook if the second failed: both or
+                    // none. Only the pins of the hooks done: a pin found in
+                    // the way is another interface's, and stays.
+                    for (_, _, hook) in &HOOKS[..made.len()] {
                         let _ = std::fs::remove_file(self.link_pin(ifname, hook));
                     }
                     return Err(e);
@@ -390,6 +411,41 @@ impl BpfDatapath {
         let from = made.pop().expect("two hooks");
         self.links.insert(ifname.to_string(), [from, to]);
         Ok(())
+    }
+
+    /// Makes way at `path` for a link of interface `ifindex`: a pin there
+    /// that is not one this process holds is a previous process's (killed
+    /// between its two hooks, or before a detach finished). It is removed
+    /// if its link is on `ifindex` (ours, attached by then, replaces it) or
+    /// on no interface; one on another live
+    /// interface, or that cannot be read, stays, and the attach fails
+    /// rather than detach someone else's programs.
+    fn clear_stale_pin(&self, path: &Path, ifindex: u32) -> Result<()> {
+        let on = match link_target::pinned_tcx_ifindex(path) {
+            Err(LinkTargetError::Open { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                return Ok(())
+            }
+            Err(e) => {
+                return Err(err(
+                    format!(
+                        "{} is pinned already and cannot be read; not replacing it",
+                        path.display()
+                    ),
+                    e,
+                ))
+            }
+            Ok(on) => on,
+        };
+        if on != ifindex && !index_gone(on) {
+            return Err(DatapathError::invariant(format!(
+                "{} is pinned already, by a link on interface {on}; not replacing it, which would detach that interface's programs",
+                path.display()
+            )));
+        }
+        std::fs::remove_file(path)
+            .map_err(|e| err(format!("removing the stale pin {}", path.display()), e))
     }
 
     /// Interfaces a previous process attached by filters and did not
@@ -405,7 +461,7 @@ impl BpfDatapath {
         linked: &BTreeMap<String, u32>,
         warnings: &mut Vec<String>,
     ) -> Result<BTreeMap<String, u32>> {
-        let covered: std::collections::BTreeSet<u32> = linked.values().copied().collect();
+        let covered: BTreeSet<u32> = linked.values().copied().collect();
         let candidates: Vec<u32> = self
             .slots
             .all()
@@ -472,16 +528,28 @@ impl BpfDatapath {
     /// them by the name they were pinned by, with the index of the
     /// interface the kernel says they are on: an interface renamed since is
     /// still taken over (the reconciler follows it by index). A link whose
-    /// interface is gone is unpinned. One that cannot be taken over for
-    /// another reason keeps its pins, and with them the previous process's
-    /// program (on the same pinned maps): it is listed as attached and
-    /// named in `warnings`. Unpinning it would detach a live pod's policy.
+    /// interface is gone is unpinned; an interface with one hook's link
+    /// only (its attach was cut short) is attached anew.
+    ///
+    /// Kept as they are, named in `warnings`, with the previous process's
+    /// program (on the same pinned maps): links on a live interface that
+    /// cannot be taken over (listed as attached, by that interface's
+    /// index), and links that cannot be read (`unlocated`: where they are
+    /// cannot be said, so neither can whose endpoint entry they need).
+    /// Unpinning either would detach a live pod's policy.
     fn adopt_links(&mut self, warnings: &mut Vec<String>) -> Result<BTreeMap<String, u32>> {
         let mut adopted = BTreeMap::new();
         for ifname in super::inspect::pinned_link_names(&self.pin_root)? {
-            let taken = match self.pinned_links_on(&ifname) {
-                PinnedOn::Live(index) => self.adopt_interface(&ifname).map(|l| (l, index)),
-                PinnedOn::Unknown(e) => Err(e),
+            let (taken, index) = match self.pinned_links_on(&ifname) {
+                PinnedOn::Live(index) => (self.adopt_interface(&ifname).map(Some), index),
+                PinnedOn::Half(index) => (self.attach_tcx(&ifname, index).map(|()| None), index),
+                PinnedOn::Unknown(e) => {
+                    warnings.push(format!(
+                        "{ifname}: its pinned links could not be read ({e}); kept, with the previous enforcer's programs, on whichever interface they are; endpoint entries no link explains are set to deny until a restart reads them"
+                    ));
+                    self.unlocated.insert(ifname);
+                    continue;
+                }
                 PinnedOn::Gone(e) => {
                     tracing::info!(%ifname, "unpinning the links of an interface that is gone: {e}");
                     for (_, _, hook) in HOOKS {
@@ -491,56 +559,50 @@ impl BpfDatapath {
                 }
             };
             match taken {
-                Ok((links, index)) => {
+                Ok(Some(links)) => {
                     self.links.insert(ifname.clone(), links);
-                    adopted.insert(ifname, index);
                 }
-                Err(e) => {
-                    warnings.push(format!(
-                        "{ifname}: its pinned links could not be taken over ({e}); kept, so the previous enforcer's programs go on enforcing there until the interface goes or a restart takes them over"
-                    ));
-                    // Listed by the index the name has: the best there is.
-                    if let Ok(index) = nix::net::if_::if_nametoindex(ifname.as_str()) {
-                        adopted.insert(ifname, index);
-                    }
-                }
+                Ok(None) => {}
+                Err(e) => warnings.push(format!(
+                    "{ifname} (index {index}): its pinned links could not be taken over ({e}); kept, so the previous enforcer's programs go on enforcing there until the interface goes or a restart takes them over"
+                )),
             }
+            adopted.insert(ifname, index);
         }
         Ok(adopted)
     }
 
     /// Which interface `ifname`'s pinned links are on, read from the links
-    /// themselves; only pins that are not readable links fall back to the
-    /// name.
+    /// themselves, never from the name: a renamed interface's name may be
+    /// another's, or no one's.
     fn pinned_links_on(&self, ifname: &str) -> PinnedOn {
-        let gone =
-            |msg: String| PinnedOn::Gone(DatapathError::new(DatapathErrorKind::InterfaceGone, msg));
         let mut on = Vec::with_capacity(2);
         for (_, _, hook) in HOOKS {
             let path = self.link_pin(ifname, hook);
             match link_target::pinned_tcx_ifindex(&path) {
-                Ok(0) => return gone(format!("{} is on no interface", path.display())),
-                Ok(index) => on.push(index),
-                Err(e) => {
-                    return match nix::net::if_::if_nametoindex(ifname) {
-                        Err(nix::errno::Errno::ENODEV) => {
-                            gone(format!("{e}, and no interface is named {ifname}"))
-                        }
-                        _ => PinnedOn::Unknown(err(format!("interface {ifname:?}"), e)),
-                    }
+                Ok(index) => on.push(Some(index)),
+                Err(LinkTargetError::Open { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    on.push(None)
                 }
+                Err(e) => return PinnedOn::Unknown(err(format!("interface {ifname:?}"), e)),
             }
         }
-        if on[0] != on[1] {
-            return PinnedOn::Unknown(DatapathError::invariant(format!(
-                "the links pinned for {ifname} are on two interfaces, {} and {}",
-                on[0], on[1]
-            )));
+        let indexes: BTreeSet<u32> = on.iter().flatten().copied().collect();
+        let gone =
+            |msg: String| PinnedOn::Gone(DatapathError::new(DatapathErrorKind::InterfaceGone, msg));
+        match indexes.iter().copied().collect::<Vec<_>>()[..] {
+            [] => gone(format!("no link is pinned for {ifname}")),
+            [index] if index_gone(index) => {
+                gone(format!("interface {index} of {ifname}'s links is gone"))
+            }
+            [index] if on.contains(&None) => PinnedOn::Half(index),
+            [index] => PinnedOn::Live(index),
+            _ => PinnedOn::Unknown(DatapathError::invariant(format!(
+                "the links pinned for {ifname} are on two interfaces, {indexes:?}"
+            ))),
         }
-        if index_gone(on[0]) {
-            return gone(format!("interface {} of {ifname}'s links is gone", on[0]));
-        }
-        PinnedOn::Live(on[0])
     }
 
     fn adopt_interface(&mut self, ifname: &str) -> Result<[FdLink; 2]> {
@@ -683,9 +745,13 @@ impl Drop for Scratch {
 enum PinnedOn {
     /// This one, which exists (under the pin's name or another).
     Live(u32),
+    /// This one, which exists, by one hook's link only: the other's pin is
+    /// missing (the previous process stopped between the two).
+    Half(u32),
     /// None any more: the links can be unpinned.
     Gone(DatapathError),
-    /// Cannot be said: the links are kept.
+    /// Cannot be said (a pin could not be read, or the two are on two
+    /// interfaces): the links are kept.
     Unknown(DatapathError),
 }
 
@@ -833,6 +899,7 @@ impl Datapath for BpfDatapath {
         attached.extend(by_filters);
         let mut adopted = Adopted {
             attached,
+            unlocated: self.unlocated.clone(),
             warnings,
             ..Adopted::default()
         };
@@ -973,6 +1040,11 @@ impl Datapath for BpfDatapath {
             // By index: a newer interface of the same name is not touched.
             self.remove_filters(f.ifindex)?;
             self.fast.remove(ifname);
+        }
+        if self.unlocated.contains(ifname) {
+            // Those pins may hold another interface's links now (see
+            // `unlocated`); this name never got links of this process.
+            return Ok(());
         }
         // Unpinning and closing the last fd releases a link, which detaches
         // it; a link whose interface is already gone was released already.

@@ -49,6 +49,9 @@ pub struct FakeDatapath {
     pub fast_attach: bool,
     /// Attached fast and not promoted yet, by name: (ifindex, since).
     pub unpromoted: BTreeMap<String, (u32, std::time::Instant)>,
+    /// Attached interfaces whose links a restart cannot read: `adopt`
+    /// lists them as unlocated, as the real datapath does.
+    pub unreadable: BTreeSet<String>,
 }
 
 impl FakeDatapath {
@@ -214,11 +217,13 @@ impl Datapath for FakeDatapath {
             attached: self
                 .attached
                 .iter()
+                .filter(|n| !self.unreadable.contains(*n))
                 .map(|n| {
                     let at = self.attached_at.get(n).or(self.interfaces.get(n));
                     (n.clone(), at.copied().unwrap_or(0))
                 })
                 .collect(),
+            unlocated: self.unreadable.clone(),
             ..Adopted::default()
         })
     }

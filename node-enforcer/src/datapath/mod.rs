@@ -11,7 +11,7 @@ pub mod ifindex;
 pub mod inspect;
 pub mod rtnetlink;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::compile::{PortSet, Prefix};
 
@@ -26,6 +26,9 @@ pub struct Adopted {
     /// were attached by (a renamed one's is its old name), with the index
     /// of the interface the programs are on (0: not known).
     pub attached: BTreeMap<String, u32>,
+    /// Names whose pinned links could not be read: kept, on an interface
+    /// that cannot be said, so no endpoint entry can be told to be theirs.
+    pub unlocated: BTreeSet<String>,
     /// What could not be taken over and keeps enforcing as it was (a link
     /// kept with the previous program, filters not promoted), for the
     /// dump's warnings.

@@ -969,6 +969,59 @@ mod tests {
         r2.datapath.assert_no_violations();
     }
 
+    /// The kernel would not say where veth-a's links are, and the name no
+    /// longer resolves (renamed while down): its entry may be what those
+    /// programs read, so it denies rather than goes (which would pass
+    /// everything there) or keeps naming a table that may be reused.
+    #[test]
+    fn entries_no_readable_link_explains_deny_while_a_link_cannot_be_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = checkpointed(dir.path());
+        up_now(&mut r, up("a", "veth-a")).unwrap();
+        up_now(&mut r, up("b", "veth-b")).unwrap();
+        let b = r.datapath.endpoints[&11].clone();
+        let enforced = r.datapath.endpoints[&10].clone();
+        r.datapath.interfaces.remove("veth-a");
+        r.datapath.interfaces.insert("veth-z".into(), 10);
+        r.datapath.unreadable.insert("veth-a".into());
+
+        let mut r2 = restart(&mut r, dir.path());
+        let deny = EndpointEntry {
+            ingress: DENY_ALL,
+            egress: DENY_ALL,
+            pod_addrs: vec![],
+        };
+        assert_eq!(r2.datapath.endpoints.get(&10), Some(&deny));
+        assert_eq!(r2.datapath.endpoints.get(&11), Some(&b));
+        assert!(
+            !r2.datapath
+                .log
+                .iter()
+                .any(|l| l.starts_with("detach") || l.starts_with("remove_endpoint")),
+            "{:?}",
+            r2.datapath.log
+        );
+        let warned = warnings_with(
+            &r2,
+            "ifindexes [10] are on no link this enforcer could read",
+        );
+        assert_eq!(warned.len(), 1, "{warned:?}");
+        assert!(warned[0].contains("veth-a"), "{warned:?}");
+        r2.handle(Event::Links);
+        r2.handle(Event::Tick);
+        assert_eq!(r2.datapath.endpoints.get(&10), Some(&deny));
+
+        // Its pod is kept meanwhile, and once a restart reads the links the
+        // renamed interface is followed as any other: its pod's policy
+        // again, not the deny.
+        assert_eq!(r2.node_state().pods.len(), 2);
+        r2.datapath.unreadable.clear();
+        let r3 = restart(&mut r2, dir.path());
+        assert_eq!(r3.datapath.attached_at.get("veth-a"), Some(&10));
+        assert_eq!(r3.datapath.endpoints.get(&10), Some(&enforced));
+        r3.datapath.assert_no_violations();
+    }
+
     #[test]
     fn restart_takes_over_without_touching_a_correct_datapath() {
         let dir = tempfile::tempdir().unwrap();

@@ -23,7 +23,7 @@ use super::realized::{RealizedEndpoint, RealizedPolicy};
 use super::{Reconciler, DENY_ALL};
 use crate::checkpoint::Saved;
 use crate::compile::PolicySet;
-use crate::datapath::{Datapath, DatapathError, EndpointEntry, PolicyId};
+use crate::datapath::{Adopted, Datapath, DatapathError, EndpointEntry, PolicyId};
 use crate::desired::{Claim, PodKey, Verdict};
 
 /// Why a new process could not take the node over. Returned before
@@ -212,20 +212,20 @@ impl<D: Datapath> Reconciler<D> {
                 },
             );
         }
-        for ifindex in adopted.endpoints.keys() {
-            if !claimed.contains(ifindex) {
-                // No program of ours runs there; the entry is dead weight.
-                let _ = self.datapath.remove_endpoint(*ifindex);
-            }
-        }
+        self.unclaimed_entries(&adopted, &claimed);
         self.renew_after_recovery();
         self.refresh_node_addresses();
         // A pod whose interfaces are all gone was deleted while we were down.
+        // One on links that could not be read may not be: kept, so a
+        // restart that reads them finds whose they are.
         self.pods.live = live;
         self.pods.renamed = renamed;
         let (live, renamed) = (&self.pods.live, &self.pods.renamed);
         self.pods.runtime.retain(|_, rt| {
             rt.host_interfaces.iter().any(|i| {
+                if adopted.unlocated.contains(i) {
+                    return true;
+                }
                 let at = renamed.get(i).map(|(idx, _)| idx).or(live.get(i));
                 at.is_some_and(|idx| rt.ifindexes.get(i).is_none_or(|w| w == idx))
             })
@@ -278,6 +278,45 @@ impl<D: Datapath> Reconciler<D> {
                 Some((was.clone(), (index, now.clone())))
             })
             .collect())
+    }
+
+    /// The endpoint entries no adopted link is on. Dead weight, removed,
+    /// when every pinned link could be read. Otherwise one of them may be
+    /// an unreadable link's, whose programs pass everything without it
+    /// (and a table it names may be freed and reused): all are set to
+    /// deny, and stay until a restart can read the links.
+    fn unclaimed_entries(&mut self, adopted: &Adopted, claimed: &BTreeSet<u32>) {
+        let unclaimed = adopted.endpoints.keys().filter(|i| !claimed.contains(i));
+        if adopted.unlocated.is_empty() {
+            for ifindex in unclaimed {
+                let _ = self.datapath.remove_endpoint(*ifindex);
+            }
+            return;
+        }
+        let deny = EndpointEntry {
+            ingress: DENY_ALL,
+            egress: DENY_ALL,
+            pod_addrs: Vec::new(),
+        };
+        let mut denied = Vec::new();
+        for ifindex in unclaimed {
+            match self
+                .datapath
+                .set_endpoint(*ifindex, &deny)
+                .counted(&mut self.health)
+            {
+                Ok(()) => denied.push(*ifindex),
+                Err(e) => self.health.warn(format!(
+                    "denying ifindex {ifindex}, an endpoint entry no readable link is on: {e}"
+                )),
+            }
+        }
+        if !denied.is_empty() {
+            self.health.warn(format!(
+                "the endpoint entries of ifindexes {denied:?} are on no link this enforcer could read; the pinned links of {:?} could not be read, and may be theirs, so they deny everything until a restart reads them",
+                adopted.unlocated
+            ));
+        }
     }
 
     fn adopt_unexplained_after_recovery(&mut self) {
