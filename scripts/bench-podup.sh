@@ -10,12 +10,18 @@
 #
 # With --runtime containerd, pods are started by a real containerd over CRI
 # instead: RunPodSandbox (request to reply: netns, the whole CNI chain, the
-# pause container) in bursts of 20 and 100, with palisade-cni in the chain
+# pause container) one at a time (UNCONTENDED pods, default 40: the
+# baseline), then in bursts of 20 and 100, with palisade-cni in the chain
 # and without it (a second containerd in the same node), interleaved burst
 # by burst, ROUNDS bursts of each (default 3). One line per burst size:
-# `runtime=containerd burst=N with_p50_ms= with_p99_ms= without_p50_ms= without_p99_ms=`.
+# `runtime=containerd burst=N with_p50_ms= with_p99_ms= without_p50_ms=
+# without_p99_ms= add_p50_ms= add_p99_ms= add_p99_ratio=`; add_*:
+# palisade-cni's ADD as containerd ran it, exec to exit, from the kernel's
+# sched_process_exec/exit tracepoints (a tracefs instance of the bench's
+# own; nothing is added to the chain), and add_p99_ratio its p99 over the
+# burst of 1's.
 #
-#   scripts/bench-podup.sh --runtime containerd [--rounds ROUNDS] [--bursts 20,100]
+#   scripts/bench-podup.sh --runtime containerd [--rounds ROUNDS] [--bursts 20,100] [--uncontended N]
 #
 # With --rcu-expedited 0|1 the kernel's /sys/kernel/rcu_expedited is set
 # for the run and put back after; every line then ends in `rcu_expedited=N`.
@@ -32,12 +38,14 @@ cd "$(dirname "$0")/.."
 runtime=lab
 rounds=3
 bursts=20,100
+uncontended=40
 positional=()
 while (($#)); do
   case "$1" in
     --runtime) runtime="$2"; shift 2 ;;
     --rounds) rounds="$2"; shift 2 ;;
     --bursts) bursts="$2"; shift 2 ;;
+    --uncontended) uncontended="$2"; shift 2 ;;
     --rcu-expedited) expedited="$2"; shift 2 ;;
     *) positional+=("$1"); shift ;;
   esac
@@ -68,7 +76,7 @@ else
 fi
 
 if [ "$runtime" = containerd ]; then
-  "$lab" bench-podup --runtime containerd --bursts "$bursts" --rounds "$rounds" |
+  "$lab" bench-podup --runtime containerd --bursts "$bursts" --rounds "$rounds" --uncontended "$uncontended" |
     while IFS= read -r line; do
       case "$line" in runtime=*) echo "$line$suffix" ;; *) echo "$line" ;; esac
     done

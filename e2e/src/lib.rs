@@ -27,6 +27,7 @@ pub mod cnp;
 pub mod ctmap;
 pub mod dns;
 pub mod dump;
+pub mod exec_trace;
 pub mod fault;
 pub mod forge;
 pub mod grpc;

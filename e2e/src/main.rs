@@ -113,6 +113,10 @@ enum Cmd {
         /// With --runtime containerd: bursts of each size and chain.
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        /// With --runtime containerd: pods started one at a time first,
+        /// with and without palisade-cni: the uncontended baseline.
+        #[arg(long, default_value_t = 40)]
+        uncontended: usize,
     },
     /// Build a lab, play the scenario, then keep it running for a person to
     /// explore (grpcurl, nsenter) until Ctrl-C; cleans up as `run` does.
@@ -182,6 +186,7 @@ fn main() -> ExitCode {
             runtime,
             bursts,
             rounds,
+            uncontended,
         } => {
             let cri = runtime == "containerd";
             let mut config = LabConfig {
@@ -204,7 +209,7 @@ fn main() -> ExitCode {
             }
             if cri {
                 config.runtime = PodRuntime::Containerd;
-                return ExitCode::from(bench_runtime(&bursts, rounds, config));
+                return ExitCode::from(bench_runtime(&bursts, rounds, uncontended, config));
             }
             ExitCode::from(bench(
                 pods,
@@ -572,7 +577,7 @@ fn bench(pods: usize, parallel: usize, mode: &str, config: LabConfig) -> u8 {
 
 /// `bench-podup --runtime containerd`: RunPodSandbox bursts, with and
 /// without palisade-cni.
-fn bench_runtime(bursts: &[usize], rounds: usize, config: LabConfig) -> u8 {
+fn bench_runtime(bursts: &[usize], rounds: usize, uncontended: usize, config: LabConfig) -> u8 {
     if !nix::unistd::geteuid().is_root() {
         eprintln!("palisade-lab: {NotRoot}");
         return EXIT_CANNOT_RUN;
@@ -592,15 +597,16 @@ fn bench_runtime(bursts: &[usize], rounds: usize, config: LabConfig) -> u8 {
         }
     };
     eprintln!(
-        "lab {}: RunPodSandbox in bursts of {bursts:?}, {rounds} of each with and without palisade-cni",
+        "lab {}: RunPodSandbox for {uncontended} pods one at a time, then in bursts of {bursts:?}, {rounds} of each, with and without palisade-cni",
         lab.id()
     );
-    let code = match lab.bench_runtime_pod_up(bursts, rounds) {
+    let code = match lab.bench_runtime_pod_up(bursts, rounds, uncontended) {
         Ok(results) => {
+            let baseline = results.iter().find(|r| r.burst == 1);
             for r in &results {
                 println!(
                     "{}",
-                    palisade_e2e::bench::runtime_line("containerd", r.burst, &r.with, &r.without)
+                    palisade_e2e::bench::runtime_line("containerd", r, baseline)
                 );
             }
             0

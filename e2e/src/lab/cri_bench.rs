@@ -12,24 +12,20 @@ use tokio::task::JoinSet;
 
 use super::bench::BENCH_NAMESPACE;
 use super::Lab;
+use crate::bench::BurstTimes;
+use crate::exec_trace::{ExecTrace, Runs};
 use crate::runtime::containerd::{Containerd, Layout, Settings};
 use crate::runtime::cri::CriClient;
 use crate::runtime::sandbox::{self, SandboxRequest};
 use crate::runtime::{cgroups, PodRuntime};
 use crate::scenario::{Object, PodName};
 
-/// One burst size's samples.
-#[derive(Debug, Default)]
-pub struct BurstTimes {
-    pub burst: usize,
-    pub with: Vec<Duration>,
-    pub without: Vec<Duration>,
-}
-
 impl Lab {
     /// For each burst size, `rounds` bursts on node 1's containerd (chain
     /// with palisade-cni) and as many on a second containerd in the same
-    /// node whose chain stops before it, alternating which goes first.
+    /// node whose chain stops before it, alternating which goes first;
+    /// `uncontended` bursts of one first, the baseline the ADDs of the
+    /// bursts are held to.
     /// Every pod of a "with" burst is known to the controller first
     /// (Pending, selected by a policy), as the API server knows a pod
     /// before its runtime starts it. Sandboxes are removed between bursts.
@@ -37,6 +33,7 @@ impl Lab {
         &mut self,
         bursts: &[usize],
         rounds: usize,
+        uncontended: usize,
     ) -> Result<Vec<BurstTimes>> {
         if self.config.runtime != PodRuntime::Containerd || !self.config.with_palisade {
             bail!("the runtime pod-up benchmark needs runtime: containerd with Palisade");
@@ -46,28 +43,41 @@ impl Lab {
         }
         let max = bursts.iter().copied().max().unwrap_or(1);
         self.publish_bench_pods(max)?;
+        let first = self.first_chain_plugin()?;
+        let trace = ExecTrace::new(
+            &format!("bench-{}", self.id),
+            &[crate::preflight::CNI_BIN, &first],
+        )
+        .context("tracing the CNI plugins' runs")?;
         let mut bare = self.start_bare_containerd()?;
-        let result = self.run_bursts(&bare, bursts, rounds);
+        let mut plan: Vec<(usize, usize)> = Vec::new();
+        if uncontended > 0 {
+            plan.push((1, uncontended));
+        }
+        plan.extend(bursts.iter().map(|&b| (b, rounds)));
+        let result = self.run_bursts(&bare, &plan, (&trace, &first));
         let stopped = bare.stop(self.config.stop_grace);
         let times = result?;
         stopped?;
         Ok(times)
     }
 
+    /// Each (burst size, rounds) in turn.
     fn run_bursts(
         &self,
         bare: &Containerd,
-        bursts: &[usize],
-        rounds: usize,
+        plan: &[(usize, usize)],
+        (trace, first): (&ExecTrace, &str),
     ) -> Result<Vec<BurstTimes>> {
         let with = self.nodes[0]
             .containerd
             .as_ref()
             .ok_or_else(|| anyhow!("node-1 has no containerd"))?;
         let mut out = Vec::new();
-        for &burst in bursts {
+        for &(burst, rounds) in plan {
             let mut times = BurstTimes {
                 burst,
+                first_plugin: first.to_string(),
                 ..Default::default()
             };
             for round in 0..rounds {
@@ -77,10 +87,16 @@ impl Lab {
                     [false, true]
                 } {
                     self.config.cancel.check()?;
-                    let c = if palisade { with } else { bare };
-                    let took = self
-                        .burst(c.client(), burst)
+                    let (c, traced) = match palisade {
+                        true => (with, Some(trace)),
+                        false => (bare, None),
+                    };
+                    let (took, mut runs) = self
+                        .burst(c.client(), burst, traced)
                         .with_context(|| format!("burst of {burst} (palisade-cni: {palisade})"))?;
+                    let mut take = |program: &str| runs.remove(program).unwrap_or_default();
+                    times.adds.extend(take(crate::preflight::CNI_BIN));
+                    times.first_adds.extend(take(first));
                     if palisade {
                         times.with.extend(took);
                     } else {
@@ -93,9 +109,16 @@ impl Lab {
         Ok(out)
     }
 
-    /// `n` RunPodSandbox at once; returns each call's time, after removing
-    /// every sandbox it made.
-    fn burst(&self, client: &CriClient, n: usize) -> Result<Vec<Duration>> {
+    /// `n` RunPodSandbox at once; returns each call's time, and with
+    /// `trace` the traced plugins' runs during the calls by program (only
+    /// ADDs: the sandboxes are stopped after it stops; each program ran
+    /// once per sandbox), after removing every sandbox it made.
+    fn burst(
+        &self,
+        client: &CriClient,
+        n: usize,
+        trace: Option<&ExecTrace>,
+    ) -> Result<(Vec<Duration>, Runs)> {
         let configs = (0..n)
             .map(|i| {
                 let pod = bench_pod(i);
@@ -111,6 +134,9 @@ impl Lab {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        if let Some(t) = trace {
+            t.start()?;
+        }
         let runs = self.rt().block_on(async {
             let mut set = JoinSet::new();
             for config in configs {
@@ -127,6 +153,8 @@ impl Lab {
             }
             Ok::<_, anyhow::Error>(done)
         })?;
+        // Checked after the calls' own errors, which say more.
+        let adds = trace.map(ExecTrace::stop).transpose();
         let ids: Vec<String> = runs
             .iter()
             .filter_map(|(_, r)| r.as_ref().ok().cloned())
@@ -156,7 +184,14 @@ impl Lab {
         if !removed.is_empty() {
             bail!("removing the burst's sandboxes: {}", removed.join("; "));
         }
-        Ok(runs.into_iter().map(|(t, _)| t).collect())
+        let adds = adds?.unwrap_or_default();
+        if let Some((program, runs)) = adds.iter().find(|(_, runs)| runs.len() != n) {
+            bail!(
+                "{n} sandboxes started, but {} runs of {program} were traced",
+                runs.len()
+            );
+        }
+        Ok((runs.into_iter().map(|(t, _)| t).collect(), adds))
     }
 
     /// The benchmark's namespace, policy and `max` Pending pods, realized.
@@ -190,6 +225,19 @@ impl Lab {
         self.manifests.publish()?;
         self.wait_realized()
             .context("realizing the benchmark's pods before they start")
+    }
+
+    /// The type of the chain's first plugin (which creates the pod's
+    /// interface): the reference palisade-cni's ADD is seen beside.
+    fn first_chain_plugin(&self) -> Result<String> {
+        self.nodes[0]
+            .cni
+            .plugins
+            .iter()
+            .filter_map(|p| p["type"].as_str())
+            .find(|t| *t != crate::preflight::CNI_BIN)
+            .map(str::to_string)
+            .ok_or_else(|| anyhow!("node-1's CNI chain has no plugin before palisade-cni"))
     }
 
     /// A containerd in node 1 whose chain is the same without palisade-cni.

@@ -44,7 +44,6 @@ use crate::runtime::PodRuntime;
 use crate::scenario::{CniKind, FlowLogMode, Mode, Object, ObjectKey, PodName};
 use crate::sweep::{OWNER_FILE, PIDS_FILE};
 
-pub use cri_bench::BurstTimes;
 pub use footprint::Footprint;
 pub use image::{conflist_name, node_root_bpffs, ApiServer, ImageRun, LAB_LABEL};
 use node::LabNode;
