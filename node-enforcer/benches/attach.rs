@@ -14,6 +14,9 @@
 //! - `hook=promote`: then each interface's promotion to links, as the
 //!   reconciler does once the node is quiet (off the pod-up path);
 //! - `hook=tcx`: `AttachMode::Tcx`, links at once;
+//! - `hook=detach`: attached by links, then each detached as a pod-down
+//!   does: each link's release waits out a grace period holding RTNL
+//!   (`tcx_link_release`), so closing the two at once shares nothing;
 //! - each with the kernel's `rcu_expedited` off and on (the node-wide knob
 //!   that turns every grace period into an expedited one; the bench puts
 //!   the value it found back).
@@ -37,6 +40,7 @@ enum Hook {
     Fast,
     Promote,
     Tcx,
+    Detach,
 }
 
 impl Hook {
@@ -45,6 +49,7 @@ impl Hook {
             Hook::Fast => "fast",
             Hook::Promote => "promote",
             Hook::Tcx => "tcx",
+            Hook::Detach => "detach",
         }
     }
 }
@@ -79,7 +84,7 @@ fn run(hook: Hook, pods: usize) -> Vec<f64> {
         sh(&["ip", "-batch", "-"], Some(&batch));
         let names: Vec<String> = (0..pods).map(|i| format!("pat{i}")).collect();
         let mode = match hook {
-            Hook::Tcx => AttachMode::Tcx,
+            Hook::Tcx | Hook::Detach => AttachMode::Tcx,
             Hook::Fast | Hook::Promote => AttachMode::Fast,
         };
         let mut dp = BpfDatapath::load(&pins).unwrap().with_attach_mode(mode);
@@ -92,17 +97,24 @@ fn run(hook: Hook, pods: usize) -> Vec<f64> {
                 t.elapsed().as_secs_f64() * 1e3
             })
             .collect();
-        if hook != Hook::Promote {
-            return attach;
+        let timed = |f: &mut dyn FnMut(&str)| -> Vec<f64> {
+            names
+                .iter()
+                .map(|n| {
+                    let t = Instant::now();
+                    f(n);
+                    t.elapsed().as_secs_f64() * 1e3
+                })
+                .collect()
+        };
+        match hook {
+            Hook::Fast | Hook::Tcx => attach,
+            Hook::Promote => timed(&mut |n| dp.promote(n).unwrap()),
+            Hook::Detach => timed(&mut |n| {
+                let ifindex = dp.ifindex(n).unwrap();
+                dp.detach(n, ifindex).unwrap()
+            }),
         }
-        names
-            .iter()
-            .map(|n| {
-                let t = Instant::now();
-                dp.promote(n).unwrap();
-                t.elapsed().as_secs_f64() * 1e3
-            })
-            .collect()
     })
 }
 
@@ -117,13 +129,13 @@ fn main() {
             pods = v.parse::<usize>().expect("pods=N").max(1);
         }
     }
-    println!("attach: {pods} pods' two programs attached one after another on fresh veths (promote: then moved to links)");
+    println!("attach: {pods} pods' two programs attached one after another on fresh veths (promote: then moved to links; detach: attached by links, then each detached as a pod-down does)");
     println!(
         "{:>7} {:>14} {:>15} {:>15} {:>9}",
         "hook", "rcu_expedited", "per_pod_p50_ms", "per_pod_p99_ms", "total_ms"
     );
     let mut lines = Vec::new();
-    for hook in [Hook::Fast, Hook::Promote, Hook::Tcx] {
+    for hook in [Hook::Fast, Hook::Promote, Hook::Tcx, Hook::Detach] {
         for expedited in [false, true] {
             let knob = Expedited::set(expedited);
             let mut ms = run(hook, pods);
