@@ -1,6 +1,6 @@
 //! The bpf(2) system call, for what aya 0.14 does not offer: batch map
 //! operations, a program whose kfunc calls we relocate, BTF objects by id,
-//! and which interface a pinned link is on. One home for the call and its
+//! which interface a pinned link is on, and TCX links made by index. One home for the call and its
 //! command numbers; each caller lays out its own member of `union bpf_attr`.
 
 use std::ffi::CString;
@@ -14,6 +14,7 @@ pub mod cmd {
     pub const MAP_DELETE_ELEM: libc::c_long = 3;
     pub const MAP_GET_NEXT_KEY: libc::c_long = 4;
     pub const PROG_LOAD: libc::c_long = 5;
+    pub const OBJ_PIN: libc::c_long = 6;
     pub const OBJ_GET: libc::c_long = 7;
     pub const PROG_TEST_RUN: libc::c_long = 10;
     pub const OBJ_GET_INFO_BY_FD: libc::c_long = 15;
@@ -21,6 +22,7 @@ pub mod cmd {
     pub const BTF_GET_NEXT_ID: libc::c_long = 23;
     pub const MAP_LOOKUP_BATCH: libc::c_long = 24;
     pub const MAP_DELETE_BATCH: libc::c_long = 27;
+    pub const LINK_CREATE: libc::c_long = 28;
 }
 
 /// bpf(2) with `attr` as the command's member of `union bpf_attr`; the
@@ -75,4 +77,15 @@ pub fn obj_get(path: &Path) -> std::io::Result<OwnedFd> {
     let mut attr = [ptr as u32, (ptr >> 32) as u32, 0, 0];
     // SAFETY: `pathname` names `c`, NUL-terminated and alive for the call.
     unsafe { call(cmd::OBJ_GET, &mut attr) }.map(owned_fd)
+}
+
+/// Pins object `fd` at `path` (on a bpffs).
+pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> std::io::Result<()> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let ptr = c.as_ptr() as u64;
+    // struct { pathname (u64), bpf_fd, file_flags }.
+    let mut attr = [ptr as u32, (ptr >> 32) as u32, fd.as_raw_fd() as u32, 0];
+    // SAFETY: `pathname` names `c`, NUL-terminated and alive for the call.
+    unsafe { call(cmd::OBJ_PIN, &mut attr) }.map(drop)
 }

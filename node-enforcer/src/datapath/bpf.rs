@@ -9,11 +9,11 @@
 //! (one atomic `bpf_link_update` each) and takes the tables over.
 //!
 //! Composition with other TC users: each program is attached at the HEAD of
-//! its interface's TCX chain (`LinkOrder::first()`), so no program that runs
+//! its interface's TCX chain (`BPF_F_BEFORE` with no relative, `tcx_link`), so no program that runs
 //! before it can redirect or pass a packet around policy. An allowed packet
 //! returns TCX_NEXT (not TCX_PASS), so the programs attached after ours
 //! (a CNI's own, observability) still see it; a denied one is dropped there.
-//! A program attached later with `first()` itself would run before ours:
+//! A program attached later the same way would run before ours:
 //! that takes root on the node, which is outside what we can defend.
 //!
 //! Epochs: the programs let an established flow pass on one conntrack
@@ -47,6 +47,7 @@ mod legacy;
 mod link_target;
 pub(crate) mod mapped;
 mod policy_tables;
+mod tcx_link;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsFd, AsRawFd};
@@ -56,8 +57,8 @@ use std::sync::Arc;
 use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::{Array, MapData};
 use aya::programs::links::{FdLink, PinnedLink};
-use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
-use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
+use aya::programs::tc::SchedClassifierLink;
+use aya::programs::{SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
 use endpoint_slots::EndpointSlots;
 use grace::Grace;
@@ -73,6 +74,7 @@ use super::{
     PortSetId, Result,
 };
 use crate::compile::{PortSet, Prefix};
+use crate::sys_bpf;
 
 pub struct BpfDatapath {
     pin_root: PathBuf,
@@ -332,18 +334,10 @@ impl BpfDatapath {
     }
 
     /// The links at the head of both hooks of interface `ifindex`, pinned
-    /// under `ifname`, the name it was attached by: the steady state. The
-    /// links attach by the interface's name now, and are kept only if the
-    /// kernel says they are on `ifindex` (a rename or a newer interface of
-    /// the name in between would have put them elsewhere).
+    /// under `ifname`, the name it was attached by: the steady state. Made
+    /// by index (`tcx_link`), so a rename or a newer interface of the name
+    /// cannot put them elsewhere.
     fn attach_tcx(&mut self, ifname: &str, ifindex: u32) -> Result<()> {
-        let (first, _, _) = HOOKS[0];
-        let now = match nix::net::if_::if_indextoname(ifindex) {
-            Ok(now) if ifindex != 0 => Ok(now.to_string_lossy().into_owned()),
-            Ok(_) => Err(nix::errno::Errno::ENXIO),
-            Err(e) => Err(e),
-        }
-        .map_err(|e| gone_or(ifindex, format!("attaching {first} to {ifname}"), e))?;
         if self.unlocated.contains(ifname) {
             return Err(DatapathError::invariant(format!(
                 "attaching to {ifname} (index {ifindex}): its name's pins hold links a restart could not read, which may be on another interface now; they are kept, and this interface is not attached by links until a restart reads them"
@@ -353,46 +347,28 @@ impl BpfDatapath {
         for (prog_name, attach_type, hook) in HOOKS {
             let path = self.link_pin(ifname, hook);
             let result = (|| {
-                let prog = self.program(prog_name)?;
-                // Head of the chain: see the module comment.
-                let id = prog
-                    .attach_with_options(
-                        &now,
-                        attach_type,
-                        TcAttachOptions::TcxOrder(LinkOrder::first()),
-                    )
-                    .map_err(|e| {
-                        let to = match now == ifname {
-                            true => now.clone(),
-                            false => format!("{ifname} (named {now} now)"),
-                        };
-                        err(format!("attaching {prog_name} to {to}"), e)
+                let prog = self
+                    .program(prog_name)?
+                    .fd()
+                    .and_then(|fd| Ok(fd.as_fd().try_clone_to_owned()?))
+                    .map_err(|e| err(prog_name, e))?;
+                let link =
+                    tcx_link::attach_first(prog.as_fd(), ifindex, attach_type).map_err(|e| {
+                        gone_or(
+                            ifindex,
+                            format!("attaching {prog_name} to {ifname} (index {ifindex})"),
+                            e,
+                        )
                     })?;
-                let link = prog.take_link(id).map_err(|e| err(prog_name, e))?;
-                let fd = FdLink::try_from(link).map_err(|e| err(prog_name, e))?;
                 // After the attach, so a stale link replaced here leaves
                 // the hook only once ours is on it.
                 self.clear_stale_pin(&path, ifindex)?;
-                let pinned = fd
-                    .pin(&path)
+                sys_bpf::obj_pin(link.as_fd(), &path)
                     .map_err(|e| err(format!("pinning {}", path.display()), e))?;
-                let checked = link_target::pinned_tcx_ifindex(&path)
-                    .map_err(|e| err(format!("checking {}", path.display()), e))
-                    .and_then(|on| match on == ifindex {
-                        true => Ok(()),
-                        false => Err(gone_or(
-                            ifindex,
-                            format!("attaching {prog_name} to ifindex {ifindex} ({ifname})"),
-                            DatapathError::invariant(format!(
-                                "the name {now} was index {on} by the time the link was made"
-                            )),
-                        )),
-                    });
-                if let Err(e) = checked {
+                PinnedLink::from_pin(&path).map(FdLink::from).map_err(|e| {
                     let _ = std::fs::remove_file(&path);
-                    return Err(e);
-                }
-                Ok(FdLink::from(pinned))
+                    err(format!("opening {}", path.display()), e)
+                })
             })();
             match result {
                 Ok(fd) => made.push(fd),
