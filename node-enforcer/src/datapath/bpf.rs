@@ -9,8 +9,9 @@
 //! (one atomic `bpf_link_update` each) and takes the tables over.
 //!
 //! Composition with other TC users: each program is attached at the HEAD of
-//! its interface's TCX chain (`BPF_F_BEFORE` with no relative, `tcx_link`), so no program that runs
-//! before it can redirect or pass a packet around policy. An allowed packet
+//! its interface's TCX chain (`BPF_F_BEFORE` with no relative link,
+//! `tcx_link`), so no program that runs before it can redirect or pass a
+//! packet around policy. An allowed packet
 //! returns TCX_NEXT (not TCX_PASS), so the programs attached after ours
 //! (a CNI's own, observability) still see it; a denied one is dropped there.
 //! A program attached later the same way would run before ours:
@@ -518,7 +519,7 @@ impl BpfDatapath {
         for ifname in super::inspect::pinned_link_names(&self.pin_root)? {
             let (taken, index) = match self.pinned_links_on(&ifname) {
                 PinnedOn::Live(index) => (self.adopt_interface(&ifname).map(Some), index),
-                PinnedOn::Half(index) => (self.attach_tcx(&ifname, index).map(|()| None), index),
+                PinnedOn::Half(index) => (self.adopt_half(&ifname, index, warnings), index),
                 PinnedOn::Unknown(e) => {
                     warnings.push(format!(
                         "{ifname}: its pinned links could not be read ({e}); kept, with the previous enforcer's programs, on whichever interface they are; endpoint entries no link explains are set to deny until a restart reads them"
@@ -546,6 +547,34 @@ impl BpfDatapath {
             adopted.insert(ifname, index);
         }
         Ok(adopted)
+    }
+
+    /// An interface a previous process left with one hook's link: a fresh
+    /// pair replaces it. If the links cannot be made, filters enforce
+    /// instead and the promotion is retried as at runtime; the lone link
+    /// stays until a promotion replaces it.
+    fn adopt_half(
+        &mut self,
+        ifname: &str,
+        ifindex: u32,
+        warnings: &mut Vec<String>,
+    ) -> Result<Option<[FdLink; 2]>> {
+        let Err(e) = self.attach_tcx(ifname, ifindex) else {
+            return Ok(None);
+        };
+        self.attach_filters(ifindex).map_err(|f| {
+            err(
+                format!("{ifname} had one hook's link only, and neither links ({e}) nor filters could be attached"),
+                f,
+            )
+        })?;
+        warnings.push(format!(
+            "{ifname} (index {ifindex}) had one hook's link only, and links could not be made ({e}); its filters enforce its policy, and the promotion is retried"
+        ));
+        let since = std::time::Instant::now();
+        self.fast
+            .insert(ifname.to_string(), FastAttached { ifindex, since });
+        Ok(None)
     }
 
     /// Which interface `ifname`'s pinned links are on, read from the links
