@@ -4,7 +4,8 @@
 # nftables table in the root namespace, a controller or enforcer process,
 # or what a lab's containerd (runtime: containerd) left: its cgroups, the
 # daemon or a shim; or (--node-processes image) a container or a bpffs
-# mount. CI runs it after the end-to-end suite.
+# mount; or a benchmark's tracefs instance. CI runs it after the
+# end-to-end suite.
 set -u
 
 status=0
@@ -18,6 +19,13 @@ fi
 leftover_pins=$(ls -d /sys/fs/bpf/palisade-lab-* 2>/dev/null || true)
 if [ -n "$leftover_pins" ]; then
     echo "leftover pin roots:"; echo "$leftover_pins" | sed 's/^/  /'
+    status=1
+fi
+
+# A benchmark's tracefs instance (and the root tests' own).
+leftover_traces=$(ls -d /sys/kernel/tracing/instances/palisade-* 2>/dev/null || true)
+if [ -n "$leftover_traces" ]; then
+    echo "leftover tracefs instances:"; echo "$leftover_traces" | sed 's/^/  /'
     status=1
 fi
 

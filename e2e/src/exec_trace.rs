@@ -10,7 +10,14 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 
-const TRACEFS: &str = "/sys/kernel/tracing";
+/// Where tracefs keeps its instances.
+pub const INSTANCES: &str = "/sys/kernel/tracing/instances";
+
+/// The instance a lab's benchmark traces in, found by `palisade-lab
+/// clean` when the lab was killed before it could remove it.
+pub fn lab_instance(lab_id: &str) -> String {
+    format!("palisade-lab-{lab_id}")
+}
 
 /// Each traced program's runs, exec to exit.
 pub type Runs = BTreeMap<String, Vec<Duration>>;
@@ -23,10 +30,10 @@ pub struct ExecTrace {
 }
 
 impl ExecTrace {
-    /// An instance named `palisade-<tag>`, off until [`ExecTrace::start`].
-    /// `programs` are executables' file names (at most 15 bytes: the
-    /// kernel's `comm`, by which an exit is found).
-    pub fn new(tag: &str, programs: &[&str]) -> Result<ExecTrace> {
+    /// An instance named `name` (`palisade-…`), off until
+    /// [`ExecTrace::start`]. `programs` are executables' file names (at
+    /// most 15 bytes: the kernel's `comm`, by which an exit is found).
+    pub fn new(name: &str, programs: &[&str]) -> Result<ExecTrace> {
         if programs.is_empty() {
             bail!("no program to trace");
         }
@@ -35,12 +42,10 @@ impl ExecTrace {
                 bail!("program {program:?}: a file name of at most 15 bytes, as the kernel's comm holds it");
             }
         }
-        let dir = Path::new(TRACEFS)
-            .join("instances")
-            .join(format!("palisade-{tag}"));
+        let dir = Path::new(INSTANCES).join(name);
         std::fs::create_dir(&dir).with_context(|| {
             format!(
-                "creating the tracefs instance {} (root, and tracefs mounted at {TRACEFS})",
+                "creating the tracefs instance {} (root, and tracefs mounted)",
                 dir.display()
             )
         })?;
@@ -246,7 +251,7 @@ mod tests {
         for (name, from) in [(&yes, "/bin/true"), (&no, "/bin/false")] {
             std::fs::copy(from, dir.path().join(name)).unwrap();
         }
-        let trace = ExecTrace::new(&format!("test-{id}"), &[&yes, &no]).unwrap();
+        let trace = ExecTrace::new(&format!("palisade-test-{id}"), &[&yes, &no]).unwrap();
         trace.start().unwrap();
         let run = |name: &str| {
             std::process::Command::new(dir.path().join(name))

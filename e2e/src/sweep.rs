@@ -142,6 +142,21 @@ pub fn sweep(run_root: &Path) -> Result<Swept> {
             remove(&Path::new(BPFFS).join(&name), &mut swept);
         }
     }
+    for name in list(Path::new(crate::exec_trace::INSTANCES)) {
+        // A benchmark's tracefs instance (`exec_trace::lab_instance`).
+        let Some(id) = name.strip_prefix("palisade-lab-") else {
+            continue;
+        };
+        if is_run_id(id) && !is_live(id) {
+            let path = Path::new(crate::exec_trace::INSTANCES).join(&name);
+            match fs::remove_dir(&path) {
+                Ok(()) => swept.removed.push(format!("tracefs instance {name}")),
+                Err(e) => swept
+                    .errors
+                    .push(format!("removing {}: {e}", path.display())),
+            }
+        }
+    }
     for id in &dead_ids {
         // Kept logs stay; everything else of a dead lab goes.
         let dir = run_root.join(id);

@@ -206,6 +206,10 @@ fn clean_removes_what_a_killed_lab_left() {
         .map(|l| l.parse().unwrap())
         .collect();
     assert_eq!(pids.len(), 3, "controller and two enforcers");
+    // What a benchmark killed mid-burst leaves: its tracefs instance.
+    let instance = Path::new(palisade_e2e::exec_trace::INSTANCES)
+        .join(palisade_e2e::exec_trace::lab_instance(&id));
+    std::fs::create_dir(&instance).unwrap();
 
     let (out, stdout, stderr) = run(&["clean"]);
     assert!(out.status.success(), "{stdout}{stderr}");
@@ -218,6 +222,8 @@ fn clean_removes_what_a_killed_lab_left() {
     }
     assert!(!Path::new(&format!("/sys/fs/bpf/palisade-lab-{id}")).exists());
     assert!(!Path::new(&format!("/sys/fs/bpf/palisade-lab-{id}-node-2")).exists());
+    assert!(!instance.exists(), "{stdout}");
+    assert!(stdout.contains("tracefs instance"), "{stdout}");
     // SIGKILL is asynchronous; the orphans are reaped by init.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while pids.iter().any(|p| palisade_e2e::process::is_alive(*p)) {

@@ -45,7 +45,7 @@ impl Lab {
         self.publish_bench_pods(max)?;
         let first = self.first_chain_plugin()?;
         let trace = ExecTrace::new(
-            &format!("bench-{}", self.id),
+            &crate::exec_trace::lab_instance(&self.id),
             &[crate::preflight::CNI_BIN, &first],
         )
         .context("tracing the CNI plugins' runs")?;
